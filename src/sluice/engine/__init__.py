@@ -1,0 +1,1 @@
+"""One model on one device: request state, scheduler, KV block manager, engine loop, async front."""

@@ -1,0 +1,156 @@
+"""The async front: an LLMEngine on its own thread, streaming events to asyncio callers.
+
+The engine loop never awaits and never touches the event loop except through
+`call_soon_threadsafe`; callers never touch the scheduler. Commands (add, abort) are drained at
+the top of every iteration, so an abort frees its request's blocks before the next step.
+Leaving `generate()` early (client disconnect, task cancellation) aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sluice.engine.engine import LLMEngine
+from sluice.engine.stats import EngineStats
+from sluice.errors import EngineDeadError, SluiceError
+from sluice.types import GenerationEvent, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+_Sink = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._sinks: dict[str, _Sink] = {}
+        self._stats = engine.stats()
+        self._stopping = False
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sluice-engine", daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> "AsyncEngine":
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still running get an aborted final event."""
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self._dead is None
+
+    # -- caller side ---------------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Stream `request`'s events; the last has finished=True. Raises InvalidRequestError
+        before anything is queued if the request is bad."""
+        if self._dead is not None or self._stopping:
+            raise EngineDeadError("the engine is not running")
+        self.engine.validate(request)
+        events: asyncio.Queue = asyncio.Queue()
+        self._submit("add", request, (asyncio.get_running_loop(), events))
+        finished = False
+        try:
+            while True:
+                item = await events.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._submit("abort", request_id, None)
+
+    def stats(self) -> EngineStats:
+        """A snapshot taken after the last step (lock-free for the caller)."""
+        return self._stats
+
+    def _submit(self, kind: str, payload: Any, sink: _Sink | None) -> None:
+        self._commands.put((kind, payload, sink))
+        self._wakeup.set()
+
+    # -- engine thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain_commands()
+                if self.engine.has_unfinished():
+                    self._deliver(self.engine.step())
+                    self._stats = self.engine.stats()
+                else:
+                    self._stats = self.engine.stats()
+                    self._wakeup.wait()
+                    self._wakeup.clear()
+            self._abort_all()
+        except BaseException as exc:  # the loop itself broke: fail every stream, loudly
+            log.exception("engine loop died")
+            self._dead = exc
+            self._fail_all(EngineDeadError(f"engine loop died: {exc}"))
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                kind, payload, sink = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                try:
+                    self.engine.add_request(payload)
+                    self._sinks[payload.request_id] = sink
+                except SluiceError as exc:
+                    loop, q = sink
+                    loop.call_soon_threadsafe(q.put_nowait, exc)
+            elif kind == "abort":
+                event = self.engine.abort_request(payload)
+                if event is not None:
+                    self._deliver([event])
+
+    def _deliver(self, events: list[GenerationEvent]) -> None:
+        # One call_soon_threadsafe per event loop per step, not per event.
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, GenerationEvent]]] = defaultdict(list)
+        for ev in events:
+            sink = self._sinks.pop(ev.request_id, None) if ev.finished else self._sinks.get(ev.request_id)
+            if sink is not None:
+                batches[sink[0]].append((sink[1], ev))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # that event loop is closed: its callers are gone
+                for _, ev in items:
+                    if not ev.finished:
+                        self.engine.abort_request(ev.request_id)
+
+    def _abort_all(self) -> None:
+        events = [e for rid in list(self.engine.requests) if (e := self.engine.abort_request(rid))]
+        self._deliver(events)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for loop, q in self._sinks.values():
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, exc)
+            except RuntimeError:
+                pass
+        self._sinks.clear()
+
+
+def _put_all(items: list[tuple[asyncio.Queue, GenerationEvent]]) -> None:
+    for q, ev in items:
+        q.put_nowait(ev)

@@ -1,0 +1,150 @@
+"""KV blocks, the free list that doubles as LRU eviction order, and the prefix-cache map.
+
+Every block with ref_cnt 0 sits in one doubly linked free list, cached or not, so "free space"
+and "eviction candidates" are the same structure and every operation is O(1) without allocating:
+- allocation pops from the head; a popped block that still carries a hash is evicted then;
+- a prefix hit on a free block unlinks it from the middle (`touch`);
+- released blocks are appended at the tail, a request's blocks tail-first, so a prefix chain's
+  deepest block is evicted before its ancestors (an ancestor is needed by every descendant).
+Block 0 is never handed out: it is a null block that padding may point at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+class KVBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: bytes | None = None
+        self.prev_free: KVBlock | None = None
+        self.next_free: KVBlock | None = None
+
+    def __repr__(self) -> str:
+        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Intrusive doubly linked list through KVBlock.prev_free/next_free, with sentinels."""
+
+    def __init__(self, blocks: list[KVBlock]):
+        self._head = KVBlock(-1)
+        self._tail = KVBlock(-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free = 0
+        for block in blocks:
+            self.append(block)
+
+    def append(self, block: KVBlock) -> None:
+        last = self._tail.prev_free
+        assert last is not None
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self.num_free += 1
+
+    def remove(self, block: KVBlock) -> None:
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise ValueError(f"{block} is not in the free list")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
+
+    def popleft(self) -> KVBlock:
+        first = self._head.next_free
+        if first is None or first is self._tail:
+            raise IndexError("no free KV blocks")
+        self.remove(first)
+        return first
+
+    def __iter__(self) -> Iterator[KVBlock]:
+        node = self._head.next_free
+        while node is not None and node is not self._tail:
+            yield node
+            node = node.next_free
+
+    def __len__(self) -> int:
+        return self.num_free
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int):
+        if num_blocks < 2:
+            raise ValueError("the KV pool needs at least 2 blocks (block 0 is reserved)")
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.null_block = self.blocks[0]
+        self.null_block.ref_cnt = 1  # pinned: never free, never allocated
+        self.free = FreeBlockQueue(self.blocks[1:])
+        self.cached: dict[bytes, KVBlock] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_usable(self) -> int:
+        return len(self.blocks) - 1
+
+    @property
+    def num_free(self) -> int:
+        return self.free.num_free
+
+    def allocate(self, n: int) -> list[KVBlock]:
+        if n > self.free.num_free:
+            raise MemoryError(f"asked for {n} KV blocks, {self.free.num_free} free")
+        out = []
+        for _ in range(n):
+            block = self.free.popleft()
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def _evict(self, block: KVBlock) -> None:
+        if self.cached.get(block.block_hash) is block:  # type: ignore[arg-type]
+            del self.cached[block.block_hash]  # type: ignore[arg-type]
+        block.block_hash = None
+        self.num_evictions += 1
+
+    def touch(self, blocks: list[KVBlock]) -> None:
+        """Take a reference on cached blocks (a prefix hit); free ones leave the free list."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free.remove(block)
+            block.ref_cnt += 1
+
+    def release(self, blocks: list[KVBlock]) -> None:
+        """Drop one reference on each block, in the given (eviction) order."""
+        for block in blocks:
+            if block.ref_cnt <= 0 or block is self.null_block:
+                raise RuntimeError(f"double free of {block}")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free.append(block)
+
+    def lookup(self, block_hash: bytes) -> KVBlock | None:
+        return self.cached.get(block_hash)
+
+    def cache(self, block: KVBlock, block_hash: bytes) -> None:
+        """Register a full block under its chain hash. An existing entry wins (no dedup), so
+        block tables never change under a running request."""
+        if block.block_hash is not None:
+            return
+        if block_hash not in self.cached:
+            self.cached[block_hash] = block
+            block.block_hash = block_hash
+
+    def reset_cache(self) -> int:
+        """Forget every cached hash of free blocks (e.g. after weights change). Returns count."""
+        n = 0
+        for block in self.free:
+            if block.block_hash is not None:
+                self._evict(block)
+                n += 1
+        return n

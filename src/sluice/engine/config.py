@@ -1,0 +1,41 @@
+"""Engine settings: one plain dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.engine.policy import POLICIES
+
+ADMISSION_POLICIES = ("reserve", "optimistic")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    block_size: int = 16
+    # KV pool size: an explicit block count wins; otherwise the pool gets kv_cache_gib of memory.
+    num_kv_blocks: int | None = None
+    kv_cache_gib: float = 2.0
+    max_num_seqs: int = 64  # cap on running sequences
+    max_num_batched_tokens: int = 512  # token budget of one step (decodes cost 1 each)
+    long_prefill_threshold: int = 0  # cap on one request's prefill chunk per step; 0 = budget
+    max_model_len: int | None = None  # context window; default: the model's, capped by the pool
+    scheduling_policy: str = "fcfs"  # fcfs | priority
+    admission_policy: str = "optimistic"  # optimistic | reserve
+    watermark: float = 0.01  # optimistic: fraction of blocks left free when admitting
+    enable_prefix_caching: bool = True
+    share_prefix_across_tenants: bool = False
+    seed: int = 0  # seeds the draws for requests that give no seed of their own
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}")
+        if self.admission_policy not in ADMISSION_POLICIES:
+            raise ValueError(f"admission_policy must be one of {', '.join(ADMISSION_POLICIES)}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError("watermark must be in [0, 1)")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError("num_kv_blocks must be >= 2")

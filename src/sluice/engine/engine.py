@@ -1,0 +1,187 @@
+"""The synchronous engine core: add / abort requests, and `step()` the batch forward.
+
+One step = schedule → one forward over every scheduled token → sample → detokenize and check
+stop conditions → free what finished. Bad requests are rejected in `add_request` with a clear
+InvalidRequestError, so they never reach the loop; a failure inside a step fails only the
+requests of that step and leaves the engine serving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+
+from sluice.engine.config import EngineConfig
+from sluice.engine.kv_manager import KVCacheManager
+from sluice.engine.request import Request
+from sluice.engine.runner import ModelRunner, kv_bytes_per_block
+from sluice.engine.scheduler import Scheduler
+from sluice.engine.stats import EngineStats
+from sluice.errors import InvalidRequestError
+from sluice.models.detokenizer import IncrementalDetokenizer
+from sluice.models.loader import LoadedModel
+from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+        self.config = config = config or EngineConfig()
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.model_config = loaded.config
+        per_block = kv_bytes_per_block(self.model, config.block_size)
+        num_blocks = config.num_kv_blocks or max(2, int(config.kv_cache_gib * 2**30) // per_block)
+        self.max_model_len = min(config.max_model_len or loaded.config.max_position, (num_blocks - 1) * config.block_size)
+        self.kv = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, config.share_prefix_across_tenants
+        )
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        self.requests: dict[str, Request] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(loaded.config.eos_token_ids)
+        self.vocab_size = loaded.config.vocab_size
+        self._rng = random.Random(config.seed)
+        self._stats = EngineStats(
+            kv_blocks_total=self.kv.num_usable_blocks,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            block_size=config.block_size,
+        )
+        self.last_step_seconds = 0.0
+
+    # -- requests ------------------------------------------------------------------------------
+    def validate(self, req: GenerationRequest) -> None:
+        """Raise InvalidRequestError naming the problem; pure, so callable from any thread."""
+        req.sampling.validate()
+        n = len(req.prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty: it must contain at least one token")
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt is too long: {n} tokens, the context window is {self.max_model_len} "
+                "(the prompt must leave room for at least one output token)"
+            )
+        bad = next((t for t in req.prompt_token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary (size {self.vocab_size})")
+
+    def add_request(self, req: GenerationRequest) -> None:
+        self.validate(req)
+        if req.request_id in self.requests:
+            raise InvalidRequestError(f"request id {req.request_id!r} is already in use")
+        seed = req.sampling.seed if req.sampling.seed is not None else self._rng.getrandbits(63)
+        request = Request.from_generation_request(req, seed)
+        self.requests[req.request_id] = request
+        self.detokenizers[req.request_id] = IncrementalDetokenizer(
+            self.tokenizer.backend, req.sampling.stop, prompt_tail=req.prompt_token_ids[-4:]
+        )
+        self.scheduler.add(request)
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> GenerationEvent | None:
+        """Remove a request now; its blocks are free before the next step. None if unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        return self._finish(request, reason, text="")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self) -> list[GenerationEvent]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        started = time.perf_counter()
+        try:
+            sampled = self.runner.execute(out)
+        except Exception as exc:  # a bug or a device fault: fail this step's requests, keep serving
+            log.exception("engine step failed; failing its %d requests", len(out.chunks))
+            return [self._finish(c.request, FinishReason.ERROR, "", error=f"engine error: {exc}") for c in out.chunks]
+        self.last_step_seconds = time.perf_counter() - started
+        for chunk in out.chunks:
+            chunk.request.num_computed_tokens = chunk.end
+        s = self._stats
+        s.num_steps += 1
+        s.last_step_tokens = out.num_batched_tokens
+        s.last_step_seqs = len(out.chunks)
+        s.prompt_tokens_computed += sum(
+            max(0, min(c.end, c.request.num_prompt_tokens) - c.start) for c in out.chunks
+        )
+        return [self._append_token(request, token) for request, token in sampled]
+
+    def _append_token(self, request: Request, token: int) -> GenerationEvent:
+        request.all_token_ids.append(token)
+        self._stats.output_tokens += 1
+        sampling = request.sampling
+        detok = self.detokenizers[request.request_id]
+        reason: FinishReason | None = None
+        if token in sampling.stop_token_ids:
+            reason = FinishReason.STOP_SEQUENCE
+        elif token in self.eos_ids and not sampling.ignore_eos:
+            reason = FinishReason.EOS
+        else:
+            detok.add_token(token)
+            if detok.stop_matched is not None:
+                reason = FinishReason.STOP_SEQUENCE
+        if reason is None and request.num_output_tokens >= sampling.max_tokens:
+            reason = FinishReason.LENGTH
+        if reason is None and request.num_tokens >= self.max_model_len:
+            reason = FinishReason.CONTEXT
+        if reason is not None:
+            return self._finish(request, reason, detok.take(final=True), token)
+        return GenerationEvent(request.request_id, detok.take(), [token], usage=self._usage(request))
+
+    def _finish(
+        self, request: Request, reason: FinishReason, text: str, token: int | None = None, error: str | None = None
+    ) -> GenerationEvent:
+        self.scheduler.finish(request)
+        request.finish_reason = reason
+        detok = self.detokenizers.pop(request.request_id, None)
+        self.requests.pop(request.request_id, None)
+        return GenerationEvent(
+            request.request_id,
+            text=text,
+            token_ids=[] if token is None else [token],
+            finished=True,
+            finish_reason=reason,
+            stop_sequence=detok.stop_matched if (detok and reason is FinishReason.STOP_SEQUENCE) else None,
+            usage=self._usage(request),
+            error=error,
+        )
+
+    @staticmethod
+    def _usage(request: Request) -> Usage:
+        return Usage(request.num_prompt_tokens, request.num_output_tokens, max(0, request.num_cached_tokens))
+
+    # -- introspection -------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        s = self._stats
+        s.num_running = len(self.scheduler.running)
+        s.num_waiting = len(self.scheduler.waiting)
+        s.kv_blocks_free = self.kv.num_free_blocks
+        s.kv_blocks_used = self.kv.num_usable_blocks - self.kv.num_free_blocks
+        s.kv_live_tokens = sum(r.num_computed_tokens for r in self.scheduler.running)
+        s.prefix_cache_queries = self.kv.prefix_queries
+        s.prefix_cache_hits = self.kv.prefix_hits
+        s.num_preemptions = self.scheduler.num_preemptions
+        return dataclasses.replace(s)  # a snapshot copy
+
+    def generate(self, requests: list[GenerationRequest]) -> dict[str, GenerationEvent]:
+        """Run `requests` to completion (blocking); returns each one's accumulated final event."""
+        results: dict[str, GenerationEvent] = {}
+        for req in requests:
+            self.add_request(req)
+            results[req.request_id] = GenerationEvent(req.request_id)
+        while self.has_unfinished():
+            for ev in self.step():
+                acc = results[ev.request_id]
+                acc.text += ev.text
+                acc.token_ids.extend(ev.token_ids)
+                acc.finished, acc.finish_reason, acc.stop_sequence = ev.finished, ev.finish_reason, ev.stop_sequence
+                acc.usage, acc.error = ev.usage, ev.error
+        return results

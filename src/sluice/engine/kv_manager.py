@@ -1,0 +1,129 @@
+"""The scheduler's view of KV memory: per-request block tables over the shared BlockPool.
+
+Allocation is lazy: a request holds blocks for the tokens computed so far plus those scheduled
+this step, never for its whole future (admission policy decides how much headroom to demand).
+A block becomes a prefix-cache entry as soon as it is full of known tokens; lookups walk the
+request's chained hashes and stop at the first miss, and never cover the last prompt token
+(its logits must be computed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.engine.block_pool import BlockPool, KVBlock
+from sluice.engine.hashing import extend_hashes
+from sluice.engine.request import Request
+
+
+@dataclass(slots=True)
+class PrefixHit:
+    blocks: list[KVBlock]
+    num_tokens: int
+
+    @property
+    def num_evictable(self) -> int:
+        """Hit blocks that currently sit in the free list (taking them shrinks free space)."""
+        return sum(1 for b in self.blocks if b.ref_cnt == 0)
+
+
+NO_HIT = PrefixHit([], 0)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, share_across_tenants: bool = False):
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.share_across_tenants = share_across_tenants
+        self.tables: dict[str, list[KVBlock]] = {}
+        self.prefix_queries = 0  # tokens looked up
+        self.prefix_hits = 0  # tokens found
+
+    # -- sizing -------------------------------------------------------------------------------
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.pool.num_usable
+
+    def num_held_blocks(self, request: Request) -> int:
+        return len(self.tables.get(request.request_id, ()))
+
+    def _salt(self, request: Request) -> str:
+        return "" if self.share_across_tenants else request.tenant
+
+    # -- prefix cache ---------------------------------------------------------------------------
+    def find_prefix(self, request: Request) -> PrefixHit:
+        """Longest cached prefix of a request that holds no blocks yet."""
+        if not self.enable_prefix_caching:
+            return NO_HIT
+        extend_hashes(request.block_hashes, request.all_token_ids, self.block_size, self._salt(request))
+        # The last token is always recomputed: its logits start generation.
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks: list[KVBlock] = []
+        for h in request.block_hashes[:max_blocks]:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return PrefixHit(blocks, len(blocks) * self.block_size)
+
+    def record_lookup(self, request: Request, hit: PrefixHit) -> None:
+        """Count a lookup once, when its request is admitted (not each time it is peeked at)."""
+        self.prefix_queries += request.num_tokens
+        self.prefix_hits += hit.num_tokens
+
+    def num_exclusive_blocks(self, request: Request) -> int:
+        """Blocks that preempting `request` would return to the free list."""
+        return sum(1 for b in self.tables.get(request.request_id, ()) if b.ref_cnt == 1)
+
+    # -- allocation ---------------------------------------------------------------------------
+    def can_allocate(self, request: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT, reserve: int = 0) -> bool:
+        total = request.num_computed_tokens + hit.num_tokens + num_new_tokens
+        needed = self.blocks_for(total) - self.num_held_blocks(request) - len(hit.blocks)
+        return needed + hit.num_evictable + reserve <= self.pool.num_free
+
+    def allocate(self, request: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
+        """Give `request` blocks for `num_new_tokens` more tokens (after the prefix hit, if any).
+
+        Returns False, changing nothing, when the pool cannot supply them.
+        """
+        if not self.can_allocate(request, num_new_tokens, hit):
+            return False
+        table = self.tables.setdefault(request.request_id, [])
+        if hit.blocks:
+            self.pool.touch(hit.blocks)
+            table.extend(hit.blocks)
+        total = request.num_computed_tokens + hit.num_tokens + num_new_tokens
+        table.extend(self.pool.allocate(self.blocks_for(total) - len(table)))
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, table, request.num_computed_tokens + hit.num_tokens, total)
+        return True
+
+    def _cache_full_blocks(self, request: Request, table: list[KVBlock], start: int, end: int) -> None:
+        # Tokens scheduled this step are known already, so their blocks are registered now and a
+        # request admitted later in the same step may hit them: attention backends write the
+        # whole step's K/V of a layer before any query of that layer reads (AttentionBackend).
+        extend_hashes(request.block_hashes, request.all_token_ids, self.block_size, self._salt(request))
+        full = min(end // self.block_size, len(request.block_hashes))
+        for i in range(start // self.block_size, full):
+            if table[i].block_hash is None:
+                self.pool.cache(table[i], request.block_hashes[i])
+
+    def free(self, request: Request) -> None:
+        """Release every block of a finished, aborted or preempted request, tail first."""
+        table = self.tables.pop(request.request_id, None)
+        if table:
+            self.pool.release(list(reversed(table)))
+
+    def block_ids(self, request: Request) -> list[int]:
+        return [b.block_id for b in self.tables.get(request.request_id, ())]
+
+    def reset_prefix_cache(self) -> int:
+        return self.pool.reset_cache()

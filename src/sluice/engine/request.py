@@ -1,0 +1,79 @@
+"""A request's life inside the engine.
+
+All progress is one counter: `num_computed_tokens` against `all_token_ids` (prompt + outputs).
+Prefill, chunked prefill, a prefix-cache hit, decode and recompute after preemption are all
+arithmetic on it; there are no separate prefill/decode modes.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from sluice.types import FinishReason, GenerationRequest, SamplingParams
+
+_sequence = itertools.count()
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue, KV freed, keeps its place in line
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int
+    tenant: str
+    arrival_time: float
+    seed: int  # the user's seed, or one drawn at arrival: recompute never changes the output
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until then
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None
+    seq_no: int = field(default_factory=lambda: next(_sequence))  # FIFO tie-break, stable across preemption
+
+    @classmethod
+    def from_generation_request(cls, req: GenerationRequest, seed: int) -> "Request":
+        return cls(
+            request_id=req.request_id,
+            prompt_token_ids=list(req.prompt_token_ids),
+            sampling=req.sampling,
+            priority=req.priority,
+            tenant=req.tenant,
+            arrival_time=req.arrival_time,
+            seed=seed,
+            all_token_ids=list(req.prompt_token_ids),
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.sampling.max_tokens

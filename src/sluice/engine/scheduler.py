@@ -1,0 +1,194 @@
+"""The continuous-batching scheduler: which requests compute how many tokens this step.
+
+One token budget per step and a cap on running sequences. Running requests go first (a decode
+costs 1 token, an unfinished prompt continues its chunk); then waiting requests in policy order,
+unless this step preempted (admitting right after evicting is how engines thrash). When KV
+runs out, the victim is the lowest-priority, newest running request; it loses its blocks, keeps
+its tokens, and re-enters the waiting queue at its original place. Under the priority policy a
+waiting request may also preempt strictly lower-priority runners to get a seat or memory.
+
+The scheduler never touches tensors: it hands the runner a SchedulerOutput of block ids and
+token counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sluice.engine.config import EngineConfig
+from sluice.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
+from sluice.engine.policy import WaitingQueue, pick_victim
+from sluice.engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    request: Request
+    start: int  # tokens already in the cache before this step
+    num_tokens: int  # tokens computed this step
+    block_ids: list[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """After this chunk every known token is computed, so the next one is sampled."""
+        return self.end == self.request.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.samples
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int):
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.waiting = WaitingQueue(config.scheduling_policy)
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self.watermark_blocks = int(config.watermark * kv.num_usable_blocks)
+
+    # -- membership ----------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.push(request)
+
+    def finish(self, request: Request) -> None:
+        """Take a finished or aborted request out of the engine and free its blocks."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.request_id in self.waiting:
+            self.waiting.remove(request.request_id)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+
+    def has_work(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    # -- the step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, ScheduledChunk] = {}
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted as a victim earlier in this loop
+            n = self._chunk_size(req, req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate(req, n):
+                victim = pick_victim(self.waiting, self.running)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim.request_id in scheduled:
+                    budget += scheduled.pop(victim.request_id).num_tokens
+                if victim is req:
+                    break
+            else:
+                scheduled[req.request_id] = ScheduledChunk(req, req.num_computed_tokens, n, [])
+                budget -= n
+        if not out.preempted:
+            budget = self._admit(budget, scheduled, out)
+        for chunk in scheduled.values():
+            chunk.block_ids = self.kv.block_ids(chunk.request)
+        out.chunks = list(scheduled.values())
+        return out
+
+    def _chunk_size(self, req: Request, remaining: int, budget: int) -> int:
+        n = min(remaining, budget)
+        if self.config.long_prefill_threshold > 0:
+            n = min(n, self.config.long_prefill_threshold)
+        return max(n, 0)
+
+    def _admit(self, budget: int, scheduled: dict[str, ScheduledChunk], out: SchedulerOutput) -> int:
+        while budget > 0 and (req := self.waiting.peek()) is not None:
+            hit = self.kv.find_prefix(req)
+            seat = len(self.running) < self.config.max_num_seqs
+            if not (seat and self._admissible(req, hit)):
+                if self.config.scheduling_policy == "priority":
+                    out.preempted.extend(self._preempt_for(req, hit, need_seat=not seat))
+                break  # head-of-line: nothing overtakes the head (no starvation under fcfs)
+            n = self._chunk_size(req, req.num_tokens - hit.num_tokens, budget)
+            if not self.kv.allocate(req, n, hit):
+                break
+            self.waiting.pop()
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = hit.num_tokens
+                self.kv.record_lookup(req, hit)
+            req.num_computed_tokens = hit.num_tokens
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.admitted.append(req)
+            scheduled[req.request_id] = ScheduledChunk(req, req.num_computed_tokens, n, [])
+            budget -= n
+        return budget
+
+    # -- admission policies --------------------------------------------------------------------
+    def _final_len(self, req: Request) -> int:
+        return min(req.max_total_tokens(), self.max_model_len)
+
+    def _blocks_needed(self, req: Request, hit: PrefixHit) -> int:
+        """Free blocks `req` needs before admission, beyond its prefix hit."""
+        if self.config.admission_policy == "reserve":
+            # prompt + max_tokens must fit, next to what running requests have reserved
+            need = self.kv.blocks_for(self._final_len(req)) - len(hit.blocks)
+            outstanding = sum(
+                max(0, self.kv.blocks_for(self._final_len(r)) - self.kv.num_held_blocks(r)) for r in self.running
+            )
+            return need + hit.num_evictable + outstanding
+        # optimistic: all known tokens must fit now, leaving the watermark free
+        return self.kv.blocks_for(req.num_tokens) - len(hit.blocks) + hit.num_evictable + self.watermark_blocks
+
+    def _admissible(self, req: Request, hit: PrefixHit = NO_HIT) -> bool:
+        return self._blocks_needed(req, hit) <= self.kv.num_free_blocks
+
+    def _preempt_for(self, head: Request, hit: PrefixHit, need_seat: bool) -> list[Request]:
+        """Preempt strictly lower-priority runners so that `head` fits next step.
+
+        Preempts nothing unless the candidates together would make room (no pointless evictions).
+        """
+        candidates = sorted(
+            (r for r in self.running if r.priority > head.priority), key=self.waiting.victim_key, reverse=True
+        )
+        shortfall = self._blocks_needed(head, hit) - self.kv.num_free_blocks
+        chosen: list[Request] = []
+        for victim in candidates:
+            if shortfall <= 0 and (chosen or not need_seat):
+                break
+            chosen.append(victim)
+            shortfall -= self.kv.num_exclusive_blocks(victim)
+            if self.config.admission_policy == "reserve":
+                shortfall -= max(0, self.kv.blocks_for(self._final_len(victim)) - self.kv.num_held_blocks(victim))
+        if not chosen or shortfall > 0:
+            return []
+        for victim in chosen:
+            self._preempt(victim)
+        return chosen
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        self.num_preemptions += 1
+        self.waiting.push(req)

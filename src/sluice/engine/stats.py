@@ -1,0 +1,44 @@
+"""Engine statistics as plain data, for metrics, logs and benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_total: int = 0  # usable blocks (the null block excluded)
+    kv_blocks_free: int = 0  # includes cached blocks that nobody holds (evictable)
+    kv_blocks_used: int = 0
+    kv_live_tokens: int = 0  # tokens computed by running requests (shared prefixes counted per request)
+    prefix_cache_queries: int = 0  # prompt tokens looked up, cumulative
+    prefix_cache_hits: int = 0  # of which found in the cache, cumulative
+    num_preemptions: int = 0  # cumulative
+    num_steps: int = 0  # cumulative
+    last_step_tokens: int = 0
+    last_step_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    prompt_tokens_computed: int = 0  # cumulative, excluding prefix-cache hits
+    output_tokens: int = 0  # cumulative
+    block_size: int = 16
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def batch_fill(self) -> float:
+        """Tokens of the last step over the step budget."""
+        return self.last_step_tokens / self.max_num_batched_tokens if self.max_num_batched_tokens else 0.0
+
+    @property
+    def kv_waste(self) -> float:
+        """(allocated slots - live tokens) / allocated slots, over blocks held by requests."""
+        allocated = self.kv_blocks_used * self.block_size
+        return max(0.0, (allocated - self.kv_live_tokens) / allocated) if allocated else 0.0

@@ -1,0 +1,22 @@
+"""Errors every layer may raise. The API layer maps them onto wire error shapes.
+
+Each carries a short, user-safe message that names the problem; none wraps a stack trace.
+"""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base class for errors sluice raises on purpose."""
+
+
+class InvalidRequestError(SluiceError):
+    """The request itself is wrong (empty prompt, too long, bad sampling values)."""
+
+
+class ModelLoadError(SluiceError):
+    """A model path is missing, unreadable, corrupt or of an unsupported architecture."""
+
+
+class EngineDeadError(SluiceError):
+    """The engine loop stopped; no further requests can be served by it."""

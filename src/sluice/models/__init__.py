@@ -1,0 +1,1 @@
+"""Model definitions, weight loaders, tokenizer and sampling (no policy, no scheduling)."""

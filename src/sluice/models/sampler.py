@@ -1,0 +1,64 @@
+"""Token selection: greedy, temperature, top-k, top-p, with reproducible per-request seeds.
+
+Sampling uses the exponential race (argmax p_i / E_i with E_i ~ Exp(1) is a draw from p), with
+the noise for output position i drawn from a generator seeded by mix(seed, i). So a request's
+tokens depend only on its own logits, seed and position: not on batch neighbours, not on how
+often it was preempted and recomputed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sluice.types import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+# top-p is exact within this many top candidates whenever their mass reaches top_p (the usual
+# case); otherwise the row falls back to a full sort.
+_TOP_P_CANDIDATES = 1024
+
+
+def mix_seed(seed: int, position: int) -> int:
+    """splitmix64 of (seed, position): decorrelated streams for neighbouring positions."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    cap = min(probs.shape[0], _TOP_P_CANDIDATES)
+    p_sorted, idx = probs.topk(cap)
+    cum = p_sorted.cumsum(0)
+    if cum[-1] < top_p and cap < probs.shape[0]:
+        p_sorted, idx = probs.sort(descending=True)
+        cum = p_sorted.cumsum(0)
+    keep = (cum - p_sorted) < top_p  # keeps the token that crosses top_p
+    keep[0] = True
+    return p_sorted[keep], idx[keep]
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    row = logits.float() / params.temperature
+    ids: torch.Tensor | None = None
+    if 0 < params.top_k < row.shape[0]:
+        row, ids = row.topk(params.top_k)
+    probs = torch.softmax(row, dim=-1)
+    if params.top_p < 1.0:
+        probs, kept = _nucleus(probs, params.top_p)
+        ids = kept if ids is None else ids[kept]
+    gen = torch.Generator(device=probs.device).manual_seed(mix_seed(seed, position))
+    noise = torch.empty_like(probs).exponential_(generator=gen)
+    choice = int(torch.argmax(probs / noise))
+    return int(ids[choice]) if ids is not None else choice
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]
+) -> list[int]:
+    """One token per row of `logits` [N, vocab]."""
+    tokens = logits.argmax(dim=-1).tolist()
+    for i, p in enumerate(params):
+        if not p.greedy:
+            tokens[i] = sample_row(logits[i], p, seeds[i], positions[i])
+    return tokens

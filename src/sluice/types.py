@@ -1,0 +1,105 @@
+"""The internal request/response types shared by every layer, defined once.
+
+The API layer turns wire formats into a `GenerationRequest`; the engine answers with a stream of
+`GenerationEvent`s. Nothing here depends on HTTP, asyncio or torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass, field
+
+from sluice.errors import InvalidRequestError
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation ended. Values are ours; each API maps them onto its own vocabulary."""
+
+    EOS = "eos"  # the model emitted an end-of-sequence token
+    LENGTH = "length"  # max_tokens reached
+    STOP_SEQUENCE = "stop_sequence"  # a stop string or stop token matched
+    CONTEXT = "context"  # the context window is full
+    ABORT = "abort"  # cancelled by the caller (disconnect, kill, shutdown)
+    ERROR = "error"  # the engine failed this request
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop.
+
+    temperature 0 is greedy. top_k 0 and top_p 1.0 switch those filters off. A seed makes
+    sampling reproducible: the random draw for output position i depends only on (seed, i),
+    so a request gives the same tokens alone, in a batch, or after a preemption.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first bad field."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if any(not s for s in self.stop):
+            raise InvalidRequestError("stop sequences must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One request as every layer below the API sees it: token ids in, events out.
+
+    `priority`: lower values are served first (0 is the most urgent band); ties go to the
+    earlier `arrival_time`. `tenant` namespaces the prefix cache so that one tenant can never
+    hit (and so probe) another tenant's cached blocks.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0
+    tenant: str = ""
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token accounting for one request. prompt_tokens = cached_tokens + computed prompt tokens."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+
+
+@dataclass(slots=True)
+class GenerationEvent:
+    """A piece of one request's output: new text and token ids since the previous event.
+
+    The last event of a request has `finished=True` and a `finish_reason`. Text never holds
+    half a UTF-8 character nor any part of a matched stop sequence.
+    """
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None

@@ -1,0 +1,52 @@
+"""Shared fixtures: the bundled model, tiny random model folders, and a transformers reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """The bundled SmolLM2-135M-Instruct, loaded once per session."""
+    from sluice.models.loader import load_model
+
+    return load_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def hf_bundled():
+    """transformers' own load of the same GGUF file (fp32): the correctness reference."""
+    from transformers import AutoModelForCausalLM
+
+    from sluice.models.loader import default_model_path
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-mistral"), "mistral")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_llama_dir):
+    from sluice.models.loader import load_model
+
+    return load_model(tiny_llama_dir, progress=False)

@@ -1,0 +1,95 @@
+"""The async front: concurrent streams, and abort on leaving a stream early."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sluice.engine.async_engine import AsyncEngine
+from sluice.engine.config import EngineConfig
+from sluice.engine.engine import LLMEngine
+from sluice.types import FinishReason, GenerationRequest, SamplingParams
+
+
+def _engine(tiny_llama) -> AsyncEngine:
+    return AsyncEngine(LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=256))).start()
+
+
+def test_concurrent_streams_match_the_sync_engine(tiny_llama):
+    prompts = [[5 + i, 9, 33, 40 + i, 7] * (i + 1) for i in range(6)]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    sync = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=256)).generate(
+        [GenerationRequest(f"r{i}", p, params) for i, p in enumerate(prompts)]
+    )
+    engine = _engine(tiny_llama)
+
+    async def collect(i: int, prompt: list[int]) -> list[int]:
+        tokens: list[int] = []
+        async for ev in engine.generate(GenerationRequest(f"r{i}", prompt, params)):
+            tokens += ev.token_ids
+            if ev.finished:
+                assert ev.finish_reason is FinishReason.LENGTH
+                assert ev.usage.output_tokens == 20
+        return tokens
+
+    async def main():
+        return await asyncio.gather(*(collect(i, p) for i, p in enumerate(prompts)))
+
+    try:
+        streamed = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert streamed == [sync[f"r{i}"].token_ids for i in range(len(prompts))]
+
+
+def test_leaving_a_stream_aborts_and_frees_blocks_within_a_step(tiny_llama):
+    engine = _engine(tiny_llama)
+    free_at_start = engine.engine.kv.num_free_blocks
+    params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+
+    async def main():
+        seen = 0
+        async for ev in engine.generate(GenerationRequest("long", list(range(3, 60)), params)):
+            seen += 1
+            if seen == 3:
+                break  # the client goes away
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            s = engine.stats()
+            if s.num_running == 0 and s.num_waiting == 0:
+                return s
+            await asyncio.sleep(0.01)
+        raise AssertionError("request still running 2 s after the stream was left")
+
+    try:
+        stats = asyncio.run(main())
+        assert engine.engine.kv.num_free_blocks == free_at_start
+        assert stats.kv_blocks_used == 0
+    finally:
+        engine.shutdown()
+
+
+def test_cancelling_the_task_aborts(tiny_llama):
+    engine = _engine(tiny_llama)
+    params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+
+    async def consume():
+        async for _ in engine.generate(GenerationRequest("c", list(range(3, 40)), params)):
+            pass
+
+    async def main():
+        task = asyncio.create_task(consume())
+        while engine.stats().num_running == 0:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for _ in range(200):
+            if engine.stats().num_running == 0:
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    try:
+        assert asyncio.run(main())
+    finally:
+        engine.shutdown()

@@ -1,0 +1,94 @@
+"""The same request gives the same tokens alone, in a batch of 32, after a preemption, and on a
+prefix-cache hit (greedy, and seeded sampling)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sluice.engine.config import EngineConfig
+from sluice.engine.engine import LLMEngine
+from sluice.types import GenerationRequest, SamplingParams
+from tests.reference import TIE_TOL
+
+TARGET = "Describe how rain forms, from evaporation to the drops that fall, in a few sentences."
+OTHERS = [
+    f"Give me {n} ideas for a {topic} and explain the best one briefly."
+    for n in (2, 3, 4, 5)
+    for topic in ("birthday party", "garden", "weekend trip", "science fair project", "short story", "team lunch", "podcast", "mobile app")
+][:31]
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0)
+SEEDED = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.95, top_k=50, seed=1234)
+
+
+def _prompt(bundled, text: str, system: str | None = None) -> list[int]:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return bundled.tokenizer.encode_chat(msgs)
+
+
+def _assert_same(hf_bundled, prompt: list[int], expected: list[int], got: list[int], label: str) -> None:
+    """Equal, or diverging only where the two best next-token logits tie (see tests/reference.py)."""
+    if got == expected:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    assert i < min(len(expected), len(got)), f"{label}: one output is a prefix of the other"
+    with torch.no_grad():
+        logits = hf_bundled(torch.tensor([prompt + expected[:i]])).logits[0, -1]
+    top = torch.topk(logits, 2)
+    gap = float(top.values[0] - top.values[1])
+    assert gap < TIE_TOL and {expected[i], got[i]} <= set(top.indices.tolist()), (
+        f"{label}: token {i} differs ({expected[i]} vs {got[i]}), top-2 logit gap {gap:.3g}"
+    )
+    print(f"{label}: accepted a tie at token {i} (gap {gap:.2g})")
+
+
+def _run(engine: LLMEngine, reqs: list[GenerationRequest]) -> dict[str, list[int]]:
+    return {k: v.token_ids for k, v in engine.generate(reqs).items()}
+
+
+@pytest.fixture(scope="module")
+def alone(bundled):
+    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=64))
+    prompt = _prompt(bundled, TARGET)
+    out = _run(engine, [GenerationRequest("g", prompt, GREEDY), GenerationRequest("s", prompt, SEEDED)])
+    return prompt, out["g"], out["s"]
+
+
+@pytest.mark.slow
+def test_same_tokens_in_a_batch_of_32(bundled, hf_bundled, alone):
+    prompt, greedy, seeded = alone
+    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=1024, max_num_batched_tokens=512))
+    reqs = [GenerationRequest(f"o{i}", _prompt(bundled, t), GREEDY) for i, t in enumerate(OTHERS[:30])]
+    reqs.insert(15, GenerationRequest("g", prompt, GREEDY))
+    reqs.insert(3, GenerationRequest("s", prompt, SEEDED))
+    assert len(reqs) == 32
+    out = _run(engine, reqs)
+    _assert_same(hf_bundled, prompt, greedy, out["g"], "batch of 32 (greedy)")
+    assert out["s"] == seeded, "seeded sampling changed in a batch"
+
+
+@pytest.mark.slow
+def test_same_tokens_after_preemption(bundled, hf_bundled, alone):
+    prompt, greedy, seeded = alone
+    # 4 long-running requests in a pool that cannot hold them all: the newest get preempted
+    # and recomputed, repeatedly.
+    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=15, block_size=16, watermark=0.0))
+    reqs = [GenerationRequest("early", _prompt(bundled, OTHERS[0]), GREEDY)]
+    reqs += [GenerationRequest("g", prompt, GREEDY), GenerationRequest("s", prompt, SEEDED)]
+    out = _run(engine, reqs)
+    assert engine.stats().num_preemptions > 0
+    _assert_same(hf_bundled, prompt, greedy, out["g"], "after preemption (greedy)")
+    assert out["s"] == seeded, "seeded sampling changed after preemption"
+
+
+@pytest.mark.slow
+def test_same_tokens_on_a_prefix_cache_hit(bundled, hf_bundled, alone):
+    prompt, greedy, seeded = alone
+    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=128))
+    _run(engine, [GenerationRequest("warm", prompt, GREEDY)])
+    out = engine.generate([GenerationRequest("g", prompt, GREEDY), GenerationRequest("s", prompt, SEEDED)])
+    full_blocks = (len(prompt) - 1) // 16 * 16  # never the last prompt token
+    assert out["g"].usage.cached_tokens == out["s"].usage.cached_tokens == full_blocks > 0
+    _assert_same(hf_bundled, prompt, greedy, out["g"].token_ids, "prefix-cache hit (greedy)")
+    assert out["s"].token_ids == seeded, "seeded sampling changed on a prefix-cache hit"
