@@ -20,3 +20,11 @@ class ModelLoadError(SluiceError):
 
 class EngineDeadError(SluiceError):
     """The engine loop stopped; no further requests can be served by it."""
+
+
+class EngineUnavailableError(SluiceError):
+    """No engine could take the request (worker unreachable, not ready, or shut down)."""
+
+
+class ContextWindowExceededError(InvalidRequestError):
+    """The prompt (plus room for at least one output token) does not fit the context window."""

@@ -19,7 +19,7 @@ from sluice.engine.request import Request
 from sluice.engine.runner import ModelRunner, kv_bytes_per_block
 from sluice.engine.scheduler import Scheduler
 from sluice.engine.stats import EngineStats
-from sluice.errors import InvalidRequestError
+from sluice.errors import ContextWindowExceededError, InvalidRequestError
 from sluice.models.detokenizer import IncrementalDetokenizer
 from sluice.models.loader import LoadedModel
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
@@ -61,7 +61,7 @@ class LLMEngine:
         if n == 0:
             raise InvalidRequestError("the prompt is empty: it must contain at least one token")
         if n >= self.max_model_len:
-            raise InvalidRequestError(
+            raise ContextWindowExceededError(
                 f"prompt is too long: {n} tokens, the context window is {self.max_model_len} "
                 "(the prompt must leave room for at least one output token)"
             )

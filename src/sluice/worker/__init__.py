@@ -1,0 +1,1 @@
+"""The engine behind one interface: in-process, or a gRPC worker process/host."""

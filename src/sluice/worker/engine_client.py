@@ -1,0 +1,54 @@
+"""`EngineClient`: the one interface the API and gateway use to reach an engine.
+
+Why an interface: `sluice serve` runs the engine in a worker process (the model must not share
+the GIL with the HTTP loop) and a gateway may reach remote workers; tests and benchmarks may run
+it in-process. Callers see the same contract either way:
+
+- `generate()` streams `GenerationEvent`s; the last one has `finished=True`. A bad request raises
+  `InvalidRequestError` before any event; an unreachable or dead engine raises
+  `EngineUnavailableError`. Leaving the iterator early (client disconnect, cancellation) aborts
+  the request, and the engine frees its KV blocks within one step.
+- Token ids go in (the API process tokenizes and applies the chat template once); text comes out
+  (detokenization and stop sequences stay with the engine, which sees every token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from sluice.engine.stats import EngineStats
+from sluice.types import GenerationEvent, GenerationRequest
+
+
+@dataclass(slots=True, frozen=True)
+class ModelInfo:
+    """What a caller needs to know about the model behind an engine."""
+
+    name: str  # the served model id (what /v1/models lists)
+    max_model_len: int  # prompt + output tokens must fit in this
+    vocab_size: int
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Stream the request's events (an async generator); see the module docstring."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a running or queued request; unknown ids are ignored."""
+        ...
+
+    async def stats(self) -> EngineStats:
+        """The engine's latest statistics snapshot."""
+        ...
+
+    async def info(self) -> ModelInfo: ...
+
+    async def ready(self) -> bool:
+        """True once the model is loaded and the engine loop runs."""
+        ...
+
+    async def close(self) -> None: ...
