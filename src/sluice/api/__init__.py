@@ -1,0 +1,1 @@
+"""The HTTP surface: Anthropic Messages, OpenAI chat completions, SSE, error mapping."""

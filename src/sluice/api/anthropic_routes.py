@@ -1,0 +1,234 @@
+"""Anthropic Messages: /v1/messages, /v1/messages/count_tokens, /v1/models (reference §2–§8)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from sluice.api.anthropic_format import STOP_REASONS, EventWriter, UsagePlan, message_object
+from sluice.api.anthropic_schema import CountTokensRequest, MessagesRequest
+from sluice.api.auth import Principal, require_principal
+from sluice.api.errors import ApiError, bad_request
+from sluice.api.generation import check_fits, generate
+from sluice.api.ids import new_id
+from sluice.api.prompt import build_prompt
+from sluice.api.runtime import ServingRuntime
+from sluice.api.sse import event_stream_response, run_with_deadline
+from sluice.types import FinishReason, GenerationRequest, SamplingParams
+
+VERSIONS = ("2023-06-01", "2026-10-21")
+ROUTE = "/v1/messages"
+
+
+def parse_body(raw: bytes, model: type[BaseModel], lenient: bool) -> Any:
+    """JSON → pydantic model, with Anthropic-style `<json.path>: <message>` errors."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"There was an error parsing the body of your request: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    if lenient:
+        data = {k: v for k, v in data.items() if k in model.model_fields}
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise bad_request(describe_validation_error(exc)) from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The most specific error as `<json.path>: <message>`, without pydantic's union labels."""
+    err = max(exc.errors(), key=lambda e: len(e["loc"]))
+    path: list[str] = []
+    drop_tag = False
+    for part in err["loc"]:
+        if isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "dict", "list")):
+            drop_tag = drop_tag or "tagged-union" in part  # a union branch label, not a field
+            continue
+        if drop_tag and isinstance(part, str) and path and path[-1].isdigit():
+            drop_tag = False  # the discriminator tag that follows the list index
+            continue
+        path.append(str(part))
+    return f"{'.'.join(path) or 'body'}: {err['msg']}"
+
+
+def _version(request: Request, rt: ServingRuntime) -> str:
+    version = request.headers.get("anthropic-version") or rt.settings.default_anthropic_version
+    if version is None:
+        raise bad_request("anthropic-version: header is required")
+    if version not in VERSIONS:
+        raise bad_request(f"anthropic-version: {version!r} is not a supported version ({', '.join(VERSIONS)})")
+    return version
+
+
+def _sampling(body: MessagesRequest, version: str, rt: ServingRuntime) -> SamplingParams:
+    given = [f for f in ("temperature", "top_p", "top_k") if getattr(body, f) is not None]
+    if given and version == "2026-10-21" and rt.settings.strict_sampling_params:
+        raise bad_request(f"{given[0]}: is not supported with anthropic-version 2026-10-21")
+    if any(not s for s in body.stop_sequences or ()):
+        raise bad_request("stop_sequences: each stop sequence must be a non-empty string")
+    return SamplingParams(
+        max_tokens=max(1, body.max_tokens),
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_k=body.top_k or 0,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop=tuple(body.stop_sequences or ()),
+    )
+
+
+def _model_info(rt: ServingRuntime, model_id: str) -> dict[str, Any]:
+    created = datetime.fromtimestamp(rt.created_at, timezone.utc).isoformat().replace("+00:00", "Z")
+    info = rt.info
+    return {
+        "type": "model",
+        "id": model_id,
+        "display_name": model_id,
+        "created_at": created,
+        "max_input_tokens": info.max_model_len - 1 if info else None,
+        "max_tokens": info.max_model_len - 1 if info else None,
+    }
+
+
+def build_router(rt: ServingRuntime) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def create_message(request: Request) -> Any:
+        principal = await require_principal(request, rt.authenticator)
+        version = _version(request, rt)
+        body = parse_body(await request.body(), MessagesRequest, not rt.settings.reject_unknown_fields)
+        _, tokenizer, info = rt.require_ready()
+        rt.check_model(body.model)
+        if body.max_tokens > info.max_model_len:
+            raise bad_request(
+                f"max_tokens: {body.max_tokens} > {info.max_model_len - 1}, which is the maximum allowed "
+                f"number of output tokens for {body.model}"
+            )
+        sampling = _sampling(body, version, rt)
+        prompt = await asyncio.to_thread(build_prompt, body, tokenizer)
+        check_fits(len(prompt.token_ids), info.max_model_len)
+        msg_id = new_id("msg")
+        gen = GenerationRequest(
+            request_id=msg_id,
+            prompt_token_ids=prompt.token_ids,
+            sampling=sampling,
+            priority=principal.priority,
+            tenant=principal.tenant,
+        )
+        plan = UsagePlan(prompt.cache_breakpoint, rt.block_size, prefill_only=body.max_tokens == 0)
+        request_id = request.state.request_id
+        if body.stream:
+            events = _stream(rt, gen, body.model, plan, request_id)
+            return event_stream_response(rt, events, EventWriter(msg_id).ping)
+        return await _complete(rt, gen, body.model, plan)
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Any:
+        await require_principal(request, rt.authenticator)
+        _version(request, rt)
+        body = parse_body(await request.body(), CountTokensRequest, not rt.settings.reject_unknown_fields)
+        _, tokenizer, _ = rt.require_ready()
+        rt.check_model(body.model)
+        prompt = await asyncio.to_thread(build_prompt, body, tokenizer)
+        return {"input_tokens": len(prompt.token_ids)}
+
+    @router.get("/v1/models")
+    async def list_models(
+        request: Request, limit: int = 20, after_id: str | None = None, before_id: str | None = None
+    ) -> Any:
+        await require_principal(request, rt.authenticator)
+        if not 1 <= limit <= 1000:
+            raise bad_request("limit: must be between 1 and 1000")
+        ids = list(rt.model_ids)
+        if after_id is not None:
+            ids = ids[ids.index(after_id) + 1 :] if after_id in ids else []
+        elif before_id is not None:
+            ids = ids[: ids.index(before_id)][-limit:] if before_id in ids else []
+        page = ids[:limit]
+        return {
+            "data": [_model_info(rt, m) for m in page],
+            "has_more": len(ids) > len(page),
+            "first_id": page[0] if page else None,
+            "last_id": page[-1] if page else None,
+        }
+
+    @router.get("/v1/models/{model_id:path}")
+    async def get_model(request: Request, model_id: str) -> Any:
+        await require_principal(request, rt.authenticator)
+        rt.check_model(model_id)
+        return _model_info(rt, model_id)
+
+    return router
+
+
+async def _complete(rt: ServingRuntime, gen: GenerationRequest, model: str, plan: UsagePlan) -> JSONResponse:
+    text: list[str] = []
+    final = None
+
+    async def collect() -> None:
+        nonlocal final
+        async for event in generate(rt, gen, ROUTE):
+            text.append(event.text)
+            final = event
+
+    try:
+        await asyncio.wait_for(collect(), rt.settings.request_timeout_s)
+    except TimeoutError:
+        raise ApiError(504, "the request took longer than the server's request timeout", type="timeout_error") from None
+    if final is None or final.finish_reason in (FinishReason.ERROR, FinishReason.ABORT, None):
+        if final is not None and final.finish_reason is FinishReason.ABORT:
+            raise ApiError(529, "the request was aborted by the server (overloaded or shutting down)")
+        raise ApiError(500, "the engine failed while generating this request")
+    body = message_object(
+        gen.request_id,
+        model,
+        None if plan.prefill_only else "".join(text),
+        STOP_REASONS[final.finish_reason],
+        final.stop_sequence,
+        plan.usage(final.usage),
+    )
+    return JSONResponse(body)
+
+
+async def _stream(
+    rt: ServingRuntime, gen: GenerationRequest, model: str, plan: UsagePlan, request_id: str
+) -> AsyncIterator[ServerSentEvent]:
+    """The event sequence of reference §4.3; failures after the 200 become an `error` event."""
+    w = EventWriter(gen.request_id)
+    yield w.ping()  # bytes on the wire at once, before queueing and prefill
+    started = False
+    try:
+        async for event in run_with_deadline(rt, generate(rt, gen, ROUTE)):
+            if not started:
+                started = True
+                start = message_object(gen.request_id, model, None, None, None, plan.usage(event.usage))
+                yield w.event("message_start", {"message": start})
+                if not plan.prefill_only:
+                    yield w.event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            if event.text and not plan.prefill_only:
+                yield w.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": event.text}})
+            if event.finished:
+                if event.finish_reason not in STOP_REASONS:
+                    kind = "overloaded_error" if event.finish_reason is FinishReason.ABORT else "api_error"
+                    yield w.error(kind, "the request was aborted by the server" if kind == "overloaded_error" else "the engine failed while generating", request_id)
+                    return
+                if not plan.prefill_only:
+                    yield w.event("content_block_stop", {"index": 0})
+                delta = {"stop_reason": STOP_REASONS[event.finish_reason], "stop_sequence": event.stop_sequence}
+                yield w.event("message_delta", {"delta": delta, "usage": plan.usage(event.usage)})
+                yield w.event("message_stop", {})
+                return
+    except ApiError as exc:
+        yield w.error(exc.type or ("overloaded_error" if exc.status in (503, 529) else "api_error"), exc.message, request_id)
+    except TimeoutError:
+        reason = "the server is shutting down" if rt.draining else "the stream exceeded the maximum stream duration"
+        yield w.error("overloaded_error" if rt.draining else "timeout_error", reason, request_id)

@@ -1,0 +1,149 @@
+"""The Anthropic Messages request body as pydantic models (reference §2).
+
+Every documented field is accepted; fields a text-only local model cannot honour (tools,
+thinking, service_tier, …) are accepted and ignored, as the contract allows. Truly unknown
+fields are rejected with Anthropic's own wording: `<path>: Extra inputs are not permitted`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    """Objects whose inner shape we do not interpret (tool schemas, server-tool configs)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class CacheControl(_Strict):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(_Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: list[dict[str, Any]] | None = None
+
+
+class ImageBlock(_Strict):
+    type: Literal["image"]
+    source: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class DocumentBlock(_Strict):
+    type: Literal["document"]
+    source: dict[str, Any]
+    title: str | None = None
+    context: str | None = None
+    citations: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
+
+
+class SearchResultBlock(_Open):
+    type: Literal["search_result"]
+
+
+class ToolUseBlock(_Strict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[TextBlock | ImageBlock | DocumentBlock | SearchResultBlock, Field(discriminator="type")]] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+
+class ThinkingBlock(_Strict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(_Strict):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+ContentBlock = Annotated[
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | SearchResultBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock,
+    Field(discriminator="type"),
+]
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+
+class Metadata(_Strict):
+    user_id: str | None = None
+
+
+class Tool(_Open):
+    name: str | None = None
+
+
+class MessagesRequest(_Strict):
+    model: str
+    max_tokens: int = Field(ge=0)
+    messages: list[Message]
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
+    # newer (v2) fields: accepted, not interpreted
+    container: Any = None
+    output_config: dict[str, Any] | None = None
+    inference_geo: str | None = None
+    speed: Literal["standard", "fast"] | None = None
+    diagnostics: dict[str, Any] | None = None
+    mcp_servers: list[dict[str, Any]] | None = None
+    context_management: dict[str, Any] | None = None
+    # sluice extensions
+    seed: int | None = None  # reproducible sampling (send through extra_body)
+    background: bool = False  # keep generating after a disconnect, for resume (issue 6)
+
+
+class CountTokensRequest(_Strict):
+    model: str
+    messages: list[Message]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
+    output_config: dict[str, Any] | None = None
+    speed: Literal["standard", "fast"] | None = None
+    mcp_servers: list[dict[str, Any]] | None = None
+    context_management: dict[str, Any] | None = None

@@ -1,0 +1,85 @@
+"""The FastAPI application: routes, error mapping, health/readiness and metrics endpoints."""
+
+from __future__ import annotations
+
+import logging
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sluice import __version__
+from sluice.api import anthropic_routes, openai_routes
+from sluice.api.errors import ApiError
+from sluice.api.middleware import RequestContextMiddleware, error_response
+from sluice.api.runtime import ServingRuntime
+
+log = logging.getLogger("sluice.api")
+
+
+def _count_response(scope: dict, status: int, rt: ServingRuntime) -> None:
+    route = getattr(scope.get("route"), "path", "unmatched")
+    rt.metrics.requests.labels(route, str(status)).inc()
+
+
+def create_app(rt: ServingRuntime) -> FastAPI:
+    app = FastAPI(title="sluice", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runtime = rt
+
+    def respond(request: Request, err: ApiError) -> JSONResponse:
+        return error_response(err, request.url.path, getattr(request.state, "request_id", None))
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return respond(request, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = {404: f"Not found: {request.method} {request.url.path}", 405: "method not allowed"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        return respond(request, ApiError(exc.status_code, message, headers=dict(exc.headers or {})))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        path = ".".join(str(p) for p in err["loc"][1:]) or "request"
+        return respond(request, ApiError(400, f"{path}: {err['msg']}"))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Never a stack trace on the wire; the log has it, keyed by the request id.
+        log.exception("unhandled error in %s (request %s)", request.url.path, getattr(request.state, "request_id", "?"))
+        _count_response(request.scope, 500, rt)  # this response bypasses the inner middleware
+        return respond(request, ApiError(500, "Internal server error"))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if rt.ready:
+            return JSONResponse({"status": "ready", "model": rt.model_ids[0]})
+        detail = "draining" if rt.draining else ("failed: " + rt.startup_error if rt.startup_error else "loading")
+        return JSONResponse({"status": detail}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        stats = None
+        if rt.engine is not None:
+            try:
+                stats = await rt.engine.stats()
+            except Exception:  # the scrape still answers; engine_up shows the problem
+                stats = None
+        rt.metrics.observe_engine(stats)
+        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.include_router(anthropic_routes.build_router(rt))
+    app.include_router(openai_routes.build_router(rt))
+    app.add_middleware(
+        RequestContextMiddleware,
+        max_body_bytes=rt.settings.max_body_bytes,
+        on_response=lambda scope, status: _count_response(scope, status, rt),
+    )
+    return app

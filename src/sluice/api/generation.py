@@ -1,0 +1,69 @@
+"""One generation as the routes see it: submit to the engine, time it, map its errors.
+
+Both wire formats (Anthropic, OpenAI) sit on this; it owns the latency metrics and the
+abort-on-exit rule: leaving the iterator early (disconnect, send timeout, max duration)
+closes the engine stream, which aborts the request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from sluice.api.errors import ApiError, bad_request, overloaded
+from sluice.api.runtime import ServingRuntime
+from sluice.errors import ContextWindowExceededError, EngineUnavailableError, InvalidRequestError
+from sluice.types import FinishReason, GenerationEvent, GenerationRequest
+
+
+def check_fits(prompt_len: int, max_model_len: int) -> None:
+    """400 before any generation when the prompt leaves no room for one output token."""
+    if prompt_len >= max_model_len:
+        raise bad_request(f"prompt is too long: {prompt_len} tokens > {max_model_len - 1} maximum")
+
+
+def map_engine_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ContextWindowExceededError):
+        return bad_request(str(exc))
+    if isinstance(exc, InvalidRequestError):
+        return bad_request(str(exc))
+    if isinstance(exc, EngineUnavailableError):
+        return overloaded(f"no engine is available: {exc}", retry_after=2)
+    return ApiError(500, "internal error while generating")
+
+
+async def generate(rt: ServingRuntime, request: GenerationRequest, route: str) -> AsyncIterator[GenerationEvent]:
+    """Stream the engine's events for `request`, recording TTFT / ITL / e2e metrics."""
+    engine, _, _ = rt.require_ready()
+    m = rt.metrics
+    started = time.perf_counter()
+    last = None
+    finished = False
+    m.inflight.inc()
+    m.prompt_tokens.inc(len(request.prompt_token_ids))
+    stream = engine.generate(request)
+    try:
+        async for event in stream:
+            now = time.perf_counter()
+            if event.token_ids:
+                if last is None:
+                    m.ttft.labels(route).observe(now - started)
+                else:
+                    m.itl.observe((now - last) / len(event.token_ids))
+                last = now
+                m.output_tokens.inc(len(event.token_ids))
+            if event.finished:
+                finished = True
+                m.e2e.labels(route).observe(now - started)
+                if event.finish_reason is FinishReason.ABORT:
+                    m.aborted.labels("engine").inc()
+            yield event
+            if finished:
+                return
+    except (InvalidRequestError, EngineUnavailableError) as exc:
+        raise map_engine_error(exc) from None
+    finally:
+        m.inflight.dec()
+        if not finished:
+            m.aborted.labels("client").inc()
+        await stream.aclose()  # cancels the engine request if it is still running

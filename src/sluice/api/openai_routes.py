@@ -1,0 +1,237 @@
+"""OpenAI chat completions (`/v1/chat/completions`), streaming and not, in OpenAI's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sse_starlette import ServerSentEvent
+
+from sluice.api.anthropic_routes import describe_validation_error
+from sluice.api.auth import require_principal
+from sluice.api.errors import ApiError, bad_request
+from sluice.api.generation import check_fits, generate
+from sluice.api.ids import new_id
+from sluice.api.runtime import ServingRuntime
+from sluice.api.sse import event_stream_response, run_with_deadline
+from sluice.types import FinishReason, GenerationRequest, SamplingParams
+
+ROUTE = "/v1/chat/completions"
+FINISH = {
+    FinishReason.EOS: "stop",
+    FinishReason.STOP_SEQUENCE: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CONTEXT: "length",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    include_obfuscation: bool | None = None
+
+
+class ChatCompletionRequest(_Strict):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # not OpenAI's; vLLM-compatible extension
+    n: int = Field(1, ge=1, le=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    # accepted for compatibility; not applied by this engine (documented in docs/API.md)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    user: str | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+
+def _parse(raw: bytes, lenient: bool) -> ChatCompletionRequest:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"We could not parse the JSON body of your request: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    unknown = [k for k in data if k not in ChatCompletionRequest.model_fields]
+    if unknown and not lenient:
+        raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
+    data = {k: v for k, v in data.items() if k not in unknown}
+    try:
+        return ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        message = describe_validation_error(exc)
+        raise bad_request(message, param=message.split(":", 1)[0]) from None
+
+
+def _messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for i, m in enumerate(body.messages):
+        if isinstance(m.content, list):
+            text = "\n\n".join(p.text for p in m.content)
+        else:
+            text = m.content or ""
+        if m.tool_calls:
+            text = (text + "\n" if text else "") + json.dumps(m.tool_calls)
+        if not text and m.role != "assistant":
+            raise bad_request(f"messages.{i}.content: must be a non-empty string or list of text parts", param=f"messages.{i}.content")
+        role = {"developer": "system", "tool": "user"}.get(m.role, m.role)
+        out.append({"role": role, "content": text})
+    return out
+
+
+def build_router(rt: ServingRuntime) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        principal = await require_principal(request, rt.authenticator)
+        body = _parse(await request.body(), not rt.settings.reject_unknown_fields)
+        _, tokenizer, info = rt.require_ready()
+        if body.model not in rt.model_ids:
+            raise ApiError(404, f"The model `{body.model}` does not exist or you do not have access to it.", code="model_not_found")
+        messages = _messages(body)
+        ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
+        check_fits(len(ids), info.max_model_len)
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if any(not s for s in stop):
+            raise bad_request("stop: stop sequences must be non-empty strings", param="stop")
+        sampling = SamplingParams(
+            max_tokens=body.max_completion_tokens or body.max_tokens or (info.max_model_len - len(ids)),
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            seed=body.seed,
+            stop=tuple(stop),
+        )
+        gen = GenerationRequest(new_id("chatcmpl"), ids, sampling, priority=principal.priority, tenant=principal.tenant)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return event_stream_response(rt, _stream(rt, gen, body.model, include_usage), None)
+        return await _complete(rt, gen, body.model)
+
+    return router
+
+
+def _usage(u: Any) -> dict[str, Any]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.prompt_tokens + u.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+async def _complete(rt: ServingRuntime, gen: GenerationRequest, model: str) -> JSONResponse:
+    parts: list[str] = []
+    final = None
+
+    async def collect() -> None:
+        nonlocal final
+        async for event in generate(rt, gen, ROUTE):
+            parts.append(event.text)
+            final = event
+
+    try:
+        await asyncio.wait_for(collect(), rt.settings.request_timeout_s)
+    except TimeoutError:
+        raise ApiError(504, "the request took longer than the server's request timeout") from None
+    if final is None or final.finish_reason not in FINISH:
+        raise ApiError(500, "the engine failed while generating this request")
+    return JSONResponse(
+        {
+            "id": gen.request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(parts), "refusal": None},
+                    "finish_reason": FINISH[final.finish_reason],
+                    "logprobs": None,
+                }
+            ],
+            "usage": _usage(final.usage),
+        }
+    )
+
+
+async def _stream(rt: ServingRuntime, gen: GenerationRequest, model: str, include_usage: bool) -> AsyncIterator[Any]:
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None, usage: dict[str, Any] | None = None, choices: bool = True) -> ServerSentEvent:
+        body: dict[str, Any] = {"id": gen.request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}] if choices else []
+        if include_usage:
+            body["usage"] = usage
+        return ServerSentEvent(data=json.dumps(body, separators=(",", ":"), ensure_ascii=False))
+
+    yield ServerSentEvent(comment="ping")
+    first = True
+    try:
+        async for event in run_with_deadline(rt, generate(rt, gen, ROUTE)):
+            if first:
+                first = False
+                yield chunk({"role": "assistant", "content": ""}, None)
+            if event.text:
+                yield chunk({"content": event.text}, None)
+            if event.finished:
+                if event.finish_reason not in FINISH:
+                    yield _error_event("the engine failed while generating", "server_error")
+                    return
+                yield chunk({}, FINISH[event.finish_reason])
+                if include_usage:
+                    yield chunk({}, None, _usage(event.usage), choices=False)
+                yield ServerSentEvent(data="[DONE]")
+                return
+    except ApiError as exc:
+        yield _error_event(exc.message, "server_error" if exc.status >= 500 else "invalid_request_error")
+    except TimeoutError:
+        yield _error_event("the stream exceeded its maximum duration or the server is shutting down", "server_error")
+
+
+def _error_event(message: str, kind: str) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}))

@@ -1,0 +1,63 @@
+"""What the HTTP app serves with: settings, the engine client, the tokenizer, metrics, state.
+
+The app starts answering /health at once; /ready and the generation routes wait for
+`mark_ready()` (model loaded in the worker, tokenizer loaded here). A start-up failure is
+kept in `startup_error` and reported by /ready, so an operator sees why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from sluice.api.auth import Authenticator, OpenAccess
+from sluice.api.errors import ApiError, retry_headers
+from sluice.config import Settings
+from sluice.models.tokenizer import Tokenizer
+from sluice.observability.metrics import ServingMetrics
+from sluice.worker.engine_client import EngineClient, ModelInfo
+
+
+@dataclass
+class ServingRuntime:
+    settings: Settings
+    authenticator: Authenticator = field(default_factory=OpenAccess)
+    metrics: ServingMetrics = field(default_factory=ServingMetrics)
+    engine: EngineClient | None = None
+    tokenizer: Tokenizer | None = None
+    info: ModelInfo | None = None
+    block_size: int = 16
+    model_ids: tuple[str, ...] = ()
+    created_at: float = field(default_factory=time.time)
+    startup_error: str | None = None
+    draining: bool = False
+    drain_deadline: float = 0.0  # monotonic time by which open streams must end
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def mark_ready(self, engine: EngineClient, tokenizer: Tokenizer, info: ModelInfo, block_size: int) -> None:
+        self.engine, self.tokenizer, self.info, self.block_size = engine, tokenizer, info, block_size
+        names = [self.settings.served_model_name or info.name, *self.settings.model_aliases]
+        self.model_ids = tuple(dict.fromkeys(names))
+        self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and not self.draining
+
+    def begin_drain(self, grace_s: float) -> None:
+        self.draining = True
+        self.drain_deadline = time.monotonic() + grace_s
+
+    def check_model(self, model: str) -> None:
+        """404 for a model id we do not serve (reference §2: unknown model → not_found_error)."""
+        if model not in self.model_ids:
+            raise ApiError(404, f"model: {model}", type="not_found_error")
+
+    def require_ready(self) -> tuple[EngineClient, Tokenizer, ModelInfo]:
+        if self.draining:
+            raise ApiError(529, "the server is shutting down", headers=retry_headers(1))
+        if not self._ready.is_set() or self.engine is None or self.tokenizer is None or self.info is None:
+            msg = f"the model failed to load: {self.startup_error}" if self.startup_error else "the model is still loading"
+            raise ApiError(529 if not self.startup_error else 500, msg, headers=retry_headers(2))
+        return self.engine, self.tokenizer, self.info

@@ -1,0 +1,81 @@
+"""SSE plumbing shared by both wire formats (reference safety_sse.md part B).
+
+- `event_stream_response`: sse-starlette with Anthropic-style `ping` events every
+  `ping_interval_s` (the stream generator also sends one at once), a per-send timeout (a
+  stalled reader is cut and its generation aborted), `X-Accel-Buffering: no`, no compression,
+  and a shutdown grace longer than ours so our own drain can end streams properly.
+- `run_with_deadline`: ends a stream with TimeoutError at the maximum stream duration or, once
+  the server drains for shutdown, at the drain deadline — whichever is first — even when the
+  engine is silent (queued, long prefill), without ever blocking the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from sluice.api.runtime import ServingRuntime
+
+T = TypeVar("T")
+_POLL_S = 0.5  # how often a silent stream re-checks its deadline (drain may move it)
+
+
+def event_stream_response(
+    rt: ServingRuntime, events: AsyncIterator[ServerSentEvent | dict], ping: Callable[[], ServerSentEvent] | None
+) -> EventSourceResponse:
+    s = rt.settings
+    return EventSourceResponse(
+        events,
+        ping=s.ping_interval_s,
+        ping_message_factory=ping,
+        sep="\n",
+        send_timeout=s.send_timeout_s,
+        headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
+        shutdown_grace_period=s.shutdown_grace_s + 2.0,
+    )
+
+
+async def run_with_deadline(rt: ServingRuntime, source: AsyncIterator[T]) -> AsyncIterator[T]:
+    loop = asyncio.get_running_loop()
+    limit = loop.time() + rt.settings.max_stream_duration_s
+    it = aiter(source)
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(it))
+            deadline = limit
+            if rt.draining:
+                deadline = min(deadline, loop.time() + (rt.drain_deadline - _monotonic()))
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({pending}, timeout=min(remaining, _POLL_S))
+            if not done:
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                pending = None
+                return
+            pending = None
+            yield item
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            try:
+                await pending
+            except (asyncio.CancelledError, StopAsyncIteration, Exception):
+                pass
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _monotonic() -> float:
+    import time
+
+    return time.monotonic()

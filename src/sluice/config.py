@@ -1,0 +1,110 @@
+"""One typed settings object for the server: defaults < settings file < env `SLUICE_*` < flags.
+
+Validated at start-up; a bad value stops `sluice serve` with a message naming the setting,
+before any model loads.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sluice.errors import SluiceError
+
+MB = 1024 * 1024
+
+
+class SettingsError(SluiceError):
+    """A setting is invalid; the message names it."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="forbid", validate_default=True)
+
+    # -- where to listen, who may call --------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: SecretStr | None = None  # single-key mode; unset = open (binds 127.0.0.1 only)
+
+    # -- the model and its engine ---------------------------------------------------------------
+    model: str | None = None  # .gguf file or HF folder; default: the bundled SmolLM2
+    served_model_name: str | None = None  # the id clients send; default: derived from the model
+    model_aliases: list[str] = Field(default_factory=list)  # extra ids accepted for the model
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    worker: str | None = None  # address of a running `sluice worker`; unset = spawn one locally
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(512, ge=1)
+    kv_cache_gib: float = Field(2.0, gt=0)
+    max_model_len: int | None = Field(None, ge=2)
+    scheduling_policy: Literal["fcfs", "priority"] = "priority"
+    admission_policy: Literal["optimistic", "reserve"] = "optimistic"
+    enable_prefix_caching: bool = True
+    worker_start_timeout_s: float = Field(180.0, gt=0)
+
+    # -- the wire -------------------------------------------------------------------------------
+    max_body_bytes: int = Field(32 * MB, ge=1024)  # Anthropic's limit for /v1/messages
+    default_anthropic_version: str | None = "2023-06-01"  # used when the header is missing; None = 400
+    # Under anthropic-version 2026-10-21 Anthropic rejects temperature/top_p/top_k; a self-hosted
+    # server's users need sampling control, so by default we accept them (strict = mirror Anthropic).
+    strict_sampling_params: bool = False
+    reject_unknown_fields: bool = True
+    ping_interval_s: float = Field(10.0, gt=0)
+    send_timeout_s: float = Field(30.0, gt=0)  # one SSE write may block this long (stalled reader)
+    max_stream_duration_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)  # non-streaming requests
+    shutdown_grace_s: float = Field(10.0, ge=0)
+    tcp_keepalive: bool = True
+    tcp_user_timeout_ms: int = Field(30_000, ge=0)  # 0 = kernel default
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_not_blank(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip():
+            return None
+        return v
+
+
+def load_settings(file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from an optional TOML file, the environment and explicit overrides.
+
+    `overrides` with value None are ignored, so unset CLI flags fall through to env and file.
+    """
+    data: dict[str, Any] = {}
+    if file is not None:
+        path = Path(file).expanduser()
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SettingsError(f"settings file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"settings file {path} is not valid TOML: {exc}") from None
+        data = data.get("server", data)  # allow a [server] table or top-level keys
+    try:
+        return _layered(data, overrides)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+
+
+def _layered(file_data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
+    # pydantic-settings ranks init kwargs above env vars. File values must rank below env, so a
+    # file value is dropped where the env sets the same setting; flags (overrides) stay on top.
+    merged = dict(file_data)
+    for name in Settings.model_fields:
+        if "SLUICE_" + name.upper() in os.environ:
+            merged.pop(name, None)
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**merged)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        parts.append(f"{loc}: {err['msg']}")
+    return "invalid settings: " + "; ".join(parts)

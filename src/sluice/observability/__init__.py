@@ -1,0 +1,1 @@
+"""Prometheus metrics, tracing and structured logs."""
