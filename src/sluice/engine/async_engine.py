@@ -56,6 +56,13 @@ class AsyncEngine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Stream `request`'s events; the last has finished=True. Raises InvalidRequestError
         before anything is queued if the request is bad."""
+        async for batch in self.generate_batches(request):
+            for event in batch:
+                yield event
+
+    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[GenerationEvent]]:
+        """Like generate(), but yields every event already delivered as one list: a consumer
+        that falls behind (a slow network writer) catches up in one message, not N."""
         if self._dead is not None or self._stopping:
             raise EngineDeadError("the engine is not running")
         self.engine.validate(request)
@@ -63,15 +70,20 @@ class AsyncEngine:
         self._submit("add", request, (asyncio.get_running_loop(), events))
         finished = False
         try:
-            while True:
-                item = await events.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
+            while not finished:
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                out: list[GenerationEvent] = []
+                for item in batch:
+                    if isinstance(item, BaseException):
+                        finished = True
+                        if out:
+                            yield out
+                        raise item
+                    out.append(item)
+                    finished = finished or item.finished
+                yield out
         finally:
             if not finished:
                 self.abort(request.request_id)

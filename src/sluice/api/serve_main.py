@@ -1,0 +1,120 @@
+"""Bring up `sluice serve`: listen at once, start the engine, mark ready, drain on exit.
+
+The HTTP socket is bound before anything slow happens, so /health answers during start-up and
+/ready tells "loading" from "ready". The worker loads the model while this process loads only
+the tokenizer (both in parallel). A start-up failure ends the process with exit code 2 and a
+one-line reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+
+from sluice.api.app import create_app
+from sluice.api.auth import OpenAccess, SingleKey
+from sluice.api.runtime import ServingRuntime
+from sluice.api.server import build_server, make_socket
+from sluice.config import Settings
+from sluice.worker.engine_client import EngineClient
+
+log = logging.getLogger("sluice.serve")
+
+
+def _say(message: str) -> None:
+    print(f"sluice: {message}", file=sys.stderr, flush=True)
+
+
+async def _connect_engine(settings: Settings, holder: dict) -> EngineClient:
+    from sluice.worker.grpc_client import GrpcEngineClient
+    from sluice.worker.spawn import engine_argv, start_local_worker, wait_ready
+
+    if settings.worker == "inline":
+        return await asyncio.to_thread(_inline_engine, settings)
+    if settings.worker:
+        client = GrpcEngineClient(settings.worker)
+        deadline = time.monotonic() + settings.worker_start_timeout_s
+        while not await client.ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker at {settings.worker} is not ready")
+            await asyncio.sleep(0.5)
+        return client
+    values = settings.model_dump()
+    worker = start_local_worker(settings.model, settings.dtype, engine_argv(values))
+    holder["worker"] = worker
+    client = GrpcEngineClient(worker.address)
+    await wait_ready(worker, client, settings.worker_start_timeout_s)
+    return client
+
+
+def _inline_engine(settings: Settings) -> EngineClient:
+    from sluice.engine.async_engine import AsyncEngine
+    from sluice.engine.config import EngineConfig
+    from sluice.engine.engine import LLMEngine
+    from sluice.models.loader import load_model
+    from sluice.worker.engine_client import ModelInfo
+    from sluice.worker.in_process import InProcessEngineClient
+    from sluice.worker.worker_main import served_name
+
+    loaded = load_model(settings.model, settings.dtype)
+    config = EngineConfig(
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        kv_cache_gib=settings.kv_cache_gib,
+        max_model_len=settings.max_model_len,
+        scheduling_policy=settings.scheduling_policy,
+        admission_policy=settings.admission_policy,
+        enable_prefix_caching=settings.enable_prefix_caching,
+    )
+    engine = LLMEngine(loaded, config)
+    info = ModelInfo(served_name(loaded.path), engine.max_model_len, loaded.tokenizer.vocab_size)
+    return InProcessEngineClient(AsyncEngine(engine).start(), info)
+
+
+async def serve(settings: Settings, access_log: bool = False) -> int:
+    from sluice.models.tokenizer_loader import load_tokenizer
+
+    key = settings.api_key.get_secret_value() if settings.api_key else None
+    rt = ServingRuntime(settings, authenticator=SingleKey(key) if key else OpenAccess())
+    app = create_app(rt)
+    try:
+        sock = make_socket(settings.host, settings.port, settings.tcp_keepalive, settings.tcp_user_timeout_ms)
+    except OSError as exc:
+        _say(f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+        return 2
+    host, port = sock.getsockname()[:2]
+    base = f"http://{host}:{port}"
+    _say(f"listening on {base} (loading the model...)")
+    server = build_server(app, rt, access_log)
+    holder: dict = {}
+    started = time.perf_counter()
+
+    async def bring_up() -> None:
+        try:
+            tokenizer_task = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, settings.model))
+            engine = await _connect_engine(settings, holder)
+            holder["engine"] = engine
+            tokenizer, _ = await tokenizer_task
+            info = await engine.info()
+            stats = await engine.stats()
+            rt.mark_ready(engine, tokenizer, info, stats.block_size)
+            _say(f"ready: model {rt.model_ids[0]} at {base}/v1 (started in {time.perf_counter() - started:.1f}s)")
+        except Exception as exc:
+            rt.startup_error = str(exc)
+            _say(f"error: start-up failed: {exc}")
+            server.should_exit = True
+
+    task = asyncio.create_task(bring_up())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        task.cancel()
+        engine = holder.get("engine")
+        if engine is not None:
+            await engine.close()
+        worker = holder.get("worker")
+        if worker is not None:
+            await asyncio.to_thread(worker.stop)
+    return 2 if rt.startup_error else 0

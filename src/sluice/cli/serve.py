@@ -1,0 +1,85 @@
+"""`sluice serve`: the HTTP API, with the engine in a worker process (or a remote worker)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sluice.cli.common import add_engine_args
+
+
+def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazily)
+    from sluice.config import load_settings
+
+    return load_settings(
+        args.config,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        model=args.model,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        worker=args.worker,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_gib=args.kv_cache_gib,
+        max_model_len=args.max_model_len,
+        scheduling_policy=args.scheduling_policy,
+        admission_policy=args.admission_policy,
+        enable_prefix_caching=False if args.no_prefix_caching else None,
+        ping_interval_s=args.ping_interval,
+        send_timeout_s=args.send_timeout,
+        max_stream_duration_s=args.max_stream_duration,
+        shutdown_grace_s=args.shutdown_grace,
+        log_level=args.log_level,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from sluice.api.serve_main import serve
+
+    settings = _settings_from_args(args)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.api_key is None:
+        if settings.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"sluice: warning: no API key set; binding 127.0.0.1 instead of {settings.host}", file=sys.stderr)
+            settings.host = "127.0.0.1"
+        print(
+            "sluice: warning: no API key set (--api-key / SLUICE_API_KEY): the server is open to local callers",
+            file=sys.stderr,
+        )
+    return asyncio.run(serve(settings, access_log=args.access_log))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the Anthropic Messages and OpenAI chat APIs over HTTP")
+    p.add_argument("--host", default=None, help="interface to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port to listen on; 0 picks a free one (default: 8000)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="require this API key (env SLUICE_API_KEY); unset = open, local only")
+    p.add_argument(
+        "--model",
+        metavar="PATH",
+        default=None,
+        help="a .gguf file or a Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--served-model-name", default=None, metavar="NAME", help="the model id clients send (default: from the model)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weight and KV dtype (default: float32)")
+    p.add_argument(
+        "--worker",
+        default=None,
+        metavar="ADDR",
+        help="use a running `sluice worker` at ADDR (host:port or unix:/path) instead of starting one; "
+        "'inline' runs the engine in this process",
+    )
+    p.add_argument("--config", default=None, metavar="FILE", help="a TOML settings file (keys as in SLUICE_* without the prefix)")
+    p.add_argument("--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)")
+    p.add_argument("--send-timeout", type=float, default=None, metavar="S", help="cut a stream whose reader stalls this long (default: 30)")
+    p.add_argument("--max-stream-duration", type=float, default=None, metavar="S", help="longest a stream may run (default: 600)")
+    p.add_argument("--shutdown-grace", type=float, default=None, metavar="S", help="time open streams get on SIGTERM (default: 10)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None, help="(default: info)")
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    add_engine_args(p)
+    p.set_defaults(func=_run)

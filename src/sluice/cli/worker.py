@@ -1,0 +1,42 @@
+"""`sluice worker`: one engine behind the gRPC service, for `sluice serve --worker ADDR`."""
+
+from __future__ import annotations
+
+import argparse
+
+from sluice.cli.common import add_engine_args, add_model_args
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sluice.engine.config import EngineConfig
+
+    overrides = {
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "kv_cache_gib": args.kv_cache_gib,
+        "max_model_len": args.max_model_len,
+        "scheduling_policy": args.scheduling_policy or "priority",
+        "admission_policy": args.admission_policy,
+    }
+    try:
+        config = EngineConfig(**{k: v for k, v in overrides.items() if v is not None})
+        if args.no_prefix_caching:
+            config.enable_prefix_caching = False
+    except ValueError as exc:
+        print(f"sluice worker: error: {exc}")
+        return 2
+    from sluice.worker.worker_main import run_worker
+
+    return asyncio.run(run_worker(args.listen, args.model, args.dtype, config))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("worker", help="run one engine as a gRPC worker (for `sluice serve --worker ADDR`)")
+    p.add_argument(
+        "--listen", default="127.0.0.1:50051", metavar="ADDR", help="host:port or unix:/path to listen on (default: 127.0.0.1:50051)"
+    )
+    add_model_args(p)
+    add_engine_args(p)
+    p.set_defaults(func=_run)

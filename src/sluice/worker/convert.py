@@ -1,0 +1,95 @@
+"""GenerationRequest / GenerationEvent ⇄ protobuf messages (one place, both directions)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from sluice.engine.stats import EngineStats
+from sluice.types import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage
+from sluice.worker.proto import engine_pb2 as pb
+
+
+def request_to_pb(req: GenerationRequest) -> pb.GenerateRequest:
+    s = req.sampling
+    sampling = pb.Sampling(
+        max_tokens=s.max_tokens,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        stop=list(s.stop),
+        stop_token_ids=list(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
+    )
+    if s.seed is not None:
+        sampling.seed = s.seed
+    return pb.GenerateRequest(
+        request_id=req.request_id,
+        prompt_token_ids=req.prompt_token_ids,
+        sampling=sampling,
+        priority=req.priority,
+        tenant=req.tenant,
+    )
+
+
+def request_from_pb(msg: pb.GenerateRequest) -> GenerationRequest:
+    s = msg.sampling
+    sampling = SamplingParams(
+        max_tokens=s.max_tokens,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed if s.HasField("seed") else None,
+        stop=tuple(s.stop),
+        stop_token_ids=tuple(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
+    )
+    return GenerationRequest(
+        request_id=msg.request_id,
+        prompt_token_ids=list(msg.prompt_token_ids),
+        sampling=sampling,
+        priority=msg.priority,
+        tenant=msg.tenant,
+    )
+
+
+def event_to_pb(ev: GenerationEvent) -> pb.Event:
+    out = pb.Event(
+        text=ev.text,
+        token_ids=ev.token_ids,
+        finished=ev.finished,
+        finish_reason=ev.finish_reason.value if ev.finish_reason else "",
+        usage=pb.Usage(
+            prompt_tokens=ev.usage.prompt_tokens,
+            output_tokens=ev.usage.output_tokens,
+            cached_tokens=ev.usage.cached_tokens,
+        ),
+    )
+    if ev.stop_sequence is not None:
+        out.stop_sequence = ev.stop_sequence
+    if ev.error is not None:
+        out.error = ev.error
+    return out
+
+
+def event_from_pb(request_id: str, msg: pb.Event) -> GenerationEvent:
+    u = msg.usage
+    return GenerationEvent(
+        request_id=request_id,
+        text=msg.text,
+        token_ids=list(msg.token_ids),
+        finished=msg.finished,
+        finish_reason=FinishReason(msg.finish_reason) if msg.finish_reason else None,
+        stop_sequence=msg.stop_sequence if msg.HasField("stop_sequence") else None,
+        usage=Usage(u.prompt_tokens, u.output_tokens, u.cached_tokens),
+        error=msg.error if msg.HasField("error") else None,
+    )
+
+
+def stats_to_json(stats: EngineStats) -> str:
+    return json.dumps(dataclasses.asdict(stats))
+
+
+def stats_from_json(text: str) -> EngineStats:
+    known = {f.name for f in dataclasses.fields(EngineStats)}
+    return EngineStats(**{k: v for k, v in json.loads(text).items() if k in known})

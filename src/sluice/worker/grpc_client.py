@@ -1,0 +1,100 @@
+"""`GrpcEngineClient`: the EngineClient over gRPC to a `sluice worker` (local or remote).
+
+Status codes map back to sluice errors: INVALID_ARGUMENT → InvalidRequestError (or
+ContextWindowExceededError, from trailing metadata), anything that means "no engine" →
+EngineUnavailableError. Leaving `generate()` early cancels the call; the worker aborts the
+request. The channel is created lazily so it binds to the event loop that uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from sluice.engine.stats import EngineStats
+from sluice.errors import ContextWindowExceededError, EngineUnavailableError, InvalidRequestError, SluiceError
+from sluice.types import GenerationEvent, GenerationRequest
+from sluice.worker.channel_options import CLIENT_OPTIONS
+from sluice.worker.convert import event_from_pb, request_to_pb, stats_from_json
+from sluice.worker.engine_client import ModelInfo
+from sluice.worker.grpc_server import ERROR_KIND_KEY
+from sluice.worker.proto import engine_pb2 as pb
+from sluice.worker.proto import engine_pb2_grpc as pb_grpc
+
+
+def _map_error(exc: grpc.aio.AioRpcError) -> SluiceError:
+    code = exc.code()
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        kinds = dict(exc.trailing_metadata() or ())
+        if kinds.get(ERROR_KIND_KEY) == "context_window":
+            return ContextWindowExceededError(exc.details() or "prompt is too long")
+        return InvalidRequestError(exc.details() or "invalid request")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return EngineUnavailableError("the engine did not answer before the deadline")
+    return EngineUnavailableError(f"worker unavailable ({code.name}: {exc.details()})")
+
+
+class GrpcEngineClient:
+    def __init__(self, address: str, request_timeout_s: float | None = None):
+        self.address = address
+        self.request_timeout_s = request_timeout_s  # deadline for one Generate call
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.EngineStub | None = None
+
+    def _get_stub(self) -> pb_grpc.EngineStub:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.address, options=CLIENT_OPTIONS)
+            self._stub = pb_grpc.EngineStub(self._channel)
+        return self._stub
+
+    async def generate(self, request: GenerationRequest, timeout: float | None = None) -> AsyncIterator[GenerationEvent]:
+        call = self._get_stub().Generate(request_to_pb(request), timeout=timeout or self.request_timeout_s)
+        finished = False
+        try:
+            async for message in call:
+                for event in message.events:
+                    ev = event_from_pb(request.request_id, event)
+                    finished = finished or ev.finished
+                    yield ev
+                if finished:
+                    return
+            if not finished:
+                raise EngineUnavailableError("the worker closed the stream before the request finished")
+        except grpc.aio.AioRpcError as exc:
+            raise _map_error(exc) from None
+        finally:
+            if not finished:
+                call.cancel()  # the worker sees the cancellation and aborts the request
+
+    async def _unary(self, method: str, request: object, timeout: float = 5.0) -> object:
+        try:
+            return await getattr(self._get_stub(), method)(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _map_error(exc) from None
+
+    async def abort(self, request_id: str) -> None:
+        await self._unary("Abort", pb.AbortRequest(request_id=request_id))
+
+    async def stats(self) -> EngineStats:
+        reply = await self._unary("Stats", pb.StatsRequest())
+        return stats_from_json(reply.stats_json)  # type: ignore[attr-defined]
+
+    async def info(self) -> ModelInfo:
+        r = await self._unary("Info", pb.InfoRequest())
+        return ModelInfo(name=r.name, max_model_len=r.max_model_len, vocab_size=r.vocab_size)  # type: ignore[attr-defined]
+
+    async def health(self, timeout: float = 2.0) -> tuple[bool, str]:
+        reply = await self._unary("Health", pb.HealthRequest(), timeout=timeout)
+        return reply.ready, reply.detail  # type: ignore[attr-defined]
+
+    async def ready(self) -> bool:
+        try:
+            return (await self.health())[0]
+        except EngineUnavailableError:
+            return False
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel, self._stub = None, None

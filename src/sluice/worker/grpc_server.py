@@ -1,0 +1,78 @@
+"""The worker's gRPC service around an AsyncEngine.
+
+The server listens before the model is loaded: Health reports "loading" and Generate answers
+UNAVAILABLE until `set_engine()`, so a supervisor can tell "starting" from "dead".
+Each Generate response message carries every event the engine produced since the previous one
+(`AsyncEngine.generate_batches`), so a slow consumer costs fewer, larger messages.
+Cancelling the RPC (client gone, deadline passed) cancels the handler, whose generator exit
+aborts the engine request: its KV blocks are freed within one engine step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from sluice.engine.async_engine import AsyncEngine
+from sluice.errors import ContextWindowExceededError, EngineDeadError, InvalidRequestError
+from sluice.worker.convert import event_to_pb, request_from_pb, stats_to_json
+from sluice.worker.engine_client import ModelInfo
+from sluice.worker.proto import engine_pb2 as pb
+from sluice.worker.proto import engine_pb2_grpc as pb_grpc
+
+log = logging.getLogger("sluice.worker")
+
+# Trailing-metadata key that tells the client which InvalidRequestError subclass to raise.
+ERROR_KIND_KEY = "sluice-error-kind"
+
+
+class EngineServicer(pb_grpc.EngineServicer):
+    def __init__(self) -> None:
+        self.engine: AsyncEngine | None = None
+        self.info: ModelInfo | None = None
+        self.detail = "loading the model"
+
+    def set_engine(self, engine: AsyncEngine, info: ModelInfo) -> None:
+        self.engine, self.info, self.detail = engine, info, "ready"
+
+    def set_failed(self, detail: str) -> None:
+        self.detail = f"failed: {detail}"
+
+    async def _require_engine(self, context: grpc.aio.ServicerContext) -> AsyncEngine:
+        if self.engine is None or not self.engine.is_running:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine not ready ({self.detail})")
+        assert self.engine is not None
+        return self.engine
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        engine = await self._require_engine(context)
+        try:
+            async for batch in engine.generate_batches(request_from_pb(request)):
+                yield pb.GenerateResponse(events=[event_to_pb(e) for e in batch])
+        except ContextWindowExceededError as exc:
+            context.set_trailing_metadata(((ERROR_KIND_KEY, "context_window"),))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except EngineDeadError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        engine = await self._require_engine(context)
+        engine.abort(request.request_id)
+        return pb.AbortResponse()
+
+    async def Stats(self, request: pb.StatsRequest, context: grpc.aio.ServicerContext) -> pb.StatsResponse:
+        engine = await self._require_engine(context)
+        return pb.StatsResponse(stats_json=stats_to_json(engine.stats()))
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
+        await self._require_engine(context)
+        assert self.info is not None
+        return pb.InfoResponse(name=self.info.name, max_model_len=self.info.max_model_len, vocab_size=self.info.vocab_size)
+
+    async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
+        ready = self.engine is not None and self.engine.is_running
+        return pb.HealthResponse(ready=ready, detail="ready" if ready else self.detail)

@@ -1,0 +1,40 @@
+"""`InProcessEngineClient`: the EngineClient straight onto an AsyncEngine in this process
+(tests, benchmarks, and `sluice serve --worker inline`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from sluice.engine.async_engine import AsyncEngine
+from sluice.engine.stats import EngineStats
+from sluice.errors import EngineDeadError, EngineUnavailableError
+from sluice.types import GenerationEvent, GenerationRequest
+from sluice.worker.engine_client import ModelInfo
+
+
+class InProcessEngineClient:
+    def __init__(self, engine: AsyncEngine, info: ModelInfo):
+        self.engine = engine
+        self._info = info
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        try:
+            async for event in self.engine.generate(request):
+                yield event
+        except EngineDeadError as exc:
+            raise EngineUnavailableError(str(exc)) from None
+
+    async def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    async def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    async def info(self) -> ModelInfo:
+        return self._info
+
+    async def ready(self) -> bool:
+        return self.engine.is_running
+
+    async def close(self) -> None:
+        self.engine.shutdown()
