@@ -11,8 +11,12 @@ past it each ends with a proper `error` event (never a silent cut).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
+import threading
+from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
@@ -50,6 +54,20 @@ class DrainingServer(uvicorn.Server):
             log.info("shutting down: draining open streams for up to %.0fs", self.rt.settings.shutdown_grace_s)
             self.rt.begin_drain(self.rt.settings.shutdown_grace_s)
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # uvicorn re-raises the captured signal after its own shutdown, which would kill this
+        # process before `sluice serve` stops its worker. A handled SIGTERM is a clean exit.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 def build_server(app: object, rt: ServingRuntime, access_log: bool = False) -> DrainingServer:

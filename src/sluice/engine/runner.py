@@ -87,7 +87,7 @@ class ModelRunner:
             input_ids=torch.tensor(ids, device=device),
             positions=torch.tensor(positions, device=device),
             meta=meta,
-            logits_indices=torch.tensor(logits_rows, device=device),
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=device),  # long even when empty
             sampling=sampling,
         )
 

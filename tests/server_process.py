@@ -1,0 +1,98 @@
+"""Start real `sluice serve` / `sluice worker` processes on free 127.0.0.1 ports for tests.
+
+Every process is started here and stopped here, by its own PID (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    process: subprocess.Popen
+    log_path: Path
+    base_url: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+
+def _spawn(args: list[str], env: dict[str, str] | None, name: str) -> Proc:
+    log_path = Path(tempfile.mkdtemp(prefix=f"sluice-{name}-")) / "out.log"
+    # the test decides every setting: nothing leaks in from the caller's SLUICE_* environment
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    full_env.update(env or {})
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env
+        )
+    return Proc(process, log_path)
+
+
+def start_server(args: list[str] = (), env: dict[str, str] | None = None, timeout: float = 180.0) -> Proc:
+    port = free_port()
+    proc = _spawn(["serve", "--host", "127.0.0.1", "--port", str(port), *args], env, "serve")
+    proc.base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.process.poll() is not None:
+            raise RuntimeError(f"sluice serve exited with {proc.process.returncode}:\n{proc.log()}")
+        try:
+            if httpx.get(proc.base_url + "/ready", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.stop()
+    raise RuntimeError(f"sluice serve was not ready after {timeout}s:\n{proc.log()}")
+
+
+def start_worker(address: str, args: list[str] = (), timeout: float = 180.0) -> Proc:
+    proc = _spawn(["worker", "--listen", address, *args], None, "worker")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "sluice worker listening" in proc.log():
+            return proc
+        if proc.process.poll() is not None:
+            raise RuntimeError(f"sluice worker exited with {proc.process.returncode}:\n{proc.log()}")
+        time.sleep(0.2)
+    proc.stop()
+    raise RuntimeError(f"sluice worker was not ready after {timeout}s:\n{proc.log()}")
+
+
+def metric(base_url: str, name: str) -> float:
+    """The value of an unlabelled metric from /metrics."""
+    for line in httpx.get(base_url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
