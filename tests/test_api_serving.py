@@ -1,0 +1,136 @@
+"""Serving behaviour end to end: batching across clients, disconnects, a worker that dies,
+a remote worker, and graceful shutdown on SIGTERM — all with real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import pytest
+from httpx_sse import connect_sse
+
+from tests.server_process import MODEL, metric, start_server, start_worker
+
+pytestmark = pytest.mark.slow
+STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = start_server()
+    yield proc
+    proc.stop()
+
+
+def _stream_body(max_tokens: int) -> dict:
+    return {"model": MODEL, "max_tokens": max_tokens, "stream": True, "messages": STORY, "temperature": 0}
+
+
+def test_16_concurrent_streams_batch(server):
+    client = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="x", max_retries=0)
+
+    async def one(i: int) -> tuple[str, int]:
+        async with client.messages.stream(
+            model=MODEL, max_tokens=24, messages=[{"role": "user", "content": f"Say something about the number {i}."}],
+            extra_body={"temperature": 0},
+        ) as s:
+            final = await s.get_final_message()
+        assert final.stop_reason in ("end_turn", "max_tokens")
+        return final.content[0].text, final.usage.output_tokens
+
+    async def run() -> tuple[float, float, list]:
+        t0 = time.perf_counter()
+        await one(0)
+        single = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one(i) for i in range(16)))
+        return single, time.perf_counter() - t0, results
+
+    single, together, results = asyncio.run(run())
+    assert len(results) == 16 and all(text for text, _ in results)
+    assert all(0 < n <= 24 for _, n in results)
+    assert together < 6 * single, f"16 streams took {together:.1f}s vs {single:.1f}s for one: no batching?"
+
+
+def test_rst_disconnect_aborts_quickly(server):
+    """An RST'd connection (SO_LINGER 0) frees the engine within a second."""
+    import json
+
+    body = json.dumps(_stream_body(400)).encode()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    buf = b""
+    while buf.count(b"content_block_delta") < 2:
+        buf += sock.recv(65536)
+    assert metric(server.base_url, "sluice_engine_running_requests") == 1
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # RST
+    t0 = time.monotonic()
+    while metric(server.base_url, "sluice_engine_running_requests") != 0:
+        assert time.monotonic() - t0 < 1.0
+        time.sleep(0.02)
+
+
+def test_worker_death_mid_stream_then_recovery():
+    """A remote worker killed after 2 deltas → an `error` event (HTTP 200, SDK APIStatusError);
+    a new worker on the same address is picked up again; SIGTERM with a short grace ends an
+    open stream with an error event and the server exits 0."""
+    address = f"unix:{Path(tempfile.mkdtemp(prefix='sluice-w-')) / 'w.sock'}"
+    worker = start_worker(address)
+    server = start_server(["--worker", address, "--shutdown-grace", "1"])
+    try:
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+        with pytest.raises(anthropic.APIStatusError) as info:
+            with client.messages.stream(model=MODEL, max_tokens=300, messages=STORY) as s:
+                deltas = 0
+                for event in s:
+                    if event.type == "content_block_delta":
+                        deltas += 1
+                        if deltas == 2:
+                            worker.process.kill()
+        assert info.value.status_code == 200
+        assert info.value.body["error"]["type"] == "overloaded_error"
+        with pytest.raises(anthropic.InternalServerError) as info:  # 529 before any stream starts
+            client.messages.create(model=MODEL, max_tokens=3, messages=STORY)
+        assert info.value.status_code == 529
+
+        worker = start_worker(address)
+        assert client.messages.create(model=MODEL, max_tokens=3, messages=STORY).stop_reason == "max_tokens"
+
+        events: list[str] = []
+        with httpx.Client(timeout=30) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=_stream_body(400)) as es:
+            for sse in es.iter_sse():
+                events.append(sse.event)
+                if events.count("content_block_delta") == 2:
+                    server.process.send_signal(signal.SIGTERM)
+        assert events[-1] == "error" and "message_stop" not in events
+        assert server.process.wait(15) == 0
+    finally:
+        server.stop()
+        worker.stop()
+
+
+def test_sigterm_lets_open_streams_finish(server):
+    """Last in this module: SIGTERM during a short stream → it completes; the server exits 0."""
+    events: list[str] = []
+    with httpx.Client(timeout=30) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=_stream_body(30)) as es:
+        for sse in es.iter_sse():
+            events.append(sse.event)
+            if events.count("content_block_delta") == 2:
+                server.process.send_signal(signal.SIGTERM)
+                time.sleep(0.3)
+                with pytest.raises(httpx.HTTPError):  # no new connections while draining
+                    httpx.get(server.base_url + "/health", timeout=2)
+    assert events[-1] == "message_stop"
+    assert server.process.wait(15) == 0
