@@ -321,3 +321,5 @@ def test_health_ready_metrics(server):
         "sluice_engine_preemptions_total", "sluice_engine_batch_tokens", "sluice_engine_batch_fill_ratio",
     ):
         assert name in text, name
+    assert metric(server.base_url, "sluice_queue_time_seconds_count") > 0  # fed by the engine's first event
+    assert metric(server.base_url, "sluice_output_tokens_total") > 0

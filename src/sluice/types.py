@@ -103,3 +103,4 @@ class GenerationEvent:
     stop_sequence: str | None = None
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
+    queue_time_s: float | None = None  # on the first token's event: seconds queued in the engine

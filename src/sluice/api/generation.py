@@ -45,6 +45,8 @@ async def generate(rt: ServingRuntime, request: GenerationRequest, route: str) -
     try:
         async for event in stream:
             now = time.perf_counter()
+            if event.queue_time_s is not None:
+                m.queue_time.observe(event.queue_time_s)
             if event.token_ids:
                 if last is None:
                     m.ttft.labels(route).observe(now - started)

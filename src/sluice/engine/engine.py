@@ -133,8 +133,12 @@ class LLMEngine:
         if reason is None and request.num_tokens >= self.max_model_len:
             reason = FinishReason.CONTEXT
         if reason is not None:
-            return self._finish(request, reason, detok.take(final=True), token)
-        return GenerationEvent(request.request_id, detok.take(), [token], usage=self._usage(request))
+            event = self._finish(request, reason, detok.take(final=True), token)
+        else:
+            event = GenerationEvent(request.request_id, detok.take(), [token], usage=self._usage(request))
+        if request.num_output_tokens == 1 and request.first_scheduled_time is not None:
+            event.queue_time_s = max(0.0, request.first_scheduled_time - request.arrival_time)
+        return event
 
     def _finish(
         self, request: Request, reason: FinishReason, text: str, token: int | None = None, error: str | None = None

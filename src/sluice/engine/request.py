@@ -37,6 +37,7 @@ class Request:
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until then
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    first_scheduled_time: float | None = None  # monotonic; arrival → this = time queued in the engine
     block_hashes: list[bytes] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None

@@ -13,6 +13,8 @@ token counts.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 
 from sluice.engine.config import EngineConfig
@@ -136,6 +138,8 @@ class Scheduler:
                 self.kv.record_lookup(req, hit)
             req.num_computed_tokens = hit.num_tokens
             req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             self.running.append(req)
             out.admitted.append(req)
             scheduled[req.request_id] = ScheduledChunk(req, req.num_computed_tokens, n, [])

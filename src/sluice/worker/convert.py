@@ -69,6 +69,8 @@ def event_to_pb(ev: GenerationEvent) -> pb.Event:
         out.stop_sequence = ev.stop_sequence
     if ev.error is not None:
         out.error = ev.error
+    if ev.queue_time_s is not None:
+        out.queue_time_s = ev.queue_time_s
     return out
 
 
@@ -83,6 +85,7 @@ def event_from_pb(request_id: str, msg: pb.Event) -> GenerationEvent:
         stop_sequence=msg.stop_sequence if msg.HasField("stop_sequence") else None,
         usage=Usage(u.prompt_tokens, u.output_tokens, u.cached_tokens),
         error=msg.error if msg.HasField("error") else None,
+        queue_time_s=msg.queue_time_s if msg.HasField("queue_time_s") else None,
     )
 
 
