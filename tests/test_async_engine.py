@@ -93,3 +93,49 @@ def test_cancelling_the_task_aborts(tiny_llama):
         assert asyncio.run(main())
     finally:
         engine.shutdown()
+
+
+def test_factory_builds_the_engine_on_its_thread(tiny_llama):
+    import threading
+
+    built_on: list[str] = []
+
+    def build() -> LLMEngine:
+        built_on.append(threading.current_thread().name)
+        return LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64))
+
+    engine = AsyncEngine(factory=build).start()
+
+    async def main() -> list[int]:
+        await engine.wait_loaded()
+        out: list[int] = []
+        async for ev in engine.generate(GenerationRequest("f", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0))):
+            out += ev.token_ids
+        return out
+
+    try:
+        assert len(asyncio.run(main())) >= 1
+    finally:
+        engine.shutdown()
+    assert built_on == ["sluice-engine"]
+
+
+def test_factory_errors_reach_the_caller():
+    import pytest
+
+    from sluice.errors import EngineDeadError, ModelLoadError
+
+    def build() -> LLMEngine:
+        raise ModelLoadError("no such model")
+
+    engine = AsyncEngine(factory=build).start()
+
+    async def main() -> None:
+        with pytest.raises(ModelLoadError, match="no such model"):
+            await engine.wait_loaded()
+        assert not engine.is_running
+        with pytest.raises(EngineDeadError):
+            async for _ in engine.generate(GenerationRequest("x", [1], SamplingParams())):
+                pass
+
+    asyncio.run(main())

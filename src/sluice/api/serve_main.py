@@ -32,7 +32,7 @@ async def _connect_engine(settings: Settings, holder: dict) -> EngineClient:
     from sluice.worker.spawn import engine_argv, start_local_worker, wait_ready
 
     if settings.worker == "inline":
-        return await asyncio.to_thread(_inline_engine, settings)
+        return await _inline_engine(settings)
     if settings.worker:
         client = GrpcEngineClient(settings.worker)
         deadline = time.monotonic() + settings.worker_start_timeout_s
@@ -49,7 +49,7 @@ async def _connect_engine(settings: Settings, holder: dict) -> EngineClient:
     return client
 
 
-def _inline_engine(settings: Settings) -> EngineClient:
+async def _inline_engine(settings: Settings) -> EngineClient:
     from sluice.engine.async_engine import AsyncEngine
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
@@ -58,7 +58,6 @@ def _inline_engine(settings: Settings) -> EngineClient:
     from sluice.worker.in_process import InProcessEngineClient
     from sluice.worker.worker_main import served_name
 
-    loaded = load_model(settings.model, settings.dtype)
     config = EngineConfig(
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
@@ -68,9 +67,17 @@ def _inline_engine(settings: Settings) -> EngineClient:
         admission_policy=settings.admission_policy,
         enable_prefix_caching=settings.enable_prefix_caching,
     )
-    engine = LLMEngine(loaded, config)
-    info = ModelInfo(served_name(loaded.path), engine.max_model_len, loaded.tokenizer.vocab_size)
-    return InProcessEngineClient(AsyncEngine(engine).start(), info)
+    holder: dict = {}
+
+    def build() -> LLMEngine:  # on the engine thread (see AsyncEngine on OpenMP pools)
+        holder["loaded"] = load_model(settings.model, settings.dtype)
+        return LLMEngine(holder["loaded"], config)
+
+    engine = AsyncEngine(factory=build).start()
+    llm = await engine.wait_loaded()
+    loaded = holder["loaded"]
+    info = ModelInfo(served_name(loaded.path), llm.max_model_len, loaded.tokenizer.vocab_size)
+    return InProcessEngineClient(engine, info)
 
 
 async def serve(settings: Settings, access_log: bool = False) -> int:

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sluice.engine.engine import LLMEngine
@@ -27,15 +27,39 @@ _Sink = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
+    """Runs an LLMEngine on its own thread.
+
+    Pass `factory` (a callable that loads the model and builds the LLMEngine) instead of an
+    engine to do that work on the engine thread itself. Why it matters: torch's CPU kernels use
+    OpenMP, and libgomp keeps one thread pool per thread that starts parallel work. A model
+    loaded on one thread and run on another leaves two pools on the machine's cores; libgomp
+    then throttles its spin-waiting and every step gets slower (measured here: 35 ms → 55 ms
+    per decode step). One thread for all torch work keeps one pool.
+    """
+
+    def __init__(self, engine: LLMEngine | None = None, factory: Callable[[], LLMEngine] | None = None):
+        if (engine is None) == (factory is None):
+            raise ValueError("pass exactly one of engine or factory")
+        self.engine: LLMEngine = engine  # type: ignore[assignment]  # set on the thread when factory is used
+        self._factory = factory
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
         self._commands: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._sinks: dict[str, _Sink] = {}
-        self._stats = engine.stats()
+        self._stats = engine.stats() if engine is not None else EngineStats()
         self._stopping = False
         self._dead: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="sluice-engine", daemon=True)
+        if engine is not None:
+            self._loaded.set()
+
+    async def wait_loaded(self) -> LLMEngine:
+        """Wait until the factory has built the engine; re-raises its error."""
+        await asyncio.get_running_loop().run_in_executor(None, self._loaded.wait)
+        if self._load_error is not None:
+            raise self._load_error
+        return self.engine
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "AsyncEngine":
@@ -50,7 +74,7 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and self._dead is None
+        return self._thread.is_alive() and self._dead is None and self._loaded.is_set()
 
     # -- caller side ---------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
@@ -101,6 +125,16 @@ class AsyncEngine:
 
     # -- engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        if self._factory is not None:
+            try:
+                self.engine = self._factory()
+                self._stats = self.engine.stats()
+            except BaseException as exc:  # reported to wait_loaded(); the loop never starts
+                self._load_error = exc
+                self._dead = exc
+                return
+            finally:
+                self._loaded.set()
         try:
             while not self._stopping:
                 self._drain_commands()

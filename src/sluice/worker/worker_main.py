@@ -46,14 +46,20 @@ async def run_worker(listen: str, model: str | None, dtype: str, config: EngineC
         loop.add_signal_handler(sig, stop.set)
 
     started = time.perf_counter()
-    load = asyncio.ensure_future(asyncio.to_thread(load_model, model, dtype))
+    holder: dict = {}
+
+    def build() -> LLMEngine:  # runs on the engine thread: all torch work on one thread
+        loaded = load_model(model, dtype)
+        holder["loaded"] = loaded
+        return LLMEngine(loaded, config)
+
+    engine = AsyncEngine(factory=build).start()
+    load = asyncio.ensure_future(engine.wait_loaded())
     await asyncio.wait({load, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
-    engine: AsyncEngine | None = None
     if load.done():
         try:
-            loaded = load.result()
-            llm = LLMEngine(loaded, config)
-            engine = AsyncEngine(llm).start()
+            llm = load.result()
+            loaded = holder["loaded"]
             info = ModelInfo(served_name(loaded.path), llm.max_model_len, loaded.tokenizer.vocab_size)
             servicer.set_engine(engine, info)
             print(
@@ -68,6 +74,5 @@ async def run_worker(listen: str, model: str | None, dtype: str, config: EngineC
             return 2
     await stop.wait()
     await server.stop(grace_s)
-    if engine is not None:
-        engine.shutdown()
+    engine.shutdown()
     return 0
