@@ -127,7 +127,10 @@ class Scheduler:
             seat = len(self.running) < self.config.max_num_seqs
             if not (seat and self._admissible(req, hit)):
                 if self.config.scheduling_policy == "priority":
-                    out.preempted.extend(self._preempt_for(req, hit, need_seat=not seat))
+                    victims = self._preempt_for(req, hit, need_seat=not seat)
+                    for victim in victims:  # already scheduled this step: their blocks are gone now
+                        scheduled.pop(victim.request_id, None)
+                    out.preempted.extend(victims)
                 break  # head-of-line: nothing overtakes the head (no starvation under fcfs)
             n = self._chunk_size(req, req.num_tokens - hit.num_tokens, budget)
             if not self.kv.allocate(req, n, hit):
