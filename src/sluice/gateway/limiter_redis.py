@@ -1,0 +1,126 @@
+"""Token buckets and concurrency slots in Redis, shared by every gateway replica.
+
+Each operation is one Lua script, so it is atomic on the Redis server: read every bucket of the
+key, refill by the time elapsed (Redis server TIME, so replica clocks do not matter), check all
+dimensions, deduct all or none, write back with a TTL. Concurrency slots are members of a sorted
+set scored by lease expiry: a gateway that crashes mid-request leaks nothing beyond the lease.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import redis.asyncio as aioredis
+
+from sluice.gateway.limits import WINDOW_S, BucketState, Decision, Limits
+
+# KEYS: bucket keys..., concurrency key.  ARGV: window, lease_ttl, max_concurrent (-1 = none),
+# lease id, then (limit, cost) per bucket. Returns {allowed, retry_after, reason, left...}.
+ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local window = tonumber(ARGV[1])
+local lease_ttl = tonumber(ARGV[2])
+local max_conc = tonumber(ARGV[3])
+local nb = #KEYS - 1
+local levels = {}
+local retry = 0
+local reason = ''
+for i = 1, nb do
+  local limit = tonumber(ARGV[3 + 2 * i])
+  local cost = tonumber(ARGV[4 + 2 * i])
+  local st = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local level = limit
+  if st[1] then
+    level = math.min(limit, tonumber(st[1]) + (now - tonumber(st[2])) * limit / window)
+  end
+  levels[i] = level
+  if cost > level then
+    local wait = (cost - level) * window / limit
+    if wait > retry then retry = wait; reason = tostring(i) end
+  end
+end
+local ckey = KEYS[#KEYS]
+if reason == '' and max_conc >= 0 then
+  redis.call('ZREMRANGEBYSCORE', ckey, '-inf', now)
+  if redis.call('ZCARD', ckey) >= max_conc then
+    retry = 1; reason = 'concurrency'
+  end
+end
+local allowed = 0
+if reason == '' then allowed = 1 end
+local out = {allowed, tostring(retry), reason}
+for i = 1, nb do
+  local cost = tonumber(ARGV[4 + 2 * i])
+  local left = levels[i]
+  if allowed == 1 then left = left - cost end
+  redis.call('HSET', KEYS[i], 'tokens', tostring(left), 'ts', tostring(now))
+  redis.call('EXPIRE', KEYS[i], math.ceil(window * 2))
+  table.insert(out, tostring(left))
+end
+if allowed == 1 and max_conc >= 0 then
+  redis.call('ZADD', ckey, now + lease_ttl, ARGV[4])
+  redis.call('EXPIRE', ckey, math.ceil(lease_ttl * 2))
+end
+return out
+"""
+
+# KEYS: output bucket, concurrency key. ARGV: window, limit (-1 = none), refund, lease ('' = none)
+SETTLE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local window = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local refund = tonumber(ARGV[3])
+if limit > 0 and refund > 0 then
+  local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+  local level = limit
+  if st[1] then
+    level = math.min(limit, tonumber(st[1]) + (now - tonumber(st[2])) * limit / window)
+  end
+  redis.call('HSET', KEYS[1], 'tokens', tostring(math.min(limit, level + refund)), 'ts', tostring(now))
+  redis.call('EXPIRE', KEYS[1], math.ceil(window * 2))
+end
+if ARGV[4] ~= '' then redis.call('ZREM', KEYS[2], ARGV[4]) end
+return 1
+"""
+
+
+class RedisLimiter:
+    def __init__(self, url: str, prefix: str = "sluice", lease_ttl_s: float = 900.0):
+        # short timeouts: a limiter that hangs would stall every request behind it
+        self.redis = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0, decode_responses=True)
+        self.prefix = prefix
+        self.lease_ttl_s = lease_ttl_s
+        self._acquire = self.redis.register_script(ACQUIRE)
+        self._settle = self.redis.register_script(SETTLE)
+
+    def _key(self, key: str, dim: str) -> str:
+        return f"{self.prefix}:rl:{{{key}}}:{dim}"  # {key}: one hash slot per key on Redis Cluster
+
+    async def acquire(self, key: str, limits: Limits, input_tokens: int, output_tokens: int) -> Decision:
+        costs = {"requests": 1, "input_tokens": input_tokens, "output_tokens": output_tokens}
+        dims = list(limits.buckets().items())
+        lease = uuid.uuid4().hex if limits.max_concurrent is not None else ""
+        keys = [self._key(key, d) for d, _ in dims] + [self._key(key, "concurrency")]
+        argv: list = [WINDOW_S, self.lease_ttl_s, -1 if limits.max_concurrent is None else limits.max_concurrent, lease]
+        for dim, limit in dims:
+            argv += [limit, costs[dim]]
+        res = await self._acquire(keys=keys, args=argv)
+        allowed, retry, reason = int(res[0]) == 1, float(res[1]), res[2]
+        if reason.isdigit():
+            reason = dims[int(reason) - 1][0]
+        states = {}
+        for (dim, limit), left in zip(dims, res[3:]):
+            left_f = float(left)
+            states[dim] = BucketState(limit, left_f, (limit - left_f) * WINDOW_S / limit)
+        return Decision(allowed, retry, states, reason, (lease or None) if allowed else None)
+
+    async def settle(self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None) -> None:
+        if not limits.otpm and lease is None:
+            return
+        keys = [self._key(key, "output_tokens"), self._key(key, "concurrency")]
+        await self._settle(keys=keys, args=[WINDOW_S, limits.otpm or -1, max(0, reserved_output - actual_output), lease or ""])
+
+    async def close(self) -> None:
+        await self.redis.aclose()
