@@ -62,6 +62,25 @@ class Settings(BaseSettings):
     tcp_user_timeout_ms: int = Field(30_000, ge=0)  # 0 = kernel default
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    # -- the gateway (docs/GATEWAY.md) ------------------------------------------------------------
+    data_dir: str = "~/.local/share/sluice"  # the SQLite key store lives here (keys.db)
+    # auto: the key store when it holds an active key (the single api_key still works), else the
+    # single api_key if set, else open. open/single/keys force one mode.
+    auth: Literal["auto", "open", "single", "keys"] = "auto"
+    tiers: dict[str, dict[str, Any]] = Field(default_factory=dict)  # [tiers.NAME] overrides
+    default_tier: str = "standard"  # tier of the single-key / open principal (unlimited unless set)
+    limits_store: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    on_store_error: Literal["open", "closed"] = "open"  # Redis down: admit (open) or 529 (closed)
+    max_inflight: int | None = Field(None, ge=1)  # requests dispatched to the engine; default max_num_seqs + 8
+    max_queued_tokens: int = Field(500_000, ge=1)  # admission queue bound (prompt + max_tokens)
+    aging_s: float = Field(10.0, ge=0)  # a waiting request gains one band per aging_s
+    enable_coalescing: bool = True
+    coalesce_across_tenants: bool = False
+    response_cache: bool = False
+    response_cache_ttl_s: float = Field(300.0, gt=0)
+    response_cache_entries: int = Field(1000, ge=1)
+
     @field_validator("api_key")
     @classmethod
     def _key_not_blank(cls, v: SecretStr | None) -> SecretStr | None:

@@ -17,11 +17,14 @@ from sluice.api.anthropic_format import STOP_REASONS, EventWriter, UsagePlan, me
 from sluice.api.anthropic_schema import CountTokensRequest, MessagesRequest
 from sluice.api.auth import Principal, require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.api.generation import check_fits, generate
+from sluice.api.gateway_session import open_session
+from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
 from sluice.api.prompt import build_prompt
 from sluice.api.runtime import ServingRuntime
 from sluice.api.sse import event_stream_response, run_with_deadline
+from sluice.gateway.gateway import Session
+from sluice.gateway.rate_limit_headers import rate_limit_headers
 from sluice.types import FinishReason, GenerationRequest, SamplingParams
 
 VERSIONS = ("2023-06-01", "2026-10-21")
@@ -126,10 +129,16 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         )
         plan = UsagePlan(prompt.cache_breakpoint, rt.block_size, prefill_only=body.max_tokens == 0)
         request_id = request.state.request_id
+        key_body = body.model_dump(exclude_none=True, exclude={"stream", "metadata", "background"})
+        session = await open_session(rt, request, principal, gen, body.model, ROUTE, key_body)
+        headers = rate_limit_headers(session.decision)
         if body.stream:
-            events = _stream(rt, gen, body.model, plan, request_id)
-            return event_stream_response(rt, events, EventWriter(msg_id).ping)
-        return await _complete(rt, gen, body.model, plan)
+            events = _stream(rt, session, gen, body.model, plan, request_id)
+            return event_stream_response(rt, events, EventWriter(msg_id).ping, headers, session.close)
+        try:
+            return await _complete(rt, session, gen, body.model, plan, headers)
+        finally:
+            await session.close()
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Any:
@@ -170,13 +179,15 @@ def build_router(rt: ServingRuntime) -> APIRouter:
     return router
 
 
-async def _complete(rt: ServingRuntime, gen: GenerationRequest, model: str, plan: UsagePlan) -> JSONResponse:
+async def _complete(
+    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan, headers: dict[str, str]
+) -> JSONResponse:
     text: list[str] = []
     final = None
 
     async def collect() -> None:
         nonlocal final
-        async for event in generate(rt, gen, ROUTE):
+        async for event in session.events():
             text.append(event.text)
             final = event
 
@@ -196,18 +207,18 @@ async def _complete(rt: ServingRuntime, gen: GenerationRequest, model: str, plan
         final.stop_sequence,
         plan.usage(final.usage),
     )
-    return JSONResponse(body)
+    return JSONResponse(body, headers=headers)
 
 
 async def _stream(
-    rt: ServingRuntime, gen: GenerationRequest, model: str, plan: UsagePlan, request_id: str
+    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan, request_id: str
 ) -> AsyncIterator[ServerSentEvent]:
     """The event sequence of reference §4.3; failures after the 200 become an `error` event."""
     w = EventWriter(gen.request_id)
     yield w.ping()  # bytes on the wire at once, before queueing and prefill
     started = False
     try:
-        async for event in run_with_deadline(rt, generate(rt, gen, ROUTE)):
+        async for event in run_with_deadline(rt, session.events()):
             if not started:
                 started = True
                 start = message_object(gen.request_id, model, None, None, None, plan.usage(event.usage))
@@ -232,3 +243,5 @@ async def _stream(
     except TimeoutError:
         reason = "the server is shutting down" if rt.draining else "the stream exceeded the maximum stream duration"
         yield w.error("overloaded_error" if rt.draining else "timeout_error", reason, request_id)
+    finally:
+        await session.close()

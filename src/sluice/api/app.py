@@ -73,6 +73,8 @@ def create_app(rt: ServingRuntime) -> FastAPI:
             except Exception:  # the scrape still answers; engine_up shows the problem
                 stats = None
         rt.metrics.observe_engine(stats)
+        if rt.gateway is not None:
+            rt.metrics.observe_gateway(rt.gateway)
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(anthropic_routes.build_router(rt))

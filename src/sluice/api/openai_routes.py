@@ -16,10 +16,13 @@ from sse_starlette import ServerSentEvent
 from sluice.api.anthropic_routes import describe_validation_error
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.api.generation import check_fits, generate
+from sluice.api.gateway_session import open_session
+from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
 from sluice.api.runtime import ServingRuntime
 from sluice.api.sse import event_stream_response, run_with_deadline
+from sluice.gateway.gateway import Session
+from sluice.gateway.rate_limit_headers import rate_limit_headers
 from sluice.types import FinishReason, GenerationRequest, SamplingParams
 
 ROUTE = "/v1/chat/completions"
@@ -147,10 +150,16 @@ def build_router(rt: ServingRuntime) -> APIRouter:
             stop=tuple(stop),
         )
         gen = GenerationRequest(new_id("chatcmpl"), ids, sampling, priority=principal.priority, tenant=principal.tenant)
+        key_body = body.model_dump(exclude_none=True, exclude={"stream", "stream_options", "user", "metadata", "store"})
+        session = await open_session(rt, request, principal, gen, body.model, ROUTE, key_body)
+        headers = rate_limit_headers(session.decision)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return event_stream_response(rt, _stream(rt, gen, body.model, include_usage), None)
-        return await _complete(rt, gen, body.model)
+            return event_stream_response(rt, _stream(rt, session, gen, body.model, include_usage), None, headers, session.close)
+        try:
+            return await _complete(rt, session, gen, body.model, headers)
+        finally:
+            await session.close()
 
     return router
 
@@ -164,13 +173,13 @@ def _usage(u: Any) -> dict[str, Any]:
     }
 
 
-async def _complete(rt: ServingRuntime, gen: GenerationRequest, model: str) -> JSONResponse:
+async def _complete(rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, headers: dict[str, str]) -> JSONResponse:
     parts: list[str] = []
     final = None
 
     async def collect() -> None:
         nonlocal final
-        async for event in generate(rt, gen, ROUTE):
+        async for event in session.events():
             parts.append(event.text)
             final = event
 
@@ -195,11 +204,12 @@ async def _complete(rt: ServingRuntime, gen: GenerationRequest, model: str) -> J
                 }
             ],
             "usage": _usage(final.usage),
-        }
+        },
+        headers=headers,
     )
 
 
-async def _stream(rt: ServingRuntime, gen: GenerationRequest, model: str, include_usage: bool) -> AsyncIterator[Any]:
+async def _stream(rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, include_usage: bool) -> AsyncIterator[Any]:
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None, usage: dict[str, Any] | None = None, choices: bool = True) -> ServerSentEvent:
@@ -212,7 +222,7 @@ async def _stream(rt: ServingRuntime, gen: GenerationRequest, model: str, includ
     yield ServerSentEvent(comment="ping")
     first = True
     try:
-        async for event in run_with_deadline(rt, generate(rt, gen, ROUTE)):
+        async for event in run_with_deadline(rt, session.events()):
             if first:
                 first = False
                 yield chunk({"role": "assistant", "content": ""}, None)
@@ -231,6 +241,8 @@ async def _stream(rt: ServingRuntime, gen: GenerationRequest, model: str, includ
         yield _error_event(exc.message, "server_error" if exc.status >= 500 else "invalid_request_error")
     except TimeoutError:
         yield _error_event("the stream exceeded its maximum duration or the server is shutting down", "server_error")
+    finally:
+        await session.close()
 
 
 def _error_event(message: str, kind: str) -> ServerSentEvent:

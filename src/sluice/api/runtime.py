@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from sluice.api.auth import Authenticator, OpenAccess
 from sluice.api.errors import ApiError, retry_headers
 from sluice.config import Settings
+from sluice.gateway.gateway import Gateway
 from sluice.models.tokenizer import Tokenizer
 from sluice.observability.metrics import ServingMetrics
 from sluice.worker.engine_client import EngineClient, ModelInfo
@@ -25,6 +26,7 @@ class ServingRuntime:
     authenticator: Authenticator = field(default_factory=OpenAccess)
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
     engine: EngineClient | None = None
+    gateway: Gateway | None = None
     tokenizer: Tokenizer | None = None
     info: ModelInfo | None = None
     block_size: int = 16
@@ -35,8 +37,14 @@ class ServingRuntime:
     drain_deadline: float = 0.0  # monotonic time by which open streams must end
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def mark_ready(self, engine: EngineClient, tokenizer: Tokenizer, info: ModelInfo, block_size: int) -> None:
+    def mark_ready(
+        self, engine: EngineClient, tokenizer: Tokenizer, info: ModelInfo, block_size: int, capacity_tokens: int = 0
+    ) -> None:
+        from sluice.gateway.factory import build_gateway
+
         self.engine, self.tokenizer, self.info, self.block_size = engine, tokenizer, info, block_size
+        if self.gateway is None:
+            self.gateway = build_gateway(self.settings, self.settings.max_num_seqs, capacity_tokens or info.max_model_len)
         names = [self.settings.served_model_name or info.name, *self.settings.model_aliases]
         self.model_ids = tuple(dict.fromkeys(names))
         self._ready.set()

@@ -14,7 +14,6 @@ import sys
 import time
 
 from sluice.api.app import create_app
-from sluice.api.auth import OpenAccess, SingleKey
 from sluice.api.runtime import ServingRuntime
 from sluice.api.server import build_server, make_socket
 from sluice.config import Settings
@@ -83,8 +82,14 @@ async def _inline_engine(settings: Settings) -> EngineClient:
 async def serve(settings: Settings, access_log: bool = False) -> int:
     from sluice.models.tokenizer_loader import load_tokenizer
 
-    key = settings.api_key.get_secret_value() if settings.api_key else None
-    rt = ServingRuntime(settings, authenticator=SingleKey(key) if key else OpenAccess())
+    from sluice.gateway.factory import build_authenticator
+
+    try:
+        authenticator, auth_mode = build_authenticator(settings)
+    except ValueError as exc:
+        _say(f"error: {exc}")
+        return 2
+    rt = ServingRuntime(settings, authenticator=authenticator)
     app = create_app(rt)
     try:
         sock = make_socket(settings.host, settings.port, settings.tcp_keepalive, settings.tcp_user_timeout_ms)
@@ -106,8 +111,11 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
             tokenizer, _ = await tokenizer_task
             info = await engine.info()
             stats = await engine.stats()
-            rt.mark_ready(engine, tokenizer, info, stats.block_size)
-            _say(f"ready: model {rt.model_ids[0]} at {base}/v1 (started in {time.perf_counter() - started:.1f}s)")
+            rt.mark_ready(engine, tokenizer, info, stats.block_size, stats.kv_blocks_total * stats.block_size)
+            _say(
+                f"ready: model {rt.model_ids[0]} at {base}/v1 (auth: {auth_mode}, limits: {settings.limits_store}; "
+                f"started in {time.perf_counter() - started:.1f}s)"
+            )
         except Exception as exc:
             rt.startup_error = str(exc)
             _say(f"error: start-up failed: {exc}")

@@ -12,10 +12,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from sluice.api.runtime import ServingRuntime
 
@@ -24,8 +25,14 @@ _POLL_S = 0.5  # how often a silent stream re-checks its deadline (drain may mov
 
 
 def event_stream_response(
-    rt: ServingRuntime, events: AsyncIterator[ServerSentEvent | dict], ping: Callable[[], ServerSentEvent] | None
+    rt: ServingRuntime,
+    events: AsyncIterator[ServerSentEvent | dict],
+    ping: Callable[[], ServerSentEvent] | None,
+    headers: dict[str, str] | None = None,
+    on_close: Callable[[], Awaitable[None]] | None = None,
 ) -> EventSourceResponse:
+    """`on_close` runs after the response ends however it ends — also when the client left
+    before the stream generator ever started (its own `finally` would then never run)."""
     s = rt.settings
     return EventSourceResponse(
         events,
@@ -33,8 +40,9 @@ def event_stream_response(
         ping_message_factory=ping,
         sep="\n",
         send_timeout=s.send_timeout_s,
-        headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
+        headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache", **(headers or {})},
         shutdown_grace_period=s.shutdown_grace_s + 2.0,
+        background=BackgroundTask(on_close) if on_close is not None else None,
     )
 
 

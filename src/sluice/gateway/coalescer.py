@@ -54,6 +54,9 @@ class Coalescer:
     def in_flight(self) -> int:
         return len(self._flights)
 
+    def has(self, key: str) -> bool:
+        return key in self._flights
+
     async def run(self, key: str, produce: Callable[[], AsyncIterator[GenerationEvent]]) -> AsyncIterator[GenerationEvent]:
         flight = self._flights.get(key)
         if flight is None:

@@ -32,6 +32,20 @@ class ServingMetrics:
         self.prompt_tokens = Counter("sluice_prompt_tokens", "Prompt tokens received", registry=r)
         self.aborted = Counter("sluice_requests_aborted", "Requests aborted (disconnect, timeout, kill)", ["reason"], registry=r)
         self.inflight = Gauge("sluice_http_inflight_generations", "Generations open on this API process", registry=r)
+        # gateway
+        self.gateway_requests = Counter(
+            "sluice_gateway_requests", "Admitted requests by how they were served (engine, coalesced, cached)", ["kind"], registry=r
+        )
+        self.gateway_queue_time = Histogram(
+            "sluice_gateway_queue_time_seconds", "Time waited in the admission queue", buckets=_LATENCY, registry=r
+        )
+        self.gateway_rejected = Gauge("sluice_gateway_rejected_total", "Requests refused by the gateway", ["reason"], registry=r)
+        self.queue_depth = Gauge("sluice_gateway_queue_depth", "Requests waiting for admission", registry=r)
+        self.queued_tokens = Gauge("sluice_gateway_queued_tokens", "Estimated tokens (prompt + max_tokens) waiting", registry=r)
+        self.inflight_requests = Gauge("sluice_gateway_inflight_requests", "Requests dispatched to the engine", registry=r)
+        self.scaling_signal = Gauge(
+            "sluice_scaling_signal", "(estimated tokens queued + in flight) / engine token capacity (autoscaling input)", registry=r
+        )
         # engine gauges (from EngineStats)
         self.running = Gauge("sluice_engine_running_requests", "Requests running in the engine", registry=r)
         self.waiting = Gauge("sluice_engine_waiting_requests", "Requests waiting in the engine", registry=r)
@@ -60,6 +74,15 @@ class ServingMetrics:
         self.step_tokens.set(s.last_step_tokens)
         self.batch_fill.set(s.batch_fill)
         self.engine_steps.set(s.num_steps)
+
+    def observe_gateway(self, gw) -> None:  # gw: sluice.gateway.gateway.Gateway
+        q = gw.admission
+        self.queue_depth.set(q.depth)
+        self.queued_tokens.set(q.queued_tokens)
+        self.inflight_requests.set(q.inflight)
+        self.scaling_signal.set(q.scaling_signal())
+        self.gateway_rejected.labels("rate_limited").set(gw.counts["rate_limited"])
+        self.gateway_rejected.labels("overloaded").set(gw.counts["overloaded"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,156 @@
+"""The gateway: rate limits → admission queue → coalescing/cache → engine, for one request.
+
+`Gateway.open()` does everything that can refuse a request — limits (RateLimited), the queue
+(Overloaded) — so the API can answer 429/529 before any stream starts. It returns a `Session`
+whose `events()` streams the generation and whose `close()` (always called) returns the
+admission lease and settles the output-token reservation with the tokens actually produced,
+on success, abort and error alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from sluice.gateway.admission import AdmissionQueue, Lease, Overloaded, Ticket
+from sluice.gateway.coalescer import Coalescer, ResponseCache
+from sluice.gateway.limiter import GuardedLimiter
+from sluice.gateway.limits import Decision
+from sluice.gateway.principal import Principal
+from sluice.types import GenerationEvent
+
+Producer = Callable[[], AsyncIterator[GenerationEvent]]
+
+
+class RateLimited(Exception):
+    def __init__(self, decision: Decision):
+        super().__init__(decision.reason)
+        self.decision = decision
+
+
+@dataclass
+class Session:
+    gateway: "Gateway"
+    principal: Principal
+    decision: Decision
+    reserved_output: int
+    produce: Producer
+    key: str | None
+    lease: Lease | None = None
+    cached: list[GenerationEvent] | None = None
+    queue_time_s: float = 0.0
+    kind: str = "engine"  # engine | coalesced | cached
+    output_tokens: int = 0
+    _closed: bool = field(default=False, repr=False)
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        gw = self.gateway
+        if self.cached is not None:
+            source: AsyncIterator[GenerationEvent] = _replay(self.cached)
+        elif self.key is not None and gw.coalescer is not None:
+            source = gw.coalescer.run(self.key, self._produce_and_remember)
+        else:
+            source = self.produce()
+        try:
+            async for event in source:
+                self.output_tokens = event.usage.output_tokens
+                yield event
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _produce_and_remember(self) -> AsyncIterator[GenerationEvent]:
+        events: list[GenerationEvent] = []
+        async for event in self.produce():
+            events.append(event)
+            yield event
+        cache = self.gateway.cache
+        if cache is not None and self.key is not None and events and events[-1].finish_reason is not None:
+            if events[-1].finish_reason.value in ("eos", "length", "stop_sequence"):
+                cache.put(self.key, events)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.lease is not None:
+            self.lease.release()
+        limits = self.principal.limits
+        if self.gateway.limiter is not None and limits is not None:
+            await self.gateway.limiter.settle(
+                self.principal.limit_key, limits, self.reserved_output, self.output_tokens, self.decision.lease
+            )
+
+
+async def _replay(events: list[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    for event in events:
+        yield event
+
+
+class Gateway:
+    def __init__(
+        self,
+        admission: AdmissionQueue,
+        limiter: GuardedLimiter | None = None,
+        coalescer: Coalescer | None = None,
+        cache: ResponseCache | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.admission = admission
+        self.limiter = limiter
+        self.coalescer = coalescer
+        self.cache = cache
+        self._clock = clock
+        self.counts = {"engine": 0, "coalesced": 0, "cached": 0, "rate_limited": 0, "overloaded": 0}
+
+    async def open(
+        self,
+        principal: Principal,
+        input_tokens: int,
+        max_tokens: int,
+        produce: Producer,
+        key: str | None = None,
+        use_cache: bool = True,
+        deadline_s: float | None = None,
+        band: int | None = None,
+    ) -> Session:
+        decision = Decision(True)
+        if self.limiter is not None and principal.limits is not None:
+            decision = await self.limiter.acquire(principal.limit_key, principal.limits, input_tokens, max_tokens)
+            if not decision.allowed:
+                self.counts["rate_limited" if decision.reason != "store_unavailable" else "overloaded"] += 1
+                raise RateLimited(decision)
+        session = Session(self, principal, decision, max_tokens if decision.allowed else 0, produce, key)
+        try:
+            if key is not None and use_cache and self.cache is not None:
+                session.cached = self.cache.get(key)
+                if session.cached is not None:
+                    session.kind = "cached"
+                    self.counts["cached"] += 1
+                    return session
+            if key is not None and self.coalescer is not None and self.coalescer.has(key):
+                session.kind = "coalesced"  # rides an existing generation: needs no engine capacity
+                self.counts["coalesced"] += 1
+                return session
+            wait = principal.queue_deadline_s if deadline_s is None else min(deadline_s, principal.queue_deadline_s)
+            ticket = Ticket(principal.priority if band is None else band, input_tokens + max_tokens, self._clock() + wait, principal.tenant)
+            session.lease = await self.admission.acquire(ticket)
+            session.queue_time_s = session.lease.waited_s
+            if key is not None and self.coalescer is not None and self.coalescer.has(key):
+                session.lease.release()  # an identical request started while we queued: join it
+                session.lease = None
+                session.kind = "coalesced"
+                self.counts["coalesced"] += 1
+            else:
+                self.counts["engine"] += 1
+            return session
+        except Overloaded:
+            self.counts["overloaded"] += 1
+            await session.close()
+            raise
+        except BaseException:
+            await session.close()
+            raise
+
