@@ -50,3 +50,13 @@ def tiny_llama(tiny_llama_dir):
     from sluice.models.loader import load_model
 
     return load_model(tiny_llama_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server for the whole session (tests use distinct key names)."""
+    from tests.redis_server import RedisServer
+
+    server = RedisServer()
+    yield server
+    server.stop()

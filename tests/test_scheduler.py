@@ -211,3 +211,18 @@ def test_single_prompt_longer_than_the_budget(tiny_llama):
     engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=256, max_num_batched_tokens=16))
     r = req("solo", 50, max_tokens=4)
     assert engine.generate([r])["solo"].token_ids == alone(tiny_llama, r)
+
+
+def test_kv_waste_counts_unfilled_table_tails(tiny_llama):
+    engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=256))
+    shared = [9, 8, 7, 6, 5, 4, 3, 2]  # two full shared blocks: sharing must not hide the tails
+    for i in range(5):
+        engine.add_request(GenerationRequest(f"w{i}", shared + [20 + i] * (i + 1), SamplingParams(max_tokens=30, **GREEDY)))
+    for _ in range(3):
+        engine.step()
+    s = engine.stats()
+    tables = [engine.kv.num_held_blocks(r) * 4 for r in engine.scheduler.running]
+    live = [r.num_computed_tokens for r in engine.scheduler.running]
+    assert s.kv_table_slots == sum(tables) and s.kv_live_tokens == sum(live)
+    assert s.kv_waste == (sum(tables) - sum(live)) / sum(tables)
+    assert all(0 <= t - n < 4 for t, n in zip(tables, live))  # under one block per request

@@ -170,6 +170,7 @@ class LLMEngine:
         s.kv_blocks_free = self.kv.num_free_blocks
         s.kv_blocks_used = self.kv.num_usable_blocks - self.kv.num_free_blocks
         s.kv_live_tokens = sum(r.num_computed_tokens for r in self.scheduler.running)
+        s.kv_table_slots = sum(self.kv.num_held_blocks(r) for r in self.scheduler.running) * self.config.block_size
         s.prefix_cache_queries = self.kv.prefix_queries
         s.prefix_cache_hits = self.kv.prefix_hits
         s.num_preemptions = self.scheduler.num_preemptions

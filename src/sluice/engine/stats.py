@@ -13,6 +13,7 @@ class EngineStats:
     kv_blocks_free: int = 0  # includes cached blocks that nobody holds (evictable)
     kv_blocks_used: int = 0
     kv_live_tokens: int = 0  # tokens computed by running requests (shared prefixes counted per request)
+    kv_table_slots: int = 0  # slots in running requests' block tables (shared blocks counted per request)
     prefix_cache_queries: int = 0  # prompt tokens looked up, cumulative
     prefix_cache_hits: int = 0  # of which found in the cache, cumulative
     num_preemptions: int = 0  # cumulative
@@ -39,6 +40,8 @@ class EngineStats:
 
     @property
     def kv_waste(self) -> float:
-        """(allocated slots - live tokens) / allocated slots, over blocks held by requests."""
-        allocated = self.kv_blocks_used * self.block_size
-        return max(0.0, (allocated - self.kv_live_tokens) / allocated) if allocated else 0.0
+        """(allocated slots - live tokens) / allocated slots over running requests' block tables.
+
+        Counted per table, so a prefix block shared by many requests counts once per request on
+        both sides: sharing neither hides nor inflates the unfilled tails."""
+        return (self.kv_table_slots - self.kv_live_tokens) / self.kv_table_slots if self.kv_table_slots else 0.0

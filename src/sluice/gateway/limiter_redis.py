@@ -88,8 +88,12 @@ return 1
 
 class RedisLimiter:
     def __init__(self, url: str, prefix: str = "sluice", lease_ttl_s: float = 900.0):
-        # short timeouts: a limiter that hangs would stall every request behind it
-        self.redis = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0, decode_responses=True)
+        # Short timeouts: a limiter that hangs would stall every request behind it. A blocking
+        # pool: a burst waits briefly for a connection instead of failing with "too many".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=64, timeout=2.0, socket_timeout=1.0, socket_connect_timeout=1.0, decode_responses=True
+        )
+        self.redis = aioredis.Redis(connection_pool=pool)
         self.prefix = prefix
         self.lease_ttl_s = lease_ttl_s
         self._acquire = self.redis.register_script(ACQUIRE)

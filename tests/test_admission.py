@@ -1,0 +1,124 @@
+"""The admission queue: band order, EDF, aging, deadlines, token bound, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from sluice.gateway.admission import AdmissionQueue, Overloaded, Ticket
+
+
+def ticket(band: int, tokens: int = 10, deadline_in: float = 30.0) -> Ticket:
+    return Ticket(band, tokens, time.monotonic() + deadline_in)
+
+
+def test_high_band_overtakes_fifty_low():
+    async def run() -> list[str]:
+        q = AdmissionQueue(max_inflight=1)
+        busy = await q.acquire(ticket(1))  # the engine is saturated
+        order: list[str] = []
+
+        async def client(name: str, band: int) -> None:
+            lease = await q.acquire(ticket(band))
+            order.append(name)
+            await asyncio.sleep(0)
+            lease.release()
+
+        tasks = [asyncio.create_task(client(f"low{i}", 2)) for i in range(50)]
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(client("high", 0)))
+        await asyncio.sleep(0.01)
+        assert q.depth == 51
+        busy.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    order = asyncio.run(run())
+    assert order[0] == "high" and len(order) == 51  # and every low one still completed
+    assert order[1:] == [f"low{i}" for i in range(50)]  # FIFO (same deadlines order) within a band
+
+
+def test_earliest_deadline_first_within_a_band():
+    async def run() -> list[str]:
+        q = AdmissionQueue(max_inflight=1)
+        busy = await q.acquire(ticket(1))
+        order: list[str] = []
+
+        async def client(name: str, deadline_in: float) -> None:
+            lease = await q.acquire(ticket(1, deadline_in=deadline_in))
+            order.append(name)
+            lease.release()
+
+        tasks = [asyncio.create_task(client("late", 20)), asyncio.create_task(client("soon", 5))]
+        await asyncio.sleep(0.01)
+        busy.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(run()) == ["soon", "late"]
+
+
+def test_aging_lets_a_low_band_through():
+    now = [0.0]
+
+    async def run() -> list[str]:
+        q = AdmissionQueue(max_inflight=1, aging_s=1.0, clock=lambda: now[0])
+        busy = await q.acquire(Ticket(0, 1, 1e9))
+        order: list[str] = []
+
+        async def client(name: str, band: int) -> None:
+            lease = await q.acquire(Ticket(band, 1, 1e9))
+            order.append(name)
+            lease.release()
+
+        old_low = asyncio.create_task(client("old-low", 3))
+        await asyncio.sleep(0.01)
+        now[0] = 5.0  # it has waited 5 agings: effective band 3 - 5 < 0
+        fresh_high = asyncio.create_task(client("fresh-high", 0))
+        await asyncio.sleep(0.01)
+        busy.release()
+        await asyncio.gather(old_low, fresh_high)
+        return order
+
+    assert asyncio.run(run()) == ["old-low", "fresh-high"]
+
+
+def test_deadline_and_token_bound_shed_with_overloaded():
+    async def run() -> None:
+        q = AdmissionQueue(max_inflight=1, max_queued_tokens=100)
+        busy = await q.acquire(ticket(1, tokens=50))
+        t0 = time.monotonic()
+        with pytest.raises(Overloaded) as info:
+            await q.acquire(ticket(1, tokens=10, deadline_in=0.1))
+        assert 0.08 < time.monotonic() - t0 < 1.0 and info.value.retry_after_s >= 1
+        assert q.depth == 0 and q.queued_tokens == 0  # the expired entry is gone
+        waiting = asyncio.create_task(q.acquire(ticket(1, tokens=90)))
+        await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        with pytest.raises(Overloaded, match="full"):
+            await q.acquire(ticket(1, tokens=20))  # 90 + 20 > 100: refused at once
+        assert time.monotonic() - t0 < 0.05
+        busy.release()
+        (await waiting).release()
+        assert q.inflight == 0
+
+    asyncio.run(run())
+
+
+def test_cancelled_waiter_leaves_at_once():
+    async def run() -> None:
+        q = AdmissionQueue(max_inflight=1)
+        busy = await q.acquire(ticket(1))
+        waiter = asyncio.create_task(q.acquire(ticket(1, tokens=30)))
+        await asyncio.sleep(0.01)
+        assert q.depth == 1 and q.queued_tokens == 30
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert q.depth == 0 and q.queued_tokens == 0
+        busy.release()
+        assert q.inflight == 0 and q.scaling_signal() == 0
+
+    asyncio.run(run())

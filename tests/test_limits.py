@@ -1,0 +1,128 @@
+"""Rate limits: exact under concurrency in memory and in a real Redis shared by processes;
+refunds; headers; refill; Redis down → the configured fail-open / fail-closed, never a raise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from sluice.gateway.limiter import make_limiter
+from sluice.gateway.limiter_memory import MemoryLimiter
+from sluice.gateway.limits import Limits
+from sluice.gateway.rate_limit_headers import rate_limit_headers
+from tests.server_process import free_port
+
+
+def _key() -> str:
+    return "k-" + uuid.uuid4().hex[:8]
+
+
+async def _burst(limiter, key: str, limits: Limits, n: int) -> int:
+    results = await asyncio.gather(*(limiter.acquire(key, limits, 10, 10) for _ in range(n)))
+    return sum(d.allowed for d in results)
+
+
+def test_memory_exact_under_concurrency():
+    assert asyncio.run(_burst(MemoryLimiter(), _key(), Limits(rpm=50), 200)) == 50
+
+
+def test_redis_exact_under_concurrency(redis_server):
+    async def run() -> int:
+        limiter = make_limiter("redis", redis_server.url)
+        try:
+            return await _burst(limiter, _key(), Limits(rpm=50), 200)
+        finally:
+            await limiter.close()
+
+    assert asyncio.run(run()) == 50
+
+
+_CHILD = """
+import asyncio, sys
+from sluice.gateway.limiter import make_limiter
+from sluice.gateway.limits import Limits
+async def main():
+    lim = make_limiter("redis", sys.argv[1])
+    res = await asyncio.gather(*(lim.acquire(sys.argv[2], Limits(rpm=50), 1, 1) for _ in range(100)))
+    await lim.close()
+    print(sum(d.allowed for d in res))
+asyncio.run(main())
+"""
+
+
+def test_redis_shared_by_two_processes(redis_server):
+    key = _key()
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, redis_server.url, key], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    admitted = [int(p.communicate(timeout=60)[0].strip()) for p in procs]
+    assert sum(admitted) == 50, admitted
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_output_tokens_refund_and_headers_count_down(store, redis_server):
+    async def run():
+        limiter = make_limiter(store, redis_server.url)
+        key, limits = _key(), Limits(rpm=10, itpm=1000, otpm=100, max_concurrent=2)
+        try:
+            d1 = await limiter.acquire(key, limits, input_tokens=100, output_tokens=60)
+            assert d1.allowed
+            h1 = rate_limit_headers(d1)
+            assert h1["anthropic-ratelimit-requests-remaining"] == "9"
+            assert h1["anthropic-ratelimit-output-tokens-remaining"] in ("40", "39")
+            assert h1["anthropic-ratelimit-input-tokens-limit"] == "1000"
+            assert h1["anthropic-ratelimit-requests-reset"].endswith("Z")
+            d2 = await limiter.acquire(key, limits, 100, 60)  # 60 > 40 left: refused, nothing taken
+            assert not d2.allowed and d2.reason == "output_tokens" and d2.retry_after_s > 0
+            h2 = rate_limit_headers(d2)
+            assert int(h2["retry-after"]) >= 1 and "retry-after-ms" in h2
+            await limiter.settle(key, limits, reserved_output=60, actual_output=5, lease=d1.lease)  # 55 back
+            d3 = await limiter.acquire(key, limits, 100, 60)
+            assert d3.allowed and rate_limit_headers(d3)["anthropic-ratelimit-requests-remaining"] == "8"
+            d4 = await limiter.acquire(key, limits, 1, 1)
+            assert d4.allowed
+            d5 = await limiter.acquire(key, limits, 1, 1)  # a third concurrent request
+            assert not d5.allowed and d5.reason == "concurrency"
+            await limiter.settle(key, limits, 1, 1, d4.lease)
+            assert (await limiter.acquire(key, limits, 1, 1)).allowed
+        finally:
+            await limiter.close()
+
+    asyncio.run(run())
+
+
+def test_continuous_refill():
+    now = [1000.0]
+    limiter = MemoryLimiter(clock=lambda: now[0])
+    limits = Limits(rpm=60)  # one per second
+
+    async def run():
+        assert await _burst(limiter, "k", limits, 100) == 60
+        assert not (await limiter.acquire("k", limits, 0, 0)).allowed
+        now[0] += 2.0
+        assert await _burst(limiter, "k", limits, 5) == 2
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("policy, allowed", [("open", True), ("closed", False)])
+def test_redis_down_fails_open_or_closed(policy, allowed, caplog):
+    async def run():
+        limiter = make_limiter("redis", f"redis://127.0.0.1:{free_port()}/0", on_store_error=policy)
+        try:
+            decisions = [await limiter.acquire("k", Limits(rpm=5), 1, 1) for _ in range(3)]
+            await limiter.settle("k", Limits(rpm=5), 1, 1, None)  # must not raise either
+            return decisions
+        finally:
+            await limiter.close()
+
+    with caplog.at_level(logging.WARNING, logger="sluice.gateway.limits"):
+        decisions = asyncio.run(run())
+    assert all(d.allowed is allowed and d.reason == "store_unavailable" for d in decisions)
+    warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warnings) == 1  # one line, not one per request
+    assert json.dumps([d.reason for d in decisions])
