@@ -71,6 +71,6 @@ async def open_session(
     except Overloaded as exc:
         raise overloaded(f"Overloaded: {exc.reason}", exc.retry_after_s) from None
     rt.metrics.gateway_requests.labels(session.kind).inc()
-    if session.lease is not None:
+    if session.kind == "engine":
         rt.metrics.gateway_queue_time.observe(session.queue_time_s)
     return session

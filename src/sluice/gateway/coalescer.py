@@ -45,6 +45,41 @@ class _Flight:
     task: asyncio.Task | None = None
 
 
+class Subscription:
+    """One subscriber's seat on a flight: taken at join time (before the response starts), so
+    a request that is still opening its stream already counts as a subscriber."""
+
+    def __init__(self, coalescer: "Coalescer", key: str, flight: _Flight):
+        self._coalescer, self._key, self._flight = coalescer, key, flight
+        self._left = False
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        flight, i = self._flight, 0
+        while True:
+            while i < len(flight.events):
+                yield flight.events[i]
+                i += 1
+            if flight.done:
+                if flight.error is not None:
+                    raise flight.error
+                return
+            flight.changed.clear()
+            if i < len(flight.events) or flight.done:
+                continue
+            await flight.changed.wait()
+
+    def leave(self) -> None:
+        if self._left:
+            return
+        self._left = True
+        flight = self._flight
+        flight.subscribers -= 1
+        if flight.subscribers == 0 and not flight.done and flight.task is not None:
+            flight.task.cancel()  # the last subscriber left: stop the generation
+            if self._coalescer._flights.get(self._key) is flight:
+                del self._coalescer._flights[self._key]
+
+
 class Coalescer:
     def __init__(self) -> None:
         self._flights: dict[str, _Flight] = {}
@@ -57,37 +92,34 @@ class Coalescer:
     def has(self, key: str) -> bool:
         return key in self._flights
 
-    async def run(self, key: str, produce: Callable[[], AsyncIterator[GenerationEvent]]) -> AsyncIterator[GenerationEvent]:
+    def join(
+        self, key: str, produce: Callable[[], AsyncIterator[GenerationEvent]], on_done: Callable[[], None] | None = None
+    ) -> tuple[Subscription, bool]:
+        """A seat on the flight for `key`, starting it with `produce` if there is none.
+        Returns (subscription, is_leader). `on_done` runs when a started producer ends."""
         flight = self._flights.get(key)
+        leader = flight is None
         if flight is None:
             flight = _Flight()
             self._flights[key] = flight
-            flight.task = asyncio.get_running_loop().create_task(self._produce(key, flight, produce))
+            flight.task = asyncio.get_running_loop().create_task(self._produce(key, flight, produce, on_done))
             self.leaders += 1
         else:
             self.coalesced += 1
         flight.subscribers += 1
-        i = 0
-        try:
-            while True:
-                while i < len(flight.events):
-                    yield flight.events[i]
-                    i += 1
-                if flight.done:
-                    if flight.error is not None:
-                        raise flight.error
-                    return
-                flight.changed.clear()
-                if i < len(flight.events) or flight.done:
-                    continue
-                await flight.changed.wait()
-        finally:
-            flight.subscribers -= 1
-            if flight.subscribers == 0 and not flight.done and flight.task is not None:
-                flight.task.cancel()  # the last subscriber left: stop the generation
-                self._flights.pop(key, None)
+        return Subscription(self, key, flight), leader
 
-    async def _produce(self, key: str, flight: _Flight, produce: Callable[[], AsyncIterator[GenerationEvent]]) -> None:
+    async def run(self, key: str, produce: Callable[[], AsyncIterator[GenerationEvent]]) -> AsyncIterator[GenerationEvent]:
+        sub, _ = self.join(key, produce)
+        try:
+            async for event in sub.events():
+                yield event
+        finally:
+            sub.leave()
+
+    async def _produce(
+        self, key: str, flight: _Flight, produce: Callable[[], AsyncIterator[GenerationEvent]], on_done: Callable[[], None] | None
+    ) -> None:
         try:
             async for event in produce():
                 flight.events.append(event)
@@ -102,6 +134,8 @@ class Coalescer:
             flight.changed.set()
             if self._flights.get(key) is flight:
                 del self._flights[key]
+            if on_done is not None:
+                on_done()
 
 
 @dataclass(slots=True)

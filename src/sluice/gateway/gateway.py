@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from sluice.gateway.admission import AdmissionQueue, Lease, Overloaded, Ticket
-from sluice.gateway.coalescer import Coalescer, ResponseCache
+from sluice.gateway.coalescer import Coalescer, ResponseCache, Subscription
 from sluice.gateway.limiter import GuardedLimiter
 from sluice.gateway.limits import Decision
 from sluice.gateway.principal import Principal
@@ -37,7 +37,8 @@ class Session:
     reserved_output: int
     produce: Producer
     key: str | None
-    lease: Lease | None = None
+    lease: Lease | None = None  # owned by this session (not coalesced)
+    subscription: Subscription | None = None
     cached: list[GenerationEvent] | None = None
     queue_time_s: float = 0.0
     kind: str = "engine"  # engine | coalesced | cached
@@ -48,8 +49,8 @@ class Session:
         gw = self.gateway
         if self.cached is not None:
             source: AsyncIterator[GenerationEvent] = _replay(self.cached)
-        elif self.key is not None and gw.coalescer is not None:
-            source = gw.coalescer.run(self.key, self._produce_and_remember)
+        elif self.subscription is not None:
+            source = self.subscription.events()
         else:
             source = self.produce()
         try:
@@ -75,6 +76,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if self.subscription is not None:
+            self.subscription.leave()  # the flight's lease is returned when its generation ends
         if self.lease is not None:
             self.lease.release()
         limits = self.principal.limits
@@ -90,6 +93,17 @@ async def _replay(events: list[GenerationEvent]) -> AsyncIterator[GenerationEven
 
 
 class Gateway:
+    def _join(self, session: Session, key: str, lease: Lease | None) -> None:
+        assert self.coalescer is not None
+        session.subscription, leader = self.coalescer.join(
+            key, session._produce_and_remember, on_done=lease.release if lease is not None else None
+        )
+        if not leader:
+            session.kind = "coalesced"
+            self.counts["coalesced"] += 1
+            if lease is not None:
+                lease.release()
+
     def __init__(
         self,
         admission: AdmissionQueue,
@@ -131,19 +145,22 @@ class Gateway:
                     self.counts["cached"] += 1
                     return session
             if key is not None and self.coalescer is not None and self.coalescer.has(key):
-                session.kind = "coalesced"  # rides an existing generation: needs no engine capacity
-                self.counts["coalesced"] += 1
+                self._join(session, key, None)  # rides an existing generation: needs no engine capacity
                 return session
             wait = principal.queue_deadline_s if deadline_s is None else min(deadline_s, principal.queue_deadline_s)
             ticket = Ticket(principal.priority if band is None else band, input_tokens + max_tokens, self._clock() + wait, principal.tenant)
-            session.lease = await self.admission.acquire(ticket)
-            session.queue_time_s = session.lease.waited_s
-            if key is not None and self.coalescer is not None and self.coalescer.has(key):
-                session.lease.release()  # an identical request started while we queued: join it
-                session.lease = None
-                session.kind = "coalesced"
-                self.counts["coalesced"] += 1
+            lease = await self.admission.acquire(ticket)
+            session.queue_time_s = lease.waited_s
+            if key is not None and self.coalescer is not None:
+                if self.coalescer.has(key):  # an identical request started while we queued: join it
+                    lease.release()
+                    self._join(session, key, None)
+                else:  # lead a new flight; its lease lives as long as the generation, not this client
+                    self._join(session, key, lease)
+                    session.kind = "engine"
+                    self.counts["engine"] += 1
             else:
+                session.lease = lease
                 self.counts["engine"] += 1
             return session
         except Overloaded:

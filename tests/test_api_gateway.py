@@ -1,0 +1,204 @@
+"""The gateway end to end: real `sluice serve` processes (sharing one real worker), real Redis,
+keys made with the CLI, the official SDKs as clients."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import pytest
+
+from tests.server_process import MODEL, free_port, start_server, start_worker
+
+pytestmark = pytest.mark.slow
+ASK = [{"role": "user", "content": "Say one word."}]
+
+
+@pytest.fixture(scope="module")
+def worker():
+    address = f"unix:{Path(tempfile.mkdtemp(prefix='sluice-gw-')) / 'w.sock'}"
+    proc = start_worker(address, ["--max-num-seqs", "16"])
+    proc.extra["address"] = address
+    yield proc
+    proc.stop()
+
+
+def make_key(data_dir: Path, tenant: str, tier: str, *flags: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "keys", "create", "--tenant", tenant, "--tier", tier, *flags, "--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return out.stdout.strip()
+
+
+def gateway(worker, data_dir: Path, **env: str):
+    return start_server(["--worker", worker.extra["address"]], env={"SLUICE_DATA_DIR": str(data_dir), **env})
+
+
+def metric_value(base_url: str, name: str, labels: str = "") -> float:
+    for line in httpx.get(base_url + "/metrics").text.splitlines():
+        if line.startswith(name + labels + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_keys_rate_limits_across_two_gateways_and_headers(worker, redis_server, tmp_path):
+    key = make_key(tmp_path, "acme", "standard", "--rpm", "50", "--max-concurrent", "1000")
+    env = {"SLUICE_LIMITS_STORE": "redis", "SLUICE_REDIS_URL": redis_server.url}
+    a, b = gateway(worker, tmp_path, **env), gateway(worker, tmp_path, **env)
+    try:
+        body = {"model": MODEL, "max_tokens": 1, "messages": ASK}
+
+        async def burst(url: str, n: int) -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=200)) as c:
+                return await asyncio.gather(*(c.post(url + "/v1/messages", json=body, headers={"x-api-key": key}) for _ in range(n)))
+
+        async def both() -> list[httpx.Response]:
+            ra, rb = await asyncio.gather(burst(a.base_url, 100), burst(b.base_url, 100))
+            return ra + rb
+
+        responses = asyncio.run(both())
+        codes = [r.status_code for r in responses]
+        assert codes.count(200) == 50 and codes.count(429) == 150, sorted(set(codes))
+        limited = next(r for r in responses if r.status_code == 429)
+        assert limited.json()["error"]["type"] == "rate_limit_error"
+        assert int(limited.headers["retry-after"]) >= 1
+        assert limited.headers["anthropic-ratelimit-requests-remaining"] == "0"
+        ok = next(r for r in responses if r.status_code == 200)
+        assert ok.headers["anthropic-ratelimit-requests-limit"] == "50"
+        assert ok.headers["anthropic-ratelimit-output-tokens-reset"].endswith("Z")
+
+        wrong = key[:-1] + ("A" if key[-1] != "A" else "B")
+        assert httpx.post(a.base_url + "/v1/messages", json=body, headers={"x-api-key": wrong}).status_code == 401
+        key_id = subprocess.run([sys.executable, "-m", "sluice.cli", "keys", "list", "--data-dir", str(tmp_path)],
+                                capture_output=True, text=True).stdout.splitlines()[1].split()[0]
+        subprocess.run([sys.executable, "-m", "sluice.cli", "keys", "revoke", key_id, "--data-dir", str(tmp_path)], check=True)
+        r = httpx.post(a.base_url + "/v1/messages", json=body, headers={"x-api-key": key})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    finally:
+        a.stop()
+        b.stop()
+    for proc in (a, b):
+        assert key not in proc.log() and wrong not in proc.log()  # keys never reach the logs
+
+
+def test_priority_overtakes_and_burst_sheds_cleanly(worker, tmp_path):
+    low = make_key(tmp_path, "bulk", "free", "--rpm", "10000", "--itpm", "10000000", "--otpm", "10000000", "--max-concurrent", "1000")
+    high = make_key(tmp_path, "vip", "priority")
+    server = gateway(worker, tmp_path, SLUICE_MAX_INFLIGHT="2", SLUICE_MAX_QUEUED_TOKENS="20000")
+    try:
+        async def ask(c: httpx.AsyncClient, key: str, tag: str, max_tokens: int, finished: dict) -> int:
+            r = await c.post(server.base_url + "/v1/messages", headers={"x-api-key": key},
+                             json={"model": MODEL, "max_tokens": max_tokens, "messages": ASK, "temperature": 0.7})
+            finished[tag] = time.monotonic()
+            return r.status_code
+
+        async def scenario() -> tuple[dict, list[int]]:
+            finished: dict = {}
+            # one client: creating 50 (each builds an SSL context) would itself take a second or two
+            async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=100)) as c:
+                tasks = [asyncio.create_task(ask(c, low, f"low{i}", 6, finished)) for i in range(50)]
+                async with httpx.AsyncClient() as probe:
+                    for _ in range(100):  # the engine slots are busy and low-tier work is queued
+                        await asyncio.sleep(0.05)
+                        text = (await probe.get(server.base_url + "/metrics")).text
+                        depth = next(float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("sluice_gateway_queue_depth "))
+                        if depth > 30:
+                            break
+                assert depth > 30
+                tasks.append(asyncio.create_task(ask(c, high, "high", 6, finished)))
+                return finished, await asyncio.gather(*tasks)
+
+        finished, codes = asyncio.run(scenario())
+        assert all(c == 200 for c in codes)  # no starvation: every low-tier request completed too
+        later_low = sum(1 for k, t in finished.items() if k.startswith("low") and t > finished["high"])
+        assert later_low >= 30, f"only {later_low} low requests finished after the high one"
+
+        # a burst of 10x what fits: only 200 / 429 / 529, each refusal with retry-after, no 5xx, no hang
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as c:
+                return await asyncio.gather(*(
+                    c.post(server.base_url + "/v1/messages", headers={"x-api-key": low, "sluice-queue-timeout": "2"},
+                           json={"model": MODEL, "max_tokens": 200, "messages": ASK, "temperature": 0.7})
+                    for _ in range(60)))
+
+        t0 = time.monotonic()
+        responses = asyncio.run(burst())
+        assert time.monotonic() - t0 < 100
+        codes = [r.status_code for r in responses]
+        assert set(codes) <= {200, 429, 529} and codes.count(529) > 0 and codes.count(200) > 0, codes
+        for r in responses:
+            if r.status_code != 200:
+                assert "retry-after" in r.headers and r.json()["error"]["type"] in ("overloaded_error", "rate_limit_error")
+            else:
+                assert r.json()["stop_reason"] in ("end_turn", "max_tokens")
+        # the SDK's own retry on 529 then succeeds
+        client = anthropic.Anthropic(base_url=server.base_url, api_key=low, max_retries=3)
+        assert client.messages.create(model=MODEL, max_tokens=2, messages=ASK).stop_reason is not None
+    finally:
+        server.stop()
+
+
+def test_coalescing_identical_requests(worker, tmp_path):
+    key_a = make_key(tmp_path, "acme", "standard")
+    key_b = make_key(tmp_path, "globex", "standard")
+    server = gateway(worker, tmp_path)
+    try:
+        body = {"model": MODEL, "max_tokens": 40, "stream": True, "temperature": 0,
+                "messages": [{"role": "user", "content": "Describe a quiet harbor at dawn."}]}
+
+        async def one(key: str, stop_after: int | None = None) -> str:
+            text = ""
+            async with httpx.AsyncClient(timeout=120) as c:
+                async with c.stream("POST", server.base_url + "/v1/messages", json=body, headers={"x-api-key": key}) as r:
+                    assert r.status_code == 200
+                    n = 0
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and '"text_delta"' in line:
+                            import json
+
+                            text += json.loads(line[6:])["delta"]["text"]
+                            n += 1
+                            if stop_after is not None and n >= stop_after:
+                                return text
+            return text
+
+        engine_before = metric_value(server.base_url, "sluice_gateway_requests_total", '{kind="engine"}')
+
+        async def run() -> list[str]:
+            return await asyncio.gather(*[one(key_a) for _ in range(17)], *[one(key_a, stop_after=2) for _ in range(3)])
+
+        texts = asyncio.run(run())
+        full = texts[:17]
+        assert len(set(full)) == 1 and len(full[0]) > 20  # identical complete replies
+        assert all(full[0].startswith(t) for t in texts[17:])  # the cancelled ones got a prefix
+        engine_after = metric_value(server.base_url, "sluice_gateway_requests_total", '{kind="engine"}')
+        coalesced = metric_value(server.base_url, "sluice_gateway_requests_total", '{kind="coalesced"}')
+        assert engine_after - engine_before == 1 and coalesced == 19
+
+        async def two_tenants() -> list[str]:
+            return await asyncio.gather(one(key_a), one(key_b))
+
+        asyncio.run(two_tenants())
+        assert metric_value(server.base_url, "sluice_gateway_requests_total", '{kind="engine"}') - engine_after == 2
+    finally:
+        server.stop()
+
+
+def test_redis_down_fails_closed_with_529_not_500(worker, tmp_path):
+    key = make_key(tmp_path, "acme", "standard")
+    server = gateway(worker, tmp_path, SLUICE_LIMITS_STORE="redis", SLUICE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+                     SLUICE_ON_STORE_ERROR="closed")
+    try:
+        r = httpx.post(server.base_url + "/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": ASK},
+                       headers={"x-api-key": key}, timeout=30)
+        assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error" and "retry-after" in r.headers
+    finally:
+        server.stop()
+    assert "rate-limit store unavailable" in server.log()
