@@ -101,6 +101,30 @@ def _model_info(rt: ServingRuntime, model_id: str) -> dict[str, Any]:
     }
 
 
+async def prepare_message(
+    rt: ServingRuntime, principal: Principal, body: MessagesRequest, version: str
+) -> tuple[GenerationRequest, UsagePlan]:
+    """Everything that can reject a Messages request before it is queued (400 / 404 / 529)."""
+    _, tokenizer, info = rt.require_ready()
+    rt.check_model(body.model)
+    if body.max_tokens > info.max_model_len:
+        raise bad_request(
+            f"max_tokens: {body.max_tokens} > {info.max_model_len - 1}, which is the maximum allowed "
+            f"number of output tokens for {body.model}"
+        )
+    sampling = _sampling(body, version, rt)
+    prompt = await asyncio.to_thread(build_prompt, body, tokenizer)
+    check_fits(len(prompt.token_ids), info.max_model_len)
+    gen = GenerationRequest(
+        request_id=new_id("msg"),
+        prompt_token_ids=prompt.token_ids,
+        sampling=sampling,
+        priority=principal.priority,
+        tenant=principal.tenant,
+    )
+    return gen, UsagePlan(prompt.cache_breakpoint, rt.block_size, prefill_only=body.max_tokens == 0)
+
+
 def build_router(rt: ServingRuntime) -> APIRouter:
     router = APIRouter()
 
@@ -109,25 +133,8 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         principal = await require_principal(request, rt.authenticator)
         version = _version(request, rt)
         body = parse_body(await request.body(), MessagesRequest, not rt.settings.reject_unknown_fields)
-        _, tokenizer, info = rt.require_ready()
-        rt.check_model(body.model)
-        if body.max_tokens > info.max_model_len:
-            raise bad_request(
-                f"max_tokens: {body.max_tokens} > {info.max_model_len - 1}, which is the maximum allowed "
-                f"number of output tokens for {body.model}"
-            )
-        sampling = _sampling(body, version, rt)
-        prompt = await asyncio.to_thread(build_prompt, body, tokenizer)
-        check_fits(len(prompt.token_ids), info.max_model_len)
-        msg_id = new_id("msg")
-        gen = GenerationRequest(
-            request_id=msg_id,
-            prompt_token_ids=prompt.token_ids,
-            sampling=sampling,
-            priority=principal.priority,
-            tenant=principal.tenant,
-        )
-        plan = UsagePlan(prompt.cache_breakpoint, rt.block_size, prefill_only=body.max_tokens == 0)
+        gen, plan = await prepare_message(rt, principal, body, version)
+        msg_id = gen.request_id
         request_id = request.state.request_id
         key_body = body.model_dump(exclude_none=True, exclude={"stream", "metadata", "background"})
         session = await open_session(rt, request, principal, gen, body.model, ROUTE, key_body)
@@ -136,7 +143,7 @@ def build_router(rt: ServingRuntime) -> APIRouter:
             events = _stream(rt, session, gen, body.model, plan, request_id)
             return event_stream_response(rt, events, EventWriter(msg_id).ping, headers, session.close)
         try:
-            return await _complete(rt, session, gen, body.model, plan, headers)
+            return JSONResponse(await collect_message(rt, session, gen, body.model, plan), headers=headers)
         finally:
             await session.close()
 
@@ -179,9 +186,10 @@ def build_router(rt: ServingRuntime) -> APIRouter:
     return router
 
 
-async def _complete(
-    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan, headers: dict[str, str]
-) -> JSONResponse:
+async def collect_message(
+    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan
+) -> dict[str, Any]:
+    """Run a session to the end and build the Message object (raises ApiError on failure)."""
     text: list[str] = []
     final = None
 
@@ -207,7 +215,7 @@ async def _complete(
         final.stop_sequence,
         plan.usage(final.usage),
     )
-    return JSONResponse(body, headers=headers)
+    return body
 
 
 async def _stream(

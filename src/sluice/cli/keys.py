@@ -1,4 +1,10 @@
-"""`sluice keys`: create, list, revoke and rotate API keys in the SQLite key store."""
+"""`sluice keys`: create, list, revoke and rotate API keys in the SQLite key store.
+
+The key itself goes to stdout, once, and nowhere else (no log line carries it); everything
+else — key_id, tenant, tier — goes to stderr, so `KEY=$(sluice keys create ...)` works.
+The data directory and the tiers come from `--data-dir` / `--config` (the server's settings
+file), else from SLUICE_* env and the defaults, so the CLI and `sluice serve` agree.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +12,38 @@ import argparse
 import sys
 
 
+def _settings(args: argparse.Namespace):
+    from sluice.config import load_settings
+
+    return load_settings(getattr(args, "config", None))
+
+
 def _store(args: argparse.Namespace):
     from pathlib import Path
 
     from sluice.gateway.key_store import SQLiteKeyStore
 
-    data_dir = args.data_dir
-    if data_dir is None:
-        from sluice.config import load_settings
-
-        data_dir = load_settings().data_dir
+    data_dir = args.data_dir if args.data_dir is not None else _settings(args).data_dir
     return SQLiteKeyStore(Path(data_dir).expanduser() / "keys.db")
 
 
 def _create(args: argparse.Namespace) -> int:
     from sluice.gateway.limits import Limits
-    from sluice.gateway.tiers import DEFAULT_TIERS
+    from sluice.gateway.tiers import load_tiers
 
-    if args.tier not in DEFAULT_TIERS and not args.allow_custom_tier:
-        print(f"sluice keys: error: unknown tier {args.tier!r} ({', '.join(DEFAULT_TIERS)}); "
-              "pass --allow-custom-tier for a tier defined in the settings file", file=sys.stderr)
+    for flag in ("rpm", "itpm", "otpm", "max_concurrent"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            print(f"sluice keys: error: --{flag.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
+    try:
+        tiers = load_tiers(_settings(args).tiers)
+    except ValueError as exc:
+        print(f"sluice keys: error: {exc}", file=sys.stderr)
+        return 2
+    if args.tier not in tiers and not args.allow_custom_tier:
+        print(f"sluice keys: error: unknown tier {args.tier!r} ({', '.join(tiers)}); "
+              "define it under [tiers.NAME] in the settings file (--config)", file=sys.stderr)
         return 2
     key, rec = _store(args).create(args.tenant, args.tier, Limits(args.rpm, args.itpm, args.otpm, args.max_concurrent))
     print(f"key_id: {rec.key_id}  tenant: {rec.tenant}  tier: {rec.tier}", file=sys.stderr)
@@ -36,14 +54,16 @@ def _create(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     import datetime
+    import time
 
     rows = _store(args).list()
+    now = time.time()
     print(f"{'key_id':<18}{'tenant':<16}{'tier':<10}{'hint':<16}{'limits (rpm/itpm/otpm/conc)':<30}{'created':<21}status")
     for r in rows:
         o = r.overrides
         limits = "/".join("-" if v is None else str(v) for v in (o.rpm, o.itpm, o.otpm, o.max_concurrent))
         created = datetime.datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S")
-        status = "revoked" if r.revoked_at else "active"
+        status = "active" if r.revoked_at is None else ("revoked" if r.revoked_at <= now else "expiring")
         print(f"{r.key_id:<18}{r.tenant:<16}{r.tier:<10}{r.hint + '…':<16}{limits:<30}{created:<21}{status}")
     return 0
 
@@ -58,11 +78,13 @@ def _revoke(args: argparse.Namespace) -> int:
 
 def _rotate(args: argparse.Namespace) -> int:
     try:
-        key, rec = _store(args).rotate(args.key_id)
+        key, rec = _store(args).rotate(args.key_id, grace_s=args.grace)
     except KeyError as exc:
         print(f"sluice keys: error: {exc.args[0]}", file=sys.stderr)
         return 2
-    print(f"revoked {args.key_id}; new key_id: {rec.key_id} (shown once):", file=sys.stderr)
+    when = f"in {args.grace:g} s" if args.grace > 0 else "now"
+    print(f"key_id: {rec.key_id}  tenant: {rec.tenant}  tier: {rec.tier}", file=sys.stderr)
+    print(f"{args.key_id} stops working {when}; the new key is shown once; store it now:", file=sys.stderr)
     print(key)
     return 0
 
@@ -70,6 +92,7 @@ def _rotate(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("keys", help="manage API keys (tenants, tiers, limits)")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="where keys.db lives (default: settings data_dir)")
+    p.add_argument("--config", default=None, metavar="FILE", help="the server's TOML settings file (data_dir, [tiers.NAME])")
     ks = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     c = ks.add_parser("create", help="create a key and print it once")
     c.add_argument("--tenant", required=True, help="the tenant the key belongs to")
@@ -87,6 +110,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_revoke)
     o = ks.add_parser("rotate", help="issue a new key with the same tenant and limits; revoke the old one")
     o.add_argument("key_id")
+    o.add_argument("--grace", type=float, default=0.0, metavar="SECONDS", help="keep the old key working this long (default: 0)")
     o.set_defaults(func=_rotate)
     for parser in (c, lst, r, o):
         parser.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR", help="where keys.db lives")
+        parser.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE", help="the server's TOML settings file")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from sluice.cli.common import add_engine_args, add_model_args
+
+PROGRESS = {"auto": None, "always": True, "never": False}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -25,17 +28,22 @@ def _run(args: argparse.Namespace) -> int:
         if args.no_prefix_caching:
             config.enable_prefix_caching = False
     except ValueError as exc:
-        print(f"sluice worker: error: {exc}")
+        print(f"sluice worker: error: {exc}", file=sys.stderr)
         return 2
     from sluice.worker.worker_main import run_worker
 
-    return asyncio.run(run_worker(args.listen, args.model, args.dtype, config))
+    return asyncio.run(run_worker(args.listen, args.model, args.dtype, config, progress=PROGRESS[args.progress]))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="run one engine as a gRPC worker (for `sluice serve --worker ADDR`)")
     p.add_argument(
         "--listen", default="127.0.0.1:50051", metavar="ADDR", help="host:port or unix:/path to listen on (default: 127.0.0.1:50051)"
+    )
+    # `sluice serve` pipes its child's stderr (to keep a tail for error messages) yet wants the
+    # load bar on the user's terminal: it passes --progress always when its own stderr is one.
+    p.add_argument(
+        "--progress", choices=list(PROGRESS), default="auto", help="model load progress bar (default: auto = on a terminal)"
     )
     add_model_args(p)
     add_engine_args(p)

@@ -13,17 +13,31 @@
 
 The pick is a linear scan over waiting entries: effective bands change with time, which a heap
 cannot track, and queues are hundreds of entries, not millions.
+
+Capacity: the queue's own counters (`max_inflight`, `max_inflight_tokens`, changeable at run time
+with `set_capacity`) plus an optional `gate(est_tokens) -> bool` the engine side supplies (e.g.
+"the engine's waiting queue is short and KV blocks are free"). The gate's owner calls `poke()`
+when its answer may have turned to yes; lease releases re-check by themselves.
+
+Usage:
+    async with queue.admit(Ticket(band, est_tokens, deadline)) as lease: ...   # or
+    lease = await queue.acquire(ticket); try: ... finally: lease.release()
+`Overloaded` (raised before anything streams) → the API's 529 with `retry-after`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 
 class Overloaded(Exception):
+    """Turned away: the queue is full (reason mentions "full") or the deadline passed."""
+
     def __init__(self, reason: str, retry_after_s: float):
         super().__init__(reason)
         self.reason = reason
@@ -69,7 +83,8 @@ class AdmissionQueue:
         max_queued_tokens: int = 200_000,
         aging_s: float = 10.0,
         capacity_tokens: int | None = None,
-        clock=time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
+        gate: Callable[[int], bool] | None = None,
     ):
         self.max_inflight = max_inflight
         self.max_inflight_tokens = max_inflight_tokens
@@ -77,6 +92,7 @@ class AdmissionQueue:
         self.aging_s = aging_s
         self.capacity_tokens = capacity_tokens or max_queued_tokens  # for the scaling signal
         self._clock = clock
+        self.gate = gate
         self._waiting: list[_Entry] = []
         self._seq = itertools.count()
         self.inflight = 0
@@ -114,23 +130,52 @@ class AdmissionQueue:
             raise
         return Lease(self, ticket.est_tokens, self._clock() - entry.enqueued)
 
+    @contextlib.asynccontextmanager
+    async def admit(self, ticket: Ticket) -> AsyncIterator[Lease]:
+        """`acquire` + `release` around the block, however it ends."""
+        lease = await self.acquire(ticket)
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+    # -- the engine's side ------------------------------------------------------------------------
+    def set_capacity(self, max_inflight: int | None = None, max_inflight_tokens: int | None = None) -> None:
+        """Change the dispatch limits (e.g. from engine stats); more room dispatches at once."""
+        if max_inflight is not None:
+            self.max_inflight = max_inflight
+        if max_inflight_tokens is not None:
+            self.max_inflight_tokens = max_inflight_tokens
+        self._dispatch()
+
+    def poke(self) -> None:
+        """Re-check waiting entries: the gate's answer may have changed."""
+        self._dispatch()
+
     # -- state ------------------------------------------------------------------------------------
     @property
     def depth(self) -> int:
         return len(self._waiting)
 
     def scaling_signal(self) -> float:
-        """(estimated tokens queued + in flight) / engine token capacity: the autoscaler's input.
-        Above 1, demand exceeds what the engines hold; DESIGN.md scales up at 0.7, down at 0.2."""
+        """(estimated tokens queued + estimated tokens in flight) / capacity_tokens.
+
+        The autoscaler's input, exported as `sluice_scaling_signal`. In-flight work counts as
+        well as queued work, so a fully busy deployment with an empty queue reads ~1, not 0 (a
+        queued-only signal would scale a saturated fleet down). Above 1 demand exceeds what the
+        engines hold; DESIGN.md scales up at 0.7 and down at 0.2. `queued_tokens` alone is
+        exported too."""
         return (self.queued_tokens + self.inflight_tokens) / self.capacity_tokens
 
     # -- internals --------------------------------------------------------------------------------
     def _has_room(self, tokens: int) -> bool:
         if self.inflight >= self.max_inflight:
             return False
+        # with nothing in flight, one entry always goes: a single ticket larger than the token
+        # capacity must not wait forever
         if self.max_inflight_tokens is not None and self.inflight and self.inflight_tokens + tokens > self.max_inflight_tokens:
             return False
-        return True
+        return self.gate is None or self.gate(tokens)
 
     def _take(self, tokens: int) -> None:
         self.inflight += 1

@@ -2,8 +2,13 @@
 
 Each operation is one Lua script, so it is atomic on the Redis server: read every bucket of the
 key, refill by the time elapsed (Redis server TIME, so replica clocks do not matter), check all
-dimensions, deduct all or none, write back with a TTL. Concurrency slots are members of a sorted
-set scored by lease expiry: a gateway that crashes mid-request leaks nothing beyond the lease.
+dimensions, deduct all or none, write back with a TTL that lasts until the bucket would be full
+again (a missing bucket reads as full, so expiry forgets nothing). The arithmetic is
+token_bucket.py's, line for line. Concurrency slots are members of a sorted set scored by lease
+expiry: a gateway that crashes mid-request leaks a slot only until its lease runs out.
+
+One round trip per acquire and per settle; all of a principal's keys share one `{hash tag}`,
+so the scripts also run on Redis Cluster.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from sluice.gateway.limits import WINDOW_S, BucketState, Decision, Limits
+from sluice.gateway.limits import BucketState, Decision, Limits
+from sluice.gateway.token_bucket import WINDOW_S, reset_s
 
 # KEYS: bucket keys..., concurrency key.  ARGV: window, lease_ttl, max_concurrent (-1 = none),
-# lease id, then (limit, cost) per bucket. Returns {allowed, retry_after, reason, left...}.
+# lease id, then (limit, cost) per bucket. Returns {allowed, retry_after, reason, left...}
+# (numbers as strings: Lua numbers would be truncated to integers on the way out).
 ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -32,11 +39,12 @@ for i = 1, nb do
   local st = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   local level = limit
   if st[1] then
-    level = math.min(limit, tonumber(st[1]) + (now - tonumber(st[2])) * limit / window)
+    level = math.min(limit, tonumber(st[1]) + math.max(0, now - tonumber(st[2])) * limit / window)
   end
   levels[i] = level
-  if cost > level then
-    local wait = (cost - level) * window / limit
+  local short = math.min(cost, limit) - level  -- an oversize cost needs a full bucket, no more
+  if short > 0 then
+    local wait = short * window / limit
     if wait > retry then retry = wait; reason = tostring(i) end
   end
 end
@@ -51,16 +59,16 @@ local allowed = 0
 if reason == '' then allowed = 1 end
 local out = {allowed, tostring(retry), reason}
 for i = 1, nb do
-  local cost = tonumber(ARGV[4 + 2 * i])
+  local limit = tonumber(ARGV[3 + 2 * i])
   local left = levels[i]
-  if allowed == 1 then left = left - cost end
+  if allowed == 1 then left = left - tonumber(ARGV[4 + 2 * i]) end
   redis.call('HSET', KEYS[i], 'tokens', tostring(left), 'ts', tostring(now))
-  redis.call('EXPIRE', KEYS[i], math.ceil(window * 2))
+  redis.call('EXPIRE', KEYS[i], math.floor((limit - left) * window / limit) + 2)
   table.insert(out, tostring(left))
 end
 if allowed == 1 and max_conc >= 0 then
   redis.call('ZADD', ckey, now + lease_ttl, ARGV[4])
-  redis.call('EXPIRE', ckey, math.ceil(lease_ttl * 2))
+  redis.call('EXPIRE', ckey, math.ceil(lease_ttl) + 2)
 end
 return out
 """
@@ -74,12 +82,12 @@ local limit = tonumber(ARGV[2])
 local refund = tonumber(ARGV[3])
 if limit > 0 and refund > 0 then
   local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-  local level = limit
-  if st[1] then
-    level = math.min(limit, tonumber(st[1]) + (now - tonumber(st[2])) * limit / window)
+  if st[1] then  -- a missing bucket is full: nothing to refund into
+    local level = math.min(limit, tonumber(st[1]) + math.max(0, now - tonumber(st[2])) * limit / window)
+    level = math.min(limit, level + refund)
+    redis.call('HSET', KEYS[1], 'tokens', tostring(level), 'ts', tostring(now))
+    redis.call('EXPIRE', KEYS[1], math.floor((limit - level) * window / limit) + 2)
   end
-  redis.call('HSET', KEYS[1], 'tokens', tostring(math.min(limit, level + refund)), 'ts', tostring(now))
-  redis.call('EXPIRE', KEYS[1], math.ceil(window * 2))
 end
 if ARGV[4] ~= '' then redis.call('ZREM', KEYS[2], ARGV[4]) end
 return 1
@@ -87,15 +95,18 @@ return 1
 
 
 class RedisLimiter:
-    def __init__(self, url: str, prefix: str = "sluice", lease_ttl_s: float = 900.0):
+    def __init__(self, url: str, prefix: str = "sluice", lease_ttl_s: float = 900.0, window_s: float = WINDOW_S,
+                 max_connections: int = 64):
         # Short timeouts: a limiter that hangs would stall every request behind it. A blocking
         # pool: a burst waits briefly for a connection instead of failing with "too many".
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=64, timeout=2.0, socket_timeout=1.0, socket_connect_timeout=1.0, decode_responses=True
+            url, max_connections=max_connections, timeout=2.0, socket_timeout=1.0, socket_connect_timeout=1.0,
+            decode_responses=True,
         )
         self.redis = aioredis.Redis(connection_pool=pool)
         self.prefix = prefix
         self.lease_ttl_s = lease_ttl_s
+        self.window_s = window_s
         self._acquire = self.redis.register_script(ACQUIRE)
         self._settle = self.redis.register_script(SETTLE)
 
@@ -107,7 +118,7 @@ class RedisLimiter:
         dims = list(limits.buckets().items())
         lease = uuid.uuid4().hex if limits.max_concurrent is not None else ""
         keys = [self._key(key, d) for d, _ in dims] + [self._key(key, "concurrency")]
-        argv: list = [WINDOW_S, self.lease_ttl_s, -1 if limits.max_concurrent is None else limits.max_concurrent, lease]
+        argv: list = [self.window_s, self.lease_ttl_s, -1 if limits.max_concurrent is None else limits.max_concurrent, lease]
         for dim, limit in dims:
             argv += [limit, costs[dim]]
         res = await self._acquire(keys=keys, args=argv)
@@ -117,14 +128,15 @@ class RedisLimiter:
         states = {}
         for (dim, limit), left in zip(dims, res[3:]):
             left_f = float(left)
-            states[dim] = BucketState(limit, left_f, (limit - left_f) * WINDOW_S / limit)
+            states[dim] = BucketState(limit, left_f, reset_s(left_f, limit, self.window_s))
         return Decision(allowed, retry, states, reason, (lease or None) if allowed else None)
 
     async def settle(self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None) -> None:
-        if not limits.otpm and lease is None:
-            return
+        refund = max(0, reserved_output - actual_output)
+        if not (limits.otpm and refund) and lease is None:
+            return  # nothing to give back: skip the round trip
         keys = [self._key(key, "output_tokens"), self._key(key, "concurrency")]
-        await self._settle(keys=keys, args=[WINDOW_S, limits.otpm or -1, max(0, reserved_output - actual_output), lease or ""])
+        await self._settle(keys=keys, args=[self.window_s, limits.otpm or -1, refund, lease or ""])
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -1,10 +1,15 @@
-"""Rate-limit values and the answer a limiter gives."""
+"""Rate-limit values and the answer a limiter gives (bucket semantics: token_bucket.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 
-WINDOW_S = 60.0  # all token buckets are "per minute", refilled continuously
+from sluice.gateway.token_bucket import WINDOW_S
+
+__all__ = ["WINDOW_S", "BucketState", "Decision", "Limits", "rfc3339"]
+
+DIMENSIONS = ("requests", "input_tokens", "output_tokens")
 
 
 @dataclass(slots=True, frozen=True)
@@ -15,14 +20,32 @@ class Limits:
     max_concurrent: int | None = None
 
     def buckets(self) -> dict[str, int]:
+        """The limited dimensions and their per-minute limits (None / 0 = unlimited)."""
         return {k: v for k, v in (("requests", self.rpm), ("input_tokens", self.itpm), ("output_tokens", self.otpm)) if v}
+
+
+def rfc3339(seconds_from_now: float, now: datetime | None = None) -> str:
+    t = (now or datetime.now(timezone.utc)) + timedelta(seconds=max(0.0, seconds_from_now))
+    return t.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(slots=True)
 class BucketState:
     limit: int
-    remaining: float
+    remaining: float  # may be negative: a request larger than the bucket left it in debt
     reset_s: float  # seconds until the bucket is full again
+
+    @property
+    def reset_at(self) -> str:
+        """The reset as an RFC 3339 UTC time (what the `…-reset` headers carry)."""
+        return rfc3339(self.reset_s)
+
+
+# Decision.reason values. The API maps them: a dimension or "concurrency" → 429 rate_limit_error;
+# STORE_UNAVAILABLE (only with on_store_error="closed") → 529 overloaded_error — the caller did
+# nothing wrong and a retry soon may work, which is what 529 tells the SDKs (they retry it).
+STORE_UNAVAILABLE = "store_unavailable"
+CONCURRENCY = "concurrency"
 
 
 @dataclass(slots=True)
@@ -30,5 +53,5 @@ class Decision:
     allowed: bool
     retry_after_s: float = 0.0
     buckets: dict[str, BucketState] = field(default_factory=dict)
-    reason: str = ""  # "" | "requests" | "input_tokens" | "output_tokens" | "concurrency" | "store_unavailable" | "too_large"
-    lease: str | None = None  # concurrency lease to release when the request ends
+    reason: str = ""  # "" | "requests" | "input_tokens" | "output_tokens" | "concurrency" | "store_unavailable"
+    lease: str | None = None  # concurrency lease to release (settle) when the request ends

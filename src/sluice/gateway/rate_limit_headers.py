@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta, timezone
 
-from sluice.gateway.limits import Decision
+from sluice.gateway.limits import Decision, rfc3339
+
+__all__ = ["rate_limit_headers", "rfc3339"]
 
 _NAMES = {"requests": "requests", "input_tokens": "input-tokens", "output_tokens": "output-tokens"}
 
 
-def rfc3339(seconds_from_now: float) -> str:
-    t = datetime.now(timezone.utc) + timedelta(seconds=max(0.0, seconds_from_now))
-    return t.replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
 def rate_limit_headers(decision: Decision) -> dict[str, str]:
+    """Headers for any response under limits: `anthropic-ratelimit-{requests,input-tokens,
+    output-tokens}-{limit,remaining,reset}` per limited dimension (remaining floored at 0, reset
+    = when the bucket is full again, RFC 3339 UTC), the combined `-tokens-` family, and on a
+    refusal `retry-after` (whole seconds, at least 1) and `retry-after-ms`. A fail-open decision
+    has no buckets, hence no ratelimit headers."""
     headers: dict[str, str] = {}
     for dim, state in decision.buckets.items():
         name = _NAMES[dim]

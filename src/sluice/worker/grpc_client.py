@@ -8,7 +8,8 @@ request. The channel is created lazily so it binds to the event loop that uses i
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -36,19 +37,28 @@ def _map_error(exc: grpc.aio.AioRpcError) -> SluiceError:
 
 
 class GrpcEngineClient:
-    def __init__(self, address: str, request_timeout_s: float | None = None):
+    """`address`: host:port or unix:/path. `request_timeout_s`: default deadline of one Generate
+    call (None: no deadline). `options`: extra gRPC channel options, appended to the defaults."""
+
+    def __init__(
+        self, address: str, request_timeout_s: float | None = None, options: Sequence[tuple[str, Any]] = ()
+    ):
         self.address = address
-        self.request_timeout_s = request_timeout_s  # deadline for one Generate call
+        self.request_timeout_s = request_timeout_s
+        self._options = [*CLIENT_OPTIONS, *options]
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.EngineStub | None = None
 
     def _get_stub(self) -> pb_grpc.EngineStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=CLIENT_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
             self._stub = pb_grpc.EngineStub(self._channel)
         return self._stub
 
     async def generate(self, request: GenerationRequest, timeout: float | None = None) -> AsyncIterator[GenerationEvent]:
+        """Stream the request's events. `timeout`: this call's deadline in seconds (default
+        `request_timeout_s`); when it passes the worker aborts the request and this raises
+        EngineUnavailableError."""
         call = self._get_stub().Generate(request_to_pb(request), timeout=timeout or self.request_timeout_s)
         finished = False
         try:

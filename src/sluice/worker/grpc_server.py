@@ -74,5 +74,8 @@ class EngineServicer(pb_grpc.EngineServicer):
         return pb.InfoResponse(name=self.info.name, max_model_len=self.info.max_model_len, vocab_size=self.info.vocab_size)
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
-        ready = self.engine is not None and self.engine.is_running
-        return pb.HealthResponse(ready=ready, detail="ready" if ready else self.detail)
+        if self.engine is None:
+            return pb.HealthResponse(ready=False, detail=self.detail)  # loading, or failed
+        if not self.engine.is_running:
+            return pb.HealthResponse(ready=False, detail="engine stopped")
+        return pb.HealthResponse(ready=True, detail="ready")

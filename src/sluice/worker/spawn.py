@@ -1,13 +1,21 @@
 """Start a `sluice worker` child process on a private unix socket and wait until it is ready.
 
 `sluice serve` uses this so the model runs in its own process (not sharing the GIL with the
-HTTP event loop). The child inherits stderr (its load progress shows), dies with its parent
-(PR_SET_PDEATHSIG on Linux), and is stopped by PID: SIGTERM, then SIGKILL after a grace.
+HTTP event loop). Decisions:
+- The child's stderr goes through a pipe that a thread copies to our stderr as it arrives, so
+  its output (and load bar: we pass `--progress always` when our stderr is a terminal) still
+  shows, while we keep the last few KiB to quote when it fails to start.
+- It runs in its own session: a Ctrl-C on the terminal reaches only the parent, which then
+  stops the child in order (drain HTTP first, then the worker); otherwise both would get
+  SIGINT at once and the worker would abort streams the parent is still draining.
+- It dies with its parent (PR_SET_PDEATHSIG on Linux), and is stopped by its own PID only:
+  SIGTERM, then SIGKILL after a grace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import ctypes
 import os
 import shutil
@@ -15,12 +23,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from sluice.errors import EngineUnavailableError
 from sluice.worker.grpc_client import GrpcEngineClient
-
 
 ENGINE_FLAGS = {
     "max_num_seqs": "--max-num-seqs",
@@ -30,6 +40,7 @@ ENGINE_FLAGS = {
     "scheduling_policy": "--scheduling-policy",
     "admission_policy": "--admission-policy",
 }
+TAIL_BYTES = 8192  # how much of the child's stderr we keep for error messages
 
 
 def engine_argv(values: dict) -> list[str]:
@@ -43,48 +54,122 @@ def engine_argv(values: dict) -> list[str]:
     return argv
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Runs in the child before exec. Note: the signal fires when the *thread* that forked
+    exits, so start workers from a long-lived thread (the event loop's)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
-        pass
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+class _StderrTee:
+    """Copies the child's stderr pipe to our stderr and keeps its tail."""
+
+    def __init__(self, pipe) -> None:
+        self._pipe = pipe
+        self._tail: deque[bytes] = deque()
+        self._tail_len = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, name="sluice-worker-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        fd = self._pipe.fileno()
+        while chunk := os.read(fd, 4096):
+            with self._lock:
+                self._tail.append(chunk)
+                self._tail_len += len(chunk)
+                while self._tail_len - len(self._tail[0]) >= TAIL_BYTES:
+                    self._tail_len -= len(self._tail.popleft())
+            try:
+                sys.stderr.write(decoder.decode(chunk))
+                sys.stderr.flush()
+            except (OSError, ValueError):  # our stderr is closed: keep draining the pipe
+                pass
+        self._pipe.close()
+
+    def tail(self, lines: int) -> str:
+        with self._lock:
+            text = b"".join(self._tail).decode("utf-8", errors="replace")
+        # a progress bar redraws with \r: keep only each line's last drawing
+        kept = [drawn for line in text.split("\n") if (drawn := line.rsplit("\r", 1)[-1]).strip()]
+        return "\n".join(kept[-lines:])
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
 
 
 @dataclass
 class LocalWorker:
+    """A `sluice worker` child started by `start_local_worker` / `spawn_local_worker`."""
+
     process: subprocess.Popen
-    address: str
+    address: str  # unix:<socket_dir>/worker.sock
     socket_dir: str
+    _tee: _StderrTee | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stderr_tail(self, lines: int = 20) -> str:
+        """The last lines the worker wrote to stderr (empty when not captured)."""
+        return self._tee.tail(lines) if self._tee is not None else ""
 
     def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM, wait `grace_s`, then SIGKILL; returns the exit code. Idempotent."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(signal.SIGTERM)  # Popen never signals a reaped PID
             try:
                 self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+        if self._tee is not None:
+            self._tee.join(2.0)
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         return self.process.returncode
 
 
-def start_local_worker(model: str | None, dtype: str, engine_args: list[str]) -> LocalWorker:
+def start_local_worker(model: str | None, dtype: str, engine_args: Sequence[str] = ()) -> LocalWorker:
+    """Start the child and return at once (it listens before its model is loaded)."""
     socket_dir = tempfile.mkdtemp(prefix="sluice-worker-")
     address = f"unix:{os.path.join(socket_dir, 'worker.sock')}"
-    argv = [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--dtype", dtype, *engine_args]
+    progress = "always" if sys.stderr.isatty() else "never"
+    argv = [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--dtype", dtype, "--progress", progress]
+    argv += list(engine_args)
     if model:
-        argv += ["--model", model]
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-    return LocalWorker(process, address, socket_dir)
+        argv += ["--model", str(model)]
+    parent = os.getpid()
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=(lambda: _die_with_parent(parent)) if sys.platform == "linux" else None,
+    )
+    return LocalWorker(process, address, socket_dir, _StderrTee(process.stderr))
+
+
+def _failure(worker: LocalWorker, what: str) -> EngineUnavailableError:
+    tail = worker.stderr_tail()
+    return EngineUnavailableError(f"{what}; its last output:\n{tail}" if tail else what)
 
 
 async def wait_ready(worker: LocalWorker, client: GrpcEngineClient, timeout_s: float) -> None:
+    """Poll Health until ready. Raises EngineUnavailableError (quoting the worker's stderr tail)
+    if it exits, reports a failed load, or is not ready within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
         code = worker.process.poll()
         if code is not None:
-            raise EngineUnavailableError(f"the engine worker exited with code {code} while starting (see its output above)")
+            await asyncio.to_thread(worker.stop, 0)  # let the tee read to EOF first
+            raise _failure(worker, f"the engine worker exited with code {code} while starting")
         try:
             ready, detail = await client.health(timeout=1.0)
         except EngineUnavailableError:
@@ -92,7 +177,23 @@ async def wait_ready(worker: LocalWorker, client: GrpcEngineClient, timeout_s: f
         if ready:
             return
         if detail.startswith("failed"):
-            raise EngineUnavailableError(f"the engine worker {detail}")
+            raise _failure(worker, f"the engine worker {detail}")
         if time.monotonic() > deadline:
-            raise EngineUnavailableError(f"the engine worker was not ready after {timeout_s:.0f}s ({detail})")
-        await asyncio.sleep(0.2)
+            raise _failure(worker, f"the engine worker was not ready after {timeout_s:.0f}s ({detail})")
+        await asyncio.sleep(0.1)
+
+
+async def spawn_local_worker(
+    model: str | None = None, dtype: str = "float32", engine_args: Sequence[str] = (), timeout_s: float = 180.0
+) -> LocalWorker:
+    """Start a worker child and wait until its Health says ready; stop it again on failure."""
+    worker = start_local_worker(model, dtype, engine_args)
+    probe = GrpcEngineClient(worker.address)
+    try:
+        await wait_ready(worker, probe, timeout_s)
+    except BaseException:
+        await asyncio.to_thread(worker.stop, 2.0)
+        raise
+    finally:
+        await probe.close()
+    return worker

@@ -1,16 +1,26 @@
 """The worker process: gRPC server first (Health answers at once), then the model, then serve.
 
-SIGTERM/SIGINT: stop accepting, give in-flight calls a short grace, abort what is left
-(every stream gets a final aborted event), exit 0.
+Start-up order matters: listening before the (slow) model load lets a supervisor tell
+"starting" (Health: not ready, detail "loading the model") from "dead" (connection refused).
+When ready it prints exactly one line to stderr, `sluice worker listening on ADDR (model NAME)`;
+supervisors and tests wait for it.
+
+SIGTERM/SIGINT: stop accepting calls, abort every in-flight request (each open stream gets its
+final `abort` event, so clients see a proper end rather than a transport error), give those last
+messages a short grace to leave, exit 0. A signal during the model load exits at once: the load
+runs on a daemon thread that cannot be interrupted, so we do not wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import signal
+import socket
+import stat
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -26,18 +36,65 @@ from sluice.worker.proto import engine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("sluice.worker")
 BUNDLED_NAME = "smollm2-135m-instruct"
+# after aborting everything, how long the final `abort` events get to reach their clients
+SHUTDOWN_GRACE_S = 2.0
 
 
 def served_name(path: Path) -> str:
+    """The model id callers see: a stable name for the bundled model, else the file/folder stem."""
     return BUNDLED_NAME if path.name == BUNDLED_FILE else path.stem
 
 
-async def run_worker(listen: str, model: str | None, dtype: str, config: EngineConfig, grace_s: float = 5.0) -> int:
+def _unix_path(listen: str) -> str | None:
+    if not listen.startswith("unix:"):
+        return None
+    path = listen[len("unix:") :]
+    return path[2:] if path.startswith("//") else path
+
+
+def _clear_stale_socket(path: str) -> None:
+    """Remove a unix socket file left by a worker that died without cleaning up.
+
+    Why check first: bind() fails on any existing file, but unlinking a socket another live
+    worker still listens on would silently steal its address. Only a socket nobody answers on
+    (ECONNREFUSED) is removed; anything else is left for bind() to report.
+    """
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return
+    except FileNotFoundError:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno == errno.ECONNREFUSED:
+                os.unlink(path)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def run_worker(
+    listen: str,
+    model: str | None,
+    dtype: str,
+    config: EngineConfig,
+    progress: bool | None = None,
+    grace_s: float = SHUTDOWN_GRACE_S,
+) -> int:
+    """Serve one engine on `listen` until SIGTERM/SIGINT. Returns the process exit code."""
     servicer = EngineServicer()
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_EngineServicer_to_server(servicer, server)
-    if server.add_insecure_port(listen) == 0 and not listen.startswith("unix:"):
-        print(f"sluice worker: error: cannot listen on {listen}", file=sys.stderr)
+    unix_path = _unix_path(listen)
+    if unix_path:
+        _clear_stale_socket(unix_path)
+    try:
+        server.add_insecure_port(listen)  # grpc raises RuntimeError when it cannot bind
+    except RuntimeError:
+        _say(f"sluice worker: error: cannot listen on {listen} (address in use, or a bad address)")
         return 2
     await server.start()
     stop = asyncio.Event()
@@ -45,34 +102,54 @@ async def run_worker(listen: str, model: str | None, dtype: str, config: EngineC
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    started = time.perf_counter()
+    # The factory runs on the engine thread (all torch work on one thread: see AsyncEngine).
+    # It reports back through the loop, so waiting for it holds no executor thread that
+    # asyncio.run() would then have to join at exit (a signal during the load must not wait).
     holder: dict = {}
+    built = asyncio.Event()
 
-    def build() -> LLMEngine:  # runs on the engine thread: all torch work on one thread
-        loaded = load_model(model, dtype)
-        holder["loaded"] = loaded
-        return LLMEngine(loaded, config)
+    def build() -> LLMEngine:
+        try:
+            holder["loaded"] = load_model(model, dtype, progress=progress)
+            return LLMEngine(holder["loaded"], config)
+        finally:
+            loop.call_soon_threadsafe(built.set)
 
     engine = AsyncEngine(factory=build).start()
-    load = asyncio.ensure_future(engine.wait_loaded())
-    await asyncio.wait({load, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
-    if load.done():
-        try:
-            llm = load.result()
-            loaded = holder["loaded"]
-            info = ModelInfo(served_name(loaded.path), llm.max_model_len, loaded.tokenizer.vocab_size)
-            servicer.set_engine(engine, info)
-            print(
-                f"sluice worker listening on {listen} (model {info.name}, loaded in {time.perf_counter() - started:.1f}s)",
-                file=sys.stderr,
-                flush=True,
-            )
-        except Exception as exc:  # ModelLoadError and friends: report, keep Health answering "failed"
-            servicer.set_failed(str(exc))
-            print(f"sluice worker: error: {exc}", file=sys.stderr, flush=True)
-            await server.stop(0)
-            return 2
-    await stop.wait()
-    await server.stop(grace_s)
-    engine.shutdown()
+    stop_wait = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({asyncio.ensure_future(built.wait()), stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        await server.stop(0)
+        engine.shutdown(timeout=0.1)  # the daemon load thread dies with the process
+        return 0
+    try:
+        llm = await engine.wait_loaded()  # returns at once now; re-raises the load error
+        loaded = holder["loaded"]
+        info = ModelInfo(served_name(loaded.path), llm.max_model_len, loaded.tokenizer.vocab_size)
+    except Exception as exc:  # ModelLoadError and friends: one clear line, exit 2
+        servicer.set_failed(str(exc))
+        _say(f"sluice worker: error: {exc}")
+        await server.stop(0)
+        return 2
+    servicer.set_engine(engine, info)
+    _say(f"sluice worker listening on {listen} (model {info.name})")
+
+    exit_code = await _serve_until_stopped(engine, stop_wait)
+    stopping = asyncio.ensure_future(server.stop(grace_s))  # refuses new calls from here on
+    await asyncio.to_thread(engine.shutdown)  # aborts all: every open stream gets its final event
+    await stopping
+    return exit_code
+
+
+async def _serve_until_stopped(engine: AsyncEngine, stop_wait: asyncio.Future, poll_s: float = 0.5) -> int:
+    """Wait for a signal (exit 0), or for the engine loop to die (exit 1).
+
+    Why exit on a dead engine: a live process whose engine is gone would answer UNAVAILABLE
+    forever; exiting lets whatever supervises it (sluice serve, Kubernetes) notice and restart.
+    """
+    while not stop_wait.done():
+        await asyncio.wait({stop_wait}, timeout=poll_s)
+        if not stop_wait.done() and not engine.is_running:
+            _say("sluice worker: error: the engine loop stopped; exiting")
+            return 1
     return 0
