@@ -68,9 +68,8 @@ class Session:
             events.append(event)
             yield event
         cache = self.gateway.cache
-        if cache is not None and self.key is not None and events and events[-1].finish_reason is not None:
-            if events[-1].finish_reason.value in ("eos", "length", "stop_sequence"):
-                cache.put(self.key, events)
+        if cache is not None and self.key is not None:
+            cache.put(self.key, events)  # keeps complete replies only
 
     async def close(self) -> None:
         if self._closed:

@@ -4,6 +4,7 @@ Status codes map back to sluice errors: INVALID_ARGUMENT → InvalidRequestError
 ContextWindowExceededError, from trailing metadata), anything that means "no engine" →
 EngineUnavailableError. Leaving `generate()` early cancels the call; the worker aborts the
 request. The channel is created lazily so it binds to the event loop that uses it.
+Imports no torch: a gateway-only process (`sluice serve --worker ADDR`) needs none.
 """
 
 from __future__ import annotations
@@ -14,26 +15,14 @@ from typing import Any
 import grpc
 
 from sluice.engine.stats import EngineStats
-from sluice.errors import ContextWindowExceededError, EngineUnavailableError, InvalidRequestError, SluiceError
+from sluice.errors import EngineUnavailableError, InvalidRequestError
 from sluice.types import GenerationEvent, GenerationRequest
 from sluice.worker.channel_options import CLIENT_OPTIONS
 from sluice.worker.convert import event_from_pb, request_to_pb, stats_from_json
 from sluice.worker.engine_client import ModelInfo
-from sluice.worker.grpc_server import ERROR_KIND_KEY
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
-
-
-def _map_error(exc: grpc.aio.AioRpcError) -> SluiceError:
-    code = exc.code()
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        kinds = dict(exc.trailing_metadata() or ())
-        if kinds.get(ERROR_KIND_KEY) == "context_window":
-            return ContextWindowExceededError(exc.details() or "prompt is too long")
-        return InvalidRequestError(exc.details() or "invalid request")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return EngineUnavailableError("the engine did not answer before the deadline")
-    return EngineUnavailableError(f"worker unavailable ({code.name}: {exc.details()})")
+from sluice.worker.status_codes import error_from
 
 
 class GrpcEngineClient:
@@ -59,7 +48,11 @@ class GrpcEngineClient:
         """Stream the request's events. `timeout`: this call's deadline in seconds (default
         `request_timeout_s`); when it passes the worker aborts the request and this raises
         EngineUnavailableError."""
-        call = self._get_stub().Generate(request_to_pb(request), timeout=timeout or self.request_timeout_s)
+        try:
+            message = request_to_pb(request)
+        except (ValueError, TypeError) as exc:  # e.g. a value outside the wire's int32 range
+            raise InvalidRequestError(f"request cannot be encoded: {exc}") from None
+        call = self._get_stub().Generate(message, timeout=timeout or self.request_timeout_s)
         finished = False
         try:
             async for message in call:
@@ -72,7 +65,7 @@ class GrpcEngineClient:
             if not finished:
                 raise EngineUnavailableError("the worker closed the stream before the request finished")
         except grpc.aio.AioRpcError as exc:
-            raise _map_error(exc) from None
+            raise error_from(exc) from None
         finally:
             if not finished:
                 call.cancel()  # the worker sees the cancellation and aborts the request
@@ -81,7 +74,7 @@ class GrpcEngineClient:
         try:
             return await getattr(self._get_stub(), method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _map_error(exc) from None
+            raise error_from(exc) from None
 
     async def abort(self, request_id: str) -> None:
         await self._unary("Abort", pb.AbortRequest(request_id=request_id))

@@ -16,19 +16,19 @@ from collections.abc import AsyncIterator
 import grpc
 
 from sluice.engine.async_engine import AsyncEngine
-from sluice.errors import ContextWindowExceededError, EngineDeadError, InvalidRequestError
+from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.worker.convert import event_to_pb, request_from_pb, stats_to_json
 from sluice.worker.engine_client import ModelInfo
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
+from sluice.worker.status_codes import status_for
 
 log = logging.getLogger("sluice.worker")
 
-# Trailing-metadata key that tells the client which InvalidRequestError subclass to raise.
-ERROR_KIND_KEY = "sluice-error-kind"
-
 
 class EngineServicer(pb_grpc.EngineServicer):
+    """Serves one AsyncEngine; starts without one (`set_engine` once the model is loaded)."""
+
     def __init__(self) -> None:
         self.engine: AsyncEngine | None = None
         self.info: ModelInfo | None = None
@@ -41,23 +41,22 @@ class EngineServicer(pb_grpc.EngineServicer):
         self.detail = f"failed: {detail}"
 
     async def _require_engine(self, context: grpc.aio.ServicerContext) -> AsyncEngine:
-        if self.engine is None or not self.engine.is_running:
+        if self.engine is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine not ready ({self.detail})")
-        assert self.engine is not None
-        return self.engine
+        if not self.engine.is_running:  # shutting down, or its loop died
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine stopped")
+        return self.engine  # type: ignore[return-value]  # context.abort() raised otherwise
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         engine = await self._require_engine(context)
         try:
             async for batch in engine.generate_batches(request_from_pb(request)):
                 yield pb.GenerateResponse(events=[event_to_pb(e) for e in batch])
-        except ContextWindowExceededError as exc:
-            context.set_trailing_metadata(((ERROR_KIND_KEY, "context_window"),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except InvalidRequestError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except EngineDeadError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except (InvalidRequestError, EngineDeadError) as exc:
+            code, trailers = status_for(exc)
+            if trailers:
+                context.set_trailing_metadata(trailers)
+            await context.abort(code, str(exc))
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         engine = await self._require_engine(context)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from sluice.engine.async_engine import AsyncEngine
@@ -13,6 +14,8 @@ from sluice.worker.engine_client import ModelInfo
 
 
 class InProcessEngineClient:
+    """`engine`: a started AsyncEngine; `info`: what `info()` reports. `close()` shuts the engine down."""
+
     def __init__(self, engine: AsyncEngine, info: ModelInfo):
         self.engine = engine
         self._info = info
@@ -37,4 +40,5 @@ class InProcessEngineClient:
         return self.engine.is_running
 
     async def close(self) -> None:
-        self.engine.shutdown()
+        # shutdown() joins the engine thread (up to a step): off the event loop
+        await asyncio.to_thread(self.engine.shutdown)
