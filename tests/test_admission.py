@@ -122,3 +122,90 @@ def test_cancelled_waiter_leaves_at_once():
         assert q.inflight == 0 and q.scaling_signal() == 0
 
     asyncio.run(run())
+
+
+def test_admit_context_manager_releases_however_the_block_ends():
+    async def run() -> None:
+        q = AdmissionQueue(max_inflight=1)
+        async with q.admit(ticket(1, tokens=7)) as lease:
+            assert q.inflight == 1 and q.inflight_tokens == 7 and lease.waited_s == 0.0
+        assert q.inflight == 0
+        with pytest.raises(RuntimeError):
+            async with q.admit(ticket(1)):
+                raise RuntimeError("the request failed")
+        assert q.inflight == 0 and q.inflight_tokens == 0
+
+    asyncio.run(run())
+
+
+def test_dispatch_is_late_bound_to_the_capacity_gate():
+    """Entries leave only when the engine side says yes; poke() re-asks; set_capacity() widens."""
+
+    async def run() -> None:
+        room = [False]
+        q = AdmissionQueue(max_inflight=10, gate=lambda tokens: room[0])
+        waiters = [asyncio.create_task(q.acquire(ticket(1, tokens=10))) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert q.depth == 3 and q.inflight == 0
+        room[0] = True
+        assert q.depth == 3  # the gate changed, but nobody asked yet
+        q.poke()
+        leases = await asyncio.gather(*waiters)
+        assert q.depth == 0 and q.inflight == 3
+        for lease in leases:
+            lease.release()
+
+        q2 = AdmissionQueue(max_inflight=1)
+        busy = await q2.acquire(ticket(1))
+        more = [asyncio.create_task(q2.acquire(ticket(1))) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        q2.set_capacity(max_inflight=3)  # the engine reports more room
+        await asyncio.gather(*more)
+        assert q2.inflight == 3 and q2.depth == 0
+        busy.release()
+
+    asyncio.run(run())
+
+
+def test_token_capacity_and_scaling_signal():
+    async def run() -> None:
+        q = AdmissionQueue(max_inflight=100, max_inflight_tokens=100, capacity_tokens=200)
+        big = await q.acquire(ticket(1, tokens=80))
+        waiting = asyncio.create_task(q.acquire(ticket(1, tokens=40)))  # 80 + 40 > 100: waits
+        await asyncio.sleep(0.01)
+        assert q.depth == 1 and q.queued_tokens == 40
+        assert q.scaling_signal() == (40 + 80) / 200  # (queued + in flight) / capacity
+        big.release()
+        (await waiting).release()
+        assert q.scaling_signal() == 0
+        huge = await q.acquire(ticket(1, tokens=500))  # larger than capacity, nothing in flight: goes
+        huge.release()
+
+    asyncio.run(run())
+
+
+def test_steady_high_band_traffic_does_not_starve_a_low_band_request():
+    """Real time: with aging_s=0.05 a band-3 request overtakes fresh band-0 arrivals quickly."""
+
+    async def run() -> float:
+        q = AdmissionQueue(max_inflight=1, aging_s=0.05)
+        stop = asyncio.Event()
+
+        async def high_traffic() -> None:
+            while not stop.is_set():
+                tasks = [asyncio.create_task(q.acquire(ticket(0, deadline_in=5))) for _ in range(3)]
+                for t in tasks:
+                    lease = await t
+                    await asyncio.sleep(0.005)
+                    lease.release()
+
+        feeder = asyncio.create_task(high_traffic())
+        await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        async with q.admit(ticket(3, deadline_in=5)):
+            waited = time.monotonic() - t0
+        stop.set()
+        await feeder
+        return waited
+
+    assert asyncio.run(run()) < 2.0

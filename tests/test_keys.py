@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
+import time
+
+import pytest
 
 from sluice.gateway.authenticator import KeyStoreAuthenticator
-from sluice.gateway.key_store import SQLiteKeyStore
+from sluice.gateway.key_store import KEY_PREFIX, InMemoryKeyStore, SQLiteKeyStore
 from sluice.gateway.limits import Limits
+from sluice.gateway.tiers import DEFAULT_TIERS, load_tiers, load_tiers_file
 
 
 def test_create_authenticate_revoke(tmp_path):
@@ -59,3 +64,83 @@ def test_cli_create_list_revoke_rotate(tmp_path):
     assert _cli("revoke", key_id, data_dir=tmp_path).returncode == 2  # already revoked by the rotation
     bad = _cli("create", "--tenant", "acme", "--tier", "platinum", data_dir=tmp_path)
     assert bad.returncode == 2 and "unknown tier" in bad.stderr
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def make_store(request, tmp_path):
+    def make(clock=time.time):
+        if request.param == "sqlite":
+            return SQLiteKeyStore(tmp_path / "keys.db", clock=clock)
+        return InMemoryKeyStore(clock=clock)
+
+    return make
+
+
+def test_both_stores_share_the_semantics(make_store):
+    now = [1000.0]
+    store = make_store(lambda: now[0])
+    assert not store.has_active_keys()
+    key, rec = store.create("acme", "standard", Limits(rpm=3))
+    assert key.startswith(KEY_PREFIX) and len(key) >= len(KEY_PREFIX) + 43
+    assert rec.hint == key[:len(rec.hint)] and len(rec.hint) <= len(KEY_PREFIX) + 4 and rec.key_id not in key
+    assert store.lookup(key) == rec and store.has_active_keys()
+    assert store.lookup(key[:-1] + ("x" if key[-1] != "x" else "y")) is None
+    assert store.lookup(key + "x") is None and store.lookup("") is None and store.lookup(key.upper()) is None
+    # rotation with a grace period: both keys work until it ends, then only the new one
+    new, new_rec = store.rotate(rec.key_id, grace_s=60)
+    assert store.lookup(key) is not None and store.lookup(new) == new_rec
+    now[0] += 61
+    assert store.lookup(key) is None and store.lookup(new) == new_rec
+    with pytest.raises(KeyError):
+        store.rotate(rec.key_id)  # the old key is dead
+    # revoke during a grace period takes effect at once
+    newer, _ = store.rotate(new_rec.key_id, grace_s=60)
+    assert store.revoke(new_rec.key_id) and store.lookup(new) is None and store.lookup(newer) is not None
+    assert [r.key_id for r in store.list()][:2] == [rec.key_id, new_rec.key_id]
+    with pytest.raises(ValueError):
+        store.create("", "free")
+
+
+def test_two_store_instances_on_one_file_see_each_other(tmp_path):
+    """What several gateway processes and the CLI do: separate connections, one WAL file."""
+    a, b = SQLiteKeyStore(tmp_path / "keys.db"), SQLiteKeyStore(tmp_path / "keys.db")
+    key, rec = a.create("acme", "free")
+    assert b.lookup(key) == rec
+    assert a.revoke(rec.key_id) and b.lookup(key) is None
+
+
+def test_keys_never_reach_the_logs(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)  # every logger, every level
+    store = SQLiteKeyStore(tmp_path / "keys.db")
+    auth = KeyStoreAuthenticator(store)
+    key, rec = store.create("acme", "free")
+    wrong = key[:-2] + "zz"
+
+    async def use() -> None:
+        assert (await auth.authenticate(key)) is not None
+        assert (await auth.authenticate(wrong)) is None
+
+    asyncio.run(use())
+    new, _ = store.rotate(rec.key_id)
+    store.revoke(rec.key_id)
+    text = caplog.text + "".join(repr(r.args) for r in caplog.records)
+    for secret in (key, wrong, new, key[len(rec.hint):]):
+        assert secret not in text
+    assert key not in repr(rec) and key not in repr(store.list())
+
+
+def test_tiers_from_a_toml_settings_file(tmp_path):
+    path = tmp_path / "sluice.toml"
+    path.write_text('[tiers.standard]\nrpm = 7\n[tiers.gold]\npriority = 0\nrpm = 100\nqueue_deadline_s = 5\n')
+    tiers = load_tiers_file(path)
+    assert tiers["standard"].limits.rpm == 7 and tiers["standard"].limits.itpm == DEFAULT_TIERS["standard"].limits.itpm
+    assert tiers["gold"].priority == 0 and tiers["gold"].queue_deadline_s == 5 and tiers["free"] == DEFAULT_TIERS["free"]
+    assert [t.priority for t in (DEFAULT_TIERS[n] for n in ("priority", "standard", "free", "batch"))] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="unknown"):
+        load_tiers({"standard": {"rpn": 5}})
+    with pytest.raises(ValueError, match="positive"):
+        load_tiers({"standard": {"rpm": 0}})
+    # the CLI takes its tier names from the same file
+    created = _cli("create", "--tenant", "acme", "--tier", "gold", "--config", str(path), data_dir=tmp_path)
+    assert created.returncode == 0 and created.stdout.startswith(KEY_PREFIX), created.stderr
+    assert _cli("create", "--tenant", "acme", "--tier", "gold", data_dir=tmp_path).returncode == 2

@@ -126,3 +126,94 @@ def test_redis_down_fails_open_or_closed(policy, allowed, caplog):
     warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
     assert len(warnings) == 1  # one line, not one per request
     assert json.dumps([d.reason for d in decisions])
+
+
+def test_headers_count_down_one_request_at_a_time():
+    async def run() -> list[str]:
+        limiter, key, limits = MemoryLimiter(), _key(), Limits(rpm=10, itpm=1000, otpm=500)
+        out = []
+        for _ in range(4):
+            h = rate_limit_headers(await limiter.acquire(key, limits, 100, 50))
+            out.append((h["anthropic-ratelimit-requests-remaining"], h["anthropic-ratelimit-input-tokens-remaining"],
+                        h["anthropic-ratelimit-output-tokens-remaining"]))
+        return out
+
+    got = asyncio.run(run())
+    assert [g[0] for g in got] == ["9", "8", "7", "6"]
+    assert [int(g[1]) for g in got] == [900, 800, 700, 600]
+    assert all(abs(int(g[2]) - e) <= 1 for g, e in zip(got, (450, 400, 350, 300)))
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_request_larger_than_the_bucket_waits_for_a_full_one_then_owes(store, redis_server):
+    """250 input tokens against 100 ITPM: admitted on a full bucket (never refused forever),
+    leaving it 150 in debt; the next request waits until the debt is paid back."""
+
+    async def run():
+        limiter = make_limiter(store, redis_server.url)
+        key, limits = _key(), Limits(itpm=100)
+        try:
+            d1 = await limiter.acquire(key, limits, 250, 0)
+            assert d1.allowed and d1.buckets["input_tokens"].remaining == pytest.approx(-150, abs=1)
+            assert rate_limit_headers(d1)["anthropic-ratelimit-input-tokens-remaining"] == "0"
+            d2 = await limiter.acquire(key, limits, 10, 0)
+            assert not d2.allowed and d2.reason == "input_tokens"
+            assert d2.retry_after_s == pytest.approx((10 + 150) * 60 / 100, rel=0.02)  # ~96 s
+        finally:
+            await limiter.close()
+
+    asyncio.run(run())
+
+
+def test_redis_refill_over_time_with_a_short_window(redis_server):
+    from sluice.gateway.limiter import GuardedLimiter
+    from sluice.gateway.limiter_redis import RedisLimiter
+
+    async def run() -> tuple[int, int, int]:
+        limiter = GuardedLimiter(RedisLimiter(redis_server.url, window_s=1.0))  # 5 per second
+        key, limits = _key(), Limits(rpm=5)
+        try:
+            first = await _burst(limiter, key, limits, 20)
+            empty = await _burst(limiter, key, limits, 5)
+            await asyncio.sleep(0.45)  # ~2.25 requests refill (a little more on a busy machine)
+            later = await _burst(limiter, key, limits, 5)
+            ttl = await limiter.inner.redis.ttl(limiter.inner._key(key, "requests"))
+            assert 0 < ttl <= 3  # kept only until the bucket would be full again
+            return first, empty, later
+        finally:
+            await limiter.close()
+
+    first, empty, later = asyncio.run(run())
+    assert (first, empty) == (5, 0) and 2 <= later <= 3
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_concurrency_slots_are_leases_a_crash_cannot_leak(store, redis_server):
+    """A gateway that dies without settling: its slot frees itself when the lease runs out."""
+    from sluice.gateway.limiter import GuardedLimiter
+    from sluice.gateway.limiter_redis import RedisLimiter
+
+    async def run():
+        inner = RedisLimiter(redis_server.url, lease_ttl_s=0.5) if store == "redis" else MemoryLimiter(lease_ttl_s=0.5)
+        limiter, key, limits = GuardedLimiter(inner), _key(), Limits(max_concurrent=1)
+        try:
+            held = await limiter.acquire(key, limits, 1, 1)
+            assert held.allowed and held.lease
+            refused = await limiter.acquire(key, limits, 1, 1)
+            assert not refused.allowed and refused.reason == "concurrency" and refused.lease is None
+            await asyncio.sleep(0.6)  # never settled: the "crashed" request's lease expires
+            assert (await limiter.acquire(key, limits, 1, 1)).allowed
+        finally:
+            await limiter.close()
+
+    asyncio.run(run())
+
+
+def test_make_limiter_from_settings():
+    from sluice.config import Settings
+    from sluice.gateway.limiter_memory import MemoryLimiter as Mem
+
+    limiter = make_limiter(Settings(limits_store="memory", on_store_error="closed"))
+    assert isinstance(limiter.inner, Mem) and limiter.on_store_error == "closed"
+    with pytest.raises(ValueError):
+        make_limiter("memcached")

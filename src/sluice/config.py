@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     tcp_user_timeout_ms: int = Field(30_000, ge=0)  # 0 = kernel default
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    # -- safety (docs/SAFETY.md) --------------------------------------------------------------
+    safety: bool = True
+    safety_policy: str | None = None  # a policy TOML file; None = the built-in default policy
+    safety_tier_policies: dict[str, str] = Field(default_factory=dict)  # tier name -> policy file
+
     # -- the gateway (docs/GATEWAY.md) ------------------------------------------------------------
     data_dir: str = "~/.local/share/sluice"  # the SQLite key store lives here (keys.db)
     # auto: the key store when it holds an active key (the single api_key still works), else the

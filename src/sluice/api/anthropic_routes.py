@@ -20,12 +20,14 @@ from sluice.api.errors import ApiError, bad_request
 from sluice.api.gateway_session import open_session
 from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
-from sluice.api.prompt import build_prompt
+from sluice.api.prompt import build_prompt, safety_texts
+from sluice.api.safety_check import Guard, check_request_safety
+from sluice.api.safety_stream import Piece, stop_details
 from sluice.api.runtime import ServingRuntime
 from sluice.api.sse import event_stream_response, run_with_deadline
 from sluice.gateway.gateway import Session
 from sluice.gateway.rate_limit_headers import rate_limit_headers
-from sluice.types import FinishReason, GenerationRequest, SamplingParams
+from sluice.types import FinishReason, GenerationRequest, SamplingParams, Usage
 
 VERSIONS = ("2023-06-01", "2026-10-21")
 ROUTE = "/v1/messages"
@@ -137,13 +139,14 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         msg_id = gen.request_id
         request_id = request.state.request_id
         key_body = body.model_dump(exclude_none=True, exclude={"stream", "metadata", "background"})
+        guard = check_request_safety(rt, principal, safety_texts(body), msg_id)  # L1: 400/403 before the 200
         session = await open_session(rt, request, principal, gen, body.model, ROUTE, key_body)
         headers = rate_limit_headers(session.decision)
         if body.stream:
-            events = _stream(rt, session, gen, body.model, plan, request_id)
+            events = _stream(rt, session, gen, body.model, plan, request_id, guard)
             return event_stream_response(rt, events, EventWriter(msg_id).ping, headers, session.close)
         try:
-            return JSONResponse(await collect_message(rt, session, gen, body.model, plan), headers=headers)
+            return JSONResponse(await collect_message(rt, session, gen, body.model, plan, guard), headers=headers)
         finally:
             await session.close()
 
@@ -187,27 +190,32 @@ def build_router(rt: ServingRuntime) -> APIRouter:
 
 
 async def collect_message(
-    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan
+    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan, guard: Guard
 ) -> dict[str, Any]:
     """Run a session to the end and build the Message object (raises ApiError on failure)."""
     text: list[str] = []
-    final = None
+    last: Piece | None = None
 
     async def collect() -> None:
-        nonlocal final
-        async for event in session.events():
-            text.append(event.text)
-            final = event
+        nonlocal last
+        async for piece in guard.pieces(session.events()):
+            text.append(piece.text)
+            last = piece
 
     try:
         await asyncio.wait_for(collect(), rt.settings.request_timeout_s)
     except TimeoutError:
         raise ApiError(504, "the request took longer than the server's request timeout", type="timeout_error") from None
+    if last is not None and last.refusal is not None:
+        body = message_object(gen.request_id, model, "".join(text), "refusal", None, plan.usage(last.usage or Usage()))
+        body["stop_details"] = stop_details(last.refusal)
+        return body
+    final = last.final if last is not None else None
     if final is None or final.finish_reason in (FinishReason.ERROR, FinishReason.ABORT, None):
         if final is not None and final.finish_reason is FinishReason.ABORT:
             raise ApiError(529, "the request was aborted by the server (overloaded or shutting down)")
         raise ApiError(500, "the engine failed while generating this request")
-    body = message_object(
+    return message_object(
         gen.request_id,
         model,
         None if plan.prefill_only else "".join(text),
@@ -215,30 +223,39 @@ async def collect_message(
         final.stop_sequence,
         plan.usage(final.usage),
     )
-    return body
 
 
 async def _stream(
-    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan, request_id: str
+    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan, request_id: str, guard: Guard
 ) -> AsyncIterator[ServerSentEvent]:
-    """The event sequence of reference §4.3; failures after the 200 become an `error` event."""
+    """The event sequence of reference §4.3; failures after the 200 become an `error` event;
+    a safety stop is Anthropic's refusal: block stop, `stop_reason: "refusal"`, message stop."""
     w = EventWriter(gen.request_id)
     yield w.ping()  # bytes on the wire at once, before queueing and prefill
     started = False
     try:
-        async for event in run_with_deadline(rt, session.events()):
+        async for piece in run_with_deadline(rt, guard.pieces(session.events())):
             if not started:
                 started = True
-                start = message_object(gen.request_id, model, None, None, None, plan.usage(event.usage))
+                start = message_object(gen.request_id, model, None, None, None, plan.usage(piece.usage or Usage()))
                 yield w.event("message_start", {"message": start})
                 if not plan.prefill_only:
                     yield w.event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-            if event.text and not plan.prefill_only:
-                yield w.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": event.text}})
-            if event.finished:
+            if piece.text and not plan.prefill_only:
+                yield w.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece.text}})
+            if piece.refusal is not None:
+                if not plan.prefill_only:
+                    yield w.event("content_block_stop", {"index": 0})
+                delta = {"stop_reason": "refusal", "stop_sequence": None, "stop_details": stop_details(piece.refusal)}
+                yield w.event("message_delta", {"delta": delta, "usage": plan.usage(piece.usage or Usage())})
+                yield w.event("message_stop", {})
+                return
+            event = piece.final
+            if event is not None:
                 if event.finish_reason not in STOP_REASONS:
                     kind = "overloaded_error" if event.finish_reason is FinishReason.ABORT else "api_error"
-                    yield w.error(kind, "the request was aborted by the server" if kind == "overloaded_error" else "the engine failed while generating", request_id)
+                    message = "the request was aborted by the server" if kind == "overloaded_error" else "the engine failed while generating"
+                    yield w.error(kind, message, request_id)
                     return
                 if not plan.prefill_only:
                     yield w.event("content_block_stop", {"index": 0})

@@ -29,6 +29,8 @@ from sluice.api.anthropic_routes import (
     prepare_message,
 )
 from sluice.api.anthropic_schema import MessagesRequest
+from sluice.api.prompt import safety_texts
+from sluice.api.safety_check import check_request_safety
 from sluice.api.auth import Principal, require_principal
 from sluice.api.errors import ApiError, bad_request
 from sluice.api.generation import generate
@@ -118,11 +120,12 @@ async def _run_item(rt: ServingRuntime, principal: Principal, body: MessagesRequ
                               priority=batch_tier.priority, limits=None, queue_deadline_s=EXPIRY_S)
     try:
         gen, plan = await prepare_message(rt, runner, body, "2023-06-01")
+        guard = check_request_safety(rt, runner, safety_texts(body), gen.request_id)
         assert rt.gateway is not None
         session = await rt.gateway.open(runner, len(gen.prompt_token_ids), gen.sampling.max_tokens,
                                         lambda: generate(rt, gen, ROUTE), band=batch_tier.priority)
         try:
-            message = await collect_message(rt, session, gen, body.model, plan)
+            message = await collect_message(rt, session, gen, body.model, plan, guard)
         finally:
             await session.close()
         message["usage"]["service_tier"] = "batch"

@@ -20,10 +20,12 @@ from sluice.api.gateway_session import open_session
 from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
 from sluice.api.runtime import ServingRuntime
+from sluice.api.safety_check import Guard, check_request_safety
+from sluice.api.safety_stream import Piece
 from sluice.api.sse import event_stream_response, run_with_deadline
 from sluice.gateway.gateway import Session
 from sluice.gateway.rate_limit_headers import rate_limit_headers
-from sluice.types import FinishReason, GenerationRequest, SamplingParams
+from sluice.types import FinishReason, GenerationRequest, SamplingParams, Usage
 
 ROUTE = "/v1/chat/completions"
 FINISH = {
@@ -151,13 +153,16 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         )
         gen = GenerationRequest(new_id("chatcmpl"), ids, sampling, priority=principal.priority, tenant=principal.tenant)
         key_body = body.model_dump(exclude_none=True, exclude={"stream", "stream_options", "user", "metadata", "store"})
+        texts = [m["content"] for m, raw in zip(messages, body.messages) if raw.role != "assistant" and m["content"]]
+        guard = check_request_safety(rt, principal, texts, gen.request_id)  # L1 before the 200
         session = await open_session(rt, request, principal, gen, body.model, ROUTE, key_body)
         headers = rate_limit_headers(session.decision)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return event_stream_response(rt, _stream(rt, session, gen, body.model, include_usage), None, headers, session.close)
+            events = _stream(rt, session, gen, body.model, include_usage, guard)
+            return event_stream_response(rt, events, None, headers, session.close)
         try:
-            return await _complete(rt, session, gen, body.model, headers)
+            return await _complete(rt, session, gen, body.model, headers, guard)
         finally:
             await session.close()
 
@@ -173,22 +178,26 @@ def _usage(u: Any) -> dict[str, Any]:
     }
 
 
-async def _complete(rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, headers: dict[str, str]) -> JSONResponse:
+async def _complete(
+    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, headers: dict[str, str], guard: Guard
+) -> JSONResponse:
     parts: list[str] = []
-    final = None
+    last: Piece | None = None
 
     async def collect() -> None:
-        nonlocal final
-        async for event in session.events():
-            parts.append(event.text)
-            final = event
+        nonlocal last
+        async for piece in guard.pieces(session.events()):
+            parts.append(piece.text)
+            last = piece
 
     try:
         await asyncio.wait_for(collect(), rt.settings.request_timeout_s)
     except TimeoutError:
         raise ApiError(504, "the request took longer than the server's request timeout") from None
-    if final is None or final.finish_reason not in FINISH:
+    if last is None or (last.refusal is None and (last.final is None or last.final.finish_reason not in FINISH)):
         raise ApiError(500, "the engine failed while generating this request")
+    finish = "content_filter" if last.refusal is not None else FINISH[last.final.finish_reason]  # type: ignore[union-attr]
+    usage = last.usage or Usage()
     return JSONResponse(
         {
             "id": gen.request_id,
@@ -199,17 +208,19 @@ async def _complete(rt: ServingRuntime, session: Session, gen: GenerationRequest
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": "".join(parts), "refusal": None},
-                    "finish_reason": FINISH[final.finish_reason],
+                    "finish_reason": finish,
                     "logprobs": None,
                 }
             ],
-            "usage": _usage(final.usage),
+            "usage": _usage(usage),
         },
         headers=headers,
     )
 
 
-async def _stream(rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, include_usage: bool) -> AsyncIterator[Any]:
+async def _stream(
+    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, include_usage: bool, guard: Guard
+) -> AsyncIterator[Any]:
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None, usage: dict[str, Any] | None = None, choices: bool = True) -> ServerSentEvent:
@@ -222,19 +233,20 @@ async def _stream(rt: ServingRuntime, session: Session, gen: GenerationRequest, 
     yield ServerSentEvent(comment="ping")
     first = True
     try:
-        async for event in run_with_deadline(rt, session.events()):
+        async for piece in run_with_deadline(rt, guard.pieces(session.events())):
             if first:
                 first = False
                 yield chunk({"role": "assistant", "content": ""}, None)
-            if event.text:
-                yield chunk({"content": event.text}, None)
-            if event.finished:
-                if event.finish_reason not in FINISH:
-                    yield _error_event("the engine failed while generating", "server_error")
-                    return
-                yield chunk({}, FINISH[event.finish_reason])
+            if piece.text:
+                yield chunk({"content": piece.text}, None)
+            event = piece.final
+            if piece.refusal is None and event is not None and event.finish_reason not in FINISH:
+                yield _error_event("the engine failed while generating", "server_error")
+                return
+            if piece.refusal is not None or event is not None:
+                yield chunk({}, "content_filter" if piece.refusal is not None else FINISH[event.finish_reason])  # type: ignore[union-attr]
                 if include_usage:
-                    yield chunk({}, None, _usage(event.usage), choices=False)
+                    yield chunk({}, None, _usage(piece.usage or Usage()), choices=False)
                 yield ServerSentEvent(data="[DONE]")
                 return
     except ApiError as exc:

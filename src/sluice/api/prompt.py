@@ -151,3 +151,24 @@ def _breakpoint(req: Any, turns: list[_Turn], ids: list[int], tokenizer: Tokeniz
             break
         n += 1
     return n
+
+
+def safety_texts(req: MessagesRequest) -> list[str]:
+    """What the input rules read: the system prompt, user (and mid-conversation system) turns,
+    and tool results — not the assistant's own earlier turns."""
+    texts: list[str] = []
+    system = _system(req.system)
+    if system is not None:
+        texts.extend(system.parts)
+    for msg in req.messages:
+        if msg.role == "assistant":
+            continue
+        if isinstance(msg.content, str):
+            texts.append(msg.content)
+            continue
+        for block in msg.content:
+            if isinstance(block, TextBlock):
+                texts.append(block.text)
+            elif isinstance(block, ToolResultBlock):
+                texts.append(_block_text(block, "tool_result") or "")
+    return [t for t in texts if t]

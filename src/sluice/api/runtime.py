@@ -15,6 +15,8 @@ from sluice.api.auth import Authenticator, OpenAccess
 from sluice.api.errors import ApiError, retry_headers
 from sluice.config import Settings
 from sluice.gateway.gateway import Gateway
+from sluice.gateway.principal import Principal
+from sluice.safety.pipeline import SafetyPipeline
 from sluice.models.tokenizer import Tokenizer
 from sluice.observability.metrics import ServingMetrics
 from sluice.worker.engine_client import EngineClient, ModelInfo
@@ -27,6 +29,7 @@ class ServingRuntime:
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
     engine: EngineClient | None = None
     gateway: Gateway | None = None
+    safety: dict[str, SafetyPipeline] = field(default_factory=dict)  # "" = default; else per tier
     tokenizer: Tokenizer | None = None
     info: ModelInfo | None = None
     block_size: int = 16
@@ -43,6 +46,8 @@ class ServingRuntime:
         from sluice.gateway.factory import build_gateway
 
         self.engine, self.tokenizer, self.info, self.block_size = engine, tokenizer, info, block_size
+        if self.settings.safety and not self.safety:
+            self.safety = build_safety(self.settings)
         if self.gateway is None:
             self.gateway = build_gateway(self.settings, self.settings.max_num_seqs, capacity_tokens or info.max_model_len)
         names = [self.settings.served_model_name or info.name, *self.settings.model_aliases]
@@ -57,6 +62,9 @@ class ServingRuntime:
         self.draining = True
         self.drain_deadline = time.monotonic() + grace_s
 
+    def safety_for(self, principal: Principal) -> SafetyPipeline | None:
+        return self.safety.get(principal.tier) or self.safety.get("")
+
     def check_model(self, model: str) -> None:
         """404 for a model id we do not serve (reference §2: unknown model → not_found_error)."""
         if model not in self.model_ids:
@@ -69,3 +77,20 @@ class ServingRuntime:
             msg = f"the model failed to load: {self.startup_error}" if self.startup_error else "the model is still loading"
             raise ApiError(529 if not self.startup_error else 500, msg, headers=retry_headers(2))
         return self.engine, self.tokenizer, self.info
+
+
+def build_safety(settings: Settings) -> dict[str, SafetyPipeline]:
+    """One pipeline per policy file; tiers naming the same file share it (and its classifier)."""
+    from sluice.safety.policy import load_policy
+
+    by_file: dict[str | None, SafetyPipeline] = {}
+
+    def pipeline(path: str | None) -> SafetyPipeline:
+        if path not in by_file:
+            by_file[path] = SafetyPipeline(load_policy(path))
+        return by_file[path]
+
+    out = {"": pipeline(settings.safety_policy)}
+    for tier, path in settings.safety_tier_policies.items():
+        out[tier] = pipeline(path)
+    return out

@@ -10,7 +10,17 @@ from sluice.cli.common import add_engine_args, add_model_args
 PROGRESS = {"auto": None, "always": True, "never": False}
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def _run(args: argparse.Namespace) -> int:
+    # A stop request while still importing torch is a clean stop too (exit 0, not 143/130);
+    # run_worker replaces these handlers with its own once its event loop runs.
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    signal.signal(signal.SIGINT, _exit_cleanly)
     import asyncio
 
     from sluice.engine.config import EngineConfig

@@ -115,6 +115,7 @@ class AdmissionQueue:
         entry = _Entry(ticket, now, next(self._seq), asyncio.get_running_loop().create_future())
         self._waiting.append(entry)
         self.queued_tokens += ticket.est_tokens
+        self._dispatch()  # room may exist that nobody has offered yet (a gate changed its mind)
         try:
             await asyncio.wait_for(asyncio.shield(entry.future), timeout=ticket.deadline - now)
         except TimeoutError:

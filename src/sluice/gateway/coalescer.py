@@ -11,9 +11,10 @@ late joiners get the buffered events, then live ones. A subscriber that leaves d
 the others; when the last one leaves before the end, the producer is cancelled (which aborts
 the engine request). A producer error reaches every subscriber.
 
-A place in a flight is taken synchronously (`join`), so a request that decided to ride an
-existing flight at admission time cannot find it gone — finished or cancelled — by the time it
-starts streaming: the subscription holds the flight's event log itself.
+A seat on a flight is taken synchronously at admission (`join`), so a request that decided to
+ride an existing flight cannot find it gone — finished or cancelled — by the time it starts
+streaming: the subscription holds the flight's event log itself. The flight, not any one
+client, owns the engine capacity (`on_done` returns it when the generation ends).
 """
 
 from __future__ import annotations
@@ -58,46 +59,48 @@ class _Flight:
 
 
 class Subscription:
-    """One subscriber's place in a flight. Iterate `events()` once; `close()` always (idempotent)."""
+    """One subscriber's seat on a flight: taken at join time (before the response starts), so
+    a request that is still opening its stream already counts as a subscriber, and a flight that
+    ends or is abandoned meanwhile still hands it the whole event log. `leave()` always
+    (idempotent); iterate `events()` at most once."""
 
-    __slots__ = ("_coalescer", "_key", "_flight", "_closed")
+    __slots__ = ("_coalescer", "_key", "_flight", "_left")
 
     def __init__(self, coalescer: "Coalescer", key: str, flight: _Flight):
         self._coalescer, self._key, self._flight = coalescer, key, flight
-        self._closed = False
+        self._left = False
         flight.subscribers += 1
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         flight, i = self._flight, 0
-        try:
-            while True:
-                while i < len(flight.events):
-                    yield flight.events[i]
-                    i += 1
-                if flight.done:
-                    if flight.error is not None:
-                        raise flight.error
-                    return
-                flight.changed.clear()  # no await between this and the wait: no lost wake-up
-                await flight.changed.wait()
-        finally:
-            self.close()
+        while True:
+            while i < len(flight.events):
+                yield flight.events[i]
+                i += 1
+            if flight.done:
+                if flight.error is not None:
+                    raise flight.error
+                return
+            flight.changed.clear()  # no await between this and the wait: no lost wake-up
+            await flight.changed.wait()
 
-    def close(self) -> None:
-        if self._closed:
+    def leave(self) -> None:
+        if self._left:
             return
-        self._closed = True
+        self._left = True
         flight = self._flight
         flight.subscribers -= 1
         if flight.subscribers == 0 and not flight.done:
             self._coalescer._abandon(self._key, flight)
+
+    close = leave
 
 
 class Coalescer:
     def __init__(self) -> None:
         self._flights: dict[str, _Flight] = {}
         self.leaders = 0  # flights started (= engine requests)
-        self.coalesced = 0  # subscribers that rode an existing flight
+        self.coalesced = 0  # subscribers that rode an existing flight (the "coalesced hits")
         self.abandoned = 0  # flights cancelled because every subscriber left
 
     def in_flight(self) -> int:
@@ -106,35 +109,29 @@ class Coalescer:
     def has(self, key: str) -> bool:
         return key in self._flights
 
-    def join(self, key: str) -> Subscription | None:
-        """A place in the flight running for `key`, or None when there is none."""
+    def join(self, key: str, produce: Producer, on_done: Callable[[], None] | None = None) -> tuple[Subscription, bool]:
+        """A seat on the flight for `key`, starting it with `produce` if there is none.
+        Returns (subscription, is_leader). `on_done` runs when a started producer ends (however
+        it ends) — e.g. to return the admission lease the generation holds."""
         flight = self._flights.get(key)
+        leader = flight is None
         if flight is None:
-            return None
-        self.coalesced += 1
-        return Subscription(self, key, flight)
-
-    def join_or_start(self, key: str, produce: Producer) -> Subscription:
-        sub = self.join(key)
-        if sub is not None:
-            return sub
-        flight = _Flight()
-        self._flights[key] = flight
-        sub = Subscription(self, key, flight)  # counted before the task can run
-        flight.task = asyncio.get_running_loop().create_task(self._produce(key, flight, produce))
-        self.leaders += 1
-        return sub
+            flight = _Flight()
+            self._flights[key] = flight
+            flight.task = asyncio.get_running_loop().create_task(self._produce(key, flight, produce, on_done))
+            self.leaders += 1
+        else:
+            self.coalesced += 1
+        return Subscription(self, key, flight), leader
 
     async def run(self, key: str, produce: Producer) -> AsyncIterator[GenerationEvent]:
         """Lead or join the flight for `key` and stream all of its events."""
-        sub = self.join_or_start(key, produce)
-        events = sub.events()
+        sub, _ = self.join(key, produce)
         try:
-            async for event in events:
+            async for event in sub.events():
                 yield event
         finally:
-            await events.aclose()
-            sub.close()
+            sub.leave()
 
     def _abandon(self, key: str, flight: _Flight) -> None:
         if self._flights.get(key) is flight:
@@ -143,7 +140,7 @@ class Coalescer:
             flight.task.cancel()  # the last subscriber left: stop the generation
             self.abandoned += 1
 
-    async def _produce(self, key: str, flight: _Flight, produce: Producer) -> None:
+    async def _produce(self, key: str, flight: _Flight, produce: Producer, on_done: Callable[[], None] | None) -> None:
         try:
             async for event in produce():
                 flight.events.append(event)
@@ -158,3 +155,5 @@ class Coalescer:
             flight.changed.set()
             if self._flights.get(key) is flight:
                 del self._flights[key]
+            if on_done is not None:
+                on_done()

@@ -32,6 +32,10 @@ class ServingMetrics:
         self.prompt_tokens = Counter("sluice_prompt_tokens", "Prompt tokens received", registry=r)
         self.aborted = Counter("sluice_requests_aborted", "Requests aborted (disconnect, timeout, kill)", ["reason"], registry=r)
         self.inflight = Gauge("sluice_http_inflight_generations", "Generations open on this API process", registry=r)
+        # safety
+        self.safety_verdicts = Counter(
+            "sluice_safety_verdicts", "Safety verdicts (blocks and kills) by layer and category", ["layer", "category"], registry=r
+        )
         # gateway
         self.gateway_requests = Counter(
             "sluice_gateway_requests", "Admitted requests by how they were served (engine, coalesced, cached)", ["kind"], registry=r

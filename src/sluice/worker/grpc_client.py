@@ -49,10 +49,10 @@ class GrpcEngineClient:
         `request_timeout_s`); when it passes the worker aborts the request and this raises
         EngineUnavailableError."""
         try:
-            message = request_to_pb(request)
+            wire_request = request_to_pb(request)
         except (ValueError, TypeError) as exc:  # e.g. a value outside the wire's int32 range
             raise InvalidRequestError(f"request cannot be encoded: {exc}") from None
-        call = self._get_stub().Generate(message, timeout=timeout or self.request_timeout_s)
+        call = self._get_stub().Generate(wire_request, timeout=timeout or self.request_timeout_s)
         finished = False
         try:
             async for message in call:

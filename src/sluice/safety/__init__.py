@@ -1,0 +1,1 @@
+"""Safety layers: L1 input rules, L2 classifier, L3 streaming guard, L4 post-check."""
