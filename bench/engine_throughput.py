@@ -1,24 +1,45 @@
 #!/usr/bin/env python3
-"""Engine throughput on the bundled model: sluice vs transformers, side by side in one run.
+"""Engine throughput on the bundled model: sluice vs Hugging Face transformers, side by side.
 
-Phases (fp32, 2 torch threads, 128 output tokens per request, ~100-token chat prompts, EOS
-ignored so every request makes exactly 128 tokens):
-  - transformers `generate`, one request at a time;
-  - transformers static batch of 32 (left padding);
-  - sluice LLMEngine at 1, 8 and 32 concurrent requests (submitted together);
-  - prefix-cache overhead: 32 concurrent with the cache on (0 % hits: every prompt starts with a
-    unique nonce) vs off, alternated.
-Reports output tok/s, TTFT, per-stream decode tok/s (min and median over --runs), KV waste at
-steady load, and the ratios the targets are stated in. Ends with one JSON line on stdout.
+Every phase runs on the bundled SmolLM2-135M-Instruct, fp32, torch threads = --threads (2),
+--out-tokens (128) output tokens per request with EOS ignored (so lengths are exact), on ~100-token
+chat prompts that share only the chat template's first KV block:
 
-    .venv/bin/python bench/engine_throughput.py            # full: 3 runs (~15 min on 2 cores)
-    .venv/bin/python bench/engine_throughput.py --quick    # 1 run, fewer requests (~3 min)
+  hf x1         transformers `generate`, one request at a time (greedy, min/max_new_tokens = 128);
+                TTFT from a separate max_new_tokens=1 call on the same prompt, per-token decode time
+                = (generate time - TTFT) / 127; alternates request by request with sluice x1
+  hf batch N    transformers static batch of N (left padding, pad token = EOS)
+  sluice xK     LLMEngine, K requests submitted at once, step() until done, for K in 1, 8, N:
+                TTFT = submit -> first token event; per-stream decode tok/s =
+                (output tokens - 1) / (last token - first token); KV waste = mean of
+                stats().kv_waste over the steps where all N run and none waits
+  cache on/off  N concurrent requests whose prompts open with a unique nonce (0 % prefix hits) on
+                two engines, prefix caching on and off, stepped alternately (one step() each in
+                turn); each engine's tok/s is over its own busy time, so machine noise hits both
+
+The sluice engines (default EngineConfig unless --set) are built once and reused by every run, as
+in a long-running server; the prefix cache is reset between phases. "CPU share" is this process's
+CPU time over wall time x threads during a phase: well under 1.0 means other work on the machine
+took cores from the phase and its absolute figures are pessimistic.
+
+Each run (--runs) does every phase once; ratios are taken within a run (the machine is shared and
+noisy, so phases far apart in time are not compared) and summarized by their median. The table
+on stderr shows the median and min over runs; the last stdout line is one JSON object with every
+figure, the per-run values and the targets met / not met.
+
+    .venv/bin/python bench/engine_throughput.py             # full: 3 runs, ~10-15 min on 2 cores
+    .venv/bin/python bench/engine_throughput.py --quick     # smoke: 1 run, batch 8, 32 tokens
+    .venv/bin/python bench/engine_throughput.py --skip-hf --only x32 --set max_num_batched_tokens=1024
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -31,35 +52,83 @@ from sluice.engine.engine import LLMEngine
 from sluice.models.loader import default_model_path, load_model
 from sluice.types import GenerationRequest, SamplingParams
 
-SUBJECTS = ["rivers", "glaciers", "the printing press", "honeybees", "volcanoes", "chess openings", "sourdough",
-            "lighthouses", "the Roman roads", "coral reefs", "jazz", "windmills", "comets", "silk", "paper maps",
-            "owls", "tides", "clocks", "salt", "deserts", "violins", "bridges", "tea", "copper", "maple trees",
-            "sailing", "caves", "trains", "the moon", "gardens", "libraries", "kites"]
+SUBJECTS = ["Rivers", "Glaciers", "The printing press", "Honeybees", "Volcanoes", "Chess openings", "Sourdough",
+            "Lighthouses", "The Roman roads", "Coral reefs", "Jazz", "Windmills", "Comets", "Silk", "Paper maps",
+            "Owls", "Tides", "Clocks", "Salt", "Deserts", "Violins", "Bridges", "Tea", "Copper", "Maple trees",
+            "Sailing ships", "Caves", "Trains", "The moon", "Gardens", "Libraries", "Kites", "Penguins",
+            "Earthquakes", "Bread ovens", "Telescopes", "Rainforests", "Canals", "Mushrooms", "Typewriters"]
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+# (name, comparison, threshold): what docs/BENCHMARKS.md states as the engine's targets
+TARGETS = [
+    ("sluice_xN_vs_hf_one_at_a_time", ">=", 10.0),
+    ("sluice_xN_vs_hf_static_batch", ">=", 1.5),
+    ("sluice_x1_decode_time_vs_hf", "<=", 1.2),
+    ("sluice_x1_ttft_ms", "<", 250.0),
+    ("kv_waste_xN", "<", 0.04),
+    ("prefix_cache_overhead", "<", 0.01),
+]
 
 
-def prompt_text(i: int, nonce: bool = False) -> str:
-    head = f"[{i:04d}-{time.perf_counter_ns() % 100000}] " if nonce else ""
+def log(msg: str = "") -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- prompts ------------------------------------------------------------------------------------
+def prompt_messages(i: int, nonce: bool = False) -> list[dict]:
+    """~100 tokens. The subject opens the user turn, so two prompts share only the template header
+    (the first 16-token block). With `nonce`, a unique tag opens the system line: no block shared."""
     s = SUBJECTS[i % len(SUBJECTS)]
-    return (head + f"I am preparing a short lecture for curious students about {s}. Please explain what {s} are "
-            f"or were, where they can be found, why they matter to people, and one surprising fact about "
-            f"{s} that most people do not know. Keep the explanation friendly, accurate and concrete, "
-            f"and finish with a question the students could discuss afterwards.")
+    lower = s[0].lower() + s[1:]
+    user = (f"{s}: I am preparing a short lecture for curious students on this topic. Please explain what "
+            f"{lower} are or were, where they can be found, why they matter to people, and one surprising fact "
+            f"about {lower} that most people do not know. Keep it friendly, accurate and concrete, and finish "
+            f"with a question the students could discuss afterwards.")
+    system = f"[{i:04d}] {SYSTEM}" if nonce else SYSTEM
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def prompts(tokenizer, n: int, nonce: bool = False) -> list[list[int]]:
-    return [tokenizer.encode_chat([{"role": "user", "content": prompt_text(i, nonce)}]) for i in range(n)]
+    return [tokenizer.encode_chat(prompt_messages(i, nonce)) for i in range(n)]
 
 
-def run_sluice(loaded, ids: list[list[int]], out_tokens: int, **cfg) -> dict:
-    engine = LLMEngine(loaded, EngineConfig(**cfg))
+# -- sluice -------------------------------------------------------------------------------------
+class Meter:
+    """Wall time and this process's CPU share over a phase: cpu_share well under 1.0 means other
+    work on the machine took cores from us during the phase (its figures are pessimistic)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+
+    def cpu_share(self) -> float:
+        wall = time.perf_counter() - self.wall0
+        return (time.process_time() - self.cpu0) / (wall * self.threads) if wall > 0 else 0.0
+
+
+_ids = itertools.count()
+
+
+def submit(engine: LLMEngine, ids: list[list[int]], out_tokens: int) -> list[str]:
+    # Engines are reused across phases like a long-running server; forget cached prefixes so
+    # that a phase never hits blocks left by an earlier one (the prompts repeat across runs).
+    engine.kv.reset_prefix_cache()
     params = SamplingParams(max_tokens=out_tokens, temperature=0.0, ignore_eos=True)
-    t0 = time.perf_counter()
-    for i, p in enumerate(ids):
-        engine.add_request(GenerationRequest(f"r{i}", p, params))
+    rids = [f"r{next(_ids)}" for _ in ids]
+    for rid, p in zip(rids, ids):
+        engine.add_request(GenerationRequest(rid, p, params))
+    return rids
+
+
+def run_sluice(engine: LLMEngine, ids: list[list[int]], out_tokens: int, threads: int, bar: tqdm | None = None) -> dict:
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     waste: list[float] = []
     tokens = 0
+    meter = Meter(threads)
+    t0 = time.perf_counter()
+    hits0 = engine.stats().prefix_cache_hits
+    rids = submit(engine, ids, out_tokens)
     while engine.has_unfinished():
         events = engine.step()
         now = time.perf_counter()
@@ -69,138 +138,381 @@ def run_sluice(loaded, ids: list[list[int]], out_tokens: int, **cfg) -> dict:
                 last[ev.request_id] = now
                 tokens += len(ev.token_ids)
         s = engine.stats()
-        if s.num_waiting == 0 and s.num_running == len(ids):  # steady decode of the full batch
+        if s.num_waiting == 0 and s.num_running == len(ids):  # steady decode of the whole batch
             waste.append(s.kv_waste)
+        if bar is not None:
+            bar.update(sum(len(ev.token_ids) for ev in events))
     wall = time.perf_counter() - t0
-    ttft = [first[k] - t0 for k in first]
+    if tokens != len(ids) * out_tokens:
+        raise RuntimeError(f"expected {len(ids) * out_tokens} output tokens, got {tokens}")
+    ttft = [first[r] - t0 for r in rids]
     per_stream = [(out_tokens - 1) / (last[k] - first[k]) for k in first if last[k] > first[k]]
     return {
         "tok_s": tokens / wall,
+        "wall_s": wall,
         "ttft_ms": 1000 * statistics.median(ttft),
         "ttft_max_ms": 1000 * max(ttft),
-        "per_stream_tok_s": statistics.median(per_stream),
-        "decode_ms_per_token": 1000 / statistics.median(per_stream),
+        "per_stream_tok_s": statistics.median(per_stream) if per_stream else None,
+        "decode_ms_per_token": 1000 / statistics.median(per_stream) if per_stream else None,
         "kv_waste": statistics.mean(waste) if waste else None,
+        "prefix_cache_hit_tokens": engine.stats().prefix_cache_hits - hits0,
+        "cpu_share": meter.cpu_share(),
     }
 
 
-def hf_one_at_a_time(model, ids: list[list[int]], out_tokens: int) -> dict:
-    t0 = time.perf_counter()
-    ttfts, decode = [], []
+def run_interleaved(engines: dict[str, LLMEngine], ids: list[list[int]], out_tokens: int, threads: int,
+                    bar: tqdm | None = None) -> dict[str, dict]:
+    """The same workload on several engines at once, one step() of each in turn (the lead swaps
+    every round), each engine's throughput taken over its own busy time. A slow second on a
+    shared machine then lands on every engine alike: differences of 1 % stay measurable."""
+    names = list(engines)
+    busy = {k: 0.0 for k in names}
+    tokens = {k: 0 for k in names}
+    hits0 = {k: e.stats().prefix_cache_hits for k, e in engines.items()}
+    meter = Meter(threads)
+    for k in names:
+        t = time.perf_counter()
+        submit(engines[k], ids, out_tokens)
+        busy[k] += time.perf_counter() - t
+    rnd = 0
+    while any(e.has_unfinished() for e in engines.values()):
+        order = names if rnd % 2 == 0 else names[::-1]
+        rnd += 1
+        for k in order:
+            e = engines[k]
+            if not e.has_unfinished():
+                continue
+            t = time.perf_counter()
+            events = e.step()
+            busy[k] += time.perf_counter() - t
+            n = sum(len(ev.token_ids) for ev in events)
+            tokens[k] += n
+            if bar is not None:
+                bar.update(n)
+    share = meter.cpu_share()
+    return {
+        k: {"tok_s": tokens[k] / busy[k], "busy_s": busy[k], "cpu_share": share,
+            "prefix_cache_hit_tokens": engines[k].stats().prefix_cache_hits - hits0[k]}
+        for k in names
+    }
+
+
+# -- transformers -------------------------------------------------------------------------------
+def hf_one_at_a_time(model, ids: list[list[int]], out_tokens: int, threads: int, bar: tqdm | None = None) -> dict:
+    ttfts, decode, gen = [], [], []
+    meter = Meter(threads)
     for p in ids:
         x = torch.tensor([p])
+        mask = torch.ones_like(x)
         s = time.perf_counter()
-        model.generate(x, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        model.generate(x, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, do_sample=False)
         ttfts.append(time.perf_counter() - s)
         s = time.perf_counter()
-        model.generate(x, max_new_tokens=out_tokens, min_new_tokens=out_tokens, do_sample=False)
-        total = time.perf_counter() - s
-        decode.append((total - ttfts[-1]) / (out_tokens - 1))
-    wall = time.perf_counter() - t0
-    # the TTFT probe runs the prompt twice; count only the real generation's time for throughput
-    gen_time = wall - sum(ttfts)
+        out = model.generate(x, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens,
+                             do_sample=False)
+        gen.append(time.perf_counter() - s)
+        assert out.shape[1] - len(p) == out_tokens
+        # decode time per token: the full generation minus its prefill (the TTFT probe's time)
+        decode.append((gen[-1] - ttfts[-1]) / (out_tokens - 1))
+        if bar is not None:
+            bar.update(out_tokens)
     return {
-        "tok_s": len(ids) * out_tokens / gen_time,
+        "tok_s": len(ids) * out_tokens / sum(gen),  # the TTFT probes are not counted
+        "wall_s": sum(gen),
         "ttft_ms": 1000 * statistics.median(ttfts),
-        "decode_ms_per_token": 1000 * statistics.median(decode),
         "per_stream_tok_s": 1 / statistics.median(decode),
+        "decode_ms_per_token": 1000 * statistics.median(decode),
+        "cpu_share": meter.cpu_share(),
     }
 
 
-def hf_static_batch(model, tokenizer_pad: int, ids: list[list[int]], out_tokens: int) -> dict:
+def x1_paired(engine: LLMEngine, hf, ids: list[list[int]], out_tokens: int, threads: int,  # noqa: ANN001
+              bar: tqdm | None = None) -> tuple[dict, dict | None, list[float]]:
+    """One request at a time, each prompt through transformers then straight away through sluice,
+    so the per-token decode ratio compares requests seconds apart. Returns (sluice, hf, ratios)."""
+    ours, theirs, ratios = [], [], []
+    for p in ids:
+        if hf is not None:
+            theirs.append(hf_one_at_a_time(hf, [p], out_tokens, threads, bar))
+        ours.append(run_sluice(engine, [p], out_tokens, threads, bar))
+        if hf is not None:
+            ratios.append(ours[-1]["decode_ms_per_token"] / theirs[-1]["decode_ms_per_token"])
+    return merge_single(ours), merge_single(theirs) if theirs else None, ratios
+
+
+def merge_single(results: list[dict]) -> dict:
+    """Requests run one after another: tok/s over their total time, the rest as medians."""
+    merged = {k: statistics.median(r[k] for r in results) for k in results[0] if results[0][k] is not None}
+    merged["wall_s"] = sum(r["wall_s"] for r in results)
+    merged["tok_s"] = sum(r["tok_s"] * r["wall_s"] for r in results) / merged["wall_s"]
+    return merged
+
+
+def hf_static_batch(model, pad: int, ids: list[list[int]], out_tokens: int, threads: int,
+                    bar: tqdm | None = None) -> dict:
     width = max(len(p) for p in ids)
-    input_ids = torch.tensor([[tokenizer_pad] * (width - len(p)) + p for p in ids])
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in ids])  # left padding
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])
+    meter = Meter(threads)
     t0 = time.perf_counter()
-    model.generate(input_ids, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens,
-                   do_sample=False, pad_token_id=tokenizer_pad)
+    out = model.generate(input_ids, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens,
+                         do_sample=False, pad_token_id=pad)
     wall = time.perf_counter() - t0
-    return {"tok_s": len(ids) * out_tokens / wall, "wall_s": wall}
+    assert out.shape[1] - width == out_tokens
+    if bar is not None:
+        bar.update(len(ids) * out_tokens)
+    return {"tok_s": len(ids) * out_tokens / wall, "wall_s": wall, "per_stream_tok_s": out_tokens / wall,
+            "cpu_share": meter.cpu_share()}
 
 
+# -- summary ------------------------------------------------------------------------------------
 def summarize(runs: list[dict]) -> dict:
-    keys = [k for k in runs[0] if isinstance(runs[0][k], (int, float))]
     out = {}
-    for k in keys:
-        vals = [r[k] for r in runs if r[k] is not None]
-        out[k] = {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+    for k in runs[0]:
+        vals = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
+        if vals:
+            out[k] = {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
     return out
 
 
-def main() -> None:
+def per_run_ratios(results: dict[str, list[dict]], n: int, runs: int) -> dict[str, list[float]]:
+    """Each ratio from phases of the same run, so slow minutes on a shared machine hit both sides."""
+    big = f"sluice x{n}"
+    out: dict[str, list[float]] = {}
+
+    def add(name: str, f) -> None:  # noqa: ANN001
+        try:
+            out[name] = [f(i) for i in range(runs)]
+        except (KeyError, IndexError, TypeError):
+            pass
+
+    r = results
+    add("sluice_xN_vs_hf_one_at_a_time", lambda i: r[big][i]["tok_s"] / r["hf x1"][i]["tok_s"])
+    add("sluice_xN_vs_hf_static_batch", lambda i: r[big][i]["tok_s"] / r[f"hf batch {n}"][i]["tok_s"])
+    add("sluice_x1_decode_time_vs_hf", lambda i: statistics.median(r["x1 pairs"][i]))
+    add("prefix_cache_on_vs_off_throughput", lambda i: r["cache on"][i]["tok_s"] / r["cache off"][i]["tok_s"])
+    return out
+
+
+def check_targets(summary: dict, ratios: dict, n: int) -> dict:
+    med = {k: statistics.median(v) for k, v in ratios.items()}
+    values = dict(med)
+    if "prefix_cache_on_vs_off_throughput" in med:
+        values["prefix_cache_overhead"] = 1 - med["prefix_cache_on_vs_off_throughput"]
+    if "sluice x1" in summary:
+        values["sluice_x1_ttft_ms"] = summary["sluice x1"]["ttft_ms"]["median"]
+    if "kv_waste" in summary.get(f"sluice x{n}", {}):
+        values["kv_waste_xN"] = summary[f"sluice x{n}"]["kv_waste"]["median"]
+    ops = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "<": lambda a, b: a < b}
+    return {
+        name: {"value": values[name], "target": f"{op} {bound:g}", "met": ops[op](values[name], bound)}
+        for name, op, bound in TARGETS
+        if name in values
+    }
+
+
+def print_table(phases: list[str], summary: dict, ratios: dict, targets: dict, n: int, args) -> None:  # noqa: ANN001
+    def cell(phase: str, key: str, fmt: str, stat: str) -> str:
+        v = summary[phase].get(key, {}).get(stat)
+        return format(v, fmt) if v is not None else "-"
+
+    log()
+    log(f"{args.out_tokens} output tokens/request, fp32, {args.threads} threads, {args.runs} run(s); "
+        "each cell: median (min) over runs")
+    head = (f"{'phase':<14}{'out tok/s':>18}{'TTFT ms':>16}{'stream tok/s':>16}{'ms/token':>10}{'KV waste':>10}"
+            f"{'CPU share':>11}")
+    log(head)
+    log("-" * len(head))
+    for phase in phases:
+        row = f"{phase:<14}"
+        for key, fmt, width in (("tok_s", ".1f", 18), ("ttft_ms", ".0f", 16), ("per_stream_tok_s", ".1f", 16)):
+            med, lo = cell(phase, key, fmt, "median"), cell(phase, key, fmt, "min")
+            row += f"{med + ' (' + lo + ')' if med != '-' else '-':>{width}}"
+        row += f"{cell(phase, 'decode_ms_per_token', '.1f', 'median'):>10}"
+        kw = summary[phase].get("kv_waste", {}).get("median")
+        row += f"{'-' if kw is None else f'{100 * kw:.2f} %':>10}"
+        row += f"{cell(phase, 'cpu_share', '.2f', 'median'):>11}"
+        log(row)
+    log()
+    for name, vals in ratios.items():
+        log(f"{name:<36} {statistics.median(vals):7.3f}   per run: {', '.join(f'{v:.3f}' for v in vals)}")
+    if targets:
+        log("\ntargets" + ("" if n == 32 else f" (N = {n}; the targets are stated for N = 32)"))
+        for name, t in targets.items():
+            log(f"  {'met    ' if t['met'] else 'NOT met'}  {name:<36} {t['value']:10.3f}  (target {t['target']})")
+
+
+# -- main ---------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3, help="repetitions of every phase (default: 3)")
-    p.add_argument("--out-tokens", type=int, default=128, help="output tokens per request (default: 128)")
-    p.add_argument("--hf-requests", type=int, default=4, help="requests for transformers one-at-a-time (default: 4)")
-    p.add_argument("--quick", action="store_true", help="1 run, 64 output tokens, fewer requests: a smoke run")
-    p.add_argument("--skip-hf", action="store_true", help="skip the transformers phases")
-    args = p.parse_args()
+    p.add_argument("--out-tokens", type=int, default=128, help="output tokens per request, EOS ignored (default: 128)")
+    p.add_argument("--batch", type=int, default=32,
+                   help="N: the largest sluice concurrency, the transformers static batch and the cache on/off "
+                        "concurrency (default: 32)")
+    p.add_argument("--hf-requests", type=int, default=4,
+                   help="requests per run one at a time: transformers and sluice x1 alternate request by "
+                        "request on the same prompts (default: 4)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke check: 1 run, --batch 8, --out-tokens 32, --hf-requests 1")
+    p.add_argument("--skip-hf", action="store_true", help="skip the transformers phases (no ratios against it)")
+    p.add_argument("--skip-cache", action="store_true", help="skip the prefix-cache on/off phases")
+    p.add_argument("--only", default="",
+                   help="comma-separated sluice phases to run, e.g. 'x32' or 'x1,x32' (default: all); "
+                        "the transformers and cache phases still run unless skipped")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an EngineConfig field for every sluice phase (repeatable), e.g. "
+                        "--set max_num_batched_tokens=1024; for exploration: the documented figures use the defaults")
+    args = p.parse_args(argv)
     if args.quick:
-        args.runs, args.out_tokens, args.hf_requests = 1, 64, 2
-    torch.set_num_threads(2)
+        args.runs, args.batch, args.out_tokens, args.hf_requests = 1, 8, 32, 1
+    if args.runs < 1 or args.batch < 1 or args.out_tokens < 2 or args.hf_requests < 1:
+        p.error("--runs, --batch, --hf-requests must be >= 1 and --out-tokens >= 2")
+    args.config = parse_overrides(p, args.set)
+    return args
+
+
+def parse_overrides(p: argparse.ArgumentParser, items: list[str]) -> dict:
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    cfg: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields:
+            p.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
+        default = getattr(EngineConfig(), key)
+        if isinstance(default, bool):
+            cfg[key] = raw.lower() in ("1", "true", "yes", "on")
+        elif isinstance(default, int) or key == "num_kv_blocks":
+            cfg[key] = int(raw)
+        elif isinstance(default, float):
+            cfg[key] = float(raw)
+        else:
+            cfg[key] = raw
+    try:
+        EngineConfig(**cfg)
+    except ValueError as exc:
+        p.error(f"--set: {exc}")
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    n = args.batch
+    levels = sorted({k for k in (1, 8, n) if k <= n})
+    if args.only:
+        wanted = {s.strip().lstrip("x") for s in args.only.split(",")}
+        levels = [k for k in levels if str(k) in wanted]
+    # adjacent phases are the ones compared: x1 with hf x1 (interleaved per request), xN with hf batch N
+    phases = [f"sluice x{k}" for k in levels]
+    if not args.skip_hf:
+        phases.insert(phases.index("sluice x1") + 1 if "sluice x1" in phases else 0, "hf x1")
+        phases.append(f"hf batch {n}")
+    if not args.skip_cache:
+        phases += ["cache on", "cache off"]
+
+    log(f"loading the bundled model ({default_model_path().name}) ...")
     loaded = load_model(progress=False)
     tok = loaded.tokenizer
-    ids32 = prompts(tok, 32)
-    print(f"prompt lengths: {min(map(len, ids32))}-{max(map(len, ids32))} tokens", file=sys.stderr)
+    ids = prompts(tok, n)
+    nonce_ids = prompts(tok, n, nonce=True)
+    log(f"prompt lengths: {min(map(len, ids))}-{max(map(len, ids))} tokens; engine config overrides: "
+        f"{args.config or 'none (defaults)'}")
     hf = None
     if not args.skip_hf:
+        import transformers
         from transformers import AutoModelForCausalLM
 
+        transformers.logging.set_verbosity_error()
         path = default_model_path()
         hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    phases = ["sluice x1", "sluice x8", "sluice x32", "cache on", "cache off"] + ([] if hf is None else ["hf x1", "hf batch 32"])
+    pad = tok.eos_token_ids[0] if tok.eos_token_ids else 0
+
     results: dict[str, list[dict]] = {k: [] for k in phases}
-    bar = tqdm(total=args.runs * len(phases), desc="benchmark", file=sys.stderr)
     with torch.inference_mode():
-        for _ in range(args.runs):
+        # One engine per configuration, reused by every run (as in a long-running server)
+        main_cfg = EngineConfig(**args.config)
+        engines = {"main": LLMEngine(loaded, main_cfg)}
+        if not args.skip_cache:
+            for name, on in (("cache on", True), ("cache off", False)):
+                cfg = dataclasses.replace(main_cfg, enable_prefix_caching=on)
+                engines[name] = engines["main"] if cfg == main_cfg else LLMEngine(loaded, cfg)
+        # warm-up: first calls pay for kernel selection and allocator growth
+        for e in {id(e): e for e in engines.values()}.values():
+            run_sluice(e, ids[:2], 8, args.threads)
+        if hf is not None:
+            hf.generate(torch.tensor([ids[0]]), attention_mask=torch.ones(1, len(ids[0]), dtype=torch.long),
+                        max_new_tokens=4, do_sample=False)
+        per_run = {f"sluice x{k}": k for k in levels}
+        if "sluice x1" in per_run:
+            per_run["sluice x1"] = args.hf_requests
+        if not args.skip_cache:
+            per_run["cache"] = 2 * n
+        if hf is not None:
+            per_run["hf x1"] = args.hf_requests
+            per_run[f"hf batch {n}"] = n
+        total = args.runs * sum(per_run.values()) * args.out_tokens
+        bar = tqdm(total=total, desc="benchmark", unit="tok", file=sys.stderr, dynamic_ncols=True)
+        for run in range(args.runs):
             for phase in phases:
-                if phase.startswith("sluice x"):
-                    n = int(phase.split("x")[1])
-                    results[phase].append(run_sluice(loaded, ids32[:n], args.out_tokens))
+                bar.set_postfix_str(f"run {run + 1}/{args.runs}: {phase}")
+                start = (run * args.hf_requests) % n
+                x1_ids = [ids[(start + j) % n] for j in range(args.hf_requests)]
+                if phase == "sluice x1":
+                    ours, theirs, pairs = x1_paired(engines["main"], hf, x1_ids, args.out_tokens, args.threads, bar)
+                    results[phase].append(ours)
+                    if theirs is not None:
+                        results["hf x1"].append(theirs)
+                        results.setdefault("x1 pairs", []).append(pairs)
+                elif phase.startswith("sluice x"):
+                    k = int(phase.split("x")[1])
+                    results[phase].append(run_sluice(engines["main"], ids[:k], args.out_tokens, args.threads, bar))
                 elif phase == "cache on":
-                    results[phase].append(run_sluice(loaded, prompts(tok, 32, nonce=True), args.out_tokens))
+                    pair = {k: engines[k] for k in ("cache on", "cache off")}
+                    for k, r in run_interleaved(pair, nonce_ids, args.out_tokens, args.threads, bar).items():
+                        results[k].append(r)
                 elif phase == "cache off":
-                    results[phase].append(run_sluice(loaded, prompts(tok, 32, nonce=True), args.out_tokens, enable_prefix_caching=False))
+                    pass  # measured together with "cache on"
                 elif phase == "hf x1":
-                    results[phase].append(hf_one_at_a_time(hf, ids32[: args.hf_requests], args.out_tokens))
+                    if "sluice x1" not in phases:  # --only without x1: transformers alone
+                        results[phase].append(hf_one_at_a_time(hf, x1_ids, args.out_tokens, args.threads, bar))
                 else:
-                    pad = tok.eos_token_ids[0] if tok.eos_token_ids else 0
-                    results[phase].append(hf_static_batch(hf, pad, ids32, args.out_tokens))
-                bar.update()
-    bar.close()
-    summary = {k: summarize(v) for k, v in results.items()}
-    med = lambda phase, key: summary[phase][key]["median"]  # noqa: E731
-    ratios = {
-        "cache_on_vs_off_throughput": statistics.median(
-            on["tok_s"] / off["tok_s"] for on, off in zip(results["cache on"], results["cache off"])
-        ),
+                    results[phase].append(hf_static_batch(hf, pad, ids, args.out_tokens, args.threads, bar))
+        bar.close()
+
+    summary = {k: summarize(v) for k, v in results.items() if k != "x1 pairs"}
+    ratios = per_run_ratios(results, n, args.runs)
+    targets = check_targets(summary, ratios, n)
+    print_table(phases, summary, ratios, targets, n, args)
+    hits = [r["prefix_cache_hit_tokens"] for r in results.get("cache on", [])]
+    if hits and max(hits) > 0:
+        log(f"warning: the cache-on phase hit {max(hits)} cached tokens; the overhead figure is not at 0 % hits")
+    record = {
+        "bench": "engine_throughput",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "python": platform.python_version(), "torch": torch.__version__},
+        "args": {k: v for k, v in vars(args).items() if k not in ("set",)},
+        "engine_config": dataclasses.asdict(EngineConfig(**args.config)),
+        "prompt_tokens": {"min": min(map(len, ids)), "max": max(map(len, ids))},
+        "summary": summary,
+        "ratios": {k: {"median": statistics.median(v), "per_run": v} for k, v in ratios.items()},
+        "targets": targets,
+        "runs": results,
     }
-    targets = {
-        "kv_waste_under_4pct": med("sluice x32", "kv_waste") < 0.04,
-        "ttft_x1_under_250ms": med("sluice x1", "ttft_ms") < 250,
-        "prefix_cache_overhead_under_1pct": ratios["cache_on_vs_off_throughput"] > 0.99,
-    }
-    if hf is not None:
-        ratios["x32_vs_hf_one_at_a_time"] = med("sluice x32", "tok_s") / med("hf x1", "tok_s")
-        ratios["x32_vs_hf_static_batch"] = med("sluice x32", "tok_s") / med("hf batch 32", "tok_s")
-        ratios["x1_decode_time_vs_hf"] = med("sluice x1", "decode_ms_per_token") / med("hf x1", "decode_ms_per_token")
-        targets.update({
-            "x32_at_least_10x_hf_one_at_a_time": ratios["x32_vs_hf_one_at_a_time"] >= 10,
-            "x32_at_least_1.5x_hf_static_batch": ratios["x32_vs_hf_static_batch"] >= 1.5,
-            "x1_decode_within_1.2x_hf": ratios["x1_decode_time_vs_hf"] <= 1.2,
-        })
-    print(f"\n{'phase':<14}{'tok/s':>9}{'TTFT ms':>10}{'stream tok/s':>14}{'ms/token':>10}", file=sys.stderr)
-    for phase in phases:
-        s = summary[phase]
-        get = lambda k: s[k]["median"] if k in s else float("nan")  # noqa: E731
-        print(f"{phase:<14}{get('tok_s'):>9.1f}{get('ttft_ms'):>10.0f}{get('per_stream_tok_s'):>14.1f}"
-              f"{get('decode_ms_per_token'):>10.1f}", file=sys.stderr)
-    print(f"KV waste at steady load (x32): {100 * med('sluice x32', 'kv_waste'):.2f} %", file=sys.stderr)
-    for k, v in ratios.items():
-        print(f"{k}: {v:.3f}", file=sys.stderr)
-    for k, ok in targets.items():
-        print(f"  {'met    ' if ok else 'NOT met'}  {k}", file=sys.stderr)
-    print(json.dumps({"config": vars(args), "summary": summary, "ratios": ratios, "targets": targets}))
+    print(json.dumps(record), flush=True)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

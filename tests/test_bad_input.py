@@ -35,6 +35,9 @@ def engine(tiny_llama) -> LLMEngine:
         ([1, 2], SamplingParams(top_k=-2), "top_k"),
         ([1, 2], SamplingParams(stop=("",)), "stop"),
         ([1, 10**6], SamplingParams(), "outside the vocabulary"),
+        ([1, -1], SamplingParams(), "outside the vocabulary"),
+        ([1, 2], SamplingParams(temperature=float("nan")), "temperature"),
+        ([1, 2], SamplingParams(top_p=float("nan")), "top_p"),
     ],
 )
 def test_bad_requests_are_named(engine, prompt, sampling, match):
@@ -44,8 +47,12 @@ def test_bad_requests_are_named(engine, prompt, sampling, match):
 
 
 def test_prompt_over_the_context_window(engine):
+    assert issubclass(ContextWindowExceededError, InvalidRequestError)  # API layers map it as a 400
     with pytest.raises(ContextWindowExceededError, match="prompt is too long"):
         engine.add_request(GenerationRequest("long", [5] * engine.max_model_len, SamplingParams()))
+    # the boundary: a prompt that leaves room for exactly one output token is served
+    out = engine.generate([GenerationRequest("edge", [5] * (engine.max_model_len - 1), SamplingParams(max_tokens=4))])
+    assert out["edge"].finished and len(out["edge"].token_ids) == 1
 
 
 def test_duplicate_request_id(engine):
@@ -160,3 +167,68 @@ def test_cli_bad_model_path(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("sluice: error:") and "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_failed_step_leaves_no_poisoned_prefix_cache(tiny_llama, monkeypatch):
+    """A step that raises fails its requests; the blocks it had registered in the prefix cache
+    (for tokens scheduled but never computed) must not serve a later request (regression: the
+    next request with the same prompt used to hit them and attend to never-written K/V)."""
+    prompt = [(11 * i) % 200 + 3 for i in range(24)]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    clean = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64))
+    expected = clean.generate([GenerationRequest("ref", prompt, params)])["ref"].token_ids
+
+    engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64))
+    real_execute = engine.runner.execute
+    calls = {"n": 0}
+
+    def fail_first(out):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated device fault")
+        return real_execute(out)
+
+    monkeypatch.setattr(engine.runner, "execute", fail_first)
+    failed = engine.generate([GenerationRequest("victim", prompt, params)])["victim"]
+    assert failed.finish_reason is FinishReason.ERROR and "simulated device fault" in (failed.error or "")
+    assert engine.stats().kv_blocks_used == 0
+    again = engine.generate([GenerationRequest("again", prompt, params)])["again"]
+    assert again.usage.cached_tokens == 0  # nothing of the failed step may be served from cache
+    assert again.token_ids == expected
+
+
+def test_async_duplicate_id_fails_only_the_duplicate(tiny_llama):
+    """The duplicate check runs on the engine thread; it must fail the second caller only."""
+    llm = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=128))
+    engine = AsyncEngine(llm).start()
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+
+    async def first() -> tuple[int, FinishReason | None]:
+        n, reason = 0, None
+        async for ev in engine.generate(GenerationRequest("same", [4, 5, 6], params)):
+            n += len(ev.token_ids)
+            reason = ev.finish_reason
+        return n, reason
+
+    async def second() -> None:
+        # submitted right behind the first (gather starts it next), long before 40 steps are done
+        with pytest.raises(InvalidRequestError, match="already in use"):
+            async for _ in engine.generate(GenerationRequest("same", [7, 8], params)):
+                pass
+
+    async def main():
+        return await asyncio.gather(first(), second())
+
+    try:
+        (n, reason), _ = asyncio.run(asyncio.wait_for(main(), 60))
+        assert n == 40 and reason is FinishReason.LENGTH
+
+        async def too_long() -> None:
+            async for _ in engine.generate(GenerationRequest("huge", [5] * llm.max_model_len, params)):
+                pass
+
+        with pytest.raises(ContextWindowExceededError):  # validated before anything is queued
+            asyncio.run(too_long())
+        assert engine.is_running and not llm.requests
+    finally:
+        engine.shutdown()

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sluice.engine.block_pool import BlockPool
+from sluice.engine.block_pool import BlockPool, KVBlock
 from sluice.engine.hashing import extend_hashes
 from sluice.engine.kv_manager import KVCacheManager
 from sluice.engine.request import Request
@@ -41,10 +41,33 @@ prompts = st.tuples(st.sampled_from(HEADS + [[]]), st.lists(st.integers(1, 3), m
 
 
 class KVMachine(RuleBasedStateMachine):
+    """KVCacheManager against two shadow models: the free list's exact LRU order, and what every
+    KV slot holds (the tenant and token prefix it was computed for)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.kv = KVCacheManager(NUM_BLOCKS, BLOCK, enable_prefix_caching=True)
         self.live: dict[str, Request] = {}
+        self.lru: list[int] = list(range(1, NUM_BLOCKS))  # expected free-list order, head first
+        self.slots: dict[tuple[int, int], tuple[str, tuple[int, ...]]] = {}  # (block, offset) -> content
+        self.chains: dict[bytes, tuple[str, tuple[int, ...]]] = {}  # block hash -> the prefix it names
+
+    # -- shadow helpers -----------------------------------------------------------------------------
+    def _remember_chain(self, req: Request) -> None:
+        for i, h in enumerate(req.block_hashes):
+            self.chains[h] = (req.tenant, tuple(req.all_token_ids[: (i + 1) * BLOCK]))
+
+    def _take_from_head(self, new_blocks: list[KVBlock]) -> None:
+        """Fresh blocks come off the free list's head, oldest first (LRU eviction)."""
+        assert [b.block_id for b in new_blocks] == self.lru[: len(new_blocks)]
+        del self.lru[: len(new_blocks)]
+
+    def _compute(self, req: Request, start: int, end: int) -> None:
+        """The forward pass writes K/V for positions [start, end) into the request's blocks."""
+        table = self.kv.tables[req.request_id]
+        for p in range(start, end):
+            self.slots[(table[p // BLOCK].block_id, p % BLOCK)] = (req.tenant, tuple(req.all_token_ids[: p + 1]))
+        req.num_computed_tokens = end
 
     # -- operations -------------------------------------------------------------------------------
     @rule(tokens=prompts, tenant=st.sampled_from(["a", "b"]))
@@ -58,36 +81,53 @@ class KVMachine(RuleBasedStateMachine):
             assert self.kv.pool.lookup(req.block_hashes[i]) is block
         if len(hit.blocks) < (len(tokens) - 1) // BLOCK:
             assert self.kv.pool.lookup(req.block_hashes[len(hit.blocks)]) is None
+        # a hit serves exactly this tenant's K/V for exactly these tokens (never stale, never foreign)
+        for p in range(hit.num_tokens):
+            assert self.slots.get((hit.blocks[p // BLOCK].block_id, p % BLOCK)) == (tenant, tuple(tokens[: p + 1]))
         free_before = self.kv.num_free_blocks
+        revived = [b.block_id for b in hit.blocks if b.ref_cnt == 0]  # leave the free list's middle
         if self.kv.allocate(req, len(tokens) - hit.num_tokens, hit):
-            req.num_computed_tokens = len(tokens)
+            for block_id in revived:
+                self.lru.remove(block_id)
+            self._take_from_head(self.kv.tables[req.request_id][len(hit.blocks) :])
+            self._remember_chain(req)
             req.num_cached_tokens = hit.num_tokens
             self.live[req.request_id] = req
+            self._compute(req, hit.num_tokens, len(tokens))
         else:
             assert self.kv.num_free_blocks == free_before  # a failed allocation changes nothing
             assert req.request_id not in self.kv.tables
 
     @precondition(lambda self: self.live)
-    @rule(data=st.data(), k=st.integers(1, 6))
-    def append(self, data: st.DataObject, k: int) -> None:
+    @rule(data=st.data(), k=st.integers(1, 6), computed=st.booleans())
+    def append(self, data: st.DataObject, k: int, computed: bool) -> None:
+        """Schedule k more tokens. computed=False: the request is then freed before its forward
+        ran (a preemption victim later in the same step, or a failed step)."""
         req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
         new = data.draw(st.lists(st.integers(1, 3), min_size=k, max_size=k))
         req.all_token_ids.extend(new)
+        held = self.kv.num_held_blocks(req)
         if self.kv.allocate(req, k):
-            req.num_computed_tokens += k
+            self._take_from_head(self.kv.tables[req.request_id][held:])
+            self._remember_chain(req)
+            if computed:
+                self._compute(req, req.num_computed_tokens, req.num_computed_tokens + k)
+            else:
+                self._free(req)
         else:
             del req.all_token_ids[-k:]  # the step could not be scheduled: nothing happened
+
+    def _free(self, req: Request) -> None:
+        del self.live[req.request_id]
+        table = self.kv.tables[req.request_id]
+        exclusive_tail_first = [b.block_id for b in reversed(table) if b.ref_cnt == 1]
+        self.kv.free(req)
+        self.lru.extend(exclusive_tail_first)  # LRU: they enter at the tail, tail block first
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
-        req = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
-        table = self.kv.tables[req.request_id]
-        exclusive_tail_first = [b for b in reversed(table) if b.ref_cnt == 1]
-        self.kv.free(req)
-        free_list = list(self.kv.pool.free)
-        # LRU: the freed request's blocks enter the free list's tail, tail block first
-        assert free_list[len(free_list) - len(exclusive_tail_first):] == exclusive_tail_first
+        self._free(self.live[data.draw(st.sampled_from(sorted(self.live)))])
 
     @rule()
     def reset(self) -> None:
@@ -95,6 +135,10 @@ class KVMachine(RuleBasedStateMachine):
         assert all(b.block_hash is None for b in self.kv.pool.free)
 
     # -- invariants --------------------------------------------------------------------------------
+    @invariant()
+    def free_list_is_the_lru_model(self) -> None:
+        assert [b.block_id for b in self.kv.pool.free] == self.lru
+
     @invariant()
     def ref_counts_are_exact(self) -> None:
         holders: dict[int, int] = {}
@@ -116,19 +160,32 @@ class KVMachine(RuleBasedStateMachine):
         assert len(held) + pool.num_free == pool.num_usable  # nothing leaked
 
     @invariant()
-    def cache_entries_are_consistent(self) -> None:
-        for h, block in self.kv.pool.cached.items():
-            assert block.block_hash == h
+    def live_requests_keep_their_kv(self) -> None:
+        """Nothing a live request holds was evicted, re-handed out or overwritten."""
         for req in self.live.values():
-            assert len(self.kv.tables[req.request_id]) == -(-req.num_computed_tokens // BLOCK)
-            for i, block in enumerate(self.kv.tables[req.request_id][: req.num_computed_tokens // BLOCK]):
+            table = self.kv.tables[req.request_id]
+            assert len(table) == -(-req.num_computed_tokens // BLOCK)
+            for p in range(req.num_computed_tokens):
+                assert self.slots[(table[p // BLOCK].block_id, p % BLOCK)] == (req.tenant, tuple(req.all_token_ids[: p + 1]))
+            for i, block in enumerate(table[: req.num_computed_tokens // BLOCK]):
                 if block.block_hash is not None:  # a held block still carries this request's chain
                     assert block.block_hash == req.block_hashes[i]
+
+    @invariant()
+    def cache_entries_are_consistent(self) -> None:
+        """Every prefix-cache entry is backed by K/V actually computed for the prefix it names
+        (so a block scheduled but freed before its forward ran is never served)."""
+        for h, block in self.kv.pool.cached.items():
+            assert block.block_hash == h and block.block_id != 0
+            tenant, tokens = self.chains[h]
+            for o in range(BLOCK):
+                want = (tenant, tokens[: len(tokens) - BLOCK + o + 1])
+                assert self.slots.get((block.block_id, o)) == want, f"{block} is cached but its K/V is not"
 
 
 TestKVMachine = KVMachine.TestCase
 TestKVMachine.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=200, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
@@ -157,3 +214,50 @@ def test_pool_errors_and_o1_free_list():
         pool.release([pool.null_block])
     with pytest.raises(ValueError):
         BlockPool(1)
+
+
+def admitted(kv: KVCacheManager, tokens: list[int], tenant: str = "a", computed: bool = True) -> Request:
+    """Admit a request the way the scheduler does; computed=False stops before its forward."""
+    req = make_request(tokens, tenant)
+    hit = kv.find_prefix(req)
+    assert kv.allocate(req, len(tokens) - hit.num_tokens, hit)
+    req.num_cached_tokens = hit.num_tokens
+    req.num_computed_tokens = len(tokens) if computed else hit.num_tokens
+    return req
+
+
+def test_eviction_takes_the_lru_block_and_lookups_stop_at_the_first_miss():
+    kv = KVCacheManager(6, BLOCK)  # usable blocks 1..5
+    a = admitted(kv, list(range(1, 10)))  # blocks 1, 2 full (cached), 3 partial
+    assert kv.block_ids(a) == [1, 2, 3]
+    kv.free(a)
+    assert [b.block_id for b in kv.pool.free] == [4, 5, 3, 2, 1]  # tail first: deepest evicted first
+    b = admitted(kv, [30 + i for i in range(13)])  # needs 4 blocks: evicts cached block 2, not 1
+    assert kv.block_ids(b) == [4, 5, 3, 2] and kv.pool.num_evictions == 1
+    again = make_request(list(range(1, 10)), "a")
+    hit = kv.find_prefix(again)
+    assert [blk.block_id for blk in hit.blocks] == [1] and hit.num_tokens == BLOCK  # stops at the miss
+
+
+def test_blocks_freed_before_their_forward_are_not_cached():
+    """Regression: a request preempted (or failed) in the step that scheduled its tokens left
+    their blocks registered in the prefix cache although their K/V was never written."""
+    kv = KVCacheManager(16, BLOCK)
+    a = admitted(kv, list(range(1, 14)), computed=False)
+    kv.free(a)
+    assert kv.pool.cached == {} and all(blk.block_hash is None for blk in kv.pool.blocks)
+    assert kv.find_prefix(make_request(list(range(1, 14)), "a")).num_tokens == 0
+    # computed blocks stay cached: only the uncomputed tail loses its entries
+    partly = admitted(kv, list(range(1, 14)), computed=False)
+    partly.num_computed_tokens = 5  # the first block was computed in an earlier step
+    kv.free(partly)
+    assert kv.find_prefix(make_request(list(range(1, 14)), "a")).num_tokens == BLOCK
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_prefix_hits_are_namespaced_per_tenant(share):
+    kv = KVCacheManager(32, BLOCK, share_across_tenants=share)
+    tokens = list(range(1, 18))
+    kv.free(admitted(kv, tokens, tenant="acme"))
+    assert kv.find_prefix(make_request(tokens, "acme")).num_tokens == 16
+    assert kv.find_prefix(make_request(tokens, "globex")).num_tokens == (16 if share else 0)

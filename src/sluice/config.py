@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     tcp_user_timeout_ms: int = Field(30_000, ge=0)  # 0 = kernel default
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    # -- stream resume (docs/API.md) ---------------------------------------------------------
+    replay_store: Literal["memory", "redis"] = "memory"  # redis: resume through any replica
+    replay_ttl_s: float = Field(600.0, gt=0)  # how long a finished stream can be resumed
+    replay_max_bytes: int = Field(1 << 20, ge=4096)  # per stream (memory store)
+
     # -- safety (docs/SAFETY.md) --------------------------------------------------------------
     safety: bool = True
     safety_policy: str | None = None  # a policy TOML file; None = the built-in default policy

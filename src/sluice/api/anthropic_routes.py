@@ -23,6 +23,7 @@ from sluice.api.ids import new_id
 from sluice.api.prompt import build_prompt, safety_texts
 from sluice.api.safety_check import Guard, check_request_safety
 from sluice.api.safety_stream import Piece, stop_details
+from sluice.api.resume import follow, record_stream, start_background, wants_background
 from sluice.api.runtime import ServingRuntime
 from sluice.api.sse import event_stream_response, run_with_deadline
 from sluice.gateway.gateway import Session
@@ -143,7 +144,10 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         session = await open_session(rt, request, principal, gen, body.model, ROUTE, key_body)
         headers = rate_limit_headers(session.decision)
         if body.stream:
-            events = _stream(rt, session, gen, body.model, plan, request_id, guard)
+            events = record_stream(rt.replay, msg_id, principal.tenant, _stream(rt, session, gen, body.model, plan, request_id, guard))
+            if wants_background(request, body.background):  # generation outlives this connection
+                start_background(rt, events)
+                return event_stream_response(rt, follow(rt, msg_id, 0), EventWriter(msg_id).ping, headers)
             return event_stream_response(rt, events, EventWriter(msg_id).ping, headers, session.close)
         try:
             return JSONResponse(await collect_message(rt, session, gen, body.model, plan, guard), headers=headers)

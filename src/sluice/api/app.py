@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice import __version__
-from sluice.api import anthropic_routes, batches, openai_routes
+from sluice.api import anthropic_routes, batches, openai_routes, resume
 from sluice.api.errors import ApiError
 from sluice.api.middleware import RequestContextMiddleware, error_response
 from sluice.api.runtime import ServingRuntime
@@ -79,6 +79,7 @@ def create_app(rt: ServingRuntime) -> FastAPI:
 
     app.include_router(batches.build_router(rt, batches.BatchStore()))  # before /v1/messages/{...} routes
     app.include_router(anthropic_routes.build_router(rt))
+    app.include_router(resume.build_router(rt))
     app.include_router(openai_routes.build_router(rt))
     app.add_middleware(
         RequestContextMiddleware,

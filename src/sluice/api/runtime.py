@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sluice.api.auth import Authenticator, OpenAccess
 from sluice.api.errors import ApiError, retry_headers
+from sluice.api.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
 from sluice.config import Settings
 from sluice.gateway.gateway import Gateway
 from sluice.gateway.principal import Principal
@@ -30,6 +31,8 @@ class ServingRuntime:
     engine: EngineClient | None = None
     gateway: Gateway | None = None
     safety: dict[str, SafetyPipeline] = field(default_factory=dict)  # "" = default; else per tier
+    replay: ReplayLog = None  # type: ignore[assignment]  # set in __post_init__
+    background_tasks: set = field(default_factory=set)
     tokenizer: Tokenizer | None = None
     info: ModelInfo | None = None
     block_size: int = 16
@@ -39,6 +42,14 @@ class ServingRuntime:
     draining: bool = False
     drain_deadline: float = 0.0  # monotonic time by which open streams must end
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        if self.replay is None:
+            s = self.settings
+            if s.replay_store == "redis":
+                self.replay = RedisReplayLog(s.redis_url, s.replay_ttl_s)
+            else:
+                self.replay = MemoryReplayLog(s.replay_ttl_s, s.replay_max_bytes)
 
     def mark_ready(
         self, engine: EngineClient, tokenizer: Tokenizer, info: ModelInfo, block_size: int, capacity_tokens: int = 0

@@ -104,8 +104,8 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
     started = time.perf_counter()
 
     async def bring_up() -> None:
+        tokenizer_task = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, settings.model))
         try:
-            tokenizer_task = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, settings.model))
             engine = await _connect_engine(settings, holder)
             holder["engine"] = engine
             tokenizer, _ = await tokenizer_task
@@ -117,6 +117,10 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
                 f"started in {time.perf_counter() - started:.1f}s)"
             )
         except Exception as exc:
+            if tokenizer_task.done() and not tokenizer_task.cancelled() and tokenizer_task.exception() is not None:
+                exc = tokenizer_task.exception()  # the clearer reason (e.g. no such model path)
+            else:
+                tokenizer_task.cancel()
             rt.startup_error = str(exc)
             _say(f"error: start-up failed: {exc}")
             server.should_exit = True

@@ -112,6 +112,11 @@ class BlockPool:
         block.block_hash = None
         self.num_evictions += 1
 
+    def uncache(self, block: KVBlock) -> None:
+        """Drop `block`'s prefix-cache entry (its K/V was never written); it stays allocated."""
+        if block.block_hash is not None:
+            self._evict(block)
+
     def touch(self, blocks: list[KVBlock]) -> None:
         """Take a reference on cached blocks (a prefix hit); free ones leave the free list."""
         for block in blocks:

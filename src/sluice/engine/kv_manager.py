@@ -117,9 +117,18 @@ class KVCacheManager:
                 self.pool.cache(table[i], request.block_hashes[i])
 
     def free(self, request: Request) -> None:
-        """Release every block of a finished, aborted or preempted request, tail first."""
+        """Release every block of a finished, aborted or preempted request, tail first.
+
+        `_cache_full_blocks` registers a block when its tokens are *scheduled*. A request freed
+        before that step's forward completes (preempted as a victim later in the same schedule()
+        call, or failed with its step) leaves blocks whose K/V was never written; their cache
+        entries are dropped here, or a later prefix hit would attend to garbage. The request's
+        `num_computed_tokens` still counts only the tokens actually computed at that point.
+        """
         table = self.tables.pop(request.request_id, None)
         if table:
+            for block in table[request.num_computed_tokens // self.block_size :]:
+                self.pool.uncache(block)
             self.pool.release(list(reversed(table)))
 
     def block_ids(self, request: Request) -> list[int]:

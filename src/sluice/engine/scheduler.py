@@ -126,7 +126,11 @@ class Scheduler:
             hit = self.kv.find_prefix(req)
             seat = len(self.running) < self.config.max_num_seqs
             if not (seat and self._admissible(req, hit)):
-                if self.config.scheduling_policy == "priority":
+                # Priority preemption only while nothing was admitted this step: "admit nothing
+                # in a step that preempted" must hold both ways, and a request admitted above
+                # may have hit a victim's blocks that are scheduled (not yet computed) this step.
+                # The head is still first in line next step, and preempts then if it must.
+                if self.config.scheduling_policy == "priority" and not out.admitted:
                     victims = self._preempt_for(req, hit, need_seat=not seat)
                     for victim in victims:  # already scheduled this step: their blocks are gone now
                         scheduled.pop(victim.request_id, None)
@@ -162,8 +166,12 @@ class Scheduler:
                 max(0, self.kv.blocks_for(self._final_len(r)) - self.kv.num_held_blocks(r)) for r in self.running
             )
             return need + hit.num_evictable + outstanding
-        # optimistic: all known tokens must fit now, leaving the watermark free
-        return self.kv.blocks_for(req.num_tokens) - len(hit.blocks) + hit.num_evictable + self.watermark_blocks
+        # optimistic: all known tokens must fit now, leaving the watermark free. The watermark is
+        # headroom for running requests to grow into, so it applies only when some are running:
+        # otherwise a prompt within max_model_len but within the watermark of the whole pool
+        # (or a preempted request that has grown that long) could never be admitted — a hang.
+        watermark = self.watermark_blocks if self.running else 0
+        return self.kv.blocks_for(req.num_tokens) - len(hit.blocks) + hit.num_evictable + watermark
 
     def _admissible(self, req: Request, hit: PrefixHit = NO_HIT) -> bool:
         return self._blocks_needed(req, hit) <= self.kv.num_free_blocks

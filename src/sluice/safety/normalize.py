@@ -1,86 +1,198 @@
 """Text normalization for matching, with a map back to the original text.
 
-Every layer matches on normalized text: NFKC, casefold, zero-width and bidi controls removed,
-common confusables (Cyrillic/Greek look-alikes, leetspeak) mapped to ASCII, whitespace runs
-collapsed to one space. `Normalizer` works incrementally (a stream arrives in deltas) and
-records, for each normalized character, the index of the original character it came from, so
-verdicts report offsets in the original text and the stream guard knows how much original text
-a held-back normalized tail covers.
+Every layer matches on normalized text, so one rule covers the spellings people use to slip past
+filters:
+- NFKC (fullwidth and other compatibility forms fold to ASCII), casefold, accents dropped (NFKD
+  minus combining marks);
+- zero-width characters, joiners, soft hyphens, bidi controls (all of Unicode category Cf) and a
+  few invisible fillers removed;
+- common confusables (Cyrillic/Greek look-alikes) and leetspeak digits/symbols mapped to ASCII
+  letters, so "1gn0re" and "іgnоre" (Cyrillic і, о) both read "ignore";
+- punctuation becomes a space and whitespace runs collapse to one space, so "how-to", "how  to"
+  and "how\\nto" all read "how to". Leading whitespace is dropped; a trailing space is kept (a
+  stream continues after it).
+
+Normalization is per character (plus one bit of state: "the last output was a space"), which is
+what lets the stream guard normalize deltas incrementally and get exactly the text that
+normalizing the whole reply at once gives. Each normalized character records the index of the
+original character it came from (`src`), so verdicts report offsets in the original text.
+Consequence for policy authors: regexes see lowercase words of letters separated by single
+spaces (digits read as letters), not the raw text.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
-# zero-width characters, joiners, soft hyphen, BOM, and bidi embedding/override/isolate controls
-INVISIBLE = frozenset(
-    "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180e\u200b\u200c\u200d\u200e\u200f"
-    "\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064\u2066\u2067\u2068\u2069\u206a\u206b"
-    "\u206c\u206d\u206e\u206f\u3164\ufeff\uffa0"
-)
+# Invisible letters that are not category Cf (which is stripped wholesale): Hangul fillers,
+# Mongolian/Khmer vowel fillers, combining grapheme joiner.
+_INVISIBLE_EXTRA = frozenset("\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u3164\uffa0")
 
 CONFUSABLES = {
-    # Cyrillic
-    "а": "a", "в": "b", "е": "e", "ё": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p", "с": "c",
-    "т": "t", "у": "y", "х": "x", "і": "i", "ї": "i", "ј": "j", "ѕ": "s", "һ": "h", "ԁ": "d", "ԛ": "q",
-    "ԝ": "w", "ɡ": "g",
-    # Greek
-    "α": "a", "β": "b", "ε": "e", "η": "n", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p", "τ": "t",
-    "υ": "u", "χ": "x", "γ": "y", "ω": "w", "ς": "s", "σ": "s",
-    # leetspeak and symbols
-    "0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s", "!": "i",
+    # Cyrillic look-alikes
+    "а": "a", "в": "b", "е": "e", "ё": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p",
+    "с": "c", "т": "t", "у": "y", "х": "x", "і": "i", "ї": "i", "ј": "j", "ѕ": "s", "һ": "h",
+    "ԁ": "d", "ԛ": "q", "ԝ": "w", "ɡ": "g", "ӏ": "l", "ь": "b",
+    # Greek look-alikes
+    "α": "a", "β": "b", "ε": "e", "η": "n", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p",
+    "τ": "t", "υ": "u", "χ": "x", "γ": "y", "ω": "w", "ς": "s", "σ": "s", "μ": "u", "ϲ": "c",
+    # Latin look-alikes outside ASCII
+    "ı": "i", "ɩ": "i", "ʟ": "l", "ɑ": "a", "ο": "o",
 }
+# Leetspeak: digits and symbols commonly standing for letters. Applied to all text (matching
+# only; the original is what is sent), so digits never appear in normalized text.
+LEET = {"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b", "@": "a", "$": "s", "!": "i"}
 
 
-def _fold(ch: str) -> str:
-    out = unicodedata.normalize("NFKC", ch).casefold()
-    return "".join(CONFUSABLES.get(c, c) for c in unicodedata.normalize("NFKD", out) if not unicodedata.combining(c))
+def _ascii_table() -> dict[int, str]:
+    table = {}
+    for code in range(128):
+        ch = chr(code)
+        if ch in LEET:
+            table[code] = LEET[ch]
+        elif ch.isspace() or (not ch.isalnum() and ch.isprintable()):
+            table[code] = " "  # punctuation separates words
+        else:
+            table[code] = ch.lower()
+    return table
+
+
+_ASCII = _ascii_table()
+_FOLD_CACHE: dict[str, str] = {chr(c): s for c, s in _ASCII.items()}
+_SPACES = re.compile(r" {2,}")
+_NON_ASCII = re.compile(r"([^\x00-\x7f]+)")
+
+
+class _FoldTable(dict):
+    """`str.translate` table: code point → fold_char, computed on first sight. translate runs
+    its loop in C, so whole texts normalize at ~C speed whatever their script."""
+
+    def __missing__(self, code: int) -> str:
+        out = fold_char(chr(code))
+        if len(self) < 65536:
+            self[code] = out
+        return out
+
+
+_TABLE = _FoldTable(_ASCII)
+
+
+def fold_char(ch: str) -> str:
+    """One original character → its normalized characters (may be "", one, or several)."""
+    out = _FOLD_CACHE.get(ch)
+    if out is not None:
+        return out
+    if ch in _INVISIBLE_EXTRA or unicodedata.category(ch) == "Cf":
+        out = ""
+    elif ch.isspace():
+        out = " "
+    else:
+        parts = []
+        for c in unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", ch).casefold()):
+            if unicodedata.combining(c) or unicodedata.category(c) == "Cf":
+                continue
+            c = CONFUSABLES.get(c, c)
+            if c in _FOLD_CACHE and ord(c) < 128:
+                parts.append(_ASCII[ord(c)])
+            elif c.isspace() or unicodedata.category(c)[0] in "PZ":
+                parts.append(" ")
+            else:
+                parts.append(c)
+        out = "".join(parts)
+    if len(_FOLD_CACHE) < 65536:  # bounded: a hostile stream of distinct code points cannot grow it
+        _FOLD_CACHE[ch] = out
+    return out
 
 
 class Normalizer:
-    """Feeds original text in pieces; `text` and `src` grow with every piece."""
+    """Normalizes text fed in pieces. `text`/`src` accumulate unless `keep=False` (the stream
+    guard keeps its own bounded tail and only needs what each piece adds)."""
 
-    def __init__(self) -> None:
-        self.text_parts: list[str] = []
-        self.src: list[int] = []  # original index of each normalized char
+    __slots__ = ("_parts", "src", "consumed", "_last_space", "keep")
+
+    def __init__(self, keep: bool = True) -> None:
+        self._parts: list[str] = []
+        self.src: list[int] = []  # original index of each normalized char (when keep)
         self.consumed = 0  # original characters seen
         self._last_space = True  # leading whitespace is dropped
+        self.keep = keep
 
-    def feed(self, piece: str) -> str:
-        """Normalize `piece`; returns the normalized characters it added."""
-        added: list[str] = []
+    def feed(self, piece: str) -> tuple[str, list[int]]:
+        """Normalize `piece`: the normalized characters it added, and their original indices."""
         base = self.consumed
+        if piece.isascii():  # the common token: one translate, no per-character loop
+            folded = piece.translate(_TABLE)  # ASCII folds 1:1
+            if folded and "  " not in folded and not (self._last_space and folded[0] == " "):
+                self._last_space = folded[-1] == " "
+                self.consumed += len(piece)
+                src = list(range(base, base + len(piece)))
+                if self.keep:
+                    self._parts.append(folded)
+                    self.src.extend(src)
+                return folded, src
+        added: list[str] = []
+        src = []
+        last_space = self._last_space
         for i, ch in enumerate(piece):
-            if ch in INVISIBLE:
-                continue
-            if ch.isspace():
-                if not self._last_space:
-                    added.append(" ")
-                    self.src.append(base + i)
-                    self._last_space = True
-                continue
-            for c in _fold(ch):
-                if c.isspace():
-                    if self._last_space:
+            for c in fold_char(ch):
+                if c == " ":
+                    if last_space:
                         continue
-                    self._last_space = True
+                    last_space = True
                 else:
-                    self._last_space = False
+                    last_space = False
                 added.append(c)
-                self.src.append(base + i)
+                src.append(base + i)
+        self._last_space = last_space
         self.consumed += len(piece)
         out = "".join(added)
-        self.text_parts.append(out)
-        return out
+        if self.keep:
+            self._parts.append(out)
+            self.src.extend(src)
+        return out, src
 
     @property
     def text(self) -> str:
-        if len(self.text_parts) > 1:
-            self.text_parts = ["".join(self.text_parts)]
-        return self.text_parts[0] if self.text_parts else ""
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+
+class Normalized:
+    """A normalized text and the way back to its original. The text comes from one `translate`
+    and one regex (the per-character fold, whitespace collapsed — exactly what `Normalizer`
+    produces, tested); the character map is built only when a verdict needs offsets, which is
+    rare."""
+
+    __slots__ = ("original", "text", "_src")
+
+    def __init__(self, original: str) -> None:
+        self.original = original
+        self._src: list[int] | None = None
+        if original.isascii():
+            folded = original.translate(_TABLE)
+        else:  # ASCII runs take translate's ASCII fast path; the rest goes through the table
+            folded = "".join(run.translate(_TABLE) for run in _NON_ASCII.split(original))
+        self.text = _SPACES.sub(" ", folded).lstrip(" ")
+
+    @property
+    def src(self) -> list[int]:
+        if self._src is None:
+            n = Normalizer()
+            n.feed(self.original)
+            self._src = n.src
+        return self._src
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        """Normalized [start, end) → original [start, end)."""
+        src = self.src
+        if not src or start >= end:
+            return 0, 0
+        return src[start], src[end - 1] + 1
 
 
 def normalize(text: str) -> tuple[str, list[int]]:
-    n = Normalizer()
-    n.feed(text)
+    """Normalized text and, per normalized character, its index in `text`."""
+    n = Normalized(text)
     return n.text, n.src

@@ -1,85 +1,168 @@
-"""The safety facade the API uses: one per policy, shared by all requests that use it."""
+"""The safety facade the API uses: one per policy, shared by every request that uses it.
+
+    pipeline = SafetyPipeline(load_policy(path))
+    v = pipeline.check_input(texts)            # L1, sync, before the 200 → 400/403 on a Verdict
+    task = pipeline.classify(text, "L2")       # L2, async, alongside prefill → refusal
+    guard = pipeline.stream_guard()            # L3, per stream: guard.feed(delta) / guard.flush()
+    v = pipeline.post_check(reply)             # L4, sync patterns; post_check_async adds the classifier
+
+A check returns None when the text passes and a Verdict when it does not.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from sluice.safety.classifier import Classifier, ClassifierResult
-from sluice.safety.input_rules import check_input
+from sluice.safety.classifier import OK, TIMEOUT, Classifier, ClassifierResult
+from sluice.safety.input_rules import check_texts
 from sluice.safety.patterns import PatternSet
 from sluice.safety.policy import SafetyPolicy, load_policy
-from sluice.safety.stream_guard import StreamGuard
-from sluice.safety.verdict import Verdict
+from sluice.safety.post_check import post_check_patterns
+from sluice.safety.stream_guard import GuardStats, StreamGuard
+from sluice.safety.verdict import Verdict, log_verdict
 
 
 @dataclass(slots=True)
-class SafetyTimings:
+class SafetyStats:
     l1_calls: int = 0
     l1_seconds: float = 0.0
+    l4_calls: int = 0
+    l4_seconds: float = 0.0
+    stream: GuardStats = field(default_factory=GuardStats)
+
+
+def texts_from_messages(messages: Iterable[Mapping[str, Any]], system: Any = None) -> list[str]:
+    """What L1 reads from an Anthropic-shaped request: the system prompt, user turns and tool
+    results (assistant turns are the model's own words)."""
+    out: list[str] = []
+
+    def add(content: Any) -> None:
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, Sequence):
+            for block in content:
+                if isinstance(block, Mapping):
+                    if block.get("type") == "text":
+                        out.append(str(block.get("text", "")))
+                    elif block.get("type") == "tool_result":
+                        add(block.get("content"))
+
+    add(system)
+    for msg in messages:
+        if msg.get("role") != "assistant":
+            add(msg.get("content"))
+    return out
 
 
 class SafetyPipeline:
     def __init__(self, policy: SafetyPolicy, classifier: Classifier | None = None):
         self.policy = policy
-        self.input_patterns = PatternSet(policy)
-        self.output_patterns = PatternSet(policy, output=True)
+        self.input_patterns = PatternSet(policy, "input")
+        self.stream_patterns = PatternSet(policy, "stream")
+        self.log_patterns = PatternSet(policy, "log")
+        self._input_action = {c.name: c.input_action for c in policy.categories}
+        self._output_action = {c.name: c.output_action for c in policy.categories}
         cs = policy.classifier
+        uses_classifier = cs.enabled and any(c.classifier_threshold for c in policy.categories)
         self.classifier = classifier if classifier is not None else (
-            Classifier(cs.workers, cs.max_pending) if cs.enabled else None
+            Classifier(cs.workers, cs.max_pending) if uses_classifier else None
         )
-        self.timings = SafetyTimings()
+        self.stats = SafetyStats()
 
     @classmethod
     def from_file(cls, path: str | None = None) -> "SafetyPipeline":
         return cls(load_policy(path))
 
-    # -- L1 ---------------------------------------------------------------------------------------
-    def check_input(self, texts: list[str]) -> Verdict | None:
+    # -- L1 -------------------------------------------------------------------------------------
+    def check_input(self, texts: Sequence[str]) -> Verdict | None:
         t0 = time.perf_counter()
         try:
-            return check_input(self.input_patterns, texts)
+            found = check_texts(self.input_patterns, texts)
+            if found is None:
+                return None
+            m, part, start, end = found
+            return Verdict("L1", m.category, m.rule, start, end, action=self._input_action[m.category], part=part)
         finally:
-            self.timings.l1_calls += 1
-            self.timings.l1_seconds += time.perf_counter() - t0
+            self.stats.l1_calls += 1
+            self.stats.l1_seconds += time.perf_counter() - t0
+
+    def check_messages(self, messages: Iterable[Mapping[str, Any]], system: Any = None) -> Verdict | None:
+        return self.check_input(texts_from_messages(messages, system))
 
     def input_action(self, verdict: Verdict) -> str:
-        return next((c.input_action for c in self.policy.categories if c.name == verdict.category), "block_400")
+        return self._input_action.get(verdict.category, verdict.action)
 
-    # -- L2 / periodic checks ------------------------------------------------------------------------
-    async def classify(self, text: str, layer: str, deadline_s: float | None = None, output: bool = False) -> Verdict | None:
-        """A verdict when a category's classifier threshold is crossed, or when the pool cannot
-        answer and that category fails closed."""
+    # -- L2 and the periodic L3 window check ------------------------------------------------------
+    async def classify(self, text: str, layer: str = "L2", deadline_s: float | None = None,
+                       output: bool = False) -> Verdict | None:
+        """A verdict when a category's threshold is crossed, or when the classifier cannot
+        answer (saturated, past `deadline_s`, unavailable) and that category fails closed."""
         if self.classifier is None:
             return None
-        result = await self.classifier.classify(text, deadline_s)
-        return self.judge(result, layer, output)
+        return self.judge(await self.classifier.classify(text, deadline_s), layer, output)
+
+    classify_async = classify
 
     def judge(self, result: ClassifierResult, layer: str, output: bool = False) -> Verdict | None:
         for cat in self.policy.categories:
-            if cat.classifier_threshold is None or (output and not cat.check_output):
+            if cat.classifier_threshold is None:
                 continue
-            if result.status != "ok":
-                if result.status in ("saturated", "unavailable") and cat.fail_mode == "closed":
-                    return Verdict(layer, cat.name, f"classifier:{result.status}")
+            if (output and not cat.check_output) or (not output and cat.input_action == "allow"):
+                continue
+            action = cat.output_action if output else "refuse"  # L2 runs after the 200: it can only refuse
+            if result.status != OK:
+                if cat.fail_mode == "closed":
+                    rule = "classifier:" + ("timeout" if result.status == TIMEOUT else result.status)
+                    return Verdict(layer, cat.name, rule, action=action)
                 continue
             assert result.scores is not None
-            score = sum(result.scores.get(c, 0.0) for c in cat.classifier_classes)
+            score = sum(result.scores.get(c, 0.0) for c in cat.classifier_classes)  # related classes pool
             if score >= cat.classifier_threshold:
-                return Verdict(layer, cat.name, "classifier:" + "+".join(cat.classifier_classes), score=score)
+                return Verdict(layer, cat.name, "classifier:" + "+".join(cat.classifier_classes),
+                               score=round(score, 4), action=action)
         return None
 
-    # -- L3 / L4 ----------------------------------------------------------------------------------
+    # -- L3 ---------------------------------------------------------------------------------------
     def stream_guard(self) -> StreamGuard:
-        return StreamGuard(self.output_patterns)
+        return StreamGuard(self.stream_patterns, self._output_action, self.stats.stream)
 
-    def post_check(self, text: str) -> Verdict | None:
-        """L4 on the finished text: the patterns over the whole reply (the classifier window
-        checks run during the stream)."""
-        from sluice.safety.normalize import normalize
+    start_stream = stream_guard
 
-        norm, src = normalize(text)
-        m = self.output_patterns.scan(norm)
-        if m is None:
-            return None
-        return Verdict("L4", m.category, m.rule, src[m.start], src[m.end - 1] + 1)
+    # -- L4 ---------------------------------------------------------------------------------------
+    def post_check(self, text: str, request_id: str = "") -> Verdict | None:
+        """The patterns over the finished reply. A refusing category returns its verdict; a
+        log-only category's verdict is logged here and None returned."""
+        t0 = time.perf_counter()
+        try:
+            v = post_check_patterns(self.stream_patterns, text, self._output_action)
+            if v is None and self.log_patterns.rules:
+                logged = post_check_patterns(self.log_patterns, text, self._output_action)
+                if logged is not None:
+                    log_verdict(logged, request_id, text if self.policy.log_text else None)
+            return v
+        finally:
+            self.stats.l4_calls += 1
+            self.stats.l4_seconds += time.perf_counter() - t0
+
+    async def post_check_async(self, text: str, deadline_s: float | None = None,
+                               request_id: str = "") -> Verdict | None:
+        v = self.post_check(text, request_id)
+        if v is None:
+            v = await self.classify(text, "L4", deadline_s, output=True)
+        return v
+
+    def timing_stats(self) -> dict[str, float]:
+        s, c = self.stats, self.classifier
+        return {
+            "l1_calls": s.l1_calls,
+            "l1_us_mean": s.l1_seconds / s.l1_calls * 1e6 if s.l1_calls else 0.0,
+            "l3_feeds": s.stream.feeds,
+            "l3_us_per_feed": s.stream.us_per_feed,
+            "l3_mean_holdback_chars": s.stream.mean_holdback,
+            "l4_us_mean": s.l4_seconds / s.l4_calls * 1e6 if s.l4_calls else 0.0,
+            "classifier_p50_ms": c.stats.quantile(0.5) if c else 0.0,
+            "classifier_p99_ms": c.stats.quantile(0.99) if c else 0.0,
+        }

@@ -1,8 +1,12 @@
-"""The safety policy: categories of banned content, actions, classifier settings (TOML)."""
+"""The safety policy: categories of banned content, actions, classifier settings (a TOML file).
+
+A policy is data only; `PatternSet` compiles it and `SafetyPipeline` runs it. A deployment may
+hold several (per tier or per key): `PolicyRegistry` maps names to policies and the caller
+resolves which one a request uses.
+"""
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -10,19 +14,28 @@ from pathlib import Path
 from typing import Any
 
 from sluice.errors import SluiceError
-from sluice.safety.normalize import normalize
+from sluice.safety.multipattern import PatternError, check_regex
+from sluice.safety.normalize import Normalized
+
+INPUT_ACTIONS = ("block_400", "block_403", "allow")
+OUTPUT_ACTIONS = ("refuse", "log")  # refuse: kill the stream (stop_reason "refusal"); log: record only
+FAIL_MODES = ("open", "closed")
+# svguardian's classes (the classifier a category's threshold applies to)
+CLASSIFIER_CLASSES = ("prompt_injection", "jailbreak", "data_exfiltration", "pii", "social_engineering",
+                      "harmful_content", "model_attack", "benign")
 
 
 class PolicyError(SluiceError):
-    """The policy file is missing or invalid; the message names the problem."""
+    """The policy file is missing or invalid; the message names the file, key and problem."""
 
 
 @dataclass(slots=True, frozen=True)
 class Category:
     name: str
     literals: tuple[str, ...] = ()  # normalized
-    regexes: tuple[re.Pattern, ...] = ()
-    input_action: str = "block_400"  # block_400 | block_403 | allow
+    regexes: tuple[str, ...] = ()  # hyperscan syntax, matched on normalized text
+    input_action: str = "block_400"
+    output_action: str = "refuse"
     check_output: bool = True
     fail_mode: str = "open"  # classifier saturated or down: open (allow) | closed (refuse)
     classifier_threshold: float | None = None
@@ -33,11 +46,11 @@ class Category:
 @dataclass(slots=True, frozen=True)
 class ClassifierSettings:
     enabled: bool = True
-    deadline_ms: float = 30.0
-    window_chars: int = 600
-    check_every_chars: int = 400
+    deadline_ms: float = 30.0  # L2 gates the first content token at most this long
+    window_chars: int = 600  # the stream window the periodic L3 check classifies
+    check_every_chars: int = 400  # how often (released chars) it runs; 0 = never
     workers: int = 1
-    max_pending: int = 32
+    max_pending: int = 32  # beyond this the pool is saturated and fail modes apply
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,47 +58,87 @@ class SafetyPolicy:
     name: str
     categories: tuple[Category, ...]
     classifier: ClassifierSettings = field(default_factory=ClassifierSettings)
-    log_text: bool = False
+    log_text: bool = False  # verdict logs carry offsets and rule ids, never text, unless set
+
+    def category(self, name: str) -> Category | None:
+        return next((c for c in self.categories if c.name == name), None)
 
 
-_CATEGORY_KEYS = {"description", "literals", "regexes", "input_action", "check_output", "fail_mode",
-                  "classifier_threshold", "classifier_classes"}
+_CATEGORY_KEYS = {"description", "literals", "regexes", "input_action", "output_action", "check_output",
+                  "fail_mode", "classifier_threshold", "classifier_classes"}
+
+
+def _strings(where: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PolicyError(f"{where} must be a list of strings")
+    return value
+
+
+def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise PolicyError(f"{where} must be one of {', '.join(allowed)} (got {value!r})")
+    return value
+
+
+def _category(name: str, cname: str, spec: Any) -> Category:
+    at = f"{name}: categories.{cname}"
+    if not isinstance(spec, dict):
+        raise PolicyError(f"{at} must be a table")
+    bad = set(spec) - _CATEGORY_KEYS
+    if bad:
+        raise PolicyError(f"{at}: unknown keys {sorted(bad)}")
+    literals = []
+    for lit in _strings(f"{at}.literals", spec.get("literals", [])):
+        norm = Normalized(lit).text.strip()
+        if not norm:
+            raise PolicyError(f"{at}.literals: {lit!r} is empty after normalization")
+        literals.append(norm)
+    regexes = _strings(f"{at}.regexes", spec.get("regexes", []))
+    for rx in regexes:
+        try:
+            check_regex(rx)
+        except PatternError as exc:
+            raise PolicyError(f"{at}.regexes: {rx!r} does not compile: {exc}") from None
+    threshold = spec.get("classifier_threshold")
+    if threshold is not None and (not isinstance(threshold, (int, float)) or not 0 < threshold <= 1):
+        raise PolicyError(f"{at}.classifier_threshold must be a number in (0, 1]")
+    classes = _strings(f"{at}.classifier_classes", spec.get("classifier_classes", []))
+    for c in classes:
+        _choice(f"{at}.classifier_classes[]", c, CLASSIFIER_CLASSES)
+    if threshold is not None and not classes:
+        raise PolicyError(f"{at}: classifier_threshold needs classifier_classes")
+    check_output = spec.get("check_output", True)
+    if not isinstance(check_output, bool):
+        raise PolicyError(f"{at}.check_output must be true or false")
+    return Category(
+        cname, tuple(literals), tuple(regexes),
+        _choice(f"{at}.input_action", spec.get("input_action", "block_400"), INPUT_ACTIONS),
+        _choice(f"{at}.output_action", spec.get("output_action", "refuse"), OUTPUT_ACTIONS),
+        check_output,
+        _choice(f"{at}.fail_mode", spec.get("fail_mode", "open"), FAIL_MODES),
+        None if threshold is None else float(threshold), tuple(classes), str(spec.get("description", "")),
+    )
 
 
 def parse_policy(data: dict[str, Any], name: str) -> SafetyPolicy:
     unknown = set(data) - {"log_text", "classifier", "categories"}
     if unknown:
         raise PolicyError(f"{name}: unknown keys {sorted(unknown)}")
-    cats = []
-    for cname, spec in (data.get("categories") or {}).items():
-        bad = set(spec) - _CATEGORY_KEYS
-        if bad:
-            raise PolicyError(f"{name}: categories.{cname}: unknown keys {sorted(bad)}")
-        if spec.get("input_action", "block_400") not in ("block_400", "block_403", "allow"):
-            raise PolicyError(f"{name}: categories.{cname}.input_action must be block_400, block_403 or allow")
-        if spec.get("fail_mode", "open") not in ("open", "closed"):
-            raise PolicyError(f"{name}: categories.{cname}.fail_mode must be open or closed")
-        literals = []
-        for lit in spec.get("literals", []):
-            norm = normalize(lit)[0].strip()
-            if not norm:
-                raise PolicyError(f"{name}: categories.{cname}: a literal is empty after normalization")
-            literals.append(norm)
-        regexes = []
-        for rx in spec.get("regexes", []):
-            try:
-                regexes.append(re.compile(rx, re.IGNORECASE))
-            except re.error as exc:
-                raise PolicyError(f"{name}: categories.{cname}: bad regex {rx!r}: {exc}") from None
-        cats.append(Category(cname, tuple(literals), tuple(regexes), spec.get("input_action", "block_400"),
-                             bool(spec.get("check_output", True)), spec.get("fail_mode", "open"),
-                             spec.get("classifier_threshold"), tuple(spec.get("classifier_classes", ())),
-                             spec.get("description", "")))
+    cats_spec = data.get("categories") or {}
+    if not isinstance(cats_spec, dict):
+        raise PolicyError(f"{name}: categories must be a table of tables")
+    cats = tuple(_category(name, cname, spec) for cname, spec in cats_spec.items())
     c = data.get("classifier") or {}
     bad = set(c) - set(ClassifierSettings.__dataclass_fields__)
     if bad:
         raise PolicyError(f"{name}: classifier: unknown keys {sorted(bad)}")
-    return SafetyPolicy(name, tuple(cats), ClassifierSettings(**c), bool(data.get("log_text", False)))
+    try:
+        settings = ClassifierSettings(**c)
+    except TypeError as exc:
+        raise PolicyError(f"{name}: classifier: {exc}") from None
+    if not isinstance(data.get("log_text", False), bool):
+        raise PolicyError(f"{name}: log_text must be true or false")
+    return SafetyPolicy(name, cats, settings, data.get("log_text", False))
 
 
 def load_policy(path: str | Path | None = None) -> SafetyPolicy:
@@ -99,9 +152,28 @@ def load_policy(path: str | Path | None = None) -> SafetyPolicy:
             text = p.read_text()
         except OSError as exc:
             raise PolicyError(f"cannot read safety policy {p}: {exc.strerror}") from None
-        name = p.name
+        name = str(p)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"safety policy {name} is not valid TOML: {exc}") from None
     return parse_policy(data, name)
+
+
+class PolicyRegistry:
+    """Named policies (per tier or per key). `resolve` tries the key's name, then the tier's,
+    then "default"; files named twice load once."""
+
+    def __init__(self, files: dict[str, str | None]):
+        cache: dict[str | None, SafetyPolicy] = {}
+        self.policies: dict[str, SafetyPolicy] = {}
+        for pname, path in {"default": None, **files}.items():
+            if path not in cache:
+                cache[path] = load_policy(path)
+            self.policies[pname] = cache[path]
+
+    def resolve(self, *names: str | None) -> SafetyPolicy:
+        for n in names:
+            if n and n in self.policies:
+                return self.policies[n]
+        return self.policies["default"]

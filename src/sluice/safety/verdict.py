@@ -1,30 +1,36 @@
-"""A safety decision, and its log line (offsets and ids, never the text unless asked)."""
+"""A safety decision. A check returns None when it passes and a Verdict when it does not; what
+happens next is the verdict's `action` (from the policy)."""
 
 from __future__ import annotations
 
-import json
-import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-log = logging.getLogger("sluice.safety")
+from sluice.safety.verdict_log import log_verdict  # re-exported: callers import it from here
+
+__all__ = ["Verdict", "log_verdict"]
 
 
 @dataclass(slots=True, frozen=True)
 class Verdict:
-    layer: str  # L1 | L2 | L3 | L4
-    category: str
-    rule: str  # "literal:<n>", "regex:<n>", "classifier:<class>"
+    layer: str  # L1 input rules | L2 input classifier | L3 stream guard | L4 post-check
+    category: str  # the policy category
+    rule: str  # "literal:<n>", "regex:<n>" (+ ":base64"), "classifier:<classes>", "classifier:saturated"
     start: int = -1  # offsets in the original text checked (-1 when not positional)
     end: int = -1
-    score: float | None = None
+    score: float | None = None  # the classifier's score, for classifier verdicts
+    action: str = "block_400"  # block_400 | block_403 (input), refuse | log (output)
+    part: int = -1  # which of the input texts matched (L1), else -1
 
     @property
     def code(self) -> str:
-        return f"safety.{'input' if self.layer == 'L1' else 'output'}.{self.category}"
+        """Stable machine-readable code for clients and logs: safety.input.<cat> / safety.output.<cat>."""
+        return f"safety.{'input' if self.layer in ('L1', 'L2') else 'output'}.{self.category}"
 
+    @property
+    def blocked(self) -> bool:
+        return self.action not in ("log", "allow")
 
-def log_verdict(v: Verdict, request_id: str, text: str | None = None, **extra: object) -> None:
-    record = {"event": "safety_verdict", "request_id": request_id, **asdict(v), "code": v.code, **extra}
-    if text is not None and v.start >= 0:
-        record["text"] = text[v.start : v.end]
-    log.warning(json.dumps(record, ensure_ascii=False))
+    @property
+    def status(self) -> int:
+        """The HTTP status an input block maps to (400 invalid_request_error / 403 permission_error)."""
+        return 403 if self.action == "block_403" else 400

@@ -1,0 +1,179 @@
+"""Per-stream replay logs: what lets a client that lost its connection resume a stream.
+
+Every content event of a Messages stream is appended as (seq, event name, JSON data) under the
+message id. `follow(after)` replays everything after `after`, then follows live events until the
+stream is done — no gap, no duplicate. Bounded: a byte cap per stream (the oldest events go
+first; a resume that starts before what is kept is refused) and a TTL after the stream ends.
+
+Two stores, one behaviour: in memory (default, one gateway process) and Redis streams (XADD /
+XREAD), so a client may resume through a different gateway replica than the one generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+POLL_BLOCK_MS = 1000
+
+
+class ReplayGap(Exception):
+    """The events after the requested position are no longer kept."""
+
+
+@dataclass(slots=True, frozen=True)
+class ReplayEvent:
+    seq: int
+    name: str
+    data: str
+
+
+class ReplayLog(Protocol):
+    async def open(self, stream_id: str, tenant: str) -> None: ...
+    async def append(self, stream_id: str, event: ReplayEvent) -> None: ...
+    async def finish(self, stream_id: str) -> None: ...
+    async def owner(self, stream_id: str) -> str | None: ...
+    def follow(self, stream_id: str, after: int) -> AsyncIterator[ReplayEvent]: ...
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _Stream:
+    tenant: str
+    events: list[ReplayEvent] = field(default_factory=list)
+    first_seq: int = 1  # the oldest seq still kept
+    size: int = 0
+    done: bool = False
+    expires: float = float("inf")
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class MemoryReplayLog:
+    def __init__(self, ttl_s: float = 600.0, max_bytes: int = 1 << 20, max_streams: int = 10_000, clock=time.monotonic):
+        self.ttl_s, self.max_bytes, self.max_streams = ttl_s, max_bytes, max_streams
+        self._clock = clock
+        self._streams: OrderedDict[str, _Stream] = OrderedDict()
+
+    def _get(self, stream_id: str) -> _Stream | None:
+        s = self._streams.get(stream_id)
+        if s is not None and s.expires < self._clock():
+            del self._streams[stream_id]
+            return None
+        return s
+
+    async def open(self, stream_id: str, tenant: str) -> None:
+        self._streams[stream_id] = _Stream(tenant)
+        while len(self._streams) > self.max_streams:
+            self._streams.popitem(last=False)
+
+    async def append(self, stream_id: str, event: ReplayEvent) -> None:
+        s = self._get(stream_id)
+        if s is None:
+            return
+        s.events.append(event)
+        s.size += len(event.data) + len(event.name) + 16
+        while s.size > self.max_bytes and len(s.events) > 1:
+            old = s.events.pop(0)
+            s.size -= len(old.data) + len(old.name) + 16
+            s.first_seq = s.events[0].seq
+        s.changed.set()
+
+    async def finish(self, stream_id: str) -> None:
+        s = self._get(stream_id)
+        if s is not None:
+            s.done = True
+            s.expires = self._clock() + self.ttl_s
+            s.changed.set()
+
+    async def owner(self, stream_id: str) -> str | None:
+        s = self._get(stream_id)
+        return None if s is None else s.tenant
+
+    async def follow(self, stream_id: str, after: int) -> AsyncIterator[ReplayEvent]:
+        s = self._get(stream_id)
+        if s is None:
+            return
+        if after + 1 < s.first_seq:
+            raise ReplayGap(f"events after {after} are no longer kept (oldest kept: {s.first_seq})")
+        while True:
+            s.changed.clear()
+            for ev in [e for e in s.events if e.seq > after]:
+                yield ev
+                after = ev.seq
+            if s.done:
+                return
+            await s.changed.wait()
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisReplayLog:
+    """A Redis stream per message (`<prefix>:sse:<id>`) plus a small meta hash; both expire."""
+
+    def __init__(self, url: str, ttl_s: float = 600.0, max_events: int = 20_000, prefix: str = "sluice"):
+        import redis.asyncio as aioredis
+
+        self.redis = aioredis.from_url(url, decode_responses=True, socket_connect_timeout=1.0)
+        self.ttl_s, self.max_events, self.prefix = ttl_s, max_events, prefix
+
+    def _keys(self, stream_id: str) -> tuple[str, str]:
+        return f"{self.prefix}:sse:{{{stream_id}}}", f"{self.prefix}:sse:{{{stream_id}}}:meta"
+
+    async def open(self, stream_id: str, tenant: str) -> None:
+        events, meta = self._keys(stream_id)
+        live_ttl = int(self.ttl_s) + 3600  # while live, outlive any reasonable stream
+        pipe = self.redis.pipeline()
+        pipe.hset(meta, mapping={"tenant": tenant, "done": "0"})
+        pipe.expire(meta, live_ttl)
+        await pipe.execute()
+
+    async def append(self, stream_id: str, event: ReplayEvent) -> None:
+        events, meta = self._keys(stream_id)
+        pipe = self.redis.pipeline()
+        pipe.xadd(events, {"seq": event.seq, "name": event.name, "data": event.data}, maxlen=self.max_events, approximate=True)
+        pipe.expire(events, int(self.ttl_s) + 3600)
+        await pipe.execute()
+
+    async def finish(self, stream_id: str) -> None:
+        events, meta = self._keys(stream_id)
+        pipe = self.redis.pipeline()
+        pipe.hset(meta, "done", "1")
+        pipe.xadd(events, {"seq": 0, "name": "", "data": ""})  # wakes followers blocked in XREAD
+        pipe.expire(meta, int(self.ttl_s))
+        pipe.expire(events, int(self.ttl_s))
+        await pipe.execute()
+
+    async def owner(self, stream_id: str) -> str | None:
+        return await self.redis.hget(self._keys(stream_id)[1], "tenant")
+
+    async def follow(self, stream_id: str, after: int) -> AsyncIterator[ReplayEvent]:
+        events, meta = self._keys(stream_id)
+        position = "0-0"
+        checked_gap = False
+        while True:
+            reply = await self.redis.xread({events: position}, block=POLL_BLOCK_MS, count=500)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    position = entry_id
+                    seq = int(fields["seq"])
+                    if not checked_gap:
+                        checked_gap = True
+                        if seq > after + 1 and seq != 0:
+                            raise ReplayGap(f"events after {after} are no longer kept")
+                    if seq == 0:  # the end marker
+                        return
+                    if seq > after:
+                        yield ReplayEvent(seq, fields["name"], fields["data"])
+                        after = seq
+            if not reply and await self.redis.hget(meta, "done") == "1":
+                return
+            if not reply and await self.redis.exists(meta) == 0:
+                return
+
+    async def close(self) -> None:
+        await self.redis.aclose()
