@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from anyio import CancelScope
+
 import asyncio
 import json
 from collections.abc import AsyncIterator
@@ -273,4 +275,5 @@ async def _stream(
         reason = "the server is shutting down" if rt.draining else "the stream exceeded the maximum stream duration"
         yield w.error("overloaded_error" if rt.draining else "timeout_error", reason, request_id)
     finally:
-        await session.close()
+        with CancelScope(shield=True):  # settle limits and leases even when the client is gone
+            await session.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from anyio import CancelScope
+
 import asyncio
 import json
 import time
@@ -254,7 +256,8 @@ async def _stream(
     except TimeoutError:
         yield _error_event("the stream exceeded its maximum duration or the server is shutting down", "server_error")
     finally:
-        await session.close()
+        with CancelScope(shield=True):  # settle limits and leases even when the client is gone
+            await session.close()
 
 
 def _error_event(message: str, kind: str) -> ServerSentEvent:

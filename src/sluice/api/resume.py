@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from anyio import CancelScope
+
 import asyncio
 import json
 from collections.abc import AsyncIterator
@@ -43,11 +45,14 @@ async def record_stream(
                 ended = sse.event in ("message_stop", "error")
             yield sse
     finally:
-        if not ended:
-            data = json.dumps({"type": "error", "error": {"type": "api_error",
-                               "message": "the stream ended when its client disconnected (not a background request)"}})
-            await log.append(msg_id, ReplayEvent(last_seq + 1, "error", data))
-        await log.finish(msg_id)
+        # Shielded: after a disconnect the response's cancel scope would cancel every await here
+        # (anyio cancellation is level-triggered) and the log would never be finished.
+        with CancelScope(shield=True):
+            if not ended:
+                data = json.dumps({"type": "error", "error": {"type": "api_error",
+                                   "message": "the stream ended when its client disconnected (not a background request)"}})
+                await log.append(msg_id, ReplayEvent(last_seq + 1, "error", data))
+            await log.finish(msg_id)
 
 
 def start_background(rt: ServingRuntime, recorded: AsyncIterator[ServerSentEvent]) -> None:

@@ -12,6 +12,7 @@ Returning after a refusal closes the engine stream, which aborts the request at 
 
 from __future__ import annotations
 
+
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
