@@ -24,7 +24,7 @@ from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
 from sluice.api.prompt import build_prompt, safety_texts
 from sluice.api.safety_check import Guard, check_request_safety
-from sluice.api.safety_stream import Piece, stop_details
+from sluice.api.safety_stream import stop_details
 from sluice.api.resume import follow, record_stream, start_background, wants_background
 from sluice.api.runtime import ServingRuntime
 from sluice.api.sse import event_stream_response, run_with_deadline
@@ -199,21 +199,9 @@ async def collect_message(
     rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan, guard: Guard
 ) -> dict[str, Any]:
     """Run a session to the end and build the Message object (raises ApiError on failure)."""
-    text: list[str] = []
-    last: Piece | None = None
-
-    async def collect() -> None:
-        nonlocal last
-        async for piece in guard.pieces(session.events()):
-            text.append(piece.text)
-            last = piece
-
-    try:
-        await asyncio.wait_for(collect(), rt.settings.request_timeout_s)
-    except TimeoutError:
-        raise ApiError(504, "the request took longer than the server's request timeout", type="timeout_error") from None
+    text, last = await guard.collect(session.events())
     if last is not None and last.refusal is not None:
-        body = message_object(gen.request_id, model, "".join(text), "refusal", None, plan.usage(last.usage or Usage()))
+        body = message_object(gen.request_id, model, text, "refusal", None, plan.usage(last.usage or Usage()))
         body["stop_details"] = stop_details(last.refusal)
         return body
     final = last.final if last is not None else None
@@ -224,7 +212,7 @@ async def collect_message(
     return message_object(
         gen.request_id,
         model,
-        None if plan.prefill_only else "".join(text),
+        None if plan.prefill_only else text,
         STOP_REASONS[final.finish_reason],
         final.stop_sequence,
         plan.usage(final.usage),

@@ -23,7 +23,6 @@ from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
 from sluice.api.runtime import ServingRuntime
 from sluice.api.safety_check import Guard, check_request_safety
-from sluice.api.safety_stream import Piece
 from sluice.api.sse import event_stream_response, run_with_deadline
 from sluice.gateway.gateway import Session
 from sluice.gateway.rate_limit_headers import rate_limit_headers
@@ -183,19 +182,7 @@ def _usage(u: Any) -> dict[str, Any]:
 async def _complete(
     rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, headers: dict[str, str], guard: Guard
 ) -> JSONResponse:
-    parts: list[str] = []
-    last: Piece | None = None
-
-    async def collect() -> None:
-        nonlocal last
-        async for piece in guard.pieces(session.events()):
-            parts.append(piece.text)
-            last = piece
-
-    try:
-        await asyncio.wait_for(collect(), rt.settings.request_timeout_s)
-    except TimeoutError:
-        raise ApiError(504, "the request took longer than the server's request timeout") from None
+    text, last = await guard.collect(session.events())
     if last is None or (last.refusal is None and (last.final is None or last.final.finish_reason not in FINISH)):
         raise ApiError(500, "the engine failed while generating this request")
     finish = "content_filter" if last.refusal is not None else FINISH[last.final.finish_reason]  # type: ignore[union-attr]
@@ -209,7 +196,7 @@ async def _complete(
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": "".join(parts), "refusal": None},
+                    "message": {"role": "assistant", "content": text, "refusal": None},
                     "finish_reason": finish,
                     "logprobs": None,
                 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -25,6 +26,24 @@ class Guard:
 
     def pieces(self, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[Piece]:
         return guarded(self.safety, events, self.input_text, self.request_id, self._count)
+
+    async def collect(self, events: AsyncIterator[GenerationEvent]) -> tuple[str, Piece | None]:
+        """A non-streaming reply: all released text and the last piece (final or refusal),
+        bounded by `request_timeout_s` (504 past it)."""
+        parts: list[str] = []
+        last: Piece | None = None
+
+        async def run() -> None:
+            nonlocal last
+            async for piece in self.pieces(events):
+                parts.append(piece.text)
+                last = piece
+
+        try:
+            await asyncio.wait_for(run(), self.rt.settings.request_timeout_s)
+        except TimeoutError:
+            raise ApiError(504, "the request took longer than the server's request timeout", type="timeout_error") from None
+        return "".join(parts), last
 
     def _count(self, v: Verdict) -> None:
         self.rt.metrics.safety_verdicts.labels(v.layer, v.category).inc()
