@@ -205,3 +205,58 @@ def test_redis_down_fails_closed_with_529_not_500(worker, tmp_path):
     finally:
         server.stop()
     assert "rate-limit store unavailable" in server.log()
+
+
+def test_queued_streams_ping_and_leaving_clients_leave_the_queue(worker, tmp_path):
+    server = gateway(worker, tmp_path, SLUICE_MAX_INFLIGHT="1", SLUICE_PING_INTERVAL_S="0.3")
+    import threading
+
+    from httpx_sse import connect_sse
+
+    stop = threading.Event()
+
+    def occupy() -> None:  # holds the only engine slot until told to stop
+        story = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and her cat."}]
+        body = {"model": MODEL, "max_tokens": 400, "stream": True, "messages": story, "temperature": 0}
+        with httpx.Client(timeout=120) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=body) as es:
+            for _ in es.iter_sse():
+                if stop.is_set():
+                    return
+
+    def depth() -> float:
+        return metric_value(server.base_url, "sluice_gateway_queue_depth")
+
+    holder = threading.Thread(target=occupy)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 60
+        while metric_value(server.base_url, "sluice_gateway_inflight_requests") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        body = {"model": MODEL, "max_tokens": 5, "stream": True, "messages": ASK}
+        names: list[str] = []
+        queued_while_pinging = 0.0
+        with httpx.Client(timeout=30) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=body) as es:
+            t0 = time.monotonic()
+            for sse in es.iter_sse():
+                names.append(sse.event)
+                if names.count("ping") == 5:
+                    queued_while_pinging = depth()
+                if time.monotonic() - t0 > 2.5:
+                    break  # leaving the iterator closes the connection: the client is gone
+        assert queued_while_pinging == 1
+        assert "message_start" not in names and names.count("ping") >= 5  # pings while it waits in the queue
+        t0 = time.monotonic()
+        while depth() != 0:  # the client left: so did its queue entry
+            assert time.monotonic() - t0 < 1.0
+            time.sleep(0.05)
+        with pytest.raises(httpx.ReadTimeout):  # a non-streaming request whose client gives up while queued
+            httpx.post(server.base_url + "/v1/messages", json={**body, "stream": False}, timeout=1.0)
+        t0 = time.monotonic()
+        while depth() != 0:
+            assert time.monotonic() - t0 < 1.0
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        holder.join(60)
+        server.stop()

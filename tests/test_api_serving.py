@@ -59,8 +59,9 @@ def test_16_concurrent_streams_batch(server):
     assert together < 6 * single, f"16 streams took {together:.1f}s vs {single:.1f}s for one: no batching?"
 
 
-def test_rst_disconnect_aborts_quickly(server):
-    """An RST'd connection (SO_LINGER 0) frees the engine within a second."""
+@pytest.mark.parametrize("how", ["rst", "half-close"])
+def test_disconnect_aborts_quickly(server, how):
+    """An RST'd (SO_LINGER 0) or half-closed (SHUT_WR) connection frees the engine within a second."""
     import json
 
     body = json.dumps(_stream_body(400)).encode()
@@ -74,12 +75,17 @@ def test_rst_disconnect_aborts_quickly(server):
     while buf.count(b"content_block_delta") < 2:
         buf += sock.recv(65536)
     assert metric(server.base_url, "sluice_engine_running_requests") == 1
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()  # RST
+    if how == "rst":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    else:
+        sock.shutdown(socket.SHUT_WR)  # uvicorn treats a half-close as a disconnect
     t0 = time.monotonic()
     while metric(server.base_url, "sluice_engine_running_requests") != 0:
         assert time.monotonic() - t0 < 1.0
         time.sleep(0.02)
+    if how != "rst":
+        sock.close()
 
 
 def test_worker_death_mid_stream_then_recovery():

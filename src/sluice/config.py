@@ -56,6 +56,7 @@ class Settings(BaseSettings):
     ping_interval_s: float = Field(10.0, gt=0)
     send_timeout_s: float = Field(30.0, gt=0)  # one SSE write may block this long (stalled reader)
     max_stream_duration_s: float = Field(600.0, gt=0)
+    stream_open_wait_s: float = Field(1.0, ge=0)  # a queued stream opens (and pings) after this
     request_timeout_s: float = Field(600.0, gt=0)  # non-streaming requests
     shutdown_grace_s: float = Field(10.0, ge=0)
     tcp_keepalive: bool = True

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -19,7 +19,7 @@ from sluice.api.anthropic_format import STOP_REASONS, EventWriter, UsagePlan, me
 from sluice.api.anthropic_schema import CountTokensRequest, MessagesRequest
 from sluice.api.auth import Principal, require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.api.gateway_session import open_session
+from sluice.api.gateway_session import ClientGone, open_session, until_admitted
 from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
 from sluice.api.prompt import build_prompt, safety_texts
@@ -143,14 +143,25 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         request_id = request.state.request_id
         key_body = body.model_dump(exclude_none=True, exclude={"stream", "metadata", "background"})
         guard = check_request_safety(rt, principal, safety_texts(body), msg_id)  # L1: 400/403 before the 200
-        session = await open_session(rt, request, principal, gen, body.model, ROUTE, key_body)
-        headers = rate_limit_headers(session.decision)
+        opening = asyncio.ensure_future(open_session(rt, request, principal, gen, body.model, ROUTE, key_body))
+        # Refusals known at once (rate limits, a full queue) are real 429 / 529 statuses. A stream
+        # still queued after `stream_open_wait_s` is opened while it waits, so pings flow (a
+        # deadline passed later is then an in-stream overloaded_error).
+        wait = rt.settings.stream_open_wait_s if body.stream else None
+        try:
+            admitted = await until_admitted(request, opening, wait)
+        except ClientGone:
+            return Response(status_code=499)
+        session = opening.result() if admitted else None  # raises the ApiError of a refusal
+        headers = rate_limit_headers(session.decision) if session is not None else {}
         if body.stream:
-            events = record_stream(rt.replay, msg_id, principal.tenant, _stream(rt, session, gen, body.model, plan, request_id, guard))
+            stream = _stream(rt, opening, gen, body.model, plan, request_id, guard)
+            events = record_stream(rt.replay, msg_id, principal.tenant, stream)
             if wants_background(request, body.background):  # generation outlives this connection
                 start_background(rt, events)
                 return event_stream_response(rt, follow(rt, msg_id, 0), EventWriter(msg_id).ping, headers)
-            return event_stream_response(rt, events, EventWriter(msg_id).ping, headers, session.close)
+            return event_stream_response(rt, events, EventWriter(msg_id).ping, headers, lambda: close_opening(opening))
+        assert session is not None
         try:
             return JSONResponse(await collect_message(rt, session, gen, body.model, plan, guard), headers=headers)
         finally:
@@ -219,8 +230,17 @@ async def collect_message(
     )
 
 
+async def close_opening(opening: "asyncio.Future[Session]") -> None:
+    """Release whatever admission produced, or stop waiting for it."""
+    if not opening.done():
+        opening.cancel()
+    elif not opening.cancelled() and opening.exception() is None:
+        await opening.result().close()
+
+
 async def _stream(
-    rt: ServingRuntime, session: Session, gen: GenerationRequest, model: str, plan: UsagePlan, request_id: str, guard: Guard
+    rt: ServingRuntime, opening: "asyncio.Future[Session]", gen: GenerationRequest, model: str, plan: UsagePlan,
+    request_id: str, guard: Guard,
 ) -> AsyncIterator[ServerSentEvent]:
     """The event sequence of reference §4.3; failures after the 200 become an `error` event;
     a safety stop is Anthropic's refusal: block stop, `stop_reason: "refusal"`, message stop."""
@@ -228,6 +248,7 @@ async def _stream(
     yield w.ping()  # bytes on the wire at once, before queueing and prefill
     started = False
     try:
+        session = await opening  # admitted already, or still queued (pings flow meanwhile)
         async for piece in run_with_deadline(rt, guard.pieces(session.events())):
             if not started:
                 started = True
@@ -264,4 +285,4 @@ async def _stream(
         yield w.error("overloaded_error" if rt.draining else "timeout_error", reason, request_id)
     finally:
         with CancelScope(shield=True):  # settle limits and leases even when the client is gone
-            await session.close()
+            await close_opening(opening)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -31,6 +32,33 @@ def _deadline(request: Request) -> float | None:
     if value <= 0:
         raise ApiError(400, f"{QUEUE_TIMEOUT_HEADER}: must be positive")
     return value
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request waited for admission."""
+
+
+async def until_admitted(request: Request, opening: "asyncio.Future[Session]", timeout: float | None = None) -> bool:
+    """Wait for `opening` (a gateway admission), at most `timeout` seconds; True once it is done.
+
+    A client that disconnects while it waits leaves the admission queue at once: the waiter is
+    cancelled (Starlette does not cancel a handler whose client left before the response)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while not opening.done():
+        step = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - loop.time()))
+        await asyncio.wait({opening}, timeout=step)
+        if opening.done():
+            break
+        if await request.is_disconnected():
+            opening.cancel()
+            raise ClientGone()
+        if deadline is not None and loop.time() >= deadline:
+            return False
+    return True
+
+
+_POLL_S = 0.25
 
 
 async def open_session(

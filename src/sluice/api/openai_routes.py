@@ -11,14 +11,14 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette import ServerSentEvent
 
 from sluice.api.anthropic_routes import describe_validation_error
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.api.gateway_session import open_session
+from sluice.api.gateway_session import ClientGone, open_session, until_admitted
 from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
 from sluice.api.runtime import ServingRuntime
@@ -156,7 +156,12 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         key_body = body.model_dump(exclude_none=True, exclude={"stream", "stream_options", "user", "metadata", "store"})
         texts = [m["content"] for m, raw in zip(messages, body.messages) if raw.role != "assistant" and m["content"]]
         guard = check_request_safety(rt, principal, texts, gen.request_id)  # L1 before the 200
-        session = await open_session(rt, request, principal, gen, body.model, ROUTE, key_body)
+        opening = asyncio.ensure_future(open_session(rt, request, principal, gen, body.model, ROUTE, key_body))
+        try:
+            await until_admitted(request, opening)  # a client that leaves while queued leaves the queue
+        except ClientGone:
+            return Response(status_code=499)
+        session = opening.result()
         headers = rate_limit_headers(session.decision)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
