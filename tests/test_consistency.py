@@ -88,7 +88,8 @@ def test_same_tokens_on_a_prefix_cache_hit(bundled, hf_bundled, alone):
     engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=128))
     _run(engine, [GenerationRequest("warm", prompt, GREEDY)])
     out = engine.generate([GenerationRequest("g", prompt, GREEDY), GenerationRequest("s", prompt, SEEDED)])
-    full_blocks = (len(prompt) - 1) // 16 * 16  # never the last prompt token
+    bs = engine.config.block_size
+    full_blocks = (len(prompt) - 1) // bs * bs  # never the last prompt token
     assert out["g"].usage.cached_tokens == out["s"].usage.cached_tokens == full_blocks > 0
     _assert_same(hf_bundled, prompt, greedy, out["g"].token_ids, "prefix-cache hit (greedy)")
     assert out["s"].token_ids == seeded, "seeded sampling changed on a prefix-cache hit"
