@@ -22,6 +22,8 @@ from sluice.api.errors import ApiError, bad_request
 from sluice.api.gateway_session import ClientGone, open_session, until_admitted
 from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
+from sluice.api.json_body import json_object
+from sluice.api.pagination import page
 from sluice.api.prompt import build_prompt, safety_texts
 from sluice.api.safety_check import Guard, check_request_safety
 from sluice.api.safety_stream import stop_details
@@ -38,12 +40,7 @@ ROUTE = "/v1/messages"
 
 def parse_body(raw: bytes, model: type[BaseModel], lenient: bool) -> Any:
     """JSON → pydantic model, with Anthropic-style `<json.path>: <message>` errors."""
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"There was an error parsing the body of your request: {exc}") from None
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object")
+    data = json_object(raw, "There was an error parsing the body of your request")
     if lenient:
         data = {k: v for k, v in data.items() if k in model.model_fields}
     try:
@@ -182,20 +179,7 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         request: Request, limit: int = 20, after_id: str | None = None, before_id: str | None = None
     ) -> Any:
         await require_principal(request, rt.authenticator)
-        if not 1 <= limit <= 1000:
-            raise bad_request("limit: must be between 1 and 1000")
-        ids = list(rt.model_ids)
-        if after_id is not None:
-            ids = ids[ids.index(after_id) + 1 :] if after_id in ids else []
-        elif before_id is not None:
-            ids = ids[: ids.index(before_id)][-limit:] if before_id in ids else []
-        page = ids[:limit]
-        return {
-            "data": [_model_info(rt, m) for m in page],
-            "has_more": len(ids) > len(page),
-            "first_id": page[0] if page else None,
-            "last_id": page[-1] if page else None,
-        }
+        return page(list(rt.model_ids), limit, after_id, before_id, lambda m: _model_info(rt, m))
 
     @router.get("/v1/models/{model_id:path}")
     async def get_model(request: Request, model_id: str) -> Any:

@@ -35,6 +35,7 @@ from sluice.api.auth import Principal, require_principal
 from sluice.api.errors import ApiError, bad_request
 from sluice.api.generation import generate
 from sluice.api.ids import new_id
+from sluice.api.pagination import page
 from sluice.api.runtime import ServingRuntime
 from sluice.gateway.admission import Overloaded
 from sluice.gateway.principal import Principal as GatewayPrincipal
@@ -191,17 +192,9 @@ def build_router(rt: ServingRuntime, store: BatchStore) -> APIRouter:
     @router.get("/v1/messages/batches")
     async def list_batches(request: Request, limit: int = 20, after_id: str | None = None, before_id: str | None = None) -> Any:
         principal = await require_principal(request, rt.authenticator)
-        if not 1 <= limit <= 1000:
-            raise bad_request("limit: must be between 1 and 1000")
         ids = [b.id for b in store.for_tenant(principal.tenant)]
-        if after_id is not None:
-            ids = ids[ids.index(after_id) + 1 :] if after_id in ids else []
-        elif before_id is not None:
-            ids = ids[: ids.index(before_id)][-limit:] if before_id in ids else []
-        page = ids[:limit]
         base = _base_url(request)
-        return {"data": [store.batches[i].to_json(base) for i in page], "has_more": len(ids) > len(page),
-                "first_id": page[0] if page else None, "last_id": page[-1] if page else None}
+        return page(ids, limit, after_id, before_id, lambda i: store.batches[i].to_json(base))
 
     @router.get("/v1/messages/batches/{batch_id}")
     async def retrieve(request: Request, batch_id: str) -> Any:

@@ -21,6 +21,7 @@ from sluice.api.errors import ApiError, bad_request
 from sluice.api.gateway_session import ClientGone, open_session, until_admitted
 from sluice.api.generation import check_fits
 from sluice.api.ids import new_id
+from sluice.api.json_body import json_object
 from sluice.api.runtime import ServingRuntime
 from sluice.api.safety_check import Guard, check_request_safety
 from sluice.api.sse import event_stream_response, run_with_deadline
@@ -95,12 +96,7 @@ class ChatCompletionRequest(_Strict):
 
 
 def _parse(raw: bytes, lenient: bool) -> ChatCompletionRequest:
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"We could not parse the JSON body of your request: {exc}") from None
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object")
+    data = json_object(raw, "We could not parse the JSON body of your request")
     unknown = [k for k in data if k not in ChatCompletionRequest.model_fields]
     if unknown and not lenient:
         raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
