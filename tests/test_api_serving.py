@@ -22,9 +22,12 @@ pytestmark = pytest.mark.slow
 STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 
 
+SEND_TIMEOUT_S = 3.0  # short, so the stalled-reader test is quick; readers that read are unaffected
+
+
 @pytest.fixture(scope="module")
 def server():
-    proc = start_server()
+    proc = start_server(env={"SLUICE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S)})
     yield proc
     proc.stop()
 
@@ -59,18 +62,40 @@ def test_16_concurrent_streams_batch(server):
     assert together < 6 * single, f"16 streams took {together:.1f}s vs {single:.1f}s for one: no batching?"
 
 
-@pytest.mark.parametrize("how", ["rst", "half-close"])
-def test_disconnect_aborts_quickly(server, how):
-    """An RST'd (SO_LINGER 0) or half-closed (SHUT_WR) connection frees the engine within a second."""
+def _open_raw_stream(server, max_tokens: int, rcvbuf: int | None = None) -> socket.socket:
     import json
 
-    body = json.dumps(_stream_body(400)).encode()
+    body = json.dumps(_stream_body(max_tokens)).encode()
     host, port = server.base_url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
+    sock = socket.socket()
+    if rcvbuf is not None:  # before connect, so the advertised window is small from the start
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect((host, int(port)))
     sock.sendall(
         b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
     )
+    return sock
+
+
+def _histogram(base_url: str, name: str) -> dict[str, float]:
+    """`{le: cumulative count}` plus `count` of an unlabelled histogram from /metrics."""
+    out = {}
+    for line in httpx.get(base_url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            out[line.split('le="')[1].split('"')[0]] = float(line.split()[1])
+        elif line.startswith(name + "_count "):
+            out["count"] = float(line.split()[1])
+    return out
+
+
+@pytest.mark.parametrize("how", ["rst", "half-close"])
+def test_disconnect_aborts_quickly(server, how):
+    """An RST'd (SO_LINGER 0) or half-closed (SHUT_WR) connection aborts its generation within
+    50 ms of the server seeing the close (sluice_disconnect_abort_seconds), and the engine is
+    idle again within a second (it drops the request at its next step boundary)."""
+    before = _histogram(server.base_url, "sluice_disconnect_abort_seconds")
+    sock = _open_raw_stream(server, 400)
     buf = b""
     while buf.count(b"content_block_delta") < 2:
         buf += sock.recv(65536)
@@ -86,6 +111,64 @@ def test_disconnect_aborts_quickly(server, how):
         time.sleep(0.02)
     if how != "rst":
         sock.close()
+    after = _histogram(server.base_url, "sluice_disconnect_abort_seconds")
+    assert after["count"] == before.get("count", 0) + 1
+    assert after["0.05"] == before.get("0.05", 0) + 1, f"disconnect → abort took over 50 ms: {after}"
+
+
+def test_stalled_reader_is_cut_within_the_send_timeout(server):
+    """A client with a tiny receive buffer that never reads: once its window is full, nothing
+    more is acknowledged; the server cuts it `send_timeout_s` later (not after minutes of
+    filling kernel buffers) and the engine drops the request."""
+    cut_before = metric(server.base_url, "sluice_stalled_readers_cut_total")
+    sock = _open_raw_stream(server, 1500, rcvbuf=2048)
+    try:
+        t0 = time.monotonic()
+        while metric(server.base_url, "sluice_engine_running_requests") != 1:
+            assert time.monotonic() - t0 < 30, "the request never started"
+            time.sleep(0.05)
+        started = time.monotonic()
+        # the window fills within a few dozen events; then send_timeout_s; then one watch tick
+        while metric(server.base_url, "sluice_stalled_readers_cut_total") == cut_before:
+            assert time.monotonic() - started < SEND_TIMEOUT_S + 15, "the stalled reader was never cut"
+            time.sleep(0.1)
+        cut_after = time.monotonic() - started
+        t1 = time.monotonic()
+        while metric(server.base_url, "sluice_engine_running_requests") != 0:
+            assert time.monotonic() - t1 < 1.0, "the cut reader's generation kept running"
+            time.sleep(0.02)
+        assert cut_after >= SEND_TIMEOUT_S * 0.9  # not cut before the timeout
+        sock.settimeout(5)
+        try:
+            while sock.recv(65536):  # what was buffered, then the end: the stream was dropped
+                pass
+        except ConnectionResetError:
+            pass
+    finally:
+        sock.close()
+
+
+def test_slow_but_steady_reader_is_not_cut(server):
+    """A reader slower than the stream (tiny buffer, 512 bytes every 0.4 s) keeps acknowledging:
+    it is never cut, however far behind it falls."""
+    cut_before = metric(server.base_url, "sluice_stalled_readers_cut_total")
+    sock = _open_raw_stream(server, 1500, rcvbuf=2048)
+    try:
+        got = 0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.5 * SEND_TIMEOUT_S:
+            got += len(sock.recv(512))
+            time.sleep(0.4)
+        assert metric(server.base_url, "sluice_stalled_readers_cut_total") == cut_before
+        assert metric(server.base_url, "sluice_engine_running_requests") == 1
+        assert got > 0
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    t1 = time.monotonic()
+    while metric(server.base_url, "sluice_engine_running_requests") != 0:
+        assert time.monotonic() - t1 < 1.0
+        time.sleep(0.02)
 
 
 def test_worker_death_mid_stream_then_recovery():

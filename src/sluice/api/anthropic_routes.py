@@ -157,7 +157,9 @@ def build_router(rt: ServingRuntime) -> APIRouter:
             if wants_background(request, body.background):  # generation outlives this connection
                 start_background(rt, events)
                 return event_stream_response(rt, follow(rt, msg_id, 0), EventWriter(msg_id).ping, headers)
-            return event_stream_response(rt, events, EventWriter(msg_id).ping, headers, lambda: close_opening(opening))
+            return event_stream_response(
+                rt, events, EventWriter(msg_id).ping, headers, lambda: close_opening(opening), request
+            )
         assert session is not None
         try:
             return JSONResponse(await collect_message(rt, session, gen, body.model, plan, guard), headers=headers)

@@ -162,7 +162,7 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             events = _stream(rt, session, gen, body.model, include_usage, guard)
-            return event_stream_response(rt, events, None, headers, session.close)
+            return event_stream_response(rt, events, None, headers, session.close, request)
         try:
             return await _complete(rt, session, gen, body.model, headers, guard)
         finally:

@@ -7,6 +7,9 @@ TCP_USER_TIMEOUT make a vanished client's half-open connection fail in seconds i
 Shutdown: the first SIGTERM/SIGINT marks the runtime as draining (new requests get 529,
 /ready turns 503), uvicorn stops accepting, and open streams get `shutdown_grace_s` to finish;
 past it each ends with a proper `error` event (never a silent cut).
+
+Every connection is watched (connection_watch.py): a reader that acknowledges nothing for
+`send_timeout_s` while bytes wait for it is cut, long before the buffers would fill.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from types import FrameType
 
 import uvicorn
 
+from sluice.api.connection_watch import ConnectionWatch, watched_protocol
 from sluice.api.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.server")
@@ -72,8 +76,10 @@ class DrainingServer(uvicorn.Server):
 
 def build_server(app: object, rt: ServingRuntime, access_log: bool = False) -> DrainingServer:
     s = rt.settings
+    watch = ConnectionWatch(s.send_timeout_s, on_stall=lambda _state: rt.metrics.stalled_readers_cut.inc())
     config = uvicorn.Config(
         app,
+        http=watched_protocol(watch),
         log_level=s.log_level,
         access_log=access_log,
         timeout_graceful_shutdown=int(s.shutdown_grace_s + 5),

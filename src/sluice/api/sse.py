@@ -13,11 +13,15 @@ from __future__ import annotations
 
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
+from starlette.requests import Request
+
+from sluice.api.connection_watch import connection_of
 
 from sluice.api.runtime import ServingRuntime
 
@@ -31,10 +35,23 @@ def event_stream_response(
     ping: Callable[[], ServerSentEvent] | None,
     headers: dict[str, str] | None = None,
     on_close: Callable[[], Awaitable[None]] | None = None,
+    request: Request | None = None,
 ) -> EventSourceResponse:
     """`on_close` runs after the response ends however it ends — also when the client left
-    before the stream generator ever started (its own `finally` would then never run)."""
+    before the stream generator ever started (its own `finally` would then never run).
+
+    A stream that aborts its generation when the client leaves passes `on_close` and `request`:
+    the time from the connection closing to that abort (the stream's generators have been
+    closed by then) is recorded in `sluice_disconnect_abort_seconds`."""
     s = rt.settings
+    conn = connection_of(request.scope) if request is not None else None
+
+    async def closed() -> None:
+        if conn is not None and conn.lost_at is not None:
+            rt.metrics.disconnect_abort.observe(time.monotonic() - conn.lost_at)
+        if on_close is not None:
+            await on_close()
+
     return EventSourceResponse(
         events,
         ping=s.ping_interval_s,
@@ -43,7 +60,7 @@ def event_stream_response(
         send_timeout=s.send_timeout_s,
         headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache", **(headers or {})},
         shutdown_grace_period=s.shutdown_grace_s + 2.0,
-        background=BackgroundTask(on_close) if on_close is not None else None,
+        background=BackgroundTask(closed) if on_close is not None or conn is not None else None,
     )
 
 
@@ -58,7 +75,7 @@ async def run_with_deadline(rt: ServingRuntime, source: AsyncIterator[T]) -> Asy
                 pending = asyncio.ensure_future(anext(it))
             deadline = limit
             if rt.draining:
-                deadline = min(deadline, loop.time() + (rt.drain_deadline - _monotonic()))
+                deadline = min(deadline, loop.time() + (rt.drain_deadline - time.monotonic()))
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError
@@ -82,9 +99,3 @@ async def run_with_deadline(rt: ServingRuntime, source: AsyncIterator[T]) -> Asy
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
             await aclose()
-
-
-def _monotonic() -> float:
-    import time
-
-    return time.monotonic()

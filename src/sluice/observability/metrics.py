@@ -31,6 +31,14 @@ class ServingMetrics:
         self.output_tokens = Counter("sluice_output_tokens", "Output tokens generated", registry=r)
         self.prompt_tokens = Counter("sluice_prompt_tokens", "Prompt tokens received", registry=r)
         self.aborted = Counter("sluice_requests_aborted", "Requests aborted (disconnect, timeout, kill)", ["reason"], registry=r)
+        self.disconnect_abort = Histogram(
+            "sluice_disconnect_abort_seconds",
+            "Time from a streaming client's connection closing to its generation being cancelled",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r,
+        )
+        self.stalled_readers_cut = Counter(
+            "sluice_stalled_readers_cut", "Connections aborted because the peer acknowledged nothing for send_timeout_s", registry=r
+        )
         self.inflight = Gauge("sluice_http_inflight_generations", "Generations open on this API process", registry=r)
         # safety
         self.safety_verdicts = Counter(
