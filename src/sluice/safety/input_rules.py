@@ -71,7 +71,8 @@ def decoded_blobs(text: str) -> list[tuple[int, int, str]]:
 
 def _scan_blobs(patterns: PatternSet, text: str, depth: int) -> tuple[Match, int, int] | None:
     for start, end, decoded in decoded_blobs(text):
-        m = patterns.scan(Normalized(decoded).text)
+        text_n = Normalized(decoded).text
+        m = patterns.scan(text_n) or patterns.scan_spaced(text_n)
         if m is None and depth < MAX_DEPTH:
             inner = _scan_blobs(patterns, decoded, depth + 1)
             m = inner[0] if inner else None
@@ -87,7 +88,7 @@ def check_texts(patterns: PatternSet, texts: Sequence[str]) -> tuple[Match, int,
         if not text:
             continue
         norm = Normalized(text)
-        m = patterns.scan(norm.text)
+        m = patterns.scan(norm.text) or patterns.scan_spaced(norm.text)
         if m is not None:
             start, end = norm.span(m.start, m.end)
             return m, part, start, end

@@ -18,6 +18,11 @@ normalizing the whole reply at once gives. Each normalized character records the
 original character it came from (`src`), so verdicts report offsets in the original text.
 Consequence for policy authors: regexes see lowercase words of letters separated by single
 spaces (digits read as letters), not the raw text.
+
+Letter-spaced text ("b.o.m.b", "b o m b", "b-0-m-b" all normalize to "b o m b") is a separate
+view: `squeeze_spaced` joins each run of three or more single-letter words, with a map back to
+the normalized text. L1 and L4 scan that view too (a whole-text check; the stream guard does not:
+letter-spaced output is caught by the post-check before the stream's stop).
 """
 
 from __future__ import annotations
@@ -190,6 +195,34 @@ class Normalized:
         if not src or start >= end:
             return 0, 0
         return src[start], src[end - 1] + 1
+
+
+_SPACED_RUN = re.compile(r"(?<![^ ])[a-z](?: [a-z](?![^ ])){2,}")
+
+
+def spaced_runs(text: str) -> list[tuple[int, int]]:
+    """[start, end) of each run of ≥ 3 single-letter words in normalized `text`."""
+    return [m.span() for m in _SPACED_RUN.finditer(text)]
+
+
+def squeeze_spaced(text: str) -> tuple[str, list[int]] | None:
+    """Normalized `text` with each letter-spaced run joined into one word, and per character of
+    the result its index in `text`; None when there is no such run (the common case)."""
+    runs = spaced_runs(text)
+    if not runs:
+        return None
+    parts: list[str] = []
+    index: list[int] = []
+    pos = 0
+    for start, end in runs:
+        parts.append(text[pos:start])
+        index.extend(range(pos, start))
+        parts.append(text[start:end:2])  # the letters; the spaces between them sit at odd offsets
+        index.extend(range(start, end, 2))
+        pos = end
+    parts.append(text[pos:])
+    index.extend(range(pos, len(text)))
+    return "".join(parts), index
 
 
 def normalize(text: str) -> tuple[str, list[int]]:

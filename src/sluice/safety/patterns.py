@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sluice.safety.aho_corasick import AhoCorasick
 from sluice.safety.multipattern import MultiPattern, literal_expression
+from sluice.safety.normalize import spaced_runs, squeeze_spaced
 from sluice.safety.policy import Category, SafetyPolicy
 
 
@@ -45,6 +46,8 @@ class PatternSet:
         self.scope = scope
         self.ac = AhoCorasick()
         self.literal_rules: list[tuple[str, str]] = []  # per AC pattern id: (category, rule)
+        # literals without their spaces, for a phrase spelled out letter by letter ("b o m b ...")
+        self.compact_literals: list[tuple[str, int]] = []  # (letters, literal rule index)
         self.regex_rules: list[tuple[str, str]] = []
         literal_exprs: list[bytes] = []
         regex_exprs: list[bytes] = []
@@ -53,6 +56,9 @@ class PatternSet:
                 continue
             for i, lit in enumerate(cat.literals):
                 self.ac.add(lit)
+                compact = lit.replace(" ", "")
+                if len(compact) >= 4:  # shorter ones would hit ordinary spelled-out initials
+                    self.compact_literals.append((compact, len(self.literal_rules)))
                 self.literal_rules.append((cat.name, f"literal:{i}"))
                 literal_exprs.append(literal_expression(lit))
             for i, rx in enumerate(cat.regexes):
@@ -75,6 +81,35 @@ class PatternSet:
             return None
         cat, rule = self.rules[hit.pattern]
         return Match(cat, rule, hit.start, hit.end)
+
+    def scan_spaced(self, text: str) -> Match | None:
+        """Letter-spaced evasions in normalized `text`: the patterns over the view where each run
+        of single letters is joined ("a dirty b o m b" → "a dirty bomb"), then each literal,
+        spaces removed, where it covers a run (a phrase spelled out, wholly or in part). Offsets are in `text`; the
+        rule carries ":spaced"."""
+        squeezed = squeeze_spaced(text)
+        if squeezed is None:
+            return None
+        view, index = squeezed
+        m = self.scan(view)
+        if m is not None:
+            return Match(m.category, m.rule + ":spaced", index[m.start], index[m.end - 1] + 1)
+        # a phrase spelled out, maybe partly ("s.y.n.t.h.e.s.i.z.e s.a.r.i.n at home"): the
+        # literals without spaces over the view without spaces, counted only where the hit
+        # covers letter-spaced text (ordinary words run together would match across word
+        # boundaries: "the rapist" in "therapist")
+        runs = spaced_runs(text)
+        letters = [(c, i) for c, i in zip(view, index) if c != " "]
+        flat = "".join(c for c, _ in letters)
+        for compact, rule_id in self.compact_literals:
+            at = flat.find(compact)
+            while at >= 0:
+                first, last = letters[at][1], letters[at + len(compact) - 1][1]
+                if any(start <= last and first < end for start, end in runs):
+                    cat, rule = self.literal_rules[rule_id]
+                    return Match(cat, rule + ":spaced", first, last + 1)
+                at = flat.find(compact, at + 1)
+        return None
 
     def scan_regex(self, text: str, offset: int = 0) -> Match | None:
         hit = self.regex_db.first(text)
