@@ -3,7 +3,9 @@
 
 1. In-process: L1 (input rules) per request and L3 (stream guard) per token on the benign set
    in tests/data/safety_benign.txt, the L2 classifier per call, and the mean hold-back in characters.
-2. Over HTTP: two `sluice serve` processes sharing one worker, safety on vs off, alternated:
+2. Over HTTP: two `sluice serve` processes sharing one worker, safety on vs off, alternated
+   request by request for latency and burst by burst at 32 (the side that goes first swaps
+   each round), so drift on a shared machine lands on both sides:
    TTFT p50/p99, inter-token latency, end-of-stream time (last delta → message_stop), and
    output tokens/s at 32 concurrent streams.
 Ends by printing one JSON line of its figures.
@@ -85,6 +87,7 @@ async def one(c: httpx.AsyncClient, url: str, i: int, rec: dict) -> None:
                 if first is None:
                     first = now
                     rec["ttft"].append(now - t0)
+                    rec.setdefault("ttft_by_seed", {})[i] = now - t0
                 else:
                     rec["itl"].append(now - last)
                 last = now
@@ -101,10 +104,14 @@ async def http(on_url: str, off_url: str, rounds: int, singles: int) -> dict:
             await one(c, url, 0, {"ttft": [], "itl": [], "end": [], "tokens": 0})  # warm-up
         recs = {k: {"ttft": [], "itl": [], "end": [], "tokens": 0, "tps": []} for k in ("on", "off")}
         for r in range(rounds):
-            for name, url in (("on", on_url), ("off", off_url)):
+            order = (("on", on_url), ("off", off_url))
+            if r % 2:
+                order = order[::-1]  # neither side always goes first
+            for i in range(singles):  # sequential (latency without queueing), on and off interleaved
+                for name, url in order:
+                    await one(c, url, 1000 * r + i, recs[name])
+            for name, url in order:
                 rec = recs[name]
-                for i in range(singles):  # sequential: latency without queueing
-                    await one(c, url, 1000 * r + i, rec)
                 burst = {"ttft": [], "itl": [], "end": [], "tokens": 0}
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one(c, url, 5000 + 100 * r + i, burst) for i in range(32)))
@@ -115,8 +122,13 @@ async def http(on_url: str, off_url: str, rounds: int, singles: int) -> dict:
                 "itl_ms_p50": 1000 * pct(rec["itl"], 0.5), "end_ms_p50": 1000 * pct(rec["end"], 0.5),
                 "tok_s_32": statistics.median(rec["tps"]),
             }
+    # paired: the same seed on both sides samples the same reply, so per-request differences
+    # cancel what the prompt and reply length contribute
+    by_on, by_off = recs["on"].get("ttft_by_seed", {}), recs["off"].get("ttft_by_seed", {})
+    paired = [by_on[k] - by_off[k] for k in by_on.keys() & by_off.keys()]
     on, off = out["on"], out["off"]
     out["added"] = {
+        "ttft_ms_paired_p50": 1000 * statistics.median(paired) if paired else float("nan"),
         "ttft_ms_p50": on["ttft_ms_p50"] - off["ttft_ms_p50"], "ttft_ms_p99": on["ttft_ms_p99"] - off["ttft_ms_p99"],
         "itl_ms_p50": on["itl_ms_p50"] - off["itl_ms_p50"], "end_ms_p50": on["end_ms_p50"] - off["end_ms_p50"],
         "throughput_ratio_32": on["tok_s_32"] / off["tok_s_32"],

@@ -31,6 +31,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("sluice.server")
 SCOPE_KEY = "sluice.connection"
+_OUTQ = getattr(termios, "TIOCOUTQ", None)  # == SIOCOUTQ on Linux; elsewhere only our buffer counts
 
 
 class ConnectionState:
@@ -50,10 +51,10 @@ class ConnectionState:
         """Bytes written that the peer has not acknowledged: our buffer plus the kernel's queue."""
         pending = self.transport.get_write_buffer_size()
         sock = self.transport.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and _OUTQ is not None:
             try:  # SIOCOUTQ (== TIOCOUTQ on Linux): unsent + sent-but-unacknowledged bytes
-                pending += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-            except OSError:
+                pending += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
+            except (OSError, ValueError):  # closed meanwhile (fd -1)
                 pass
         return pending
 
