@@ -51,6 +51,7 @@ def server(banned, tmp_path_factory):
 def test_stream_kill_is_a_refusal_and_frees_the_engine(server, banned):
     phrase, reply = banned
     client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    steps_before = metric(server.base_url, "sluice_engine_steps_total")
     with client.messages.stream(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": PROMPT}],
                                 extra_body=GREEDY) as stream:
         text = "".join(stream.text_stream)
@@ -64,6 +65,10 @@ def test_stream_kill_is_a_refusal_and_frees_the_engine(server, banned):
     while metric(server.base_url, "sluice_engine_running_requests") != 0:
         assert time.monotonic() - t0 < 1.0
         time.sleep(0.02)
+    # the kill frees the slot within one engine step: one step per token up to the refusal
+    # (prefill included), plus at most the step in flight when the abort arrived
+    steps = metric(server.base_url, "sluice_engine_steps_total") - steps_before
+    assert steps <= final.usage.output_tokens + 1, f"{steps} steps for {final.usage.output_tokens} tokens"
     assert metric(server.base_url, "sluice_engine_kv_blocks_used") == 0
 
 

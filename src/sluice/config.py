@@ -54,7 +54,9 @@ class Settings(BaseSettings):
     strict_sampling_params: bool = False
     reject_unknown_fields: bool = True
     ping_interval_s: float = Field(10.0, gt=0)
-    send_timeout_s: float = Field(30.0, gt=0)  # one SSE write may block this long (stalled reader)
+    # a connection with bytes pending and none acknowledged this long is cut (stalled reader);
+    # also the most one SSE write may block
+    send_timeout_s: float = Field(30.0, gt=0)
     max_stream_duration_s: float = Field(600.0, gt=0)
     stream_open_wait_s: float = Field(1.0, ge=0)  # a queued stream opens (and pings) after this
     request_timeout_s: float = Field(600.0, gt=0)  # non-streaming requests

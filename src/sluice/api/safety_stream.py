@@ -51,9 +51,13 @@ async def guarded(
         async for piece in _guarded(safety, events, input_text, request_id, on_verdict):
             yield piece
     finally:  # however this ends (refusal, disconnect), close the engine stream now: that aborts
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await _close(events)
+
+
+async def _close(events: AsyncIterator[GenerationEvent]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 async def _guarded(
@@ -81,7 +85,10 @@ async def _guarded(
     window: asyncio.Future | None = None
     next_check = settings.check_every_chars
 
-    def found(v: Verdict, usage: Usage) -> Piece:
+    async def found(v: Verdict, usage: Usage) -> Piece:
+        # abort first: the refusal's events are written after this returns, and the engine
+        # must not spend another step on a killed request meanwhile
+        await _close(events)
         log_verdict(v, request_id, guard.text_so_far if safety.policy.log_text else None)
         if on_verdict is not None:
             on_verdict(v)
@@ -98,7 +105,7 @@ async def _guarded(
             if verdict is None and window is not None and window.done():
                 verdict, window = window.result(), None
             if verdict is not None:
-                yield found(verdict, ev.usage)
+                yield await found(verdict, ev.usage)
                 return
             if text:
                 yield Piece(text=text, usage=ev.usage)
@@ -118,7 +125,7 @@ async def _guarded(
                 if verdict is None:
                     verdict = safety.post_check(guard.text_so_far)
                 if verdict is not None:
-                    yield found(verdict, ev.usage)
+                    yield await found(verdict, ev.usage)
                     return
                 if tail:
                     yield Piece(text=tail, usage=ev.usage)

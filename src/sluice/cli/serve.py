@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", default=None, metavar="FILE", help="a TOML settings file (keys as in SLUICE_* without the prefix)")
     p.add_argument("--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)")
-    p.add_argument("--send-timeout", type=float, default=None, metavar="S", help="cut a stream whose reader stalls this long (default: 30)")
+    p.add_argument("--send-timeout", type=float, default=None, metavar="S", help="cut a connection whose reader acknowledges nothing for this long while data waits (default: 30)")
     p.add_argument("--max-stream-duration", type=float, default=None, metavar="S", help="longest a stream may run (default: 600)")
     p.add_argument("--shutdown-grace", type=float, default=None, metavar="S", help="time open streams get on SIGTERM (default: 10)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None, help="(default: info)")
