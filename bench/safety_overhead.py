@@ -141,15 +141,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating on/off rounds (default: 3)")
     p.add_argument("--singles", type=int, default=10, help="sequential requests per round (default: 10)")
     p.add_argument("--quick", action="store_true", help="1 round, 4 sequential requests")
+    p.add_argument("--policy", metavar="FILE", help="the safety policy of the 'on' server (default: the built-in one)")
     args = p.parse_args()
     if args.quick:
         args.rounds, args.singles = 1, 4
     lib = in_process()
     print(f"in-process: {lib}", file=sys.stderr)
     address = f"unix:{Path(tempfile.mkdtemp(prefix='sluice-sb-')) / 'w.sock'}"
-    procs = [start_worker(address)]
+    # no prefix cache: both sides send the same prompts (same seeds, same replies), and the side
+    # that went second would otherwise find the other's prompt cached and look faster
+    procs = [start_worker(address, ["--no-prefix-caching"])]
     try:
-        on = start_server(["--worker", address])
+        on = start_server(["--worker", address], env={"SLUICE_SAFETY_POLICY": args.policy} if args.policy else None)
         procs.append(on)
         off = start_server(["--worker", address], env={"SLUICE_SAFETY": "false"})
         procs.append(off)
