@@ -209,6 +209,41 @@ def test_concurrency_slots_are_leases_a_crash_cannot_leak(store, redis_server):
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_an_open_session_keeps_its_slot_past_the_lease_ttl(store, redis_server):
+    """A request that queues or streams for longer than the lease's TTL renews it: the key
+    cannot exceed its concurrency limit meanwhile; closing the session frees the slot at once."""
+    from sluice.gateway.admission import AdmissionQueue
+    from sluice.gateway.gateway import Gateway, RateLimited
+    from sluice.gateway.limiter import GuardedLimiter
+    from sluice.gateway.limiter_redis import RedisLimiter
+    from sluice.gateway.principal import Principal
+
+    async def nothing():
+        return
+        yield
+
+    async def run():
+        inner = RedisLimiter(redis_server.url, lease_ttl_s=0.3) if store == "redis" else MemoryLimiter(lease_ttl_s=0.3)
+        limiter = GuardedLimiter(inner)
+        gateway = Gateway(AdmissionQueue(), limiter)
+        principal = Principal(key_id=_key(), limits=Limits(max_concurrent=1))
+        try:
+            session = await gateway.open(principal, 1, 1, nothing)
+            await asyncio.sleep(1.0)  # over three TTLs
+            with pytest.raises(RateLimited) as info:
+                await gateway.open(principal, 1, 1, nothing)
+            assert info.value.decision.reason == "concurrency"
+            await session.close()
+            again = await gateway.open(principal, 1, 1, nothing)
+            await again.close()
+            assert limiter.store_errors == 0
+        finally:
+            await limiter.close()
+
+    asyncio.run(run())
+
+
 def test_make_limiter_from_settings():
     from sluice.config import Settings
     from sluice.gateway.limiter_memory import MemoryLimiter as Mem

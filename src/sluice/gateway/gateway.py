@@ -9,6 +9,8 @@ on success, abort and error alike.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ class Session:
     kind: str = "engine"  # engine | coalesced | cached
     output_tokens: int = 0
     _closed: bool = field(default=False, repr=False)
+    _renewing: "asyncio.Task | None" = field(default=None, repr=False)
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         gw = self.gateway
@@ -75,6 +78,10 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if self._renewing is not None:
+            self._renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewing
         if self.subscription is not None:
             self.subscription.leave()  # the flight's lease is returned when its generation ends
         if self.lease is not None:
@@ -84,6 +91,17 @@ class Session:
             await self.gateway.limiter.settle(
                 self.principal.limit_key, limits, self.reserved_output, self.output_tokens, self.decision.lease
             )
+
+
+async def _renew_lease(limiter: GuardedLimiter, key: str, lease: str) -> None:
+    """Keep a session's concurrency lease alive for as long as the session is open: a request
+    may queue (the batch band waits up to a day) or stream longer than the lease's TTL, and an
+    expired lease would let the key exceed its concurrency limit. The TTL still frees the slot
+    of a gateway that dies."""
+    every = limiter.lease_ttl_s / 3
+    while True:
+        await asyncio.sleep(every)
+        await limiter.renew(key, lease)
 
 
 async def _replay(events: list[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
@@ -136,6 +154,8 @@ class Gateway:
                 self.counts["rate_limited" if decision.reason != "store_unavailable" else "overloaded"] += 1
                 raise RateLimited(decision)
         session = Session(self, principal, decision, max_tokens if decision.allowed else 0, produce, key)
+        if decision.lease is not None and self.limiter is not None:
+            session._renewing = asyncio.ensure_future(_renew_lease(self.limiter, principal.limit_key, decision.lease))
         try:
             if key is not None and use_cache and self.cache is not None:
                 session.cached = self.cache.get(key)

@@ -42,6 +42,11 @@ class RateLimiter(Protocol):
         and release the concurrency lease. Call exactly once per allowed acquire."""
         ...
 
+    async def renew(self, key: str, lease: str) -> None:
+        """Extend a live concurrency lease by the store's `lease_ttl_s` (the holder is still
+        running: queued for hours in the batch band, or streaming). A gone lease stays gone."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -88,6 +93,16 @@ class GuardedLimiter:
             await self.inner.settle(key, limits, reserved_output, actual_output, lease)
         except Exception as exc:  # a lost refund costs the key some tokens until refill; a lost
             self._warn(exc)  # release frees itself when the lease expires
+
+    @property
+    def lease_ttl_s(self) -> float:
+        return float(getattr(self.inner, "lease_ttl_s", 900.0))
+
+    async def renew(self, key: str, lease: str) -> None:
+        try:
+            await self.inner.renew(key, lease)
+        except Exception as exc:  # the next renewal tries again; the lease outlives a short outage
+            self._warn(exc)
 
     async def close(self) -> None:
         await self.inner.close()

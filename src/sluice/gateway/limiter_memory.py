@@ -63,6 +63,11 @@ class MemoryLimiter:
         if lease is not None:
             self._leases.get(key, {}).pop(lease, None)
 
+    async def renew(self, key: str, lease: str) -> None:
+        leases = self._leases.get(key, {})
+        if lease in leases:  # an expired or released lease stays gone
+            leases[lease] = self._clock() + self.lease_ttl_s
+
     async def close(self) -> None:
         return None
 

@@ -94,6 +94,18 @@ return 1
 """
 
 
+# KEYS: concurrency key. ARGV: lease_ttl, lease. Extends a live lease (XX: a gone one stays gone).
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local ttl = tonumber(ARGV[1])
+if redis.call('ZADD', KEYS[1], 'XX', 'CH', now + ttl, ARGV[2]) == 1 then
+  redis.call('EXPIRE', KEYS[1], math.ceil(ttl) + 2)
+end
+return 1
+"""
+
+
 class RedisLimiter:
     def __init__(self, url: str, prefix: str = "sluice", lease_ttl_s: float = 900.0, window_s: float = WINDOW_S,
                  max_connections: int = 64):
@@ -109,6 +121,7 @@ class RedisLimiter:
         self.window_s = window_s
         self._acquire = self.redis.register_script(ACQUIRE)
         self._settle = self.redis.register_script(SETTLE)
+        self._renew = self.redis.register_script(RENEW)
 
     def _key(self, key: str, dim: str) -> str:
         return f"{self.prefix}:rl:{{{key}}}:{dim}"  # {key}: one hash slot per key on Redis Cluster
@@ -137,6 +150,9 @@ class RedisLimiter:
             return  # nothing to give back: skip the round trip
         keys = [self._key(key, "output_tokens"), self._key(key, "concurrency")]
         await self._settle(keys=keys, args=[self.window_s, limits.otpm or -1, refund, lease or ""])
+
+    async def renew(self, key: str, lease: str) -> None:
+        await self._renew(keys=[self._key(key, "concurrency")], args=[self.lease_ttl_s, lease])
 
     async def close(self) -> None:
         await self.redis.aclose()
