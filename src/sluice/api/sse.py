@@ -2,7 +2,7 @@
 
 - `event_stream_response`: sse-starlette with Anthropic-style `ping` events every
   `ping_interval_s` (the stream generator also sends one at once), a per-send timeout (a
-  stalled reader is cut and its generation aborted), `X-Accel-Buffering: no`, no compression,
+  backstop: stalled readers are cut earlier by the connection watch, connection_watch.py), `X-Accel-Buffering: no`, no compression,
   and a shutdown grace longer than ours so our own drain can end streams properly.
 - `run_with_deadline`: ends a stream with TimeoutError at the maximum stream duration or, once
   the server drains for shutdown, at the drain deadline — whichever is first — even when the

@@ -205,12 +205,9 @@ def spaced_runs(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in _SPACED_RUN.finditer(text)]
 
 
-def squeeze_spaced(text: str) -> tuple[str, list[int]] | None:
-    """Normalized `text` with each letter-spaced run joined into one word, and per character of
-    the result its index in `text`; None when there is no such run (the common case)."""
-    runs = spaced_runs(text)
-    if not runs:
-        return None
+def squeeze_spaced(text: str, runs: list[tuple[int, int]]) -> tuple[str, list[int]]:
+    """Normalized `text` with each letter-spaced run (from `spaced_runs`) joined into one word,
+    and per character of the result its index in `text`."""
     parts: list[str] = []
     index: list[int] = []
     pos = 0

@@ -87,10 +87,10 @@ class PatternSet:
         of single letters is joined ("a dirty b o m b" → "a dirty bomb"), then each literal,
         spaces removed, where it covers a run (a phrase spelled out, wholly or in part). Offsets are in `text`; the
         rule carries ":spaced"."""
-        squeezed = squeeze_spaced(text)
-        if squeezed is None:
+        runs = spaced_runs(text)
+        if not runs:  # the common case: one regex pass, nothing else
             return None
-        view, index = squeezed
+        view, index = squeeze_spaced(text, runs)
         m = self.scan(view)
         if m is not None:
             return Match(m.category, m.rule + ":spaced", index[m.start], index[m.end - 1] + 1)
@@ -98,7 +98,6 @@ class PatternSet:
         # literals without spaces over the view without spaces, counted only where the hit
         # covers letter-spaced text (ordinary words run together would match across word
         # boundaries: "the rapist" in "therapist")
-        runs = spaced_runs(text)
         letters = [(c, i) for c, i in zip(view, index) if c != " "]
         flat = "".join(c for c, _ in letters)
         for compact, rule_id in self.compact_literals:
