@@ -13,7 +13,8 @@ import pytest
 from sluice.gateway.authenticator import KeyStoreAuthenticator
 from sluice.gateway.key_store import KEY_PREFIX, InMemoryKeyStore, SQLiteKeyStore
 from sluice.gateway.limits import Limits
-from sluice.gateway.tiers import DEFAULT_TIERS, load_tiers, load_tiers_file
+from sluice.config import load_settings
+from sluice.gateway.tiers import DEFAULT_TIERS, load_tiers
 
 
 def test_create_authenticate_revoke(tmp_path):
@@ -129,10 +130,16 @@ def test_keys_never_reach_the_logs(tmp_path, caplog):
     assert key not in repr(rec) and key not in repr(store.list())
 
 
-def test_tiers_from_a_toml_settings_file(tmp_path):
+@pytest.mark.parametrize("server_table", [False, True], ids=["top-level", "with-server-table"])
+def test_tiers_from_a_toml_settings_file(tmp_path, server_table):
+    """Tiers apply from a settings file with or without a `[server]` table beside them (a file with
+    `[server]` used to drop top-level `[tiers.*]` silently)."""
     path = tmp_path / "sluice.toml"
-    path.write_text('[tiers.standard]\nrpm = 7\n[tiers.gold]\npriority = 0\nrpm = 100\nqueue_deadline_s = 5\n')
-    tiers = load_tiers_file(path)
+    head = '[server]\nport = 9001\n' if server_table else ''
+    path.write_text(head + '[tiers.standard]\nrpm = 7\n[tiers.gold]\npriority = 0\nrpm = 100\nqueue_deadline_s = 5\n')
+    settings = load_settings(path)
+    assert settings.port == (9001 if server_table else 8000)
+    tiers = load_tiers(settings.tiers)
     assert tiers["standard"].limits.rpm == 7 and tiers["standard"].limits.itpm == DEFAULT_TIERS["standard"].limits.itpm
     assert tiers["gold"].priority == 0 and tiers["gold"].queue_deadline_s == 5 and tiers["free"] == DEFAULT_TIERS["free"]
     assert [t.priority for t in (DEFAULT_TIERS[n] for n in ("priority", "standard", "free", "batch"))] == [0, 1, 2, 3]

@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     admission_policy: Literal["optimistic", "reserve"] = "optimistic"
     enable_prefix_caching: bool = True
     worker_start_timeout_s: float = Field(180.0, gt=0)
+    # a spawned worker that dies is restarted (backoff 1 s, 2 s, 4 s … 30 s); after more than
+    # worker_max_restarts exits within worker_restart_window_s, serve exits with code 3
+    worker_max_restarts: int = Field(5, ge=0)
+    worker_restart_window_s: float = Field(600.0, gt=0)
+    health_check_interval_s: float = Field(1.0, gt=0)  # how often the engine's health is probed
+    health_check_timeout_s: float = Field(2.0, gt=0)  # a probe unanswered this long = engine down (hung)
 
     # -- the wire -------------------------------------------------------------------------------
     max_body_bytes: int = Field(32 * MB, ge=1024)  # Anthropic's limit for /v1/messages
@@ -60,6 +66,11 @@ class Settings(BaseSettings):
     max_stream_duration_s: float = Field(600.0, gt=0)
     stream_open_wait_s: float = Field(1.0, ge=0)  # a queued stream opens (and pings) after this
     request_timeout_s: float = Field(600.0, gt=0)  # non-streaming requests
+    # reading a request (api/read_guard.py): slow or oversized requests are refused (408 / 431)
+    header_timeout_s: float = Field(10.0, gt=0)  # connection open / first byte → headers complete
+    body_timeout_s: float = Field(60.0, gt=0)  # headers complete → whole body received
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    max_incomplete_requests: int = Field(256, ge=1)  # connections mid-request; more are refused (503)
     shutdown_grace_s: float = Field(10.0, ge=0)
     tcp_keepalive: bool = True
     tcp_user_timeout_ms: int = Field(30_000, ge=0)  # 0 = kernel default
@@ -116,11 +127,28 @@ def load_settings(file: str | Path | None = None, **overrides: Any) -> Settings:
             raise SettingsError(f"settings file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise SettingsError(f"settings file {path} is not valid TOML: {exc}") from None
-        data = data.get("server", data)  # allow a [server] table or top-level keys
+        data = _flatten_server_table(data, path)
     try:
         return _layered(data, overrides)
     except ValidationError as exc:
         raise SettingsError(_describe(exc)) from None
+
+
+def _flatten_server_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Settings may sit at the top level or in a `[server]` table — or both: a file with
+    `[server]` plus top-level tables such as `[tiers.NAME]` applies all of them. A setting given
+    in both places is an error (which one was meant?), never silently one of them."""
+    server = data.get("server")
+    if server is None:
+        return data
+    if not isinstance(server, dict):
+        raise SettingsError(f"settings file {path}: server must be a table")
+    merged = {k: v for k, v in data.items() if k != "server"}
+    both = sorted(set(merged) & set(server))
+    if both:
+        raise SettingsError(f"settings file {path}: {', '.join(both)} given both at the top level and in [server]")
+    merged.update(server)
+    return merged
 
 
 def _layered(file_data: dict[str, Any], overrides: dict[str, Any]) -> Settings:

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 
 from sluice.errors import InvalidRequestError
 
+# what the worker protocol (worker/proto/engine.proto) can carry
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 class FinishReason(str, enum.Enum):
     """Why a generation ended. Values are ours; each API maps them onto its own vocabulary."""
@@ -44,13 +48,19 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def validate(self) -> None:
-        """Raise InvalidRequestError naming the first bad field."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        """Raise InvalidRequestError naming the first bad field. Also bounds every value to what
+        the worker protocol carries (int32 counts, an int64 seed), so a request that passes here
+        can always be sent to a worker: the API calls this before a stream opens."""
+        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= INT32_MAX:
+            raise InvalidRequestError(f"max_tokens must be an integer in [1, {INT32_MAX}], got {self.max_tokens!r}")
+        if not 0 <= self.top_k <= INT32_MAX:
+            raise InvalidRequestError(f"top_k must be in [0, {INT32_MAX}], got {self.top_k!r}")
+        if self.seed is not None and not INT64_MIN <= self.seed <= INT64_MAX:
+            raise InvalidRequestError(f"seed must be a 64-bit signed integer, got {self.seed!r}")
+        if any(not 0 <= t <= INT32_MAX for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be token ids")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature!r}")
-        if self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if any(not s for s in self.stop):

@@ -20,7 +20,7 @@ from sluice.api.anthropic_schema import CountTokensRequest, MessagesRequest
 from sluice.api.auth import Principal, require_principal
 from sluice.api.errors import ApiError, bad_request
 from sluice.api.gateway_session import ClientGone, open_session, until_admitted
-from sluice.api.generation import check_fits
+from sluice.api.generation import check_fits, checked
 from sluice.api.ids import new_id
 from sluice.api.json_body import json_object
 from sluice.api.pagination import page
@@ -80,14 +80,14 @@ def _sampling(body: MessagesRequest, version: str, rt: ServingRuntime) -> Sampli
         raise bad_request(f"{given[0]}: is not supported with anthropic-version 2026-10-21")
     if any(not s for s in body.stop_sequences or ()):
         raise bad_request("stop_sequences: each stop sequence must be a non-empty string")
-    return SamplingParams(
+    return checked(SamplingParams(
         max_tokens=max(1, body.max_tokens),
         temperature=1.0 if body.temperature is None else body.temperature,
         top_k=body.top_k or 0,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
         stop=tuple(body.stop_sequences or ()),
-    )
+    ))
 
 
 def _model_info(rt: ServingRuntime, model_id: str) -> dict[str, Any]:
@@ -109,7 +109,7 @@ async def prepare_message(
     """Everything that can reject a Messages request before it is queued (400 / 404 / 529)."""
     _, tokenizer, info = rt.require_ready()
     rt.check_model(body.model)
-    if body.max_tokens > info.max_model_len:
+    if body.max_tokens > info.max_model_len - 1:  # the prompt takes at least one token
         raise bad_request(
             f"max_tokens: {body.max_tokens} > {info.max_model_len - 1}, which is the maximum allowed "
             f"number of output tokens for {body.model}"

@@ -11,9 +11,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sluice.types import INT32_MAX, INT64_MAX, INT64_MIN
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: the SDKs send JSON booleans and integers; "stream": "yes" is a 400, not a stream
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Open(BaseModel):
@@ -108,14 +111,14 @@ class Tool(_Open):
 
 class MessagesRequest(_Strict):
     model: str
-    max_tokens: int = Field(ge=0)
+    max_tokens: int = Field(ge=0, le=INT32_MAX)
     messages: list[Message]
     system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     tools: list[Tool] | None = None
@@ -131,7 +134,7 @@ class MessagesRequest(_Strict):
     mcp_servers: list[dict[str, Any]] | None = None
     context_management: dict[str, Any] | None = None
     # sluice extensions
-    seed: int | None = None  # reproducible sampling (send through extra_body)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # reproducible sampling (send through extra_body)
     background: bool = False  # keep generating after a disconnect, for resume (issue 6)
 
 

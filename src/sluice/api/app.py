@@ -61,8 +61,7 @@ def create_app(rt: ServingRuntime) -> FastAPI:
     async def ready() -> JSONResponse:
         if rt.ready:
             return JSONResponse({"status": "ready", "model": rt.model_ids[0]})
-        detail = "draining" if rt.draining else ("failed: " + rt.startup_error if rt.startup_error else "loading")
-        return JSONResponse({"status": detail}, status_code=503)
+        return JSONResponse({"status": rt.not_ready_reason()}, status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -84,6 +83,7 @@ def create_app(rt: ServingRuntime) -> FastAPI:
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=rt.settings.max_body_bytes,
+        body_timeout_s=rt.settings.body_timeout_s,
         on_response=lambda scope, status: _count_response(scope, status, rt),
     )
     return app

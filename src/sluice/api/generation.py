@@ -13,13 +13,23 @@ from collections.abc import AsyncIterator
 from sluice.api.errors import ApiError, bad_request, overloaded
 from sluice.api.runtime import ServingRuntime
 from sluice.errors import ContextWindowExceededError, EngineUnavailableError, InvalidRequestError
-from sluice.types import FinishReason, GenerationEvent, GenerationRequest
+from sluice.types import FinishReason, GenerationEvent, GenerationRequest, SamplingParams
 
 
 def check_fits(prompt_len: int, max_model_len: int) -> None:
     """400 before any generation when the prompt leaves no room for one output token."""
     if prompt_len >= max_model_len:
         raise bad_request(f"prompt is too long: {prompt_len} tokens > {max_model_len - 1} maximum")
+
+
+def checked(sampling: SamplingParams) -> SamplingParams:
+    """The engine's own validation, run before any response starts: a value the engine or the
+    worker protocol cannot carry is a 400 here, never an in-stream error later."""
+    try:
+        sampling.validate()
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc)) from None
+    return sampling
 
 
 def map_engine_error(exc: Exception) -> ApiError:
@@ -62,7 +72,11 @@ async def generate(rt: ServingRuntime, request: GenerationRequest, route: str) -
             yield event
             if finished:
                 return
-    except (InvalidRequestError, EngineUnavailableError) as exc:
+    except EngineUnavailableError as exc:
+        if rt.health is not None:  # refuse the next requests before their streams open
+            rt.health.mark_down(str(exc))
+        raise map_engine_error(exc) from None
+    except InvalidRequestError as exc:
         raise map_engine_error(exc) from None
     finally:
         m.inflight.dec()

@@ -2,11 +2,13 @@
 
 `RequestContextMiddleware` gives every HTTP request a `req_…` id (scope state + `request-id`
 response header) and enforces the request body size limit *before* the app sees the body:
-a declared or actual body over the limit is answered 413 in the route's error shape.
+a declared or actual body over the limit is answered 413, and a body that does not arrive within
+`body_timeout_s` 408, both in the route's error shape.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +28,13 @@ def error_response(err: ApiError, path: str, request_id: str | None) -> JSONResp
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, on_response: Callable[[Scope, int], None] | None = None):
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, on_response: Callable[[Scope, int], None] | None = None,
+        body_timeout_s: float = 60.0,
+    ):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s  # headers complete → whole body: else 408
         self.on_response = on_response  # sees every response's status (metrics)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,7 +61,14 @@ class RequestContextMiddleware:
             await error_response(too_large, scope["path"], request_id)(scope, receive, send_with_id)
             return
         if scope["method"] in ("POST", "PUT", "PATCH"):
-            body, disconnected = await _read_body(receive, self.max_body_bytes)
+            try:
+                async with asyncio.timeout(self.body_timeout_s):
+                    body, disconnected = await _read_body(receive, self.max_body_bytes)
+            except TimeoutError:
+                slow = ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g}s",
+                                headers={"connection": "close"})
+                await error_response(slow, scope["path"], request_id)(scope, receive, send_with_id)
+                return
             if body is None:
                 if not disconnected:
                     await error_response(too_large, scope["path"], request_id)(scope, receive, send_with_id)

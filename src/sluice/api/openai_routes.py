@@ -19,7 +19,7 @@ from sluice.api.anthropic_routes import describe_validation_error
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, bad_request
 from sluice.api.gateway_session import ClientGone, open_session, until_admitted
-from sluice.api.generation import check_fits
+from sluice.api.generation import check_fits, checked
 from sluice.api.ids import new_id
 from sluice.api.json_body import json_object
 from sluice.api.runtime import ServingRuntime
@@ -27,7 +27,7 @@ from sluice.api.safety_check import Guard, check_request_safety
 from sluice.api.sse import event_stream_response, run_with_deadline
 from sluice.gateway.gateway import Session
 from sluice.gateway.rate_limit_headers import rate_limit_headers
-from sluice.types import FinishReason, GenerationRequest, SamplingParams, Usage
+from sluice.types import INT32_MAX, INT64_MAX, INT64_MIN, FinishReason, GenerationRequest, SamplingParams, Usage
 
 ROUTE = "/v1/chat/completions"
 FINISH = {
@@ -39,7 +39,8 @@ FINISH = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON booleans and integers only ("stream": "yes" is a 400)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TextPart(_Strict):
@@ -64,16 +65,16 @@ class StreamOptions(_Strict):
 class ChatCompletionRequest(_Strict):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)  # not OpenAI's; vLLM-compatible extension
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # not OpenAI's; vLLM-compatible extension
     n: int = Field(1, ge=1, le=1)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     # accepted for compatibility; not applied by this engine (documented in docs/API.md)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -140,14 +141,14 @@ def build_router(rt: ServingRuntime) -> APIRouter:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if any(not s for s in stop):
             raise bad_request("stop: stop sequences must be non-empty strings", param="stop")
-        sampling = SamplingParams(
+        sampling = checked(SamplingParams(
             max_tokens=body.max_completion_tokens or body.max_tokens or (info.max_model_len - len(ids)),
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0,
             seed=body.seed,
             stop=tuple(stop),
-        )
+        ))
         gen = GenerationRequest(new_id("chatcmpl"), ids, sampling, priority=principal.priority, tenant=principal.tenant)
         key_body = body.model_dump(exclude_none=True, exclude={"stream", "stream_options", "user", "metadata", "store"})
         texts = [m["content"] for m, raw in zip(messages, body.messages) if raw.role != "assistant" and m["content"]]

@@ -19,7 +19,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from sse_starlette import ServerSentEvent
 
 from sluice.api.anthropic_format import EventWriter
@@ -84,7 +84,7 @@ def build_router(rt: ServingRuntime) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/messages/{message_id}/stream")
-    async def resume(request: Request, message_id: str, starting_after: int | None = None) -> Any:
+    async def resume(request: Request, message_id: str, starting_after: int | None = Query(None, ge=0)) -> Any:
         principal = await require_principal(request, rt.authenticator)
         owner = await rt.replay.owner(message_id)
         if owner is None or owner != principal.tenant:

@@ -21,6 +21,7 @@ from sluice.safety.pipeline import SafetyPipeline
 from sluice.models.tokenizer import Tokenizer
 from sluice.observability.metrics import ServingMetrics
 from sluice.worker.engine_client import EngineClient, ModelInfo
+from sluice.worker.health_monitor import EngineHealth
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ServingRuntime:
     authenticator: Authenticator = field(default_factory=OpenAccess)
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
     engine: EngineClient | None = None
+    health: EngineHealth | None = None  # None: no monitor (tests that build the runtime directly)
     gateway: Gateway | None = None
     safety: dict[str, SafetyPipeline] = field(default_factory=dict)  # "" = default; else per tier
     replay: ReplayLog = None  # type: ignore[assignment]  # set in __post_init__
@@ -66,8 +68,21 @@ class ServingRuntime:
         self._ready.set()
 
     @property
+    def engine_available(self) -> bool:
+        return self.health is None or self.health.available
+
+    @property
     def ready(self) -> bool:
-        return self._ready.is_set() and not self.draining
+        return self._ready.is_set() and not self.draining and self.engine_available
+
+    def not_ready_reason(self) -> str:
+        if self.draining:
+            return "draining"
+        if self.startup_error:
+            return "failed: " + self.startup_error
+        if not self._ready.is_set():
+            return "loading"
+        return "unavailable: " + (self.health.detail if self.health is not None else "no engine")
 
     def begin_drain(self, grace_s: float) -> None:
         self.draining = True
@@ -87,6 +102,9 @@ class ServingRuntime:
         if not self._ready.is_set() or self.engine is None or self.tokenizer is None or self.info is None:
             msg = f"the model failed to load: {self.startup_error}" if self.startup_error else "the model is still loading"
             raise ApiError(529 if not self.startup_error else 500, msg, headers=retry_headers(2))
+        if not self.engine_available:
+            assert self.health is not None
+            raise ApiError(529, f"no engine is available: {self.health.detail}", headers=retry_headers(2))
         return self.engine, self.tokenizer, self.info
 
 

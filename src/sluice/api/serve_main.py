@@ -20,6 +20,7 @@ from sluice.config import Settings
 from sluice.worker.engine_client import EngineClient
 
 log = logging.getLogger("sluice.serve")
+EXIT_WORKER_FAILED = 3  # the spawned worker exited more often than worker_max_restarts allows
 
 
 def _say(message: str) -> None:
@@ -27,25 +28,46 @@ def _say(message: str) -> None:
 
 
 async def _connect_engine(settings: Settings, holder: dict) -> EngineClient:
+    """The engine client, plus (in `holder`) its health monitor and, for a spawned worker, the
+    supervisor that restarts it."""
     from sluice.worker.grpc_client import GrpcEngineClient
-    from sluice.worker.spawn import engine_argv, start_local_worker, wait_ready
+    from sluice.worker.health_monitor import EngineHealth
+    from sluice.worker.restart_policy import RestartPolicy
+    from sluice.worker.spawn import engine_argv
+    from sluice.worker.supervisor import WorkerSupervisor
+
+    def monitor(probe) -> EngineHealth:
+        return EngineHealth(probe, settings.health_check_interval_s, settings.health_check_timeout_s)
 
     if settings.worker == "inline":
-        return await _inline_engine(settings)
+        client = await _inline_engine(settings)
+
+        async def inline_probe() -> tuple[bool, str]:
+            ready = await client.ready()
+            return ready, "ready" if ready else "the engine loop stopped"
+
+        holder["health"] = monitor(inline_probe)
+        return client
     if settings.worker:
-        client = GrpcEngineClient(settings.worker)
+        remote = GrpcEngineClient(settings.worker)
         deadline = time.monotonic() + settings.worker_start_timeout_s
-        while not await client.ready():
+        while not await remote.ready():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the worker at {settings.worker} is not ready")
             await asyncio.sleep(0.5)
-        return client
-    values = settings.model_dump()
-    worker = start_local_worker(settings.model, settings.dtype, engine_argv(values))
-    holder["worker"] = worker
-    client = GrpcEngineClient(worker.address)
-    await wait_ready(worker, client, settings.worker_start_timeout_s)
-    return client
+        holder["health"] = monitor(lambda: remote.health(timeout=settings.health_check_timeout_s))
+        return remote
+    policy = RestartPolicy(settings.worker_max_restarts, settings.worker_restart_window_s)
+    supervisor = WorkerSupervisor(
+        settings.model, settings.dtype, engine_argv(settings.model_dump()), settings.worker_start_timeout_s, policy
+    )
+    holder["supervisor"] = supervisor
+    local = await supervisor.start(GrpcEngineClient)
+    _say(f"engine worker ready (pid {supervisor.worker.pid if supervisor.worker else '?'})")
+    health = monitor(lambda: local.health(timeout=settings.health_check_timeout_s))
+    supervisor.health = health
+    holder["health"] = health
+    return local
 
 
 async def _inline_engine(settings: Settings) -> EngineClient:
@@ -111,6 +133,14 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
             tokenizer, _ = await tokenizer_task
             info = await engine.info()
             stats = await engine.stats()
+            health = holder["health"]
+            await health.check()
+            health.start()
+            rt.health = health
+            supervisor = holder.get("supervisor")
+            if supervisor is not None:
+                supervisor.on_give_up = give_up
+                supervisor.watch(engine)
             rt.mark_ready(engine, tokenizer, info, stats.block_size, stats.kv_blocks_total * stats.block_size)
             _say(
                 f"ready: model {rt.model_ids[0]} at {base}/v1 (auth: {auth_mode}, limits: {settings.limits_store}; "
@@ -125,15 +155,27 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
             _say(f"error: start-up failed: {exc}")
             server.should_exit = True
 
+    def give_up(reason: str) -> None:
+        # the worker keeps dying: exit non-zero so our own supervisor restarts the process
+        holder["exit_code"] = EXIT_WORKER_FAILED
+        rt.startup_error = reason
+        _say(f"error: {reason}; exiting")
+        server.should_exit = True
+
     task = asyncio.create_task(bring_up())
     try:
         await server.serve(sockets=[sock])
     finally:
         task.cancel()
+        health = holder.get("health")
+        if health is not None:
+            await health.stop()
+        supervisor = holder.get("supervisor")
+        if supervisor is not None:
+            await supervisor.stop()
         engine = holder.get("engine")
         if engine is not None:
             await engine.close()
-        worker = holder.get("worker")
-        if worker is not None:
-            await asyncio.to_thread(worker.stop)
+    if "exit_code" in holder:
+        return holder["exit_code"]
     return 2 if rt.startup_error else 0

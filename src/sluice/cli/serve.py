@@ -38,6 +38,12 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
 def _run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import os
+
+    # serve forks worker children (which exec at once) while its gRPC client runs: gRPC's fork
+    # handlers are not needed and would log "Other threads are currently calling into gRPC,
+    # skipping fork() handlers" on every restart. Set before grpc is imported.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
     from sluice.api.serve_main import serve
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from dataclasses import replace
 
 from sluice.gateway.key_store import KeyStore
@@ -47,10 +48,20 @@ class SingleKey:
 class KeyStoreAuthenticator:
     """Keys from a KeyStore; the single `--api-key`, if set, still works (default tenant)."""
 
-    def __init__(self, store: KeyStore, tiers: dict[str, Tier] | None = None, single: SingleKey | None = None):
+    def __init__(
+        self, store: KeyStore, tiers: dict[str, Tier] | None = None, single: SingleKey | None = None,
+        fallback_tier: str = "standard",
+    ):
         self.store = store
         self.tiers = tiers or DEFAULT_TIERS
         self.single = single
+        # a key whose tier is not defined (created with --allow-custom-tier, or its tier was
+        # removed from the settings) is served in this tier; start-up warns about such keys
+        self.fallback_tier = self.tiers[fallback_tier]
+
+    def keys_with_unknown_tiers(self) -> list[tuple[str, str]]:
+        """(key_id, tier) of active keys whose tier is not defined."""
+        return [(r.key_id, r.tier) for r in self.store.list() if r.active(time.time()) and r.tier not in self.tiers]
 
     async def authenticate(self, presented_key: str | None) -> Principal | None:
         if presented_key is None:
@@ -60,5 +71,5 @@ class KeyStoreAuthenticator:
         rec = self.store.lookup(presented_key)
         if rec is None:
             return None
-        tier = self.tiers.get(rec.tier) or self.tiers["standard"]
+        tier = self.tiers.get(rec.tier) or self.fallback_tier
         return _principal(rec.tenant, tier, rec.key_id, rec.overrides)

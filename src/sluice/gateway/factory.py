@@ -38,7 +38,11 @@ def build_authenticator(settings: Settings):  # -> Authenticator
         mode = "keys" if has_keys else ("single" if single else "open")
     if mode == "keys":
         log.info("authentication: key store %s", path)
-        return KeyStoreAuthenticator(SQLiteKeyStore(path), tiers, single), mode
+        auth = KeyStoreAuthenticator(SQLiteKeyStore(path), tiers, single, settings.default_tier)
+        for key_id, tier in auth.keys_with_unknown_tiers():
+            log.warning("key %s has tier %r, which is not defined (%s): it is served as the default tier %r",
+                        key_id, tier, ", ".join(tiers), settings.default_tier)
+        return auth, mode
     if mode == "single":
         if single is None:
             raise ValueError("auth = 'single' needs an api_key")

@@ -7,17 +7,14 @@ Built-in tiers can be changed and new ones added from the settings file:
     rpm = 600
     itpm = 400000
 
-(in the server settings file, top level or under `[server]`; `load_tiers_file` reads just that
-table, for tools such as `sluice keys` that need the tier names without the whole settings).
+(in the server settings file, top level or beside a `[server]` table).
 The built-in numbers follow Anthropic's published tiers loosely (reference §9.1): free ≈ their
 Tier 1, priority ≈ Tier 4; batch is the lowest band with a long queue deadline.
 """
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from sluice.gateway.limits import Limits
@@ -55,11 +52,3 @@ def load_tiers(table: dict[str, Any] | None) -> dict[str, Tier]:
         limits = replace(base.limits, **{k: spec[k] for k in _LIMIT_KEYS if k in spec})
         tiers[name] = Tier(name, int(spec.get("priority", base.priority)), limits, float(spec.get("queue_deadline_s", base.queue_deadline_s)))
     return tiers
-
-
-def load_tiers_file(path: str | Path | None) -> dict[str, Tier]:
-    """The tiers a settings file defines (DEFAULT_TIERS when there is no file)."""
-    if path is None:
-        return dict(DEFAULT_TIERS)
-    data = tomllib.loads(Path(path).expanduser().read_text())
-    return load_tiers(data.get("server", data).get("tiers"))

@@ -39,6 +39,11 @@ class ServingMetrics:
         self.stalled_readers_cut = Counter(
             "sluice_stalled_readers_cut", "Connections aborted because the peer acknowledged nothing for send_timeout_s", registry=r
         )
+        self.read_refused = Counter(
+            "sluice_http_read_refused",
+            "Requests refused while being read (408 slow headers/body, 431 headers too large, 503 too many incomplete)",
+            ["status"], registry=r,
+        )
         self.inflight = Gauge("sluice_http_inflight_generations", "Generations open on this API process", registry=r)
         # safety
         self.safety_verdicts = Counter(

@@ -20,4 +20,9 @@ CLIENT_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # a restarted worker (same address) is found within a second: gRPC's default reconnect
+    # backoff grows to 120 s, which would keep a recovered worker unused for minutes
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 ]

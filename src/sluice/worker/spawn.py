@@ -121,7 +121,7 @@ class LocalWorker:
         """The last lines the worker wrote to stderr (empty when not captured)."""
         return self._tee.tail(lines) if self._tee is not None else ""
 
-    def stop(self, grace_s: float = 10.0) -> int | None:
+    def stop(self, grace_s: float = 10.0, keep_socket_dir: bool = False) -> int | None:
         """SIGTERM, wait `grace_s`, then SIGKILL; returns the exit code. Idempotent."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)  # Popen never signals a reaped PID
@@ -132,13 +132,22 @@ class LocalWorker:
                 self.process.wait(5)
         if self._tee is not None:
             self._tee.join(2.0)
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if not keep_socket_dir:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
         return self.process.returncode
 
 
-def start_local_worker(model: str | None, dtype: str, engine_args: Sequence[str] = ()) -> LocalWorker:
-    """Start the child and return at once (it listens before its model is loaded)."""
-    socket_dir = tempfile.mkdtemp(prefix="sluice-worker-")
+def start_local_worker(
+    model: str | None, dtype: str, engine_args: Sequence[str] = (), socket_dir: str | None = None
+) -> LocalWorker:
+    """Start the child and return at once (it listens before its model is loaded).
+
+    `socket_dir`: reuse this directory (a restarted worker keeps its address, so the clients'
+    channels reconnect to it); default: a new private temporary directory."""
+    if socket_dir is None:
+        socket_dir = tempfile.mkdtemp(prefix="sluice-worker-")
+    else:
+        os.makedirs(socket_dir, mode=0o700, exist_ok=True)
     address = f"unix:{os.path.join(socket_dir, 'worker.sock')}"
     progress = "always" if sys.stderr.isatty() else "never"
     argv = [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--dtype", dtype, "--progress", progress]
@@ -168,7 +177,7 @@ async def wait_ready(worker: LocalWorker, client: GrpcEngineClient, timeout_s: f
     while True:
         code = worker.process.poll()
         if code is not None:
-            await asyncio.to_thread(worker.stop, 0)  # let the tee read to EOF first
+            await asyncio.to_thread(worker.stop, 0, True)  # let the tee read to EOF first
             raise _failure(worker, f"the engine worker exited with code {code} while starting")
         try:
             ready, detail = await client.health(timeout=1.0)
