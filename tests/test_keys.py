@@ -151,3 +151,17 @@ def test_tiers_from_a_toml_settings_file(tmp_path, server_table):
     created = _cli("create", "--tenant", "acme", "--tier", "gold", "--config", str(path), data_dir=tmp_path)
     assert created.returncode == 0 and created.stdout.startswith(KEY_PREFIX), created.stderr
     assert _cli("create", "--tenant", "acme", "--tier", "gold", data_dir=tmp_path).returncode == 2
+
+
+def test_a_key_with_an_undefined_tier_is_warned_about_and_served_in_the_default_tier(tmp_path, caplog):
+    from sluice.gateway.factory import build_authenticator
+
+    store = SQLiteKeyStore(tmp_path / "keys.db")
+    key, rec = store.create("acme", "nosuchtier", Limits())
+    settings = load_settings(None, data_dir=str(tmp_path), default_tier="free")
+    with caplog.at_level(logging.WARNING, logger="sluice.gateway"):
+        auth, mode = build_authenticator(settings)
+    assert mode == "keys"
+    assert rec.key_id in caplog.text and "nosuchtier" in caplog.text and key not in caplog.text
+    principal = asyncio.run(auth.authenticate(key))
+    assert principal is not None and principal.tier == "free"
