@@ -9,10 +9,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice import __version__
-from sluice.api import anthropic_routes, batches, openai_routes, resume
+from sluice.api.anthropic import batches, resume
+from sluice.api.anthropic import routes as anthropic_routes
+from sluice.api.openai import routes as openai_routes
 from sluice.api.errors import ApiError
 from sluice.api.middleware import RequestContextMiddleware, error_response
-from sluice.api.runtime import ServingRuntime
+from sluice.serving.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.api")
 

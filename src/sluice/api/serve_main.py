@@ -14,7 +14,7 @@ import sys
 import time
 
 from sluice.api.app import create_app
-from sluice.api.runtime import ServingRuntime
+from sluice.serving.runtime import ServingRuntime
 from sluice.api.server import build_server, make_socket
 from sluice.config import Settings
 from sluice.worker.engine_client import EngineClient

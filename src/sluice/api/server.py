@@ -26,7 +26,7 @@ import uvicorn
 
 from sluice.api.connection_watch import ConnectionWatch, watched_protocol
 from sluice.api.read_guard import ReadGuard, ReadLimits
-from sluice.api.runtime import ServingRuntime
+from sluice.serving.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.server")
 

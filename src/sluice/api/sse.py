@@ -23,7 +23,7 @@ from starlette.requests import Request
 
 from sluice.api.connection_watch import connection_of
 
-from sluice.api.runtime import ServingRuntime
+from sluice.serving.runtime import ServingRuntime
 
 T = TypeVar("T")
 _POLL_S = 0.5  # how often a silent stream re-checks its deadline (drain may move it)

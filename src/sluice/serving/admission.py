@@ -8,8 +8,8 @@ from typing import Any
 from starlette.requests import Request
 
 from sluice.api.errors import ApiError, overloaded
-from sluice.api.generation import generate
-from sluice.api.runtime import ServingRuntime
+from sluice.serving.generation import generate
+from sluice.serving.runtime import ServingRuntime
 from sluice.gateway.admission import Overloaded
 from sluice.gateway.coalescer import coalesce_key
 from sluice.gateway.gateway import RateLimited, Session

@@ -15,15 +15,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette import ServerSentEvent
 
-from sluice.api.anthropic_routes import describe_validation_error
+from sluice.api.anthropic.routes import describe_validation_error
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.api.gateway_session import ClientGone, open_session, until_admitted
-from sluice.api.generation import check_fits, checked
+from sluice.serving.admission import ClientGone, open_session, until_admitted
+from sluice.serving.generation import check_fits, checked
 from sluice.api.ids import new_id
 from sluice.api.json_body import json_object
-from sluice.api.runtime import ServingRuntime
-from sluice.api.safety_check import Guard, check_request_safety
+from sluice.serving.runtime import ServingRuntime
+from sluice.serving.safety_check import Guard, check_request_safety
 from sluice.api.sse import event_stream_response, run_with_deadline
 from sluice.gateway.gateway import Session
 from sluice.gateway.rate_limit_headers import rate_limit_headers

@@ -22,11 +22,11 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from sse_starlette import ServerSentEvent
 
-from sluice.api.anthropic_format import EventWriter
+from sluice.api.anthropic.render import EventWriter
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.api.replay_log import ReplayEvent, ReplayGap, ReplayLog
-from sluice.api.runtime import ServingRuntime
+from sluice.streaming.replay_log import ReplayEvent, ReplayGap, ReplayLog
+from sluice.serving.runtime import ServingRuntime
 from sluice.api.sse import event_stream_response
 
 BACKGROUND_HEADER = "sluice-background"

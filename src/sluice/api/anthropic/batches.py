@@ -21,22 +21,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.api.anthropic_routes import (
+from sluice.api.anthropic.routes import (
     ROUTE,
     collect_message,
     describe_validation_error,
     parse_body,
     prepare_message,
 )
-from sluice.api.anthropic_schema import MessagesRequest
-from sluice.api.prompt import safety_texts
-from sluice.api.safety_check import check_request_safety
+from sluice.api.anthropic.schema import MessagesRequest
+from sluice.api.anthropic.prompt import safety_texts
+from sluice.serving.safety_check import check_request_safety
 from sluice.api.auth import Principal, require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.api.generation import generate
+from sluice.serving.generation import generate
 from sluice.api.ids import new_id
 from sluice.api.pagination import page
-from sluice.api.runtime import ServingRuntime
+from sluice.serving.runtime import ServingRuntime
 from sluice.gateway.admission import Overloaded
 from sluice.gateway.principal import Principal as GatewayPrincipal
 from sluice.gateway.tiers import DEFAULT_TIERS

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from sluice.api.errors import ApiError
-from sluice.api.runtime import ServingRuntime
-from sluice.api.safety_stream import Piece, guarded
+from sluice.serving.runtime import ServingRuntime
+from sluice.serving.guarded_stream import Piece, guarded
 from sluice.gateway.principal import Principal
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.verdict import Verdict, log_verdict

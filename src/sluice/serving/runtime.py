@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from sluice.api.auth import Authenticator, OpenAccess
 from sluice.api.errors import ApiError, retry_headers
-from sluice.api.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
+from sluice.streaming.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
 from sluice.config import Settings
 from sluice.gateway.gateway import Gateway
 from sluice.gateway.principal import Principal

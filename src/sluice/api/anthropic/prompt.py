@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.api.anthropic_schema import (
+from sluice.api.anthropic.schema import (
     CountTokensRequest,
     DocumentBlock,
     ImageBlock,

@@ -15,20 +15,20 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from sluice.api.anthropic_format import STOP_REASONS, EventWriter, UsagePlan, message_object
-from sluice.api.anthropic_schema import CountTokensRequest, MessagesRequest
+from sluice.api.anthropic.render import STOP_REASONS, EventWriter, UsagePlan, message_object
+from sluice.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from sluice.api.auth import Principal, require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.api.gateway_session import ClientGone, open_session, until_admitted
-from sluice.api.generation import check_fits, checked
+from sluice.serving.admission import ClientGone, open_session, until_admitted
+from sluice.serving.generation import check_fits, checked
 from sluice.api.ids import new_id
 from sluice.api.json_body import json_object
 from sluice.api.pagination import page
-from sluice.api.prompt import build_prompt, safety_texts
-from sluice.api.safety_check import Guard, check_request_safety
-from sluice.api.safety_stream import stop_details
-from sluice.api.resume import follow, record_stream, start_background, wants_background
-from sluice.api.runtime import ServingRuntime
+from sluice.api.anthropic.prompt import build_prompt, safety_texts
+from sluice.serving.safety_check import Guard, check_request_safety
+from sluice.serving.guarded_stream import stop_details
+from sluice.api.anthropic.resume import follow, record_stream, start_background, wants_background
+from sluice.serving.runtime import ServingRuntime
 from sluice.api.sse import event_stream_response, run_with_deadline
 from sluice.gateway.gateway import Session
 from sluice.gateway.rate_limit_headers import rate_limit_headers

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 
 from sluice.api.errors import ApiError, bad_request, overloaded
-from sluice.api.runtime import ServingRuntime
+from sluice.serving.runtime import ServingRuntime
 from sluice.errors import ContextWindowExceededError, EngineUnavailableError, InvalidRequestError
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, SamplingParams
 
