@@ -4,10 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
+import httpx
 import pytest
 import torch
+from hypothesis import settings
 
 from tests.tiny_models import write_tiny_model
+
+# CI runs property tests with a fixed seed: a failure there is reproducible, never a one-off.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
+
+# httpx's default timeout is 5 s, which a busy CI machine (other suites on the same two cores)
+# exceeds for a single generation. The tests bound their own waits where time matters; a request
+# should fail the test only when it truly hangs. httpx binds one Timeout object as the default of
+# every call, so widening that object widens every default.
+_DEFAULT = httpx._config.DEFAULT_TIMEOUT_CONFIG
+_DEFAULT.connect = _DEFAULT.read = _DEFAULT.write = _DEFAULT.pool = 120.0
 
 
 @pytest.fixture(scope="session")

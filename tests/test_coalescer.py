@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from sluice.gateway.coalescer import Coalescer, ResponseCache, coalesce_key
+from sluice.gateway.coalescer import Coalescer, coalesce_key
+from sluice.gateway.response_cache import ResponseCache
 from sluice.types import FinishReason, GenerationEvent, Usage
 
 

@@ -20,7 +20,7 @@ from sluice.gateway.tiers import DEFAULT_TIERS, load_tiers
 def test_create_authenticate_revoke(tmp_path):
     store = SQLiteKeyStore(tmp_path / "keys.db")
     key, rec = store.create("acme", "free", Limits(rpm=7))
-    auth = KeyStoreAuthenticator(store)
+    auth = KeyStoreAuthenticator(store, cache_ttl_s=0)  # no cache: revocation on the next request
 
     def principal(k: str):
         return asyncio.run(auth.authenticate(k))
@@ -165,3 +165,29 @@ def test_a_key_with_an_undefined_tier_is_warned_about_and_served_in_the_default_
     assert rec.key_id in caplog.text and "nosuchtier" in caplog.text and key not in caplog.text
     principal = asyncio.run(auth.authenticate(key))
     assert principal is not None and principal.tier == "free"
+
+
+def test_a_revoked_key_stops_working_within_the_cache_ttl(tmp_path):
+    """Verified keys are cached `cache_ttl_s` (injected clock); revocation takes effect within
+    that bound, and an unknown key is never cached (a new key works at once)."""
+    now = [1000.0]
+    store = SQLiteKeyStore(tmp_path / "keys.db")
+    key, rec = store.create("acme", "standard", Limits())
+    auth = KeyStoreAuthenticator(store, cache_ttl_s=5.0, clock=lambda: now[0])
+
+    async def who(k: str):
+        return await auth.authenticate(k)
+
+    assert asyncio.run(who(key)).tenant == "acme"
+    store.revoke(rec.key_id)
+    now[0] += 4.9
+    assert asyncio.run(who(key)) is not None  # still cached: within the documented bound
+    now[0] += 0.2
+    assert asyncio.run(who(key)) is None  # past it: the store says revoked
+    fresh, _ = store.create("acme", "standard", Limits())
+    assert asyncio.run(who(fresh)) is not None
+    uncached = KeyStoreAuthenticator(store, cache_ttl_s=0)
+    key2, rec2 = store.create("beta", "standard", Limits())
+    assert asyncio.run(uncached.authenticate(key2)) is not None
+    store.revoke(rec2.key_id)
+    assert asyncio.run(uncached.authenticate(key2)) is None  # no cache: the next request

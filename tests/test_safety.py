@@ -17,9 +17,10 @@ import pytest
 from sluice.safety import classifier as classifier_mod
 from sluice.safety.classifier import OK, SATURATED, TIMEOUT, Classifier
 from sluice.safety.normalize import Normalized, Normalizer, normalize
-from sluice.safety.pipeline import SafetyPipeline, texts_from_messages
-from sluice.safety.policy import PolicyError, PolicyRegistry, load_policy, parse_policy
-from sluice.safety.verdict import Verdict, log_verdict
+from sluice.safety.pipeline import SafetyPipeline
+from sluice.safety.policy import PolicyError, load_policy, parse_policy
+from sluice.safety.verdict import Action, Layer, Verdict
+from sluice.safety.verdict_log import log_verdict
 
 DATA = Path(__file__).parent / "data"
 ADV = json.loads((DATA / "safety_adversarial.json").read_text())
@@ -100,14 +101,11 @@ def test_missing_policy_file(tmp_path):
         load_policy(tmp_path / "nope.toml")
 
 
-def test_policy_registry_resolves_key_then_tier_then_default(tmp_path):
+def test_a_policy_file_sets_the_input_action(tmp_path):
     strict = tmp_path / "strict.toml"
     strict.write_text("[categories.words]\nliterals = ['sourdough']\ninput_action = 'block_403'\n")
-    reg = PolicyRegistry({"enterprise": str(strict), "key_abc": str(strict)})
-    assert reg.resolve("key_abc", "free") is reg.policies["enterprise"]  # one file, loaded once
-    assert reg.resolve("key_zzz", "free").name == "default"
-    v = SafetyPipeline(reg.resolve(None, "enterprise")).check_input(["my Sourdough starter"])
-    assert v.status == 403 and v.code == "safety.input.words"
+    v = SafetyPipeline(load_policy(strict)).check_input(["my Sourdough starter"])
+    assert v.action is Action.BLOCK_403 and v.code == "safety.input.words"
 
 
 # -- L1 input rules ---------------------------------------------------------------------------------
@@ -115,7 +113,7 @@ def test_policy_registry_resolves_key_then_tier_then_default(tmp_path):
 def test_input_rules_block_adversarial_inputs(pipeline, text):
     v = pipeline.check_input(["You are a helpful assistant.", f"Question: {text} thanks"])
     assert v is not None and v.layer == "L1" and v.blocked and v.part == 1
-    assert v.code.startswith("safety.input.") and v.status in (400, 403)
+    assert v.code.startswith("safety.input.") and v.action in (Action.BLOCK_400, Action.BLOCK_403)
 
 
 @pytest.mark.parametrize("text", ADV["phrases"] + ADV["input_only"])
@@ -150,15 +148,24 @@ def test_input_offsets_are_in_the_original(pipeline):
 
 
 def test_messages_extraction(pipeline):
+    """L1 reads the system prompt, user turns and tool results — not the assistant's own words."""
+    from sluice.api.anthropic.prompt import to_conversation
+    from sluice.api.anthropic.schema import MessagesRequest
+
     msgs = [
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": "how to build a pipe bomb"},  # the model's words: not input
-        {"role": "user", "content": [{"type": "tool_result", "content": [{"type": "text", "text": "tool says hi"}]}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "tool says hi"}]}]},
     ]
-    assert texts_from_messages(msgs, "be nice") == ["be nice", "hello", "tool says hi"]
-    assert pipeline.check_messages(msgs, "be nice") is None
+
+    def texts(messages: list) -> list[str]:
+        req = MessagesRequest.model_validate({"model": "m", "max_tokens": 1, "system": "be nice", "messages": messages})
+        return to_conversation(req).safety_texts()
+
+    assert texts(msgs) == ["be nice", "hello", "tool says hi"]
+    assert pipeline.check_input(texts(msgs)) is None
     msgs[2]["content"][0]["content"][0]["text"] = "tool says: sluice-canary-banned-phrase"
-    assert pipeline.check_messages(msgs).category == "canary"
+    assert pipeline.check_input(texts(msgs)).category == "canary"
 
 
 def test_input_rules_false_positive_rate_and_latency(pipeline):
@@ -273,11 +280,6 @@ def test_post_check(pipeline):
     assert Normalized(reply[v.start : v.end]).text == "how to build a pipe bomb"
     assert pipeline.post_check("A perfectly normal reply about bread.") is None
 
-    async def run():
-        return await pipeline.post_check_async("Fine text.", deadline_s=1.0)
-
-    assert asyncio.run(run()) is None
-
 
 def test_verdict_log_has_no_text_by_default(pipeline, caplog):
     v = pipeline.check_input(["please sluice-canary-banned-phrase"])
@@ -292,6 +294,7 @@ def test_verdict_log_has_no_text_by_default(pipeline, caplog):
 
 
 def test_verdict_fields():
-    v = Verdict("L3", "weapons", "literal:0", 3, 9, action="refuse")
+    v = Verdict(Layer.L3, "weapons", "literal:0", 3, 9, action=Action.REFUSE)
     assert v.blocked and v.code == "safety.output.weapons"
-    assert not Verdict("L4", "audit", "literal:0", action="log").blocked
+    assert not Verdict(Layer.L4, "audit", "literal:0", action=Action.LOG).blocked
+    assert Verdict(Layer.L2, "weapons", "classifier:x").code == "safety.input.weapons"

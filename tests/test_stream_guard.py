@@ -87,15 +87,16 @@ def test_benign_replies_flow_with_small_holdback_and_no_false_positives(pipeline
     per_token_us = t_total / feeds * 1e6
     print(f"\nL3 benign: fp={rate:.4f} mean hold-back={mean_held:.2f} chars, {per_token_us:.1f} µs/token (incl. flush)")
     assert rate < 0.01, fp
-    assert mean_held <= 3.0
-    assert per_token_us < 200  # loose: a shared 2-core CI box; measured ~10 µs here
+    assert mean_held <= 3.0  # (the time per token is a benchmark figure: bench/safety_overhead.py)
 
 
 def test_shared_stats_report_holdback(pipeline):
-    before = pipeline.stats.stream.feeds
-    stream(pipeline, tokens("The weather is lovely today, so how about a walk?"))
-    assert pipeline.stats.stream.feeds > before
-    assert pipeline.timing_stats()["l3_mean_holdback_chars"] >= 0
+    fresh = SafetyPipeline(pipeline.policy)  # its own totals (the module's pipeline is shared)
+    text = "The weather is lovely today, so how about a walk?"
+    stream(fresh, tokens(text))
+    assert fresh.stats.stream.feeds == len(tokens(text))
+    held = fresh.timing_stats()["l3_mean_holdback_chars"]
+    assert held == fresh.stats.stream.mean_holdback and held <= 3.0  # benign text is barely held back
 
 
 def test_holdback_is_only_a_possible_prefix(pipeline):
@@ -165,7 +166,8 @@ def test_guard_matches_brute_force(text, literals, cuts):
     deltas = [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
     released, verdict, _ = stream(p, deltas)
     assert (verdict is not None) == bool(matches)
-    assert (p.check_input([text]) is not None) == bool(matches)  # hyperscan and the automaton agree
+    v = p.check_input([text])  # hyperscan and the automaton agree (the letter-spaced view is L1/L4 only)
+    assert (v is not None and not v.rule.endswith(":spaced")) == bool(matches)
     if not matches:
         assert released == text
         return

@@ -91,6 +91,8 @@ class Settings(BaseSettings):
     # auto: the key store when it holds an active key (the single api_key still works), else the
     # single api_key if set, else open. open/single/keys force one mode.
     auth: Literal["auto", "open", "single", "keys"] = "auto"
+    # a verified key is cached this long: revoking a key takes effect within this bound
+    key_cache_ttl_s: float = Field(5.0, ge=0)
     tiers: dict[str, dict[str, Any]] = Field(default_factory=dict)  # [tiers.NAME] overrides
     default_tier: str = "standard"  # tier of the single-key / open principal (unlimited unless set)
     limits_store: Literal["memory", "redis"] = "memory"
@@ -104,6 +106,9 @@ class Settings(BaseSettings):
     response_cache: bool = False
     response_cache_ttl_s: float = Field(300.0, gt=0)
     response_cache_entries: int = Field(1000, ge=1)
+    # Message Batches (docs/GATEWAY.md): kept this long after they end, at most this many
+    batch_retention_s: float = Field(86_400.0, gt=0)
+    max_batches: int = Field(10_000, ge=1)
 
     @field_validator("api_key")
     @classmethod

@@ -11,9 +11,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sluice import __version__
 from sluice.api.anthropic import batches, resume
 from sluice.api.anthropic import routes as anthropic_routes
-from sluice.api.openai import routes as openai_routes
-from sluice.api.errors import ApiError
+from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
+from sluice.api.openai import routes as openai_routes
+from sluice.serving.errors import ServingError
+from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.api")
@@ -34,6 +36,10 @@ def create_app(rt: ServingRuntime) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return respond(request, exc)
+
+    @app.exception_handler(ServingError)
+    async def _refused(request: Request, exc: ServingError) -> JSONResponse:
+        return respond(request, api_error_for(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -78,10 +84,11 @@ def create_app(rt: ServingRuntime) -> FastAPI:
             rt.metrics.observe_gateway(rt.gateway)
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.include_router(batches.build_router(rt, batches.BatchStore()))  # before /v1/messages/{...} routes
-    app.include_router(anthropic_routes.build_router(rt))
+    pipeline = ServingPipeline(rt)
+    app.include_router(batches.build_router(rt, pipeline))  # before /v1/messages/{...} routes
+    app.include_router(anthropic_routes.build_router(rt, pipeline))
     app.include_router(resume.build_router(rt))
-    app.include_router(openai_routes.build_router(rt))
+    app.include_router(openai_routes.build_router(rt, pipeline))
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=rt.settings.max_body_bytes,

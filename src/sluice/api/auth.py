@@ -1,4 +1,4 @@
-"""Who is calling: the API key from either header style, checked in constant time.
+"""Who is calling: the API key from either header style, checked by the gateway's Authenticator.
 
 Both `x-api-key: K` (anthropic SDK 0.x/1.x, curl docs) and `Authorization: Bearer K` (SDK 2.x,
 OpenAI clients) are accepted (reference §0.1, §10.12). This module only extracts the presented
@@ -7,19 +7,11 @@ key and asks an `Authenticator` (gateway/authenticator.py: open, single key, key
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from starlette.requests import Request
 
 from sluice.api.errors import ApiError
-from sluice.gateway.authenticator import OpenAccess, SingleKey  # noqa: F401  (re-exported)
+from sluice.gateway.authenticator import Authenticator
 from sluice.gateway.principal import Principal
-
-
-class Authenticator(Protocol):
-    async def authenticate(self, presented_key: str | None) -> Principal | None:
-        """The caller's principal, or None when the key is missing, unknown or revoked."""
-        ...
 
 
 def presented_key(request: Request) -> str | None:

@@ -9,6 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.serving.errors import ErrorKind, ServingError
+
+# The one mapping of wire-neutral error kinds onto HTTP statuses (both wire formats use it).
+STATUS_FOR_KIND: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.PERMISSION: 403,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.CONFLICT: 409,
+    ErrorKind.RATE_LIMITED: 429,
+    ErrorKind.OVERLOADED: 529,
+    ErrorKind.TIMEOUT: 504,
+    ErrorKind.INTERNAL: 500,
+}
+
 # Anthropic's status ↔ type table (reference §5.2).
 ANTHROPIC_TYPES: dict[int, str] = {
     400: "invalid_request_error",
@@ -101,3 +115,20 @@ def retry_headers(seconds: float) -> dict[str, str]:
 
 def is_openai_path(path: str) -> bool:
     return path.startswith(("/v1/chat/", "/v1/completions", "/openai/"))
+
+
+def api_error_for(exc: ServingError) -> ApiError:
+    """A pipeline refusal as an HTTP error (status from its kind, retry headers, code, param)."""
+    headers = dict(exc.headers)
+    if exc.retry_after_s is not None and "retry-after" not in headers:
+        headers.update(retry_headers(exc.retry_after_s))
+    return ApiError(STATUS_FOR_KIND[exc.kind], exc.message, headers=headers, code=exc.code, param=exc.param)
+
+
+def anthropic_error_type(kind: ErrorKind) -> str:
+    """The `error.type` of an in-stream Anthropic `error` event for a failure of this kind."""
+    return ANTHROPIC_TYPES[STATUS_FOR_KIND[kind]]
+
+
+def openai_error_type(kind: ErrorKind) -> str:
+    return OPENAI_TYPES[STATUS_FOR_KIND[kind]]

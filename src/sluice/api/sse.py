@@ -1,37 +1,36 @@
 """SSE plumbing shared by both wire formats (reference safety_sse.md part B).
 
-- `event_stream_response`: sse-starlette with Anthropic-style `ping` events every
-  `ping_interval_s` (the stream generator also sends one at once), a per-send timeout (a
-  backstop: stalled readers are cut earlier by the connection watch, connection_watch.py), `X-Accel-Buffering: no`, no compression,
-  and a shutdown grace longer than ours so our own drain can end streams properly.
-- `run_with_deadline`: ends a stream with TimeoutError at the maximum stream duration or, once
-  the server drains for shutdown, at the drain deadline — whichever is first — even when the
-  engine is silent (queued, long prefill), without ever blocking the event loop.
+`event_stream_response`: sse-starlette with keep-alive pings every `ping_interval_s` (an
+Anthropic `ping` event, or an SSE comment for OpenAI; the stream's renderer also sends one at
+once), a per-send timeout (a backstop: stalled readers are cut earlier by the connection watch,
+connection_watch.py), `X-Accel-Buffering: no`, no compression, and a shutdown grace longer than
+ours so our own drain can end streams properly.
 """
 
 from __future__ import annotations
 
-
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 
 from sluice.api.connection_watch import connection_of
-
 from sluice.serving.runtime import ServingRuntime
+from sluice.streaming.replay_log import ReplayEvent
 
-T = TypeVar("T")
-_POLL_S = 0.5  # how often a silent stream re-checks its deadline (drain may move it)
+
+async def numbered(events: AsyncIterator[ReplayEvent], stream_id: str) -> AsyncIterator[ServerSentEvent]:
+    """Rendered events as SSE frames: `event:` + one line of JSON `data`, and `id: <stream>:<seq>`
+    on every numbered (replayable) event."""
+    async for e in events:
+        yield ServerSentEvent(data=e.data, event=e.name, id=f"{stream_id}:{e.seq}" if e.seq else None)
 
 
 def event_stream_response(
     rt: ServingRuntime,
-    events: AsyncIterator[ServerSentEvent | dict],
+    events: AsyncIterator[ServerSentEvent],
     ping: Callable[[], ServerSentEvent] | None,
     headers: dict[str, str] | None = None,
     on_close: Callable[[], Awaitable[None]] | None = None,
@@ -62,40 +61,3 @@ def event_stream_response(
         shutdown_grace_period=s.shutdown_grace_s + 2.0,
         background=BackgroundTask(closed) if on_close is not None or conn is not None else None,
     )
-
-
-async def run_with_deadline(rt: ServingRuntime, source: AsyncIterator[T]) -> AsyncIterator[T]:
-    loop = asyncio.get_running_loop()
-    limit = loop.time() + rt.settings.max_stream_duration_s
-    it = aiter(source)
-    pending: asyncio.Future | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(it))
-            deadline = limit
-            if rt.draining:
-                deadline = min(deadline, loop.time() + (rt.drain_deadline - time.monotonic()))
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError
-            done, _ = await asyncio.wait({pending}, timeout=min(remaining, _POLL_S))
-            if not done:
-                continue
-            try:
-                item = pending.result()
-            except StopAsyncIteration:
-                pending = None
-                return
-            pending = None
-            yield item
-    finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            try:
-                await pending
-            except (asyncio.CancelledError, StopAsyncIteration, Exception):
-                pass
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            await aclose()

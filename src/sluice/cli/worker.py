@@ -23,21 +23,23 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _exit_cleanly)
     import asyncio
 
+    from sluice.config import load_settings
     from sluice.engine.config import EngineConfig
+    from sluice.errors import SluiceError
 
-    overrides = {
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "kv_cache_gib": args.kv_cache_gib,
-        "max_model_len": args.max_model_len,
-        "scheduling_policy": args.scheduling_policy or "priority",
-        "admission_policy": args.admission_policy,
-    }
-    try:
-        config = EngineConfig(**{k: v for k, v in overrides.items() if v is not None})
-        if args.no_prefix_caching:
-            config.enable_prefix_caching = False
-    except ValueError as exc:
+    try:  # the same settings (and defaults) as `sluice serve`, through the one mapping
+        settings = load_settings(
+            None,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_cache_gib=args.kv_cache_gib,
+            max_model_len=args.max_model_len,
+            scheduling_policy=args.scheduling_policy,
+            admission_policy=args.admission_policy,
+            enable_prefix_caching=False if args.no_prefix_caching else None,
+        )
+        config = EngineConfig.from_settings(settings)
+    except (SluiceError, ValueError) as exc:
         print(f"sluice worker: error: {exc}", file=sys.stderr)
         return 2
     from sluice.worker.worker_main import run_worker

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sluice.config import Settings
 from sluice.engine.policy import POLICIES
+
+# The settings an engine takes from the server's Settings (same names on both sides). The one
+# mapping: `sluice serve` (inline or spawning a worker), `sluice worker` and the worker flags all
+# go through it.
+ENGINE_SETTINGS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_gib",
+    "max_model_len",
+    "scheduling_policy",
+    "admission_policy",
+    "enable_prefix_caching",
+)
 
 ADMISSION_POLICIES = ("reserve", "optimistic")
 
@@ -27,6 +41,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     share_prefix_across_tenants: bool = False
     seed: int = 0  # seeds the draws for requests that give no seed of their own
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "EngineConfig":
+        return cls(**{name: getattr(settings, name) for name in ENGINE_SETTINGS if getattr(settings, name) is not None})
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -1,16 +1,34 @@
-"""Authenticators: presented API key → Principal (tenant, tier band, limits)."""
+"""Authenticators: presented API key → Principal (tenant, tier band, limits).
+
+Three modes behind one Protocol: open access, a single key, the key store. The key store's
+lookup is SQLite — blocking I/O — so it runs off the event loop, and verified keys are cached
+for `cache_ttl_s`: a revoked key stops working within that bound (a few seconds by default), and
+the hot path of an active key costs one dict lookup.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 from sluice.gateway.key_store import KeyStore
 from sluice.gateway.limits import Limits
 from sluice.gateway.principal import Principal
 from sluice.gateway.tiers import DEFAULT_TIERS, Tier
+
+
+class Authenticator(Protocol):
+    """Who is calling. The API layer extracts the presented key from the request's headers and
+    asks; the answer decides tenant, tier, limits and priority for everything after."""
+
+    async def authenticate(self, presented_key: str | None) -> Principal | None:
+        """The caller's principal, or None when the key is missing, unknown or revoked."""
+        ...
 
 
 def _principal(tenant: str, tier: Tier, key_id: str, overrides: Limits | None = None) -> Principal:
@@ -46,11 +64,16 @@ class SingleKey:
 
 
 class KeyStoreAuthenticator:
-    """Keys from a KeyStore; the single `--api-key`, if set, still works (default tenant)."""
+    """Keys from a KeyStore; the single `--api-key`, if set, still works (default tenant).
+
+    Lookups run in a thread (SQLite is blocking I/O). A verified key's principal is cached for
+    `cache_ttl_s` (never past a scheduled revocation), keyed by the key's SHA-256 — the key
+    itself is not kept. Unknown keys are not cached: a key created a moment ago works at once.
+    """
 
     def __init__(
         self, store: KeyStore, tiers: dict[str, Tier] | None = None, single: SingleKey | None = None,
-        fallback_tier: str = "standard",
+        fallback_tier: str = "standard", cache_ttl_s: float = 5.0, clock: Callable[[], float] = time.time,
     ):
         self.store = store
         self.tiers = tiers or DEFAULT_TIERS
@@ -58,6 +81,9 @@ class KeyStoreAuthenticator:
         # a key whose tier is not defined (created with --allow-custom-tier, or its tier was
         # removed from the settings) is served in this tier; start-up warns about such keys
         self.fallback_tier = self.tiers[fallback_tier]
+        self.cache_ttl_s = cache_ttl_s
+        self._clock = clock
+        self._cache: dict[bytes, tuple[float, Principal]] = {}  # sha256(key) -> (expires, principal)
 
     def keys_with_unknown_tiers(self) -> list[tuple[str, str]]:
         """(key_id, tier) of active keys whose tier is not defined."""
@@ -68,8 +94,25 @@ class KeyStoreAuthenticator:
             return None
         if self.single is not None and self.single.matches(presented_key):
             return self.single._principal
-        rec = self.store.lookup(presented_key)
+        digest = hashlib.sha256(presented_key.encode()).digest()
+        now = self._clock()
+        hit = self._cache.get(digest)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        rec = await asyncio.to_thread(self.store.lookup, presented_key)
         if rec is None:
+            self._cache.pop(digest, None)
             return None
         tier = self.tiers.get(rec.tier) or self.fallback_tier
-        return _principal(rec.tenant, tier, rec.key_id, rec.overrides)
+        principal = _principal(rec.tenant, tier, rec.key_id, rec.overrides)
+        if self.cache_ttl_s > 0:
+            expires = now + self.cache_ttl_s
+            if rec.revoked_at is not None:
+                expires = min(expires, rec.revoked_at)
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()  # bounded; a full sweep is rare and cheap to refill
+            self._cache[digest] = (expires, principal)
+        return principal
+
+
+_CACHE_MAX = 10_000

@@ -22,16 +22,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.gateway.response_cache import ResponseCache
+from sluice.streaming.event_log import EventLog
 from sluice.types import GenerationEvent
 
-__all__ = ["Coalescer", "ResponseCache", "Subscription", "coalesce_key"]
-
-Producer = Callable[[], AsyncIterator[GenerationEvent]]
+Producer = Callable[[], AsyncGenerator[GenerationEvent, None]]
 
 # body fields that do not change the reply
 _IGNORED = ("stream", "stream_options", "metadata", "background", "user", "service_tier")
@@ -50,11 +48,8 @@ def coalesce_key(tenant: str, model: str, body: dict[str, Any], shared_across_te
 
 @dataclass(slots=True)
 class _Flight:
-    events: list[GenerationEvent] = field(default_factory=list)
-    done: bool = False
-    error: BaseException | None = None
+    log: EventLog[GenerationEvent] = field(default_factory=EventLog)
     subscribers: int = 0
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
 
 
@@ -71,18 +66,9 @@ class Subscription:
         self._left = False
         flight.subscribers += 1
 
-    async def events(self) -> AsyncIterator[GenerationEvent]:
-        flight, i = self._flight, 0
-        while True:
-            while i < len(flight.events):
-                yield flight.events[i]
-                i += 1
-            if flight.done:
-                if flight.error is not None:
-                    raise flight.error
-                return
-            flight.changed.clear()  # no await between this and the wait: no lost wake-up
-            await flight.changed.wait()
+    def events(self) -> AsyncGenerator[GenerationEvent, None]:
+        """The whole generation from its first event; raises the producer's error, if any."""
+        return self._flight.log.follow()
 
     def leave(self) -> None:
         if self._left:
@@ -90,10 +76,8 @@ class Subscription:
         self._left = True
         flight = self._flight
         flight.subscribers -= 1
-        if flight.subscribers == 0 and not flight.done:
+        if flight.subscribers == 0 and not flight.log.done:
             self._coalescer._abandon(self._key, flight)
-
-    close = leave
 
 
 class Coalescer:
@@ -141,18 +125,17 @@ class Coalescer:
             self.abandoned += 1
 
     async def _produce(self, key: str, flight: _Flight, produce: Producer, on_done: Callable[[], None] | None) -> None:
+        error: BaseException | None = None
         try:
             async for event in produce():
-                flight.events.append(event)
-                flight.changed.set()
+                flight.log.append(event)
         except asyncio.CancelledError:
-            flight.error = asyncio.CancelledError()
+            error = asyncio.CancelledError()
             raise
         except Exception as exc:  # every subscriber sees the producer's failure
-            flight.error = exc
+            error = exc
         finally:
-            flight.done = True
-            flight.changed.set()
+            flight.log.finish(error)
             if self._flights.get(key) is flight:
                 del self._flights[key]
             if on_done is not None:

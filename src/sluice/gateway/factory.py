@@ -8,7 +8,8 @@ from pathlib import Path
 from sluice.config import Settings
 from sluice.gateway.admission import AdmissionQueue
 from sluice.gateway.authenticator import KeyStoreAuthenticator, OpenAccess, SingleKey
-from sluice.gateway.coalescer import Coalescer, ResponseCache
+from sluice.gateway.coalescer import Coalescer
+from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.gateway import Gateway
 from sluice.gateway.key_store import SQLiteKeyStore
 from sluice.gateway.limiter import make_limiter
@@ -38,7 +39,7 @@ def build_authenticator(settings: Settings):  # -> Authenticator
         mode = "keys" if has_keys else ("single" if single else "open")
     if mode == "keys":
         log.info("authentication: key store %s", path)
-        auth = KeyStoreAuthenticator(SQLiteKeyStore(path), tiers, single, settings.default_tier)
+        auth = KeyStoreAuthenticator(SQLiteKeyStore(path), tiers, single, settings.default_tier, settings.key_cache_ttl_s)
         for key_id, tier in auth.keys_with_unknown_tiers():
             log.warning("key %s has tier %r, which is not defined (%s): it is served as the default tier %r",
                         key_id, tier, ", ".join(tiers), settings.default_tier)

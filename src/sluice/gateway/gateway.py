@@ -11,18 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+from contextlib import aclosing
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from sluice.gateway.admission import AdmissionQueue, Lease, Overloaded, Ticket
-from sluice.gateway.coalescer import Coalescer, ResponseCache, Subscription
+from sluice.gateway.coalescer import Coalescer, Subscription
+from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.limiter import GuardedLimiter
-from sluice.gateway.limits import Decision
+from sluice.gateway.limits import Decision, LimitReason
 from sluice.gateway.principal import Principal
 from sluice.types import GenerationEvent
 
-Producer = Callable[[], AsyncIterator[GenerationEvent]]
+Producer = Callable[[], AsyncGenerator[GenerationEvent, None]]
+
+
+class SessionKind(str, enum.Enum):
+    """How a session is served: its own engine request, riding an identical one, or the cache."""
+
+    ENGINE = "engine"
+    COALESCED = "coalesced"
+    CACHED = "cached"
 
 
 class RateLimited(Exception):
@@ -43,29 +54,26 @@ class Session:
     subscription: Subscription | None = None
     cached: list[GenerationEvent] | None = None
     queue_time_s: float = 0.0
-    kind: str = "engine"  # engine | coalesced | cached
+    kind: SessionKind = SessionKind.ENGINE
     output_tokens: int = 0
     _closed: bool = field(default=False, repr=False)
     _renewing: "asyncio.Task | None" = field(default=None, repr=False)
 
-    async def events(self) -> AsyncIterator[GenerationEvent]:
-        gw = self.gateway
+    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
+        """The generation's events, however it is served; leaving early closes the source (for
+        an engine session: aborts the request; for a coalesced one: gives up this seat only)."""
         if self.cached is not None:
-            source: AsyncIterator[GenerationEvent] = _replay(self.cached)
+            source: AsyncGenerator[GenerationEvent, None] = _replay(self.cached)
         elif self.subscription is not None:
             source = self.subscription.events()
         else:
             source = self.produce()
-        try:
+        async with aclosing(source):
             async for event in source:
                 self.output_tokens = event.usage.output_tokens
                 yield event
-        finally:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                await aclose()
 
-    async def _produce_and_remember(self) -> AsyncIterator[GenerationEvent]:
+    async def _produce_and_remember(self) -> AsyncGenerator[GenerationEvent, None]:
         events: list[GenerationEvent] = []
         async for event in self.produce():
             events.append(event)
@@ -104,7 +112,7 @@ async def _renew_lease(limiter: GuardedLimiter, key: str, lease: str) -> None:
         await limiter.renew(key, lease)
 
 
-async def _replay(events: list[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+async def _replay(events: list[GenerationEvent]) -> AsyncGenerator[GenerationEvent, None]:
     for event in events:
         yield event
 
@@ -116,7 +124,7 @@ class Gateway:
             key, session._produce_and_remember, on_done=lease.release if lease is not None else None
         )
         if not leader:
-            session.kind = "coalesced"
+            session.kind = SessionKind.COALESCED
             self.counts["coalesced"] += 1
             if lease is not None:
                 lease.release()
@@ -151,7 +159,7 @@ class Gateway:
         if self.limiter is not None and principal.limits is not None:
             decision = await self.limiter.acquire(principal.limit_key, principal.limits, input_tokens, max_tokens)
             if not decision.allowed:
-                self.counts["rate_limited" if decision.reason != "store_unavailable" else "overloaded"] += 1
+                self.counts["rate_limited" if decision.reason is not LimitReason.STORE_UNAVAILABLE else "overloaded"] += 1
                 raise RateLimited(decision)
         session = Session(self, principal, decision, max_tokens if decision.allowed else 0, produce, key)
         if decision.lease is not None and self.limiter is not None:
@@ -160,7 +168,7 @@ class Gateway:
             if key is not None and use_cache and self.cache is not None:
                 session.cached = self.cache.get(key)
                 if session.cached is not None:
-                    session.kind = "cached"
+                    session.kind = SessionKind.CACHED
                     self.counts["cached"] += 1
                     return session
             if key is not None and self.coalescer is not None and self.coalescer.has(key):
@@ -176,7 +184,7 @@ class Gateway:
                     self._join(session, key, None)
                 else:  # lead a new flight; its lease lives as long as the generation, not this client
                     self._join(session, key, lease)
-                    session.kind = "engine"
+                    session.kind = SessionKind.ENGINE
                     self.counts["engine"] += 1
             else:
                 session.lease = lease

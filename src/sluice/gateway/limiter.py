@@ -5,9 +5,9 @@ a concurrency slot) or none. `settle` returns the unused part of the output rese
 request ends — on success, abort or error alike — and releases the concurrency slot.
 
 `GuardedLimiter` decides what happens when the store fails (Redis down, timeout):
-- `on_store_error="open"` (default) admits: `Decision(allowed=True, reason="store_unavailable")`,
+- `on_store_error="open"` (default) admits: `Decision(allowed=True, reason=STORE_UNAVAILABLE)`,
   no rate-limit headers. Availability over strictness; limits resume when the store is back.
-- `"closed"` refuses: `Decision(allowed=False, reason="store_unavailable", retry_after_s=5)`;
+- `"closed"` refuses: `Decision(allowed=False, reason=STORE_UNAVAILABLE, retry_after_s=5)`;
   the API answers 529 `overloaded_error` with `retry-after` (not 429: the caller is within its
   limits; not 500: nothing crashed). The SDKs retry 529 on their own.
 Either way one warning line per 30 s (not one per request), one info line when the store is
@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, Protocol
 
-from sluice.gateway.limits import STORE_UNAVAILABLE, Decision, Limits
+from sluice.gateway.limits import Decision, LimitReason, Limits
 
 log = logging.getLogger("sluice.gateway.limits")
 
@@ -83,8 +83,8 @@ class GuardedLimiter:
         except Exception as exc:  # the store is down: the configured policy, never a 500
             self._warn(exc)
             if self.on_store_error == "open":
-                return Decision(True, reason=STORE_UNAVAILABLE)
-            return Decision(False, retry_after_s=CLOSED_RETRY_AFTER_S, reason=STORE_UNAVAILABLE)
+                return Decision(True, reason=LimitReason.STORE_UNAVAILABLE)
+            return Decision(False, retry_after_s=CLOSED_RETRY_AFTER_S, reason=LimitReason.STORE_UNAVAILABLE)
         self._ok()
         return decision
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from sluice.gateway.limits import CONCURRENCY, BucketState, Decision, Limits
+from sluice.gateway.limits import BucketState, Decision, LimitReason, Limits
 from sluice.gateway.token_bucket import WINDOW_S, Bucket, refill, reset_s, wait_s
 
 
@@ -31,15 +31,15 @@ class MemoryLimiter:
         costs = {"requests": 1, "input_tokens": input_tokens, "output_tokens": output_tokens}
         dims = limits.buckets()
         levels = {dim: refill(self._buckets.get((key, dim)), limit, now, self.window_s) for dim, limit in dims.items()}
-        retry, reason = 0.0, ""
+        retry, reason = 0.0, LimitReason.NONE
         for dim, limit in dims.items():
             wait = wait_s(levels[dim], costs[dim], limit, self.window_s)
             if wait > retry:
-                retry, reason = wait, dim
+                retry, reason = wait, LimitReason(dim)
         leases = self._live_leases(key, now)
         if not reason and limits.max_concurrent is not None and len(leases) >= limits.max_concurrent:
-            retry, reason = 1.0, CONCURRENCY  # no way to know when a slot frees: a short hint
-        allowed = not reason
+            retry, reason = 1.0, LimitReason.CONCURRENCY  # no way to know when a slot frees: a short hint
+        allowed = reason is LimitReason.NONE
         states: dict[str, BucketState] = {}
         for dim, limit in dims.items():
             left = levels[dim] - (costs[dim] if allowed else 0)

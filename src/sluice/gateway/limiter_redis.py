@@ -17,7 +17,7 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from sluice.gateway.limits import BucketState, Decision, Limits
+from sluice.gateway.limits import BucketState, Decision, LimitReason, Limits
 from sluice.gateway.token_bucket import WINDOW_S, reset_s
 
 # KEYS: bucket keys..., concurrency key.  ARGV: window, lease_ttl, max_concurrent (-1 = none),
@@ -138,6 +138,7 @@ class RedisLimiter:
         allowed, retry, reason = int(res[0]) == 1, float(res[1]), res[2]
         if reason.isdigit():
             reason = dims[int(reason) - 1][0]
+        reason = LimitReason(reason)
         states = {}
         for (dim, limit), left in zip(dims, res[3:]):
             left_f = float(left)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from sluice.gateway.token_bucket import WINDOW_S
-
-__all__ = ["WINDOW_S", "BucketState", "Decision", "Limits", "rfc3339"]
 
 DIMENSIONS = ("requests", "input_tokens", "output_tokens")
 
@@ -41,11 +39,18 @@ class BucketState:
         return rfc3339(self.reset_s)
 
 
-# Decision.reason values. The API maps them: a dimension or "concurrency" → 429 rate_limit_error;
-# STORE_UNAVAILABLE (only with on_store_error="closed") → 529 overloaded_error — the caller did
-# nothing wrong and a retry soon may work, which is what 529 tells the SDKs (they retry it).
-STORE_UNAVAILABLE = "store_unavailable"
-CONCURRENCY = "concurrency"
+class LimitReason(str, enum.Enum):
+    """Why a limiter refused (or, STORE_UNAVAILABLE, could not decide). The serving layer maps a
+    dimension or CONCURRENCY onto 429 rate_limit_error; STORE_UNAVAILABLE (refused only with
+    on_store_error="closed") onto 529 overloaded_error — the caller did nothing wrong and a retry
+    soon may work, which is what 529 tells the SDKs (they retry it)."""
+
+    NONE = ""
+    REQUESTS = "requests"
+    INPUT_TOKENS = "input_tokens"
+    OUTPUT_TOKENS = "output_tokens"
+    CONCURRENCY = "concurrency"
+    STORE_UNAVAILABLE = "store_unavailable"
 
 
 @dataclass(slots=True)
@@ -53,5 +58,5 @@ class Decision:
     allowed: bool
     retry_after_s: float = 0.0
     buckets: dict[str, BucketState] = field(default_factory=dict)
-    reason: str = ""  # "" | "requests" | "input_tokens" | "output_tokens" | "concurrency" | "store_unavailable"
+    reason: LimitReason = LimitReason.NONE
     lease: str | None = None  # concurrency lease to release (settle) when the request ends

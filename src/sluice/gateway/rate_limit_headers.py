@@ -6,7 +6,6 @@ import math
 
 from sluice.gateway.limits import Decision, rfc3339
 
-__all__ = ["rate_limit_headers", "rfc3339"]
 
 _NAMES = {"requests": "requests", "input_tokens": "input-tokens", "output_tokens": "output-tokens"}
 

@@ -43,7 +43,7 @@ CONFUSABLES = {
     "α": "a", "β": "b", "ε": "e", "η": "n", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p",
     "τ": "t", "υ": "u", "χ": "x", "γ": "y", "ω": "w", "ς": "s", "σ": "s", "μ": "u", "ϲ": "c",
     # Latin look-alikes outside ASCII
-    "ı": "i", "ɩ": "i", "ʟ": "l", "ɑ": "a", "ο": "o",
+    "ı": "i", "ɩ": "i", "ʟ": "l", "ɑ": "a",
 }
 # Leetspeak: digits and symbols commonly standing for letters. Applied to all text (matching
 # only; the original is what is sent), so digits never appear in normalized text.

@@ -17,6 +17,7 @@ from sluice.safety.aho_corasick import AhoCorasick
 from sluice.safety.multipattern import MultiPattern, literal_expression
 from sluice.safety.normalize import spaced_runs, squeeze_spaced
 from sluice.safety.policy import Category, SafetyPolicy
+from sluice.safety.verdict import Action
 
 
 @dataclass(slots=True, frozen=True)
@@ -29,11 +30,11 @@ class Match:
 
 def _in_scope(cat: Category, scope: str) -> bool:
     if scope == "input":
-        return cat.input_action != "allow"
+        return cat.input_action is not Action.ALLOW
     if scope == "stream":
-        return cat.check_output and cat.output_action == "refuse"
+        return cat.check_output and cat.output_action is Action.REFUSE
     if scope == "log":
-        return cat.check_output and cat.output_action == "log"
+        return cat.check_output and cat.output_action is Action.LOG
     raise ValueError(f"unknown scope {scope!r}")
 
 

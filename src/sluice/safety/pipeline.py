@@ -2,9 +2,9 @@
 
     pipeline = SafetyPipeline(load_policy(path))
     v = pipeline.check_input(texts)            # L1, sync, before the 200 → 400/403 on a Verdict
-    task = pipeline.classify(text, "L2")       # L2, async, alongside prefill → refusal
+    task = pipeline.classify(text, Layer.L2)   # L2, async, alongside prefill → refusal
     guard = pipeline.stream_guard()            # L3, per stream: guard.feed(delta) / guard.flush()
-    v = pipeline.post_check(reply)             # L4, sync patterns; post_check_async adds the classifier
+    v = pipeline.post_check(reply)             # L4, the patterns over the finished reply
 
 A check returns None when the text passes and a Verdict when it does not.
 """
@@ -12,17 +12,17 @@ A check returns None when the text passes and a Verdict when it does not.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from sluice.safety.classifier import OK, TIMEOUT, Classifier, ClassifierResult
 from sluice.safety.input_rules import check_texts
 from sluice.safety.patterns import PatternSet
-from sluice.safety.policy import SafetyPolicy, load_policy
+from sluice.safety.policy import FailMode, SafetyPolicy, load_policy
 from sluice.safety.post_check import post_check_patterns
 from sluice.safety.stream_guard import GuardStats, StreamGuard
-from sluice.safety.verdict import Verdict, log_verdict
+from sluice.safety.verdict import Action, Layer, Verdict
+from sluice.safety.verdict_log import log_verdict
 
 
 @dataclass(slots=True)
@@ -32,29 +32,6 @@ class SafetyStats:
     l4_calls: int = 0
     l4_seconds: float = 0.0
     stream: GuardStats = field(default_factory=GuardStats)
-
-
-def texts_from_messages(messages: Iterable[Mapping[str, Any]], system: Any = None) -> list[str]:
-    """What L1 reads from an Anthropic-shaped request: the system prompt, user turns and tool
-    results (assistant turns are the model's own words)."""
-    out: list[str] = []
-
-    def add(content: Any) -> None:
-        if isinstance(content, str):
-            out.append(content)
-        elif isinstance(content, Sequence):
-            for block in content:
-                if isinstance(block, Mapping):
-                    if block.get("type") == "text":
-                        out.append(str(block.get("text", "")))
-                    elif block.get("type") == "tool_result":
-                        add(block.get("content"))
-
-    add(system)
-    for msg in messages:
-        if msg.get("role") != "assistant":
-            add(msg.get("content"))
-    return out
 
 
 class SafetyPipeline:
@@ -84,19 +61,16 @@ class SafetyPipeline:
             if found is None:
                 return None
             m, part, start, end = found
-            return Verdict("L1", m.category, m.rule, start, end, action=self._input_action[m.category], part=part)
+            return Verdict(Layer.L1, m.category, m.rule, start, end, action=self._input_action[m.category], part=part)
         finally:
             self.stats.l1_calls += 1
             self.stats.l1_seconds += time.perf_counter() - t0
 
-    def check_messages(self, messages: Iterable[Mapping[str, Any]], system: Any = None) -> Verdict | None:
-        return self.check_input(texts_from_messages(messages, system))
-
-    def input_action(self, verdict: Verdict) -> str:
+    def input_action(self, verdict: Verdict) -> Action:
         return self._input_action.get(verdict.category, verdict.action)
 
     # -- L2 and the periodic L3 window check ------------------------------------------------------
-    async def classify(self, text: str, layer: str = "L2", deadline_s: float | None = None,
+    async def classify(self, text: str, layer: Layer = Layer.L2, deadline_s: float | None = None,
                        output: bool = False) -> Verdict | None:
         """A verdict when a category's threshold is crossed, or when the classifier cannot
         answer (saturated, past `deadline_s`, unavailable) and that category fails closed."""
@@ -104,17 +78,15 @@ class SafetyPipeline:
             return None
         return self.judge(await self.classifier.classify(text, deadline_s), layer, output)
 
-    classify_async = classify
-
-    def judge(self, result: ClassifierResult, layer: str, output: bool = False) -> Verdict | None:
+    def judge(self, result: ClassifierResult, layer: Layer, output: bool = False) -> Verdict | None:
         for cat in self.policy.categories:
             if cat.classifier_threshold is None:
                 continue
-            if (output and not cat.check_output) or (not output and cat.input_action == "allow"):
+            if (output and not cat.check_output) or (not output and cat.input_action is Action.ALLOW):
                 continue
-            action = cat.output_action if output else "refuse"  # L2 runs after the 200: it can only refuse
+            action = cat.output_action if output else Action.REFUSE  # L2 runs after the 200: it can only refuse
             if result.status != OK:
-                if cat.fail_mode == "closed":
+                if cat.fail_mode is FailMode.CLOSED:
                     rule = "classifier:" + ("timeout" if result.status == TIMEOUT else result.status)
                     return Verdict(layer, cat.name, rule, action=action)
                 continue
@@ -128,8 +100,6 @@ class SafetyPipeline:
     # -- L3 ---------------------------------------------------------------------------------------
     def stream_guard(self) -> StreamGuard:
         return StreamGuard(self.stream_patterns, self._output_action, self.stats.stream)
-
-    start_stream = stream_guard
 
     # -- L4 ---------------------------------------------------------------------------------------
     def post_check(self, text: str, request_id: str = "") -> Verdict | None:
@@ -146,13 +116,6 @@ class SafetyPipeline:
         finally:
             self.stats.l4_calls += 1
             self.stats.l4_seconds += time.perf_counter() - t0
-
-    async def post_check_async(self, text: str, deadline_s: float | None = None,
-                               request_id: str = "") -> Verdict | None:
-        v = self.post_check(text, request_id)
-        if v is None:
-            v = await self.classify(text, "L4", deadline_s, output=True)
-        return v
 
     def timing_stats(self) -> dict[str, float]:
         s, c = self.stats, self.classifier

@@ -1,12 +1,12 @@
 """The safety policy: categories of banned content, actions, classifier settings (a TOML file).
 
 A policy is data only; `PatternSet` compiles it and `SafetyPipeline` runs it. A deployment may
-hold several (per tier or per key): `PolicyRegistry` maps names to policies and the caller
-resolves which one a request uses.
+hold several: the serving runtime maps tiers to policy files (`safety_tier_policies`).
 """
 
 from __future__ import annotations
 
+import enum
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -16,10 +16,15 @@ from typing import Any
 from sluice.errors import SluiceError
 from sluice.safety.multipattern import PatternError, check_regex
 from sluice.safety.normalize import Normalized
+from sluice.safety.verdict import INPUT_ACTIONS, OUTPUT_ACTIONS, Action
 
-INPUT_ACTIONS = ("block_400", "block_403", "allow")
-OUTPUT_ACTIONS = ("refuse", "log")  # refuse: kill the stream (stop_reason "refusal"); log: record only
-FAIL_MODES = ("open", "closed")
+
+class FailMode(str, enum.Enum):
+    """When the classifier cannot answer (saturated, past its deadline, missing)."""
+
+    OPEN = "open"  # allow
+    CLOSED = "closed"  # refuse
+
 # svguardian's classes (the classifier a category's threshold applies to)
 CLASSIFIER_CLASSES = ("prompt_injection", "jailbreak", "data_exfiltration", "pii", "social_engineering",
                       "harmful_content", "model_attack", "benign")
@@ -34,10 +39,10 @@ class Category:
     name: str
     literals: tuple[str, ...] = ()  # normalized
     regexes: tuple[str, ...] = ()  # hyperscan syntax, matched on normalized text
-    input_action: str = "block_400"
-    output_action: str = "refuse"
+    input_action: Action = Action.BLOCK_400
+    output_action: Action = Action.REFUSE
     check_output: bool = True
-    fail_mode: str = "open"  # classifier saturated or down: open (allow) | closed (refuse)
+    fail_mode: FailMode = FailMode.OPEN
     classifier_threshold: float | None = None
     classifier_classes: tuple[str, ...] = ()
     description: str = ""
@@ -80,6 +85,10 @@ def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
     return value
 
 
+def _action(where: str, value: Any, allowed: tuple[Action, ...]) -> Action:
+    return Action(_choice(where, value, tuple(a.value for a in allowed)))
+
+
 def _category(name: str, cname: str, spec: Any) -> Category:
     at = f"{name}: categories.{cname}"
     if not isinstance(spec, dict):
@@ -112,10 +121,10 @@ def _category(name: str, cname: str, spec: Any) -> Category:
         raise PolicyError(f"{at}.check_output must be true or false")
     return Category(
         cname, tuple(literals), tuple(regexes),
-        _choice(f"{at}.input_action", spec.get("input_action", "block_400"), INPUT_ACTIONS),
-        _choice(f"{at}.output_action", spec.get("output_action", "refuse"), OUTPUT_ACTIONS),
+        _action(f"{at}.input_action", spec.get("input_action", "block_400"), INPUT_ACTIONS),
+        _action(f"{at}.output_action", spec.get("output_action", "refuse"), OUTPUT_ACTIONS),
         check_output,
-        _choice(f"{at}.fail_mode", spec.get("fail_mode", "open"), FAIL_MODES),
+        FailMode(_choice(f"{at}.fail_mode", spec.get("fail_mode", "open"), tuple(m.value for m in FailMode))),
         None if threshold is None else float(threshold), tuple(classes), str(spec.get("description", "")),
     )
 
@@ -158,22 +167,3 @@ def load_policy(path: str | Path | None = None) -> SafetyPolicy:
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"safety policy {name} is not valid TOML: {exc}") from None
     return parse_policy(data, name)
-
-
-class PolicyRegistry:
-    """Named policies (per tier or per key). `resolve` tries the key's name, then the tier's,
-    then "default"; files named twice load once."""
-
-    def __init__(self, files: dict[str, str | None]):
-        cache: dict[str | None, SafetyPolicy] = {}
-        self.policies: dict[str, SafetyPolicy] = {}
-        for pname, path in {"default": None, **files}.items():
-            if path not in cache:
-                cache[path] = load_policy(path)
-            self.policies[pname] = cache[path]
-
-    def resolve(self, *names: str | None) -> SafetyPolicy:
-        for n in names:
-            if n and n in self.policies:
-                return self.policies[n]
-        return self.policies["default"]

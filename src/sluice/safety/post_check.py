@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from sluice.safety.normalize import Normalized
 from sluice.safety.patterns import PatternSet
-from sluice.safety.verdict import Verdict
+from sluice.safety.verdict import Action, Layer, Verdict
 
 
-def post_check_patterns(patterns: PatternSet, text: str, actions: dict[str, str]) -> Verdict | None:
+def post_check_patterns(patterns: PatternSet, text: str, actions: dict[str, Action]) -> Verdict | None:
     norm = Normalized(text)
     m = patterns.scan(norm.text) or patterns.scan_spaced(norm.text)
     if m is None:
         return None
     start, end = norm.span(m.start, m.end)
-    return Verdict("L4", m.category, m.rule, start, end, action=actions.get(m.category, "refuse"))
+    return Verdict(Layer.L4, m.category, m.rule, start, end, action=actions.get(m.category, Action.REFUSE))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from sluice.safety.normalize import Normalizer
 from sluice.safety.patterns import PatternSet, is_word_char
-from sluice.safety.verdict import Verdict
+from sluice.safety.verdict import Action, Layer, Verdict
 
 REGEX_WINDOW = 256  # normalized characters a regex check looks back over
 
@@ -52,7 +52,7 @@ class GuardStats:
 
 
 class StreamGuard:
-    def __init__(self, patterns: PatternSet, action: dict[str, str] | None = None,
+    def __init__(self, patterns: PatternSet, action: dict[str, Action] | None = None,
                  shared: GuardStats | None = None):
         self.p = patterns
         self._shared = shared  # the pipeline's totals across streams
@@ -174,7 +174,7 @@ class StreamGuard:
         return out
 
     def _kill(self, category: str, rule: str, start: int, end: int) -> Verdict:
-        self.killed = Verdict("L3", category, rule, start, end, action=self._action.get(category, "refuse"))
+        self.killed = Verdict(Layer.L3, category, rule, start, end, action=self._action.get(category, Action.REFUSE))
         return self.killed
 
     # -- reporting ------------------------------------------------------------------------------

@@ -3,34 +3,52 @@ happens next is the verdict's `action` (from the policy)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
-from sluice.safety.verdict_log import log_verdict  # re-exported: callers import it from here
 
-__all__ = ["Verdict", "log_verdict"]
+class Layer(str, enum.Enum):
+    L1 = "L1"  # input rules, before the response starts
+    L2 = "L2"  # the classifier on the input, alongside prefill
+    L3 = "L3"  # the stream guard (and the periodic classifier window)
+    L4 = "L4"  # the post-check on the finished text
+
+    @property
+    def on_input(self) -> bool:
+        return self in (Layer.L1, Layer.L2)
+
+
+class Action(str, enum.Enum):
+    """What a category's match does. Input: BLOCK_400 / BLOCK_403 / ALLOW. Output: REFUSE (kill
+    the stream: stop_reason "refusal") / LOG (record only)."""
+
+    BLOCK_400 = "block_400"
+    BLOCK_403 = "block_403"
+    ALLOW = "allow"
+    REFUSE = "refuse"
+    LOG = "log"
+
+
+INPUT_ACTIONS = (Action.BLOCK_400, Action.BLOCK_403, Action.ALLOW)
+OUTPUT_ACTIONS = (Action.REFUSE, Action.LOG)
 
 
 @dataclass(slots=True, frozen=True)
 class Verdict:
-    layer: str  # L1 input rules | L2 input classifier | L3 stream guard | L4 post-check
+    layer: Layer
     category: str  # the policy category
     rule: str  # "literal:<n>", "regex:<n>" (+ ":base64"), "classifier:<classes>", "classifier:saturated"
     start: int = -1  # offsets in the original text checked (-1 when not positional)
     end: int = -1
     score: float | None = None  # the classifier's score, for classifier verdicts
-    action: str = "block_400"  # block_400 | block_403 (input), refuse | log (output)
+    action: Action = Action.BLOCK_400
     part: int = -1  # which of the input texts matched (L1), else -1
 
     @property
     def code(self) -> str:
         """Stable machine-readable code for clients and logs: safety.input.<cat> / safety.output.<cat>."""
-        return f"safety.{'input' if self.layer in ('L1', 'L2') else 'output'}.{self.category}"
+        return f"safety.{'input' if self.layer.on_input else 'output'}.{self.category}"
 
     @property
     def blocked(self) -> bool:
-        return self.action not in ("log", "allow")
-
-    @property
-    def status(self) -> int:
-        """The HTTP status an input block maps to (400 invalid_request_error / 403 permission_error)."""
-        return 403 if self.action == "block_403" else 400
+        return self.action not in (Action.LOG, Action.ALLOW)

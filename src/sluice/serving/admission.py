@@ -1,48 +1,79 @@
-"""The API's entry to the gateway: open a session or answer 429 / 529 before any stream."""
+"""The pipeline's entry to the gateway: open a session, or refuse with 429 / 529 in words.
+
+Everything that can refuse a request here happens before a response starts: rate limits
+(RATE_LIMITED, with the rate-limit headers), a full queue or a deadline that passes while the
+caller still waits for the response to open (OVERLOADED with retry-after). A caller that goes
+away while queued leaves the queue at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from starlette.requests import Request
-
-from sluice.api.errors import ApiError, overloaded
-from sluice.serving.generation import generate
-from sluice.serving.runtime import ServingRuntime
 from sluice.gateway.admission import Overloaded
 from sluice.gateway.coalescer import coalesce_key
-from sluice.gateway.gateway import RateLimited, Session
-from sluice.gateway.principal import Principal
+from sluice.gateway.gateway import RateLimited, Session, SessionKind
+from sluice.gateway.limits import LimitReason
 from sluice.gateway.rate_limit_headers import rate_limit_headers
-from sluice.types import GenerationRequest
+from sluice.serving.errors import ErrorKind, ServingError, overloaded
+from sluice.serving.request import ServingRequest
+from sluice.serving.runtime import ServingRuntime
+from sluice.types import GenerationEvent
 
-QUEUE_TIMEOUT_HEADER = "sluice-queue-timeout"  # seconds a request may wait for admission
-CACHE_HEADER = "sluice-cache"  # "bypass": skip the response cache
+Disconnected = Callable[[], Awaitable[bool]]  # True once the caller has gone away
+_POLL_S = 0.25  # how often a waiting caller is checked for a disconnect
 
-
-def _deadline(request: Request) -> float | None:
-    raw = request.headers.get(QUEUE_TIMEOUT_HEADER)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ApiError(400, f"{QUEUE_TIMEOUT_HEADER}: must be a number of seconds") from None
-    if value <= 0:
-        raise ApiError(400, f"{QUEUE_TIMEOUT_HEADER}: must be positive")
-    return value
+_WHAT = {
+    LimitReason.REQUESTS: "rate limit exceeded: requests per minute for this key",
+    LimitReason.INPUT_TOKENS: "rate limit exceeded: input tokens per minute for this key",
+    LimitReason.OUTPUT_TOKENS: "rate limit exceeded: output tokens per minute for this key",
+    LimitReason.CONCURRENCY: "rate limit exceeded: too many concurrent requests for this key",
+}
 
 
 class ClientGone(Exception):
-    """The client disconnected while its request waited for admission."""
+    """The caller disconnected while its request waited for admission."""
 
 
-async def until_admitted(request: Request, opening: "asyncio.Future[Session]", timeout: float | None = None) -> bool:
-    """Wait for `opening` (a gateway admission), at most `timeout` seconds; True once it is done.
+async def open_session(
+    rt: ServingRuntime,
+    req: ServingRequest,
+    prompt_len: int,
+    max_tokens: int,
+    produce: Callable[[], AsyncIterator[GenerationEvent]],
+) -> Session:
+    gw = rt.gateway
+    assert gw is not None, "the runtime is ready"
+    key = None
+    if req.dedup_body is not None and rt.settings.enable_coalescing:
+        key = coalesce_key(req.principal.tenant, req.model, req.dedup_body, rt.settings.coalesce_across_tenants)
+    try:
+        session = await gw.open(
+            req.principal, prompt_len, max_tokens, produce,
+            key=key, use_cache=req.use_cache, deadline_s=req.queue_timeout_s, band=req.band,
+        )
+    except RateLimited as exc:
+        d = exc.decision
+        headers = rate_limit_headers(d)
+        if d.reason is LimitReason.STORE_UNAVAILABLE:
+            raise ServingError(ErrorKind.OVERLOADED, "rate limiting is unavailable; try again shortly",
+                               retry_after_s=1.0, headers=headers) from None
+        raise ServingError(ErrorKind.RATE_LIMITED, _WHAT.get(d.reason, "rate limit exceeded"), headers=headers) from None
+    except Overloaded as exc:
+        raise overloaded(f"Overloaded: {exc.reason}", exc.retry_after_s) from None
+    rt.metrics.gateway_requests.labels(session.kind.value).inc()
+    if session.kind is SessionKind.ENGINE:
+        rt.metrics.gateway_queue_time.observe(session.queue_time_s)
+    return session
 
-    A client that disconnects while it waits leaves the admission queue at once: the waiter is
-    cancelled (Starlette does not cancel a handler whose client left before the response)."""
+
+async def until_admitted(opening: "asyncio.Future[Session]", disconnected: Disconnected | None, timeout: float | None) -> bool:
+    """Wait for `opening` at most `timeout` seconds (None: until done); True once it is done.
+
+    A caller that disconnects meanwhile leaves the admission queue at once: the opening is
+    cancelled and ClientGone raised (an HTTP server does not cancel a handler whose client left
+    before its response started)."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while not opening.done():
@@ -50,55 +81,9 @@ async def until_admitted(request: Request, opening: "asyncio.Future[Session]", t
         await asyncio.wait({opening}, timeout=step)
         if opening.done():
             break
-        if await request.is_disconnected():
+        if disconnected is not None and await disconnected():
             opening.cancel()
             raise ClientGone()
         if deadline is not None and loop.time() >= deadline:
             return False
     return True
-
-
-_POLL_S = 0.25
-
-
-async def open_session(
-    rt: ServingRuntime,
-    request: Request,
-    principal: Principal,
-    gen: GenerationRequest,
-    model: str,
-    route: str,
-    key_body: dict[str, Any] | None,
-    band: int | None = None,
-) -> Session:
-    gw = rt.gateway
-    assert gw is not None
-    key = None
-    if key_body is not None and rt.settings.enable_coalescing:
-        key = coalesce_key(principal.tenant, model, key_body, rt.settings.coalesce_across_tenants)
-    use_cache = request.headers.get(CACHE_HEADER, "").lower() != "bypass"
-    try:
-        session = await gw.open(
-            principal,
-            len(gen.prompt_token_ids),
-            gen.sampling.max_tokens,
-            lambda: generate(rt, gen, route),
-            key=key,
-            use_cache=use_cache,
-            deadline_s=_deadline(request),
-            band=band,
-        )
-    except RateLimited as exc:
-        d = exc.decision
-        if d.reason == "store_unavailable":
-            raise ApiError(529, "rate limiting is unavailable; try again shortly", headers=rate_limit_headers(d)) from None
-        what = {"requests": "requests", "input_tokens": "input tokens", "output_tokens": "output tokens",
-                "concurrency": "concurrent requests"}.get(d.reason, d.reason)
-        raise ApiError(429, f"rate limit exceeded: {what} per minute for this key" if d.reason != "concurrency"
-                       else "rate limit exceeded: too many concurrent requests for this key", headers=rate_limit_headers(d)) from None
-    except Overloaded as exc:
-        raise overloaded(f"Overloaded: {exc.reason}", exc.retry_after_s) from None
-    rt.metrics.gateway_requests.labels(session.kind).inc()
-    if session.kind == "engine":
-        rt.metrics.gateway_queue_time.observe(session.queue_time_s)
-    return session

@@ -1,98 +1,99 @@
-"""The safety layers around one generation, as both wire formats consume them.
+"""The safety layers around one generation, turning engine events into outcomes.
 
-`guarded()` turns engine events into `Piece`s: text that is safe to send, then either the final
-event or a refusal. It runs
+`guarded()` yields `TextDelta`s that are safe to send and ends with exactly one final outcome:
+`Finished`, `Refused` or `Failed`. It runs
 - L2: the classifier on the request's input, started with the generation; the first content
   waits for it at most `deadline_ms` past the start, after which it acts as an async killer;
 - L3: the stream guard (hold back only what could still become a banned literal) and, every
   `check_every_chars`, the classifier on the recent window (async);
 - L4: the post-check on the finished text before the stop is sent.
-Returning after a refusal closes the engine stream, which aborts the request at once.
+A refusal closes the engine stream before the refusal is yielded, so the engine does not spend
+another step on a killed request while the renderer writes the refusal.
 """
 
 from __future__ import annotations
 
-
 import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 
 from sluice.safety.pipeline import SafetyPipeline
-from sluice.safety.verdict import Verdict, log_verdict
+from sluice.safety.verdict import Layer, Verdict
+from sluice.safety.verdict_log import log_verdict
+from sluice.serving.errors import ErrorKind
+from sluice.serving.outcomes import Failed, Finished, Outcome, Refused, TextDelta
 from sluice.types import FinishReason, GenerationEvent, Usage
 
 EXPLANATIONS = {
-    "L2": "The request was classified as violating the usage policy.",
-    "L3": "The response was stopped because it began to violate the usage policy.",
-    "L4": "The response violated the usage policy.",
+    Layer.L2: "The request was classified as violating the usage policy.",
+    Layer.L3: "The response was stopped because it began to violate the usage policy.",
+    Layer.L4: "The response violated the usage policy.",
 }
+_NORMAL_ENDS = (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP_SEQUENCE, FinishReason.CONTEXT)
 
 
-@dataclass(slots=True)
-class Piece:
-    text: str = ""
-    final: GenerationEvent | None = None
-    refusal: Verdict | None = None
-    usage: Usage | None = None
+def final_outcome(ev: GenerationEvent) -> Finished | Failed:
+    """The engine's last event as an outcome: an abort (shutdown, overload) and an engine error
+    are failures, the rest are normal ends."""
+    reason = ev.finish_reason
+    if reason in _NORMAL_ENDS:
+        assert reason is not None
+        return Finished(reason, ev.stop_sequence, ev.usage)
+    if reason is FinishReason.ABORT:
+        return Failed(ErrorKind.OVERLOADED, "the request was aborted by the server (overloaded or shutting down)", ev.usage)
+    return Failed(ErrorKind.INTERNAL, "the engine failed while generating this request", ev.usage)
 
 
-def stop_details(v: Verdict) -> dict:
-    return {"type": "refusal", "category": v.category, "explanation": EXPLANATIONS.get(v.layer, "policy violation")}
+def refusal(v: Verdict, usage: Usage) -> Refused:
+    return Refused(v.layer.value, v.category, EXPLANATIONS.get(v.layer, "policy violation"), usage)
 
 
 async def guarded(
     safety: SafetyPipeline | None,
-    events: AsyncIterator[GenerationEvent],
+    events: AsyncGenerator[GenerationEvent, None],
     input_text: str,
     request_id: str,
-    on_verdict=None,
-) -> AsyncIterator[Piece]:
-    try:
-        async for piece in _guarded(safety, events, input_text, request_id, on_verdict):
-            yield piece
-    finally:  # however this ends (refusal, disconnect), close the engine stream now: that aborts
-        await _close(events)
-
-
-async def _close(events: AsyncIterator[GenerationEvent]) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is not None:
-        await aclose()
+    on_verdict: Callable[[Verdict], None] | None = None,
+) -> AsyncIterator[Outcome]:
+    async with aclosing(events):
+        if safety is None:
+            async for ev in events:
+                if ev.text:
+                    yield TextDelta(ev.text, ev.usage)
+                if ev.finished:
+                    yield final_outcome(ev)
+                    return
+            return
+        async with aclosing(_guarded(safety, events, input_text, request_id, on_verdict)) as inner:
+            async for outcome in inner:
+                yield outcome
 
 
 async def _guarded(
-    safety: SafetyPipeline | None,
-    events: AsyncIterator[GenerationEvent],
+    safety: SafetyPipeline,
+    events: AsyncGenerator[GenerationEvent, None],
     input_text: str,
     request_id: str,
-    on_verdict=None,
-) -> AsyncIterator[Piece]:
-    if safety is None:
-        async for ev in events:
-            if ev.text:
-                yield Piece(text=ev.text, usage=ev.usage)
-            if ev.finished:
-                yield Piece(final=ev, usage=ev.usage)
-                return
-        return
+    on_verdict: Callable[[Verdict], None] | None,
+) -> AsyncIterator[Outcome]:
     loop = asyncio.get_running_loop()
     settings = safety.policy.classifier
     guard = safety.stream_guard()
     l2 = None
     if safety.classifier is not None and input_text:
-        l2 = asyncio.ensure_future(safety.classify(input_text, "L2"))
+        l2 = asyncio.ensure_future(safety.classify(input_text, Layer.L2))
     gate_until = loop.time() + settings.deadline_ms / 1000
     window: asyncio.Future | None = None
     next_check = settings.check_every_chars
 
-    async def found(v: Verdict, usage: Usage) -> Piece:
+    async def found(v: Verdict, usage: Usage) -> Refused:
         # abort first: the refusal's events are written after this returns, and the engine
         # must not spend another step on a killed request meanwhile
-        await _close(events)
+        await events.aclose()
         log_verdict(v, request_id, guard.text_so_far if safety.policy.log_text else None)
         if on_verdict is not None:
             on_verdict(v)
-        return Piece(refusal=v, usage=usage)
+        return refusal(v, usage)
 
     try:
         async for ev in events:
@@ -108,15 +109,16 @@ async def _guarded(
                 yield await found(verdict, ev.usage)
                 return
             if text:
-                yield Piece(text=text, usage=ev.usage)
+                yield TextDelta(text, ev.usage)
             if next_check and guard.released >= next_check and window is None and safety.classifier is not None:
                 window = asyncio.ensure_future(
-                    safety.classify(guard.text_so_far[-settings.window_chars :], "L3", output=True)
+                    safety.classify(guard.text_so_far[-settings.window_chars :], Layer.L3, output=True)
                 )
                 next_check = guard.released + settings.check_every_chars
             if ev.finished:
-                if ev.finish_reason in (FinishReason.ABORT, FinishReason.ERROR):
-                    yield Piece(final=ev, usage=ev.usage)
+                final = final_outcome(ev)
+                if isinstance(final, Failed):
+                    yield final
                     return
                 tail, verdict = guard.finish()
                 if verdict is None and l2 is not None:
@@ -128,8 +130,8 @@ async def _guarded(
                     yield await found(verdict, ev.usage)
                     return
                 if tail:
-                    yield Piece(text=tail, usage=ev.usage)
-                yield Piece(final=ev, usage=ev.usage)
+                    yield TextDelta(tail, ev.usage)
+                yield final
                 return
     finally:
         for task in (l2, window):

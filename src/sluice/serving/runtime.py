@@ -1,27 +1,47 @@
-"""What the HTTP app serves with: settings, the engine client, the tokenizer, metrics, state.
+"""What requests are served with: settings, the engine client, the tokenizer, gateway, safety,
+replay log, metrics — built from Settings, and the serving state (loading, ready, draining).
 
-The app starts answering /health at once; /ready and the generation routes wait for
-`mark_ready()` (model loaded in the worker, tokenizer loaded here). A start-up failure is
-kept in `startup_error` and reported by /ready, so an operator sees why.
+The HTTP server answers /health at once; /ready and the generation routes wait for
+`mark_ready()` (model loaded in the worker, tokenizer loaded here). A start-up failure is kept in
+`startup_error` and reported by /ready, so an operator sees why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
+from dataclasses import InitVar, dataclass, field
+from typing import Any
 
-from sluice.api.auth import Authenticator, OpenAccess
-from sluice.api.errors import ApiError, retry_headers
-from sluice.streaming.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
 from sluice.config import Settings
+from sluice.gateway.authenticator import Authenticator, OpenAccess
+from sluice.gateway.factory import build_gateway
 from sluice.gateway.gateway import Gateway
 from sluice.gateway.principal import Principal
-from sluice.safety.pipeline import SafetyPipeline
 from sluice.models.tokenizer import Tokenizer
 from sluice.observability.metrics import ServingMetrics
+from sluice.safety.pipeline import SafetyPipeline
+from sluice.safety.policy import load_policy
+from sluice.serving.errors import ErrorKind, ServingError
+from sluice.streaming.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
 from sluice.worker.engine_client import EngineClient, ModelInfo
 from sluice.worker.health_monitor import EngineHealth
+
+
+@dataclass(slots=True, frozen=True)
+class Ready:
+    """The parts a request needs, all present (what `require_ready` hands out)."""
+
+    engine: EngineClient
+    tokenizer: Tokenizer
+    info: ModelInfo
+
+
+def build_replay(settings: Settings) -> ReplayLog:
+    if settings.replay_store == "redis":
+        return RedisReplayLog(settings.redis_url, settings.replay_ttl_s)
+    return MemoryReplayLog(settings.replay_ttl_s, settings.replay_max_bytes)
 
 
 @dataclass
@@ -29,15 +49,16 @@ class ServingRuntime:
     settings: Settings
     authenticator: Authenticator = field(default_factory=OpenAccess)
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
+    replay_log: InitVar[ReplayLog | None] = None  # default: built from the settings
+    replay: ReplayLog = field(init=False)
     engine: EngineClient | None = None
-    health: EngineHealth | None = None  # None: no monitor (tests that build the runtime directly)
+    health: EngineHealth | None = None  # None: no monitor (a runtime built directly, in tests)
     gateway: Gateway | None = None
     safety: dict[str, SafetyPipeline] = field(default_factory=dict)  # "" = default; else per tier
-    replay: ReplayLog = None  # type: ignore[assignment]  # set in __post_init__
-    background_tasks: set = field(default_factory=set)
+    background_tasks: set[asyncio.Task] = field(default_factory=set)
     tokenizer: Tokenizer | None = None
     info: ModelInfo | None = None
-    block_size: int = 16
+    block_size: int = 0  # the engine's KV block size (its stats say; prompt-cache accounting)
     model_ids: tuple[str, ...] = ()
     created_at: float = field(default_factory=time.time)
     startup_error: str | None = None
@@ -45,19 +66,12 @@ class ServingRuntime:
     drain_deadline: float = 0.0  # monotonic time by which open streams must end
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def __post_init__(self) -> None:
-        if self.replay is None:
-            s = self.settings
-            if s.replay_store == "redis":
-                self.replay = RedisReplayLog(s.redis_url, s.replay_ttl_s)
-            else:
-                self.replay = MemoryReplayLog(s.replay_ttl_s, s.replay_max_bytes)
+    def __post_init__(self, replay_log: ReplayLog | None) -> None:
+        self.replay = replay_log or build_replay(self.settings)
 
     def mark_ready(
         self, engine: EngineClient, tokenizer: Tokenizer, info: ModelInfo, block_size: int, capacity_tokens: int = 0
     ) -> None:
-        from sluice.gateway.factory import build_gateway
-
         self.engine, self.tokenizer, self.info, self.block_size = engine, tokenizer, info, block_size
         if self.settings.safety and not self.safety:
             self.safety = build_safety(self.settings)
@@ -92,26 +106,37 @@ class ServingRuntime:
         return self.safety.get(principal.tier) or self.safety.get("")
 
     def check_model(self, model: str) -> None:
-        """404 for a model id we do not serve (reference §2: unknown model → not_found_error)."""
+        """NOT_FOUND for a model id we do not serve."""
         if model not in self.model_ids:
-            raise ApiError(404, f"model: {model}", type="not_found_error")
+            raise ServingError(ErrorKind.NOT_FOUND, f"model: {model}", code="model_not_found", param="model")
 
-    def require_ready(self) -> tuple[EngineClient, Tokenizer, ModelInfo]:
+    def require_ready(self) -> Ready:
+        """The engine, tokenizer and model info — or the refusal a caller should get now."""
         if self.draining:
-            raise ApiError(529, "the server is shutting down", headers=retry_headers(1))
+            raise ServingError(ErrorKind.OVERLOADED, "the server is shutting down", retry_after_s=1)
         if not self._ready.is_set() or self.engine is None or self.tokenizer is None or self.info is None:
-            msg = f"the model failed to load: {self.startup_error}" if self.startup_error else "the model is still loading"
-            raise ApiError(529 if not self.startup_error else 500, msg, headers=retry_headers(2))
+            if self.startup_error:
+                raise ServingError(ErrorKind.INTERNAL, f"the model failed to load: {self.startup_error}")
+            raise ServingError(ErrorKind.OVERLOADED, "the model is still loading", retry_after_s=2)
         if not self.engine_available:
             assert self.health is not None
-            raise ApiError(529, f"no engine is available: {self.health.detail}", headers=retry_headers(2))
-        return self.engine, self.tokenizer, self.info
+            raise ServingError(ErrorKind.OVERLOADED, f"no engine is available: {self.health.detail}", retry_after_s=2)
+        return Ready(self.engine, self.tokenizer, self.info)
+
+    def keep(self, task: asyncio.Task) -> None:
+        """Hold a reference to a detached task (background generation, a batch) until it ends:
+        the event loop keeps only weak references to tasks."""
+        self.background_tasks.add(task)
+        task.add_done_callback(self.background_tasks.discard)
+
+    def keep_task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.keep(task)
+        return task
 
 
 def build_safety(settings: Settings) -> dict[str, SafetyPipeline]:
     """One pipeline per policy file; tiers naming the same file share it (and its classifier)."""
-    from sluice.safety.policy import load_policy
-
     by_file: dict[str | None, SafetyPipeline] = {}
 
     def pipeline(path: str | None) -> SafetyPipeline:

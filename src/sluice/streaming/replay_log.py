@@ -11,18 +11,15 @@ XREAD), so a client may resume through a different gateway replica than the one 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
+from sluice.streaming.event_log import EventLog, LogGap
+
 POLL_BLOCK_MS = 1000
-
-
-class ReplayGap(Exception):
-    """The events after the requested position are no longer kept."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,7 +29,15 @@ class ReplayEvent:
     data: str
 
 
+def _size(event: ReplayEvent) -> int:
+    return len(event.data) + len(event.name) + 16
+
+
 class ReplayLog(Protocol):
+    """Where a stream's rendered events are kept for resume. `follow(after)` yields the events
+    numbered after `after`, live until the stream is finished; raises LogGap when they are
+    no longer kept; yields nothing for an unknown or expired stream."""
+
     async def open(self, stream_id: str, tenant: str) -> None: ...
     async def append(self, stream_id: str, event: ReplayEvent) -> None: ...
     async def finish(self, stream_id: str) -> None: ...
@@ -41,18 +46,17 @@ class ReplayLog(Protocol):
     async def close(self) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class _Stream:
     tenant: str
-    events: list[ReplayEvent] = field(default_factory=list)
-    first_seq: int = 1  # the oldest seq still kept
-    size: int = 0
-    done: bool = False
+    log: EventLog[ReplayEvent]
     expires: float = float("inf")
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class MemoryReplayLog:
+    """One gateway process: an EventLog per stream, capped at `max_bytes` (oldest events go
+    first), kept `ttl_s` after the stream ends, at most `max_streams` streams (oldest go first)."""
+
     def __init__(self, ttl_s: float = 600.0, max_bytes: int = 1 << 20, max_streams: int = 10_000, clock=time.monotonic):
         self.ttl_s, self.max_bytes, self.max_streams = ttl_s, max_bytes, max_streams
         self._clock = clock
@@ -66,28 +70,20 @@ class MemoryReplayLog:
         return s
 
     async def open(self, stream_id: str, tenant: str) -> None:
-        self._streams[stream_id] = _Stream(tenant)
+        self._streams[stream_id] = _Stream(tenant, EventLog(self.max_bytes, _size))
         while len(self._streams) > self.max_streams:
             self._streams.popitem(last=False)
 
     async def append(self, stream_id: str, event: ReplayEvent) -> None:
         s = self._get(stream_id)
-        if s is None:
-            return
-        s.events.append(event)
-        s.size += len(event.data) + len(event.name) + 16
-        while s.size > self.max_bytes and len(s.events) > 1:
-            old = s.events.pop(0)
-            s.size -= len(old.data) + len(old.name) + 16
-            s.first_seq = s.events[0].seq
-        s.changed.set()
+        if s is not None and not s.log.done:
+            s.log.append(event)
 
     async def finish(self, stream_id: str) -> None:
         s = self._get(stream_id)
         if s is not None:
-            s.done = True
+            s.log.finish()
             s.expires = self._clock() + self.ttl_s
-            s.changed.set()
 
     async def owner(self, stream_id: str) -> str | None:
         s = self._get(stream_id)
@@ -97,16 +93,10 @@ class MemoryReplayLog:
         s = self._get(stream_id)
         if s is None:
             return
-        if after + 1 < s.first_seq:
-            raise ReplayGap(f"events after {after} are no longer kept (oldest kept: {s.first_seq})")
-        while True:
-            s.changed.clear()
-            for ev in [e for e in s.events if e.seq > after]:
-                yield ev
-                after = ev.seq
-            if s.done:
-                return
-            await s.changed.wait()
+        # the log numbers events 1, 2, … as they are appended, and the recorder appends them in
+        # their own seq order from 1: log position == event seq
+        async for event in s.log.follow(after):
+            yield event
 
     async def close(self) -> None:
         return None
@@ -164,7 +154,7 @@ class RedisReplayLog:
                     if not checked_gap:
                         checked_gap = True
                         if seq > after + 1 and seq != 0:
-                            raise ReplayGap(f"events after {after} are no longer kept")
+                            raise LogGap(f"events after {after} are no longer kept")
                     if seq == 0:  # the end marker
                         return
                     if seq > after:

@@ -29,28 +29,25 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sluice.config import Settings
+from sluice.engine.config import ENGINE_SETTINGS
 from sluice.errors import EngineUnavailableError
 from sluice.worker.grpc_client import GrpcEngineClient
 
-ENGINE_FLAGS = {
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "kv_cache_gib": "--kv-cache-gib",
-    "max_model_len": "--max-model-len",
-    "scheduling_policy": "--scheduling-policy",
-    "admission_policy": "--admission-policy",
-}
 TAIL_BYTES = 8192  # how much of the child's stderr we keep for error messages
 
 
-def engine_argv(values: dict) -> list[str]:
-    """Flags for a `sluice worker` child from resolved settings values."""
+def engine_argv(settings: Settings) -> list[str]:
+    """`sluice worker` flags carrying the engine settings of `settings` (cli/common.py defines
+    them: `--<name-with-dashes>`, and `--no-prefix-caching`)."""
     argv: list[str] = []
-    for name, flag in ENGINE_FLAGS.items():
-        if values.get(name) is not None:
-            argv += [flag, str(values[name])]
-    if values.get("enable_prefix_caching") is False:
-        argv.append("--no-prefix-caching")
+    for name in ENGINE_SETTINGS:
+        value = getattr(settings, name)
+        if name == "enable_prefix_caching":
+            if value is False:
+                argv.append("--no-prefix-caching")
+        elif value is not None:
+            argv += ["--" + name.replace("_", "-"), str(value)]
     return argv
 
 

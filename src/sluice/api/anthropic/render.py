@@ -1,13 +1,22 @@
-"""Anthropic wire objects built from engine results: usage, stop reasons, messages, SSE frames."""
+"""Pipeline outcomes → Anthropic's wire objects: the Message, the SSE event sequence, usage.
+
+A renderer turns outcomes into its format and nothing else: what can refuse a request, when a
+stream ends, what a failure means — all of that was decided by the pipeline.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from sse_starlette import ServerSentEvent
-
+from sluice.api.errors import anthropic_error_type
+from sluice.serving.errors import ServingError
+from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta
+from sluice.serving.pipeline import Collected, Generation
+from sluice.streaming.replay_log import ReplayEvent
 from sluice.types import FinishReason, Usage
 
 STOP_REASONS = {
@@ -16,6 +25,7 @@ STOP_REASONS = {
     FinishReason.STOP_SEQUENCE: "stop_sequence",
     FinishReason.CONTEXT: "model_context_window_exceeded",
 }
+PING = ReplayEvent(0, "ping", '{"type":"ping"}')  # seq 0: not part of the replayable content
 
 
 @dataclass(slots=True)
@@ -35,18 +45,26 @@ class UsagePlan:
     def usage(self, u: Usage) -> dict[str, Any]:
         read = min(u.cached_tokens, u.prompt_tokens)
         creation = 0
-        if self.cache_breakpoint:
+        if self.cache_breakpoint and self.block_size:
             cached_end = (min(self.cache_breakpoint, u.prompt_tokens - 1) // self.block_size) * self.block_size
             creation = max(0, cached_end - read)
-        output = 0 if self.prefill_only else u.output_tokens
         return {
             "input_tokens": u.prompt_tokens - read - creation,
             "cache_creation_input_tokens": creation,
             "cache_read_input_tokens": read,
             "cache_creation": {"ephemeral_5m_input_tokens": creation, "ephemeral_1h_input_tokens": 0},
-            "output_tokens": output,
+            "output_tokens": 0 if self.prefill_only else u.output_tokens,
             "service_tier": "standard",
         }
+
+
+def plan_for(gen: Generation, block_size: int) -> UsagePlan:
+    p = gen.prepared
+    return UsagePlan(p.prompt.cache_breakpoint, block_size, p.request.prefill_only)
+
+
+def stop_details(r: Refused) -> dict[str, Any]:
+    return {"type": "refusal", "category": r.category, "explanation": r.explanation}
 
 
 def message_object(
@@ -65,21 +83,68 @@ def message_object(
     }
 
 
+def render_message(gen: Generation, collected: Collected, plan: UsagePlan) -> dict[str, Any]:
+    """The non-streaming reply; a failure raises the ServingError its kind maps to."""
+    req, final = gen.prepared.request, collected.final
+    if isinstance(final, Failed):
+        raise ServingError(final.kind, final.message, retry_after_s=1.0)
+    if isinstance(final, Refused):
+        body = message_object(req.request_id, req.model, collected.text, "refusal", None, plan.usage(final.usage))
+        body["stop_details"] = stop_details(final)
+        return body
+    text = None if plan.prefill_only else collected.text
+    return message_object(req.request_id, req.model, text, STOP_REASONS[final.reason], final.stop_sequence, plan.usage(final.usage))
+
+
 class EventWriter:
-    """Numbers a stream's events `id: <msg_id>:<seq>` and renders one-line JSON `data`."""
+    """Numbers a stream's events 1, 2, … (`id: <msg_id>:<seq>` on the wire) and renders one-line
+    JSON `data` whose `type` repeats the event name."""
 
     def __init__(self, msg_id: str):
         self.msg_id = msg_id
         self.seq = 0
 
-    def event(self, name: str, payload: dict[str, Any]) -> ServerSentEvent:
+    def event(self, name: str, payload: dict[str, Any]) -> ReplayEvent:
         self.seq += 1
         data = json.dumps({"type": name, **payload}, separators=(",", ":"), ensure_ascii=False)
-        return ServerSentEvent(data=data, event=name, id=f"{self.msg_id}:{self.seq}")
+        return ReplayEvent(self.seq, name, data)
 
-    def ping(self) -> ServerSentEvent:
-        # Pings carry no id: they are not part of the replayable content of the stream.
-        return ServerSentEvent(data='{"type":"ping"}', event="ping")
+    def error(self, kind_type: str, message: str, request_id: str | None) -> ReplayEvent:
+        return self.event("error", {"error": {"type": kind_type, "message": message}, "request_id": request_id})
 
-    def error(self, error_type: str, message: str, request_id: str | None) -> ServerSentEvent:
-        return self.event("error", {"error": {"type": error_type, "message": message}, "request_id": request_id})
+
+async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None) -> AsyncIterator[ReplayEvent]:
+    """The event sequence of reference §4.3: `ping` at once (bytes on the wire before queueing
+    and prefill), `message_start` with the prompt's usage at the first outcome, the text block,
+    `message_delta` + `message_stop`; a safety stop is Anthropic's refusal (block stop,
+    `stop_reason: "refusal"`, message stop); a failure is an `error` event, then the end."""
+    req = gen.prepared.request
+    w = EventWriter(req.request_id)
+    yield PING
+    started = False
+    async with aclosing(gen.outcomes()) as outcomes:
+        async for outcome in outcomes:
+            if isinstance(outcome, Failed):
+                yield w.error(anthropic_error_type(outcome.kind), outcome.message, request_id)
+                return
+            if not started:
+                started = True
+                start = message_object(req.request_id, req.model, None, None, None, plan.usage(outcome.usage))
+                yield w.event("message_start", {"message": start})
+                if not plan.prefill_only:
+                    yield w.event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            if isinstance(outcome, TextDelta):
+                if outcome.text and not plan.prefill_only:
+                    yield w.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": outcome.text}})
+                continue
+            if not plan.prefill_only:
+                yield w.event("content_block_stop", {"index": 0})
+            if isinstance(outcome, Refused):
+                delta = {"stop_reason": "refusal", "stop_sequence": None, "stop_details": stop_details(outcome)}
+            else:
+                assert isinstance(outcome, Finished)
+                delta = {"stop_reason": STOP_REASONS[outcome.reason], "stop_sequence": outcome.stop_sequence}
+            yield w.event("message_delta", {"delta": delta, "usage": plan.usage(outcome.usage)})
+            yield w.event("message_stop", {})
+            return
+

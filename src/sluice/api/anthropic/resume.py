@@ -1,83 +1,58 @@
-"""Recording streams into the replay log, background generation, and the resume endpoint.
+"""Resumable Messages streams: each stream is recorded in the replay log as it is sent;
+`GET /v1/messages/{id}/stream` replays what a client missed and follows live.
 
-- Every Messages stream is recorded (`record_stream`). A stream that ends because its client
-  left (and did not opt in to background generation) gets a final `error` event in the log, so a
-  client resuming it sees a proper end instead of waiting.
-- `"background": true` (or the header `sluice-background: true`) detaches generation from the
-  connection: the generation runs as a server task writing to the log, and the response (and any
-  resume) follows the log. A disconnect then stops only that follower.
-- `GET /v1/messages/{id}/stream` with `Last-Event-ID: <id>:<seq>` (or `?starting_after=<seq>`)
-  replays what was missed, then follows live. Unknown, expired or another tenant's id → 404.
+- A stream that ends because its client left (and did not opt in to background generation)
+  gets a final `error` event in the log, so a client resuming it sees a proper end.
+- `"background": true` (or `sluice-background: true`) detaches generation from the connection:
+  it runs as a server task writing to the log, and the response (and any resume) follows the log.
+- `Last-Event-ID: <id>:<seq>` or `?starting_after=<seq>` says where to resume. Unknown, expired
+  or another tenant's id → 404.
 """
 
 from __future__ import annotations
 
-from anyio import CancelScope
-
-import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from sse_starlette import ServerSentEvent
 
-from sluice.api.anthropic.render import EventWriter
+from sluice.api.anthropic.render import PING
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, bad_request
-from sluice.streaming.replay_log import ReplayEvent, ReplayGap, ReplayLog
+from sluice.api.sse import event_stream_response, numbered
 from sluice.serving.runtime import ServingRuntime
-from sluice.api.sse import event_stream_response
-
-BACKGROUND_HEADER = "sluice-background"
-
-
-async def record_stream(
-    log: ReplayLog, msg_id: str, tenant: str, events: AsyncIterator[ServerSentEvent]
-) -> AsyncIterator[ServerSentEvent]:
-    await log.open(msg_id, tenant)
-    last_seq, ended = 0, False
-    try:
-        async for sse in events:
-            if sse.id:
-                last_seq = int(str(sse.id).rsplit(":", 1)[1])
-                await log.append(msg_id, ReplayEvent(last_seq, sse.event or "", str(sse.data)))
-                ended = sse.event in ("message_stop", "error")
-            yield sse
-    finally:
-        # Shielded: after a disconnect the response's cancel scope would cancel every await here
-        # (anyio cancellation is level-triggered) and the log would never be finished.
-        with CancelScope(shield=True):
-            if not ended:
-                data = json.dumps({"type": "error", "error": {"type": "api_error",
-                                   "message": "the stream ended when its client disconnected (not a background request)"}})
-                await log.append(msg_id, ReplayEvent(last_seq + 1, "error", data))
-            await log.finish(msg_id)
+from sluice.streaming.event_log import LogGap
+from sluice.streaming.recorder import Recording
+from sluice.streaming.replay_log import ReplayEvent
 
 
-def start_background(rt: ServingRuntime, recorded: AsyncIterator[ServerSentEvent]) -> None:
-    async def drain() -> None:
-        async for _ in recorded:
-            pass
-
-    task = asyncio.get_running_loop().create_task(drain())
-    rt.background_tasks.add(task)  # a reference, or the task could be garbage-collected
-    task.add_done_callback(rt.background_tasks.discard)
+def ping() -> ServerSentEvent:
+    # pings carry no id: they are not part of the replayable content of the stream
+    return ServerSentEvent(data=PING.data, event=PING.name)
 
 
-async def follow(rt: ServingRuntime, msg_id: str, after: int) -> AsyncIterator[ServerSentEvent]:
-    w = EventWriter(msg_id)
-    yield w.ping()
+def _cut(seq: int) -> ReplayEvent:
+    data = json.dumps({"type": "error", "error": {
+        "type": "api_error", "message": "the stream ended when its client disconnected (not a background request)"}})
+    return ReplayEvent(seq, "error", data)
+
+
+async def recorded(
+    rt: ServingRuntime, msg_id: str, tenant: str, events: AsyncGenerator[ReplayEvent, None]
+) -> Recording:
+    """`events`, recorded as they are sent; the log is open (followable) when this returns."""
+    return await Recording.open(rt.replay, msg_id, tenant, events, _cut)
+
+
+async def follow(rt: ServingRuntime, msg_id: str, after: int) -> AsyncIterator[ReplayEvent]:
+    yield PING
     try:
         async for ev in rt.replay.follow(msg_id, after):
-            yield ServerSentEvent(data=ev.data, event=ev.name, id=f"{msg_id}:{ev.seq}")
-    except ReplayGap as exc:
-        yield ServerSentEvent(data=json.dumps({"type": "error", "error": {"type": "not_found_error", "message": str(exc)}}),
-                              event="error")
-
-
-def wants_background(request: Request, body_flag: bool) -> bool:
-    return body_flag or request.headers.get(BACKGROUND_HEADER, "").lower() in ("1", "true", "yes")
+            yield ev
+    except LogGap as exc:
+        yield ReplayEvent(0, "error", json.dumps({"type": "error", "error": {"type": "not_found_error", "message": str(exc)}}))
 
 
 def build_router(rt: ServingRuntime) -> APIRouter:
@@ -97,6 +72,6 @@ def build_router(rt: ServingRuntime) -> APIRouter:
                 if stream_id != message_id or not seq.isdigit():
                     raise bad_request(f"Last-Event-ID: expected '{message_id}:<seq>', got {last!r}")
                 after = int(seq)
-        return event_stream_response(rt, follow(rt, message_id, after or 0), EventWriter(message_id).ping)
+        return event_stream_response(rt, numbered(follow(rt, message_id, after or 0), message_id), ping)
 
     return router

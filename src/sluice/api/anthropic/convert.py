@@ -1,0 +1,92 @@
+"""An Anthropic Messages request → the serving pipeline's request (and the wire checks on the way)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from sluice.api.anthropic.prompt import to_conversation
+from sluice.api.anthropic.schema import MessagesRequest
+from sluice.api.errors import bad_request
+from sluice.api.headers import queue_timeout, wants_cache
+from sluice.api.json_body import json_object
+from sluice.config import Settings
+from sluice.gateway.principal import Principal
+from sluice.serving.request import Route, ServingRequest
+from sluice.types import SamplingParams
+
+VERSIONS = ("2023-06-01", "2026-10-21")
+# body fields that do not change the reply: left out of the coalescing key
+_NOT_IN_KEY = {"stream", "metadata", "background"}
+
+
+def parse_body(raw: bytes, model: type[BaseModel], lenient: bool) -> Any:
+    """JSON → pydantic model, with Anthropic-style `<json.path>: <message>` errors."""
+    data = json_object(raw, "There was an error parsing the body of your request")
+    if lenient:
+        data = {k: v for k, v in data.items() if k in model.model_fields}
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise bad_request(describe_validation_error(exc)) from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The most specific error as `<json.path>: <message>`, without pydantic's union labels."""
+    err = max(exc.errors(), key=lambda e: len(e["loc"]))
+    path: list[str] = []
+    drop_tag = False
+    for part in err["loc"]:
+        if isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "dict", "list")):
+            drop_tag = drop_tag or "tagged-union" in part  # a union branch label, not a field
+            continue
+        if drop_tag and isinstance(part, str) and path and path[-1].isdigit():
+            drop_tag = False  # the discriminator tag that follows the list index
+            continue
+        path.append(str(part))
+    return f"{'.'.join(path) or 'body'}: {err['msg']}"
+
+
+def api_version(request: Request, settings: Settings) -> str:
+    version = request.headers.get("anthropic-version") or settings.default_anthropic_version
+    if version is None:
+        raise bad_request("anthropic-version: header is required")
+    if version not in VERSIONS:
+        raise bad_request(f"anthropic-version: {version!r} is not a supported version ({', '.join(VERSIONS)})")
+    return version
+
+
+def sampling_of(body: MessagesRequest, version: str, settings: Settings) -> SamplingParams:
+    given = [f for f in ("temperature", "top_p", "top_k") if getattr(body, f) is not None]
+    if given and version == "2026-10-21" and settings.strict_sampling_params:
+        raise bad_request(f"{given[0]}: is not supported with anthropic-version 2026-10-21")
+    if any(not s for s in body.stop_sequences or ()):
+        raise bad_request("stop_sequences: each stop sequence must be a non-empty string")
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_k=body.top_k or 0,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop=tuple(body.stop_sequences or ()),
+    )
+
+
+def to_serving_request(
+    body: MessagesRequest, principal: Principal, request_id: str, version: str, settings: Settings,
+    request: Request | None = None, route: Route = Route.MESSAGES,
+) -> ServingRequest:
+    """`request`: the HTTP request, for the queue-timeout and cache headers (None for batch items)."""
+    return ServingRequest(
+        request_id=request_id,
+        route=route,
+        principal=principal,
+        model=body.model,
+        conversation=to_conversation(body),
+        max_tokens=body.max_tokens,
+        sampling=sampling_of(body, version, settings),
+        dedup_body=body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
+        queue_timeout_s=queue_timeout(request) if request is not None else None,
+        use_cache=wants_cache(request) if request is not None else True,
+    )

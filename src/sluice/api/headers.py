@@ -1,0 +1,32 @@
+"""sluice's own request headers, read the same way by both wire formats."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from sluice.api.errors import bad_request
+
+QUEUE_TIMEOUT_HEADER = "sluice-queue-timeout"  # seconds a request may wait for admission
+CACHE_HEADER = "sluice-cache"  # "bypass": skip the response cache
+BACKGROUND_HEADER = "sluice-background"  # "true": keep generating after a disconnect (resume)
+
+
+def queue_timeout(request: Request) -> float | None:
+    raw = request.headers.get(QUEUE_TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise bad_request(f"{QUEUE_TIMEOUT_HEADER}: must be a number of seconds") from None
+    if not value > 0:
+        raise bad_request(f"{QUEUE_TIMEOUT_HEADER}: must be positive")
+    return value
+
+
+def wants_cache(request: Request) -> bool:
+    return request.headers.get(CACHE_HEADER, "").lower() != "bypass"
+
+
+def wants_background(request: Request, body_flag: bool) -> bool:
+    return body_flag or request.headers.get(BACKGROUND_HEADER, "").lower() in ("1", "true", "yes")

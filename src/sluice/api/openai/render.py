@@ -1,0 +1,95 @@
+"""Pipeline outcomes → OpenAI's wire objects: the chat.completion and its streamed chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from sse_starlette import ServerSentEvent
+
+from sluice.api.errors import openai_error_type
+from sluice.serving.errors import ServingError
+from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta
+from sluice.serving.pipeline import Collected, Generation
+from sluice.types import FinishReason, Usage
+
+FINISH = {
+    FinishReason.EOS: "stop",
+    FinishReason.STOP_SEQUENCE: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CONTEXT: "length",
+}
+
+
+def usage_object(u: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.prompt_tokens + u.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+def _finish_reason(final: Finished | Refused) -> str:
+    return "content_filter" if isinstance(final, Refused) else FINISH[final.reason]
+
+
+def render_completion(gen: Generation, collected: Collected) -> dict[str, Any]:
+    """The non-streaming reply; a failure raises the ServingError its kind maps to."""
+    req, final = gen.prepared.request, collected.final
+    if isinstance(final, Failed):
+        raise ServingError(final.kind, final.message, retry_after_s=1.0)
+    return {
+        "id": req.request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": collected.text, "refusal": None},
+            "finish_reason": _finish_reason(final),
+            "logprobs": None,
+        }],
+        "usage": usage_object(final.usage),
+    }
+
+
+def error_event(message: str, kind: str) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}))
+
+
+async def render_chunks(gen: Generation, include_usage: bool) -> AsyncIterator[ServerSentEvent]:
+    """`data:` chunks, the final one with `finish_reason`, an optional usage chunk, `[DONE]`;
+    a failure after the stream started is an error chunk, then the end."""
+    req = gen.prepared.request
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None, usage: Usage | None = None, choices: bool = True) -> ServerSentEvent:
+        body: dict[str, Any] = {"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": req.model}
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}] if choices else []
+        if include_usage:
+            body["usage"] = None if usage is None else usage_object(usage)
+        return ServerSentEvent(data=json.dumps(body, separators=(",", ":"), ensure_ascii=False))
+
+    yield ServerSentEvent(comment="ping")  # bytes on the wire at once, before queueing and prefill
+    first = True
+    async with aclosing(gen.outcomes()) as outcomes:
+        async for outcome in outcomes:
+            if isinstance(outcome, Failed):
+                yield error_event(outcome.message, openai_error_type(outcome.kind))
+                return
+            if first:
+                first = False
+                yield chunk({"role": "assistant", "content": ""}, None)
+            if isinstance(outcome, TextDelta):
+                if outcome.text:
+                    yield chunk({"content": outcome.text}, None)
+                continue
+            yield chunk({}, _finish_reason(outcome))
+            if include_usage:
+                yield chunk({}, None, outcome.usage, choices=False)
+            yield ServerSentEvent(data="[DONE]")
+            return

@@ -1,0 +1,217 @@
+"""The one path every request takes, whatever its wire format: the serving pipeline.
+
+    gen = await pipeline.start(request, wait_s, disconnected)   # refusals raise ServingError
+    async for outcome in gen.outcomes(): ...                    # TextDelta… then a final outcome
+    result = await gen.collect()                                # or: the whole reply at once
+
+`start` does everything that can refuse a request before a response starts, in this order:
+engine ready → model known → max_tokens within the context → the prompt rendered and tokenized
+(off the event loop) and within the context → sampling values the engine and the worker protocol
+can carry → L1 input rules → gateway admission (rate limits 429, a full queue 529). With
+`wait_s` set (streams), a request still queued after that long is handed back anyway, so its
+stream can open and ping while it waits; a refusal that comes later is then a `Failed` outcome.
+
+`outcomes()` is a chain of async generators — gateway session → engine generate → safety guard
+(L2–L4) → deadline — each opened with `contextlib.aclosing`, so closing the outermost one
+(a disconnect, a send timeout, a refusal, a finished stream) closes every stage below it at once,
+and the engine request is aborted in that one motion. The session's lease and rate-limit
+settlement are released in one place, `Generation.close()`, however the stream ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+
+from anyio import CancelScope
+
+from sluice.errors import InvalidRequestError
+from sluice.gateway.gateway import Session
+from sluice.gateway.rate_limit_headers import rate_limit_headers
+from sluice.safety.pipeline import SafetyPipeline
+from sluice.safety.verdict import Verdict
+from sluice.serving.admission import Disconnected, open_session, until_admitted
+from sluice.serving.deadline import with_deadline
+from sluice.serving.errors import ErrorKind, ServingError, invalid
+from sluice.serving.generation import generate
+from sluice.serving.guarded_stream import guarded
+from sluice.serving.outcomes import Failed, Final, Outcome, TextDelta
+from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
+from sluice.serving.request import ServingRequest
+from sluice.serving.runtime import ServingRuntime
+from sluice.serving.safety_check import check_input
+from sluice.types import GenerationRequest
+
+L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A request that passed every check before admission."""
+
+    request: ServingRequest
+    generation: GenerationRequest
+    prompt: BuiltPrompt
+    safety: SafetyPipeline | None
+    input_text: str  # what L2 classifies
+
+
+@dataclass(slots=True)
+class Collected:
+    text: str
+    final: Final
+
+
+class ServingPipeline:
+    def __init__(self, rt: ServingRuntime):
+        self.rt = rt
+
+    async def count_tokens(self, model: str, conversation: Conversation) -> int:
+        """The exact prompt length a generation request with this conversation would use."""
+        ready = self.rt.require_ready()
+        self.rt.check_model(model)
+        prompt = await asyncio.to_thread(build_prompt, conversation, ready.tokenizer)
+        return len(prompt.token_ids)
+
+    async def prepare(self, req: ServingRequest) -> Prepared:
+        rt = self.rt
+        ready = rt.require_ready()
+        rt.check_model(req.model)
+        window = ready.info.max_model_len
+        if req.max_tokens is not None and req.max_tokens > window - 1:  # the prompt takes >= 1 token
+            raise invalid(
+                f"max_tokens: {req.max_tokens} > {window - 1}, which is the maximum allowed number of output "
+                f"tokens for {req.model}", param="max_tokens",
+            )
+        prompt = await asyncio.to_thread(build_prompt, req.conversation, ready.tokenizer)
+        n = len(prompt.token_ids)
+        if n >= window:
+            raise invalid(f"prompt is too long: {n} tokens > {window - 1} maximum")
+        # None: the rest of the context window; 0 (prefill only): compute the prompt, one token
+        max_tokens = window - n if req.max_tokens is None else max(1, req.max_tokens)
+        sampling = replace(req.sampling, max_tokens=max_tokens)
+        try:
+            sampling.validate()  # what the engine would refuse later, refused now (before any stream)
+        except InvalidRequestError as exc:
+            raise invalid(str(exc)) from None
+        texts = req.conversation.safety_texts()
+        safety = check_input(rt, req.principal, texts, req.request_id)
+        gen = GenerationRequest(
+            request_id=req.request_id,
+            prompt_token_ids=prompt.token_ids,
+            sampling=sampling,
+            priority=req.principal.priority,
+            tenant=req.principal.tenant,
+        )
+        return Prepared(req, gen, prompt, safety, "\n".join(texts)[-L2_INPUT_CHARS:])
+
+    async def start(
+        self, req: ServingRequest, wait_s: float | None = None, disconnected: Disconnected | None = None
+    ) -> "Generation":
+        """Prepare and admit. `wait_s`: how long to wait for admission before handing the
+        generation back still queued (None: until admitted or refused)."""
+        prepared = await self.prepare(req)
+        return await self.open(prepared, wait_s, disconnected)
+
+    async def open(
+        self, prepared: Prepared, wait_s: float | None = None, disconnected: Disconnected | None = None
+    ) -> "Generation":
+        rt, req, gen = self.rt, prepared.request, prepared.generation
+        opening = asyncio.ensure_future(
+            open_session(rt, req, len(gen.prompt_token_ids), gen.sampling.max_tokens,
+                         lambda: generate(rt, gen, req.route))
+        )
+        try:
+            admitted = await until_admitted(opening, disconnected, wait_s)
+        except BaseException:  # the caller left (ClientGone) or was cancelled: leave the queue now
+            opening.cancel()
+            with CancelScope(shield=True):
+                await asyncio.wait({opening})  # its clean-up (the queue entry, the lease) has run
+            raise
+        if admitted:
+            opening.result()  # a refusal known in time raises here: a real 429 / 529 status
+        return Generation(rt, prepared, opening)
+
+
+class Generation:
+    """One admitted (or still queued) request: its outcomes, once; `close()` always (idempotent)."""
+
+    def __init__(self, rt: ServingRuntime, prepared: Prepared, opening: "asyncio.Future[Session]"):
+        self.rt = rt
+        self.prepared = prepared
+        self._opening = opening
+        self._closed = False
+
+    @property
+    def request_id(self) -> str:
+        return self.prepared.request.request_id
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The rate-limit headers (known once admitted; none while still queued)."""
+        if self._opening.done() and not self._opening.cancelled() and self._opening.exception() is None:
+            return rate_limit_headers(self._opening.result().decision)
+        return {}
+
+    async def outcomes(self) -> AsyncIterator[Outcome]:
+        try:
+            try:
+                session = await self._opening  # admitted already, or still queued
+            except ServingError as exc:  # refused after the caller stopped waiting (a deadline)
+                yield Failed(exc.kind, exc.message)
+                return
+            p = self.prepared
+            stream = guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict)
+            try:
+                async with aclosing(with_deadline(self.rt, stream)) as outcomes:
+                    async for outcome in outcomes:
+                        yield outcome
+                        if not isinstance(outcome, TextDelta):
+                            return
+            except ServingError as exc:  # the engine went away or refused mid-way
+                yield Failed(exc.kind, exc.message)
+                return
+            yield Failed(ErrorKind.INTERNAL, "the generation ended without a final event")
+        finally:
+            await self.close()
+
+    async def collect(self) -> Collected:
+        """The whole reply, bounded by `request_timeout_s` (TIMEOUT past it)."""
+        parts: list[str] = []
+        final: Final | None = None
+
+        async def run() -> None:
+            nonlocal final
+            async with aclosing(self.outcomes()) as outcomes:
+                async for outcome in outcomes:
+                    if isinstance(outcome, TextDelta):
+                        parts.append(outcome.text)
+                    else:
+                        final = outcome
+
+        try:
+            await asyncio.wait_for(run(), self.rt.settings.request_timeout_s)
+        except TimeoutError:
+            raise ServingError(ErrorKind.TIMEOUT, "the request took longer than the server's request timeout") from None
+        finally:
+            await self.close()
+        assert final is not None  # outcomes() always ends with one
+        return Collected("".join(parts), final)
+
+    async def close(self) -> None:
+        """Leave the queue, or return the admission lease and settle the rate limits."""
+        if self._closed:
+            return
+        self._closed = True
+        # shielded: a disconnect cancels the response's scope, and anyio cancellation is
+        # level-triggered — every await here would be cancelled and the settlement lost
+        with CancelScope(shield=True):
+            if not self._opening.done():
+                self._opening.cancel()
+            elif not self._opening.cancelled() and self._opening.exception() is None:
+                await self._opening.result().close()
+
+    def _count_verdict(self, v: Verdict) -> None:
+        self.rt.metrics.safety_verdicts.labels(v.layer.value, v.category).inc()

@@ -1,0 +1,46 @@
+"""One request as the serving pipeline takes it: validated by its wire format, not yet tokenized.
+
+A wire format (api/anthropic, api/openai) or the batch runner fills this in; the pipeline does
+the rest the same way for all of them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.gateway.principal import Principal
+from sluice.serving.prompt import Conversation
+from sluice.types import SamplingParams
+
+
+class Route(str, enum.Enum):
+    """Where a request came from: the label of its latency metrics."""
+
+    MESSAGES = "/v1/messages"
+    CHAT_COMPLETIONS = "/v1/chat/completions"
+    BATCH = "/v1/messages/batches"
+
+
+@dataclass(slots=True)
+class ServingRequest:
+    request_id: str  # the id the client sees (msg_…, chatcmpl_…)
+    route: Route
+    principal: Principal
+    model: str  # the id the client asked for
+    conversation: Conversation
+    # max_tokens None = the rest of the context window (OpenAI's default); 0 = prefill only
+    # (Anthropic's cache warm-up: the prompt is computed, nothing is returned)
+    max_tokens: int | None
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # its max_tokens is set by the pipeline
+    # the canonical body for coalescing identical requests (None: never coalesce); fields that
+    # do not change the reply are already left out by the wire format
+    dedup_body: dict[str, Any] | None = None
+    queue_timeout_s: float | None = None  # a shorter admission deadline than the tier's
+    use_cache: bool = True  # False: skip the response cache
+    band: int | None = None  # admission band override (batch work)
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.max_tokens == 0

@@ -1,0 +1,78 @@
+"""A scripted EngineClient for testing the serving pipeline without a model or a server.
+
+Each request's reply is a list of steps: text to emit (one event per item), then a final
+FinishReason; or an exception to raise at a point; or a hang. It records which requests were
+closed before they finished (an abort, as a real engine client would do on `aclose`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+from sluice.engine.stats import EngineStats
+from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
+from sluice.worker.engine_client import ModelInfo
+
+
+@dataclass
+class Script:
+    texts: list[str] = field(default_factory=lambda: ["Hello", " world", "."])
+    finish: FinishReason = FinishReason.EOS
+    raise_at: int | None = None  # raise `error` before emitting texts[raise_at]
+    error: BaseException | None = None
+    hang_at: int | None = None  # block forever before emitting texts[hang_at]
+    delay_s: float = 0.0  # between events
+    cached_tokens: int = 0
+
+
+class FakeEngine:
+    def __init__(self, script: Script | None = None, max_model_len: int = 256):
+        self.script = script or Script()
+        self.info_ = ModelInfo("fake-model", max_model_len, 300)
+        self.started: list[str] = []
+        self.aborted: list[str] = []  # closed before their final event
+        self.finished: list[str] = []
+        self.requests: list[GenerationRequest] = []
+        self.release = asyncio.Event()  # lets a hang go on
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        s = self.script
+        self.started.append(request.request_id)
+        self.requests.append(request)
+        n_prompt = len(request.prompt_token_ids)
+        done = False
+        try:
+            for i, text in enumerate(s.texts):
+                if s.raise_at == i:
+                    assert s.error is not None
+                    raise s.error
+                if s.hang_at == i:
+                    await self.release.wait()
+                if s.delay_s:
+                    await asyncio.sleep(s.delay_s)
+                usage = Usage(n_prompt, i + 1, s.cached_tokens)
+                last = i == len(s.texts) - 1
+                if last:  # a consumer stops reading at the final event: it is not an abort
+                    done = True
+                    self.finished.append(request.request_id)
+                yield GenerationEvent(request.request_id, text, [i], finished=last,
+                                      finish_reason=s.finish if last else None, usage=usage)
+        finally:
+            if not done:
+                self.aborted.append(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def stats(self) -> EngineStats:
+        return EngineStats(block_size=8, kv_blocks_total=100)
+
+    async def info(self) -> ModelInfo:
+        return self.info_
+
+    async def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
