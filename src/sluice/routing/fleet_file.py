@@ -94,8 +94,8 @@ def cross_check(
         for i, alias in enumerate(model.aliases):
             if alias in owner:
                 other = owner[alias]
-                what = "the model's own id" if other == model_id else f"already names model {other!r}"
-                found.append((("models", model_id, "aliases", i), f"alias {alias!r} is {what}"))
+                what = "is the model's own id" if other == model_id else f"already names model {other!r}"
+                found.append((("models", model_id, "aliases", i), f"alias {alias!r} {what}"))
             else:
                 owner[alias] = model_id
     addresses: dict[str, KeyPath] = {}

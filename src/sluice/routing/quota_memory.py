@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.routing.fleet_schema import TokenQuotaSpec
-from sluice.routing.quota import KEEP_AFTER_RESET_S, QuotaDecision, QuotaReservation, QuotaStatus, decide, period_window
+from sluice.routing.quota import KEEP_AFTER_RESET_S, QuotaDecision, QuotaReservation, decide, period_window
 
 PRUNE_EVERY = 4096
 
