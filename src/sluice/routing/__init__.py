@@ -8,6 +8,7 @@
     circuit_breaker                          per-worker ejection and recovery
     quota / quota_memory / quota_redis       per-model token quotas per tier
     rollout / rollout_health                 gradual shift, automatic rollback, drain
+    rollout_driver                           runs rollouts through the shared state (CAS)
     routing_state / routing_state_redis      live weights and rollout progress, shared
     state_follower                           every gateway follows the shared state
     router                                   the request-time composition of the above
