@@ -60,6 +60,14 @@ def test_engine_settings_track_engine_config():
     assert (cfg.max_num_seqs, cfg.block_size, cfg.kv_cache_gib) == (3, 16, 0.5)
 
 
+def test_breaker_settings_map_onto_the_breaker():
+    from sluice.routing.circuit_breaker import BreakerConfig
+
+    fleet = parse_fleet("[routing.breaker]\ncooldown_s = 2.5\n" + MINIMAL)
+    assert fleet.routing.breaker.config() == BreakerConfig(cooldown_s=2.5)
+    assert BreakerConfig() == parse_fleet(MINIMAL).routing.breaker.config()  # same defaults
+
+
 def test_unknown_key_and_wrong_type_name_their_lines():
     text = MINIMAL.replace("traffic = 100", "traffic = 100\ntrafic = 5").replace("replicas = 1", 'replicas = "two"')
     found = problems(text)

@@ -160,3 +160,17 @@ async def test_redis_check_and_reserve_is_atomic(redis_server):
     finally:
         for s in stores:
             await s.close()
+
+
+@pytest.mark.asyncio
+async def test_store_factory(redis_server):
+    from sluice.routing.quota import make_quota_store
+
+    assert isinstance(make_quota_store("memory"), MemoryQuotaStore)
+    store = make_quota_store("redis", redis_server.url)
+    try:
+        assert (await store.usage("nobody", "m", DAY_HARD)).used == 0
+    finally:
+        await store.close()
+    with pytest.raises(ValueError, match="unknown quota store"):
+        make_quota_store("sqlite")

@@ -150,3 +150,17 @@ async def test_follower_keeps_its_snapshot_while_the_store_is_down():
     store.down = False
     await store.put("m", ModelRoutingState(weights={"v1": 2}))
     assert await follower.poll_once() and follower.snapshot.model("m").weights == {"v1": 2}
+
+
+@pytest.mark.asyncio
+async def test_store_factory(redis_server):
+    from sluice.routing.routing_state import make_routing_state_store
+
+    assert isinstance(make_routing_state_store("memory"), MemoryRoutingStateStore)
+    store = make_routing_state_store("redis", redis_server.url)
+    try:
+        assert isinstance(store, RedisRoutingStateStore) and await store.revision() >= 0
+    finally:
+        await store.close()
+    with pytest.raises(ValueError, match="unknown routing state store"):
+        make_routing_state_store("etcd")

@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from sluice.engine.config import EngineConfig
+from sluice.routing.circuit_breaker import BreakerConfig
 
 BUNDLED = "bundled"
 
@@ -173,6 +174,10 @@ class BreakerSpec(_Strict):
     cooldown_s: float = Field(5.0, gt=0)  # open → half-open after this (doubles per reopen)
     max_cooldown_s: float = Field(60.0, gt=0)
     probe_timeout_s: float = Field(30.0, gt=0)  # an unanswered half-open probe counts as failed
+
+    def config(self) -> BreakerConfig:
+        """The breaker's own settings object (WorkerPool takes it)."""
+        return BreakerConfig(**self.model_dump())
 
 
 class RoutingSpec(_Strict):

@@ -104,3 +104,16 @@ class QuotaStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def make_quota_store(store: str, redis_url: str = "redis://127.0.0.1:6379/0") -> QuotaStore:
+    """The quota store for the `limits_store` setting: "memory" or "redis" (shared by replicas)."""
+    if store == "memory":
+        from sluice.routing.quota_memory import MemoryQuotaStore
+
+        return MemoryQuotaStore()
+    if store == "redis":
+        from sluice.routing.quota_redis import RedisQuotaStore
+
+        return RedisQuotaStore(redis_url)
+    raise ValueError(f"unknown quota store {store!r}: use 'memory' or 'redis'")

@@ -87,7 +87,7 @@ class FleetRouter:
         self.registry = registry
         self.pool = pool
         self.quota = quota
-        self.state = state  # the follower's latest snapshot
+        self.state = state  # the follower's latest snapshot (default: no live state)
         self.engine_defaults = engine_defaults or EngineConfig()
         self.quota_errors = 0
         self._last_warning = 0.0

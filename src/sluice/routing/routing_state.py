@@ -131,3 +131,14 @@ class MemoryRoutingStateStore:
 
     async def close(self) -> None:
         return None
+
+
+def make_routing_state_store(store: str, redis_url: str = "redis://127.0.0.1:6379/0") -> RoutingStateStore:
+    """The live-state store for the `limits_store` setting: "redis" shares it across gateways."""
+    if store == "memory":
+        return MemoryRoutingStateStore()
+    if store == "redis":
+        from sluice.routing.routing_state_redis import RedisRoutingStateStore
+
+        return RedisRoutingStateStore(redis_url)
+    raise ValueError(f"unknown routing state store {store!r}: use 'memory' or 'redis'")
