@@ -1,0 +1,231 @@
+"""The fleet router: requested model → (model, version, worker), with pinning and fallback.
+
+One call per attempt (a retry passes the workers it already tried in `exclude_workers`):
+
+1. Resolve the requested id or alias (UnknownModelError).
+2. Pinned (`sluice-model-version` header): that version or an error — the tier must allow
+   pins (PinNotAllowedError), the version must exist (UnknownVersionError) and be ACTIVE with
+   a worker that takes requests (VersionUnavailableError). A pin never falls back.
+3. Otherwise walk the model, then its fallbacks in order. A model is *unavailable* when none
+   of its ACTIVE, weighted versions has a worker that takes requests (all STARTING, circuits
+   open, queues over `max_outstanding_tokens`). For the first available model the tenant's
+   quota is checked and reserved (quota.py): hard and over on the requested model → 429
+   (QuotaExceededError); soft and over → the next fallback, remembered for the warning
+   header. Then the version by sticky weighted choice (version_router.py) and the worker by
+   prefix affinity under the load bound (worker_picker.py).
+4. Nothing could serve: if some model was only soft-over-quota, the first of them serves
+   anyway (a soft quota never refuses; the usage is still counted). Otherwise 529
+   (ModelUnavailableError). A hard quota on a *fallback* does not turn the answer into 429:
+   the requested model is merely down for now, and the client should retry soon, not at the
+   period's reset.
+
+A quota store that fails (Redis down) admits the request without a reservation — the same
+fail-open default as the rate limiter — and logs once per 30 s. `finish` reports the outcome
+to the worker's breaker and settles the quota reservation; call it exactly once per decision.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+from sluice.engine.config import EngineConfig
+from sluice.routing.circuit_breaker import Outcome
+from sluice.routing.errors import ModelUnavailableError, QuotaExceededError, VersionUnavailableError
+from sluice.routing.fleet_schema import TokenQuotaSpec, VersionSpec
+from sluice.routing.quota import QuotaDecision, QuotaStatus, QuotaStore
+from sluice.routing.registry import Registry
+from sluice.routing.routing_state import RoutingSnapshot, VersionState, effective_weights
+from sluice.routing.version_router import choose_version, resolve_pin, version_header
+from sluice.routing.worker_picker import Pick, WorkerPicker, affinity_key, prefix_salt
+from sluice.routing.worker_pool import Dispatch, WorkerPool
+
+log = logging.getLogger("sluice.routing")
+WARN_EVERY_S = 30.0
+
+
+class FallbackReason(str, enum.Enum):
+    UNAVAILABLE = "unavailable"
+    QUOTA = "quota"
+
+
+@dataclass(slots=True, frozen=True)
+class RouteRequest:
+    model: str  # as the client sent it (id or alias)
+    tenant: str
+    tier: str
+    key: str  # sticky key (version_router.sticky_key), else the request id
+    prompt_token_ids: Sequence[int]
+    cost_tokens: int  # estimate, prompt + max_tokens: worker load and quota reservation
+    pin: str | None = None  # the request's sluice-model-version header
+    exclude_workers: Collection[str] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class RouteDecision:
+    model_id: str
+    version: str
+    worker_id: str
+    dispatch: Dispatch
+    pick: Pick
+    fallback_from: str | None = None  # the requested model's id when a fallback serves
+    fallback_reason: FallbackReason | None = None
+    soft_exceeded: tuple[str, ...] = ()  # models whose soft quota this request was over
+    quota: QuotaDecision | None = field(default=None, repr=False)
+
+    @property
+    def version_header(self) -> str:
+        return version_header(self.model_id, self.version)
+
+
+class FleetRouter:
+    def __init__(self, registry: Registry, pool: WorkerPool, quota: QuotaStore | None = None,
+                 state: Callable[[], RoutingSnapshot] = RoutingSnapshot, engine_defaults: EngineConfig | None = None):
+        self.registry = registry
+        self.pool = pool
+        self.quota = quota
+        self.state = state  # the follower's latest snapshot (default: no live state)
+        self.engine_defaults = engine_defaults or EngineConfig()
+        self.quota_errors = 0
+        self._last_warning = 0.0
+
+    async def route(self, req: RouteRequest) -> RouteDecision:
+        primary = self.registry.resolve(req.model)
+        if req.pin:
+            return await self._route_pinned(req, primary)
+        soft: list[str] = []
+        for model_id in self.registry.fallback_chain(primary):
+            if not self._available(model_id, req):
+                continue
+            quota = await self._take_quota(req, model_id, force=False)
+            if quota is not None and quota.status is QuotaStatus.HARD_EXCEEDED:
+                if model_id == primary:
+                    raise QuotaExceededError(
+                        f"the token quota for model {model_id!r} is used up until the period resets",
+                        quota.retry_after_s, model_id)
+                continue
+            if quota is not None and quota.status is QuotaStatus.SOFT_EXCEEDED:
+                soft.append(model_id)
+                continue
+            decision = self._place(req, model_id, primary, quota, soft)
+            if decision is not None:
+                return decision
+            await self._release(quota)  # its workers went away while the quota was checked
+        for model_id in soft:  # soft quotas never refuse: serve over quota, counted
+            if self._available(model_id, req):
+                quota = await self._take_quota(req, model_id, force=True)
+                decision = self._place(req, model_id, primary, quota, soft)
+                if decision is not None:
+                    return decision
+                await self._release(quota)
+        raise ModelUnavailableError(f"model {primary!r} and its fallbacks cannot take requests now")
+
+    async def finish(self, decision: RouteDecision, outcome: Outcome, actual_tokens: int) -> None:
+        self.pool.finish(decision.dispatch, outcome)
+        if decision.quota is not None and decision.quota.reservation is not None and self.quota is not None:
+            try:
+                await self.quota.settle(decision.quota.reservation, actual_tokens)
+            except Exception as exc:  # a lost correction leaves the estimate counted
+                self._warn(exc)
+
+    # -- steps --------------------------------------------------------------------------------
+    def _weights(self, model_id: str, req: RouteRequest) -> dict[str, float]:
+        spec = self.registry.model(model_id)
+        weights = effective_weights(spec, self.state().model(model_id))
+        return {v: w for v, w in weights.items()
+                if w > 0 and self.pool.candidates(model_id, v, req.exclude_workers)}
+
+    def _available(self, model_id: str, req: RouteRequest) -> bool:
+        return bool(self._weights(model_id, req))
+
+    def _place(self, req: RouteRequest, model_id: str, primary: str, quota: QuotaDecision | None,
+               soft: list[str]) -> RouteDecision | None:
+        weights = self._weights(model_id, req)  # again: the quota check may have awaited
+        if not weights:
+            return None
+        version = choose_version(model_id, weights, req.key)
+        placed = self._pick_worker(req, model_id, version)
+        if placed is None:
+            return None
+        dispatch, pick = placed
+        fallback = model_id != primary
+        reason = (FallbackReason.QUOTA if primary in soft else FallbackReason.UNAVAILABLE) if fallback else None
+        return RouteDecision(model_id, version, dispatch.worker_id, dispatch, pick,
+                             primary if fallback else None, reason, tuple(soft), quota)
+
+    def _pick_worker(self, req: RouteRequest, model_id: str, version: str) -> tuple[Dispatch, Pick] | None:
+        spec = self.registry.version(model_id, version)
+        fleet = self.registry.fleet.routing
+        picker = WorkerPicker(fleet.load_bound, fleet.load_slack_tokens)
+        key = affinity_key(req.prompt_token_ids, self._block_size(spec), fleet.affinity_key_blocks,
+                           prefix_salt(req.tenant, self._shares_prefix(spec)))
+        tried = set(req.exclude_workers)
+        while cands := self.pool.candidates(model_id, version, tried):
+            pick = picker.pick(cands, key)
+            dispatch = self.pool.begin(pick.worker_id, req.cost_tokens)
+            if dispatch is not None:
+                return dispatch, pick
+            tried.add(pick.worker_id)  # its half-open probe slot was taken meanwhile
+        return None
+
+    async def _route_pinned(self, req: RouteRequest, model_id: str) -> RouteDecision:
+        assert req.pin is not None
+        spec = self.registry.model(model_id)
+        version = resolve_pin(req.pin, model_id, spec, req.tier, self.registry.resolve)
+        state = self.state().model(model_id).state_of(version)
+        if state is not VersionState.ACTIVE or not self.pool.candidates(model_id, version, req.exclude_workers):
+            why = state.value if state is not VersionState.ACTIVE else "no worker can take requests now"
+            raise VersionUnavailableError(f"version {version_header(model_id, version)} is unavailable ({why})")
+        quota = await self._take_quota(req, model_id, force=False)
+        soft: tuple[str, ...] = ()
+        if quota is not None and quota.status is QuotaStatus.HARD_EXCEEDED:
+            raise QuotaExceededError(f"the token quota for model {model_id!r} is used up until the period resets",
+                                     quota.retry_after_s, model_id)
+        if quota is not None and quota.status is QuotaStatus.SOFT_EXCEEDED:
+            soft = (model_id,)  # a pin cannot fall back: served, counted, warned
+            quota = await self._take_quota(req, model_id, force=True)
+        placed = self._pick_worker(req, model_id, version)
+        if placed is None:
+            await self._release(quota)
+            raise VersionUnavailableError(f"version {version_header(model_id, version)} has no worker that can take requests now")
+        dispatch, pick = placed
+        return RouteDecision(model_id, version, dispatch.worker_id, dispatch, pick, soft_exceeded=soft, quota=quota)
+
+    # -- quota --------------------------------------------------------------------------------
+    def _quota_spec(self, req: RouteRequest, model_id: str) -> TokenQuotaSpec | None:
+        return self.registry.model(model_id).tier_policy(req.tier).quota
+
+    async def _take_quota(self, req: RouteRequest, model_id: str, force: bool) -> QuotaDecision | None:
+        spec = self._quota_spec(req, model_id)
+        if spec is None or self.quota is None:
+            return None
+        try:
+            return await self.quota.acquire(req.tenant, model_id, spec, req.cost_tokens, force=force)
+        except Exception as exc:  # fail open: quotas are accounting, not protection
+            self._warn(exc)
+            return None
+
+    async def _release(self, quota: QuotaDecision | None) -> None:
+        if quota is not None and quota.reservation is not None and self.quota is not None:
+            try:
+                await self.quota.settle(quota.reservation, 0)
+            except Exception as exc:
+                self._warn(exc)
+
+    def _warn(self, exc: Exception) -> None:
+        self.quota_errors += 1
+        now = time.monotonic()
+        if now - self._last_warning > WARN_EVERY_S:
+            self._last_warning = now
+            log.warning("quota store unavailable (%s: %s); admitting without quota", type(exc).__name__, exc)
+
+    # -- engine settings that shape the affinity key ------------------------------------------
+    def _block_size(self, spec: VersionSpec) -> int:
+        return spec.engine.block_size or self.engine_defaults.block_size
+
+    def _shares_prefix(self, spec: VersionSpec) -> bool:
+        s = spec.engine.share_prefix_across_tenants
+        return self.engine_defaults.share_prefix_across_tenants if s is None else s

@@ -1,0 +1,196 @@
+"""The fleet router end to end over real components: registry, pool, breakers, quotas, state."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.routing.circuit_breaker import BreakerConfig, Outcome
+from sluice.routing.errors import (
+    ModelUnavailableError, PinNotAllowedError, QuotaExceededError, UnknownModelError, UnknownVersionError,
+    VersionUnavailableError,
+)
+from sluice.routing.fleet_file import parse_fleet
+from sluice.routing.quota_memory import MemoryQuotaStore
+from sluice.routing.registry import Registry
+from sluice.routing.router import FallbackReason, FleetRouter, RouteRequest
+from sluice.routing.routing_state import ModelRoutingState, RoutingSnapshot, VersionState
+from sluice.routing.version_router import sticky_key
+from sluice.routing.worker_picker import PickReason
+from sluice.routing.worker_pool import WorkerPool, WorkerStatus
+
+FLEET = """\
+[models.main]
+aliases = ["claude-sonnet-4-5"]
+fallbacks = ["backup"]
+[models.main.tiers.free]
+quota = { tokens = 1000, period = "day", mode = "soft" }
+[models.main.tiers.standard]
+quota = { tokens = 1000, period = "day", mode = "hard" }
+[models.main.tiers.priority]
+allow_pin = true
+[models.main.versions.stable]
+weights = "bundled"
+traffic = 80
+workers = ["h:1", "h:2"]
+[models.main.versions.canary]
+weights = "bundled"
+traffic = 20
+workers = ["h:3"]
+
+[models.backup.versions.v1]
+weights = "bundled"
+traffic = 100
+workers = ["h:9"]
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Fleet:
+    """A router over warm workers named after their addresses."""
+
+    def __init__(self, fleet_text: str = FLEET) -> None:
+        self.clock = Clock()
+        self.registry = Registry(parse_fleet(fleet_text))
+        self.pool = WorkerPool(BreakerConfig(consecutive_failures=2, cooldown_s=5), self.clock)
+        for model_id, model in self.registry.fleet.models.items():
+            for name, version in model.versions.items():
+                for addr in version.workers:
+                    self.pool.add(addr, model_id, name, addr, status=WorkerStatus.WARM)
+        self.quota = MemoryQuotaStore(self.clock)
+        self.snapshot = RoutingSnapshot()
+        self.router = FleetRouter(self.registry, self.pool, self.quota, lambda: self.snapshot)
+
+    def request(self, user: str = "u1", model: str = "main", tier: str = "priority", **kw) -> RouteRequest:
+        return RouteRequest(model, "acme", tier, sticky_key("acme", user_id=user), list(range(64)), 100, **kw)
+
+
+@pytest.mark.asyncio
+async def test_routes_by_sticky_weight_and_reports_the_version():
+    f = Fleet()
+    versions = {}
+    for i in range(400):
+        d = await f.router.route(f.request(f"user{i}", model="claude-sonnet-4-5"))
+        assert d.model_id == "main" and d.fallback_from is None and d.pick.reason is PickReason.AFFINITY
+        assert d.version_header == f"main/{d.version}"
+        versions[i] = d.version
+        await f.router.finish(d, Outcome.SUCCESS, 50)
+    canary = sum(v == "canary" for v in versions.values()) / 400
+    assert 0.14 < canary < 0.26
+    for i in range(400):  # sticky
+        d = await f.router.route(f.request(f"user{i}"))
+        assert d.version == versions[i]
+        await f.router.finish(d, Outcome.SUCCESS, 50)
+    with pytest.raises(UnknownModelError):
+        await f.router.route(f.request(model="gpt-9"))
+
+
+@pytest.mark.asyncio
+async def test_pins():
+    f = Fleet()
+    d = await f.router.route(f.request(pin="main/canary"))
+    assert (d.model_id, d.version) == ("main", "canary")
+    with pytest.raises(PinNotAllowedError):
+        await f.router.route(f.request(tier="free", pin="main/canary"))
+    with pytest.raises(UnknownVersionError):
+        await f.router.route(f.request(pin="main/v7"))
+    f.snapshot = RoutingSnapshot(1, {"main": ModelRoutingState(versions={"canary": VersionState.DRAINING})})
+    with pytest.raises(VersionUnavailableError, match="draining"):
+        await f.router.route(f.request(pin="canary"))
+
+
+@pytest.mark.asyncio
+async def test_live_state_overrides_the_file():
+    f = Fleet()
+    f.snapshot = RoutingSnapshot(1, {"main": ModelRoutingState(weights={"stable": 0, "canary": 100})})
+    assert {(await f.router.route(f.request(f"u{i}"))).version for i in range(50)} == {"canary"}
+    f.snapshot = RoutingSnapshot(2, {"main": ModelRoutingState(versions={"canary": VersionState.DRAINING})})
+    assert {(await f.router.route(f.request(f"u{i}"))).version for i in range(50)} == {"stable"}
+
+
+@pytest.mark.asyncio
+async def test_failing_workers_are_ejected_then_the_model_falls_back():
+    f = Fleet()
+    for _ in range(3):
+        for addr in ("h:1", "h:2", "h:3"):
+            d = f.pool.begin(addr, 10)
+            if d is not None:
+                f.pool.finish(d, Outcome.TIMEOUT)  # hung: deadlines expire
+    d = await f.router.route(f.request())
+    assert (d.model_id, d.fallback_from, d.fallback_reason) == ("backup", "main", FallbackReason.UNAVAILABLE)
+    f.clock.t += 5  # the circuits half-open: one probe each
+    d = await f.router.route(f.request())
+    assert d.model_id == "main" and d.dispatch.permit.probe
+    await f.router.finish(d, Outcome.SUCCESS, 10)  # that worker is back
+    d2 = await f.router.route(f.request("someone-else"))
+    assert d2.model_id == "main"
+
+
+@pytest.mark.asyncio
+async def test_retry_excludes_the_workers_already_tried():
+    f = Fleet()
+    d = await f.router.route(f.request(pin="main/stable"))
+    d2 = await f.router.route(f.request(pin="main/stable", exclude_workers={d.worker_id}))
+    assert {d.worker_id, d2.worker_id} == {"h:1", "h:2"}
+    with pytest.raises(VersionUnavailableError):
+        await f.router.route(f.request(pin="main/stable", exclude_workers={"h:1", "h:2"}))
+
+
+@pytest.mark.asyncio
+async def test_unavailable_everywhere_is_a_529():
+    f = Fleet()
+    for w in ("h:1", "h:2", "h:3", "h:9"):
+        f.pool.set_status(w, WorkerStatus.DRAINING)
+    with pytest.raises(ModelUnavailableError, match="'main' and its fallbacks"):
+        await f.router.route(f.request())
+
+
+@pytest.mark.asyncio
+async def test_soft_quota_falls_back_with_a_warning_and_hard_quota_is_a_429():
+    f = Fleet()
+    d = await f.router.route(f.request(tier="free"))  # reserves 100
+    await f.router.finish(d, Outcome.SUCCESS, 1000)  # actually used 1000: the day's quota
+    assert (await f.quota.usage("acme", "main", f.registry.model("main").tier_policy("free").quota)).used == 1000
+    d = await f.router.route(f.request(tier="free"))
+    assert (d.model_id, d.fallback_from, d.fallback_reason, d.soft_exceeded) == \
+        ("backup", "main", FallbackReason.QUOTA, ("main",))
+    f.pool.set_status("h:9", WorkerStatus.DRAINING)  # no fallback left: soft never refuses
+    d = await f.router.route(f.request(tier="free"))
+    assert d.model_id == "main" and d.soft_exceeded == ("main",) and d.quota.reservation is not None
+
+    # the counter is the tenant's on the model, whatever the tier; the tier sets limit and mode
+    with pytest.raises(QuotaExceededError) as exc:
+        await f.router.route(f.request(tier="standard"))
+    assert exc.value.model_id == "main" and 0 < exc.value.retry_after_s <= 86400
+    f.pool.set_status("h:9", WorkerStatus.WARM)
+    with pytest.raises(QuotaExceededError):  # hard: no fallback, even with one available
+        await f.router.route(f.request(tier="standard"))
+    other = RouteRequest("main", "other-tenant", "standard", "k", list(range(64)), 100)
+    assert (await f.router.route(other)).model_id == "main"
+
+
+@pytest.mark.asyncio
+async def test_a_failing_quota_store_admits():
+    class DownStore(MemoryQuotaStore):
+        async def acquire(self, *a, **kw):
+            raise ConnectionError("redis down")
+
+    f = Fleet()
+    f.router.quota = DownStore()
+    d = await f.router.route(f.request(tier="standard"))
+    assert d.model_id == "main" and d.quota is None and f.router.quota_errors == 1
+
+
+@pytest.mark.asyncio
+async def test_load_moves_a_prefix_off_a_busy_worker():
+    f = Fleet()
+    first = await f.router.route(f.request(pin="main/stable"))
+    f.pool.report_load(first.worker_id, 100_000)  # that worker is swamped (seen in its stats)
+    d = await f.router.route(f.request(pin="main/stable"))
+    assert d.worker_id != first.worker_id and d.pick.reason is PickReason.SPILL
