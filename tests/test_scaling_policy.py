@@ -37,7 +37,11 @@ class FakeClock:
         self.wall += timedelta(seconds=s)
 
 
+ONE_WARM = WarmPoolSchedule(windows=(WarmPoolWindow(start="00:00", size=1),))
+
+
 def _policy(clock: FakeClock, initial: int | None = None, **kw) -> ScalingPolicy:
+    kw.setdefault("warm_pool", ONE_WARM)  # a constant pool unless a test is about the schedule
     return ScalingPolicy(ScalingSettings(**kw), clock, initial_serving=initial)
 
 
@@ -285,6 +289,13 @@ def test_schedule_across_the_daylight_saving_change():
     # 2026-03-29 Berlin skips 02:00→03:00; the 08:00 window still opens at 08:00 local (06:00 UTC)
     assert BERLIN.size_at(datetime(2026, 3, 29, 5, 59, tzinfo=timezone.utc)) == 1
     assert BERLIN.size_at(datetime(2026, 3, 29, 6, 0, tzinfo=timezone.utc)) == 3
+
+
+def test_the_default_schedule_keeps_more_warm_workers_in_the_day():
+    pool = ScalingSettings().warm_pool
+    assert pool.size_at(datetime(2026, 6, 15, 3, 0, tzinfo=timezone.utc)) == 1
+    assert pool.size_at(datetime(2026, 6, 15, 12, 0, tzinfo=timezone.utc)) == 2
+    assert pool.smallest == 1
 
 
 def test_schedule_validation():

@@ -18,7 +18,13 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sluice.routing.warm_pool_schedule import WarmPoolSchedule
+from sluice.routing.warm_pool_schedule import WarmPoolSchedule, WarmPoolWindow
+
+# one pre-loaded worker at night, two in the (UTC) working day; set your users' timezone
+DEFAULT_WARM_POOL = WarmPoolSchedule(
+    timezone="UTC",
+    windows=(WarmPoolWindow(start="00:00", size=1), WarmPoolWindow(start="08:00", size=2), WarmPoolWindow(start="20:00", size=1)),
+)
 
 
 class ScalingSettings(BaseModel):
@@ -39,7 +45,7 @@ class ScalingSettings(BaseModel):
     max_step_down: int = Field(1, ge=1)  # workers drained per scale-down step
     min_serving: int = Field(1, ge=1)  # workers taking traffic, whatever the signal
     max_workers: int = Field(8, ge=1)  # every worker (serving + warm + starting): the hardware
-    warm_pool: WarmPoolSchedule = Field(default_factory=WarmPoolSchedule)
+    warm_pool: WarmPoolSchedule = DEFAULT_WARM_POOL
     # a scale-up that only batch-band work needs starts cold workers and leaves the warm pool to
     # latency-sensitive bursts (batch requests wait in the queue for the cold start)
     batch_waits_for_cold: bool = True
