@@ -103,7 +103,7 @@ def _recording_group(slo: Slo) -> dict[str, Any]:
         rules.append({"record": slo.ratio_record(w), "expr": f"{slo.bad(w)}\n/\n{slo.total(w)}"})
     for w in sorted({a.long for a in BURN_ALERTS}, key=_SECONDS.get):
         rules.append({"record": slo.total_record(w), "expr": slo.total(w)})
-    return {"name": f"sluice-slo-{slo.name}-recording", "interval": "30s", "rules": rules}
+    return {"name": f"sluice-slo-{slo.name}-recording", "rules": rules}  # the global evaluation_interval
 
 
 def _alert_group(slo: Slo) -> dict[str, Any]:
