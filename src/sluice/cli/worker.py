@@ -21,6 +21,7 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _exit_cleanly)
     signal.signal(signal.SIGINT, _exit_cleanly)
+    signal.signal(signal.SIGUSR1, _exit_cleanly)  # a drain before anything runs: nothing to wait for
     import asyncio
 
     from sluice.engine.config import EngineConfig
