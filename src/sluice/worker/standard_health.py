@@ -13,8 +13,7 @@ The worker's own `Health` RPC (with its detail text) stays for sluice's own clie
 from __future__ import annotations
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 LIVENESS = "liveness"
 _SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -23,7 +22,7 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 class WorkerHealth:
     def __init__(self) -> None:
-        self._servicer = HealthServicer()
+        self._servicer = health.aio.HealthServicer()  # the asyncio servicer
 
     def add_to(self, server: grpc.aio.Server) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self._servicer, server)
