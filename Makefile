@@ -12,7 +12,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: install serve test bench proto clean
+.PHONY: install serve test bench proto deploy-generate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -30,6 +30,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@command -v redis-server >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq redis-server || { apt-get update -qq && apt-get install -y -qq redis-server; }; \
 	  else sudo -n apt-get install -y -qq redis-server; fi; }
+	# the Prometheus rule tests run promtool (deploy/prometheus): Debian's `prometheus` package
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq prometheus || { apt-get update -qq && apt-get install -y -qq prometheus; }; \
+	  else sudo -n apt-get install -y -qq prometheus; fi; }
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -40,6 +44,10 @@ serve: install
 # regenerate the committed gRPC stubs from src/sluice/worker/proto/engine.proto
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src src/sluice/worker/proto/engine.proto
+
+# regenerate deploy/ files from their sources (KEDA ScaledObject, Prometheus rules, dashboard)
+deploy-generate: install
+	$(BIN)/python -m deploy.generate
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

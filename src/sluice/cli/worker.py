@@ -21,6 +21,7 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _exit_cleanly)
     signal.signal(signal.SIGINT, _exit_cleanly)
+    signal.signal(signal.SIGUSR1, _exit_cleanly)  # a drain before anything runs: nothing to wait for
     import asyncio
 
     from sluice.config import load_settings
@@ -48,7 +49,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("worker", help="run one engine as a gRPC worker (for `sluice serve --worker ADDR`)")
+    p = sub.add_parser(
+        "worker",
+        help="run one engine as a gRPC worker (for `sluice serve --worker ADDR`)",
+        description="Run one engine behind the gRPC service. Signals: SIGTERM/SIGINT stop at once (open streams "
+        "get a final abort event); SIGUSR1 drains (health NOT_SERVING, new requests refused, running ones "
+        "finish, then exit 0). Health: the standard grpc.health.v1 service, '' = taking requests, "
+        "'liveness' = alive.",
+    )
     p.add_argument(
         "--listen", default="127.0.0.1:50051", metavar="ADDR", help="host:port or unix:/path to listen on (default: 127.0.0.1:50051)"
     )

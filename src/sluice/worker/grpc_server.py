@@ -1,7 +1,9 @@
 """The worker's gRPC service around an AsyncEngine.
 
 The server listens before the model is loaded: Health reports "loading" and Generate answers
-UNAVAILABLE until `set_engine()`, so a supervisor can tell "starting" from "dead".
+UNAVAILABLE until `set_engine()`, so a supervisor can tell "starting" from "dead". A drain
+(`start_drain()`) refuses new Generate calls with UNAVAILABLE — the router retries them on
+another worker, nothing has streamed yet — while the calls already running finish.
 Each Generate response message carries every event the engine produced since the previous one
 (`AsyncEngine.generate_batches`), so a slow consumer costs fewer, larger messages.
 Cancelling the RPC (client gone, deadline passed) cancels the handler, whose generator exit
@@ -33,12 +35,17 @@ class EngineServicer(pb_grpc.EngineServicer):
         self.engine: AsyncEngine | None = None
         self.info: ModelInfo | None = None
         self.detail = "loading the model"
+        self.draining = False
+        self.active = 0  # Generate calls running now (a drain waits for 0)
 
     def set_engine(self, engine: AsyncEngine, info: ModelInfo) -> None:
         self.engine, self.info, self.detail = engine, info, "ready"
 
     def set_failed(self, detail: str) -> None:
         self.detail = f"failed: {detail}"
+
+    def start_drain(self) -> None:
+        self.draining, self.detail = True, "draining"
 
     async def _require_engine(self, context: grpc.aio.ServicerContext) -> AsyncEngine:
         if self.engine is None:
@@ -49,6 +56,9 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         engine = await self._require_engine(context)
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker draining")
+        self.active += 1
         try:
             async for batch in engine.generate_batches(request_from_pb(request)):
                 yield pb.GenerateResponse(events=[event_to_pb(e) for e in batch])
@@ -57,6 +67,8 @@ class EngineServicer(pb_grpc.EngineServicer):
             if trailers:
                 context.set_trailing_metadata(trailers)
             await context.abort(code, str(exc))
+        finally:
+            self.active -= 1
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         engine = await self._require_engine(context)
@@ -77,4 +89,6 @@ class EngineServicer(pb_grpc.EngineServicer):
             return pb.HealthResponse(ready=False, detail=self.detail)  # loading, or failed
         if not self.engine.is_running:
             return pb.HealthResponse(ready=False, detail="engine stopped")
+        if self.draining:
+            return pb.HealthResponse(ready=False, detail="draining")
         return pb.HealthResponse(ready=True, detail="ready")

@@ -9,6 +9,13 @@ SIGTERM/SIGINT: stop accepting calls, abort every in-flight request (each open s
 final `abort` event, so clients see a proper end rather than a transport error), give those last
 messages a short grace to leave, exit 0. A signal during the model load exits at once: the load
 runs on a daemon thread that cannot be interrupted, so we do not wait for it.
+
+SIGUSR1: drain (scale-down, Kubernetes preStop). Health turns NOT_SERVING at once, new Generate
+calls are refused with UNAVAILABLE (the router retries them elsewhere), the running ones finish,
+and the worker exits 0 when the last one has ended. A SIGTERM during the drain stops as above.
+
+Health is served twice: the worker's own `Health` RPC and the standard grpc.health.v1 service
+(`standard_health.py`) that Kubernetes' grpc probes call.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from sluice.models.loader import BUNDLED_FILE, load_model
 from sluice.worker.channel_options import SERVER_OPTIONS
 from sluice.worker.engine_client import ModelInfo
 from sluice.worker.grpc_server import EngineServicer
+from sluice.worker.standard_health import WorkerHealth
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
 
 log = logging.getLogger("sluice.worker")
@@ -86,8 +94,11 @@ async def run_worker(
 ) -> int:
     """Serve one engine on `listen` until SIGTERM/SIGINT. Returns the process exit code."""
     servicer = EngineServicer()
+    health = WorkerHealth()
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_EngineServicer_to_server(servicer, server)
+    health.add_to(server)
+    await health.loading()
     unix_path = _unix_path(listen)
     if unix_path:
         _clear_stale_socket(unix_path)
@@ -98,9 +109,11 @@ async def run_worker(
         return 2
     await server.start()
     stop = asyncio.Event()
+    drain = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, drain.set)
 
     # The factory runs on the engine thread (all torch work on one thread: see AsyncEngine).
     # It reports back through the loop, so waiting for it holds no executor thread that
@@ -119,6 +132,7 @@ async def run_worker(
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({asyncio.ensure_future(built.wait()), stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
+        await health.stopped()
         await server.stop(0)
         engine.shutdown(timeout=0.1)  # the daemon load thread dies with the process
         return 0
@@ -128,28 +142,54 @@ async def run_worker(
         info = ModelInfo(served_name(loaded.path), llm.max_model_len, loaded.tokenizer.vocab_size)
     except Exception as exc:  # ModelLoadError and friends: one clear line, exit 2
         servicer.set_failed(str(exc))
+        await health.stopped()
         _say(f"sluice worker: error: {exc}")
         await server.stop(0)
         return 2
+    if drain.is_set():  # asked to drain while loading: nothing runs, nothing to wait for
+        stop.set()
     servicer.set_engine(engine, info)
+    await health.ready()
     _say(f"sluice worker listening on {listen} (model {info.name})")
 
-    exit_code = await _serve_until_stopped(engine, stop_wait)
+    exit_code = await _serve_until_stopped(engine, stop_wait, drain, servicer, health)
+    await health.stopped()
     stopping = asyncio.ensure_future(server.stop(grace_s))  # refuses new calls from here on
     await asyncio.to_thread(engine.shutdown)  # aborts all: every open stream gets its final event
     await stopping
     return exit_code
 
 
-async def _serve_until_stopped(engine: AsyncEngine, stop_wait: asyncio.Future, poll_s: float = 0.5) -> int:
-    """Wait for a signal (exit 0), or for the engine loop to die (exit 1).
+async def _serve_until_stopped(
+    engine: AsyncEngine,
+    stop_wait: asyncio.Future,
+    drain: asyncio.Event,
+    servicer: EngineServicer,
+    health: WorkerHealth,
+    poll_s: float = 0.5,
+) -> int:
+    """Wait for a stop signal or a finished drain (exit 0), or for the engine loop to die (exit 1).
 
     Why exit on a dead engine: a live process whose engine is gone would answer UNAVAILABLE
     forever; exiting lets whatever supervises it (sluice serve, Kubernetes) notice and restart.
     """
-    while not stop_wait.done():
-        await asyncio.wait({stop_wait}, timeout=poll_s)
-        if not stop_wait.done() and not engine.is_running:
-            _say("sluice worker: error: the engine loop stopped; exiting")
-            return 1
-    return 0
+    drain_wait = asyncio.ensure_future(drain.wait())
+    try:
+        while not stop_wait.done():
+            if drain.is_set() and not servicer.draining:
+                servicer.start_drain()  # new calls refused from here on
+                await health.draining()
+                _say("sluice worker: draining (new requests refused; running ones finish)")
+            if servicer.draining and servicer.active == 0:
+                _say("sluice worker: drained; exiting")
+                return 0
+            # a drain waits in short steps: the last request's end is seen within poll_s / 5
+            timeout = poll_s / 5 if servicer.draining else poll_s
+            waits = {stop_wait} if drain.is_set() else {stop_wait, drain_wait}
+            await asyncio.wait(waits, timeout=timeout)
+            if not stop_wait.done() and not engine.is_running:
+                _say("sluice worker: error: the engine loop stopped; exiting")
+                return 1
+        return 0
+    finally:
+        drain_wait.cancel()
