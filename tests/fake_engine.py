@@ -35,8 +35,13 @@ class FakeEngine:
         self.finished: list[str] = []
         self.requests: list[GenerationRequest] = []
         self.release = asyncio.Event()  # lets a hang go on
+        self.up = True  # what ready() answers (a test takes the worker down)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        if request.request_id.startswith("warmup-"):  # the fleet's warm-up: one token, not counted
+            yield GenerationEvent(request.request_id, "", [0], finished=True, finish_reason=FinishReason.LENGTH,
+                                  usage=Usage(len(request.prompt_token_ids), 1, 0))
+            return
         s = self.script
         self.started.append(request.request_id)
         self.requests.append(request)
@@ -72,7 +77,7 @@ class FakeEngine:
         return self.info_
 
     async def ready(self) -> bool:
-        return True
+        return self.up
 
     async def close(self) -> None:
         return None

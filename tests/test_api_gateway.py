@@ -50,7 +50,7 @@ def metric_value(base_url: str, name: str, labels: str = "") -> float:
 
 def test_keys_rate_limits_across_two_gateways_and_headers(worker, redis_server, tmp_path):
     key = make_key(tmp_path, "acme", "standard", "--rpm", "50", "--max-concurrent", "1000")
-    env = {"SLUICE_LIMITS_STORE": "redis", "SLUICE_REDIS_URL": redis_server.url}
+    env = {"SLUICE_LIMITS_STORE": "redis", "SLUICE_REDIS_URL": redis_server.url, "SLUICE_KEY_CACHE_TTL_S": "0.5"}
     a, b = gateway(worker, tmp_path, **env), gateway(worker, tmp_path, **env)
     try:
         body = {"model": MODEL, "max_tokens": 1, "messages": ASK}
@@ -63,9 +63,14 @@ def test_keys_rate_limits_across_two_gateways_and_headers(worker, redis_server, 
             ra, rb = await asyncio.gather(burst(a.base_url, 100), burst(b.base_url, 100))
             return ra + rb
 
+        t0 = time.monotonic()
         responses = asyncio.run(both())
+        elapsed = time.monotonic() - t0
         codes = [r.status_code for r in responses]
-        assert codes.count(200) == 50 and codes.count(429) == 150, sorted(set(codes))
+        # 50 at once, plus what the bucket refilled (50 per minute) while a busy machine served
+        # the burst: still far below the 2 × (50 + refill) that two unshared limiters would allow
+        refilled = int(elapsed * 50 / 60) + 1
+        assert set(codes) == {200, 429} and 50 <= codes.count(200) <= 50 + refilled, (codes.count(200), elapsed)
         limited = next(r for r in responses if r.status_code == 429)
         assert limited.json()["error"]["type"] == "rate_limit_error"
         assert int(limited.headers["retry-after"]) >= 1
@@ -79,8 +84,11 @@ def test_keys_rate_limits_across_two_gateways_and_headers(worker, redis_server, 
         key_id = subprocess.run([sys.executable, "-m", "sluice.cli", "keys", "list", "--data-dir", str(tmp_path)],
                                 capture_output=True, text=True).stdout.splitlines()[1].split()[0]
         subprocess.run([sys.executable, "-m", "sluice.cli", "keys", "revoke", key_id, "--data-dir", str(tmp_path)], check=True)
-        r = httpx.post(a.base_url + "/v1/messages", json=body, headers={"x-api-key": key})
-        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        deadline = time.monotonic() + 60  # revocation takes effect within key_cache_ttl_s (0.5 s here)
+        while (r := httpx.post(a.base_url + "/v1/messages", json=body, headers={"x-api-key": key})).status_code != 401:
+            assert time.monotonic() < deadline, r.status_code
+            time.sleep(0.2)
+        assert r.json()["error"]["type"] == "authentication_error"
     finally:
         a.stop()
         b.stop()

@@ -93,3 +93,24 @@ def test_same_tokens_on_a_prefix_cache_hit(bundled, hf_bundled, alone):
     assert out["g"].usage.cached_tokens == out["s"].usage.cached_tokens == full_blocks > 0
     _assert_same(hf_bundled, prompt, greedy, out["g"].token_ids, "prefix-cache hit (greedy)")
     assert out["s"].token_ids == seeded, "seeded sampling changed on a prefix-cache hit"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [1, 7, 23])
+def test_a_resumed_generation_continues_exactly(bundled, hf_bundled, alone, split):
+    """Mid-stream failover continues a request on another engine from its prompt plus the output
+    tokens already sent (`resumed_output_ids`): the continuation is the rest of the uninterrupted
+    run, token for token (greedy and seeded), and its text picks up where the delivered text ended."""
+    prompt, greedy, seeded = alone
+    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=64))
+    for label, params, full in (("greedy", GREEDY, greedy), ("seeded", SEEDED, seeded)):
+        first = engine.generate([GenerationRequest("a", prompt, SamplingParams(**{
+            **{f: getattr(params, f) for f in ("temperature", "top_p", "top_k", "seed")}, "max_tokens": split}))])["a"]
+        assert first.token_ids == full[:split]
+        rest = engine.generate([GenerationRequest("b", prompt, params, resumed_output_ids=first.token_ids,
+                                                  resumed_text_chars=len(first.text))])["b"]
+        _assert_same(hf_bundled, prompt, full, first.token_ids + rest.token_ids, f"{label} resumed at {split}")
+        whole = engine.generate([GenerationRequest("c", prompt, params)])["c"]
+        if first.token_ids + rest.token_ids == whole.token_ids:
+            assert first.text + rest.text == whole.text
+        assert rest.usage.output_tokens == len(full)  # usage counts the whole reply

@@ -258,7 +258,7 @@ def test_connections_with_incomplete_requests_are_bounded(tiny_llama_dir):
 def _worker_pid(proc: Proc, after: int = 0) -> int:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        pids = [int(p) for p in re.findall(r"engine worker (?:ready|restarted) \(pid (\d+)\)", proc.log())]
+        pids = [int(p) for p in re.findall(r"(?:local worker \S+ started|engine worker restarted) \(pid (\d+)\)", proc.log())]
         if len(pids) > after:
             return pids[after]
         time.sleep(0.1)

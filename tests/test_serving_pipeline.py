@@ -11,7 +11,9 @@ import pytest
 from sluice.config import load_settings
 from sluice.errors import EngineUnavailableError
 from sluice.gateway.principal import Principal
-from sluice.models.tokenizer_loader import load_tokenizer
+from sluice.routing.default_fleet import fleet_from_settings
+from sluice.routing.fleet import Fleet
+from sluice.routing.registry import Registry
 from sluice.serving.admission import ClientGone
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta
@@ -20,7 +22,6 @@ from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.types import FinishReason, SamplingParams
-from sluice.worker.health_monitor import EngineHealth
 from tests.fake_engine import FakeEngine, Script
 
 MODEL = "fake-model"
@@ -28,15 +29,19 @@ MODEL = "fake-model"
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_llama_dir):
-    return load_tokenizer(tiny_llama_dir)[0]
+    return tiny_llama_dir  # the fleet loads the tiny model's tokenizer from its folder
 
 
-def make(tokenizer, script: Script | None = None, **settings):
+def make(tiny_dir, script: Script | None = None, **settings):
+    """A runtime whose fleet is one version served by the scripted engine (as `--worker inline`)."""
     async def build():
         engine = FakeEngine(script)
-        rt = ServingRuntime(load_settings(None, **{"safety": False, **settings}))
-        stats = await engine.stats()
-        rt.mark_ready(engine, tokenizer, await engine.info(), stats.block_size, 4096)
+        s = load_settings(None, **{"safety": False, "model": str(tiny_dir), "served_model_name": MODEL,
+                                   "worker": "inline", **settings})
+        fleet = Fleet.build(s, Registry(fleet_from_settings(s)))
+        await fleet.start(inline=engine)
+        rt = ServingRuntime(s)
+        rt.mark_ready(fleet, 4096)
         return rt, engine, ServingPipeline(rt)
 
     return build()
@@ -82,17 +87,14 @@ def test_engine_abort_and_error_are_wire_neutral_failures(tokenizer, finish, kin
 
 def test_a_vanished_engine_fails_the_stream_and_refuses_the_next_request_before_it_opens(tokenizer):
     async def run():
-        rt, _, pipeline = await make(tokenizer, Script(raise_at=0, error=EngineUnavailableError("gone")))
-
-        async def probe() -> tuple[bool, str]:
-            return False, "gone"
-
-        rt.health = EngineHealth(probe)
-        rt.health.available = True
+        rt, engine, pipeline = await make(tokenizer, Script(raise_at=0, error=EngineUnavailableError("gone")))
         out = await drain(await pipeline.start(request()))
-        assert isinstance(out[-1], Failed) and out[-1].kind is ErrorKind.OVERLOADED
-        assert not rt.health.available  # marked down at once
-        with pytest.raises(ServingError) as info:
+        assert isinstance(out[-1], Failed) and out[-1].kind is ErrorKind.OVERLOADED  # its only worker failed it
+        engine.up = False
+        for _ in range(2):  # the health checks notice: the worker is out of routing
+            await rt.fleet.poller.poll_once()
+        assert not rt.ready
+        with pytest.raises(ServingError) as info:  # refused before any stream opens
             await pipeline.start(request(request_id="msg_2"))
         assert info.value.kind is ErrorKind.OVERLOADED and info.value.retry_after_s
 
@@ -160,7 +162,8 @@ def test_a_stream_still_queued_is_handed_back_and_then_served(tokenizer):
         it = first.outcomes()
         await anext(it)  # the first holds the only slot
         queued = await pipeline.start(request(request_id="msg_2"), wait_s=0.05)
-        assert queued.headers == {} and rt.gateway.admission.depth == 1
+        assert queued.headers == {"sluice-model-version": f"{MODEL}/default"}  # no rate-limit headers yet
+        assert rt.gateway.admission.depth == 1
         gone = asyncio.ensure_future(pipeline.start(request(request_id="msg_3"), disconnected=_true))
         with pytest.raises(ClientGone):
             await gone

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     model_aliases: list[str] = Field(default_factory=list)  # extra ids accepted for the model
     dtype: Literal["float32", "bfloat16"] = "float32"
     worker: str | None = None  # address of a running `sluice worker`; unset = spawn one locally
+    # a fleet file (docs/FLEET.md): models, versions, workers; unset = a fleet of one model
+    # built from the settings above (model, served_model_name, model_aliases, worker)
+    fleet: str | None = None
+    admin_key: SecretStr | None = None  # guards the admin API (/admin/*); unset = no admin API
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
     kv_cache_gib: float = Field(2.0, gt=0)
@@ -51,6 +55,8 @@ class Settings(BaseSettings):
     worker_restart_window_s: float = Field(600.0, gt=0)
     health_check_interval_s: float = Field(1.0, gt=0)  # how often the engine's health is probed
     health_check_timeout_s: float = Field(2.0, gt=0)  # a probe unanswered this long = engine down (hung)
+    # a worker's fault injection (worker/faults.py): a testing aid, off by default
+    fault_injection: str | None = None
 
     # -- the wire -------------------------------------------------------------------------------
     max_body_bytes: int = Field(32 * MB, ge=1024)  # Anthropic's limit for /v1/messages
@@ -110,7 +116,7 @@ class Settings(BaseSettings):
     batch_retention_s: float = Field(86_400.0, gt=0)
     max_batches: int = Field(10_000, ge=1)
 
-    @field_validator("api_key")
+    @field_validator("api_key", "admin_key")
     @classmethod
     def _key_not_blank(cls, v: SecretStr | None) -> SecretStr | None:
         if v is not None and not v.get_secret_value().strip():

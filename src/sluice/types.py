@@ -86,6 +86,12 @@ class GenerationRequest:
     priority: int = 0
     tenant: str = ""
     arrival_time: float = field(default_factory=time.monotonic)
+    # A generation continued from another worker (mid-stream failover): these output tokens were
+    # already generated there, and the first `resumed_text_chars` characters of their text were
+    # delivered. The engine recomputes them as context and goes on exactly where that worker
+    # stopped: output positions (hence seeded sampling), max_tokens and stop sequences continue.
+    resumed_output_ids: list[int] = field(default_factory=list)
+    resumed_text_chars: int = 0
 
 
 @dataclass(slots=True)

@@ -9,11 +9,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice import __version__
+from sluice.api import admin
 from sluice.api.anthropic import batches, resume
 from sluice.api.anthropic import routes as anthropic_routes
 from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
 from sluice.api.openai import routes as openai_routes
+from sluice.engine.stats import combined
 from sluice.serving.errors import ServingError
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.runtime import ServingRuntime
@@ -74,11 +76,9 @@ def create_app(rt: ServingRuntime) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         stats = None
-        if rt.engine is not None:
-            try:
-                stats = await rt.engine.stats()
-            except Exception:  # the scrape still answers; engine_up shows the problem
-                stats = None
+        if rt.fleet is not None:  # engines that do not answer are left out; engine_up says when none does
+            answered = await rt.fleet.fresh_stats()
+            stats = combined(answered) if answered else None
         rt.metrics.observe_engine(stats)
         if rt.gateway is not None:
             rt.metrics.observe_gateway(rt.gateway)
@@ -89,6 +89,7 @@ def create_app(rt: ServingRuntime) -> FastAPI:
     app.include_router(anthropic_routes.build_router(rt, pipeline))
     app.include_router(resume.build_router(rt))
     app.include_router(openai_routes.build_router(rt, pipeline))
+    app.include_router(admin.build_router(rt))
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=rt.settings.max_body_bytes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 
 from sluice.api.errors import bad_request
+from sluice.serving.request import VERSION_HEADER
 
 QUEUE_TIMEOUT_HEADER = "sluice-queue-timeout"  # seconds a request may wait for admission
 CACHE_HEADER = "sluice-cache"  # "bypass": skip the response cache
@@ -30,3 +31,10 @@ def wants_cache(request: Request) -> bool:
 
 def wants_background(request: Request, body_flag: bool) -> bool:
     return body_flag or request.headers.get(BACKGROUND_HEADER, "").lower() in ("1", "true", "yes")
+
+
+def pinned_version(request: Request) -> str | None:
+    """`sluice-model-version: <model>/<version>` (or just `<version>`): serve exactly that version
+    (allowed per tier; docs/FLEET.md). Responses carry the same header."""
+    value = request.headers.get(VERSION_HEADER, "").strip()
+    return value or None

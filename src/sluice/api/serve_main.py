@@ -1,9 +1,9 @@
 """Bring up `sluice serve`: listen at once, start the engine, mark ready, drain on exit.
 
 The HTTP socket is bound before anything slow happens, so /health answers during start-up and
-/ready tells "loading" from "ready". The worker loads the model while this process loads only
-the tokenizer (both in parallel). A start-up failure ends the process with exit code 2 and a
-one-line reason; a spawned worker that keeps dying ends it with exit code 3.
+/ready tells "loading" from "ready". The fleet starts (serving/fleet_setup.py): local workers
+load their models while this process loads only the tokenizers. A start-up failure ends the
+process with exit code 2 and a one-line reason; local workers that keep dying end it with 3.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from sluice.api.app import create_app
 from sluice.api.server import build_server, make_socket
 from sluice.config import Settings
 from sluice.gateway.factory import build_authenticator
-from sluice.models.tokenizer_loader import load_tokenizer
-from sluice.serving.engine_setup import EngineConnection, connect_engine
+from sluice.gateway.tiers import load_tiers
+from sluice.routing.fleet import Fleet
+from sluice.serving.fleet_setup import build_registry, start_fleet
 from sluice.serving.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.serve")
@@ -47,12 +48,12 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
     base = f"http://{host}:{port}"
     _say(f"listening on {base} (loading the model...)")
     server = build_server(app, rt, access_log)
-    connection: EngineConnection | None = None
+    fleet: Fleet | None = None
     exit_code = 0
     started = time.perf_counter()
 
     def give_up(reason: str) -> None:
-        # the worker keeps dying: exit non-zero so our own supervisor restarts the process
+        # the local workers keep dying: exit non-zero so our own supervisor restarts the process
         nonlocal exit_code
         exit_code = EXIT_WORKER_FAILED
         rt.startup_error = reason
@@ -60,34 +61,22 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
         server.should_exit = True
 
     async def bring_up() -> None:
-        nonlocal connection, exit_code
-        tokenizer_task = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, settings.model))
+        nonlocal fleet, exit_code
         try:
-            connection = await connect_engine(settings, _say)
-            tokenizer, _ = await tokenizer_task
-            engine = connection.client
-            info = await engine.info()
-            stats = await engine.stats()
-            await connection.health.check()
-            connection.health.start()
-            rt.health = connection.health
-            if connection.supervisor is not None:
-                connection.supervisor.on_give_up = give_up
-                connection.supervisor.watch(engine)
-            rt.mark_ready(engine, tokenizer, info, stats.block_size, stats.kv_blocks_total * stats.block_size)
+            registry = build_registry(settings, list(load_tiers(settings.tiers)))
+            fleet = await start_fleet(settings, registry)
+            fleet.on_give_up = give_up
+            rt.mark_ready(fleet, fleet.capacity()[0])
+            rt.keep_task(follow_capacity(rt, fleet, settings.health_check_interval_s))
+            workers = ", ".join(f"{h.model_id}/{h.version}@{h.worker_id}" for h in fleet.handles.values())
             _say(
-                f"ready: model {rt.model_ids[0]} at {base}/v1 (auth: {auth_mode}, limits: {settings.limits_store}; "
-                f"started in {time.perf_counter() - started:.1f}s)"
+                f"ready: {', '.join(registry.fleet.models)} at {base}/v1 (workers: {workers}; auth: {auth_mode}, "
+                f"limits: {settings.limits_store}; started in {time.perf_counter() - started:.1f}s)"
             )
         except Exception as exc:
-            reason: BaseException = exc
-            if tokenizer_task.done() and not tokenizer_task.cancelled() and tokenizer_task.exception() is not None:
-                reason = tokenizer_task.exception() or exc  # the clearer reason (e.g. no such model path)
-            else:
-                tokenizer_task.cancel()
-            rt.startup_error = str(reason)
+            rt.startup_error = str(exc)
             exit_code = EXIT_START_FAILED
-            _say(f"error: start-up failed: {reason}")
+            _say(f"error: start-up failed: {exc}")
             server.should_exit = True
 
     task = asyncio.create_task(bring_up())
@@ -99,7 +88,20 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
             await task
         except asyncio.CancelledError:
             pass
-        if connection is not None:
-            await connection.close()
+        if fleet is not None:
+            await fleet.close()
         await rt.replay.close()
     return exit_code
+
+
+async def follow_capacity(rt: ServingRuntime, fleet: Fleet, every_s: float) -> None:
+    """Keep the admission queue's dispatch limit and the scaling signal's capacity in step with
+    the workers that take requests (workers join, die, drain, come back)."""
+    assert rt.gateway is not None
+    queue = rt.gateway.admission
+    while True:
+        tokens, seqs = fleet.capacity()
+        if tokens:
+            queue.capacity_tokens = tokens
+        queue.set_capacity(max_inflight=rt.settings.max_inflight or max(1, seqs) + 8)
+        await asyncio.sleep(every_s)

@@ -20,6 +20,7 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
         served_model_name=args.served_model_name,
         dtype=args.dtype,
         worker=args.worker,
+        fleet=args.fleet,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_gib=args.kv_cache_gib,
@@ -81,6 +82,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "'inline' runs the engine in this process",
     )
     p.add_argument("--config", default=None, metavar="FILE", help="a TOML settings file (keys as in SLUICE_* without the prefix)")
+    p.add_argument(
+        "--fleet", default=None, metavar="FILE",
+        help="a fleet file (TOML: models, versions, local replicas and remote workers; docs/FLEET.md); "
+        "env SLUICE_FLEET; SIGHUP reloads it",
+    )
     p.add_argument("--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)")
     p.add_argument("--send-timeout", type=float, default=None, metavar="S", help="cut a connection whose reader acknowledges nothing for this long while data waits (default: 30)")
     p.add_argument("--max-stream-duration", type=float, default=None, metavar="S", help="longest a stream may run (default: 600)")

@@ -23,10 +23,13 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _exit_cleanly)
     signal.signal(signal.SIGUSR1, _exit_cleanly)  # a drain before anything runs: nothing to wait for
     import asyncio
+    import dataclasses
+    import json
 
     from sluice.config import load_settings
     from sluice.engine.config import EngineConfig
     from sluice.errors import SluiceError
+    from sluice.worker.faults import FaultSpec
 
     try:  # the same settings (and defaults) as `sluice serve`, through the one mapping
         settings = load_settings(
@@ -39,13 +42,18 @@ def _run(args: argparse.Namespace) -> int:
             admission_policy=args.admission_policy,
             enable_prefix_caching=False if args.no_prefix_caching else None,
         )
+        faults = FaultSpec.parse(args.fault_injection or settings.fault_injection)
         config = EngineConfig.from_settings(settings)
-    except (SluiceError, ValueError) as exc:
+        if args.engine_config:  # every EngineConfig field at once (how `sluice serve` starts its workers)
+            config = EngineConfig(**{**dataclasses.asdict(config), **json.loads(args.engine_config)})
+        if faults.fail_seed is not None:
+            config.fault_fail_seed = faults.fail_seed
+    except (SluiceError, ValueError, TypeError) as exc:  # TypeError: an unknown --engine-config field
         print(f"sluice worker: error: {exc}", file=sys.stderr)
         return 2
     from sluice.worker.worker_main import run_worker
 
-    return asyncio.run(run_worker(args.listen, args.model, args.dtype, config, progress=PROGRESS[args.progress]))
+    return asyncio.run(run_worker(args.listen, args.model, args.dtype, config, progress=PROGRESS[args.progress], faults=faults))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,6 +72,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     # load bar on the user's terminal: it passes --progress always when its own stderr is one.
     p.add_argument(
         "--progress", choices=list(PROGRESS), default="auto", help="model load progress bar (default: auto = on a terminal)"
+    )
+    p.add_argument(
+        "--engine-config", default=None, metavar="JSON",
+        help="EngineConfig fields as a JSON object, over the flags below (how `sluice serve` starts its workers)",
+    )
+    p.add_argument(
+        "--fault-injection", default=None, metavar="SPEC",
+        help="TESTING AID, never for production: fail_seed=N, exit_after_tokens=N, fail_all, delay_first_token_s=S "
+        "(comma-separated; env SLUICE_FAULT_INJECTION; see docs/FLEET.md)",
     )
     add_model_args(p)
     add_engine_args(p)

@@ -41,6 +41,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     share_prefix_across_tenants: bool = False
     seed: int = 0  # seeds the draws for requests that give no seed of their own
+    # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
+    # sampling seed raises, so the partial-failure path is exercised deterministically.
+    fault_fail_seed: int | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "EngineConfig":

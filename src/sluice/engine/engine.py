@@ -17,7 +17,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import KVCacheManager
 from sluice.engine.request import Request
 from sluice.engine.runner import ModelRunner, kv_bytes_per_block
-from sluice.engine.scheduler import Scheduler
+from sluice.engine.scheduler import Scheduler, SchedulerOutput
 from sluice.engine.stats import EngineStats
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
 from sluice.models.detokenizer import IncrementalDetokenizer
@@ -49,6 +49,7 @@ class LLMEngine:
         self._stats = EngineStats(
             kv_blocks_total=self.kv.num_usable_blocks,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
             block_size=config.block_size,
         )
         self.last_step_seconds = 0.0
@@ -57,15 +58,17 @@ class LLMEngine:
     def validate(self, req: GenerationRequest) -> None:
         """Raise InvalidRequestError naming the problem; pure, so callable from any thread."""
         req.sampling.validate()
-        n = len(req.prompt_token_ids)
-        if n == 0:
+        n = len(req.prompt_token_ids) + len(req.resumed_output_ids)
+        if not req.prompt_token_ids:
             raise InvalidRequestError("the prompt is empty: it must contain at least one token")
         if n >= self.max_model_len:
             raise ContextWindowExceededError(
                 f"prompt is too long: {n} tokens, the context window is {self.max_model_len} "
                 "(the prompt must leave room for at least one output token)"
             )
-        bad = next((t for t in req.prompt_token_ids if not 0 <= t < self.vocab_size), None)
+        if len(req.resumed_output_ids) >= req.sampling.max_tokens:
+            raise InvalidRequestError("a resumed generation must have output tokens left to generate")
+        bad = next((t for t in (*req.prompt_token_ids, *req.resumed_output_ids) if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary (size {self.vocab_size})")
 
@@ -76,9 +79,10 @@ class LLMEngine:
         seed = req.sampling.seed if req.sampling.seed is not None else self._rng.getrandbits(63)
         request = Request.from_generation_request(req, seed)
         self.requests[req.request_id] = request
-        self.detokenizers[req.request_id] = IncrementalDetokenizer(
-            self.tokenizer.backend, req.sampling.stop, prompt_tail=req.prompt_token_ids[-4:]
-        )
+        detok = IncrementalDetokenizer(self.tokenizer.backend, req.sampling.stop, prompt_tail=req.prompt_token_ids[-4:])
+        if req.resumed_output_ids:  # continue the text exactly where the other worker was
+            detok.resume(req.resumed_output_ids, req.resumed_text_chars)
+        self.detokenizers[req.request_id] = detok
         self.scheduler.add(request)
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> GenerationEvent | None:
@@ -97,14 +101,15 @@ class LLMEngine:
         if out.is_empty:
             return []
         started = time.perf_counter()
+        failed: list[GenerationEvent] = []
         try:
-            sampled = self.runner.execute(out)
-        except Exception as exc:  # a bug or a device fault: fail this step's requests, keep serving
-            log.exception("engine step failed; failing its %d requests", len(out.chunks))
-            return [self._finish(c.request, FinishReason.ERROR, "", error=f"engine error: {exc}") for c in out.chunks]
+            sampled = self._execute(out)
+        except Exception:  # a bug, a device fault, a bad request: find whose it is, fail only that
+            sampled, failed = self._isolate(out)
         self.last_step_seconds = time.perf_counter() - started
         for chunk in out.chunks:
-            chunk.request.num_computed_tokens = chunk.end
+            if not chunk.request.is_finished:
+                chunk.request.num_computed_tokens = chunk.end
         s = self._stats
         s.num_steps += 1
         s.last_step_tokens = out.num_batched_tokens
@@ -112,7 +117,28 @@ class LLMEngine:
         s.prompt_tokens_computed += sum(
             max(0, min(c.end, c.request.num_prompt_tokens) - c.start) for c in out.chunks
         )
-        return [self._append_token(request, token) for request, token in sampled]
+        return failed + [self._append_token(request, token) for request, token in sampled]
+
+    def _execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
+        fault = self.config.fault_fail_seed
+        if fault is not None and any(c.request.seed == fault for c in out.chunks):
+            raise RuntimeError(f"injected fault (fault_fail_seed={fault})")  # a testing aid, off by default
+        return self.runner.execute(out)
+
+    def _isolate(self, out: SchedulerOutput) -> tuple[list[tuple[Request, int]], list[GenerationEvent]]:
+        """The step failed as a whole: run its chunks one at a time, in the step's order (a
+        request may read prefix blocks an earlier chunk of the step computes), and fail only the
+        requests whose own chunk fails — the rest of the batch goes on as if nothing happened.
+        Rewriting a chunk's K/V slots is harmless: they are the same slots, the same values."""
+        sampled: list[tuple[Request, int]] = []
+        failed: list[GenerationEvent] = []
+        for chunk in out.chunks:
+            try:
+                sampled += self._execute(SchedulerOutput(chunks=[chunk]))
+            except Exception as exc:
+                log.exception("engine step failed for request %s; failing it alone", chunk.request.request_id)
+                failed.append(self._finish(chunk.request, FinishReason.ERROR, "", error=f"engine error: {exc}"))
+        return sampled, failed
 
     def _append_token(self, request: Request, token: int) -> GenerationEvent:
         request.all_token_ids.append(token)
@@ -170,6 +196,7 @@ class LLMEngine:
         s.kv_blocks_free = self.kv.num_free_blocks
         s.kv_blocks_used = self.kv.num_usable_blocks - self.kv.num_free_blocks
         s.kv_live_tokens = sum(r.num_computed_tokens for r in self.scheduler.running)
+        s.outstanding_tokens = sum(_outstanding(r) for r in (*self.scheduler.running, *self.scheduler.waiting))
         s.kv_table_slots = sum(self.kv.num_held_blocks(r) for r in self.scheduler.running) * self.config.block_size
         s.prefix_cache_queries = self.kv.prefix_queries
         s.prefix_cache_hits = self.kv.prefix_hits
@@ -190,3 +217,10 @@ class LLMEngine:
                 acc.finished, acc.finish_reason, acc.stop_sequence = ev.finished, ev.finish_reason, ev.stop_sequence
                 acc.usage, acc.error = ev.usage, ev.error
         return results
+
+
+def _outstanding(r: Request) -> int:
+    """The work a request still asks of the engine, in tokens: its context not yet computed
+    (prompt, or everything after a preemption) plus the outputs it may still generate. The
+    router balances workers on this (queued + running), as it balances on prompt + max_tokens."""
+    return (r.num_tokens - r.num_computed_tokens) + max(0, r.sampling.max_tokens - r.num_output_tokens)

@@ -53,7 +53,7 @@ class Request:
             tenant=req.tenant,
             arrival_time=req.arrival_time,
             seed=seed,
-            all_token_ids=list(req.prompt_token_ids),
+            all_token_ids=[*req.prompt_token_ids, *req.resumed_output_ids],
         )
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -13,6 +14,7 @@ class EngineStats:
     kv_blocks_free: int = 0  # includes cached blocks that nobody holds (evictable)
     kv_blocks_used: int = 0
     kv_live_tokens: int = 0  # tokens computed by running requests (shared prefixes counted per request)
+    outstanding_tokens: int = 0  # work left, running + waiting: uncomputed context + outputs still allowed
     kv_table_slots: int = 0  # slots in running requests' block tables (shared blocks counted per request)
     prefix_cache_queries: int = 0  # prompt tokens looked up, cumulative
     prefix_cache_hits: int = 0  # of which found in the cache, cumulative
@@ -21,6 +23,7 @@ class EngineStats:
     last_step_tokens: int = 0
     last_step_seqs: int = 0
     max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0  # the engine's cap on running sequences
     prompt_tokens_computed: int = 0  # cumulative, excluding prefix-cache hits
     output_tokens: int = 0  # cumulative
     block_size: int = 16
@@ -45,3 +48,16 @@ class EngineStats:
         Counted per table, so a prefix block shared by many requests counts once per request on
         both sides: sharing neither hides nor inflates the unfilled tails."""
         return (self.kv_table_slots - self.kv_live_tokens) / self.kv_table_slots if self.kv_table_slots else 0.0
+
+
+def combined(stats: list[EngineStats]) -> EngineStats:
+    """Many engines' statistics as one (a gateway's metrics over its workers): every count and
+    capacity summed, so the ratios (KV usage, hit rate, batch fill) are the fleet's own; the
+    block size is the first engine's."""
+    if not stats:
+        return EngineStats()
+    out = EngineStats(block_size=stats[0].block_size)
+    for f in dataclasses.fields(EngineStats):
+        if f.name != "block_size":
+            setattr(out, f.name, sum(getattr(s, f.name) for s in stats))
+    return out

@@ -14,7 +14,7 @@ import contextlib
 import enum
 from contextlib import aclosing
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from sluice.gateway.admission import AdmissionQueue, Lease, Overloaded, Ticket

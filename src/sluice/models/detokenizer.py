@@ -29,6 +29,14 @@ class IncrementalDetokenizer:
         self.emitted = 0
         self.stop_matched: str | None = None
 
+    def resume(self, output_ids: list[int], delivered_chars: int) -> None:
+        """Replay output tokens generated elsewhere, of which `delivered_chars` characters of
+        text were already sent: their text is not emitted again, and what the other side still
+        held back (a partial stop sequence, half a character) is emitted from here on."""
+        for token_id in output_ids:
+            self.add_token(token_id)
+        self.emitted = min(delivered_chars, len(self.text))
+
     def add_token(self, token_id: int) -> None:
         """Append one generated token; sets `stop_matched` (and cuts the text) on a stop."""
         piece = self.stream.step(self.backend, token_id)

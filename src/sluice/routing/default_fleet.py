@@ -18,6 +18,7 @@ from sluice.routing.errors import FleetFileError
 from sluice.routing.fleet_schema import BUNDLED, FleetSpec
 
 DEFAULT_VERSION = "default"
+INLINE = "inline"  # `--worker inline`: the engine runs in the gateway process (debugging)
 
 # The id the bundled model is served under; must equal worker_main.served_name (a test checks
 # it: importing the worker here would load torch into every gateway that only routes).
@@ -38,21 +39,14 @@ def fleet_from_settings(settings: Settings, served_name: str | None = None) -> F
     remote worker knows its model; the gateway does not) when served_model_name is unset."""
     model_id = settings.served_model_name or served_name or default_model_id(settings.model)
     aliases = [a for a in dict.fromkeys(settings.model_aliases) if a != model_id]
-    engine = {
-        "max_num_seqs": settings.max_num_seqs,
-        "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "kv_cache_gib": settings.kv_cache_gib,
-        "max_model_len": settings.max_model_len,
-        "scheduling_policy": settings.scheduling_policy,
-        "admission_policy": settings.admission_policy,
-        "enable_prefix_caching": settings.enable_prefix_caching,
-    }
+    remote = settings.worker not in (None, INLINE)
     version = {
         "weights": settings.model or BUNDLED,
         "dtype": settings.dtype,
-        "engine": {k: v for k, v in engine.items() if v is not None},
-        "replicas": 0 if settings.worker else 1,
-        "workers": [settings.worker] if settings.worker else [],
+        # engine settings come from `settings` for every version (EngineConfig.from_settings);
+        # the version adds no overrides of its own
+        "replicas": 0 if remote else 1,  # inline: the one "replica" is the in-process engine
+        "workers": [settings.worker] if remote else [],
         "traffic": 100.0,
     }
     data = {

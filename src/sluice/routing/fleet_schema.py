@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from sluice.engine.config import EngineConfig
 from sluice.routing.circuit_breaker import BreakerConfig
+from sluice.worker.faults import FaultSpec
 
 BUNDLED = "bundled"
 
@@ -108,6 +109,16 @@ class VersionSpec(_Strict):
     workers: list[str] = Field(default_factory=list)  # addresses of running `sluice worker`s
     traffic: float = Field(0.0, ge=0)  # relative traffic weight (need not sum to 100)
     max_outstanding_tokens: int | None = Field(None, ge=1)  # a worker above this takes no more
+    # a testing aid, never for production (worker/faults.py): the version's local replicas
+    # misbehave on purpose, e.g. "fail_all" for a broken version that a rollout must roll back
+    fault_injection: str | None = None
+
+    @field_validator("fault_injection")
+    @classmethod
+    def _faults(cls, v: str | None) -> str | None:
+        if v is not None:
+            FaultSpec.parse(v)  # ValueError names the bad item
+        return v
 
     @field_validator("weights")
     @classmethod
@@ -184,6 +195,8 @@ class RoutingSpec(_Strict):
     load_bound: float = Field(1.25, ge=1.0)  # affinity holds while load ≤ bound × least + slack
     load_slack_tokens: int = Field(512, ge=0)
     affinity_key_blocks: int = Field(4, ge=1)  # leading KV blocks that key prefix affinity
+    max_attempts: int = Field(3, ge=1)  # dispatches of a request before it produced output
+    max_migrations: int = Field(2, ge=0)  # continuations on another worker after output was streamed
     breaker: BreakerSpec = BreakerSpec()
 
 

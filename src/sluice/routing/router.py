@@ -20,8 +20,15 @@ One call per attempt (a retry passes the workers it already tried in `exclude_wo
    period's reset.
 
 A quota store that fails (Redis down) admits the request without a reservation — the same
-fail-open default as the rate limiter — and logs once per 30 s. `finish` reports the outcome
-to the worker's breaker and settles the quota reservation; call it exactly once per decision.
+fail-open default as the rate limiter — and logs once per 30 s.
+
+Two phases, as the serving path uses them: `plan()` picks model and version (and takes the
+quota) before the request is tokenized for good and queued — so the response can say which
+version serves it, and a model that cannot serve falls back before anything waits; `dispatch()`
+picks the worker inside that version when the request leaves the admission queue (late binding:
+the freshest load), and again for each retry or migration. `route()` is both in one call.
+Report each dispatch's outcome to `finish_dispatch` (the worker's breaker) and each plan's
+actual tokens to `settle` (the quota), exactly once.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from sluice.engine.config import EngineConfig
@@ -81,6 +88,34 @@ class RouteDecision:
         return version_header(self.model_id, self.version)
 
 
+@dataclass(slots=True, frozen=True)
+class PlanRequest:
+    model: str  # as the client sent it (id or alias)
+    tenant: str
+    tier: str
+    key: str  # sticky key (version_router.sticky_key), else the request id
+    pin: str | None = None
+    exclude_workers: Collection[str] = ()  # workers already tried: a version with none left is skipped
+
+
+@dataclass(slots=True, frozen=True)
+class RoutePlan:
+    model_id: str
+    version: str
+    fallback_from: str | None = None
+    fallback_reason: FallbackReason | None = None
+    soft_exceeded: tuple[str, ...] = ()
+    quota: QuotaDecision | None = field(default=None, repr=False)
+
+    @property
+    def version_header(self) -> str:
+        return version_header(self.model_id, self.version)
+
+
+# what the request would cost on a version (prompt + max_tokens, with that version's tokenizer)
+Cost = Callable[[str, str], Awaitable[int]]
+
+
 class FleetRouter:
     def __init__(self, registry: Registry, pool: WorkerPool, quota: QuotaStore | None = None,
                  state: Callable[[], RoutingSnapshot] = RoutingSnapshot, engine_defaults: EngineConfig | None = None):
@@ -92,15 +127,17 @@ class FleetRouter:
         self.quota_errors = 0
         self._last_warning = 0.0
 
-    async def route(self, req: RouteRequest) -> RouteDecision:
+    async def plan(self, req: PlanRequest, cost: Cost) -> RoutePlan:
         primary = self.registry.resolve(req.model)
         if req.pin:
-            return await self._route_pinned(req, primary)
+            return await self._plan_pinned(req, primary, cost)
         soft: list[str] = []
         for model_id in self.registry.fallback_chain(primary):
-            if not self._available(model_id, req):
+            weights = self._weights(model_id, req.exclude_workers)
+            if not weights:
                 continue
-            quota = await self._take_quota(req, model_id, force=False)
+            version = choose_version(model_id, weights, req.key)
+            quota = await self._take_quota(req, model_id, await cost(model_id, version), force=False)
             if quota is not None and quota.status is QuotaStatus.HARD_EXCEEDED:
                 if model_id == primary:
                     raise QuotaExceededError(
@@ -110,18 +147,61 @@ class FleetRouter:
             if quota is not None and quota.status is QuotaStatus.SOFT_EXCEEDED:
                 soft.append(model_id)
                 continue
-            decision = self._place(req, model_id, primary, quota, soft)
-            if decision is not None:
-                return decision
-            await self._release(quota)  # its workers went away while the quota was checked
+            return self._plan(model_id, version, primary, quota, soft)
         for model_id in soft:  # soft quotas never refuse: serve over quota, counted
-            if self._available(model_id, req):
-                quota = await self._take_quota(req, model_id, force=True)
-                decision = self._place(req, model_id, primary, quota, soft)
-                if decision is not None:
-                    return decision
-                await self._release(quota)
+            weights = self._weights(model_id, req.exclude_workers)
+            if weights:
+                version = choose_version(model_id, weights, req.key)
+                quota = await self._take_quota(req, model_id, await cost(model_id, version), force=True)
+                return self._plan(model_id, version, primary, quota, soft)
         raise ModelUnavailableError(f"model {primary!r} and its fallbacks cannot take requests now")
+
+    def dispatch(self, plan: RoutePlan, prompt_token_ids: Sequence[int], tenant: str, cost_tokens: int,
+                 exclude: Collection[str] = ()) -> tuple[Dispatch, Pick] | None:
+        """A worker of the plan's version (prefix affinity under the load bound), its breaker
+        permit taken and its load counted; None when no worker of the version can take it now."""
+        spec = self.registry.version(plan.model_id, plan.version)
+        fleet = self.registry.fleet.routing
+        picker = WorkerPicker(fleet.load_bound, fleet.load_slack_tokens)
+        key = affinity_key(prompt_token_ids, self._block_size(spec), fleet.affinity_key_blocks,
+                           prefix_salt(tenant, self._shares_prefix(spec)))
+        tried = set(exclude)
+        while cands := self.pool.candidates(plan.model_id, plan.version, tried):
+            pick = picker.pick(cands, key)
+            dispatch = self.pool.begin(pick.worker_id, cost_tokens)
+            if dispatch is not None:
+                return dispatch, pick
+            tried.add(pick.worker_id)  # its half-open probe slot was taken meanwhile
+        return None
+
+    def finish_dispatch(self, dispatch: Dispatch, outcome: Outcome) -> None:
+        self.pool.finish(dispatch, outcome)
+
+    async def settle(self, plan: RoutePlan, actual_tokens: int) -> None:
+        if plan.quota is not None and plan.quota.reservation is not None and self.quota is not None:
+            try:
+                await self.quota.settle(plan.quota.reservation, actual_tokens)
+            except Exception as exc:  # a lost correction leaves the estimate counted
+                self._warn(exc)
+
+    async def route(self, req: RouteRequest) -> RouteDecision:
+        """plan + dispatch in one call (a version whose workers vanish meanwhile is planned again)."""
+        async def cost(_model: str, _version: str) -> int:
+            return req.cost_tokens
+
+        exclude = set(req.exclude_workers)
+        preq = PlanRequest(req.model, req.tenant, req.tier, req.key, req.pin, exclude)
+        for _ in range(8):
+            plan = await self.plan(preq, cost)
+            placed = self.dispatch(plan, req.prompt_token_ids, req.tenant, req.cost_tokens, exclude)
+            if placed is not None:
+                dispatch, pick = placed
+                return RouteDecision(plan.model_id, plan.version, dispatch.worker_id, dispatch, pick,
+                                     plan.fallback_from, plan.fallback_reason, plan.soft_exceeded, plan.quota)
+            await self._release(plan.quota)  # its workers went away while the quota was checked
+            if req.pin:
+                raise VersionUnavailableError(f"version {plan.version_header} has no worker that can take requests now")
+        raise ModelUnavailableError(f"model {req.model!r} and its fallbacks cannot take requests now")
 
     async def finish(self, decision: RouteDecision, outcome: Outcome, actual_tokens: int) -> None:
         self.pool.finish(decision.dispatch, outcome)
@@ -132,46 +212,18 @@ class FleetRouter:
                 self._warn(exc)
 
     # -- steps --------------------------------------------------------------------------------
-    def _weights(self, model_id: str, req: RouteRequest) -> dict[str, float]:
+    def _weights(self, model_id: str, exclude: Collection[str]) -> dict[str, float]:
+        """The live weights of the model's versions that have a worker able to take a request."""
         spec = self.registry.model(model_id)
         weights = effective_weights(spec, self.state().model(model_id))
-        return {v: w for v, w in weights.items()
-                if w > 0 and self.pool.candidates(model_id, v, req.exclude_workers)}
+        return {v: w for v, w in weights.items() if w > 0 and self.pool.candidates(model_id, v, exclude)}
 
-    def _available(self, model_id: str, req: RouteRequest) -> bool:
-        return bool(self._weights(model_id, req))
-
-    def _place(self, req: RouteRequest, model_id: str, primary: str, quota: QuotaDecision | None,
-               soft: list[str]) -> RouteDecision | None:
-        weights = self._weights(model_id, req)  # again: the quota check may have awaited
-        if not weights:
-            return None
-        version = choose_version(model_id, weights, req.key)
-        placed = self._pick_worker(req, model_id, version)
-        if placed is None:
-            return None
-        dispatch, pick = placed
+    def _plan(self, model_id: str, version: str, primary: str, quota: QuotaDecision | None, soft: list[str]) -> RoutePlan:
         fallback = model_id != primary
         reason = (FallbackReason.QUOTA if primary in soft else FallbackReason.UNAVAILABLE) if fallback else None
-        return RouteDecision(model_id, version, dispatch.worker_id, dispatch, pick,
-                             primary if fallback else None, reason, tuple(soft), quota)
+        return RoutePlan(model_id, version, primary if fallback else None, reason, tuple(soft), quota)
 
-    def _pick_worker(self, req: RouteRequest, model_id: str, version: str) -> tuple[Dispatch, Pick] | None:
-        spec = self.registry.version(model_id, version)
-        fleet = self.registry.fleet.routing
-        picker = WorkerPicker(fleet.load_bound, fleet.load_slack_tokens)
-        key = affinity_key(req.prompt_token_ids, self._block_size(spec), fleet.affinity_key_blocks,
-                           prefix_salt(req.tenant, self._shares_prefix(spec)))
-        tried = set(req.exclude_workers)
-        while cands := self.pool.candidates(model_id, version, tried):
-            pick = picker.pick(cands, key)
-            dispatch = self.pool.begin(pick.worker_id, req.cost_tokens)
-            if dispatch is not None:
-                return dispatch, pick
-            tried.add(pick.worker_id)  # its half-open probe slot was taken meanwhile
-        return None
-
-    async def _route_pinned(self, req: RouteRequest, model_id: str) -> RouteDecision:
+    async def _plan_pinned(self, req: PlanRequest, model_id: str, cost: Cost) -> RoutePlan:
         assert req.pin is not None
         spec = self.registry.model(model_id)
         version = resolve_pin(req.pin, model_id, spec, req.tier, self.registry.resolve)
@@ -179,31 +231,27 @@ class FleetRouter:
         if state is not VersionState.ACTIVE or not self.pool.candidates(model_id, version, req.exclude_workers):
             why = state.value if state is not VersionState.ACTIVE else "no worker can take requests now"
             raise VersionUnavailableError(f"version {version_header(model_id, version)} is unavailable ({why})")
-        quota = await self._take_quota(req, model_id, force=False)
+        tokens = await cost(model_id, version)
+        quota = await self._take_quota(req, model_id, tokens, force=False)
         soft: tuple[str, ...] = ()
         if quota is not None and quota.status is QuotaStatus.HARD_EXCEEDED:
             raise QuotaExceededError(f"the token quota for model {model_id!r} is used up until the period resets",
                                      quota.retry_after_s, model_id)
         if quota is not None and quota.status is QuotaStatus.SOFT_EXCEEDED:
             soft = (model_id,)  # a pin cannot fall back: served, counted, warned
-            quota = await self._take_quota(req, model_id, force=True)
-        placed = self._pick_worker(req, model_id, version)
-        if placed is None:
-            await self._release(quota)
-            raise VersionUnavailableError(f"version {version_header(model_id, version)} has no worker that can take requests now")
-        dispatch, pick = placed
-        return RouteDecision(model_id, version, dispatch.worker_id, dispatch, pick, soft_exceeded=soft, quota=quota)
+            quota = await self._take_quota(req, model_id, tokens, force=True)
+        return RoutePlan(model_id, version, soft_exceeded=soft, quota=quota)
 
     # -- quota --------------------------------------------------------------------------------
-    def _quota_spec(self, req: RouteRequest, model_id: str) -> TokenQuotaSpec | None:
-        return self.registry.model(model_id).tier_policy(req.tier).quota
+    def _quota_spec(self, tier: str, model_id: str) -> TokenQuotaSpec | None:
+        return self.registry.model(model_id).tier_policy(tier).quota
 
-    async def _take_quota(self, req: RouteRequest, model_id: str, force: bool) -> QuotaDecision | None:
-        spec = self._quota_spec(req, model_id)
+    async def _take_quota(self, req: PlanRequest, model_id: str, tokens: int, force: bool) -> QuotaDecision | None:
+        spec = self._quota_spec(req.tier, model_id)
         if spec is None or self.quota is None:
             return None
         try:
-            return await self.quota.acquire(req.tenant, model_id, spec, req.cost_tokens, force=force)
+            return await self.quota.acquire(req.tenant, model_id, spec, tokens, force=force)
         except Exception as exc:  # fail open: quotas are accounting, not protection
             self._warn(exc)
             return None

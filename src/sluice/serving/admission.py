@@ -9,7 +9,7 @@ away while queued leaves the queue at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from sluice.gateway.admission import Overloaded
 from sluice.gateway.coalescer import coalesce_key
@@ -39,15 +39,18 @@ class ClientGone(Exception):
 async def open_session(
     rt: ServingRuntime,
     req: ServingRequest,
+    version: str,
     prompt_len: int,
     max_tokens: int,
-    produce: Callable[[], AsyncIterator[GenerationEvent]],
+    produce: Callable[[], AsyncGenerator[GenerationEvent, None]],
 ) -> Session:
+    """`version`: the model version planned for the request; identical requests coalesce only
+    on the same version (a follower must get what its `sluice-model-version` header says)."""
     gw = rt.gateway
     assert gw is not None, "the runtime is ready"
     key = None
     if req.dedup_body is not None and rt.settings.enable_coalescing:
-        key = coalesce_key(req.principal.tenant, req.model, req.dedup_body, rt.settings.coalesce_across_tenants)
+        key = coalesce_key(req.principal.tenant, version, req.dedup_body, rt.settings.coalesce_across_tenants)
     try:
         session = await gw.open(
             req.principal, prompt_len, max_tokens, produce,

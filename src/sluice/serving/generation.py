@@ -1,8 +1,9 @@
-"""One generation on the engine: submit, time it, and turn engine errors into serving errors.
+"""One generation on the fleet: dispatch (with retries and mid-stream migration, routing/
+failover.py), time it, and account for it.
 
-It owns the latency metrics (TTFT, ITL, end to end) and reports a vanished engine to the health
-monitor at once, so the next requests are refused with 529 before their streams open instead of
-finding out one by one.
+It owns the latency metrics (TTFT, ITL, end to end), settles the plan's quota reservation with
+the tokens actually used, and feeds a rollout's health window with the outcome and TTFT of each
+request the rollout's target served. Engine errors become serving errors here.
 """
 
 from __future__ import annotations
@@ -10,12 +11,18 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import TYPE_CHECKING
+
+from anyio import CancelScope
 
 from sluice.errors import EngineUnavailableError, InvalidRequestError
+from sluice.routing.failover import Attempted, FailoverPolicy, generate_on_fleet
 from sluice.serving.errors import ServingError, invalid, overloaded
-from sluice.serving.request import Route
 from sluice.serving.runtime import ServingRuntime
-from sluice.types import FinishReason, GenerationEvent, GenerationRequest
+from sluice.types import FinishReason, GenerationEvent
+
+if TYPE_CHECKING:
+    from sluice.serving.pipeline import Prepared
 
 
 def to_serving_error(exc: InvalidRequestError | EngineUnavailableError) -> ServingError:
@@ -24,43 +31,58 @@ def to_serving_error(exc: InvalidRequestError | EngineUnavailableError) -> Servi
     return overloaded(f"no engine is available: {exc}", retry_after_s=2)
 
 
-async def generate(rt: ServingRuntime, request: GenerationRequest, route: Route) -> AsyncIterator[GenerationEvent]:
-    """The engine's events for `request`; leaving early closes the engine stream (an abort)."""
-    engine = rt.require_ready().engine
+async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[GenerationEvent]:
+    """The engine's events for the prepared request; leaving early closes the worker stream
+    (an abort: the worker frees the request's KV blocks within a step)."""
+    fleet = prepared.planner.fleet
+    request, route = prepared.generation, prepared.request.route.value
+    routing = fleet.registry.fleet.routing
+    policy = FailoverPolicy(routing.max_attempts, routing.max_migrations)
+    attempted = Attempted(prepared.plan)
     m = rt.metrics
     started = time.perf_counter()
+    first: float | None = None
     last: float | None = None
-    finished = False
+    final: GenerationEvent | None = None
+    output_tokens = 0
+    failed = False
     m.inflight.inc()
     m.prompt_tokens.inc(len(request.prompt_token_ids))
     try:
-        async with aclosing(engine.generate(request)) as stream:
+        stream = generate_on_fleet(fleet.router, fleet.handles, prepared.plan, request, request.tenant,
+                                   prepared.planner.replan, policy, attempted)
+        async with aclosing(stream):
             async for event in stream:
                 now = time.perf_counter()
                 if event.queue_time_s is not None:
                     m.queue_time.observe(event.queue_time_s)
                 if event.token_ids:
                     if last is None:
-                        m.ttft.labels(route.value).observe(now - started)
+                        first = now
+                        m.ttft.labels(route).observe(now - started)
                     else:
                         m.itl.observe((now - last) / len(event.token_ids))
                     last = now
                     m.output_tokens.inc(len(event.token_ids))
+                output_tokens = event.usage.output_tokens
                 if event.finished:
-                    finished = True
-                    m.e2e.labels(route.value).observe(now - started)
+                    final = event
+                    m.e2e.labels(route).observe(now - started)
                     if event.finish_reason is FinishReason.ABORT:
                         m.aborted.labels("engine").inc()
                 yield event
-                if finished:
+                if final is not None:
                     return
-    except EngineUnavailableError as exc:
-        if rt.health is not None:  # refuse the next requests before their streams open
-            rt.health.mark_down(str(exc))
-        raise to_serving_error(exc) from None
-    except InvalidRequestError as exc:
+    except (InvalidRequestError, EngineUnavailableError) as exc:
+        failed = isinstance(exc, EngineUnavailableError)
         raise to_serving_error(exc) from None
     finally:
         m.inflight.dec()
-        if not finished:
+        if final is None:
             m.aborted.labels("client").inc()
+        with CancelScope(shield=True):  # accounting survives the response's cancellation
+            plan = attempted.plan
+            await fleet.router.settle(plan, len(request.prompt_token_ids) + output_tokens)
+            if final is not None or failed:  # a client that left says nothing about the version
+                ok = final is not None and final.finish_reason is not FinishReason.ERROR
+                await fleet.driver.observe(plan.model_id, plan.version, ok, None if first is None else first - started)

@@ -5,9 +5,10 @@
     result = await gen.collect()                                # or: the whole reply at once
 
 `start` does everything that can refuse a request before a response starts, in this order:
-engine ready → model known → max_tokens within the context → the prompt rendered and tokenized
-(off the event loop) and within the context → sampling values the engine and the worker protocol
-can carry → L1 input rules → gateway admission (rate limits 429, a full queue 529). With
+a worker ready → the plan (model known, pinned version allowed, fallback, the tenant's model
+quota: serving/planning.py) with the prompt rendered in that version's tokens (off the event
+loop) and checked against its context window and what the worker protocol can carry → L1 input
+rules → gateway admission (rate limits 429, a full queue 529). With
 `wait_s` set (streams), a request still queued after that long is handed back anyway, so its
 stream can open and ping while it waits; a refusal that comes later is then a `Failed` outcome.
 
@@ -23,23 +24,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from anyio import CancelScope
 
-from sluice.errors import InvalidRequestError
 from sluice.gateway.gateway import Session
 from sluice.gateway.rate_limit_headers import rate_limit_headers
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.verdict import Verdict
 from sluice.serving.admission import Disconnected, open_session, until_admitted
 from sluice.serving.deadline import with_deadline
-from sluice.serving.errors import ErrorKind, ServingError, invalid
+from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.generation import generate
 from sluice.serving.guarded_stream import guarded
 from sluice.serving.outcomes import Failed, Final, Outcome, TextDelta
+from sluice.routing.router import RoutePlan
+from sluice.serving.planning import Planner
 from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
-from sluice.serving.request import ServingRequest
+from sluice.serving.request import FALLBACK_HEADER, QUOTA_WARNING_HEADER, VERSION_HEADER, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.serving.safety_check import check_input
 from sluice.types import GenerationRequest
@@ -49,13 +51,25 @@ L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
 
 @dataclass(slots=True)
 class Prepared:
-    """A request that passed every check before admission."""
+    """A request that passed every check before admission, planned onto a model version."""
 
     request: ServingRequest
+    planner: Planner
+    plan: RoutePlan
     generation: GenerationRequest
     prompt: BuiltPrompt
     safety: SafetyPipeline | None
     input_text: str  # what L2 classifies
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Which version serves the request, and whether a fallback does (docs/FLEET.md)."""
+        out = {VERSION_HEADER: self.plan.version_header}
+        if self.plan.fallback_from is not None:
+            out[FALLBACK_HEADER] = self.plan.fallback_from
+        if self.plan.soft_exceeded:
+            out[QUOTA_WARNING_HEADER] = ", ".join(self.plan.soft_exceeded)
+        return out
 
 
 @dataclass(slots=True)
@@ -69,43 +83,27 @@ class ServingPipeline:
         self.rt = rt
 
     async def count_tokens(self, model: str, conversation: Conversation) -> int:
-        """The exact prompt length a generation request with this conversation would use."""
-        ready = self.rt.require_ready()
-        self.rt.check_model(model)
-        prompt = await asyncio.to_thread(build_prompt, conversation, ready.tokenizer)
+        """The exact prompt length a generation request with this conversation would use (with
+        the tokenizer of the model's version that carries the most traffic)."""
+        fleet = self.rt.require_fleet()
+        model_id = self.rt.check_model(model)
+        spec = fleet.registry.model(model_id)
+        version = max(spec.versions, key=lambda v: spec.versions[v].traffic)
+        prompt = await asyncio.to_thread(build_prompt, conversation, fleet.version(model_id, version).tokenizer)
         return len(prompt.token_ids)
 
     async def prepare(self, req: ServingRequest) -> Prepared:
         rt = self.rt
-        ready = rt.require_ready()
-        rt.check_model(req.model)
-        window = ready.info.max_model_len
-        if req.max_tokens is not None and req.max_tokens > window - 1:  # the prompt takes >= 1 token
-            raise invalid(
-                f"max_tokens: {req.max_tokens} > {window - 1}, which is the maximum allowed number of output "
-                f"tokens for {req.model}", param="max_tokens",
-            )
-        prompt = await asyncio.to_thread(build_prompt, req.conversation, ready.tokenizer)
-        n = len(prompt.token_ids)
-        if n >= window:
-            raise invalid(f"prompt is too long: {n} tokens > {window - 1} maximum")
-        # None: the rest of the context window; 0 (prefill only): compute the prompt, one token
-        max_tokens = window - n if req.max_tokens is None else max(1, req.max_tokens)
-        sampling = replace(req.sampling, max_tokens=max_tokens)
+        fleet = rt.require_ready()
+        planner = Planner(fleet, req)
+        plan, priced = await planner.plan()  # model, version, quota; the prompt in its tokens
         try:
-            sampling.validate()  # what the engine would refuse later, refused now (before any stream)
-        except InvalidRequestError as exc:
-            raise invalid(str(exc)) from None
-        texts = req.conversation.safety_texts()
-        safety = check_input(rt, req.principal, texts, req.request_id)
-        gen = GenerationRequest(
-            request_id=req.request_id,
-            prompt_token_ids=prompt.token_ids,
-            sampling=sampling,
-            priority=req.principal.priority,
-            tenant=req.principal.tenant,
-        )
-        return Prepared(req, gen, prompt, safety, "\n".join(texts)[-L2_INPUT_CHARS:])
+            texts = req.conversation.safety_texts()
+            safety = check_input(rt, req.principal, texts, req.request_id)
+        except BaseException:
+            await fleet.router.settle(plan, 0)  # the quota reservation goes back
+            raise
+        return Prepared(req, planner, plan, priced.generation, priced.prompt, safety, "\n".join(texts)[-L2_INPUT_CHARS:])
 
     async def start(
         self, req: ServingRequest, wait_s: float | None = None, disconnected: Disconnected | None = None
@@ -120,18 +118,19 @@ class ServingPipeline:
     ) -> "Generation":
         rt, req, gen = self.rt, prepared.request, prepared.generation
         opening = asyncio.ensure_future(
-            open_session(rt, req, len(gen.prompt_token_ids), gen.sampling.max_tokens,
-                         lambda: generate(rt, gen, req.route))
+            open_session(rt, req, prepared.plan.version_header, len(gen.prompt_token_ids), gen.sampling.max_tokens,
+                         lambda: generate(rt, prepared))
         )
         try:
             admitted = await until_admitted(opening, disconnected, wait_s)
-        except BaseException:  # the caller left (ClientGone) or was cancelled: leave the queue now
+            if admitted:
+                opening.result()  # a refusal known in time raises here: a real 429 / 529 status
+        except BaseException:  # refused, the caller left (ClientGone) or was cancelled: leave the queue now
             opening.cancel()
             with CancelScope(shield=True):
                 await asyncio.wait({opening})  # its clean-up (the queue entry, the lease) has run
+                await prepared.planner.fleet.router.settle(prepared.plan, 0)  # and the quota reservation
             raise
-        if admitted:
-            opening.result()  # a refusal known in time raises here: a real 429 / 529 status
         return Generation(rt, prepared, opening)
 
 
@@ -150,10 +149,12 @@ class Generation:
 
     @property
     def headers(self) -> dict[str, str]:
-        """The rate-limit headers (known once admitted; none while still queued)."""
+        """The model version headers, and the rate-limit headers once admitted (none while
+        still queued)."""
+        out = self.prepared.headers
         if self._opening.done() and not self._opening.cancelled() and self._opening.exception() is None:
-            return rate_limit_headers(self._opening.result().decision)
-        return {}
+            out.update(rate_limit_headers(self._opening.result().decision))
+        return out
 
     async def outcomes(self) -> AsyncIterator[Outcome]:
         try:

@@ -15,6 +15,12 @@ from sluice.serving.prompt import Conversation
 from sluice.types import SamplingParams
 
 
+# response headers (docs/FLEET.md); VERSION_HEADER is also the request header that pins a version
+VERSION_HEADER = "sluice-model-version"
+FALLBACK_HEADER = "sluice-fallback-from"  # the requested model, when a fallback model served
+QUOTA_WARNING_HEADER = "sluice-quota-exceeded"  # models whose soft token quota this request was over
+
+
 class Route(str, enum.Enum):
     """Where a request came from: the label of its latency metrics."""
 
@@ -40,6 +46,10 @@ class ServingRequest:
     queue_timeout_s: float | None = None  # a shorter admission deadline than the tier's
     use_cache: bool = True  # False: skip the response cache
     band: int | None = None  # admission band override (batch work)
+    # the end user behind the call (Anthropic metadata.user_id, OpenAI user): keeps them on one
+    # model version (sticky A/B); without it the API key decides
+    affinity_user: str | None = None
+    pin: str | None = None  # the `sluice-model-version` request header: this version or an error
 
     @property
     def prefill_only(self) -> bool:

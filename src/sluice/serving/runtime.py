@@ -1,9 +1,9 @@
-"""What requests are served with: settings, the engine client, the tokenizer, gateway, safety,
+"""What requests are served with: settings, the fleet (workers, router), gateway, safety,
 replay log, metrics — built from Settings, and the serving state (loading, ready, draining).
 
 The HTTP server answers /health at once; /ready and the generation routes wait for
-`mark_ready()` (model loaded in the worker, tokenizer loaded here). A start-up failure is kept in
-`startup_error` and reported by /ready, so an operator sees why.
+`mark_ready()` (the fleet started: its local workers loaded, its tokenizers loaded here). A
+start-up failure is kept in `startup_error` and reported by /ready, so an operator sees why.
 """
 
 from __future__ import annotations
@@ -19,23 +19,13 @@ from sluice.gateway.authenticator import Authenticator, OpenAccess
 from sluice.gateway.factory import build_gateway
 from sluice.gateway.gateway import Gateway
 from sluice.gateway.principal import Principal
-from sluice.models.tokenizer import Tokenizer
 from sluice.observability.metrics import ServingMetrics
+from sluice.routing.errors import UnknownModelError
+from sluice.routing.fleet import Fleet
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.policy import load_policy
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.streaming.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
-from sluice.worker.engine_client import EngineClient, ModelInfo
-from sluice.worker.health_monitor import EngineHealth
-
-
-@dataclass(slots=True, frozen=True)
-class Ready:
-    """The parts a request needs, all present (what `require_ready` hands out)."""
-
-    engine: EngineClient
-    tokenizer: Tokenizer
-    info: ModelInfo
 
 
 def build_replay(settings: Settings) -> ReplayLog:
@@ -51,15 +41,10 @@ class ServingRuntime:
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
     replay_log: InitVar[ReplayLog | None] = None  # default: built from the settings
     replay: ReplayLog = field(init=False)
-    engine: EngineClient | None = None
-    health: EngineHealth | None = None  # None: no monitor (a runtime built directly, in tests)
+    fleet: Fleet | None = None  # the workers, the router, their state (routing/fleet.py)
     gateway: Gateway | None = None
     safety: dict[str, SafetyPipeline] = field(default_factory=dict)  # "" = default; else per tier
     background_tasks: set[asyncio.Task] = field(default_factory=set)
-    tokenizer: Tokenizer | None = None
-    info: ModelInfo | None = None
-    block_size: int = 0  # the engine's KV block size (its stats say; prompt-cache accounting)
-    model_ids: tuple[str, ...] = ()
     created_at: float = field(default_factory=time.time)
     startup_error: str | None = None
     draining: bool = False
@@ -69,21 +54,22 @@ class ServingRuntime:
     def __post_init__(self, replay_log: ReplayLog | None) -> None:
         self.replay = replay_log or build_replay(self.settings)
 
-    def mark_ready(
-        self, engine: EngineClient, tokenizer: Tokenizer, info: ModelInfo, block_size: int, capacity_tokens: int = 0
-    ) -> None:
-        self.engine, self.tokenizer, self.info, self.block_size = engine, tokenizer, info, block_size
+    def mark_ready(self, fleet: Fleet, capacity_tokens: int = 0) -> None:
+        self.fleet = fleet
         if self.settings.safety and not self.safety:
             self.safety = build_safety(self.settings)
         if self.gateway is None:
-            self.gateway = build_gateway(self.settings, self.settings.max_num_seqs, capacity_tokens or info.max_model_len)
-        names = [self.settings.served_model_name or info.name, *self.settings.model_aliases]
-        self.model_ids = tuple(dict.fromkeys(names))
+            self.gateway = build_gateway(self.settings, self.settings.max_num_seqs, capacity_tokens or 1)
         self._ready.set()
 
     @property
+    def model_ids(self) -> tuple[str, ...]:
+        """Every id a client may send (model ids, then aliases)."""
+        return tuple(self.fleet.registry.served_names()) if self.fleet is not None else ()
+
+    @property
     def engine_available(self) -> bool:
-        return self.health is None or self.health.available
+        return self.fleet is not None and self.fleet.ready
 
     @property
     def ready(self) -> bool:
@@ -94,9 +80,9 @@ class ServingRuntime:
             return "draining"
         if self.startup_error:
             return "failed: " + self.startup_error
-        if not self._ready.is_set():
+        if not self._ready.is_set() or self.fleet is None:
             return "loading"
-        return "unavailable: " + (self.health.detail if self.health is not None else "no engine")
+        return "unavailable: " + self.fleet.not_ready_reason()
 
     def begin_drain(self, grace_s: float) -> None:
         self.draining = True
@@ -105,23 +91,31 @@ class ServingRuntime:
     def safety_for(self, principal: Principal) -> SafetyPipeline | None:
         return self.safety.get(principal.tier) or self.safety.get("")
 
-    def check_model(self, model: str) -> None:
-        """NOT_FOUND for a model id we do not serve."""
-        if model not in self.model_ids:
-            raise ServingError(ErrorKind.NOT_FOUND, f"model: {model}", code="model_not_found", param="model")
+    def check_model(self, model: str) -> str:
+        """The canonical id of a model id or alias we serve (NOT_FOUND otherwise)."""
+        fleet = self.require_fleet()
+        try:
+            return fleet.registry.resolve(model)
+        except UnknownModelError:
+            raise ServingError(ErrorKind.NOT_FOUND, f"model: {model}", code="model_not_found", param="model") from None
 
-    def require_ready(self) -> Ready:
-        """The engine, tokenizer and model info — or the refusal a caller should get now."""
+    def require_fleet(self) -> Fleet:
+        """The fleet once started (it may have no ready worker right now)."""
         if self.draining:
             raise ServingError(ErrorKind.OVERLOADED, "the server is shutting down", retry_after_s=1)
-        if not self._ready.is_set() or self.engine is None or self.tokenizer is None or self.info is None:
+        if not self._ready.is_set() or self.fleet is None:
             if self.startup_error:
                 raise ServingError(ErrorKind.INTERNAL, f"the model failed to load: {self.startup_error}")
             raise ServingError(ErrorKind.OVERLOADED, "the model is still loading", retry_after_s=2)
-        if not self.engine_available:
-            assert self.health is not None
-            raise ServingError(ErrorKind.OVERLOADED, f"no engine is available: {self.health.detail}", retry_after_s=2)
-        return Ready(self.engine, self.tokenizer, self.info)
+        return self.fleet
+
+    def require_ready(self) -> Fleet:
+        """The fleet, with some worker able to take a request — or the refusal a caller should
+        get now (529 before any stream opens)."""
+        fleet = self.require_fleet()
+        if not fleet.ready:
+            raise ServingError(ErrorKind.OVERLOADED, f"no engine is available: {fleet.not_ready_reason()}", retry_after_s=2)
+        return fleet
 
     def keep(self, task: asyncio.Task) -> None:
         """Hold a reference to a detached task (background generation, a batch) until it ends:

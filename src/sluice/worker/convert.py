@@ -29,6 +29,8 @@ def request_to_pb(req: GenerationRequest) -> pb.GenerateRequest:
         sampling=sampling,
         priority=req.priority,
         tenant=req.tenant,
+        resumed_output_ids=req.resumed_output_ids,
+        resumed_text_chars=req.resumed_text_chars,
     )
 
 
@@ -50,6 +52,8 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerationRequest:
         sampling=sampling,
         priority=msg.priority,
         tenant=msg.tenant,
+        resumed_output_ids=list(msg.resumed_output_ids),
+        resumed_text_chars=msg.resumed_text_chars,
     )
 
 

@@ -9,6 +9,7 @@ Imports no torch: a gateway-only process (`sluice serve --worker ADDR`) needs no
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -37,6 +38,8 @@ class GrpcEngineClient:
         self._options = [*CLIENT_OPTIONS, *options]
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.EngineStub | None = None
+        self._active: set[Any] = set()  # Generate calls in flight
+        self._abandoned: dict[Any, str] = {}  # call -> why it was given up (abandon_calls)
 
     def _get_stub(self) -> pb_grpc.EngineStub:
         if self._stub is None:
@@ -53,6 +56,7 @@ class GrpcEngineClient:
         except (ValueError, TypeError) as exc:  # e.g. a value outside the wire's int32 range
             raise InvalidRequestError(f"request cannot be encoded: {exc}") from None
         call = self._get_stub().Generate(wire_request, timeout=timeout or self.request_timeout_s)
+        self._active.add(call)
         finished = False
         try:
             async for message in call:
@@ -66,11 +70,31 @@ class GrpcEngineClient:
                 raise EngineUnavailableError("the worker closed the stream before the request finished")
         except grpc.aio.AioRpcError as exc:
             raise error_from(exc) from None
+        except asyncio.CancelledError:
+            # grpc.aio raises CancelledError for a call cancelled locally; when that was
+            # abandon_calls() (the worker was declared down) and not this task's own cancellation,
+            # it is an unavailable engine — the caller retries or migrates the request
+            task = asyncio.current_task()
+            why = self._abandoned.get(call)
+            if why is not None and (task is None or not task.cancelling()):
+                raise EngineUnavailableError(f"the worker was given up: {why}") from None
+            raise
         finally:
+            self._active.discard(call)
+            self._abandoned.pop(call, None)
             if not finished:
                 call.cancel()  # the worker sees the cancellation and aborts the request
 
-    async def _unary(self, method: str, request: object, timeout: float = 5.0) -> object:
+    def abandon_calls(self, why: str) -> int:
+        """Fail every Generate call in flight with EngineUnavailableError (the worker stopped
+        answering: a hang is found by the health deadline, not by a broken connection)."""
+        calls = list(self._active)
+        for call in calls:
+            self._abandoned[call] = why
+            call.cancel()
+        return len(calls)
+
+    async def _unary(self, method: str, request: object, timeout: float = 5.0) -> Any:  # the method's reply message
         try:
             return await getattr(self._get_stub(), method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
@@ -81,15 +105,15 @@ class GrpcEngineClient:
 
     async def stats(self) -> EngineStats:
         reply = await self._unary("Stats", pb.StatsRequest())
-        return stats_from_json(reply.stats_json)  # type: ignore[attr-defined]
+        return stats_from_json(reply.stats_json)
 
     async def info(self) -> ModelInfo:
         r = await self._unary("Info", pb.InfoRequest())
-        return ModelInfo(name=r.name, max_model_len=r.max_model_len, vocab_size=r.vocab_size)  # type: ignore[attr-defined]
+        return ModelInfo(name=r.name, max_model_len=r.max_model_len, vocab_size=r.vocab_size)
 
     async def health(self, timeout: float = 2.0) -> tuple[bool, str]:
         reply = await self._unary("Health", pb.HealthRequest(), timeout=timeout)
-        return reply.ready, reply.detail  # type: ignore[attr-defined]
+        return reply.ready, reply.detail
 
     async def ready(self) -> bool:
         try:

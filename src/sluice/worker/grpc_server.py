@@ -12,7 +12,9 @@ aborts the engine request: its KV blocks are freed within one engine step.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 
 import grpc
@@ -21,6 +23,7 @@ from sluice.engine.async_engine import AsyncEngine
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.worker.convert import event_to_pb, request_from_pb, stats_to_json
 from sluice.worker.engine_client import ModelInfo
+from sluice.worker.faults import FaultSpec
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
 from sluice.worker.status_codes import status_for
@@ -31,7 +34,9 @@ log = logging.getLogger("sluice.worker")
 class EngineServicer(pb_grpc.EngineServicer):
     """Serves one AsyncEngine; starts without one (`set_engine` once the model is loaded)."""
 
-    def __init__(self) -> None:
+    def __init__(self, faults: FaultSpec = FaultSpec()) -> None:
+        self.faults = faults  # a testing aid (worker/faults.py); inactive by default
+        self.tokens_sent = 0  # output tokens sent, all requests (for exit_after_tokens)
         self.engine: AsyncEngine | None = None
         self.info: ModelInfo | None = None
         self.detail = "loading the model"
@@ -48,20 +53,33 @@ class EngineServicer(pb_grpc.EngineServicer):
         self.draining, self.detail = True, "draining"
 
     async def _require_engine(self, context: grpc.aio.ServicerContext) -> AsyncEngine:
-        if self.engine is None:
+        engine = self.engine
+        if engine is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine not ready ({self.detail})")
-        if not self.engine.is_running:  # shutting down, or its loop died
+            raise AssertionError("unreachable: abort() raises")
+        if not engine.is_running:  # shutting down, or its loop died
             await context.abort(grpc.StatusCode.UNAVAILABLE, "engine stopped")
-        return self.engine  # type: ignore[return-value]  # context.abort() raised otherwise
+        return engine
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         engine = await self._require_engine(context)
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "worker draining")
+        faults = self.faults if not FaultSpec.exempt(request.request_id) else FaultSpec()
+        if faults.fail_all:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_all")
         self.active += 1
         try:
+            if faults.delay_first_token_s:
+                await asyncio.sleep(faults.delay_first_token_s)
             async for batch in engine.generate_batches(request_from_pb(request)):
                 yield pb.GenerateResponse(events=[event_to_pb(e) for e in batch])
+                if faults.exit_after_tokens is not None:
+                    self.tokens_sent += sum(len(e.token_ids) for e in batch)
+                    if self.tokens_sent >= faults.exit_after_tokens:
+                        log.error("injected fault: exiting after %d output tokens", self.tokens_sent)
+                        await asyncio.sleep(0.05)  # let the last message leave
+                        os._exit(137)
         except (InvalidRequestError, EngineDeadError) as exc:
             code, trailers = status_for(exc)
             if trailers:

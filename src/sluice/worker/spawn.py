@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import dataclasses
+import json
 import ctypes
 import os
 import shutil
@@ -29,25 +31,19 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sluice.config import Settings
-from sluice.engine.config import ENGINE_SETTINGS
+from sluice.engine.config import EngineConfig
 from sluice.errors import EngineUnavailableError
 from sluice.worker.grpc_client import GrpcEngineClient
 
 TAIL_BYTES = 8192  # how much of the child's stderr we keep for error messages
 
 
-def engine_argv(settings: Settings) -> list[str]:
-    """`sluice worker` flags carrying the engine settings of `settings` (cli/common.py defines
-    them: `--<name-with-dashes>`, and `--no-prefix-caching`)."""
-    argv: list[str] = []
-    for name in ENGINE_SETTINGS:
-        value = getattr(settings, name)
-        if name == "enable_prefix_caching":
-            if value is False:
-                argv.append("--no-prefix-caching")
-        elif value is not None:
-            argv += ["--" + name.replace("_", "-"), str(value)]
+def engine_argv(config: EngineConfig, faults: str | None = None) -> list[str]:
+    """`sluice worker` flags carrying a whole EngineConfig (`--engine-config JSON`: every field,
+    per-version overrides included, without a flag per field) and its fault injection."""
+    argv = ["--engine-config", json.dumps(dataclasses.asdict(config), separators=(",", ":"))]
+    if faults:
+        argv += ["--fault-injection", faults]
     return argv
 
 

@@ -38,6 +38,7 @@ from sluice.engine.engine import LLMEngine
 from sluice.models.loader import BUNDLED_FILE, load_model
 from sluice.worker.channel_options import SERVER_OPTIONS
 from sluice.worker.engine_client import ModelInfo
+from sluice.worker.faults import FaultSpec
 from sluice.worker.grpc_server import EngineServicer
 from sluice.worker.standard_health import WorkerHealth
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
@@ -91,9 +92,13 @@ async def run_worker(
     config: EngineConfig,
     progress: bool | None = None,
     grace_s: float = SHUTDOWN_GRACE_S,
+    faults: FaultSpec = FaultSpec(),
 ) -> int:
-    """Serve one engine on `listen` until SIGTERM/SIGINT. Returns the process exit code."""
-    servicer = EngineServicer()
+    """Serve one engine on `listen` until SIGTERM/SIGINT. Returns the process exit code.
+    `faults`: a testing aid (worker/faults.py), inactive by default."""
+    if faults.active:
+        _say(f"sluice worker: warning: fault injection is on ({faults}) — a testing aid")
+    servicer = EngineServicer(faults)
     health = WorkerHealth()
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_EngineServicer_to_server(servicer, server)

@@ -115,7 +115,7 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             sreq = to_serving_request(body, principal, new_id("msg"), VERSIONS[0], rt.settings, route=Route.BATCH)
             sreq.band = principal.priority
             gen = await pipeline.start(sreq)
-            message = render_message(gen, await gen.collect(), plan_for(gen, rt.block_size))
+            message = render_message(gen, await gen.collect(), plan_for(gen))
             message["usage"]["service_tier"] = "batch"
             return {"type": "succeeded", "message": message}
         except ServingError as exc:
@@ -133,7 +133,7 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
     async def create(request: Request) -> Any:
         principal = await require_principal(request, rt.authenticator)
         spec = parse_body(await request.body(), BatchCreate, False)
-        rt.require_ready()
+        rt.require_fleet()
         items = _items(spec)
         for _, body in items:
             rt.check_model(body.model)

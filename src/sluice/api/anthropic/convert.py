@@ -10,7 +10,7 @@ from starlette.requests import Request
 from sluice.api.anthropic.prompt import to_conversation
 from sluice.api.anthropic.schema import MessagesRequest
 from sluice.api.errors import bad_request
-from sluice.api.headers import queue_timeout, wants_cache
+from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
 from sluice.config import Settings
 from sluice.gateway.principal import Principal
@@ -89,4 +89,6 @@ def to_serving_request(
         dedup_body=body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
         queue_timeout_s=queue_timeout(request) if request is not None else None,
         use_cache=wants_cache(request) if request is not None else True,
+        affinity_user=body.metadata.user_id if body.metadata is not None else None,
+        pin=pinned_version(request) if request is not None else None,
     )

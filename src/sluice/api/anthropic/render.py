@@ -58,8 +58,9 @@ class UsagePlan:
         }
 
 
-def plan_for(gen: Generation, block_size: int) -> UsagePlan:
+def plan_for(gen: Generation) -> UsagePlan:
     p = gen.prepared
+    block_size = p.planner.fleet.block_size(p.plan.model_id, p.plan.version)
     return UsagePlan(p.prompt.cache_breakpoint, block_size, p.request.prefill_only)
 
 

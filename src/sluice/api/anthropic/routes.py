@@ -30,14 +30,14 @@ from sluice.streaming.recorder import detach
 
 def _model_info(rt: ServingRuntime, model_id: str) -> dict[str, Any]:
     created = datetime.fromtimestamp(rt.created_at, timezone.utc).isoformat().replace("+00:00", "Z")
-    info = rt.info
+    window = rt.require_fleet().model_window(rt.check_model(model_id))
     return {
         "type": "model",
         "id": model_id,
         "display_name": model_id,
         "created_at": created,
-        "max_input_tokens": info.max_model_len - 1 if info else None,
-        "max_tokens": info.max_model_len - 1 if info else None,
+        "max_input_tokens": window - 1 if window else None,
+        "max_tokens": window - 1 if window else None,
     }
 
 
@@ -59,7 +59,7 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             gen = await pipeline.start(sreq, wait, request.is_disconnected)
         except ClientGone:
             return Response(status_code=499)
-        plan = plan_for(gen, rt.block_size)
+        plan = plan_for(gen)
         if not body.stream:
             return JSONResponse(render_message(gen, await gen.collect(), plan), headers=gen.headers)
         recording = await resume.recorded(rt, gen.request_id, principal.tenant, render_stream(gen, plan, request.state.request_id))

@@ -9,7 +9,7 @@ from starlette.requests import Request
 
 from sluice.api.anthropic.convert import describe_validation_error
 from sluice.api.errors import bad_request
-from sluice.api.headers import queue_timeout, wants_cache
+from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
 from sluice.api.openai.schema import ChatCompletionRequest
 from sluice.gateway.principal import Principal
@@ -72,4 +72,6 @@ def to_serving_request(body: ChatCompletionRequest, principal: Principal, reques
         dedup_body=body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
         queue_timeout_s=queue_timeout(request),
         use_cache=wants_cache(request),
+        affinity_user=body.user,
+        pin=pinned_version(request),
     )

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n sluice/worker/proto/engine.proto\x12\x10sluice.worker.v1\"\xa7\x01\n\x08Sampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05top_p\x18\x04 \x01(\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\x8f\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.sluice.worker.v1.Sampling\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\"L\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\xf1\x01\n\x05\x45vent\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x1a\n\rstop_sequence\x18\x05 \x01(\tH\x00\x88\x01\x01\x12&\n\x05usage\x18\x06 \x01(\x0b\x32\x17.sluice.worker.v1.Usage\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0cqueue_time_s\x18\x08 \x01(\x01H\x02\x88\x01\x01\x42\x10\n\x0e_stop_sequenceB\x08\n\x06_errorB\x0f\n\r_queue_time_s\";\n\x10GenerateResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.sluice.worker.v1.Event\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\"\x0e\n\x0cStatsRequest\"#\n\rStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t\"\r\n\x0bInfoRequest\"G\n\x0cInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\"\x0f\n\rHealthRequest\"/\n\x0eHealthResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t2\x85\x03\n\x06\x45ngine\x12S\n\x08Generate\x12!.sluice.worker.v1.GenerateRequest\x1a\".sluice.worker.v1.GenerateResponse0\x01\x12H\n\x05\x41\x62ort\x12\x1e.sluice.worker.v1.AbortRequest\x1a\x1f.sluice.worker.v1.AbortResponse\x12H\n\x05Stats\x12\x1e.sluice.worker.v1.StatsRequest\x1a\x1f.sluice.worker.v1.StatsResponse\x12\x45\n\x04Info\x12\x1d.sluice.worker.v1.InfoRequest\x1a\x1e.sluice.worker.v1.InfoResponse\x12K\n\x06Health\x12\x1f.sluice.worker.v1.HealthRequest\x1a .sluice.worker.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n sluice/worker/proto/engine.proto\x12\x10sluice.worker.v1\"\xa7\x01\n\x08Sampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05top_p\x18\x04 \x01(\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\xc7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.sluice.worker.v1.Sampling\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x1a\n\x12resumed_output_ids\x18\x06 \x03(\x05\x12\x1a\n\x12resumed_text_chars\x18\x07 \x01(\x05\"L\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\xf1\x01\n\x05\x45vent\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x1a\n\rstop_sequence\x18\x05 \x01(\tH\x00\x88\x01\x01\x12&\n\x05usage\x18\x06 \x01(\x0b\x32\x17.sluice.worker.v1.Usage\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0cqueue_time_s\x18\x08 \x01(\x01H\x02\x88\x01\x01\x42\x10\n\x0e_stop_sequenceB\x08\n\x06_errorB\x0f\n\r_queue_time_s\";\n\x10GenerateResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.sluice.worker.v1.Event\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\"\x0e\n\x0cStatsRequest\"#\n\rStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t\"\r\n\x0bInfoRequest\"G\n\x0cInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\"\x0f\n\rHealthRequest\"/\n\x0eHealthResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t2\x85\x03\n\x06\x45ngine\x12S\n\x08Generate\x12!.sluice.worker.v1.GenerateRequest\x1a\".sluice.worker.v1.GenerateResponse0\x01\x12H\n\x05\x41\x62ort\x12\x1e.sluice.worker.v1.AbortRequest\x1a\x1f.sluice.worker.v1.AbortResponse\x12H\n\x05Stats\x12\x1e.sluice.worker.v1.StatsRequest\x1a\x1f.sluice.worker.v1.StatsResponse\x12\x45\n\x04Info\x12\x1d.sluice.worker.v1.InfoRequest\x1a\x1e.sluice.worker.v1.InfoResponse\x12K\n\x06Health\x12\x1f.sluice.worker.v1.HealthRequest\x1a .sluice.worker.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,29 +34,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLING']._serialized_start=55
   _globals['_SAMPLING']._serialized_end=222
   _globals['_GENERATEREQUEST']._serialized_start=225
-  _globals['_GENERATEREQUEST']._serialized_end=368
-  _globals['_USAGE']._serialized_start=370
-  _globals['_USAGE']._serialized_end=446
-  _globals['_EVENT']._serialized_start=449
-  _globals['_EVENT']._serialized_end=690
-  _globals['_GENERATERESPONSE']._serialized_start=692
-  _globals['_GENERATERESPONSE']._serialized_end=751
-  _globals['_ABORTREQUEST']._serialized_start=753
-  _globals['_ABORTREQUEST']._serialized_end=787
-  _globals['_ABORTRESPONSE']._serialized_start=789
-  _globals['_ABORTRESPONSE']._serialized_end=804
-  _globals['_STATSREQUEST']._serialized_start=806
-  _globals['_STATSREQUEST']._serialized_end=820
-  _globals['_STATSRESPONSE']._serialized_start=822
-  _globals['_STATSRESPONSE']._serialized_end=857
-  _globals['_INFOREQUEST']._serialized_start=859
-  _globals['_INFOREQUEST']._serialized_end=872
-  _globals['_INFORESPONSE']._serialized_start=874
-  _globals['_INFORESPONSE']._serialized_end=945
-  _globals['_HEALTHREQUEST']._serialized_start=947
-  _globals['_HEALTHREQUEST']._serialized_end=962
-  _globals['_HEALTHRESPONSE']._serialized_start=964
-  _globals['_HEALTHRESPONSE']._serialized_end=1011
-  _globals['_ENGINE']._serialized_start=1014
-  _globals['_ENGINE']._serialized_end=1403
+  _globals['_GENERATEREQUEST']._serialized_end=424
+  _globals['_USAGE']._serialized_start=426
+  _globals['_USAGE']._serialized_end=502
+  _globals['_EVENT']._serialized_start=505
+  _globals['_EVENT']._serialized_end=746
+  _globals['_GENERATERESPONSE']._serialized_start=748
+  _globals['_GENERATERESPONSE']._serialized_end=807
+  _globals['_ABORTREQUEST']._serialized_start=809
+  _globals['_ABORTREQUEST']._serialized_end=843
+  _globals['_ABORTRESPONSE']._serialized_start=845
+  _globals['_ABORTRESPONSE']._serialized_end=860
+  _globals['_STATSREQUEST']._serialized_start=862
+  _globals['_STATSREQUEST']._serialized_end=876
+  _globals['_STATSRESPONSE']._serialized_start=878
+  _globals['_STATSRESPONSE']._serialized_end=913
+  _globals['_INFOREQUEST']._serialized_start=915
+  _globals['_INFOREQUEST']._serialized_end=928
+  _globals['_INFORESPONSE']._serialized_start=930
+  _globals['_INFORESPONSE']._serialized_end=1001
+  _globals['_HEALTHREQUEST']._serialized_start=1003
+  _globals['_HEALTHREQUEST']._serialized_end=1018
+  _globals['_HEALTHRESPONSE']._serialized_start=1020
+  _globals['_HEALTHRESPONSE']._serialized_end=1067
+  _globals['_ENGINE']._serialized_start=1070
+  _globals['_ENGINE']._serialized_end=1459
 # @@protoc_insertion_point(module_scope)

@@ -27,18 +27,22 @@ class Sampling(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant", "resumed_output_ids", "resumed_text_chars")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_OUTPUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
     priority: int
     tenant: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    resumed_output_ids: _containers.RepeatedScalarFieldContainer[int]
+    resumed_text_chars: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., resumed_output_ids: _Optional[_Iterable[int]] = ..., resumed_text_chars: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "output_tokens", "cached_tokens")

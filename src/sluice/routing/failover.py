@@ -1,0 +1,136 @@
+"""One generation on the fleet, surviving its workers: retries before output, migration after.
+
+- **Retry**: a request that has produced no output when its worker refuses it, dies, or is
+  given up by the health poller goes to another worker of its version (the failed one is
+  excluded, the breaker told), after a short backoff; when the version has none left, the
+  router plans again without the workers tried (another version, or a fallback model: the
+  caller re-tokenizes for it through `replan`). At most `max_attempts` dispatches; the client
+  sees only latency.
+- **Migration**: once output has been streamed, the request continues on another worker of the
+  *same* version (same weights, same tokenizer) from its prompt plus the tokens already sent
+  (`GenerationRequest.resumed_output_ids`): the engine recomputes them as context and goes on
+  at the same output position, so greedy decoding continues exactly as an uninterrupted run
+  would, and seeded sampling draws the same tokens. At most `max_migrations` times; past that
+  (or with no worker left) the failure reaches the client as today's error event.
+- A worker that ends a request with ABORT (it is shutting down) counts as a lost worker too.
+  A request the engine fails itself (ERROR: a fault in that request's step) is not retried —
+  it fails alone, and its neighbours in the batch are unaffected (engine.py).
+
+Events carry the original request id whichever worker produced them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from sluice.errors import EngineUnavailableError
+from sluice.routing.circuit_breaker import Outcome
+from sluice.routing.health_poller import WorkerHandle
+from sluice.routing.router import FleetRouter, RoutePlan
+from sluice.types import FinishReason, GenerationEvent, GenerationRequest
+
+log = logging.getLogger("sluice.routing")
+
+
+@dataclass(slots=True, frozen=True)
+class FailoverPolicy:
+    max_attempts: int = 3  # dispatches before any output
+    max_migrations: int = 2  # continuations after output was streamed
+    backoff_s: float = 0.05  # before retry n: backoff_s × 2^(n-1), at most 1 s
+
+
+@dataclass(slots=True)
+class Attempted:
+    """What the caller learns about a finished generation: where it ran, how often it moved."""
+
+    plan: RoutePlan
+    workers: list[str] = dataclasses.field(default_factory=list)
+    retries: int = 0
+    migrations: int = 0
+
+
+class WorkerLost(Exception):
+    """The worker went away in the middle of a request (its stream ended without a final event,
+    or it aborted the request while shutting down)."""
+
+
+Replan = Callable[[RoutePlan, set[str]], Awaitable[tuple[RoutePlan, GenerationRequest]]]
+
+
+async def generate_on_fleet(
+    router: FleetRouter,
+    handles: dict[str, WorkerHandle],
+    plan: RoutePlan,
+    request: GenerationRequest,
+    tenant: str,
+    replan: Replan,
+    policy: FailoverPolicy = FailoverPolicy(),
+    attempted: Attempted | None = None,
+) -> AsyncIterator[GenerationEvent]:
+    """`replan(plan, tried)`: a new plan without the tried workers, and the request prepared
+    for it (re-tokenized when the plan moved to another model); raises when nothing can serve."""
+    track = attempted or Attempted(plan)
+    emitted: list[int] = []
+    emitted_chars = 0
+    tried: set[str] = set()
+    attempts = 0
+    cost = len(request.prompt_token_ids) + request.sampling.max_tokens
+    while True:
+        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, tried)
+        if placed is None:
+            if emitted:
+                raise EngineUnavailableError(
+                    f"no other worker of {plan.version_header} can continue the request (tried {len(tried)})")
+            if attempts >= policy.max_attempts:
+                raise EngineUnavailableError(f"no worker could take the request after {attempts} attempts")
+            plan, request = await replan(plan, tried)  # raises ModelUnavailableError when nothing can
+            track.plan = plan
+            cost = len(request.prompt_token_ids) + request.sampling.max_tokens
+            continue
+        dispatch, _ = placed
+        handle = handles[dispatch.worker_id]
+        track.workers.append(dispatch.worker_id)
+        attempts += 1
+        attempt_req = request
+        if emitted:
+            attempt_req = dataclasses.replace(
+                request, request_id=f"{request.request_id}.m{track.migrations}",
+                resumed_output_ids=list(emitted), resumed_text_chars=emitted_chars)
+        outcome = Outcome.SUCCESS
+        try:
+            async with aclosing(handle.client.generate(attempt_req)) as stream:
+                async for event in stream:
+                    if event.finished and event.finish_reason is FinishReason.ABORT:
+                        raise WorkerLost(f"worker {dispatch.worker_id} aborted the request (shutting down?)")
+                    emitted.extend(event.token_ids)
+                    emitted_chars += len(event.text)
+                    event.request_id = request.request_id
+                    if event.finished and event.finish_reason is FinishReason.ERROR:
+                        outcome = Outcome.FAILURE  # this request's fault; counted against the worker, not retried
+                    yield event
+                    if event.finished:
+                        return
+            raise WorkerLost(f"worker {dispatch.worker_id} ended the stream without a final event")
+        except (EngineUnavailableError, WorkerLost) as exc:
+            outcome = Outcome.FAILURE
+            tried.add(dispatch.worker_id)
+            if not emitted:
+                if attempts >= policy.max_attempts:
+                    raise EngineUnavailableError(f"no worker could take the request after {attempts} attempts: {exc}") from None
+                track.retries += 1
+                log.warning("request %s: worker %s failed before any output (%s); retrying", request.request_id,
+                            dispatch.worker_id, exc)
+                await asyncio.sleep(min(1.0, policy.backoff_s * 2 ** (track.retries - 1)))
+                continue
+            if track.migrations >= policy.max_migrations:
+                raise EngineUnavailableError(f"the request lost {track.migrations + 1} workers mid-stream: {exc}") from None
+            track.migrations += 1
+            log.warning("request %s: worker %s lost after %d output tokens (%s); migrating", request.request_id,
+                        dispatch.worker_id, len(emitted), exc)
+        finally:
+            router.finish_dispatch(dispatch, outcome)

@@ -1,0 +1,52 @@
+"""The fleet behind `sluice serve`, built from Settings: from the fleet file (`--fleet FILE`), or
+the fleet of one today's settings describe (one model, one version: a spawned and supervised
+local worker, a remote `--worker ADDR`, or `--worker inline`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.config import Settings
+from sluice.engine.config import EngineConfig
+from sluice.routing.default_fleet import INLINE, fleet_from_settings
+from sluice.routing.fleet import Fleet
+from sluice.routing.registry import Registry
+from sluice.worker.engine_client import EngineClient, ModelInfo
+
+
+def build_registry(settings: Settings, known_tiers: list[str]) -> Registry:
+    """Raises FleetFileError naming every problem of a bad fleet file (start-up stops)."""
+    if settings.fleet:
+        from sluice.routing.fleet_file import load_fleet
+
+        return Registry(load_fleet(settings.fleet, known_tiers=known_tiers), settings.fleet)
+    return Registry(fleet_from_settings(settings))
+
+
+async def start_fleet(settings: Settings, registry: Registry) -> Fleet:
+    fleet = Fleet.build(settings, registry)
+    inline = await inline_engine(settings) if settings.worker == INLINE and not settings.fleet else None
+    await fleet.start(inline=inline)
+    return fleet
+
+
+async def inline_engine(settings: Settings) -> EngineClient:
+    """The engine in this process (`--worker inline`, debugging): torch is imported only here."""
+    from sluice.engine.async_engine import AsyncEngine
+    from sluice.engine.engine import LLMEngine
+    from sluice.models.loader import load_model
+    from sluice.worker.in_process import InProcessEngineClient
+    from sluice.worker.worker_main import served_name
+
+    config = EngineConfig.from_settings(settings)
+    holder: dict[str, Any] = {}
+
+    def build() -> LLMEngine:  # on the engine thread (see AsyncEngine on OpenMP pools)
+        holder["loaded"] = load_model(settings.model, settings.dtype)
+        return LLMEngine(holder["loaded"], config)
+
+    engine = AsyncEngine(factory=build).start()
+    llm = await engine.wait_loaded()
+    loaded = holder["loaded"]
+    info = ModelInfo(served_name(loaded.path), llm.max_model_len, loaded.tokenizer.vocab_size)
+    return InProcessEngineClient(engine, info)
