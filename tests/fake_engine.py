@@ -37,7 +37,7 @@ class FakeEngine:
         self.release = asyncio.Event()  # lets a hang go on
         self.up = True  # what ready() answers (a test takes the worker down)
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+    async def generate(self, request: GenerationRequest, trace_metadata=()) -> AsyncGenerator[GenerationEvent, None]:
         if request.request_id.startswith("warmup-"):  # the fleet's warm-up: one token, not counted
             yield GenerationEvent(request.request_id, "", [0], finished=True, finish_reason=FinishReason.LENGTH,
                                   usage=Usage(len(request.prompt_token_ids), 1, 0))

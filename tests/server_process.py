@@ -96,3 +96,20 @@ def metric(base_url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)
+
+
+SETTLE_S = 120.0  # a generous bound for something that must happen "soon" on a busy machine
+
+
+def wait_engine_idle(base_url: str, outputs_before: float, max_outputs: float, timeout: float = SETTLE_S) -> float:
+    """Wait until the engine runs nothing; return the output tokens generated since
+    `outputs_before` and assert they stayed below `max_outputs`. How a test proves an abort
+    without timing it: an aborted request stops generating, one run to the end reaches its
+    max_tokens — whatever the machine's speed."""
+    deadline = time.monotonic() + timeout
+    while metric(base_url, "sluice_engine_running_requests") != 0:
+        assert time.monotonic() < deadline, "the engine never went idle"
+        time.sleep(0.05)
+    produced = metric(base_url, "sluice_output_tokens_total") - outputs_before
+    assert produced < max_outputs, f"{produced:.0f} tokens generated: the request was not aborted"
+    return produced

@@ -255,14 +255,14 @@ def test_queued_streams_ping_and_leaving_clients_leave_the_queue(worker, tmp_pat
         assert queued_while_pinging == 1
         assert "message_start" not in names and names.count("ping") >= 5  # pings while it waits in the queue
         t0 = time.monotonic()
-        while depth() != 0:  # the client left: so did its queue entry
-            assert time.monotonic() - t0 < 1.0
+        while depth() != 0:  # the client left: so did its queue entry (long before its deadline)
+            assert time.monotonic() - t0 < 20
             time.sleep(0.05)
         with pytest.raises(httpx.ReadTimeout):  # a non-streaming request whose client gives up while queued
             httpx.post(server.base_url + "/v1/messages", json={**body, "stream": False}, timeout=1.0)
         t0 = time.monotonic()
         while depth() != 0:
-            assert time.monotonic() - t0 < 1.0
+            assert time.monotonic() - t0 < 20
             time.sleep(0.05)
     finally:
         stop.set()

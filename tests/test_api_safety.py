@@ -16,7 +16,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.safety.normalize import normalize
 from sluice.types import GenerationRequest, SamplingParams
-from tests.server_process import MODEL, metric, start_server
+from tests.server_process import MODEL, SETTLE_S, metric, start_server
 
 pytestmark = pytest.mark.slow
 PROMPT = "Write two sentences about a lighthouse keeper."
@@ -61,9 +61,9 @@ def test_stream_kill_is_a_refusal_and_frees_the_engine(server, banned):
     assert normalize(phrase)[0] not in normalize(text)[0]  # not one character of the phrase got out
     assert reply.startswith(text)
     assert 0 < final.usage.output_tokens < 40  # usage counts the tokens up to the refusal
-    t0 = time.monotonic()
+    deadline = time.monotonic() + SETTLE_S
     while metric(server.base_url, "sluice_engine_running_requests") != 0:
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() < deadline
         time.sleep(0.02)
     # the kill frees the slot within one engine step: one step per token up to the refusal
     # (prefill included), plus at most the step in flight when the abort arrived

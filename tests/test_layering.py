@@ -13,7 +13,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "sluice"
 ORDER = ["cli", "api", "serving", "gateway|safety", "streaming", "routing", "observability", "worker", "engine", "models"]
-LEAVES = {"types", "config", "errors", "__init__"}
+LEAVES = {"types", "config", "errors", "request_context", "trace_context", "__init__"}
 RANK = {pkg: i for i, group in enumerate(ORDER) for pkg in group.split("|")}
 
 

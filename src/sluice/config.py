@@ -81,6 +81,13 @@ class Settings(BaseSettings):
     tcp_keepalive: bool = True
     tcp_user_timeout_ms: int = Field(30_000, ge=0)  # 0 = kernel default
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # json: one JSON object per line with request id and trace id (observability/logs.py);
+    # text: the classic line, for a terminal
+    log_format: Literal["json", "text"] = "json"
+    # OpenTelemetry traces (observability/tracing.py): none (off, no cost) | otlp | file
+    trace_exporter: Literal["none", "otlp", "file"] = "none"
+    otlp_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces (default: the SDK's)
+    trace_file: str | None = None  # file exporter: spans go to <trace_file>.<service>.<pid>.jsonl
 
     # -- stream resume (docs/API.md) ---------------------------------------------------------
     replay_store: Literal["memory", "redis"] = "memory"  # redis: resume through any replica

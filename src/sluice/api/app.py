@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sluice import __version__
 from sluice.api import admin
 from sluice.api.anthropic import batches, resume
+from sluice.api.auth import TIER_STATE
 from sluice.api.anthropic import routes as anthropic_routes
 from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
@@ -18,14 +19,21 @@ from sluice.api.openai import routes as openai_routes
 from sluice.engine.stats import combined
 from sluice.serving.errors import ServingError
 from sluice.serving.pipeline import ServingPipeline
+from sluice.serving.request import VERSION_HEADER
 from sluice.serving.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.api")
+VERSION_HEADER_B = VERSION_HEADER.encode()
 
 
-def _count_response(scope: dict, status: int, rt: ServingRuntime) -> None:
+def _count_response(scope: dict, status: int, rt: ServingRuntime, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """One count per response: route, status, the model version that served it (its response
+    header; "none" when nothing was generated) and the caller's tier ("none" before auth) — all
+    bounded label sets (no per-key or per-request labels)."""
     route = getattr(scope.get("route"), "path", "unmatched")
-    rt.metrics.requests.labels(route, str(status)).inc()
+    version = next((v.decode() for k, v in headers if k == VERSION_HEADER_B), "none")
+    tier = scope.get("state", {}).get(TIER_STATE, "none")
+    rt.metrics.requests.labels(route, str(status), version, tier).inc()
 
 
 def create_app(rt: ServingRuntime) -> FastAPI:
@@ -79,6 +87,7 @@ def create_app(rt: ServingRuntime) -> FastAPI:
         if rt.fleet is not None:  # engines that do not answer are left out; engine_up says when none does
             answered = await rt.fleet.fresh_stats()
             stats = combined(answered) if answered else None
+            rt.metrics.observe_workers(rt.fleet.worker_counts())
         rt.metrics.observe_engine(stats)
         if rt.gateway is not None:
             rt.metrics.observe_gateway(rt.gateway)
@@ -94,6 +103,6 @@ def create_app(rt: ServingRuntime) -> FastAPI:
         RequestContextMiddleware,
         max_body_bytes=rt.settings.max_body_bytes,
         body_timeout_s=rt.settings.body_timeout_s,
-        on_response=lambda scope, status: _count_response(scope, status, rt),
+        on_response=lambda scope, status, headers: _count_response(scope, status, rt, headers),
     )
     return app

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from sluice.api.errors import ApiError
 from sluice.gateway.authenticator import Authenticator
 from sluice.gateway.principal import Principal
+from sluice.trace_context import tracer
 
 
 def presented_key(request: Request) -> str | None:
@@ -25,10 +26,18 @@ def presented_key(request: Request) -> str | None:
     return None
 
 
+TIER_STATE = "tier"  # request.state key: the caller's tier, for the request metrics' `tier` label
+
+
 async def require_principal(request: Request, authenticator: Authenticator) -> Principal:
     key = presented_key(request)
-    principal = await authenticator.authenticate(key)
+    with tracer().start_as_current_span("auth") as span:
+        principal = await authenticator.authenticate(key)
+        span.set_attribute("sluice.authenticated", principal is not None)
+        if principal is not None:
+            span.set_attribute("sluice.tier", principal.tier)
     if principal is None:
         message = "x-api-key header is required" if key is None else "invalid x-api-key"
         raise ApiError(401, message)
+    setattr(request.state, TIER_STATE, principal.tier)
     return principal

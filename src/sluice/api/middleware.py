@@ -12,11 +12,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry.trace import Span, SpanKind
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.api.errors import ApiError, is_openai_path
 from sluice.api.ids import new_id
+from sluice.request_context import request_id_var
+from sluice.trace_context import tracer
 
 
 def error_response(err: ApiError, path: str, request_id: str | None) -> JSONResponse:
@@ -29,13 +32,14 @@ def error_response(err: ApiError, path: str, request_id: str | None) -> JSONResp
 
 class RequestContextMiddleware:
     def __init__(
-        self, app: ASGIApp, max_body_bytes: int, on_response: Callable[[Scope, int], None] | None = None,
+        self, app: ASGIApp, max_body_bytes: int,
+        on_response: Callable[[Scope, int, list[tuple[bytes, bytes]]], None] | None = None,
         body_timeout_s: float = 60.0,
     ):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s  # headers complete → whole body: else 408
-        self.on_response = on_response  # sees every response's status (metrics)
+        self.on_response = on_response  # sees every response's status and headers (metrics)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,14 +47,25 @@ class RequestContextMiddleware:
             return
         request_id = new_id("req")
         scope.setdefault("state", {})["request_id"] = request_id
+        token = request_id_var.set(request_id)  # every log line of this request carries it
+        name = f"{scope['method']} {scope['path'] if not scope['path'].startswith('/v1/messages/msg') else '/v1/messages/{id}'}"
+        with tracer().start_as_current_span(name, kind=SpanKind.SERVER) as span:
+            span.set_attribute("http.request.method", scope["method"])
+            span.set_attribute("sluice.request_id", request_id)
+            try:
+                await self._handle(scope, receive, send, request_id, span)
+            finally:
+                request_id_var.reset(token)
 
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, request_id: str, span: Span) -> None:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
+                span.set_attribute("http.response.status_code", message["status"])
                 headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"request-id"]
                 headers.append((b"request-id", request_id.encode()))
                 message = {**message, "headers": headers}
                 if self.on_response is not None:
-                    self.on_response(scope, message["status"])
+                    self.on_response(scope, message["status"], headers)
             await send(message)
 
         too_large = ApiError(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 
 from sluice.api.app import create_app
@@ -28,7 +27,9 @@ EXIT_WORKER_FAILED = 3  # the spawned worker exited more often than worker_max_r
 
 
 def _say(message: str) -> None:
-    print(f"sluice: {message}", file=sys.stderr, flush=True)
+    """An operator-facing line ("sluice: listening on …", "sluice: ready: …", "sluice: error: …"),
+    through the log like every other line (JSON by default)."""
+    (log.error if message.startswith("error") else log.info)("sluice: %s", message)
 
 
 async def serve(settings: Settings, access_log: bool = False) -> int:

@@ -90,6 +90,7 @@ def build_server(app: object, rt: ServingRuntime, access_log: bool = False) -> D
         app,
         http=watched_protocol(watch, guard),
         log_level=s.log_level,
+        log_config=None,  # logging is ours (observability/logs.py): uvicorn must not replace the handlers
         access_log=access_log,
         timeout_graceful_shutdown=int(s.shutdown_grace_s + 5),
         timeout_keep_alive=30,

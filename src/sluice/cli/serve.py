@@ -33,12 +33,12 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
         max_stream_duration_s=args.max_stream_duration,
         shutdown_grace_s=args.shutdown_grace,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
 
 
 def _run(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
     import os
 
     # serve forks worker children (which exec at once) while its gRPC client runs: gRPC's fork
@@ -47,9 +47,16 @@ def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
     from sluice.api.serve_main import serve
+    from sluice.observability.logs import configure as configure_logs
+    from sluice.observability.tracing import configure as configure_tracing
 
     settings = _settings_from_args(args)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs(settings.log_level, settings.log_format)
+    configure_tracing(settings.trace_exporter, "sluice-gateway", settings.otlp_endpoint, settings.trace_file)
+    # the local workers serve spawns trace (and log) the same way: they read these from the env
+    for name in ("trace_exporter", "otlp_endpoint", "trace_file", "log_format", "log_level"):
+        if getattr(settings, name) is not None:
+            os.environ[f"SLUICE_{name.upper()}"] = str(getattr(settings, name))
     if settings.api_key is None:
         if settings.host not in ("127.0.0.1", "localhost", "::1"):
             print(f"sluice: warning: no API key set; binding 127.0.0.1 instead of {settings.host}", file=sys.stderr)
@@ -92,6 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-stream-duration", type=float, default=None, metavar="S", help="longest a stream may run (default: 600)")
     p.add_argument("--shutdown-grace", type=float, default=None, metavar="S", help="time open streams get on SIGTERM (default: 10)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None, help="(default: info)")
+    p.add_argument("--log-format", choices=["json", "text"], default=None,
+                   help="json: one object per line with request and trace ids; text: for a terminal (default: json)")
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_engine_args(p)
     p.set_defaults(func=_run)

@@ -29,6 +29,8 @@ def _run(args: argparse.Namespace) -> int:
     from sluice.config import load_settings
     from sluice.engine.config import EngineConfig
     from sluice.errors import SluiceError
+    from sluice.observability.logs import configure as configure_logs
+    from sluice.observability.tracing import configure as configure_tracing
     from sluice.worker.faults import FaultSpec
 
     try:  # the same settings (and defaults) as `sluice serve`, through the one mapping
@@ -43,6 +45,8 @@ def _run(args: argparse.Namespace) -> int:
             enable_prefix_caching=False if args.no_prefix_caching else None,
         )
         faults = FaultSpec.parse(args.fault_injection or settings.fault_injection)
+        configure_logs(settings.log_level, settings.log_format)
+        configure_tracing(settings.trace_exporter, "sluice-worker", settings.otlp_endpoint, settings.trace_file)
         config = EngineConfig.from_settings(settings)
         if args.engine_config:  # every EngineConfig field at once (how `sluice serve` starts its workers)
             config = EngineConfig(**{**dataclasses.asdict(config), **json.loads(args.engine_config)})

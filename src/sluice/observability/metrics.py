@@ -20,9 +20,11 @@ class ServingMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "sluice_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+            "sluice_http_requests", "HTTP requests by route, status, model version (<model>/<version>, or none) and tier",
+            ["route", "status", "version", "tier"], registry=r,
         )
-        self.ttft = Histogram("sluice_time_to_first_token_seconds", "Time to first token", ["route"], buckets=_LATENCY, registry=r)
+        self.ttft = Histogram("sluice_time_to_first_token_seconds", "Time to first token",
+                              ["route", "version", "tier"], buckets=_LATENCY, registry=r)
         self.itl = Histogram("sluice_inter_token_latency_seconds", "Time between output tokens", buckets=_ITL, registry=r)
         self.e2e = Histogram("sluice_request_duration_seconds", "End-to-end generation time", ["route"], buckets=_LATENCY, registry=r)
         self.queue_time = Histogram(
@@ -75,6 +77,9 @@ class ServingMetrics:
         self.batch_fill = Gauge("sluice_engine_batch_fill_ratio", "Last step's tokens over the step budget", registry=r)
         self.engine_steps = Gauge("sluice_engine_steps_total", "Engine steps since start", registry=r)
         self.engine_up = Gauge("sluice_engine_up", "1 when the engine answered the last stats call", registry=r)
+        # the fleet (read at scrape time)
+        self.workers = Gauge("sluice_workers", "Workers by model, version (<model>/<version>) and state",
+                             ["model", "version", "state"], registry=r)
 
     def observe_engine(self, s: EngineStats | None) -> None:
         if s is None:
@@ -91,6 +96,13 @@ class ServingMetrics:
         self.step_tokens.set(s.last_step_tokens)
         self.batch_fill.set(s.batch_fill)
         self.engine_steps.set(s.num_steps)
+
+    def observe_workers(self, counts: dict[tuple[str, str, str], int]) -> None:
+        """(model, <model>/<version>, state) -> number of workers; combinations gone since the
+        last scrape disappear (a retired version is not shown at 0 forever)."""
+        self.workers.clear()
+        for (model, version, state), n in counts.items():
+            self.workers.labels(model, version, state).set(n)
 
     def observe_gateway(self, gw) -> None:  # gw: sluice.gateway.gateway.Gateway
         q = gw.admission

@@ -28,10 +28,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from opentelemetry.trace import Span
+
 from sluice.errors import EngineUnavailableError
 from sluice.routing.circuit_breaker import Outcome
 from sluice.routing.health_poller import WorkerHandle
 from sluice.routing.router import FleetRouter, RoutePlan
+from sluice.trace_context import inject_metadata
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest
 
 log = logging.getLogger("sluice.routing")
@@ -71,9 +74,13 @@ async def generate_on_fleet(
     replan: Replan,
     policy: FailoverPolicy = FailoverPolicy(),
     attempted: Attempted | None = None,
+    span: Span | None = None,
 ) -> AsyncIterator[GenerationEvent]:
     """`replan(plan, tried)`: a new plan without the tried workers, and the request prepared
-    for it (re-tokenized when the plan moved to another model); raises when nothing can serve."""
+    for it (re-tokenized when the plan moved to another model); raises when nothing can serve.
+    `span`: the generation's trace span: each dispatch, retry and migration is an event on it,
+    and the workers' spans are its children (the context travels in the gRPC metadata)."""
+    metadata = inject_metadata(span) if span is not None else []
     track = attempted or Attempted(plan)
     emitted: list[int] = []
     emitted_chars = 0
@@ -92,9 +99,12 @@ async def generate_on_fleet(
             track.plan = plan
             cost = len(request.prompt_token_ids) + request.sampling.max_tokens
             continue
-        dispatch, _ = placed
+        dispatch, pick = placed
         handle = handles[dispatch.worker_id]
         track.workers.append(dispatch.worker_id)
+        if span is not None:
+            span.add_event("dispatch", {"worker": dispatch.worker_id, "version": plan.version_header,
+                                        "reason": pick.reason.value, "resumed_tokens": len(emitted)})
         attempts += 1
         attempt_req = request
         if emitted:
@@ -103,7 +113,7 @@ async def generate_on_fleet(
                 resumed_output_ids=list(emitted), resumed_text_chars=emitted_chars)
         outcome = Outcome.SUCCESS
         try:
-            async with aclosing(handle.client.generate(attempt_req)) as stream:
+            async with aclosing(handle.client.generate(attempt_req, metadata)) as stream:
                 async for event in stream:
                     if event.finished and event.finish_reason is FinishReason.ABORT:
                         raise WorkerLost(f"worker {dispatch.worker_id} aborted the request (shutting down?)")
@@ -123,6 +133,8 @@ async def generate_on_fleet(
                 if attempts >= policy.max_attempts:
                     raise EngineUnavailableError(f"no worker could take the request after {attempts} attempts: {exc}") from None
                 track.retries += 1
+                if span is not None:
+                    span.add_event("retry", {"worker": dispatch.worker_id, "error": str(exc)})
                 log.warning("request %s: worker %s failed before any output (%s); retrying", request.request_id,
                             dispatch.worker_id, exc)
                 await asyncio.sleep(min(1.0, policy.backoff_s * 2 ** (track.retries - 1)))
@@ -130,6 +142,8 @@ async def generate_on_fleet(
             if track.migrations >= policy.max_migrations:
                 raise EngineUnavailableError(f"the request lost {track.migrations + 1} workers mid-stream: {exc}") from None
             track.migrations += 1
+            if span is not None:
+                span.add_event("migration", {"worker": dispatch.worker_id, "after_tokens": len(emitted), "error": str(exc)})
             log.warning("request %s: worker %s lost after %d output tokens (%s); migrating", request.request_id,
                         dispatch.worker_id, len(emitted), exc)
         finally:

@@ -32,6 +32,7 @@ from sluice.routing.rollout_driver import RolloutDriver
 from sluice.routing.router import FleetRouter
 from sluice.routing.routing_state import RoutingStateStore, effective_weights, make_routing_state_store
 from sluice.routing.state_follower import StateFollower
+from sluice.routing.version_router import version_header
 from sluice.routing.worker_pool import WorkerEntry, WorkerPool, WorkerStatus
 from sluice.worker.engine_client import EngineClient, ModelInfo
 from sluice.worker.grpc_client import GrpcEngineClient
@@ -236,6 +237,16 @@ class Fleet:
         states = [f"{h.worker_id}: {w.status.value}" for h in self.handles.values() if (w := self.pool.get(h.worker_id))]
         return "no worker can take requests (" + ", ".join(states) + ")" if states else "no workers"
 
+    def worker_counts(self) -> dict[tuple[str, str, str], int]:
+        """(model, <model>/<version>, state) -> workers, for the `sluice_workers` gauge."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for h in self.handles.values():
+            w = self.pool.get(h.worker_id)
+            if w is not None:
+                key = (h.model_id, version_header(h.model_id, h.version), w.status.value)
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
     def status(self) -> dict[str, object]:
         """The fleet as an operator sees it (the admin API's /admin/fleet)."""
         snapshot = self.follower.snapshot
@@ -261,7 +272,7 @@ class Fleet:
             pid = h.supervisor.worker.pid if h.supervisor is not None and h.supervisor.worker is not None else None
             workers.append({
                 "id": h.worker_id, "model": h.model_id, "version": h.version, "status": w.status.value,
-                "breaker": w.breaker.state().value, "inflight": w.inflight, "load_tokens": w.load_tokens,
+                "breaker": w.breaker.state.value, "inflight": w.inflight, "load_tokens": w.load_tokens,
                 "local": h.supervisor is not None, "pid": pid,
                 "restarts": h.supervisor.restarts if h.supervisor is not None else 0,
             })

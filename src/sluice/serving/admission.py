@@ -19,6 +19,7 @@ from sluice.gateway.rate_limit_headers import rate_limit_headers
 from sluice.serving.errors import ErrorKind, ServingError, overloaded
 from sluice.serving.request import ServingRequest
 from sluice.serving.runtime import ServingRuntime
+from sluice.trace_context import tracer
 from sluice.types import GenerationEvent
 
 Disconnected = Callable[[], Awaitable[bool]]  # True once the caller has gone away
@@ -52,10 +53,13 @@ async def open_session(
     if req.dedup_body is not None and rt.settings.enable_coalescing:
         key = coalesce_key(req.principal.tenant, version, req.dedup_body, rt.settings.coalesce_across_tenants)
     try:
-        session = await gw.open(
-            req.principal, prompt_len, max_tokens, produce,
-            key=key, use_cache=req.use_cache, deadline_s=req.queue_timeout_s, band=req.band,
-        )
+        with tracer().start_as_current_span("gateway.admission") as span:
+            session = await gw.open(
+                req.principal, prompt_len, max_tokens, produce,
+                key=key, use_cache=req.use_cache, deadline_s=req.queue_timeout_s, band=req.band,
+            )
+            span.set_attribute("sluice.session", session.kind.value)
+            span.set_attribute("sluice.queue_time_s", session.queue_time_s)
     except RateLimited as exc:
         d = exc.decision
         headers = rate_limit_headers(d)

@@ -19,6 +19,7 @@ from sluice.errors import EngineUnavailableError, InvalidRequestError
 from sluice.routing.failover import Attempted, FailoverPolicy, generate_on_fleet
 from sluice.serving.errors import ServingError, invalid, overloaded
 from sluice.serving.runtime import ServingRuntime
+from sluice.trace_context import tracer
 from sluice.types import FinishReason, GenerationEvent
 
 if TYPE_CHECKING:
@@ -48,9 +49,14 @@ async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[Ge
     failed = False
     m.inflight.inc()
     m.prompt_tokens.inc(len(request.prompt_token_ids))
+    # not the current span: this generator's frames run in its consumer's context, so the span
+    # is passed down explicitly (its context reaches the worker in the gRPC metadata)
+    span = tracer().start_span("generate", attributes={
+        "sluice.request_id": request.request_id, "sluice.version": prepared.plan.version_header,
+        "sluice.prompt_tokens": len(request.prompt_token_ids), "sluice.max_tokens": request.sampling.max_tokens})
     try:
         stream = generate_on_fleet(fleet.router, fleet.handles, prepared.plan, request, request.tenant,
-                                   prepared.planner.replan, policy, attempted)
+                                   prepared.planner.replan, policy, attempted, span)
         async with aclosing(stream):
             async for event in stream:
                 now = time.perf_counter()
@@ -59,7 +65,7 @@ async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[Ge
                 if event.token_ids:
                     if last is None:
                         first = now
-                        m.ttft.labels(route).observe(now - started)
+                        m.ttft.labels(route, attempted.plan.version_header, prepared.request.principal.tier).observe(now - started)
                     else:
                         m.itl.observe((now - last) / len(event.token_ids))
                     last = now
@@ -80,6 +86,14 @@ async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[Ge
         m.inflight.dec()
         if final is None:
             m.aborted.labels("client").inc()
+        span.set_attributes({
+            "sluice.output_tokens": output_tokens, "sluice.workers": ",".join(attempted.workers),
+            "sluice.retries": attempted.retries, "sluice.migrations": attempted.migrations,
+            "sluice.finish_reason": final.finish_reason.value if final is not None and final.finish_reason else "none",
+        })
+        if first is not None:
+            span.set_attribute("sluice.ttft_s", first - started)
+        span.end()
         with CancelScope(shield=True):  # accounting survives the response's cancellation
             plan = attempted.plan
             await fleet.router.settle(plan, len(request.prompt_token_ids) + output_tokens)

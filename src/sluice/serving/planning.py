@@ -29,6 +29,7 @@ from sluice.routing.version_router import sticky_key
 from sluice.serving.errors import ErrorKind, ServingError, invalid
 from sluice.serving.prompt import BuiltPrompt, build_prompt
 from sluice.serving.request import ServingRequest
+from sluice.trace_context import tracer
 from sluice.types import GenerationRequest
 
 
@@ -50,6 +51,18 @@ class Planner:
         return PlanRequest(r.model, p.tenant, p.tier, key, r.pin, exclude)
 
     async def plan(self, exclude: Collection[str] = ()) -> tuple[RoutePlan, Priced]:
+        with tracer().start_as_current_span("routing.plan") as span:
+            span.set_attribute("sluice.model.requested", self.request.model)
+            plan, priced = await self._plan(exclude)
+            span.set_attribute("sluice.model", plan.model_id)
+            span.set_attribute("sluice.version", plan.version_header)
+            if plan.fallback_from is not None:
+                span.set_attribute("sluice.fallback_from", plan.fallback_from)
+                span.set_attribute("sluice.fallback_reason", str(plan.fallback_reason.value if plan.fallback_reason else ""))
+            span.set_attribute("sluice.prompt_tokens", len(priced.prompt.token_ids))
+            return plan, priced
+
+    async def _plan(self, exclude: Collection[str]) -> tuple[RoutePlan, Priced]:
         try:
             plan = await self.fleet.router.plan(self.plan_request(exclude), self.cost)
         except UnknownModelError as exc:

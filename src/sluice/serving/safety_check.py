@@ -9,6 +9,7 @@ from sluice.safety.verdict import Action
 from sluice.safety.verdict_log import log_verdict
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.runtime import ServingRuntime
+from sluice.trace_context import tracer
 
 
 def check_input(rt: ServingRuntime, principal: Principal, texts: list[str], request_id: str) -> SafetyPipeline | None:
@@ -17,7 +18,9 @@ def check_input(rt: ServingRuntime, principal: Principal, texts: list[str], requ
     safety = rt.safety_for(principal)
     if safety is None:
         return None
-    verdict = safety.check_input(texts)
+    with tracer().start_as_current_span("safety.input") as span:
+        verdict = safety.check_input(texts)
+        span.set_attribute("sluice.safety.blocked", verdict is not None)
     if verdict is None:
         return safety
     log_verdict(verdict, request_id)

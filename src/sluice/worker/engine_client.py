@@ -14,7 +14,7 @@ it in-process. Callers see the same contract either way:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -33,8 +33,9 @@ class ModelInfo:
 
 @runtime_checkable
 class EngineClient(Protocol):
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        """Stream the request's events (an async generator); see the module docstring."""
+    def generate(self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[GenerationEvent]:
+        """Stream the request's events (an async generator); see the module docstring.
+        `trace_metadata`: the caller's trace context (W3C traceparent), for the engine's span."""
         ...
 
     async def abort(self, request_id: str) -> None:

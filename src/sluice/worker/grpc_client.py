@@ -47,7 +47,9 @@ class GrpcEngineClient:
             self._stub = pb_grpc.EngineStub(self._channel)
         return self._stub
 
-    async def generate(self, request: GenerationRequest, timeout: float | None = None) -> AsyncIterator[GenerationEvent]:
+    async def generate(
+        self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = (), timeout: float | None = None
+    ) -> AsyncIterator[GenerationEvent]:
         """Stream the request's events. `timeout`: this call's deadline in seconds (default
         `request_timeout_s`); when it passes the worker aborts the request and this raises
         EngineUnavailableError."""
@@ -55,7 +57,8 @@ class GrpcEngineClient:
             wire_request = request_to_pb(request)
         except (ValueError, TypeError) as exc:  # e.g. a value outside the wire's int32 range
             raise InvalidRequestError(f"request cannot be encoded: {exc}") from None
-        call = self._get_stub().Generate(wire_request, timeout=timeout or self.request_timeout_s)
+        call = self._get_stub().Generate(wire_request, timeout=timeout or self.request_timeout_s,
+                                         metadata=tuple(trace_metadata) or None)
         self._active.add(call)
         finished = False
         try:

@@ -15,14 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 
 import grpc
+from opentelemetry.trace import SpanKind
 
 from sluice.engine.async_engine import AsyncEngine
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.worker.convert import event_to_pb, request_from_pb, stats_to_json
 from sluice.worker.engine_client import ModelInfo
+from sluice.request_context import request_id_var
+from sluice.trace_context import extract_context, tracer
+from sluice.types import GenerationEvent
 from sluice.worker.faults import FaultSpec
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
@@ -65,14 +70,29 @@ class EngineServicer(pb_grpc.EngineServicer):
         engine = await self._require_engine(context)
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "worker draining")
+        request_id_var.set(request.request_id)  # this handler's task: its log lines carry the id
         faults = self.faults if not FaultSpec.exempt(request.request_id) else FaultSpec()
         if faults.fail_all:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_all")
+        span = tracer().start_span("worker.generate", context=extract_context(context.invocation_metadata()),
+                                   kind=SpanKind.SERVER, attributes={
+                                       "sluice.request_id": request.request_id,
+                                       "sluice.prompt_tokens": len(request.prompt_token_ids),
+                                       "sluice.resumed_tokens": len(request.resumed_output_ids)})
+        started = time.perf_counter()
+        first_at: float | None = None
+        last: GenerationEvent | None = None
         self.active += 1
         try:
             if faults.delay_first_token_s:
                 await asyncio.sleep(faults.delay_first_token_s)
             async for batch in engine.generate_batches(request_from_pb(request)):
+                if first_at is None and any(e.token_ids for e in batch):
+                    first_at = time.perf_counter()
+                    queued = next((e.queue_time_s for e in batch if e.queue_time_s is not None), None)
+                    if queued is not None:
+                        span.set_attribute("sluice.queue_time_s", queued)
+                last = batch[-1]
                 yield pb.GenerateResponse(events=[event_to_pb(e) for e in batch])
                 if faults.exit_after_tokens is not None:
                     self.tokens_sent += sum(len(e.token_ids) for e in batch)
@@ -87,6 +107,14 @@ class EngineServicer(pb_grpc.EngineServicer):
             await context.abort(code, str(exc))
         finally:
             self.active -= 1
+            end = time.perf_counter()
+            if first_at is not None:  # prefill ≈ until the first token (queue time included above)
+                span.set_attributes({"sluice.prefill_s": first_at - started, "sluice.decode_s": end - first_at})
+            if last is not None:
+                span.set_attributes({"sluice.output_tokens": last.usage.output_tokens,
+                                     "sluice.cached_tokens": last.usage.cached_tokens,
+                                     "sluice.finish_reason": last.finish_reason.value if last.finish_reason else "none"})
+            span.end()
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
         engine = await self._require_engine(context)

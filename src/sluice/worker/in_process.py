@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from sluice.engine.async_engine import AsyncEngine
 from sluice.engine.stats import EngineStats
@@ -20,7 +20,7 @@ class InProcessEngineClient:
         self.engine = engine
         self._info = info
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[GenerationEvent]:
         try:
             async for event in self.engine.generate(request):
                 yield event

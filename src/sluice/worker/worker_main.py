@@ -27,7 +27,6 @@ import os
 import signal
 import socket
 import stat
-import sys
 from pathlib import Path
 
 import grpc
@@ -82,7 +81,8 @@ def _clear_stale_socket(path: str) -> None:
 
 
 def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """An operator-facing line ("sluice worker listening on …"), through the log (JSON by default)."""
+    (log.error if ": error:" in message else log.warning if ": warning:" in message else log.info)("%s", message)
 
 
 async def run_worker(
