@@ -48,9 +48,11 @@ end
 return 1
 """
 
-# KEYS: record. ARGV: token.
+# KEYS: record. ARGV: token. A completed record is never released (it answers retries until its TTL).
 RELEASE = """
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] and redis.call('HGET', KEYS[1], 'phase') == 'running' then
+  redis.call('DEL', KEYS[1])
+end
 return 1
 """
 

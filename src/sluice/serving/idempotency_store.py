@@ -82,7 +82,7 @@ class IdempotencyStore(Protocol):
         ...
 
     async def release(self, key: str, token: str) -> None:
-        """Delete the claim held by `token`: a retry runs again."""
+        """Delete the RUNNING claim held by `token`: a retry runs again (a completed one stays)."""
         ...
 
     async def changed(self, key: str, timeout_s: float) -> None:
@@ -182,7 +182,8 @@ class MemoryIdempotencyStore:
             self._drop(oldest)
 
     async def release(self, key: str, token: str) -> None:
-        if self._held(key, token) is not None:
+        entry = self._held(key, token)
+        if entry is not None and entry.record.phase is Phase.RUNNING:
             self._drop(key)
 
     async def changed(self, key: str, timeout_s: float) -> None:
