@@ -37,6 +37,7 @@ def fleet(worker, redis_server, tmp_path_factory):
     data = tmp_path_factory.mktemp("keys")
     keys = {"main": make_key(data, "acme", "standard"), "slow": make_key(data, "slowco", "standard", "--rpm", "1")}
     env = {"SLUICE_DATA_DIR": str(data), "SLUICE_IDEMPOTENCY_STORE": "redis", "SLUICE_REPLAY_STORE": "redis",
+           "SLUICE_LIMITS_STORE": "redis",
            "SLUICE_REDIS_URL": redis_server.url}
     a = start_server(["--worker", worker.extra["address"]], env=env)
     b = start_server(["--worker", worker.extra["address"]], env=env)

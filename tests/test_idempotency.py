@@ -13,7 +13,6 @@ import pytest
 
 from sluice.gateway.limits import Limits
 from sluice.gateway.principal import Principal
-from sluice.models.tokenizer_loader import load_tokenizer
 from sluice.types import FinishReason
 from tests.fake_engine import Script
 from tests.fuzz_app import MODEL, scripted_app
@@ -23,8 +22,8 @@ CHAT = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_llama_dir):
-    return load_tokenizer(tiny_llama_dir)[0]
+def tiny(tiny_llama_dir):
+    return tiny_llama_dir
 
 
 class Keys:
@@ -86,9 +85,9 @@ def content(text: str) -> list[tuple[str, str]]:
     return [(e["id"], e["data"]) for e in events(text) if "id" in e]
 
 
-def test_a_retry_gets_the_same_reply_and_is_not_generated_again(tokenizer):
+def test_a_retry_gets_the_same_reply_and_is_not_generated_again(tiny):
     async def run():
-        app, _, engine = scripted_app(tokenizer)
+        app, _, engine = await scripted_app(tiny)
         async with client(app) as c:
             first = await c.post("/v1/messages", json=BODY, headers=keyed("k-1"))
             again = await c.post("/v1/messages", json=BODY, headers=keyed('"k-1"'))  # the draft's sf-string form
@@ -104,9 +103,9 @@ def test_a_retry_gets_the_same_reply_and_is_not_generated_again(tokenizer):
     asyncio.run(run())
 
 
-def test_the_same_key_with_another_body_is_a_422_in_each_wire_shape(tokenizer):
+def test_the_same_key_with_another_body_is_a_422_in_each_wire_shape(tiny):
     async def run():
-        app, _, engine = scripted_app(tokenizer)
+        app, _, engine = await scripted_app(tiny)
         async with client(app) as c:
             assert (await c.post("/v1/messages", json=BODY, headers=keyed("k"))).status_code == 200
             changed = await c.post("/v1/messages", json={**BODY, "max_tokens": 17}, headers=keyed("k"))
@@ -123,11 +122,11 @@ def test_the_same_key_with_another_body_is_a_422_in_each_wire_shape(tokenizer):
     asyncio.run(run())
 
 
-def test_keys_are_per_tenant_and_a_retry_is_charged_once(tokenizer):
+def test_keys_are_per_tenant_and_a_retry_is_charged_once(tiny):
     async def run():
         limited = Limits(rpm=2)
         auth = Keys(a=Principal(tenant="acme", key_id="a", limits=limited), b=Principal(tenant="zeta", key_id="b"))
-        app, _, engine = scripted_app(tokenizer, authenticator=auth)
+        app, _, engine = await scripted_app(tiny, authenticator=auth)
         async with client(app) as c:
             got = [await c.post("/v1/messages", json=BODY, headers=keyed("shared", **{"x-api-key": "a"})) for _ in range(4)]
             theirs = await c.post("/v1/messages", json=BODY, headers=keyed("shared", **{"x-api-key": "b"}))
@@ -141,9 +140,9 @@ def test_keys_are_per_tenant_and_a_retry_is_charged_once(tokenizer):
     asyncio.run(run())
 
 
-def test_a_retry_while_the_first_runs_waits_for_it(tokenizer):
+def test_a_retry_while_the_first_runs_waits_for_it(tiny):
     async def run():
-        app, _, engine = scripted_app(tokenizer, Script(texts=["a", "b", "c"], hang_at=1))
+        app, _, engine = await scripted_app(tiny, Script(texts=["a", "b", "c"], hang_at=1))
         async with client(app) as c:
             first = asyncio.ensure_future(c.post("/v1/messages", json=BODY, headers=keyed("k")))
             await until(lambda: engine.started, "the first attempt generates")
@@ -159,9 +158,9 @@ def test_a_retry_while_the_first_runs_waits_for_it(tokenizer):
     asyncio.run(run())
 
 
-def test_a_failed_first_attempt_releases_the_key(tokenizer):
+def test_a_failed_first_attempt_releases_the_key(tiny):
     async def run():
-        app, _, engine = scripted_app(tokenizer, Script(texts=["x"], finish=FinishReason.ABORT))
+        app, _, engine = await scripted_app(tiny, Script(texts=["x"], finish=FinishReason.ABORT))
         async with client(app) as c:
             failed = await c.post("/v1/messages", json=BODY, headers=keyed("k"))
             engine.script = Script()
@@ -173,9 +172,9 @@ def test_a_failed_first_attempt_releases_the_key(tokenizer):
     asyncio.run(run())
 
 
-def test_a_refused_first_attempt_releases_the_key(tokenizer):
+def test_a_refused_first_attempt_releases_the_key(tiny):
     async def run():
-        app, rt, engine = scripted_app(tokenizer)
+        app, rt, engine = await scripted_app(tiny)
         async with client(app) as c:
             rt.draining = True  # refused before generating: 529
             refused = await c.post("/v1/messages", json=BODY, headers=keyed("k"))
@@ -186,9 +185,9 @@ def test_a_refused_first_attempt_releases_the_key(tokenizer):
     asyncio.run(run())
 
 
-def test_a_keyed_stream_is_replayed_from_its_record_and_resumed_after_last_event_id(tokenizer):
+def test_a_keyed_stream_is_replayed_from_its_record_and_resumed_after_last_event_id(tiny):
     async def run():
-        app, _, engine = scripted_app(tokenizer, Script(texts=["a", "b", "c", "d"]))
+        app, _, engine = await scripted_app(tiny, Script(texts=["a", "b", "c", "d"]))
         body = {**BODY, "stream": True}
         async with client(app) as c:
             first = await c.post("/v1/messages", json=body, headers=keyed("s"))
@@ -206,9 +205,9 @@ def test_a_keyed_stream_is_replayed_from_its_record_and_resumed_after_last_event
     asyncio.run(run())
 
 
-def test_a_retry_of_a_running_stream_follows_it_through_the_replay_log(tokenizer):
+def test_a_retry_of_a_running_stream_follows_it_through_the_replay_log(tiny):
     async def run():
-        app, rt, engine = scripted_app(tokenizer, Script(texts=["a", "b", "c", "d"], hang_at=2))
+        app, rt, engine = await scripted_app(tiny, Script(texts=["a", "b", "c", "d"], hang_at=2))
         body = {**BODY, "stream": True}
         async with client(app) as c:
             first = asyncio.ensure_future(c.post("/v1/messages", json=body, headers=keyed("s")))
@@ -228,9 +227,9 @@ def test_a_retry_of_a_running_stream_follows_it_through_the_replay_log(tokenizer
     asyncio.run(run())
 
 
-def test_a_stream_that_failed_releases_its_key_and_its_followers_see_the_error(tokenizer):
+def test_a_stream_that_failed_releases_its_key_and_its_followers_see_the_error(tiny):
     async def run():
-        app, _, engine = scripted_app(tokenizer, Script(texts=["a", "b"], finish=FinishReason.ERROR))
+        app, _, engine = await scripted_app(tiny, Script(texts=["a", "b"], finish=FinishReason.ERROR))
         body = {**BODY, "stream": True}
         async with client(app) as c:
             failed = await c.post("/v1/messages", json=body, headers=keyed("s"))
@@ -243,9 +242,9 @@ def test_a_stream_that_failed_releases_its_key_and_its_followers_see_the_error(t
     asyncio.run(run())
 
 
-def test_openai_retries_replay_the_reply_and_the_stream_from_its_start(tokenizer):
+def test_openai_retries_replay_the_reply_and_the_stream_from_its_start(tiny):
     async def run():
-        app, _, engine = scripted_app(tokenizer, Script(texts=["a", "b"]))
+        app, _, engine = await scripted_app(tiny, Script(texts=["a", "b"]))
         stream = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
         async with client(app) as c:
             first = await c.post("/v1/chat/completions", json=CHAT, headers=keyed("c"))

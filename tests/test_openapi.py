@@ -12,7 +12,6 @@ from jsonschema import Draft202012Validator
 from sluice.api.anthropic.batches import BatchCreate
 from sluice.api.anthropic.schema import MessagesRequest
 from sluice.api.openai.schema import ChatCompletionRequest
-from sluice.models.tokenizer_loader import load_tokenizer
 from tests.fuzz_app import MODEL, scripted_app, unready_app
 
 BODY = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -26,14 +25,6 @@ def get(app, *paths: str) -> list[httpx.Response]:
     async def run():
         async with client(app) as c:
             return [await c.get(p) for p in paths]
-
-    return asyncio.run(run())
-
-
-def post(app, path: str, body: dict) -> httpx.Response:
-    async def run():
-        async with client(app) as c:
-            return await c.post(path, json=body)
 
     return asyncio.run(run())
 
@@ -57,7 +48,7 @@ def test_every_route_is_documented_with_its_body_and_error_shape(doc):
         "GET /v1/models", "GET /v1/models/{model_id}", "GET /v1/messages/{message_id}/stream",
         "POST /v1/chat/completions", "POST /v1/messages/batches", "GET /v1/messages/batches",
         "GET /v1/messages/batches/{batch_id}", "POST /v1/messages/batches/{batch_id}/cancel",
-        "DELETE /v1/messages/batches/{batch_id}", "GET /v1/messages/batches/{batch_id}/results",
+        "DELETE /v1/messages/batches/{batch_id}", "GET /v1/messages/batches/{batch_id}/results", "GET /admin/fleet",
     }
     bodies = {"/v1/messages": "MessagesRequest", "/v1/messages/count_tokens": "CountTokensRequest",
               "/v1/messages/batches": "BatchCreate", "/v1/chat/completions": "ChatCompletionRequest"}
@@ -99,16 +90,26 @@ def test_every_schema_is_valid_json_schema_with_no_pydantic_only_keywords(doc):
 
 def test_an_integral_number_is_an_integer(tiny_llama_dir):
     """Found by the fuzz test: JSON Schema calls 8.0 an integer, the strict models refused it."""
-    app, _, _ = scripted_app(load_tokenizer(tiny_llama_dir)[0])
-    assert post(app, "/v1/messages", {**BODY, "max_tokens": 8.0}).status_code == 200
-    assert post(app, "/v1/chat/completions", {**BODY, "max_tokens": 8.0, "seed": 3.0}).status_code == 200
-    for bad in (8.5, "8", True):
-        assert post(app, "/v1/messages", {**BODY, "max_tokens": bad}).status_code == 400
+    async def run():
+        app, _, _ = await scripted_app(tiny_llama_dir)
+        async with client(app) as c:
+            assert (await c.post("/v1/messages", json={**BODY, "max_tokens": 8.0})).status_code == 200
+            chat = {**BODY, "max_tokens": 8.0, "seed": 3.0}
+            assert (await c.post("/v1/chat/completions", json=chat)).status_code == 200
+            for bad in (8.5, "8", True):
+                assert (await c.post("/v1/messages", json={**BODY, "max_tokens": bad})).status_code == 400
+
+    asyncio.run(run())
 
 
 def test_a_batch_item_that_breaks_a_messages_rule_is_refused_at_create(tiny_llama_dir):
     """Found by the fuzz test: an item with an empty text block was accepted, to fail later."""
-    app, _, _ = scripted_app(load_tokenizer(tiny_llama_dir)[0])
-    item = {**BODY, "system": [{"type": "text", "text": ""}]}
-    r = post(app, "/v1/messages/batches", {"requests": [{"custom_id": "a", "params": BODY}, {"custom_id": "b", "params": item}]})
+    async def run():
+        app, _, _ = await scripted_app(tiny_llama_dir)
+        item = {**BODY, "system": [{"type": "text", "text": ""}]}
+        batch = {"requests": [{"custom_id": "a", "params": BODY}, {"custom_id": "b", "params": item}]}
+        async with client(app) as c:
+            return await c.post("/v1/messages/batches", json=batch)
+
+    r = asyncio.run(run())
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("requests.1.params.system.0")

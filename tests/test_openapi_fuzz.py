@@ -22,10 +22,9 @@ from hypothesis import HealthCheck, settings
 
 from sluice.api.errors import is_openai_path
 from sluice.api.openapi_models import AnthropicError, OpenAIError
-from sluice.models.tokenizer_loader import load_tokenizer
 from sluice.types import INT32_MAX
 from tests.fake_engine import Script
-from tests.fuzz_app import MODEL, make_ready, unready_app
+from tests.fuzz_app import MODEL, ReadyOnFirstRequest, unready_app
 
 EXAMPLES = int(os.environ.get("SLUICE_FUZZ_EXAMPLES", "12"))
 RANDOM = os.environ.get("SLUICE_FUZZ_RANDOM") == "1"  # make fuzz: a new seed each run
@@ -35,18 +34,19 @@ RANDOM = os.environ.get("SLUICE_FUZZ_RANDOM") == "1"  # make fuzz: a new seed ea
 # the engine is scripted in by the fixture below. Safety on: the input rules and the stream
 # guard see the fuzzed text.
 APP, RUNTIME = unready_app(safety=True)
+SERVED = ReadyOnFirstRequest(APP, RUNTIME)
 schema = schemathesis.openapi.from_dict(APP.openapi(), config=schemathesis.Config.from_dict({
     # extra parameters are not "invalid": HTTP servers take headers they do not know
     "generation": {"mode": "all", "max-examples": EXAMPLES, "allow-extra-parameters": False},
     "phases": {"examples": {"enabled": False}, "stateful": {"enabled": False}},
     "max-stream-events": 64,
 }))
-schema.app = APP
+schema.app = SERVED
 
 
 @pytest.fixture(scope="module", autouse=True)
 def engine(tiny_llama_dir):
-    return make_ready(RUNTIME, load_tokenizer(tiny_llama_dir)[0], Script(texts=["Hi", " there"]), max_model_len=1 << 16)
+    SERVED.ready = {"tiny_dir": tiny_llama_dir, "script": Script(texts=["Hi", " there"]), "max_model_len": 1 << 16}
 
 
 def _header(response, name: str) -> str:
