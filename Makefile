@@ -1,6 +1,7 @@
 # sluice: two commands from a fresh clone.
 #   make serve   install into .venv (once) and serve the bundled model on 127.0.0.1:8000
 #   make test    install into .venv (once) and run the whole test suite
+#   make fuzz    a longer randomized pass of the OpenAPI fuzz test (FUZZ_EXAMPLES=500)
 #   make bench   run the engine throughput benchmark (docs/BENCHMARKS.md)
 
 PYTHON ?= python3.11
@@ -12,7 +13,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: install serve test bench proto deploy-generate clean
+.PHONY: install serve test fuzz bench proto deploy-generate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -51,6 +52,11 @@ deploy-generate: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# a longer, randomized pass of the schema-driven fuzz test (make test runs a bounded one)
+FUZZ_EXAMPLES ?= 500
+fuzz: install
+	SLUICE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SLUICE_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/test_openapi_fuzz.py $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/engine_throughput.py

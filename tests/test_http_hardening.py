@@ -155,7 +155,7 @@ def test_max_tokens_boundary_matches_what_models_says(server):
     assert httpx.post(server.base_url + "/v1/messages/count_tokens", json={"model": server.extra["model"], "messages": [{"role": "user", "content": "x"}]}).status_code == 200
 
 
-@pytest.mark.parametrize("patch", [{"stream": "yes"}, {"stream": 1}, {"background": "maybe"}, {"max_tokens": "4"}, {"max_tokens": 4.0}])
+@pytest.mark.parametrize("patch", [{"stream": "yes"}, {"stream": 1}, {"background": "maybe"}, {"max_tokens": "4"}, {"max_tokens": 4.5}])
 def test_wire_types_are_strict(server, patch):
     r = httpx.post(server.base_url + "/v1/messages", json=_msg(server, **patch), timeout=30)
     assert r.status_code == 400, r.text

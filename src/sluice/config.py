@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sluice.errors import SluiceError
@@ -88,11 +88,20 @@ class Settings(BaseSettings):
     trace_exporter: Literal["none", "otlp", "file"] = "none"
     otlp_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces (default: the SDK's)
     trace_file: str | None = None  # file exporter: spans go to <trace_file>.<service>.<pid>.jsonl
+    openapi: bool = True  # /openapi.json, /docs, /redoc (false: all three are 404)
 
     # -- stream resume (docs/API.md) ---------------------------------------------------------
     replay_store: Literal["memory", "redis"] = "memory"  # redis: resume through any replica
     replay_ttl_s: float = Field(600.0, gt=0)  # how long a finished stream can be resumed
     replay_max_bytes: int = Field(1 << 20, ge=4096)  # per stream (memory store)
+
+    # -- idempotent retries (docs/API.md: Idempotency-Key) ------------------------------------
+    # memory: one gateway process; redis (redis_url): every replica shares the keys
+    idempotency_store: Literal["memory", "redis"] = "memory"
+    # how long a completed reply answers retries of its key. An hour: the SDKs retry within
+    # seconds, a job runner resubmits after a crash within minutes; LLM replies are large, so
+    # 24 h (Stripe's) would hold a day of replies in Redis. Raise it where retries come later.
+    idempotency_ttl_s: float = Field(3600.0, gt=0)
 
     # -- safety (docs/SAFETY.md) --------------------------------------------------------------
     safety: bool = True
@@ -129,6 +138,16 @@ class Settings(BaseSettings):
         if v is not None and not v.get_secret_value().strip():
             return None
         return v
+
+
+    @model_validator(mode="after")
+    def _retries_follow_streams_everywhere(self) -> "Settings":
+        # a retry of a keyed stream follows the first attempt's replay log: with keys shared
+        # across replicas, the log must be too, or a retry on another replica finds nothing
+        if self.idempotency_store == "redis" and self.replay_store != "redis":
+            raise ValueError("idempotency_store = 'redis' needs replay_store = 'redis' (a retried stream is "
+                             "followed through the replay log, from any replica)")
+        return self
 
 
 def load_settings(file: str | Path | None = None, **overrides: Any) -> Settings:

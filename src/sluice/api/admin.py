@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from sluice.api import openapi_doc as doc
 from sluice.api.auth import presented_key
 from sluice.api.errors import ApiError
 from sluice.serving.runtime import ServingRuntime
@@ -39,7 +40,7 @@ def build_router(rt: ServingRuntime) -> APIRouter:
     key = rt.settings.admin_key.get_secret_value() if rt.settings.admin_key else None
     guard = AdminGuard(key)
 
-    @router.get("/admin/fleet")
+    @router.get("/admin/fleet", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=doc.LOOKUP))
     async def fleet_status(request: Request) -> Any:
         guard.check(request)
         return rt.require_fleet().status()

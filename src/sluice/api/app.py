@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice import __version__
 from sluice.api import admin
+from sluice.api import openapi_doc
 from sluice.api.anthropic import batches, resume
 from sluice.api.auth import TIER_STATE
 from sluice.api.anthropic import routes as anthropic_routes
@@ -17,6 +18,7 @@ from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
 from sluice.api.openai import routes as openai_routes
 from sluice.engine.stats import combined
+from sluice.gateway.authenticator import OpenAccess
 from sluice.serving.errors import ServingError
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.request import VERSION_HEADER
@@ -24,6 +26,10 @@ from sluice.serving.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.api")
 VERSION_HEADER_B = VERSION_HEADER.encode()
+DESCRIPTION = (
+    "Anthropic Messages and OpenAI chat completions, served by sluice. Errors use each wire format's own "
+    "shape (`AnthropicError`, `OpenAIError`); streams are `text/event-stream`. See docs/API.md."
+)
 
 
 def _count_response(scope: dict, status: int, rt: ServingRuntime, headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -37,8 +43,13 @@ def _count_response(scope: dict, status: int, rt: ServingRuntime, headers: list[
 
 
 def create_app(rt: ServingRuntime) -> FastAPI:
-    app = FastAPI(title="sluice", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    docs = rt.settings.openapi
+    app = FastAPI(
+        title="sluice", version=__version__, description=DESCRIPTION,
+        openapi_url="/openapi.json" if docs else None, docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+    )
     app.state.runtime = rt
+    openapi_doc.install(app, rt.settings, isinstance(rt.authenticator, OpenAccess))
 
     def respond(request: Request, err: ApiError) -> JSONResponse:
         return error_response(err, request.url.path, getattr(request.state, "request_id", None))
@@ -71,17 +82,17 @@ def create_app(rt: ServingRuntime) -> FastAPI:
         _count_response(request.scope, 500, rt)  # this response bypasses the inner middleware
         return respond(request, ApiError(500, "Internal server error"))
 
-    @app.get("/health")
+    @app.get("/health", openapi_extra=openapi_doc.HEALTH)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get("/ready", openapi_extra=openapi_doc.READY)
     async def ready() -> JSONResponse:
         if rt.ready:
             return JSONResponse({"status": "ready", "model": rt.model_ids[0]})
         return JSONResponse({"status": rt.not_ready_reason()}, status_code=503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", openapi_extra=openapi_doc.METRICS)
     async def metrics() -> Response:
         stats = None
         if rt.fleet is not None:  # engines that do not answer are left out; engine_up says when none does

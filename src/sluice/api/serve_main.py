@@ -92,6 +92,7 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
         if fleet is not None:
             await fleet.close()
         await rt.replay.close()
+        await rt.idempotency.close()
     return exit_code
 
 

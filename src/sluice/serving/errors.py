@@ -17,6 +17,7 @@ class ErrorKind(str, enum.Enum):
     PERMISSION = "permission"  # refused by policy (403)
     NOT_FOUND = "not_found"  # unknown model, stream, batch (404)
     CONFLICT = "conflict"  # conflicts with an earlier request (409)
+    UNPROCESSABLE = "unprocessable"  # well-formed but not acceptable: an idempotency key reused for another body (422)
     RATE_LIMITED = "rate_limited"  # this caller is over a limit (429)
     OVERLOADED = "overloaded"  # the service cannot take it now: queue full, no engine, draining (529)
     TIMEOUT = "timeout"  # took longer than allowed (504 / timeout_error)

@@ -25,6 +25,7 @@ from sluice.routing.fleet import Fleet
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.policy import load_policy
 from sluice.serving.errors import ErrorKind, ServingError
+from sluice.serving.idempotency import Idempotency, build_idempotency
 from sluice.streaming.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
 
 
@@ -41,6 +42,7 @@ class ServingRuntime:
     metrics: ServingMetrics = field(default_factory=ServingMetrics)
     replay_log: InitVar[ReplayLog | None] = None  # default: built from the settings
     replay: ReplayLog = field(init=False)
+    idempotency: Idempotency = field(init=False)  # Idempotency-Key claims and kept replies
     fleet: Fleet | None = None  # the workers, the router, their state (routing/fleet.py)
     gateway: Gateway | None = None
     safety: dict[str, SafetyPipeline] = field(default_factory=dict)  # "" = default; else per tier
@@ -53,6 +55,7 @@ class ServingRuntime:
 
     def __post_init__(self, replay_log: ReplayLog | None) -> None:
         self.replay = replay_log or build_replay(self.settings)
+        self.idempotency = build_idempotency(self.settings, self.replay)
 
     def mark_ready(self, fleet: Fleet, capacity_tokens: int = 0) -> None:
         self.fleet = fleet

@@ -23,7 +23,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sluice.api import openapi_doc as doc
 from sluice.api.anthropic.convert import VERSIONS, describe_validation_error, parse_body, to_serving_request
+from sluice.api.anthropic.prompt import to_conversation
 from sluice.api.anthropic.render import plan_for, render_message
 from sluice.api.anthropic.schema import MessagesRequest
 from sluice.api.auth import require_principal
@@ -94,8 +96,11 @@ def _items(spec: BatchCreate) -> list[tuple[str, Any]]:
             raise bad_request(f"requests.{i}.params.stream: batch requests cannot stream")
         try:
             body = MessagesRequest.model_validate(item.params)
+            to_conversation(body)  # the conversation rules too (empty text, roles): a 400 now, not an errored result later
         except ValidationError as exc:  # say which item
             raise bad_request(f"requests.{i}.params.{describe_validation_error(exc)}") from None
+        except ServingError as exc:
+            raise bad_request(f"requests.{i}.params.{exc.message}") from None
         items.append((item.custom_id, body))
     return items
 
@@ -129,7 +134,8 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
     def base_url(request: Request) -> str:
         return str(request.base_url).rstrip("/")
 
-    @router.post("/v1/messages/batches")
+    @router.post("/v1/messages/batches", openapi_extra=doc.operation(
+        doc.Family.ANTHROPIC, body="BatchCreate", ok="MessageBatch", errors=(*doc.ENGINE, 429)))
     async def create(request: Request) -> Any:
         principal = await require_principal(request, rt.authenticator)
         spec = parse_body(await request.body(), BatchCreate, False)
@@ -143,32 +149,35 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
         batch.task = rt.keep_task(run_batch(batch, lambda body: execute(runner, body), PER_BATCH_CONCURRENCY))
         return batch_json(batch, base_url(request))
 
-    @router.get("/v1/messages/batches")
-    async def list_batches(request: Request, limit: int = 20, after_id: str | None = None, before_id: str | None = None) -> Any:
+    @router.get("/v1/messages/batches", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatchList"))
+    async def list_batches(request: Request, limit: int = doc.limit(), after_id: str | None = None, before_id: str | None = None) -> Any:
         principal = await require_principal(request, rt.authenticator)
         batches = {b.id: b for b in store.for_tenant(principal.tenant)}
         base = base_url(request)
         return page(list(batches), limit, after_id, before_id, lambda i: batch_json(batches[i], base))
 
-    @router.get("/v1/messages/batches/{batch_id}")
+    @router.get("/v1/messages/batches/{batch_id}", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP))
     async def retrieve(request: Request, batch_id: str) -> Any:
         principal = await require_principal(request, rt.authenticator)
         return batch_json(store.get(principal.tenant, batch_id), base_url(request))
 
-    @router.post("/v1/messages/batches/{batch_id}/cancel")
+    @router.post("/v1/messages/batches/{batch_id}/cancel", openapi_extra=doc.operation(
+        doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP))
     async def cancel(request: Request, batch_id: str) -> Any:
         principal = await require_principal(request, rt.authenticator)
         batch = store.get(principal.tenant, batch_id)
         batch.cancel(time.time())
         return batch_json(batch, base_url(request))
 
-    @router.delete("/v1/messages/batches/{batch_id}")
+    @router.delete("/v1/messages/batches/{batch_id}", openapi_extra=doc.operation(
+        doc.Family.ANTHROPIC, ok="DeletedBatch", errors=doc.LOOKUP))
     async def delete(request: Request, batch_id: str) -> Any:
         principal = await require_principal(request, rt.authenticator)
         store.delete(principal.tenant, batch_id)
         return {"id": batch_id, "type": "message_batch_deleted"}
 
-    @router.get("/v1/messages/batches/{batch_id}/results")
+    @router.get("/v1/messages/batches/{batch_id}/results", openapi_extra=doc.operation(
+        doc.Family.ANTHROPIC, media="application/binary", errors=doc.LOOKUP))
     async def results(request: Request, batch_id: str) -> Response:
         principal = await require_principal(request, rt.authenticator)
         batch = store.get(principal.tenant, batch_id)

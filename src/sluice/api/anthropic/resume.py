@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from sse_starlette import ServerSentEvent
 
+from sluice.api import openapi_doc as doc
 from sluice.api.anthropic.render import PING
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, bad_request
@@ -55,23 +56,30 @@ async def follow(rt: ServingRuntime, msg_id: str, after: int) -> AsyncIterator[R
         yield ReplayEvent(0, "error", json.dumps({"type": "error", "error": {"type": "not_found_error", "message": str(exc)}}))
 
 
+def resume_point(request: Request, message_id: str, starting_after: int | None = None) -> int:
+    """Where a client resumes `message_id`: `?starting_after=N`, else `Last-Event-ID: <id>:<N>`, else 0."""
+    if starting_after is not None:
+        return starting_after
+    last = request.headers.get("last-event-id")
+    if not last:
+        return 0
+    stream_id, _, seq = last.rpartition(":")
+    if stream_id != message_id or not seq.isdigit():
+        raise bad_request(f"Last-Event-ID: expected '{message_id}:<seq>', got {last!r}")
+    return int(seq)
+
+
 def build_router(rt: ServingRuntime) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/v1/messages/{message_id}/stream")
+    @router.get("/v1/messages/{message_id}/stream", openapi_extra=doc.operation(
+        doc.Family.ANTHROPIC, stream=True, errors=doc.LOOKUP, params=[doc.LAST_EVENT_ID]))
     async def resume(request: Request, message_id: str, starting_after: int | None = Query(None, ge=0)) -> Any:
         principal = await require_principal(request, rt.authenticator)
         owner = await rt.replay.owner(message_id)
         if owner is None or owner != principal.tenant:
             raise ApiError(404, f"no stream {message_id} to resume (unknown or expired)", type="not_found_error")
-        after = starting_after
-        if after is None:
-            last = request.headers.get("last-event-id")
-            if last:
-                stream_id, _, seq = last.rpartition(":")
-                if stream_id != message_id or not seq.isdigit():
-                    raise bad_request(f"Last-Event-ID: expected '{message_id}:<seq>', got {last!r}")
-                after = int(seq)
-        return event_stream_response(rt, numbered(follow(rt, message_id, after or 0), message_id), ping)
+        after = resume_point(request, message_id, starting_after)
+        return event_stream_response(rt, numbered(follow(rt, message_id, after), message_id), ping)
 
     return router

@@ -10,8 +10,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
+from sluice.api import openapi_doc as doc
+from sluice.api import idempotent
 from sluice.api.anthropic import resume
 from sluice.api.anthropic.convert import api_version, parse_body, to_serving_request
 from sluice.api.anthropic.prompt import to_conversation
@@ -23,6 +25,7 @@ from sluice.api.ids import new_id
 from sluice.api.pagination import page
 from sluice.api.sse import event_stream_response, numbered
 from sluice.serving.admission import ClientGone
+from sluice.serving.idempotency import Action
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.recorder import detach
@@ -45,26 +48,41 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
     router = APIRouter()
     lenient = not rt.settings.reject_unknown_fields
 
-    @router.post("/v1/messages")
+    @router.post("/v1/messages", openapi_extra=doc.operation(
+        doc.Family.ANTHROPIC, body="MessagesRequest", ok="MessageObject", stream=True, errors=doc.GENERATION,
+        params=[doc.ANTHROPIC_VERSION, doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS, doc.BACKGROUND]))
     async def create_message(request: Request) -> Any:
         principal = await require_principal(request, rt.authenticator)
         version = api_version(request, rt.settings)
         body: MessagesRequest = parse_body(await request.body(), MessagesRequest, lenient)
         sreq = to_serving_request(body, principal, new_id("msg"), version, rt.settings, request)
+        attempt = await idempotent.begin(request, rt, principal, sreq, body, body.stream)
+        if attempt.action is not Action.RUN:  # a retry: the first attempt's response, not generated again
+            stream_id = attempt.stream_id or ""
+            return idempotent.replayed(rt, attempt, lambda events: numbered(events, stream_id), resume.ping,
+                                       lambda sid, after: resume.follow(rt, sid, after),
+                                       resume.resume_point(request, stream_id) if body.stream else 0)
         # Refusals known at once (rate limits, a full queue) are real 429 / 529 statuses. A stream
         # still queued after `stream_open_wait_s` is opened while it waits, so pings flow (a
         # deadline passed later is then an in-stream overloaded_error).
         wait = rt.settings.stream_open_wait_s if body.stream else None
-        try:
-            gen = await pipeline.start(sreq, wait, request.is_disconnected)
-        except ClientGone:
-            return Response(status_code=499)
-        plan = plan_for(gen)
-        if not body.stream:
-            return JSONResponse(render_message(gen, await gen.collect(), plan), headers=gen.headers)
-        recording = await resume.recorded(rt, gen.request_id, principal.tenant, render_stream(gen, plan, request.state.request_id))
-        if wants_background(request, body.background):  # generation outlives this connection
-            detach(recording, rt.keep)
+        async with attempt.settles():  # a key whose attempt did not complete is released
+            try:
+                gen = await pipeline.start(sreq, wait, request.is_disconnected)
+            except ClientGone:
+                return Response(status_code=499)
+            plan = plan_for(gen)
+            if not body.stream:
+                response, kept = idempotent.reply(render_message(gen, await gen.collect(), plan), gen.headers)
+                await attempt.complete(kept)
+                return response
+            recording = await resume.recorded(rt, gen.request_id, principal.tenant, render_stream(gen, plan, request.state.request_id))
+            detached = attempt.keyed or wants_background(request, body.background)  # outlives this connection
+            if attempt.keyed:  # a retry attaches to it through the replay log
+                attempt.detach(recording, rt.keep, lambda: gen.headers, lambda last: last.name == "message_stop")
+            elif detached:
+                detach(recording, rt.keep)
+        if detached:
             return event_stream_response(rt, numbered(resume.follow(rt, gen.request_id, 0), gen.request_id), resume.ping, gen.headers)
 
         async def closed() -> None:  # however the response ended, even before its stream started
@@ -73,21 +91,22 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
 
         return event_stream_response(rt, numbered(recording.events(), gen.request_id), resume.ping, gen.headers, closed, request)
 
-    @router.post("/v1/messages/count_tokens")
+    @router.post("/v1/messages/count_tokens", openapi_extra=doc.operation(
+        doc.Family.ANTHROPIC, body="CountTokensRequest", ok="TokenCount", errors=doc.ENGINE, params=[doc.ANTHROPIC_VERSION]))
     async def count_tokens(request: Request) -> Any:
         await require_principal(request, rt.authenticator)
         api_version(request, rt.settings)
         body: CountTokensRequest = parse_body(await request.body(), CountTokensRequest, lenient)
         return {"input_tokens": await pipeline.count_tokens(body.model, to_conversation(body))}
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="ModelList"))
     async def list_models(
-        request: Request, limit: int = 20, after_id: str | None = None, before_id: str | None = None
+        request: Request, limit: int = doc.limit(), after_id: str | None = None, before_id: str | None = None
     ) -> Any:
         await require_principal(request, rt.authenticator)
         return page(list(rt.model_ids), limit, after_id, before_id, lambda m: _model_info(rt, m))
 
-    @router.get("/v1/models/{model_id:path}")
+    @router.get("/v1/models/{model_id:path}", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="ModelInfo", errors=doc.LOOKUP))
     async def get_model(request: Request, model_id: str) -> Any:
         await require_principal(request, rt.authenticator)
         rt.check_model(model_id)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.types import INT32_MAX, INT64_MAX, INT64_MIN
+from sluice.api.wire_types import Count, Seed
 
 
 class _Strict(BaseModel):
@@ -111,14 +111,14 @@ class Tool(_Open):
 
 class MessagesRequest(_Strict):
     model: str
-    max_tokens: int = Field(ge=0, le=INT32_MAX)
+    max_tokens: Count
     messages: list[Message]
     system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
+    top_k: Count | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     tools: list[Tool] | None = None
@@ -134,7 +134,7 @@ class MessagesRequest(_Strict):
     mcp_servers: list[dict[str, Any]] | None = None
     context_management: dict[str, Any] | None = None
     # sluice extensions
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # reproducible sampling (send through extra_body)
+    seed: Seed | None = None  # reproducible sampling (send through extra_body)
     background: bool = False  # keep generating after a disconnect, for resume (issue 6)
 
 

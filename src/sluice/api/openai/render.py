@@ -14,6 +14,8 @@ from sluice.api.errors import openai_error_type
 from sluice.serving.errors import ServingError
 from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta
 from sluice.serving.pipeline import Collected, Generation
+from sluice.streaming.event_log import LogGap
+from sluice.streaming.replay_log import ReplayEvent
 from sluice.types import FinishReason, Usage
 
 FINISH = {
@@ -93,3 +95,43 @@ async def render_chunks(gen: Generation, include_usage: bool) -> AsyncIterator[S
                 yield chunk({}, None, outcome.usage, choices=False)
             yield ServerSentEvent(data="[DONE]")
             return
+
+
+# A keyed stream is recorded in the replay log (its retries replay it): chunks are numbered
+# events there, and sent as plain `data:` frames again — OpenAI streams carry no event names or ids.
+CHUNK = "chunk"
+
+
+async def chunk_events(chunks: AsyncIterator[ServerSentEvent]) -> AsyncIterator[ReplayEvent]:
+    """`render_chunks` as numbered replay events (its keep-alive comments are not content)."""
+    seq = 0
+    async for frame in chunks:
+        if frame.data is not None:
+            seq += 1
+            yield ReplayEvent(seq, CHUNK, frame.data)
+
+
+async def chunk_frames(events: AsyncIterator[ReplayEvent]) -> AsyncIterator[ServerSentEvent]:
+    """Replay events back as the frames they were (any other event, a ping, is a keep-alive)."""
+    async for event in events:
+        yield ServerSentEvent(data=event.data) if event.name == CHUNK else ServerSentEvent(comment="ping")
+
+
+async def followed(events: AsyncIterator[ReplayEvent]) -> AsyncIterator[ReplayEvent]:
+    """A recorded stream followed from the replay log: a keep-alive at once, then its chunks; an
+    error chunk if the log no longer holds them."""
+    yield ReplayEvent(0, "ping", "")
+    try:
+        async for event in events:
+            yield event
+    except LogGap as exc:
+        yield ReplayEvent(0, CHUNK, error_event(str(exc), "server_error").data)
+
+
+def cut_chunk(seq: int) -> ReplayEvent:
+    """The recorded end of a stream cut short (the server stopped before it finished)."""
+    return ReplayEvent(seq, CHUNK, error_event("the stream ended before it finished", "server_error").data)
+
+
+def ended_well(last: ReplayEvent) -> bool:
+    return last.data == "[DONE]"

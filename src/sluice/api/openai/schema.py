@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.types import INT32_MAX, INT64_MAX, INT64_MIN
+from sluice.api.wire_types import Count, JsonInt, PositiveCount, Seed
 
 
 class _Strict(BaseModel):
@@ -36,22 +36,22 @@ class StreamOptions(_Strict):
 class ChatCompletionRequest(_Strict):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_tokens: PositiveCount | None = None
+    max_completion_tokens: PositiveCount | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # not OpenAI's; vLLM-compatible extension
-    n: int = Field(1, ge=1, le=1)
+    top_k: Count | None = None  # not OpenAI's; vLLM-compatible extension
+    n: JsonInt = Field(1, ge=1, le=1)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    seed: Seed | None = None
     # accepted for compatibility; not applied by this engine (documented in docs/API.md)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: JsonInt | None = None
     user: str | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
