@@ -53,13 +53,14 @@ def test_leaving_a_stream_aborts_and_frees_blocks_within_a_step(tiny_llama):
             seen += 1
             if seen == 3:
                 break  # the client goes away
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 120  # generous: a busy machine; the token count proves the abort
         while time.monotonic() < deadline:
             s = engine.stats()
             if s.num_running == 0 and s.num_waiting == 0:
+                assert s.output_tokens < 200, f"{s.output_tokens} of 400 tokens generated: not aborted"
                 return s
             await asyncio.sleep(0.01)
-        raise AssertionError("request still running 2 s after the stream was left")
+        raise AssertionError("request still running long after the stream was left")
 
     try:
         stats = asyncio.run(main())
