@@ -507,6 +507,7 @@ static void decode_task(const AttnArgs& a, int64_t task) {
 static void paged_decode(const AttnArgs& a, int64_t t0, int64_t t1) {
   void (*fn)(const AttnArgs&, int64_t) = nullptr;
   switch (a.head_dim / kPanel) {
+    case 1: fn = &decode_task<1>; break;
     case 2: fn = &decode_task<2>; break;
     case 3: fn = &decode_task<3>; break;
     case 4: fn = &decode_task<4>; break;

@@ -325,7 +325,7 @@ void rope_and_cache(torch::Tensor& qkv, const torch::Tensor& positions, const to
 }
 
 bool supports_head_dim(int64_t d) {
-  return d % kPanel == 0 && (d / kPanel <= 6 || d / kPanel == 8 || d / kPanel == 16) && d >= 32;
+  return d % kPanel == 0 && d > 0 && (d / kPanel <= 6 || d / kPanel == 8 || d / kPanel == 16);
 }
 
 // out[:B] = attention of q[:B] over each sequence's cached context, read in place through its
