@@ -55,8 +55,9 @@ struct AttnArgs {
 
 struct KernelTable {
   const char* name;
-  // floats of scratch per thread and per unit of K that the exact GEMMs need when M > 4
+  // the exact GEMMs need a per-thread scratch of scratch_per_k * K floats when M > direct_max_m
   int64_t scratch_per_k;
+  int64_t direct_max_m;
   // y[:, panels p0..p1) = x . W^T (+ bias), panels of 16 output rows; scratch: this thread's
   void (*q4_exact)(const GemmArgs&, int64_t p0, int64_t p1, float* scratch);
   void (*q4_fast)(const GemmArgs&, int64_t p0, int64_t p1, float* scratch);

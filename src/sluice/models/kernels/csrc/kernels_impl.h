@@ -249,10 +249,11 @@ static void q4_fast_tile(const GemmArgs& a, int64_t r0, int64_t p) {
 using TileFn = void (*)(const GemmArgs&, int64_t, int64_t);
 using F32TileFn = void (*)(const GemmArgs&, const float*, int, int64_t, int64_t);
 
-// rows 1..6 x panels 1, 2, 4, 8
+// rows 1..8 x panels 1, 2, 4, 8 (the wide ones for few rows only)
 #define SLUICE_SHAPES(X)                                                                       \
   X(1, 1) X(1, 2) X(1, 4) X(1, 8) X(2, 1) X(2, 2) X(2, 4) X(2, 8) X(3, 1) X(3, 2) X(3, 4) X(3, 8) \
-  X(4, 1) X(4, 2) X(4, 4) X(4, 8) X(5, 1) X(5, 2) X(5, 4) X(6, 1) X(6, 2) X(6, 4)
+  X(4, 1) X(4, 2) X(4, 4) X(4, 8) X(5, 1) X(5, 2) X(5, 4) X(6, 1) X(6, 2) X(6, 4) X(7, 1) X(7, 2) \
+  X(8, 1) X(8, 2)
 
 #define SLUICE_PICKER(NAME, FN)                    \
   static TileFn NAME(int rows, int panels) {       \
@@ -285,17 +286,23 @@ static inline int panels_for(const int* table, int rows, int64_t left) {
   return p;
 }
 
-// Register blocks straight from the packed weights, kMaxRows rows at a time.
+// Register blocks straight from the packed weights, up to kMaxRows rows each. Panels outer:
+// a group's weights stay in L1 while every row block passes over them.
 static void sweep_direct(const GemmArgs& a, TileFn (*pick)(int, int), int64_t m0, int64_t m1, int64_t p0,
                          int64_t p1) {
-  for (int64_t r = m0; r < m1;) {
-    const int rows = (int)imin(kMaxRows, m1 - r);
-    for (int64_t p = p0; p < p1;) {
-      const int np = panels_for(kPanelsFor, rows, p1 - p);
-      pick(rows, np)(a, r, p);
-      p += np;
+  const int widest_rows = (int)imin(kMaxRows, m1 - m0);
+  for (int64_t p = p0; p < p1;) {
+    const int group = panels_for(kPanelsFor, widest_rows, p1 - p);
+    for (int64_t r = m0; r < m1;) {
+      const int rows = (int)imin(kMaxRows, m1 - r);
+      for (int j = 0; j < group;) {
+        const int step = panels_for(kPanelsFor, rows, group - j);
+        pick(rows, step)(a, r, p + j);
+        j += step;
+      }
+      r += rows;
     }
-    r += rows;
+    p += group;
   }
 }
 
@@ -320,7 +327,7 @@ static void sweep_converted(const GemmArgs& a, void (*convert)(const GemmArgs&, 
 
 static void exact_gemm(const GemmArgs& a, int64_t p0, int64_t p1, float* scratch, TileFn (*pick)(int, int),
                        void (*convert)(const GemmArgs&, int64_t, int, float*)) {
-  if (a.M <= kMaxRows) return sweep_direct(a, pick, 0, a.M, p0, p1);
+  if (a.M <= kDirectMaxM) return sweep_direct(a, pick, 0, a.M, p0, p1);
   // rows in chunks whose activations stay in L2 beside the dequantized panels
   constexpr int64_t kRowChunk = 96;
   for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk)
@@ -521,7 +528,7 @@ static void paged_decode(const AttnArgs& a, int64_t t0, int64_t t1) {
 }
 
 static const sluice::KernelTable kTable = {
-    SLUICE_ISA_NAME, kGemmPanelsFor[1] * kPanel, &q4_exact, &q4_fast, &q8_exact, &quantize_q8, &q8_row,
+    SLUICE_ISA_NAME, kGemmPanelsFor[1] * kPanel, kDirectMaxM, &q4_exact, &q4_fast, &q8_exact, &quantize_q8, &q8_row,
     &add_rms_norm,   &silu_mul, &paged_decode,
 };
 

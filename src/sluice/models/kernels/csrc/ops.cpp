@@ -171,15 +171,15 @@ GemmArgs gemm_args(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor
 
 using GemmFn = void (*)(const GemmArgs&, int64_t, int64_t, float*);
 
-void run_panels(const GemmArgs& a, GemmFn fn, int64_t scratch_per_k) {
-  // Split the output panels evenly across threads; each task streams at least ~8K multiply-adds
-  // per row of x so that waking a thread pays off.
+void run_panels(const GemmArgs& a, GemmFn fn, int64_t scratch_per_k, int64_t direct_max_m) {
+  // Split the output panels evenly across threads, each task at least ~128K multiply-adds
+  // (at M = 1 and K = 576: 15 panels, ~90 KB of Q4_1 weights) so that waking a thread pays off.
   const int64_t panels = panels_of(a.N);
-  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, a.M * a.K / kPanel));
+  const int64_t grain = std::max<int64_t>(1, (131072 + a.M * a.K * kPanel - 1) / (a.M * a.K * kPanel));
   torch::Tensor scratch;
   float* base = nullptr;
   const int64_t per_thread = a.K * scratch_per_k;
-  if (a.M > 4) {  // the GEMM path dequantizes panels into a per-thread scratch
+  if (scratch_per_k && a.M > direct_max_m) {  // the GEMM path dequantizes panels into a per-thread scratch
     scratch = torch::empty({at::get_num_threads() * per_thread}, torch::kFloat32);
     base = scratch.data_ptr<float>();
   }
@@ -197,7 +197,7 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& w, int64_t 
   if (x.size(0) == 0) return y;
   GemmArgs a = gemm_args(x, w, y, N, K, bias);
   if (!fast) {
-    run_panels(a, t.q4_exact, t.scratch_per_k);
+    run_panels(a, t.q4_exact, t.scratch_per_k, t.direct_max_m);
     return y;
   }
   const int64_t M = a.M, KB = K / kBlock;
@@ -210,7 +210,7 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& w, int64_t 
   a.xq = xq.data_ptr<int8_t>();
   a.xd = xd.data_ptr<float>();
   a.xs = xs.data_ptr<float>();
-  run_panels(a, t.q4_fast, 0);
+  run_panels(a, t.q4_fast, 0, 0);
   return y;
 }
 
@@ -222,7 +222,7 @@ torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& w, int64_t 
   torch::Tensor y = torch::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0) return y;
   GemmArgs a = gemm_args(x, w, y, N, K, bias);
-  run_panels(a, t.q8_exact, t.scratch_per_k);
+  run_panels(a, t.q8_exact, t.scratch_per_k, t.direct_max_m);
   return y;
 }
 

@@ -102,6 +102,7 @@ static inline void istore_i8(int8_t* p, I16 a) {
 // 16 vector registers: half the AVX-512 blocks
 constexpr int kMaxRows = 4;
 constexpr int kPanelsFor[5] = {0, 2, 2, 1, 1};
+constexpr int64_t kDirectMaxM = 8;
 constexpr int kGemmRows = 6;
 constexpr int kGemmPanelsFor[7] = {0, 2, 2, 2, 1, 1, 1};
 }  // namespace SLUICE_ISA_NS

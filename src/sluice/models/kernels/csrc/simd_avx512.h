@@ -88,8 +88,11 @@ static inline void istore_i8(int8_t* p, I16 a) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a.v));
 }
 // register-block shapes: rows x panels per register block (32 vector registers)
-constexpr int kMaxRows = 4;
-constexpr int kPanelsFor[5] = {0, 4, 4, 4, 2};
+// small M: register blocks of up to 8 rows, dequantizing on the fly; up to kDirectMaxM rows
+// in all (measured: beyond it dequantizing once into a scratch and a plain GEMM wins)
+constexpr int kMaxRows = 8;
+constexpr int kPanelsFor[9] = {0, 4, 4, 4, 2, 2, 2, 2, 2};
+constexpr int64_t kDirectMaxM = 16;
 // the fp32 micro-kernel over dequantized panels: up to 6 rows x 4 panels (24 accumulators)
 constexpr int kGemmRows = 6;
 constexpr int kGemmPanelsFor[7] = {0, 4, 4, 4, 4, 4, 4};
