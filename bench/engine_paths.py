@@ -62,16 +62,15 @@ class Trace:
     attention: list[float] = dataclasses.field(default_factory=list)  # share of each decode step
     busy: float = 0.0
     tokens: int = 0
-    first_token: float | None = None
+    first_token: float | None = None  # this engine's busy time until its first token (TTFT)
 
 
 def interleaved(engines: dict, timers: dict, ids: list[list[int]], out_tokens: int, submit) -> dict[str, Trace]:  # noqa: ANN001
     traces = {k: Trace() for k in engines}
-    starts = {}
     for k, e in engines.items():
-        starts[k] = time.perf_counter()
+        start = time.perf_counter()
         submit(e, ids, out_tokens)
-        traces[k].busy += time.perf_counter() - starts[k]
+        traces[k].busy += time.perf_counter() - start
     names, rnd = list(engines), 0
     while any(e.has_unfinished() for e in engines.values()):
         for k in names if rnd % 2 == 0 else names[::-1]:
@@ -86,8 +85,8 @@ def interleaved(engines: dict, timers: dict, ids: list[list[int]], out_tokens: i
             tr.busy += dt
             n = sum(len(ev.token_ids) for ev in events)
             tr.tokens += n
-            if n and tr.first_token is None:
-                tr.first_token = time.perf_counter() - starts[k]
+            if n and tr.first_token is None:  # busy time only: the other engines' steps ran in between
+                tr.first_token = tr.busy
             s = e.stats()
             if s.last_step_tokens == s.last_step_seqs == len(ids):  # every request decodes
                 tr.steps.append(dt)
@@ -178,7 +177,7 @@ def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
             for name in ENGINES:  # one after another: TTFT is a single long step sequence
                 t = interleaved({name: engines[name]}, {name: timers[name]}, [p], 32, submit)[name]
                 res[name] = {"ttft_ms": 1000 * t.first_token, "decode_step_ms": 1000 * statistics.median(t.steps),
-                             "prompt_tokens": len(p)}
+                             "attention_share": statistics.median(t.attention), "prompt_tokens": len(p)}
             for name in ENGINES:
                 res[name]["ttft_vs_torch"] = res["torch"]["ttft_ms"] / res[name]["ttft_ms"]
                 res[name]["decode_vs_torch"] = res["torch"]["decode_step_ms"] / res[name]["decode_step_ms"]

@@ -111,15 +111,15 @@ def _random_cache(kvh: int, blocks: int, bs: int, d: int, seed: int):
     return torch.randn(kvh, blocks * bs, d, generator=g), torch.randn(kvh, blocks * bs, d, generator=g)
 
 
-@pytest.mark.parametrize("window", [None, 13])
+@pytest.mark.parametrize("window", [None, 13, 200])
 def test_paged_decode_attention_matches_the_torch_backend(ops, window):
     from sluice.models.kernels.paged_attention import KernelPagedAttention
 
     heads, kvh, d, bs = 9, 3, 64, 8
-    k_cache, v_cache = _random_cache(kvh, 64, bs, d, seed=2)
-    lens = [1, 7, 8, 9, 40, 100, 3]
+    k_cache, v_cache = _random_cache(kvh, 128, bs, d, seed=2)
+    lens = [1, 7, 8, 9, 40, 300, 3, 129]  # 300 and 129: several 128-position chunks, merged
     g = torch.Generator().manual_seed(3)
-    perm = torch.randperm(63, generator=g) + 1  # scattered blocks, never the null block 0
+    perm = torch.randperm(127, generator=g) + 1  # scattered blocks, never the null block 0
     tables, used = [], 0
     for n in lens:
         nb = -(-n // bs)

@@ -89,6 +89,7 @@ class LlamaModel:
         self.dtype = torch.float32 if isinstance(embed_w, QuantizedWeight) else embed_w.dtype
         # the kernels run fp32 on CPU; anything else takes the torch path
         usable = self.device.type == "cpu" and self.dtype == torch.float32
+        usable = usable and config.num_heads // config.num_kv_heads <= 16  # the attention kernel's limit
         self.ops = ops if ops is not None and usable and ops.supports_head_dim(config.head_dim) else None
         w = _Weights(weights, self.device)
 

@@ -35,6 +35,16 @@ struct GemmArgs {
   const float* xs;      // fast: [M, K/32] scale * sum of quantized values
 };
 
+// Decode attention is split into tasks of (sequence, KV head, context chunk of at most
+// kAttnChunk positions), so that one long sequence still spreads over every thread. A sequence
+// of one chunk writes its output directly; longer ones leave per-chunk partials (max, sum,
+// unnormalized output) that attn_merge combines.
+constexpr int64_t kAttnChunk = 128;
+
+struct AttnTask {
+  int32_t b, kv_head, chunk, num_chunks;
+};
+
 struct AttnArgs {
   const float* q;            // [B, H, D] with row stride q_stride (floats) per token
   int64_t q_stride;
@@ -49,8 +59,10 @@ struct AttnArgs {
   int64_t window;            // 0 = none
   float scale;
   float* out;                // [B, H, D]
-  float* scratch;            // [B * KVH, G, max_context]
-  int64_t max_context;
+  const AttnTask* tasks;
+  const int64_t* chunk_base; // [B]: index of the sequence's first chunk among all chunks
+  float* scratch;            // per task: [G, kAttnChunk] scores
+  float* partials;           // per (chunk, KV head): G x (D + 2): output, max, sum
 };
 
 struct KernelTable {
@@ -72,8 +84,10 @@ struct KernelTable {
                        int64_t r0, int64_t r1);
   // out[r, :I] = silu(gu[r, :I]) * gu[r, I:2I]
   void (*silu_mul)(const float* gu, float* out, int64_t I, int64_t r0, int64_t r1);
-  // decode attention for tasks t0..t1, task = b * KVH + kv head
+  // decode attention for tasks t0..t1; then, for sequences of several chunks, the merge of
+  // (sequence, KV head) pairs p0..p1
   void (*paged_decode)(const AttnArgs&, int64_t t0, int64_t t1);
+  void (*attn_merge)(const AttnArgs&, int64_t p0, int64_t p1);
 };
 
 const KernelTable* avx2_table();

@@ -325,7 +325,7 @@ void rope_and_cache(torch::Tensor& qkv, const torch::Tensor& positions, const to
 }
 
 bool supports_head_dim(int64_t d) {
-  return d % kPanel == 0 && d > 0 && (d / kPanel <= 6 || d / kPanel == 8 || d / kPanel == 16);
+  return d % kPanel == 0 && d > 0 && (d / kPanel <= 6 || d / kPanel == 8);
 }
 
 // out[:B] = attention of q[:B] over each sequence's cached context, read in place through its
@@ -353,19 +353,34 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   const int64_t S = k_cache.size(1), MB = block_tables.size(1);
   const int32_t* tab = block_tables.data_ptr<int32_t>();
   const int32_t* lens = context_lens.data_ptr<int32_t>();
-  int64_t max_ctx = 1;
+  const int64_t G = heads / kv_heads;
+  TORCH_CHECK(G <= 16, "paged_decode: at most 16 query heads per KV head");
+  std::vector<AttnTask> tasks;
+  std::vector<int64_t> chunk_base(B);
+  int64_t chunks = 0;
+  bool merge = false;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= MB * block_size, "paged_decode: context length ", lens[b], " out of range");
     const int64_t used = (lens[b] + block_size - 1) / block_size;
     for (int64_t i = 0; i < used; ++i)
       TORCH_CHECK(tab[b * MB + i] >= 0 && (tab[b * MB + i] + 1) * block_size <= S, "paged_decode: bad block id");
     const int64_t n = window > 0 && lens[b] > window ? window : lens[b];
-    max_ctx = std::max<int64_t>(max_ctx, n);
+    const int32_t nc = (int32_t)((n + kAttnChunk - 1) / kAttnChunk);
+    chunk_base[b] = chunks;
+    chunks += nc;
+    merge |= nc > 1;
+    for (int32_t c = 0; c < nc; ++c)
+      for (int32_t h = 0; h < kv_heads; ++h) tasks.push_back({(int32_t)b, h, c, nc});
   }
   const KernelTable& t = table();
-  const int64_t G = heads / kv_heads;
-  torch::Tensor scratch = torch::empty({B * kv_heads * G * max_ctx}, torch::kFloat32);
+  const int64_t T = (int64_t)tasks.size();
+  torch::Tensor scratch = torch::empty({T * G * kAttnChunk}, torch::kFloat32);
+  torch::Tensor partials;
   AttnArgs a{};
+  if (merge) {
+    partials = torch::empty({chunks * kv_heads * G * (D + 2)}, torch::kFloat32);
+    a.partials = partials.data_ptr<float>();
+  }
   a.q = q.data_ptr<float>();
   a.q_stride = q.stride(0);
   a.k_cache = k_cache.data_ptr<float>();
@@ -381,9 +396,11 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   a.window = window;
   a.scale = (float)scale;
   a.out = out.data_ptr<float>();
+  a.tasks = tasks.data();
+  a.chunk_base = chunk_base.data();
   a.scratch = scratch.data_ptr<float>();
-  a.max_context = max_ctx;
-  at::parallel_for(0, B * kv_heads, 1, [&](int64_t t0, int64_t t1) { t.paged_decode(a, t0, t1); });
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { t.paged_decode(a, t0, t1); });
+  if (merge) at::parallel_for(0, B * kv_heads, 1, [&](int64_t p0, int64_t p1) { t.attn_merge(a, p0, p1); });
 }
 
 }  // namespace
