@@ -14,6 +14,8 @@ Figures per concurrency level (1, 8 and N streams, 128 output tokens each):
   per-stream tok/s 1000 / decode step ms;  aggregate decode tok/s = streams x that
   attention %      median over decode steps of (time in the attention backend / step time)
   ratio            median over paired decode steps of (torch step time / this engine's)
+  CPU ms, CPU x    the same from this process's CPU time per step: with --threads 1 it counts the
+                   work of a step and not the time other processes held the cores
 Then one request at a time at long prompts (~380 and ~1,370 tokens): TTFT (submit -> first
 token) and the decode step at that context, alternating engines request by request. Memory:
 each path loads the model in a fresh process; resident memory after the load, less before it.
@@ -58,11 +60,14 @@ class AttentionTimer:
 
 @dataclasses.dataclass
 class Trace:
-    steps: list[float] = dataclasses.field(default_factory=list)  # decode-only steps
+    steps: list[float] = dataclasses.field(default_factory=list)  # decode-only steps, wall
+    cpu: list[float] = dataclasses.field(default_factory=list)  # the same steps, process CPU time
     attention: list[float] = dataclasses.field(default_factory=list)  # share of each decode step
     busy: float = 0.0
     tokens: int = 0
     first_token: float | None = None  # this engine's busy time until its first token (TTFT)
+    first_token_cpu: float | None = None  # and the CPU time it took
+    cpu_total: float = 0.0
 
 
 def interleaved(engines: dict, timers: dict, ids: list[list[int]], out_tokens: int, submit) -> dict[str, Trace]:  # noqa: ANN001
@@ -78,18 +83,20 @@ def interleaved(engines: dict, timers: dict, ids: list[list[int]], out_tokens: i
             if not e.has_unfinished():
                 continue
             timers[k].take()
-            t = time.perf_counter()
+            c, t = time.process_time(), time.perf_counter()
             events = e.step()
-            dt = time.perf_counter() - t
+            dt, dc = time.perf_counter() - t, time.process_time() - c
             attn = timers[k].take()
             tr.busy += dt
+            tr.cpu_total += dc
             n = sum(len(ev.token_ids) for ev in events)
             tr.tokens += n
             if n and tr.first_token is None:  # busy time only: the other engines' steps ran in between
-                tr.first_token = tr.busy
+                tr.first_token, tr.first_token_cpu = tr.busy, tr.cpu_total
             s = e.stats()
             if s.last_step_tokens == s.last_step_seqs == len(ids):  # every request decodes
                 tr.steps.append(dt)
+                tr.cpu.append(dc)
                 tr.attention.append(attn / dt)
         rnd += 1
     return traces
@@ -162,6 +169,8 @@ def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
             record[f"x{k}"] = {
                 name: {
                     "decode_step_ms": 1000 * statistics.median(t.steps) if t.steps else None,
+                    "decode_cpu_ms": 1000 * statistics.median(t.cpu) if t.cpu else None,
+                    "cpu_speedup_vs_torch": paired(traces["torch"].cpu, t.cpu),
                     "aggregate_tok_s": t.tokens / t.busy,
                     "attention_share": statistics.median(t.attention) if t.attention else None,
                     "ttft_ms": 1000 * t.first_token if t.first_token else None,
@@ -177,10 +186,13 @@ def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
             for name in ENGINES:  # one after another: TTFT is a single long step sequence
                 t = interleaved({name: engines[name]}, {name: timers[name]}, [p], 32, submit)[name]
                 res[name] = {"ttft_ms": 1000 * t.first_token, "decode_step_ms": 1000 * statistics.median(t.steps),
+                             "decode_cpu_ms": 1000 * statistics.median(t.cpu), "ttft_cpu_ms": 1000 * t.first_token_cpu,
                              "attention_share": statistics.median(t.attention), "prompt_tokens": len(p)}
             for name in ENGINES:
                 res[name]["ttft_vs_torch"] = res["torch"]["ttft_ms"] / res[name]["ttft_ms"]
+                res[name]["ttft_cpu_vs_torch"] = res["torch"]["ttft_cpu_ms"] / res[name]["ttft_cpu_ms"]
                 res[name]["decode_vs_torch"] = res["torch"]["decode_step_ms"] / res[name]["decode_step_ms"]
+                res[name]["cpu_speedup_vs_torch"] = res["torch"]["decode_cpu_ms"] / res[name]["decode_cpu_ms"]
             record[f"prompt{len(p)}"] = res
         runs.append(record)
     log("resident memory of the weights (fresh process per path) ...")
@@ -208,7 +220,8 @@ def _print(summary: dict, memory: dict, log, args) -> None:  # noqa: ANN001
     log()
     log(f"paths side by side: {args.out_tokens} tokens/request, {args.threads} threads, {args.runs} run(s), "
         "medians over runs")
-    head = f"{'phase':<12}{'engine':<9}{'decode ms':>10}{'stream tok/s':>14}{'agg tok/s':>11}{'attn %':>8}{'x torch':>9}{'TTFT ms':>9}"
+    head = (f"{'phase':<12}{'engine':<9}{'decode ms':>10}{'stream tok/s':>14}{'agg tok/s':>11}{'attn %':>8}"
+            f"{'x torch':>9}{'CPU ms':>8}{'CPU x':>7}{'TTFT ms':>9}")
     log(head)
     log("-" * len(head))
     for phase, engines in summary.items():
@@ -218,7 +231,8 @@ def _print(summary: dict, memory: dict, log, args) -> None:  # noqa: ANN001
             ratio = v.get("speedup_vs_torch") or v.get("decode_vs_torch")
             log(f"{phase:<12}{name:<9}{step or 0:10.2f}{1000 / step if step else 0:14.1f}"
                 f"{streams * 1000 / step if step else 0:11.1f}{100 * v.get('attention_share', 0):8.1f}"
-                f"{ratio or 0:9.2f}{v.get('ttft_ms') or 0:9.0f}")
+                f"{ratio or 0:9.2f}{v.get('decode_cpu_ms') or 0:8.1f}{v.get('cpu_speedup_vs_torch') or 0:7.2f}"
+                f"{v.get('ttft_ms') or 0:9.0f}")
         log()
     for name, m in memory.items():
         if "error" in m:
