@@ -13,7 +13,7 @@ the correctness reference):
   that differs from transformers' greedy output. Reported: that prefix over all tokens ("share
   of greedy tokens equal"), and how many prompts match to the end. After the first difference
   the continuations are different texts, so later positions are not compared.
-* perplexity of a fixed English text (below, ~520 tokens) from one prefill with every
+* perplexity of a fixed English text (below, 358 tokens) from one prefill with every
   position's logits: exp(mean negative log-likelihood of each next token).
 
     .venv/bin/python bench/numerics_quality.py            # ~10 min on 2 cores (transformers dominates)
