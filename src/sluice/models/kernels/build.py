@@ -136,6 +136,10 @@ def build(verbose: bool = False) -> Path:
         if so.exists():
             return so
         objects = _compile_isa_objects(out, cxx, verbose)
+        # cpp_extension guards its build directory with a `lock` file and waits forever while
+        # one exists; a build killed half-way leaves it behind. We hold build.lock, so no other
+        # builder is inside: a `lock` file here is stale.
+        (out / "lock").unlink(missing_ok=True)
         _ninja_on_path()
         from torch.utils.cpp_extension import load
 

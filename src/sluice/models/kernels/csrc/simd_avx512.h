@@ -9,6 +9,8 @@
 
 namespace SLUICE_ISA_NS {
 
+static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
 struct F16 {
   __m512 v;
 };
