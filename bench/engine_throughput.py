@@ -32,6 +32,7 @@ figure, the per-run values and the targets met / not met.
     .venv/bin/python bench/engine_throughput.py             # full: 3 runs, ~10-15 min on 2 cores
     .venv/bin/python bench/engine_throughput.py --quick     # smoke: 1 run, batch 8, 32 tokens
     .venv/bin/python bench/engine_throughput.py --skip-hf --only x32 --set max_num_batched_tokens=1024
+    .venv/bin/python bench/engine_throughput.py --paths --quick   # kernels vs torch path (bench/engine_paths.py)
 """
 
 from __future__ import annotations
@@ -375,6 +376,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", default="",
                    help="comma-separated sluice phases to run, e.g. 'x32' or 'x1,x32' (default: all); "
                         "the transformers and cache phases still run unless skipped")
+    p.add_argument("--paths", action="store_true",
+                   help="instead: sluice's torch path, CPU kernels (exact) and fast numerics side by side at 1, 8 "
+                        "and N streams, long prompts, resident memory (see bench/engine_paths.py)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override an EngineConfig field for every sluice phase (repeatable), e.g. "
                         "--set max_num_batched_tokens=1024; for exploration: the documented figures use the defaults")
@@ -413,6 +417,12 @@ def parse_overrides(p: argparse.ArgumentParser, items: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.paths:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from engine_paths import run_paths
+
+        print(json.dumps(run_paths(args, log, prompts, submit)), flush=True)
+        return
     n = args.batch
     levels = sorted({k for k in (1, 8, n) if k <= n})
     if args.only:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import settings
 
+from tests.cpu import has_avx2
 from tests.tiny_models import write_tiny_model
 
 # CI runs property tests with a fixed seed: a failure there is reproducible, never a one-off.
@@ -32,6 +33,33 @@ def bundled():
     from sluice.models.loader import load_model
 
     return load_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def bundled_torch():
+    """The same model on the portable torch path (fp32 weights, torch ops): the fallback."""
+    from sluice.models.loader import load_model
+
+    return load_model(progress=False, kernels="torch")
+
+
+# The two ways sluice computes a forward; correctness tests run on both.
+PATHS = ["kernels", "torch"]
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def path(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def bundled_on_path(request, path):
+    """The bundled model on the CPU kernels (the default) or on the torch fallback."""
+    if path == "kernels":
+        model = request.getfixturevalue("bundled")
+        assert model.model.uses_kernels or not has_avx2(), "the kernels should run on this CPU"
+        return model
+    return request.getfixturevalue("bundled_torch")
 
 
 @pytest.fixture(scope="session")

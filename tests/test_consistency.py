@@ -1,5 +1,5 @@
 """The same request gives the same tokens alone, in a batch of 32, after a preemption, and on a
-prefix-cache hit (greedy, and seeded sampling)."""
+prefix-cache hit (greedy, and seeded sampling), on both the CPU kernels and the torch path."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ GREEDY = SamplingParams(max_tokens=40, temperature=0.0)
 SEEDED = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.95, top_k=50, seed=1234)
 
 
-def _prompt(bundled, text: str, system: str | None = None) -> list[int]:
+def _prompt(loaded, text: str, system: str | None = None) -> list[int]:
     msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    return bundled.tokenizer.encode_chat(msgs)
+    return loaded.tokenizer.encode_chat(msgs)
 
 
 def _assert_same(hf_bundled, prompt: list[int], expected: list[int], got: list[int], label: str) -> None:
@@ -48,18 +48,23 @@ def _run(engine: LLMEngine, reqs: list[GenerationRequest]) -> dict[str, list[int
 
 
 @pytest.fixture(scope="module")
-def alone(bundled):
-    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=64))
-    prompt = _prompt(bundled, TARGET)
+def loaded(bundled_on_path):  # every test below runs once per path (see conftest.PATHS)
+    return bundled_on_path
+
+
+@pytest.fixture(scope="module")
+def alone(loaded):
+    engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=64))
+    prompt = _prompt(loaded, TARGET)
     out = _run(engine, [GenerationRequest("g", prompt, GREEDY), GenerationRequest("s", prompt, SEEDED)])
     return prompt, out["g"], out["s"]
 
 
 @pytest.mark.slow
-def test_same_tokens_in_a_batch_of_32(bundled, hf_bundled, alone):
+def test_same_tokens_in_a_batch_of_32(loaded, hf_bundled, alone):
     prompt, greedy, seeded = alone
-    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=1024, max_num_batched_tokens=512))
-    reqs = [GenerationRequest(f"o{i}", _prompt(bundled, t), GREEDY) for i, t in enumerate(OTHERS[:30])]
+    engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=1024, max_num_batched_tokens=512))
+    reqs = [GenerationRequest(f"o{i}", _prompt(loaded, t), GREEDY) for i, t in enumerate(OTHERS[:30])]
     reqs.insert(15, GenerationRequest("g", prompt, GREEDY))
     reqs.insert(3, GenerationRequest("s", prompt, SEEDED))
     assert len(reqs) == 32
@@ -69,12 +74,12 @@ def test_same_tokens_in_a_batch_of_32(bundled, hf_bundled, alone):
 
 
 @pytest.mark.slow
-def test_same_tokens_after_preemption(bundled, hf_bundled, alone):
+def test_same_tokens_after_preemption(loaded, hf_bundled, alone):
     prompt, greedy, seeded = alone
     # 4 long-running requests in a pool that cannot hold them all: the newest get preempted
     # and recomputed, repeatedly.
-    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=15, block_size=16, watermark=0.0))
-    reqs = [GenerationRequest("early", _prompt(bundled, OTHERS[0]), GREEDY)]
+    engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=15, block_size=16, watermark=0.0))
+    reqs = [GenerationRequest("early", _prompt(loaded, OTHERS[0]), GREEDY)]
     reqs += [GenerationRequest("g", prompt, GREEDY), GenerationRequest("s", prompt, SEEDED)]
     out = _run(engine, reqs)
     assert engine.stats().num_preemptions > 0
@@ -83,9 +88,9 @@ def test_same_tokens_after_preemption(bundled, hf_bundled, alone):
 
 
 @pytest.mark.slow
-def test_same_tokens_on_a_prefix_cache_hit(bundled, hf_bundled, alone):
+def test_same_tokens_on_a_prefix_cache_hit(loaded, hf_bundled, alone):
     prompt, greedy, seeded = alone
-    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=128))
+    engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=128))
     _run(engine, [GenerationRequest("warm", prompt, GREEDY)])
     out = engine.generate([GenerationRequest("g", prompt, GREEDY), GenerationRequest("s", prompt, SEEDED)])
     bs = engine.config.block_size

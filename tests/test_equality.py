@@ -1,4 +1,5 @@
-"""Greedy output equals transformers' greedy output, token for token (fp32)."""
+"""Greedy output equals transformers' greedy output, token for token (fp32), on both of sluice's
+paths: the CPU kernels (the default) and the portable torch fallback."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.models.loader import load_model
 from sluice.types import GenerationRequest, SamplingParams
+from tests.cpu import has_avx2
 from tests.reference import compare, hf_greedy
 
 CHAT_PROMPTS = [
@@ -41,8 +43,31 @@ def _check(notes: list[str | None]) -> None:
         print(note)
 
 
+# A second set: code, arithmetic, lists, other languages, a long system prompt, a one-word ask.
+EXTRA_PROMPTS = [
+    ("You are a terse assistant who answers in one line.", "Name three prime numbers larger than 50."),
+    (None, "Write a Python function that returns the factorial of n, with a docstring."),
+    (None, "What is 17 times 23? Show the steps."),
+    (None, "List five fruits that are red, one per line."),
+    (None, "Écris une phrase en français sur la mer."),
+    ("You are a helpful assistant. Always answer politely, keep answers short, avoid jargon, and if you do "
+     "not know something, say so plainly instead of guessing.", "Why is the sky blue?"),
+    (None, "Summarize the plot of Romeo and Juliet in two sentences."),
+    (None, "Continue the sequence: 2, 4, 8, 16,"),
+]
+_hf_cache: dict[tuple[int, ...], object] = {}
+
+
+def _hf(hf_bundled, prompt: list[int], n: int, eos):  # the reference is the same for both paths
+    key = (n, *prompt)
+    if key not in _hf_cache:
+        _hf_cache[key] = hf_greedy(hf_bundled, prompt, n, eos=eos)
+    return _hf_cache[key]
+
+
 @pytest.mark.slow
-def test_bundled_model_matches_transformers_in_one_mixed_batch(bundled, hf_bundled):
+def test_bundled_model_matches_transformers_in_one_mixed_batch(bundled_on_path, hf_bundled):
+    bundled = bundled_on_path
     tok = bundled.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
     assert len({len(p) for p in prompts}) >= 5, "prompts of different lengths"
@@ -54,17 +79,35 @@ def test_bundled_model_matches_transformers_in_one_mixed_batch(bundled, hf_bundl
     assert stats.num_steps > 48  # really interleaved, not one prompt after another
     notes = []
     for i, (prompt, tokens) in enumerate(zip(prompts, got)):
-        ref = hf_greedy(hf_bundled, prompt, 48, eos=tok.eos_token_ids)
+        ref = _hf(hf_bundled, prompt, 48, tok.eos_token_ids)
         notes.append(compare(ref, tokens, f"bundled prompt {i}"))
     _check(notes)
 
 
+@pytest.mark.slow
+def test_bundled_model_matches_transformers_on_a_second_prompt_set(bundled_on_path, hf_bundled):
+    bundled = bundled_on_path
+    tok = bundled.tokenizer
+    prompts = [
+        tok.encode_chat(([{"role": "system", "content": s}] if s else []) + [{"role": "user", "content": u}])
+        for s, u in EXTRA_PROMPTS
+    ]
+    engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=512))
+    got = _run_batch(engine, prompts, max_tokens=64)
+    notes = []
+    for i, (prompt, tokens) in enumerate(zip(prompts, got)):
+        notes.append(compare(_hf(hf_bundled, prompt, 64, tok.eos_token_ids), tokens, f"extra prompt {i}"))
+    _check(notes)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "torch"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_tiny_random_folders_match_transformers(arch, request):
+def test_tiny_random_folders_match_transformers(arch, kernels, request):
     import transformers
 
     folder = request.getfixturevalue(f"tiny_{arch}_dir")
-    loaded = load_model(folder, progress=False)
+    loaded = load_model(folder, progress=False, kernels=kernels)
+    assert loaded.model.uses_kernels == (kernels == "auto" and has_avx2())
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype="float32").eval()
     prompts = [[3 + (7 * i + j * 13) % 250 for j in range(n)] for i, n in enumerate([5, 17, 40, 63, 90])]
     engine = LLMEngine(loaded, EngineConfig(block_size=4, max_num_batched_tokens=32, num_kv_blocks=512))

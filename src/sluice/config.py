@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     scheduling_policy: Literal["fcfs", "priority"] = "priority"
     admission_policy: Literal["optimistic", "reserve"] = "optimistic"
     enable_prefix_caching: bool = True
+    # auto: the CPU kernels (weights stay in their GGUF blocks) when they build; torch: the
+    # portable fp32 path. exact / fast: see docs/ENGINE.md ("Numerics").
+    kernels: Literal["auto", "torch"] = "auto"
+    numerics: Literal["exact", "fast"] = "exact"
     worker_start_timeout_s: float = Field(180.0, gt=0)
     # a spawned worker that dies is restarted (backoff 1 s, 2 s, 4 s … 30 s); after more than
     # worker_max_restarts exits within worker_restart_window_s, serve exits with code 3

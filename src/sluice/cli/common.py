@@ -16,6 +16,20 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weight and KV dtype (default: float32)")
 
 
+def add_kernel_args(p: argparse.ArgumentParser) -> None:
+    """How the model computes: the CPU kernels or torch, and exact or fast numerics."""
+    p.add_argument(
+        "--kernels", choices=["auto", "torch"], default=None,
+        help="auto: sluice's CPU kernels when they build (weights stay quantized); torch: the portable "
+        "fp32 path (default: auto)",
+    )
+    p.add_argument(
+        "--numerics", choices=["exact", "fast"], default=None,
+        help="exact: fp32 arithmetic, greedy output equals transformers; fast: int8 activations x 4-bit "
+        "weights as llama.cpp computes, faster and slightly different (default: exact)",
+    )
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine settings shared by `serve` (passed on to its worker) and `worker`."""
     g = p.add_argument_group("engine")
@@ -30,4 +44,5 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--admission-policy", choices=["optimistic", "reserve"], default=None, help="admit on prompt (optimistic) or on prompt+max_tokens (reserve)"
     )
     g.add_argument("--no-prefix-caching", action="store_true", default=None, help="turn the prefix cache off")
+    add_kernel_args(g)
 

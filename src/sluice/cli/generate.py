@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from sluice.cli.common import add_model_args
+from sluice.cli.common import add_kernel_args, add_model_args
 
 
 
@@ -26,8 +26,8 @@ def _generate(args: argparse.Namespace) -> int:
     )
     sampling.validate()
     started = time.perf_counter()
-    loaded = load_model(args.model, dtype=args.dtype)
-    engine = LLMEngine(loaded, EngineConfig(kv_cache_gib=0.25))
+    loaded = load_model(args.model, dtype=args.dtype, kernels=args.kernels or "auto")
+    engine = LLMEngine(loaded, EngineConfig(kv_cache_gib=0.25, numerics=args.numerics or "exact"))
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
@@ -68,4 +68,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     gen.add_argument("--stop", action="append", metavar="TEXT", help="stop sequence (repeatable)")
     add_model_args(gen)
+    add_kernel_args(gen)
     gen.set_defaults(func=_generate)

@@ -28,6 +28,8 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
         scheduling_policy=args.scheduling_policy,
         admission_policy=args.admission_policy,
         enable_prefix_caching=False if args.no_prefix_caching else None,
+        kernels=args.kernels,
+        numerics=args.numerics,
         ping_interval_s=args.ping_interval,
         send_timeout_s=args.send_timeout,
         max_stream_duration_s=args.max_stream_duration,

@@ -43,6 +43,8 @@ def _run(args: argparse.Namespace) -> int:
             scheduling_policy=args.scheduling_policy,
             admission_policy=args.admission_policy,
             enable_prefix_caching=False if args.no_prefix_caching else None,
+            kernels=args.kernels,
+            numerics=args.numerics,
         )
         faults = FaultSpec.parse(args.fault_injection or settings.fault_injection)
         configure_logs(settings.log_level, settings.log_format)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sluice.config import Settings
 from sluice.engine.policy import POLICIES
+from sluice.models.kernels import KernelChoice, Numerics
 
 # The settings an engine takes from the server's Settings (same names on both sides). The one
 # mapping: `sluice serve` (inline or spawning a worker), `sluice worker` and the worker flags all
@@ -18,6 +19,8 @@ ENGINE_SETTINGS = (
     "scheduling_policy",
     "admission_policy",
     "enable_prefix_caching",
+    "kernels",
+    "numerics",
 )
 
 ADMISSION_POLICIES = ("reserve", "optimistic")
@@ -41,6 +44,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     share_prefix_across_tenants: bool = False
     seed: int = 0  # seeds the draws for requests that give no seed of their own
+    # exact: fp32 arithmetic (greedy output equals transformers'); fast: int8 activations x
+    # 4-bit weights as llama.cpp computes (CPU kernels only; see docs/ENGINE.md)
+    numerics: str = "exact"
+    # auto: the CPU kernels when they build; torch: the portable path. Read by whoever loads the
+    # model for this engine (load_model(kernels=...)), carried here so that one mapping
+    # (Settings -> EngineConfig -> a worker's --engine-config) brings it everywhere.
+    kernels: str = "auto"
     # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
     # sampling seed raises, so the partial-failure path is exercised deterministically.
     fault_fail_seed: int | None = None
@@ -60,5 +70,9 @@ class EngineConfig:
             raise ValueError(f"admission_policy must be one of {', '.join(ADMISSION_POLICIES)}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
+        if self.numerics not in tuple(Numerics):
+            raise ValueError(f"numerics must be one of {', '.join(Numerics)}")
+        if self.kernels not in tuple(KernelChoice):
+            raise ValueError(f"kernels must be one of {', '.join(KernelChoice)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be >= 2")

@@ -21,6 +21,7 @@ from sluice.engine.scheduler import Scheduler, SchedulerOutput
 from sluice.engine.stats import EngineStats
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
 from sluice.models.detokenizer import IncrementalDetokenizer
+from sluice.models.kernels import Numerics
 from sluice.models.loader import LoadedModel
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
 
@@ -40,7 +41,7 @@ class LLMEngine:
             num_blocks, config.block_size, config.enable_prefix_caching, config.share_prefix_across_tenants
         )
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics))
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(loaded.config.eos_token_ids)

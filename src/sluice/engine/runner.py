@@ -1,7 +1,8 @@
 """The model runner: turns a SchedulerOutput into one flat forward pass, then samples.
 
-It owns the KV cache tensors. Layout of a step's batch: one row per decoding request first (so
-the attention backend can treat them as one padded batch), then each prefill chunk's rows.
+It owns the KV cache tensors. Layout of a step's batch: one row per decoding request first (the
+attention backend gets their block tables and context lengths and treats them as one batch),
+then each prefill chunk's rows.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from sluice.engine.request import Request
 from sluice.engine.scheduler import ScheduledChunk, SchedulerOutput
 from sluice.models.attention import AttentionMetadata, PrefillSpan
+from sluice.models.kernels import Numerics
 from sluice.models.llama import LlamaModel
 from sluice.models.sampler import sample
 
@@ -32,9 +34,10 @@ class ModelInput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, numerics: Numerics = Numerics.EXACT):
         self.model = model
         self.block_size = block_size
+        self.numerics = Numerics(numerics)
         cfg = model.config
         shape = (cfg.num_kv_heads, num_blocks * block_size, cfg.head_dim)
         # zeros, not empty: padded decode slots read the null block, and masking adds -inf to
@@ -62,9 +65,9 @@ class ModelRunner:
             ids.append(c.request.all_token_ids[p])
             positions.append(p)
             slot_mapping.append(c.block_ids[p // bs] * bs + p % bs)
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(decodes))
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(decodes), block_size=bs)
         if decodes:
-            meta.decode_slots, meta.decode_bias = self._decode_layout(decodes)
+            meta.block_tables, meta.context_lens = self._decode_tables(decodes)
         logits_rows = list(range(len(decodes)))
         sampling = list(decodes)
         for c in prefills:
@@ -91,23 +94,13 @@ class ModelRunner:
             sampling=sampling,
         )
 
-    def _decode_layout(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        bs = self.block_size
+    def _decode_tables(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block tables padded with block 0 to the longest context, and the context lengths."""
         ctx = [c.end for c in decodes]
-        max_ctx = max(ctx)
-        nblocks = -(-max_ctx // bs)
-        table = torch.tensor([c.block_ids[:nblocks] + [0] * (nblocks - len(c.block_ids[:nblocks])) for c in decodes])
-        slots = (table[:, :, None] * bs + torch.arange(bs)).view(len(decodes), -1)[:, :max_ctx].contiguous()
-        cols = torch.arange(max_ctx)
-        lens = torch.tensor(ctx)
-        valid = cols[None, :] < lens[:, None]
-        if self.window:
-            valid &= cols[None, :] >= (lens - self.window)[:, None]
-        bias = None
-        if not bool(valid.all()):
-            bias = torch.zeros(valid.shape, dtype=torch.float32).masked_fill_(~valid, float("-inf"))
-            bias = bias.view(1, len(decodes), 1, max_ctx).to(self.model.device)
-        return slots.to(self.model.device), bias
+        nblocks = -(-max(ctx) // self.block_size)
+        rows = [c.block_ids[:nblocks] + [0] * (nblocks - len(c.block_ids[:nblocks])) for c in decodes]
+        device = self.model.device
+        return (torch.tensor(rows, dtype=torch.int32, device=device), torch.tensor(ctx, dtype=torch.int32, device=device))
 
     def _prefill_mask(self, c: ScheduledChunk) -> torch.Tensor | None:
         if c.start == 0 and not (self.window and c.end > self.window):
@@ -123,7 +116,9 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
         """Run one forward over the step and sample; returns (request, token) per sampling chunk."""
         inp = self.prepare(out)
-        logits = self.model.forward(inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices)
+        logits = self.model.forward(
+            inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
+        )
         if not inp.sampling:
             return []
         reqs = [c.request for c in inp.sampling]

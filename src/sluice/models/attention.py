@@ -2,8 +2,10 @@
 
 The runner lays a step's tokens out flat: first one token per decoding sequence, then each
 prefill chunk contiguously. `AttentionMetadata` tells a backend where every token's K/V goes
-(`slot_mapping`) and which cached slots each query may read. The portable torch backend below
-runs on any device; a GPU kernel backend implements the same `AttentionBackend` protocol.
+(`slot_mapping`) and which cached slots each query may read: decodes by their block tables and
+context lengths, prefill chunks by their slot lists. The portable torch backend below runs on
+any device; the CPU kernel backend (models/kernels/paged_attention.py) reads the decodes' K/V in
+place through the block tables; a GPU kernel backend implements the same protocol.
 
 Cache layout per layer: [num_kv_heads, num_slots, head_dim], slot = block_id * block_size +
 offset. Heads-first makes a gather along slots land directly in the [kv_head, seq, ctx, dim]
@@ -38,9 +40,14 @@ class PrefillSpan:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: where each token's K/V is written
     num_decodes: int = 0  # rows [0, num_decodes) are single-token decodes
-    decode_slots: torch.Tensor | None = None  # [num_decodes, max_context] int64, padded
-    decode_bias: torch.Tensor | None = None  # [1, num_decodes, 1, max_context] 0 / -inf, or None
+    # decodes: each sequence's block ids, padded with block 0, and its context length (the new
+    # token included); int32 on the model's device
+    block_tables: torch.Tensor | None = None  # [num_decodes, max_blocks]
+    context_lens: torch.Tensor | None = None  # [num_decodes]
+    block_size: int = 0
     prefills: list[PrefillSpan] = field(default_factory=list)
+    # what a backend derives once per step in `prepare` (e.g. padded slot lists), shared by layers
+    derived: object = None
 
 
 class AttentionBackend(Protocol):
@@ -48,7 +55,13 @@ class AttentionBackend(Protocol):
 
     Contract: all of the step's K/V for the layer is written before any query reads the cache,
     because a request may hit prefix blocks that another request of the same step computes.
+    `attend` is the second half alone, for callers that wrote K/V themselves (the fused RoPE +
+    cache write of the CPU kernels); `forward` = write, then attend.
     """
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        """Called once per step before the layers run."""
+        ...
 
     def forward(
         self,
@@ -61,26 +74,84 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         ...
 
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:  # q: [T, >= num_heads * head_dim] rows; returns [T, num_heads * head_dim]
+        ...
+
+
+@dataclass(slots=True)
+class _DecodeLayout:
+    slots: torch.Tensor  # [num_decodes, max_context] int64, padded with slots of block 0
+    bias: torch.Tensor | None  # [1, num_decodes, 1, max_context] 0 / -inf, or None
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: PrefillSpan,
+                      scale: float) -> torch.Tensor:
+    """One prefill chunk through scaled_dot_product_attention; q [q_len, H, D] -> [q_len, H, D]."""
+    qp = q.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+    kp = k_cache.index_select(1, span.slots).unsqueeze(0)  # [1, KVH, ctx, D]
+    vp = v_cache.index_select(1, span.slots).unsqueeze(0)
+    o = F.scaled_dot_product_attention(
+        qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=True
+    )
+    return o.squeeze(0).transpose(0, 1)
+
 
 class TorchPagedAttention:
     """Portable backend built from torch ops.
 
-    Decodes are attended together: one gather per layer for all of them, then two batched
-    matmuls with the GQA group folded into the query rows (measured ~4x faster on CPU than
-    scaled_dot_product_attention with enable_gqa for single-token queries). Prefill chunks, few
-    per step, go one by one through scaled_dot_product_attention.
+    Decodes are attended together: one gather per layer for all of them (the block tables
+    expanded once per step into padded slot lists), then two batched matmuls with the GQA group
+    folded into the query rows (measured ~4x faster on CPU than scaled_dot_product_attention
+    with enable_gqa for single-token queries). Prefill chunks, few per step, go one by one
+    through scaled_dot_product_attention.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.group = num_heads // num_kv_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
+        self.window = sliding_window
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        if not meta.num_decodes:
+            return
+        assert meta.block_tables is not None and meta.context_lens is not None
+        bs = meta.block_size
+        lens = meta.context_lens.long()
+        max_ctx = int(lens.max())
+        nblocks = -(-max_ctx // bs)
+        table = meta.block_tables[:, :nblocks].long()
+        offsets = torch.arange(bs, device=table.device)
+        slots = (table[:, :, None] * bs + offsets).view(table.shape[0], -1)[:, :max_ctx].contiguous()
+        cols = torch.arange(max_ctx, device=table.device)
+        valid = cols[None, :] < lens[:, None]
+        if self.window:
+            valid &= cols[None, :] >= (lens - self.window)[:, None]
+        bias = None
+        if not bool(valid.all()):
+            bias = torch.zeros(valid.shape, dtype=torch.float32, device=table.device).masked_fill_(~valid, float("-inf"))
+            bias = bias.view(1, table.shape[0], 1, max_ctx)
+        meta.derived = _DecodeLayout(slots, bias)
 
     def forward(self, q, k, v, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
-        k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        write_kv(k, v, k_cache, v_cache, meta)
+        return self._attend(q, k_cache, v_cache, meta)
+
+    def attend(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
+        T, width = q.shape[0], self.num_heads * self.head_dim
+        q = q[:, :width].reshape(T, self.num_heads, self.head_dim)
+        return self._attend(q, k_cache, v_cache, meta).reshape(T, width)
+
+    def _attend(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
         n = meta.num_decodes
         if n and not meta.prefills:
             return self._decode(q, k_cache, v_cache, meta)
@@ -88,26 +159,21 @@ class TorchPagedAttention:
         if n:
             out[:n] = self._decode(q[:n], k_cache, v_cache, meta)
         for span in meta.prefills:
-            qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            kp = k_cache.index_select(1, span.slots).unsqueeze(0)  # [1, KVH, ctx, D]
-            vp = v_cache.index_select(1, span.slots).unsqueeze(0)
-            o = F.scaled_dot_product_attention(
-                qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=self.scale, enable_gqa=True
-            )
-            out[span.start : span.end] = o.squeeze(0).transpose(0, 1)
+            out[span.start : span.end] = prefill_attention(q[span.start : span.end], k_cache, v_cache, span, self.scale)
         return out
 
     def _decode(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
-        slots = meta.decode_slots
-        b, ctx = slots.shape
+        layout = meta.derived
+        assert isinstance(layout, _DecodeLayout), "prepare(meta) was not called for this step"
+        b, ctx = layout.slots.shape
         kvh, d = self.num_kv_heads, self.head_dim
-        flat = slots.view(-1)
+        flat = layout.slots.view(-1)
         kd = k_cache.index_select(1, flat).view(kvh, b, ctx, d)
         vd = v_cache.index_select(1, flat).view(kvh, b, ctx, d)
         # head h uses kv head h // group, so [b, H, d] -> [kvh, b, group, d]
         qd = q.view(b, kvh, self.group, d).transpose(0, 1)
         scores = torch.matmul(qd, kd.transpose(-1, -2)).float().mul_(self.scale)  # [kvh, b, group, ctx]
-        if meta.decode_bias is not None:
-            scores.add_(meta.decode_bias)
+        if layout.bias is not None:
+            scores.add_(layout.bias)
         probs = torch.softmax(scores, dim=-1).to(vd.dtype)  # softmax in fp32 whatever the dtype
         return torch.matmul(probs, vd).transpose(0, 1).reshape(b, self.num_heads, d)

@@ -1,9 +1,12 @@
-"""Load a GGUF checkpoint: architecture from its metadata, weights dequantized exactly.
+"""Load a GGUF checkpoint: architecture from its metadata, weights kept quantized or dequantized.
 
-Dequantization uses the `gguf` package's reference implementation (for Q4_1: w = d·q + m per
-32-value block), so our fp32 weights are bit-identical to what transformers loads from the same
-file. llama.cpp's converter permutes the q/k rows of Llama-architecture models for its RoPE
-layout; we undo that permutation, as transformers does.
+With `keep_quantized` (the CPU kernels run), Q4_1 and Q8_0 tensors stay in their GGUF blocks
+(`QuantizedWeight`: the model's memory is then about the file's size); every other tensor, and
+all of them otherwise, is dequantized with the `gguf` package's reference implementation (for
+Q4_1: w = d·q + m per 32-value block), so our fp32 weights are bit-identical to what
+transformers loads from the same file. llama.cpp's converter permutes the q/k rows of
+Llama-architecture models for its RoPE layout; we undo that permutation, as transformers does
+(on whole rows, so it works on the blocks too).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from sluice.errors import ModelLoadError
 from sluice.models.config import ModelConfig
 from sluice.models.gguf_tokenizer import build_bpe_tokenizer, transformers_tokenizer
+from sluice.models.quantized import QuantizedWeight, QuantType, Weight
 from sluice.models.tokenizer import Tokenizer
 
 _LAYER_NAMES = {
@@ -118,37 +122,49 @@ def _hf_name(gguf_name: str) -> str | None:
 
 
 def load_gguf(
-    path: Path, dtype: torch.dtype = torch.float32, progress: Progress | None = None
-) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Read config, dequantized weights and tokenizer from one GGUF file.
+    path: Path, dtype: torch.dtype = torch.float32, progress: Progress | None = None, keep_quantized: bool = False
+) -> tuple[ModelConfig, dict[str, Weight], Tokenizer]:
+    """Read config, weights and tokenizer from one GGUF file.
 
     `progress(done, total)` is called after each tensor.
     """
-    from gguf.quants import dequantize
-
     reader = _open(path)
     meta = _metadata(reader)
     names = {t.name for t in reader.tensors}
     config = _config(meta, "output.weight" in names, name=path.stem)
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, Weight] = {}
     for i, tensor in enumerate(reader.tensors):
         hf = _hf_name(tensor.name)
         if hf is None:
             continue  # e.g. rope_freqs: derived from the config instead
-        try:
-            array = dequantize(tensor.data, tensor.tensor_type)
-        except Exception as exc:
-            raise ModelLoadError(f"cannot dequantize {tensor.name} ({tensor.tensor_type.name}): {exc}") from None
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        array = array.reshape(shape)
+        heads = None
         if config.architecture == "llama" and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = config.num_heads if "attn_q" in tensor.name else config.num_kv_heads
-            array = _unpermute(array, heads)
-        weights[hf] = torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).to(dtype)
+        kind = tensor.tensor_type.name
+        if keep_quantized and kind in QuantType.__members__ and len(tensor.shape) == 2:
+            rows, cols = int(tensor.shape[1]), int(tensor.shape[0])
+            q = QuantizedWeight.from_blocks(QuantType(kind), rows, cols, tensor.data)
+            weights[hf] = q if heads is None else QuantizedWeight(q.qtype, rows, cols, _unpermute(q.data, heads))
+        else:
+            weights[hf] = _dequantize(tensor, heads, dtype)
         if progress:
             progress(i + 1, len(reader.tensors))
     tokenizer = _tokenizer(meta, path)
     return config, weights, tokenizer
+
+
+def _dequantize(tensor: Any, heads: int | None, dtype: torch.dtype) -> torch.Tensor:
+    from gguf.quants import dequantize
+
+    try:
+        array = dequantize(tensor.data, tensor.tensor_type)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot dequantize {tensor.name} ({tensor.tensor_type.name}): {exc}") from None
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    array = array.reshape(shape)
+    if heads is not None:
+        array = _unpermute(array, heads)
+    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).to(dtype)
 
 
 def _tokenizer(meta: dict[str, Any], path: Path) -> Tokenizer:

@@ -10,8 +10,15 @@ depend on how many rows share the call), which MKL is not. Elsewhere we use F.li
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from sluice.models.kernels.packed_linear import PackedLinear
+    from sluice.models.quantized import Weight
 
 # The M the packed layout is tuned for; any M works (measured: 32 is best for decode batches).
 _PACK_HINT = 32
@@ -28,6 +35,8 @@ def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class Linear:
+    """fp32 (or bf16) weights; `fast` is accepted for a uniform call and ignored (always exact)."""
+
     __slots__ = ("weight", "bias", "packed", "out_features")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, prepack: bool | None = None):
@@ -38,7 +47,26 @@ class Linear:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_HINT) if prepack else None
         self.weight = None if prepack else weight
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def nbytes(self) -> int:
+        w = self.packed if self.packed is not None else self.weight
+        return int(w.numel() * w.element_size())
+
+    def __call__(self, x: torch.Tensor, fast: bool = False) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def make_linear(weight: "Weight", bias: torch.Tensor | None, ops: ModuleType | None, device: torch.device,
+                dtype: torch.dtype) -> "Linear | PackedLinear":
+    """The kernel linear for a weight still in supported GGUF blocks when the kernels run;
+    otherwise today's Linear over the dequantized (fp32) tensor."""
+    from sluice.models.kernels.packed_linear import SUPPORTED, PackedLinear
+    from sluice.models.quantized import QuantizedWeight
+
+    if isinstance(weight, QuantizedWeight):
+        if ops is not None and weight.qtype in SUPPORTED:
+            return PackedLinear(ops, weight, bias)
+        weight = weight.dequantize(dtype)
+    return Linear(weight.to(device), bias)

@@ -1,11 +1,18 @@
 """One Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over a flat, paged batch.
 
-Weights arrive as a Hugging Face-named state dict from any loader; q/k/v and gate/up are fused
-into one matmul each at construction, which is where the CPU spends its time. The model is pure
-tensor code: it never decides which tokens run (the scheduler does) nor samples (the sampler does).
+Weights arrive as a Hugging Face-named dict from any loader, as fp32 tensors or still in their
+GGUF blocks (`QuantizedWeight`, when the CPU kernels run); q/k/v and gate/up are fused into one
+matmul each at construction, which is where the CPU spends its time. The model is pure tensor
+code: it never decides which tokens run (the scheduler does) nor samples (the sampler does).
+
+Two forwards compute the same function: the portable torch one below (any device, any dtype)
+and the CPU kernel one (models/kernels/fused_forward.py: fused RMSNorm + residual, RoPE + cache
+write, SiLU·mul, paged decode attention, quantized linears), chosen at construction.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -13,40 +20,53 @@ import torch.nn.functional as F
 from sluice.errors import ModelLoadError
 from sluice.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from sluice.models.config import ModelConfig
-from sluice.models.linear import Linear
+from sluice.models.kernels import Numerics
+from sluice.models.linear import make_linear
+from sluice.models.quantized import QuantizedWeight, QuantType, Weight, as_tensor
 from sluice.models.rope import RotaryTable
 
 
 class _Weights:
-    """Pops HF-named tensors off a state dict, moving each to the target device."""
+    """Pops HF-named weights off a state dict, moving tensors to the target device."""
 
-    def __init__(self, state: dict[str, torch.Tensor], device: torch.device):
+    def __init__(self, state: dict[str, Weight], device: torch.device):
         self.state = dict(state)
         self.device = device
 
-    def take(self, key: str) -> torch.Tensor:
+    def take(self, key: str) -> Weight:
         if key not in self.state:
             raise ModelLoadError(f"weight {key!r} is missing from the checkpoint")
-        return self.state.pop(key).to(self.device)
+        w = self.state.pop(key)
+        return w if isinstance(w, QuantizedWeight) else w.to(self.device)
 
-    def maybe(self, key: str) -> torch.Tensor | None:
+    def tensor(self, key: str, dtype: torch.dtype) -> torch.Tensor:
+        return as_tensor(self.take(key), dtype).to(self.device)
+
+    def maybe(self, key: str) -> Weight | None:
         return self.take(key) if key in self.state else None
+
+
+def _fuse(parts: list[Weight], dtype: torch.dtype) -> Weight:
+    """Row-concatenate weights: in their blocks when they share a type, else as tensors."""
+    if all(isinstance(p, QuantizedWeight) for p in parts) and len({p.qtype for p in parts}) == 1:  # type: ignore[union-attr]
+        return QuantizedWeight.concat(parts)  # type: ignore[arg-type]
+    return torch.cat([as_tensor(p, dtype) for p in parts])
 
 
 class _Layer:
     __slots__ = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down")
 
-    def __init__(self, w: _Weights, prefix: str, bias: bool):
+    def __init__(self, w: _Weights, prefix: str, bias: bool, linear, dtype: torch.dtype):  # type: ignore[no-untyped-def]
         a = prefix + "self_attn."
-        self.input_norm = w.take(prefix + "input_layernorm.weight")
-        self.post_norm = w.take(prefix + "post_attention_layernorm.weight")
-        qkv_w = torch.cat([w.take(a + "q_proj.weight"), w.take(a + "k_proj.weight"), w.take(a + "v_proj.weight")])
-        qkv_b = torch.cat([w.take(a + f"{p}_proj.bias") for p in "qkv"]) if bias else None
-        self.qkv = Linear(qkv_w, qkv_b)
-        self.o = Linear(w.take(a + "o_proj.weight"))
+        self.input_norm = w.tensor(prefix + "input_layernorm.weight", dtype)
+        self.post_norm = w.tensor(prefix + "post_attention_layernorm.weight", dtype)
+        qkv_w = _fuse([w.take(a + "q_proj.weight"), w.take(a + "k_proj.weight"), w.take(a + "v_proj.weight")], dtype)
+        qkv_b = torch.cat([w.tensor(a + f"{p}_proj.bias", dtype) for p in "qkv"]) if bias else None
+        self.qkv = linear(qkv_w, qkv_b)
+        self.o = linear(w.take(a + "o_proj.weight"), None)
         m = prefix + "mlp."
-        self.gate_up = Linear(torch.cat([w.take(m + "gate_proj.weight"), w.take(m + "up_proj.weight")]))
-        self.down = Linear(w.take(m + "down_proj.weight"))
+        self.gate_up = linear(_fuse([w.take(m + "gate_proj.weight"), w.take(m + "up_proj.weight")], dtype), None)
+        self.down = linear(w.take(m + "down_proj.weight"), None)
 
 
 class LlamaModel:
@@ -55,28 +75,79 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: dict[str, Weight],
         device: torch.device | str = "cpu",
         attention: AttentionBackend | None = None,
+        ops: ModuleType | None = None,
     ):
         config.validate()
         self.config = config
         self.device = torch.device(device)
+        embed_w = weights.get("model.embed_tokens.weight")
+        if embed_w is None:
+            raise ModelLoadError("weight 'model.embed_tokens.weight' is missing from the checkpoint")
+        self.dtype = torch.float32 if isinstance(embed_w, QuantizedWeight) else embed_w.dtype
+        # the kernels run fp32 on CPU; anything else takes the torch path
+        usable = self.device.type == "cpu" and self.dtype == torch.float32
+        usable = usable and config.num_heads // config.num_kv_heads <= 16  # the attention kernel's limit
+        self.ops = ops if ops is not None and usable and ops.supports_head_dim(config.head_dim) else None
         w = _Weights(weights, self.device)
-        self.embed = w.take("model.embed_tokens.weight")
-        self.dtype = self.embed.dtype
-        self.layers = [_Layer(w, f"model.layers.{i}.", config.attention_bias) for i in range(config.num_layers)]
-        self.norm = w.take("model.norm.weight")
+
+        def linear(weight: Weight, bias: torch.Tensor | None):  # type: ignore[no-untyped-def]
+            return make_linear(weight, bias, self.ops, self.device, self.dtype)
+
+        embed = w.take("model.embed_tokens.weight")
+        self.layers = [_Layer(w, f"model.layers.{i}.", config.attention_bias, linear, self.dtype)
+                       for i in range(config.num_layers)]
+        self.norm = w.tensor("model.norm.weight", self.dtype)
         head = w.maybe("lm_head.weight")
-        self.lm_head = Linear(self.embed if (config.tie_word_embeddings or head is None) else head)
+        tied = config.tie_word_embeddings or head is None
+        # A tied Q8_0 table is packed once and serves both the lookup and the LM head.
+        self.embed_packed = None
+        if self.ops is not None and isinstance(embed, QuantizedWeight) and embed.qtype is QuantType.Q8_0:
+            self.embed_packed = linear(embed, None)
+            self.embed = None
+        else:
+            self.embed = as_tensor(embed, self.dtype).to(self.device)
+        if tied:
+            self.lm_head = self.embed_packed if self.embed_packed is not None else linear(self.embed, None)
+        else:
+            self.lm_head = linear(head, None)  # type: ignore[arg-type]
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.inter = config.intermediate_size
         rope = RotaryTable(config.head_dim, config.max_position, config.rope_theta, config.rope_scaling)
-        self.rope_cos = rope.cos.to(self.device, self.dtype)
-        self.rope_sin = rope.sin.to(self.device, self.dtype)
+        self.rope_cos = rope.cos.to(self.device, self.dtype).contiguous()
+        self.rope_sin = rope.sin.to(self.device, self.dtype).contiguous()
         self.rotate = rope.apply
-        self.attention = attention or TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim)
+        if attention is None:
+            if self.ops is not None:
+                from sluice.models.kernels.paged_attention import KernelPagedAttention
+
+                attention = KernelPagedAttention(self.ops, config.num_heads, config.num_kv_heads, config.head_dim,
+                                                 config.sliding_window)
+            else:
+                attention = TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
+                                                config.sliding_window)
+        self.attention = attention
+
+    @property
+    def uses_kernels(self) -> bool:
+        return self.ops is not None
+
+    def weight_bytes(self) -> int:
+        """Memory held by the weights (packed blocks or fp32 tensors), the KV cache excluded."""
+        linears = [self.lm_head] + [getattr(l, n) for l in self.layers for n in ("qkv", "o", "gate_up", "down")]
+        total = sum(lin.nbytes for lin in {id(x): x for x in linears}.values())
+        tensors = [self.norm] + [t for l in self.layers for t in (l.input_norm, l.post_norm)]
+        if self.embed is not None:  # the torch path's lookup table (its LM head packs a copy)
+            tensors.append(self.embed)
+        return total + sum(t.numel() * t.element_size() for t in tensors)
+
+    def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_packed is not None:
+            return self.embed_packed.embed(input_ids)
+        return F.embedding(input_ids, self.embed)
 
     def _rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # Same op order as transformers' LlamaRMSNorm: statistics in fp32, then scale in the
@@ -93,11 +164,21 @@ class LlamaModel:
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_indices: torch.Tensor,  # [N] rows whose next-token logits are needed
+        numerics: Numerics = Numerics.EXACT,
     ) -> torch.Tensor:  # [N, vocab] fp32
+        self.attention.prepare(meta)
+        if self.ops is not None:
+            from sluice.models.kernels.fused_forward import fused_forward
+
+            return fused_forward(self, input_ids, positions, meta, kv_caches, logits_indices,
+                                 numerics is Numerics.FAST)
+        return self._torch_forward(input_ids, positions, meta, kv_caches, logits_indices)
+
+    def _torch_forward(self, input_ids, positions, meta, kv_caches, logits_indices):  # type: ignore[no-untyped-def]
         cfg = self.config
         T = input_ids.shape[0]
         q_end, k_end = self.q_size, self.q_size + self.kv_size
-        h = F.embedding(input_ids, self.embed)
+        h = self.embed_rows(input_ids)
         cos = self.rope_cos[positions].unsqueeze(1)
         sin = self.rope_sin[positions].unsqueeze(1)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):

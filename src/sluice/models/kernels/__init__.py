@@ -1,0 +1,59 @@
+"""sluice's CPU kernels (a C++ torch extension) and the choice between them and plain torch.
+
+What the extension provides (csrc/, described in docs/ENGINE.md): exact fp32 linears over
+weights kept in their GGUF blocks (Q4_1, Q8_0), an int8-activation variant (the opt-in fast
+numerics), paged decode attention that reads K/V in place, and fused RMSNorm / SiLU·mul / RoPE.
+
+`kernel_ops(KernelChoice.AUTO)` returns the loaded extension, building it on first use (see
+build.py), or None when it cannot be built or loaded or the CPU lacks AVX2: sluice then runs
+its portable torch path and says so in one log line. `KernelChoice.TORCH` forces that path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from enum import StrEnum
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+
+class KernelChoice(StrEnum):
+    AUTO = "auto"  # the extension when it builds and the CPU has AVX2, else torch
+    TORCH = "torch"  # always the portable torch path (fp32 weights in memory)
+
+
+class Numerics(StrEnum):
+    EXACT = "exact"  # fp32 arithmetic on the exactly dequantized weights (the default)
+    FAST = "fast"  # int8 activations x 4-bit weights, as llama.cpp computes (opt-in)
+
+
+_lock = threading.Lock()
+_state: dict[str, ModuleType | None] = {}
+
+
+def kernel_ops(choice: KernelChoice | str = KernelChoice.AUTO) -> ModuleType | None:
+    """The extension module, or None for the torch path (logged once per process)."""
+    if KernelChoice(choice) is KernelChoice.TORCH:
+        return None
+    with _lock:
+        if "ops" not in _state:
+            _state["ops"] = _load()
+        return _state["ops"]
+
+
+def _load() -> ModuleType | None:
+    try:
+        from sluice.models.kernels.build import load_module
+
+        ops = load_module()
+    except Exception as exc:  # a missing compiler, a failed build, a bad cache: all fall back
+        log.warning("sluice kernels unavailable (%s: %s); using the torch path (fp32 weights)",
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return None
+    if ops.isa() == "none":
+        log.warning("sluice kernels unavailable (this CPU lacks AVX2/FMA/F16C); using the torch path (fp32 weights)")
+        return None
+    log.info("sluice kernels: %s", ops.isa())
+    return ops

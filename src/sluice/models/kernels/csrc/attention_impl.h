@@ -1,0 +1,151 @@
+// Paged decode attention over the 16-lane vector layer (see isa.h for the task split).
+// Included by kernels_impl.h, once per ISA translation unit, after glue_impl.h (fexp).
+#pragma once
+#include <cmath>
+#include <cstring>
+
+#include "isa.h"
+#include "glue_impl.h"
+
+namespace SLUICE_ISA_NS {
+namespace {  // internal linkage: nothing here may merge with another TU's code
+
+using sluice::AttnArgs;
+using sluice::GemmArgs;
+using sluice::kBlock;
+using sluice::kPanel;
+using sluice::kQ4PanelBlockBytes;
+using sluice::kQ8PanelBlockBytes;
+
+// ---- paged decode attention ------------------------------------------------------------------
+// One task = one chunk of one sequence's context x one KV head: its G query heads share each
+// K/V row read, straight from the paged cache through the block table (no gathered copy).
+// Per query head: s = (q . k) * scale; e = exp(s - max over the chunk); l = sum e;
+// o = sum e * v. One chunk: out = o * (1 / l). Several: attn_merge rescales and adds them.
+template <int ND>
+static void decode_task(const AttnArgs& a, int64_t index) {
+  const sluice::AttnTask task = a.tasks[index];
+  const int64_t G = a.heads / a.kv_heads, D = ND * kPanel;
+  const int64_t b = task.b, kh = task.kv_head;
+  const int64_t len = a.context_lens[b];
+  const int64_t first = (a.window > 0 && len > a.window) ? len - a.window : 0;
+  const int64_t start = first + (int64_t)task.chunk * sluice::kAttnChunk;
+  const int64_t n = imin(sluice::kAttnChunk, len - start);
+  const int32_t* table = a.block_tables + b * a.max_blocks;
+  const float* kbase = a.k_cache + kh * a.num_slots * D;
+  const float* vbase = a.v_cache + kh * a.num_slots * D;
+  float* sc = a.scratch + index * G * sluice::kAttnChunk;
+  float mx[16], total[16];
+  for (int64_t g = 0; g < G; ++g) {
+    const float* q = a.q + b * a.q_stride + (kh * G + g) * D;
+    F16 qv[ND];
+    for (int i = 0; i < ND; ++i) qv[i] = fload(q + i * kPanel);
+    float* s = sc + g * sluice::kAttnChunk;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = start + t;
+      const float* kp = kbase + ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
+      F16 acc = fmul(qv[0], fload(kp));
+      for (int i = 1; i < ND; ++i) acc = ffma(qv[i], fload(kp + i * kPanel), acc);
+      s[t] = fhsum(acc) * a.scale;
+    }
+    // exp(s - max) in place, through the vector exp (the tail padded)
+    const int64_t V = n / kPanel * kPanel;
+    float m = -INFINITY;
+    if (V) {
+      F16 mv = fload(s);
+      for (int64_t t = kPanel; t < V; t += kPanel) mv = fmax_(mv, fload(s + t));
+      m = fhmax(mv);
+    }
+    for (int64_t t = V; t < n; ++t) m = s[t] > m ? s[t] : m;
+    F16 sum = fzero();
+    for (int64_t t = 0; t < V; t += kPanel) {
+      const F16 e = fexp(fsub(fload(s + t), fset(m)));
+      fstore(s + t, e);
+      sum = fadd(sum, e);
+    }
+    float l = fhsum(sum);
+    if (V < n) {
+      alignas(64) float tmp[kPanel];
+      for (int i = 0; i < kPanel; ++i) tmp[i] = V + i < n ? s[V + i] - m : -INFINITY;
+      fstore(tmp, fexp(fload(tmp)));
+      for (int64_t t = V; t < n; ++t) {
+        s[t] = tmp[t - V];
+        l += s[t];
+      }
+    }
+    mx[g] = m;
+    total[g] = l;
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const float* s = sc + g * sluice::kAttnChunk;
+    F16 o[ND];
+    for (int i = 0; i < ND; ++i) o[i] = fzero();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = start + t;
+      const float* vp = vbase + ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
+      const F16 e = fset(s[t]);
+      for (int i = 0; i < ND; ++i) o[i] = ffma(e, fload(vp + i * kPanel), o[i]);
+    }
+    if (task.num_chunks == 1) {
+      const F16 inv = fset(1.0f / total[g]);
+      float* out = a.out + (b * a.heads + kh * G + g) * D;
+      for (int i = 0; i < ND; ++i) fstore(out + i * kPanel, fmul(o[i], inv));
+    } else {
+      float* part = a.partials + ((a.chunk_base[b] + task.chunk) * a.kv_heads + kh) * G * (D + 2) + g * (D + 2);
+      for (int i = 0; i < ND; ++i) fstore(part + i * kPanel, o[i]);
+      part[D] = mx[g];
+      part[D + 1] = total[g];
+    }
+  }
+}
+
+static void paged_decode(const AttnArgs& a, int64_t t0, int64_t t1) {
+  void (*fn)(const AttnArgs&, int64_t) = nullptr;
+  switch (a.head_dim / kPanel) {
+    case 1: fn = &decode_task<1>; break;
+    case 2: fn = &decode_task<2>; break;
+    case 3: fn = &decode_task<3>; break;
+    case 4: fn = &decode_task<4>; break;
+    case 5: fn = &decode_task<5>; break;
+    case 6: fn = &decode_task<6>; break;
+    case 8: fn = &decode_task<8>; break;
+    default: return;  // the glue only calls for supported head dims (supports_head_dim)
+  }
+  for (int64_t t = t0; t < t1; ++t) fn(a, t);
+}
+
+// pair = b * KVH + kv head, for sequences of more than one chunk: the standard log-sum-exp merge
+static void attn_merge(const AttnArgs& a, int64_t p0, int64_t p1) {
+  const int64_t G = a.heads / a.kv_heads, D = a.head_dim, W = D + 2;
+  for (int64_t pair = p0; pair < p1; ++pair) {
+    const int64_t b = pair / a.kv_heads, kh = pair % a.kv_heads;
+    const int64_t len = a.context_lens[b];
+    const int64_t n = (a.window > 0 && len > a.window) ? a.window : len;
+    const int64_t chunks = (n + sluice::kAttnChunk - 1) / sluice::kAttnChunk;
+    if (chunks < 2) continue;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* first = a.partials + (a.chunk_base[b] * a.kv_heads + kh) * G * W + g * W;
+      float m = -INFINITY;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float mc = first[c * a.kv_heads * G * W + D];
+        m = mc > m ? mc : m;
+      }
+      float* out = a.out + (b * a.heads + kh * G + g) * D;
+      float l = 0.0f;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = first + c * a.kv_heads * G * W;
+        const float f = expf(part[D] - m);
+        l += part[D + 1] * f;
+        for (int64_t i = 0; i < D; i += kPanel) {
+          const F16 v = fmul(fload(part + i), fset(f));
+          fstore(out + i, c == 0 ? v : fadd(fload(out + i), v));
+        }
+      }
+      const F16 inv = fset(1.0f / l);
+      for (int64_t i = 0; i < D; i += kPanel) fstore(out + i, fmul(fload(out + i), inv));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace SLUICE_ISA_NS

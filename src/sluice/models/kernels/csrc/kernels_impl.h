@@ -1,0 +1,28 @@
+// Every kernel of one ISA translation unit (isa_avx2.cpp, isa_avx512.cpp), over the 16-lane
+// vector operations of the simd header that the unit includes first:
+//   gemm_impl.h       exact and int8 linears over the packed GGUF blocks, activation quantization
+//   glue_impl.h       exp, RMSNorm (+ residual add), SiLU x mul
+//   attention_impl.h  paged decode attention and its chunk merge
+// and the unit's table of entry points (isa.h).
+#pragma once
+#include "attention_impl.h"
+#include "gemm_impl.h"
+#include "glue_impl.h"
+
+namespace SLUICE_ISA_NS {
+namespace {  // internal linkage: nothing here may merge with another TU's code
+
+using sluice::AttnArgs;
+using sluice::GemmArgs;
+using sluice::kBlock;
+using sluice::kPanel;
+using sluice::kQ4PanelBlockBytes;
+using sluice::kQ8PanelBlockBytes;
+
+static const sluice::KernelTable kTable = {
+    SLUICE_ISA_NAME, kGemmPanelsFor[1] * kPanel, kDirectMaxM, &q4_exact, &q4_fast, &q8_exact, &quantize_q8, &q8_row,
+    &add_rms_norm,   &silu_mul, &paged_decode, &attn_merge,
+};
+
+}  // namespace
+}  // namespace SLUICE_ISA_NS

@@ -1,0 +1,428 @@
+// The torch-facing half of sluice's CPU kernels: argument checks, packing, threading
+// (at::parallel_for) and the run-time choice of ISA. No SIMD code lives here: it is built with
+// the compiler's baseline flags and calls into the per-ISA tables of isa.h.
+#include <cpuid.h>
+#include <torch/extension.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "isa.h"
+
+namespace sluice {
+namespace {
+
+// ---- CPU features -----------------------------------------------------------------------------
+struct Features {
+  bool avx2 = false, avx512 = false, vnni = false;
+};
+
+Features detect() {
+  Features f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+  if (!(osxsave && avx && fma && f16c)) return f;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const unsigned xcr0 = lo;
+  if ((xcr0 & 0x6) != 0x6) return f;  // the OS saves SSE and AVX state
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  f.avx2 = b & (1u << 5);
+  const bool f512 = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
+  f.avx512 = f.avx2 && f512 && dq && bw && vl && (xcr0 & 0xE0) == 0xE0;  // and opmask/zmm state
+  f.vnni = f.avx512 && (c & (1u << 11));
+  return f;
+}
+
+const Features& features() {
+  static const Features f = detect();
+  return f;
+}
+
+const KernelTable* pick(const std::string& want) {
+  const Features& f = features();
+  if (want == "avx2") return f.avx2 ? avx2_table() : nullptr;
+  if (want == "avx512") return f.avx512 ? avx512_table() : nullptr;
+  if (want == "avx512-vnni") return f.vnni ? avx512vnni_table() : nullptr;
+  // auto: the widest the CPU has
+  if (f.vnni) return avx512vnni_table();
+  if (f.avx512) return avx512_table();
+  if (f.avx2) return avx2_table();
+  return nullptr;
+}
+
+const KernelTable* g_table = nullptr;
+
+const KernelTable& table() {
+  TORCH_CHECK(g_table != nullptr, "sluice kernels: this CPU lacks AVX2 + FMA + F16C");
+  return *g_table;
+}
+
+std::string set_isa(const std::string& want) {
+  const KernelTable* t = pick(want);
+  TORCH_CHECK(t != nullptr, "sluice kernels: ISA '", want, "' is not available on this CPU");
+  g_table = t;
+  return t->name;
+}
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> out;
+  const Features& f = features();
+  if (f.avx2) out.push_back("avx2");
+  if (f.avx512) out.push_back("avx512");
+  if (f.vnni) out.push_back("avx512-vnni");
+  return out;
+}
+
+std::string isa() { return g_table ? g_table->name : "none"; }
+
+// ---- checks -----------------------------------------------------------------------------------
+void check_rows(const torch::Tensor& x, int64_t K, const char* what) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32, what, ": expected a float32 CPU tensor");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.stride(1) == 1 && x.stride(0) >= K, what,
+              ": expected rows of ", K, " contiguous floats, got ", x.sizes());
+}
+
+void check_packed(const torch::Tensor& w, int64_t N, int64_t K, int64_t block_bytes) {
+  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.device().is_cpu(), "packed weight: uint8 CPU");
+  TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32");
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  TORCH_CHECK(w.numel() == panels * (K / kBlock) * block_bytes, "packed weight has the wrong size for ", N, "x", K);
+}
+
+int64_t panels_of(int64_t N) { return (N + kPanel - 1) / kPanel; }
+
+// rows of work per parallel task: small calls stay on the calling thread
+int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K)); }
+
+// ---- packing (load time) -------------------------------------------------------------------
+// raw: [N, K/32 * 20] GGUF Q4_1 blocks (d fp16, m fp16, 16 bytes of nibbles)
+torch::Tensor pack_q4_1(const torch::Tensor& raw, int64_t N, int64_t K) {
+  TORCH_CHECK(raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % kBlock == 0, "pack_q4_1: bad input");
+  const int64_t KB = K / kBlock;
+  TORCH_CHECK(raw.numel() == N * KB * 20, "pack_q4_1: expected ", N * KB * 20, " bytes");
+  torch::Tensor out = torch::zeros({panels_of(N) * KB * kQ4PanelBlockBytes}, torch::kUInt8);
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t p = n / kPanel, j = n % kPanel;
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        const uint8_t* blk = src + (n * KB + kb) * 20;
+        uint8_t* base = dst + (p * KB + kb) * kQ4PanelBlockBytes;
+        std::memcpy(base + 2 * j, blk, 2);
+        std::memcpy(base + 32 + 2 * j, blk + 2, 2);
+        uint8_t q[32];
+        for (int k = 0; k < 16; ++k) {
+          q[k] = blk[4 + k] & 15;
+          q[k + 16] = blk[4 + k] >> 4;
+        }
+        for (int g = 0; g < 4; ++g)
+          for (int i = 0; i < 4; ++i) base[64 + g * 64 + j * 4 + i] = q[8 * g + i] | (q[8 * g + 4 + i] << 4);
+      }
+    }
+  });
+  return out;
+}
+
+// raw: [N, K/32 * 34] GGUF Q8_0 blocks (d fp16, 32 int8)
+torch::Tensor pack_q8_0(const torch::Tensor& raw, int64_t N, int64_t K) {
+  TORCH_CHECK(raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % kBlock == 0, "pack_q8_0: bad input");
+  const int64_t KB = K / kBlock;
+  TORCH_CHECK(raw.numel() == N * KB * 34, "pack_q8_0: expected ", N * KB * 34, " bytes");
+  torch::Tensor out = torch::zeros({panels_of(N) * KB * kQ8PanelBlockBytes}, torch::kUInt8);
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t p = n / kPanel, j = n % kPanel;
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        const uint8_t* blk = src + (n * KB + kb) * 34;
+        uint8_t* base = dst + (p * KB + kb) * kQ8PanelBlockBytes;
+        std::memcpy(base + 2 * j, blk, 2);
+        for (int k = 0; k < kBlock; ++k) base[32 + k * kPanel + j] = blk[2 + k];
+      }
+    }
+  });
+  return out;
+}
+
+// ---- linears ------------------------------------------------------------------------------------
+GemmArgs gemm_args(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y, int64_t N, int64_t K,
+                   const c10::optional<torch::Tensor>& bias) {
+  GemmArgs a{};
+  a.M = x.size(0);
+  a.N = N;
+  a.K = K;
+  a.x = x.data_ptr<float>();
+  a.ldx = x.stride(0);
+  a.y = y.data_ptr<float>();
+  a.ldy = y.stride(0);
+  a.w = w.data_ptr<uint8_t>();
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() && bias->numel() == N, "bias: [N] float32");
+    a.bias = bias->data_ptr<float>();
+  }
+  return a;
+}
+
+using GemmFn = void (*)(const GemmArgs&, int64_t, int64_t, float*);
+
+void run_panels(const GemmArgs& a, GemmFn fn, int64_t scratch_per_k, int64_t direct_max_m) {
+  // Split the output panels evenly across threads, each task at least ~128K multiply-adds
+  // (at M = 1 and K = 576: 15 panels, ~90 KB of Q4_1 weights) so that waking a thread pays off.
+  const int64_t panels = panels_of(a.N);
+  const int64_t grain = std::max<int64_t>(1, (131072 + a.M * a.K * kPanel - 1) / (a.M * a.K * kPanel));
+  torch::Tensor scratch;
+  float* base = nullptr;
+  const int64_t per_thread = a.K * scratch_per_k;
+  if (scratch_per_k && a.M > direct_max_m) {  // the GEMM path dequantizes panels into a per-thread scratch
+    scratch = torch::empty({at::get_num_threads() * per_thread}, torch::kFloat32);
+    base = scratch.data_ptr<float>();
+  }
+  at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+    fn(a, p0, p1, base ? base + at::get_thread_num() * per_thread : nullptr);
+  });
+}
+
+torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K,
+                        const c10::optional<torch::Tensor>& bias, bool fast) {
+  check_rows(x, K, "linear_q4 input");
+  check_packed(w, N, K, kQ4PanelBlockBytes);
+  const KernelTable& t = table();
+  torch::Tensor y = torch::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0) return y;
+  GemmArgs a = gemm_args(x, w, y, N, K, bias);
+  if (!fast) {
+    run_panels(a, t.q4_exact, t.scratch_per_k, t.direct_max_m);
+    return y;
+  }
+  const int64_t M = a.M, KB = K / kBlock;
+  torch::Tensor xq = torch::empty({M, K}, torch::kInt8);
+  torch::Tensor xd = torch::empty({M, KB}, x.options());
+  torch::Tensor xs = torch::empty({M, KB}, x.options());
+  at::parallel_for(0, M, grain_rows(K), [&](int64_t r0, int64_t r1) {
+    t.quantize_q8(a.x, a.ldx, K, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), r0, r1);
+  });
+  a.xq = xq.data_ptr<int8_t>();
+  a.xd = xd.data_ptr<float>();
+  a.xs = xs.data_ptr<float>();
+  run_panels(a, t.q4_fast, 0, 0);
+  return y;
+}
+
+torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K,
+                        const c10::optional<torch::Tensor>& bias) {
+  check_rows(x, K, "linear_q8 input");
+  check_packed(w, N, K, kQ8PanelBlockBytes);
+  const KernelTable& t = table();
+  torch::Tensor y = torch::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0) return y;
+  GemmArgs a = gemm_args(x, w, y, N, K, bias);
+  run_panels(a, t.q8_exact, t.scratch_per_k, t.direct_max_m);
+  return y;
+}
+
+torch::Tensor embed_q8(const torch::Tensor& ids, const torch::Tensor& w, int64_t N, int64_t K) {
+  check_packed(w, N, K, kQ8PanelBlockBytes);
+  TORCH_CHECK(ids.scalar_type() == torch::kInt64 && ids.dim() == 1 && ids.is_contiguous(), "embed_q8: ids [T] int64");
+  const KernelTable& t = table();
+  const int64_t T = ids.size(0);
+  torch::Tensor out = torch::empty({T, K}, torch::kFloat32);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < T; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "embed_q8: token id ", id[i], " out of range");
+  at::parallel_for(0, T, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) t.q8_row(w.data_ptr<uint8_t>(), K, id[i], out.data_ptr<float>() + i * K);
+  });
+  return out;
+}
+
+// ---- elementwise glue -------------------------------------------------------------------------
+torch::Tensor add_rms_norm(torch::Tensor& h, const c10::optional<torch::Tensor>& delta, const torch::Tensor& w,
+                           double eps) {
+  TORCH_CHECK(h.is_contiguous() && h.dim() == 2 && h.scalar_type() == torch::kFloat32, "rms_norm: h [T, D] float32");
+  const int64_t D = h.size(1);
+  TORCH_CHECK(w.is_contiguous() && w.numel() == D && w.scalar_type() == torch::kFloat32, "rms_norm: weight [D]");
+  const float* dl = nullptr;
+  if (delta.has_value() && delta->defined()) {
+    TORCH_CHECK(delta->is_contiguous() && delta->sizes() == h.sizes() && delta->scalar_type() == torch::kFloat32,
+                "rms_norm: delta like h");
+    dl = delta->data_ptr<float>();
+  }
+  const KernelTable& t = table();
+  torch::Tensor out = torch::empty_like(h);
+  at::parallel_for(0, h.size(0), grain_rows(D), [&](int64_t r0, int64_t r1) {
+    t.add_rms_norm(h.data_ptr<float>(), dl, w.data_ptr<float>(), out.data_ptr<float>(), D, (float)eps, r0, r1);
+  });
+  return out;
+}
+
+torch::Tensor silu_mul(const torch::Tensor& gu) {
+  TORCH_CHECK(gu.is_contiguous() && gu.dim() == 2 && gu.size(1) % 2 == 0 && gu.scalar_type() == torch::kFloat32,
+              "silu_mul: [T, 2I] float32");
+  const int64_t I = gu.size(1) / 2;
+  const KernelTable& t = table();
+  torch::Tensor out = torch::empty({gu.size(0), I}, gu.options());
+  at::parallel_for(0, gu.size(0), grain_rows(2 * I), [&](int64_t r0, int64_t r1) {
+    t.silu_mul(gu.data_ptr<float>(), out.data_ptr<float>(), I, r0, r1);
+  });
+  return out;
+}
+
+// Rotates q and k in place inside the fused qkv rows (rotate-half form, the same products and
+// sums as the torch path, so bit-identical) and writes this step's k and v into the paged cache.
+void rope_and_cache(torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& cos,
+                    const torch::Tensor& sin, const torch::Tensor& slot_mapping, torch::Tensor& k_cache,
+                    torch::Tensor& v_cache, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  const int64_t T = qkv.size(0), D = head_dim, half = D / 2, W = (heads + 2 * kv_heads) * D;
+  TORCH_CHECK(qkv.is_contiguous() && qkv.dim() == 2 && qkv.size(1) == W && qkv.scalar_type() == torch::kFloat32,
+              "rope_and_cache: qkv [T, (H + 2 KVH) D] float32");
+  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.numel() == T && positions.is_contiguous(),
+              "rope_and_cache: positions [T] int64");
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.numel() == T && slot_mapping.is_contiguous(),
+              "rope_and_cache: slot_mapping [T] int64");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 && cos.size(1) == half &&
+                  cos.sizes() == sin.sizes(),
+              "rope_and_cache: cos/sin [max_position, D/2]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.size(0) == kv_heads &&
+                  k_cache.size(2) == D && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == torch::kFloat32,
+              "rope_and_cache: caches [KVH, slots, D] float32");
+  const int64_t S = k_cache.size(1), maxpos = cos.size(0);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t i = 0; i < T; ++i) {
+    TORCH_CHECK(pos[i] >= 0 && pos[i] < maxpos, "rope_and_cache: position ", pos[i], " out of range");
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < S, "rope_and_cache: slot ", slots[i], " out of range");
+  }
+  float* base = qkv.data_ptr<float>();
+  const float* cs = cos.data_ptr<float>();
+  const float* sn = sin.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t i = t0; i < t1; ++i) {
+      float* row = base + i * W;
+      const float* c = cs + pos[i] * half;
+      const float* s = sn + pos[i] * half;
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {
+        float* x = row + h * D;
+        for (int64_t j = 0; j < half; ++j) {
+          const float x1 = x[j], x2 = x[j + half];
+          x[j] = x1 * c[j] - x2 * s[j];
+          x[j + half] = x2 * c[j] + x1 * s[j];
+        }
+      }
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        std::memcpy(kc + (h * S + slots[i]) * D, row + (heads + h) * D, D * sizeof(float));
+        std::memcpy(vc + (h * S + slots[i]) * D, row + (heads + kv_heads + h) * D, D * sizeof(float));
+      }
+    }
+  });
+}
+
+bool supports_head_dim(int64_t d) {
+  return d % kPanel == 0 && d > 0 && (d / kPanel <= 6 || d / kPanel == 8);
+}
+
+// out[:B] = attention of q[:B] over each sequence's cached context, read in place through its
+// block table. q rows may be strided (the q part of the fused qkv rows).
+void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                  const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
+                  int64_t heads, int64_t kv_heads, double scale, int64_t window, torch::Tensor& out) {
+  const int64_t B = block_tables.size(0), D = k_cache.size(2);
+  TORCH_CHECK(supports_head_dim(D), "paged_decode: unsupported head_dim ", D);
+  TORCH_CHECK(q.dim() == 2 && q.size(0) >= B && q.size(1) >= heads * D && q.stride(1) == 1 &&
+                  q.scalar_type() == torch::kFloat32,
+              "paged_decode: q rows of H*D floats");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) >= B && out.size(1) == heads * D && out.is_contiguous() &&
+                  out.scalar_type() == torch::kFloat32,
+              "paged_decode: out [>=B, H*D] contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(0) == kv_heads && k_cache.scalar_type() == torch::kFloat32,
+              "paged_decode: caches [KVH, slots, D] float32");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous() && block_tables.dim() == 2,
+              "paged_decode: block_tables [B, max_blocks] int32");
+  TORCH_CHECK(context_lens.scalar_type() == torch::kInt32 && context_lens.is_contiguous() && context_lens.numel() == B,
+              "paged_decode: context_lens [B] int32");
+  TORCH_CHECK(heads % kv_heads == 0, "paged_decode: heads must be a multiple of kv_heads");
+  if (B == 0) return;
+  const int64_t S = k_cache.size(1), MB = block_tables.size(1);
+  const int32_t* tab = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int64_t G = heads / kv_heads;
+  TORCH_CHECK(G <= 16, "paged_decode: at most 16 query heads per KV head");
+  std::vector<AttnTask> tasks;
+  std::vector<int64_t> chunk_base(B);
+  int64_t chunks = 0;
+  bool merge = false;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= MB * block_size, "paged_decode: context length ", lens[b], " out of range");
+    const int64_t used = (lens[b] + block_size - 1) / block_size;
+    for (int64_t i = 0; i < used; ++i)
+      TORCH_CHECK(tab[b * MB + i] >= 0 && (tab[b * MB + i] + 1) * block_size <= S, "paged_decode: bad block id");
+    const int64_t n = window > 0 && lens[b] > window ? window : lens[b];
+    const int32_t nc = (int32_t)((n + kAttnChunk - 1) / kAttnChunk);
+    chunk_base[b] = chunks;
+    chunks += nc;
+    merge |= nc > 1;
+    for (int32_t c = 0; c < nc; ++c)
+      for (int32_t h = 0; h < kv_heads; ++h) tasks.push_back({(int32_t)b, h, c, nc});
+  }
+  const KernelTable& t = table();
+  const int64_t T = (int64_t)tasks.size();
+  torch::Tensor scratch = torch::empty({T * G * kAttnChunk}, torch::kFloat32);
+  torch::Tensor partials;
+  AttnArgs a{};
+  if (merge) {
+    partials = torch::empty({chunks * kv_heads * G * (D + 2)}, torch::kFloat32);
+    a.partials = partials.data_ptr<float>();
+  }
+  a.q = q.data_ptr<float>();
+  a.q_stride = q.stride(0);
+  a.k_cache = k_cache.data_ptr<float>();
+  a.v_cache = v_cache.data_ptr<float>();
+  a.num_slots = S;
+  a.block_tables = tab;
+  a.max_blocks = MB;
+  a.context_lens = lens;
+  a.block_size = block_size;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = D;
+  a.window = window;
+  a.scale = (float)scale;
+  a.out = out.data_ptr<float>();
+  a.tasks = tasks.data();
+  a.chunk_base = chunk_base.data();
+  a.scratch = scratch.data_ptr<float>();
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { t.paged_decode(a, t0, t1); });
+  if (merge) at::parallel_for(0, B * kv_heads, 1, [&](int64_t p0, int64_t p1) { t.attn_merge(a, p0, p1); });
+}
+
+}  // namespace
+}  // namespace sluice
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace sluice;
+  const char* env = std::getenv("SLUICE_KERNEL_ISA");
+  g_table = pick(env && *env ? env : "auto");
+  m.doc() = "sluice CPU kernels: exact quantized linears, paged decode attention, fused glue";
+  m.def("isa", &isa, "the ISA in use ('none' when the CPU lacks AVX2)");
+  m.def("set_isa", &set_isa, "use 'avx2', 'avx512', 'avx512-vnni' or 'auto'; returns the one chosen");
+  m.def("available_isas", &available_isas);
+  m.def("supports_head_dim", &supports_head_dim);
+  m.def("pack_q4_1", &pack_q4_1);
+  m.def("pack_q8_0", &pack_q8_0);
+  m.def("linear_q4", &linear_q4, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"),
+        py::arg("fast"));
+  m.def("linear_q8", &linear_q8, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"));
+  m.def("embed_q8", &embed_q8);
+  m.def("add_rms_norm", &add_rms_norm, py::arg("h"), py::arg("delta"), py::arg("w"), py::arg("eps"));
+  m.def("silu_mul", &silu_mul);
+  m.def("rope_and_cache", &rope_and_cache);
+  m.def("paged_decode", &paged_decode);
+}

@@ -1,0 +1,110 @@
+// 16-lane vectors on AVX2 + FMA + F16C: a pair of 8-lane registers (lo = lanes 0-7, hi = 8-15).
+// The same operations as simd_avx512.h, op for op (see there).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace SLUICE_ISA_NS {
+
+static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+struct F16 {
+  __m256 lo, hi;
+};
+struct I16 {
+  __m256i lo, hi;
+};
+
+static inline F16 fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline F16 fset(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+static inline F16 fload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline void fstore(float* p, F16 a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+static inline F16 fadd(F16 a, F16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+static inline F16 fsub(F16 a, F16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+static inline F16 fmul(F16 a, F16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+static inline F16 fdiv(F16 a, F16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+static inline F16 fmax_(F16 a, F16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+static inline F16 fmin_(F16 a, F16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+static inline F16 ffma(F16 a, F16 b, F16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline F16 fabs_(F16 a) {
+  const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  return {_mm256_and_ps(a.lo, m), _mm256_and_ps(a.hi, m)};
+}
+static inline F16 fload_half(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+static inline I16 fround_i(F16 a) { return {_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi)}; }
+static inline F16 i2f(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+static inline float fhsum(F16 a) {
+  __m256 s8 = _mm256_add_ps(a.lo, a.hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+  return _mm_cvtss_f32(s1);
+}
+static inline float fhmax(F16 a) {
+  __m256 s8 = _mm256_max_ps(a.lo, a.hi);
+  __m128 s4 = _mm_max_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_max_ss(s2, _mm_movehdup_ps(s2));
+  return _mm_cvtss_f32(s1);
+}
+
+static inline I16 iload(const void* p) {
+  const __m256i* q = reinterpret_cast<const __m256i*>(p);
+  return {_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1)};
+}
+static inline I16 iset(int32_t a) { return {_mm256_set1_epi32(a), _mm256_set1_epi32(a)}; }
+static inline I16 izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+static inline I16 iand(I16 a, I16 b) { return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)}; }
+static inline I16 iadd(I16 a, I16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+template <int S>
+static inline I16 isrl(I16 a) {
+  return {_mm256_srli_epi32(a.lo, S), _mm256_srli_epi32(a.hi, S)};
+}
+static inline I16 islli(I16 a, int s) {
+  return {_mm256_slli_epi32(a.lo, s), _mm256_slli_epi32(a.hi, s)};
+}
+
+static inline F16 nibble_to_f(I16 a) {
+  const __m256i m = _mm256_set1_epi32(15);
+  return {_mm256_cvtepi32_ps(_mm256_and_si256(a.lo, m)), _mm256_cvtepi32_ps(_mm256_and_si256(a.hi, m))};
+}
+static inline F16 sbytes_to_f(const int8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+static inline I16 dot_u8s8(I16 acc, I16 u, I16 s) {
+  // u <= 15 here, so the 16-bit pair sums cannot saturate
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(u.lo, s.lo), one)),
+          _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(u.hi, s.hi), one))};
+}
+
+}  // namespace SLUICE_ISA_NS
+
+namespace SLUICE_ISA_NS {
+static inline F16 fround(F16 a) {
+  return {_mm256_round_ps(a.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+          _mm256_round_ps(a.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+static inline F16 i_as_f(I16 a) { return {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; }
+static inline void istore_i8(int8_t* p, I16 a) {
+  // saturating packs are exact for values in [-128, 127]; the permute undoes packs' lane order
+  const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+}
+// 16 vector registers: half the AVX-512 blocks
+constexpr int kMaxRows = 4;
+constexpr int kPanelsFor[5] = {0, 2, 2, 1, 1};
+constexpr int64_t kDirectMaxM = 8;
+constexpr int kGemmRows = 6;
+constexpr int kGemmPanelsFor[7] = {0, 2, 2, 2, 1, 1, 1};
+}  // namespace SLUICE_ISA_NS

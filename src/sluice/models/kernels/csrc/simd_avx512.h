@@ -1,0 +1,101 @@
+// 16-lane vectors on AVX-512 (F, BW, DQ, VL; VNNI when the TU is built with it): one register.
+// simd_avx2.h defines the same operations on pairs of AVX2 registers, op for op, so the kernels
+// in kernels_impl.h perform the same IEEE operations in the same order on both: results are
+// bit-identical across the two ISAs.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace SLUICE_ISA_NS {
+
+static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+struct F16 {
+  __m512 v;
+};
+struct I16 {
+  __m512i v;
+};
+
+static inline F16 fzero() { return {_mm512_setzero_ps()}; }
+static inline F16 fset(float a) { return {_mm512_set1_ps(a)}; }
+static inline F16 fload(const float* p) { return {_mm512_loadu_ps(p)}; }
+static inline void fstore(float* p, F16 a) { _mm512_storeu_ps(p, a.v); }
+static inline F16 fadd(F16 a, F16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+static inline F16 fsub(F16 a, F16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+static inline F16 fmul(F16 a, F16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+static inline F16 fdiv(F16 a, F16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+static inline F16 fmax_(F16 a, F16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+static inline F16 fmin_(F16 a, F16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+// a * b + c with one rounding
+static inline F16 ffma(F16 a, F16 b, F16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+static inline F16 fabs_(F16 a) { return {_mm512_abs_ps(a.v)}; }
+// 16 fp16 values -> fp32 (exact)
+static inline F16 fload_half(const uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+// round to nearest even, as the default MXCSR rounding mode
+static inline I16 fround_i(F16 a) { return {_mm512_cvtps_epi32(a.v)}; }
+static inline F16 i2f(I16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
+// horizontal sum in a fixed tree: halves of 8, 4, 2, 1 (the AVX2 version adds in the same order)
+static inline float fhsum(F16 a) {
+  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+  return _mm_cvtss_f32(s1);
+}
+static inline float fhmax(F16 a) { return _mm512_reduce_max_ps(a.v); }  // max is exact in any order
+
+static inline I16 iload(const void* p) { return {_mm512_loadu_si512(p)}; }
+static inline I16 iset(int32_t a) { return {_mm512_set1_epi32(a)}; }
+static inline I16 izero() { return {_mm512_setzero_si512()}; }
+static inline I16 iand(I16 a, I16 b) { return {_mm512_and_si512(a.v, b.v)}; }
+static inline I16 iadd(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+template <int S>
+static inline I16 isrl(I16 a) {
+  return {_mm512_srli_epi32(a.v, S)};
+}
+static inline I16 islli(I16 a, int s) { return {_mm512_slli_epi32(a.v, s)}; }
+
+// The low 4 bits of each 32-bit lane, as floats 0..15: a 16-entry table lookup (vpermps
+// ignores the upper index bits, so no mask is needed).
+static inline F16 nibble_to_f(I16 a) {
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return {_mm512_permutexvar_ps(a.v, table)};
+}
+// 16 signed bytes -> floats
+static inline F16 sbytes_to_f(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+// per 32-bit lane: acc += sum of 4 products of unsigned bytes (u) and signed bytes (s)
+static inline I16 dot_u8s8(I16 acc, I16 u, I16 s) {
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpbusd_epi32(acc.v, u.v, s.v)};
+#else
+  // u <= 15 here, so the 16-bit pair sums (<= 2 * 15 * 128) cannot saturate
+  const __m512i pairs = _mm512_maddubs_epi16(u.v, s.v);
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
+#endif
+}
+
+}  // namespace SLUICE_ISA_NS
+
+namespace SLUICE_ISA_NS {
+static inline F16 fround(F16 a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+static inline F16 i_as_f(I16 a) { return {_mm512_castsi512_ps(a.v)}; }
+// 16 int32 lanes in [-128, 127] -> 16 bytes
+static inline void istore_i8(int8_t* p, I16 a) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a.v));
+}
+// register-block shapes: rows x panels per register block (32 vector registers)
+// small M: register blocks of up to 8 rows, dequantizing on the fly; up to kDirectMaxM rows
+// in all (measured: beyond it dequantizing once into a scratch and a plain GEMM wins)
+constexpr int kMaxRows = 8;
+constexpr int kPanelsFor[9] = {0, 4, 4, 4, 2, 2, 2, 2, 2};
+constexpr int64_t kDirectMaxM = 16;
+// the fp32 micro-kernel over dequantized panels: up to 6 rows x 4 panels (24 accumulators)
+constexpr int kGemmRows = 6;
+constexpr int kGemmPanelsFor[7] = {0, 4, 4, 4, 4, 4, 4};
+}  // namespace SLUICE_ISA_NS

@@ -1,0 +1,52 @@
+"""The decoder forward on the CPU kernels: the same function as LlamaModel's torch forward,
+in ~9 extension calls per layer instead of ~80 torch ops.
+
+Per layer: RMSNorm fused with the residual add (h += delta, then normalize), the fused qkv
+linear, RoPE of q and k fused with the K/V cache write (in place in the qkv rows), attention
+(decodes in place through the block tables), the o linear, the second RMSNorm + residual, the
+fused gate/up linear, SiLU·mul, the down linear. At batch 1 the torch path spent 11-15 ms per
+token on dispatching its ~2,400 ops (no-op casts, views, separate q/k RoPE, norms); this path
+has no casts or views left to dispatch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from sluice.models.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from sluice.models.llama import LlamaModel
+
+
+def fused_forward(
+    model: LlamaModel,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    meta: AttentionMetadata,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    logits_indices: torch.Tensor,
+    fast: bool,
+) -> torch.Tensor:
+    ops = model.ops
+    assert ops is not None
+    cfg = model.config
+    eps = cfg.rms_norm_eps
+    heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    cos, sin = model.rope_cos, model.rope_sin
+    attention = model.attention
+    h = model.embed_rows(input_ids)  # [T, hidden], updated in place by the residual adds
+    delta = None
+    for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
+        x = ops.add_rms_norm(h, delta, layer.input_norm, eps)
+        qkv = layer.qkv(x, fast)
+        ops.rope_and_cache(qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, heads, kv_heads, head_dim)
+        attn = attention.attend(qkv, k_cache, v_cache, meta)
+        x = ops.add_rms_norm(h, layer.o(attn, fast), layer.post_norm, eps)
+        delta = layer.down(ops.silu_mul(layer.gate_up(x, fast)), fast)
+    # only the rows whose logits are sampled need the last residual, norm and LM head
+    rows = h[logits_indices]
+    x = ops.add_rms_norm(rows, None if delta is None else delta[logits_indices], model.norm, eps)
+    return model.lm_head(x)

@@ -1,0 +1,46 @@
+"""y = x·Wᵀ + b over weights kept in their GGUF blocks, repacked at load for the kernels.
+
+Memory is the file's: a Q4_1 matrix takes 5 bits per weight, a Q8_0 one 8.5 bits (the block
+scales stay fp16), against 32 for the dequantized fp32 copy the torch path keeps. The repacked
+layout (16-row panels, see csrc/isa.h) is what the kernels stream; `fast` selects the int8
+activation kernel for Q4_1 (the opt-in fast numerics), a no-op for Q8_0, which is always exact.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from sluice.models.quantized import QuantizedWeight, QuantType
+
+SUPPORTED = (QuantType.Q4_1, QuantType.Q8_0)
+
+
+class PackedLinear:
+    __slots__ = ("ops", "qtype", "packed", "out_features", "in_features", "bias")
+
+    def __init__(self, ops: ModuleType, weight: QuantizedWeight, bias: torch.Tensor | None = None):
+        if weight.qtype not in SUPPORTED:
+            raise ValueError(f"no kernel for {weight.qtype}")
+        self.ops = ops
+        self.qtype = weight.qtype
+        self.out_features, self.in_features = weight.shape
+        raw = torch.from_numpy(weight.data)
+        pack = ops.pack_q4_1 if weight.qtype is QuantType.Q4_1 else ops.pack_q8_0
+        self.packed = pack(raw, self.out_features, self.in_features)
+        self.bias = None if bias is None else bias.float().contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel()
+
+    def __call__(self, x: torch.Tensor, fast: bool = False) -> torch.Tensor:
+        if self.qtype is QuantType.Q4_1:
+            return self.ops.linear_q4(x, self.packed, self.out_features, self.in_features, self.bias, fast)
+        return self.ops.linear_q8(x, self.packed, self.out_features, self.in_features, self.bias)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of W (the embedding lookup of a tied Q8_0 table), dequantized exactly."""
+        assert self.qtype is QuantType.Q8_0
+        return self.ops.embed_q8(ids, self.packed, self.out_features, self.in_features)

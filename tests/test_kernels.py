@@ -1,0 +1,205 @@
+"""The CPU kernels against their definition: exact weights, batch invariance, ISA agreement,
+attention and glue equal (or within rounding of) the torch path, and the fallback to torch.
+
+Every test runs the real extension on the bundled GGUF's real blocks. On a CPU without AVX2 the
+kernel tests skip (the fallback test still runs); anywhere else a failed build fails them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from sluice.models.attention import AttentionMetadata, TorchPagedAttention
+from sluice.models.kernels import KernelChoice, kernel_ops
+from sluice.models.quantized import QuantizedWeight, QuantType
+from tests.cpu import has_avx2
+
+
+@pytest.fixture(scope="module")
+def ops():
+    if not has_avx2():
+        pytest.skip("the CPU lacks AVX2/FMA/F16C, so the kernels cannot run here")
+    mod = kernel_ops()
+    assert mod is not None, "the kernels failed to build or load on a CPU with AVX2 (see the log)"
+    yield mod
+    mod.set_isa("auto")
+
+
+@pytest.fixture(scope="module")
+def gguf_tensors():
+    from gguf import GGUFReader
+
+    from sluice.models.loader import default_model_path
+
+    reader = GGUFReader(str(default_model_path()))
+    return {t.name: t for t in reader.tensors}
+
+
+def _weight(tensors, name: str, rows: int | None = None) -> QuantizedWeight:
+    t = tensors[name]
+    n, k = int(t.shape[1]), int(t.shape[0])
+    w = QuantizedWeight.from_blocks(QuantType(t.tensor_type.name), n, k, t.data)
+    if rows is not None:  # a slice of rows keeps the identity probes small
+        w = QuantizedWeight(w.qtype, rows, k, np.ascontiguousarray(w.data[:rows]))
+    return w
+
+
+# Q4_1 layers of both K (576 and 1536), and the Q8_0 embedding; 50 and 1000 rows are not
+# multiples of the 16-row panel, so the tails are covered too.
+WEIGHTS = [("blk.0.ffn_gate.weight", None), ("blk.3.ffn_down.weight", None), ("blk.1.attn_k.weight", 50),
+           ("token_embd.weight", 1000)]
+
+
+def _linear(ops, w: QuantizedWeight, bias=None):
+    from sluice.models.kernels.packed_linear import PackedLinear
+
+    return PackedLinear(ops, w, bias)
+
+
+@pytest.mark.parametrize("name,rows", WEIGHTS)
+def test_identity_returns_the_dequantized_weights_bit_for_bit_on_every_isa(ops, gguf_tensors, name, rows):
+    w = _weight(gguf_tensors, name, rows)
+    lin = _linear(ops, w)
+    expected = w.dequantize()
+    eye = torch.eye(w.cols)
+    for isa in ops.available_isas():
+        ops.set_isa(isa)
+        got = lin(eye).T  # x = e_k selects column k of W^T
+        assert torch.equal(got, expected), f"{isa}: max diff {(got - expected).abs().max().item()}"
+
+
+@pytest.mark.parametrize("name,rows", WEIGHTS)
+def test_results_are_batch_invariant_and_the_same_on_every_isa(ops, gguf_tensors, name, rows):
+    w = _weight(gguf_tensors, name, rows)
+    bias = torch.randn(w.rows) if rows else None
+    lin = _linear(ops, w, bias)
+    x = torch.randn(70, w.cols, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for isa in ops.available_isas():
+        ops.set_isa(isa)
+        full = lin(x)
+        # batch sizes on both sides of the small-M / dequantize-then-GEMM switch
+        for m in (1, 3, 4, 5, 6, 13, 64):
+            assert torch.equal(lin(x[:m]), full[:m]), f"{isa}: rows of a batch of {m} differ from the batch of 70"
+        assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(0, 70, 7)]), full[::7])
+        results[isa] = full
+    first = next(iter(results.values()))
+    assert all(torch.equal(first, r) for r in results.values()), "ISAs disagree"
+
+
+@pytest.mark.parametrize("name,rows", WEIGHTS[:2])
+def test_exact_mode_is_as_accurate_as_an_fp32_matmul_and_fast_mode_is_close(ops, gguf_tensors, name, rows):
+    w = _weight(gguf_tensors, name, rows)
+    lin = _linear(ops, w)
+    dense = w.dequantize()
+    x = torch.randn(33, w.cols, generator=torch.Generator().manual_seed(1))
+    ref = x.double() @ dense.double().T
+    exact_err = (lin(x).double() - ref).abs().max().item()
+    fp32_err = ((x @ dense.T).double() - ref).abs().max().item()
+    assert exact_err <= 2 * fp32_err + 1e-7, (exact_err, fp32_err)
+    fast = lin(x, fast=True).double()
+    rel = ((fast - ref).norm() / ref.norm()).item()
+    assert 1e-4 < rel < 0.02, f"fast mode relative error {rel}"  # int8 activations: close, not exact
+
+
+def _random_cache(kvh: int, blocks: int, bs: int, d: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(kvh, blocks * bs, d, generator=g), torch.randn(kvh, blocks * bs, d, generator=g)
+
+
+@pytest.mark.parametrize("window", [None, 13, 200])
+def test_paged_decode_attention_matches_the_torch_backend(ops, window):
+    from sluice.models.kernels.paged_attention import KernelPagedAttention
+
+    heads, kvh, d, bs = 9, 3, 64, 8
+    k_cache, v_cache = _random_cache(kvh, 128, bs, d, seed=2)
+    lens = [1, 7, 8, 9, 40, 300, 3, 129]  # 300 and 129: several 128-position chunks, merged
+    g = torch.Generator().manual_seed(3)
+    perm = torch.randperm(127, generator=g) + 1  # scattered blocks, never the null block 0
+    tables, used = [], 0
+    for n in lens:
+        nb = -(-n // bs)
+        tables.append(perm[used : used + nb].tolist())
+        used += nb
+    width = max(map(len, tables))
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=len(lens), block_size=bs,
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        context_lens=torch.tensor(lens, dtype=torch.int32),
+    )
+    q = torch.randn(len(lens), (heads + 2 * kvh) * d, generator=g)  # q rows inside fused qkv rows
+    ref_backend = TorchPagedAttention(heads, kvh, d, window)
+    ref_backend.prepare(meta)
+    ref = ref_backend.attend(q, k_cache, v_cache, meta)
+    kernel = KernelPagedAttention(ops, heads, kvh, d, window)
+    kernel.prepare(meta)
+    results = {}
+    for isa in ops.available_isas():
+        ops.set_isa(isa)
+        results[isa] = kernel.attend(q, k_cache, v_cache, meta)
+        torch.testing.assert_close(results[isa], ref, rtol=1e-5, atol=1e-5)
+    first = next(iter(results.values()))
+    assert all(torch.equal(first, r) for r in results.values())
+
+
+def test_fused_norm_silu_and_rope_match_the_torch_ops(ops):
+    from sluice.models.rope import RotaryTable
+
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(5, 576, generator=g)
+    delta = torch.randn(5, 576, generator=g)
+    w = torch.randn(576, generator=g)
+    expected_h = h + delta
+    var = expected_h.pow(2).mean(-1, keepdim=True)
+    expected = w * (expected_h * torch.rsqrt(var + 1e-5))
+    got = ops.add_rms_norm(h, delta, w, 1e-5)
+    assert torch.equal(h, expected_h)  # the residual add happens in place
+    torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6)
+
+    gu = torch.randn(3, 2 * 1536, generator=g) * 4
+    torch.testing.assert_close(ops.silu_mul(gu), torch.nn.functional.silu(gu[:, :1536]) * gu[:, 1536:], rtol=2e-6, atol=1e-6)
+
+    heads, kvh, d = 9, 3, 64
+    rope = RotaryTable(d, 256, 10000.0, None)
+    qkv = torch.randn(4, (heads + 2 * kvh) * d, generator=g)
+    positions = torch.tensor([0, 5, 77, 255])
+    slots = torch.tensor([3, 9, 10, 31])
+    k_cache, v_cache = torch.zeros(kvh, 32, d), torch.zeros(kvh, 32, d)
+    cos, sin = rope.cos[positions].unsqueeze(1), rope.sin[positions].unsqueeze(1)
+    q_ref = rope.apply(qkv[:, : heads * d].view(4, heads, d), cos, sin)
+    k_ref = rope.apply(qkv[:, heads * d : (heads + kvh) * d].view(4, kvh, d), cos, sin)
+    v_ref = qkv[:, (heads + kvh) * d :].view(4, kvh, d).clone()
+    ops.rope_and_cache(qkv, positions, rope.cos, rope.sin, slots, k_cache, v_cache, heads, kvh, d)
+    assert torch.equal(qkv[:, : heads * d].view(4, heads, d), q_ref)  # bit for bit: same products and sums
+    assert torch.equal(k_cache[:, slots].transpose(0, 1), k_ref)
+    assert torch.equal(v_cache[:, slots].transpose(0, 1), v_ref)
+
+
+def test_bundled_model_keeps_its_weights_quantized(ops, bundled, bundled_torch):
+    from sluice.models.loader import default_model_path
+
+    size = default_model_path().stat().st_size
+    assert bundled.model.uses_kernels
+    assert 0.9 * size < bundled.model.weight_bytes() < 1.05 * size  # about the GGUF file
+    assert not bundled_torch.model.uses_kernels
+    assert bundled_torch.model.weight_bytes() > 5 * size  # fp32, dequantized at load
+
+
+def test_a_failed_build_falls_back_to_torch_with_one_log_line(monkeypatch, caplog):
+    import sluice.models.kernels as kernels
+    from sluice.models.kernels import build
+
+    def broken(verbose: bool = False):
+        raise RuntimeError("compiling isa_avx2.o failed: no compiler")
+
+    monkeypatch.setattr(build, "load_module", broken)
+    with caplog.at_level(logging.INFO, logger="sluice.models.kernels"):
+        assert kernels._load() is None
+    lines = [r for r in caplog.records if r.name == "sluice.models.kernels"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "using the torch path" in lines[0].getMessage() and "no compiler" in lines[0].getMessage()
+    assert kernel_ops(KernelChoice.TORCH) is None
