@@ -15,6 +15,11 @@ SERVE_ARGS ?=
 
 .PHONY: install serve test fuzz bench proto deploy-generate clean
 
+# $(call apt_need,COMMAND,PACKAGE): install Debian's PACKAGE unless COMMAND is already there
+apt_need = command -v $(1) >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq $(2) || { apt-get update -qq && apt-get install -y -qq $(2); }; \
+	  else sudo -n apt-get install -y -qq $(2); fi; }
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
@@ -31,14 +36,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# installed torch into ~/.cache/sluice/kernels, no build isolation. A failure is reported and
 	# not fatal: sluice then runs its portable torch path (and would retry the build on first use).
 	-$(BIN)/python -m sluice.models.kernels.build
-	# the tests start a real redis-server (the gateway's shared store): Debian's package
-	@command -v redis-server >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq redis-server || { apt-get update -qq && apt-get install -y -qq redis-server; }; \
-	  else sudo -n apt-get install -y -qq redis-server; fi; }
-	# the Prometheus rule tests run promtool (deploy/prometheus): Debian's `prometheus` package
-	@command -v promtool >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq prometheus || { apt-get update -qq && apt-get install -y -qq prometheus; }; \
-	  else sudo -n apt-get install -y -qq prometheus; fi; }
+	# Debian packages the tests use as real components: redis-server (the shared store),
+	# promtool (the Prometheus rule tests, package `prometheus`), chromium (the status page test)
+	@$(call apt_need,redis-server,redis-server)
+	@$(call apt_need,promtool,prometheus)
+	@$(call apt_need,chromium,chromium)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice import __version__
-from sluice.api import admin
+from sluice.api import admin, status_page
 from sluice.api import openapi_doc
 from sluice.api.anthropic import batches, resume
 from sluice.api.auth import TIER_STATE
@@ -109,7 +109,9 @@ def create_app(rt: ServingRuntime) -> FastAPI:
     app.include_router(anthropic_routes.build_router(rt, pipeline))
     app.include_router(resume.build_router(rt))
     app.include_router(openai_routes.build_router(rt, pipeline))
-    app.include_router(admin.build_router(rt))
+    admin_guard = admin.guard_for(rt)
+    app.include_router(admin.build_router(rt, admin_guard))
+    app.include_router(status_page.build_router(rt, admin_guard))
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=rt.settings.max_body_bytes,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sluice.engine.stats import EngineStats
+from sluice.observability.recent import RecentLatency
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _ITL = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
@@ -17,6 +18,7 @@ _ITL = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 
 class ServingMetrics:
     def __init__(self) -> None:
+        self.recent = RecentLatency()  # the status page's live plot (not exported)
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(

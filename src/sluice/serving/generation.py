@@ -66,8 +66,10 @@ async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[Ge
                     if last is None:
                         first = now
                         m.ttft.labels(route, attempted.plan.version_header, prepared.request.principal.tier).observe(now - started)
+                        m.recent.record("ttft", now - started)
                     else:
                         m.itl.observe((now - last) / len(event.token_ids))
+                        m.recent.record("itl", (now - last) / len(event.token_ids))
                     last = now
                     m.output_tokens.inc(len(event.token_ids))
                 output_tokens = event.usage.output_tokens
