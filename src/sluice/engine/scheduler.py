@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sluice.engine.batching_window import WindowGate, WindowView
+from sluice.engine.batching_window import BatchingWindow, WindowGate, WindowView
 from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
 from sluice.engine.policy import WaitingQueue, pick_victim
@@ -142,7 +142,7 @@ class Scheduler:
         return max(n, 0)
 
     def _window_open(self, budget: int, scheduled: dict[str, ScheduledChunk]) -> bool:
-        if not self._new:
+        if not self._new or self.gate.mode is BatchingWindow.FLUSH:
             return True
         view = WindowView(
             oldest_wait_s=self.clock() - next(iter(self._new.values())),
