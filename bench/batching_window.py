@@ -4,7 +4,9 @@
 Each mode gets its own LLMEngine (default EngineConfig plus --set, with batching_window and
 batching_window_ms per mode) over one loaded model, replayed on its own virtual clock: an
 iteration adds the requests whose arrival time has passed, runs one step() and moves the clock
-on by the wall time that step took; an idle engine jumps to the next arrival. That is how the
+on by what that step cost (--cost: by default its CPU time with one torch thread, which is
+close to its wall time on an idle machine and far steadier on a shared one; or its wall time);
+an idle engine jumps to the next arrival. That is how the
 async front drives the engine (an arrival lands while a step runs and is seen at the next step
 boundary), and the engine's batching window reads the same clock (it is injected). The modes
 are stepped in turn, the one furthest behind in virtual time next, so a burst of other work on
@@ -94,7 +96,8 @@ class Replay:
     runs one step and advances the clock by what that step took (wall time); an idle engine
     jumps to the next arrival. The engine's batching window reads the same clock."""
 
-    def __init__(self, loaded, config: EngineConfig, run: Run):
+    def __init__(self, loaded, config: EngineConfig, run: Run, cost: str = "cpu"):
+        self.cost = cost
         self.clock = VirtualClock()
         self.engine = LLMEngine(loaded, config, clock=self.clock)
         self.run = run
@@ -106,7 +109,8 @@ class Replay:
         self.ttft: list[float] = []
         self.itl: list[float] = []
         self.tokens = 0
-        self.busy = 0.0
+        self.busy = 0.0  # wall seconds in step()
+        self.busy_cpu = 0.0  # CPU seconds in step() / threads
         self.done = False
 
     def _add_due(self) -> None:
@@ -130,11 +134,13 @@ class Replay:
             else:
                 self.clock.now = self.pending[0].at
             return
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         events = self.engine.step()
-        took = time.perf_counter() - t0
-        self.busy += took
-        self.clock.now += took
+        wall = time.perf_counter() - t0
+        cpu = (time.process_time() - c0) / torch.get_num_threads()
+        self.busy += wall
+        self.busy_cpu += cpu
+        self.clock.now += cpu if self.cost == "cpu" else wall
         t = self.clock.now
         for ev in events:
             if ev.token_ids:
@@ -165,14 +171,15 @@ class Replay:
             "steps": s.num_steps,
             "requests": len(self.ttft),
             "virtual_s": self.clock.now,
-            "busy_s": self.busy,
+            "busy_wall_s": self.busy,
+            "busy_cpu_s": self.busy_cpu,
         }
 
 
-def replay_modes(loaded, configs: dict[str, EngineConfig], make_run) -> tuple[dict[str, dict], float]:
+def replay_modes(loaded, configs: dict[str, EngineConfig], make_run, cost: str) -> tuple[dict[str, dict], float]:
     """Every mode's replay, stepped in turn (the one furthest behind in virtual time goes next), so
     machine noise lands on all modes alike. Returns the summaries and the CPU share."""
-    replays = {mode: Replay(loaded, cfg, make_run()) for mode, cfg in configs.items()}
+    replays = {mode: Replay(loaded, cfg, make_run(), cost) for mode, cfg in configs.items()}
     wall0, cpu0 = time.perf_counter(), time.process_time()
     while live := [r for r in replays.values() if not r.done]:
         min(live, key=lambda r: r.clock.now).advance()
@@ -229,15 +236,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--window-ms", type=float, default=EngineConfig().batching_window_ms, help="hold window / adaptive cap")
     p.add_argument("--only", choices=list(SCENARIOS), action="append", help="run only these scenarios")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see the note on --cost)")
+    p.add_argument(
+        "--cost", choices=["cpu", "wall"], default="cpu",
+        help="what a step advances the virtual clock by: its CPU time / threads (default) or its wall time. With one "
+        "thread, CPU time is close to the step's wall time on an idle machine and far steadier on a shared one "
+        "(with two, OpenMP threads spin at barriers while their partner is descheduled, which inflates it)",
+    )
     p.add_argument("--out-tokens", type=int, default=48, help="output tokens of a measured request")
     p.add_argument("--background", type=int, default=16, help="burst: streams decoding in the background")
     p.add_argument("--bursts", type=int, default=4)
     p.add_argument("--burst-size", type=int, default=4)
     p.add_argument("--burst-gap", type=float, default=3.0)
     p.add_argument("--burst-start", type=float, default=2.0)
-    p.add_argument("--rate", type=float, default=2.0, help="poisson: arrivals per second")
-    p.add_argument("--poisson-n", type=int, default=48)
+    p.add_argument("--rate", type=float, default=3.5, help="poisson: arrivals per second")
+    p.add_argument("--poisson-n", type=int, default=96)
     p.add_argument("--clients", type=int, default=32, help="saturated: closed-loop clients")
     p.add_argument("--saturated-seqs", type=int, default=16, help="saturated: max_num_seqs (below --clients)")
     p.add_argument("--saturated-n", type=int, default=96)
@@ -278,7 +291,9 @@ def main() -> None:
     for rnd in range(args.rounds):
         for scenario in scenarios:
             configs = {mode: engine_config(args, mode, scenario) for mode in MODES}
-            got, share = replay_modes(loaded, configs, lambda: SCENARIOS[scenario](loaded.tokenizer, args, seed=rnd + 1))
+            got, share = replay_modes(
+                loaded, configs, lambda: SCENARIOS[scenario](loaded.tokenizer, args, seed=rnd + 1), args.cost
+            )
             shares.append(share)
             for mode in MODES:
                 r = got[mode]

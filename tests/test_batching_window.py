@@ -25,10 +25,11 @@ from sluice.types import GenerationRequest, SamplingParams
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 WINDOW_MS = 62.5  # = 4/64 s
 TICK = 1 / 64
-# a step boundary with 8 decodes running and one 10-token newcomer that has waited 10 ms
+# a step boundary with 8 decodes running and one 10-token newcomer that has waited 10 ms; the
+# next arrival is due in 5 ms
 HELD = WindowView(
     oldest_wait_s=0.010, num_new=1, new_tokens=10, num_restarting=0, num_decodes=8,
-    step_has_prefill=False, room_tokens=100, free_seats=20,
+    step_has_prefill=False, room_tokens=100, free_seats=20, next_arrival_s=0.005,
 )
 
 
@@ -76,6 +77,14 @@ def test_adaptive_releases_once_enough_newcomers_per_decode_wait():
     assert g.opens(dataclasses.replace(HELD, num_new=2, num_decodes=8))  # 2 >= 0.25 x 8
     assert g.opens(dataclasses.replace(HELD, num_new=1, num_decodes=4))  # light load: one is enough
     assert not gate("hold").opens(dataclasses.replace(HELD, num_new=2, num_decodes=8))  # hold waits on
+
+
+def test_adaptive_does_not_hold_when_no_arrival_is_expected_before_the_cap():
+    g = gate("adaptive", window_ms=50.0)
+    assert not g.opens(dataclasses.replace(HELD, oldest_wait_s=0.010, next_arrival_s=0.040))  # due at 50 ms
+    assert g.opens(dataclasses.replace(HELD, oldest_wait_s=0.010, next_arrival_s=0.041))  # due after the cap
+    assert g.opens(dataclasses.replace(HELD, next_arrival_s=float("inf")))  # no history to go by
+    assert not gate("hold").opens(dataclasses.replace(HELD, next_arrival_s=float("inf")))  # hold holds anyway
 
 
 def test_config_takes_the_flag_string_and_rejects_unknown_modes():
@@ -163,13 +172,37 @@ def test_hold_admits_at_once_when_the_arrival_fills_the_free_seats(tiny_llama):
 
 
 def test_adaptive_waits_for_a_batch_worth_the_interruption(tiny_llama):
-    engine, _ = decoding_engine(tiny_llama, "adaptive", batching_window_ratio=0.25)
+    # 16 arrivals just now (the decoders): more are due well inside the window
+    engine, _ = decoding_engine(tiny_llama, "adaptive", decoders=16, batching_window_ratio=0.25)
+    for rid in "abc":
+        engine.add_request(new(rid))
+        engine.step()
+        assert status(engine, rid) is RequestStatus.WAITING  # fewer than 0.25 x 16 newcomers
+    engine.add_request(new("d"))
+    engine.step()
+    assert all(status(engine, rid) is RequestStatus.RUNNING for rid in "abcd")
+
+
+def test_adaptive_admits_at_once_when_arrivals_are_sparse(tiny_llama):
+    engine, clock = decoding_engine(tiny_llama, "adaptive")
+    clock.now += 40 * TICK  # the decoders' arrivals are ten windows old: they no longer set the rate
+    for i in range(3):  # then arrivals four windows apart: holding would gather nobody
+        clock.now += 16 * TICK
+        engine.add_request(new(f"sparse{i}"))
+        engine.step()
+        assert status(engine, f"sparse{i}") is RequestStatus.RUNNING
+    assert engine.stats().num_held_steps == 0
+
+
+def test_adaptive_holds_while_arrivals_come_faster_than_the_window(tiny_llama):
+    engine, clock = decoding_engine(tiny_llama, "adaptive", decoders=16)
     engine.add_request(new("a"))
+    clock.now += TICK
+    engine.step()  # 17 arrivals in the last 1/64 s: the next is due inside the window
+    assert status(engine, "a") is RequestStatus.WAITING
+    clock.now += 3 * TICK  # the cap
     engine.step()
-    assert status(engine, "a") is RequestStatus.WAITING  # 1 newcomer < 0.25 x 8 decodes
-    engine.add_request(new("b"))
-    engine.step()
-    assert status(engine, "a") is status(engine, "b") is RequestStatus.RUNNING
+    assert status(engine, "a") is RequestStatus.RUNNING
 
 
 def test_adaptive_at_light_load_behaves_like_flush(tiny_llama):

@@ -13,10 +13,12 @@ ever delays *new* arrivals (requests never scheduled) and only while decodes run
   (newcomers ride along at no extra interruption), or
 - the waiting newcomers would fill the step (its token budget or the free seats), or
 - the oldest newcomer has waited `batching_window_ms` (the cap: nothing starves), or
-- adaptive only: at least `batching_window_ratio` newcomers per decoding stream are waiting.
-  The hold adapts to load both ways: few streams running → one arrival suffices (≈ flush);
-  many streams → it waits for a batch worth interrupting them, which comes sooner the faster
-  prompts arrive, and never longer than the cap.
+- adaptive only: at least `batching_window_ratio` newcomers per decoding stream are waiting
+  (few streams running → one arrival suffices; many → it waits for a batch worth interrupting
+  them), or no further arrival is expected before the cap: at the arrival rate of the last ten
+  windows, the next one is due after the oldest newcomer's window ends. Holding then
+  gathers nobody and only delays, so the hold adapts to load both ways: it happens only while
+  many streams decode and prompts arrive faster than the window.
 Time comes from the scheduler's injected clock, so every rule is testable without sleeping.
 """
 
@@ -44,6 +46,7 @@ class WindowView:
     step_has_prefill: bool  # a running prompt continues its chunk in this step
     room_tokens: int  # token budget left in this step
     free_seats: int  # max_num_seqs - running
+    next_arrival_s: float = float("inf")  # when the next arrival is due, from now, at the recent rate
 
 
 class WindowGate:
@@ -62,4 +65,6 @@ class WindowGate:
             return True
         if v.oldest_wait_s >= self.window_s:
             return True
-        return self.mode is BatchingWindow.ADAPTIVE and v.num_new >= self.ratio * v.num_decodes
+        if self.mode is not BatchingWindow.ADAPTIVE:
+            return False
+        return v.num_new >= self.ratio * v.num_decodes or v.oldest_wait_s + v.next_arrival_s > self.window_s

@@ -17,7 +17,7 @@ token counts.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +26,10 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
 from sluice.engine.policy import WaitingQueue, pick_victim
 from sluice.engine.request import Request, RequestStatus
+
+# The adaptive window predicts the next arrival from the rate over the last RATE_HORIZON windows
+# (a time span, not a count: a burst of simultaneous arrivals must not read as a fast stream).
+RATE_HORIZON = 10
 
 
 @dataclass(slots=True)
@@ -81,13 +85,18 @@ class Scheduler:
         # new arrivals waiting (never scheduled) -> their arrival on `clock`, oldest first
         self._new: OrderedDict[str, float] = OrderedDict()
         self._new_tokens = 0
+        self._arrivals: deque[float] = deque()  # arrival times within the rate horizon
+        self._horizon_s = RATE_HORIZON * config.batching_window_ms / 1000.0
 
     # -- membership ----------------------------------------------------------------------------
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
         self.waiting.push(request)
-        self._new[request.request_id] = self.clock()
+        now = self.clock()
+        self._new[request.request_id] = now
         self._new_tokens += request.num_tokens
+        if self.gate.mode is BatchingWindow.ADAPTIVE:
+            self._arrivals.append(now)
 
     def _forget_new(self, request: Request) -> None:
         if self._new.pop(request.request_id, None) is not None:
@@ -153,11 +162,22 @@ class Scheduler:
             step_has_prefill=any(not c.is_decode for c in scheduled.values()),
             room_tokens=budget,
             free_seats=self.config.max_num_seqs - len(self.running),
+            next_arrival_s=self._next_arrival_in(),
         )
         if self.gate.opens(view):
             return True
         self.num_held_steps += 1
         return False
+
+    def _next_arrival_in(self) -> float:
+        """Seconds until the next arrival is due at the recent rate (inf: none recently)."""
+        now = self.clock()
+        while self._arrivals and self._arrivals[0] <= now - self._horizon_s:
+            self._arrivals.popleft()
+        if not self._arrivals:
+            return float("inf")
+        gap = self._horizon_s / len(self._arrivals)
+        return max(0.0, self._arrivals[-1] + gap - now)
 
     def _admit(self, budget: int, scheduled: dict[str, ScheduledChunk], out: SchedulerOutput) -> int:
         if budget <= 0 or len(self.waiting) == 0 or not self._window_open(budget, scheduled):
