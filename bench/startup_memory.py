@@ -4,7 +4,9 @@
   cold start  --starts times: spawn `sluice serve` on a free 127.0.0.1 port and time, from the
               process start, its "listening" line, the worker's "listening" line (model loaded,
               engine built) and the first 200 from /ready (the process is ready to serve)
-  memory      on the last server started: resident memory (VmRSS) of the serve process and of its
+  memory      on the last server started: resident memory (VmRSS, and its anonymous part: the
+              process's own heap and tensors, as opposed to file pages of shared libraries and
+              the mapped model file, which the kernel may drop) of the serve process and of its
               worker, idle; then --waves waves of --streams concurrent streaming requests
               (--max-tokens each, temperature 0), sampling both every 0.1 s: the peak during each
               wave and the figure after it; plus the engine's own count of KV memory written
@@ -48,14 +50,19 @@ def log(msg: str = "") -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def rss(pid: int) -> int:
+def rss(pid: int) -> dict[str, int]:
+    """VmRSS and its anonymous part (heap, tensors, the KV mappings: this process's own) vs
+    file-backed pages (shared libraries, the mapped model file: shared and reclaimable)."""
+    out = {"rss": 0, "anon": 0, "file": 0}
+    keys = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            key = keys.get(line.split(":")[0] + ":")
+            if key:
+                out[key] = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return out
 
 
 def children(pid: int) -> list[int]:
@@ -109,9 +116,13 @@ class Server:
     def pids(self) -> tuple[int, list[int]]:
         return self.proc.pid, children(self.proc.pid)
 
-    def memory(self) -> dict[str, int]:
+    def memory(self) -> dict[str, dict[str, int]]:
         serve, workers = self.pids()
-        return {"serve": rss(serve), "worker": sum(rss(w) for w in workers)}
+        worker = {"rss": 0, "anon": 0, "file": 0}
+        for w in workers:
+            for k, v in rss(w).items():
+                worker[k] += v
+        return {"serve": rss(serve), "worker": worker}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -126,15 +137,16 @@ class Server:
 
 async def wave(server: Server, streams: int, max_tokens: int, offset: int) -> dict:
     rec = Recorder()
-    peak = {"serve": 0, "worker": 0, "total": 0}
+    peak = {"serve": 0, "worker": 0, "total": 0, "worker_anon": 0}
     done = asyncio.Event()
 
     async def sample() -> None:
         while not done.is_set():
             m = server.memory()
             for k in ("serve", "worker"):
-                peak[k] = max(peak[k], m[k])
-            peak["total"] = max(peak["total"], m["serve"] + m["worker"])
+                peak[k] = max(peak[k], m[k]["rss"])
+            peak["total"] = max(peak["total"], m["serve"]["rss"] + m["worker"]["rss"])
+            peak["worker_anon"] = max(peak["worker_anon"], m["worker"]["anon"])
             await asyncio.sleep(0.1)
 
     async with httpx.AsyncClient(timeout=600) as client:
@@ -179,6 +191,12 @@ def in_process() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def describe(m: dict[str, dict[str, int]]) -> str:
+    s, w = m["serve"], m["worker"]
+    return (f"RSS serve {s['rss'] / MIB:.0f} (anon {s['anon'] / MIB:.0f}) + worker {w['rss'] / MIB:.0f} "
+            f"(anon {w['anon'] / MIB:.0f}) = {(s['rss'] + w['rss']) / MIB:.0f} MiB")
+
+
 def load_share() -> float:
     return os.getloadavg()[0] / (os.cpu_count() or 1)
 
@@ -208,16 +226,16 @@ def main() -> None:
         time.sleep(1.0)
         idle = server.memory()
         ceiling = metric(server.url, "sluice_engine_kv_blocks_total")
-        log(f"idle: serve {idle['serve'] / MIB:.0f} MiB, worker {idle['worker'] / MIB:.0f} MiB, "
-            f"total {(idle['serve'] + idle['worker']) / MIB:.0f} MiB")
+        log(f"idle: {describe(idle)}")
         waves = []
         for w in range(args.waves):
             r = asyncio.run(wave(server, args.streams, args.max_tokens, offset=w * args.streams))
             waves.append(r)
-            pk, af = r["peak"], r["after"]
+            pk = r["peak"]
             log(f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors): "
-                f"peak serve {pk['serve'] / MIB:.0f} + worker {pk['worker'] / MIB:.0f} = {pk['total'] / MIB:.0f} MiB; "
-                f"after {(af['serve'] + af['worker']) / MIB:.0f} MiB; KV written {r['kv_resident_bytes'] / MIB:.0f} MiB")
+                f"peak RSS serve {pk['serve'] / MIB:.0f} + worker {pk['worker'] / MIB:.0f} = {pk['total'] / MIB:.0f} MiB "
+                f"(worker anonymous {pk['worker_anon'] / MIB:.0f}); after: {describe(r['after'])}; "
+                f"KV written {r['kv_resident_bytes'] / MIB:.0f} MiB")
     finally:
         server.stop()
     phases = in_process()
