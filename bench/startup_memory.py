@@ -157,7 +157,7 @@ async def wave(server: Server, streams: int, max_tokens: int, offset: int) -> di
         done.set()
         await sampler
     return {"peak": peak, "after": server.memory(), "output_tokens": rec.tokens, "errors": rec.errors,
-            "wall_s": wall, "kv_resident_bytes": metric(server.url, "sluice_engine_kv_resident_bytes")}
+            "wall_s": wall, "kv_resident_bytes": optional_metric(server.url, "sluice_engine_kv_resident_bytes")}
 
 
 PHASES = textwrap.dedent("""
@@ -191,6 +191,13 @@ def in_process() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def optional_metric(url: str, name: str) -> float | None:
+    try:
+        return metric(url, name)
+    except KeyError:  # an older server without it
+        return None
+
+
 def describe(m: dict[str, dict[str, int]]) -> str:
     s, w = m["serve"], m["worker"]
     return (f"RSS serve {s['rss'] / MIB:.0f} (anon {s['anon'] / MIB:.0f}) + worker {w['rss'] / MIB:.0f} "
@@ -208,6 +215,10 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--serve-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
+    p.add_argument(
+        "--skip-in-process", action="store_true",
+        help="skip the in-process phase timing (e.g. to measure an older checkout through PYTHONPATH)",
+    )
     args = p.parse_args()
 
     starts = []
@@ -235,10 +246,10 @@ def main() -> None:
             log(f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors): "
                 f"peak RSS serve {pk['serve'] / MIB:.0f} + worker {pk['worker'] / MIB:.0f} = {pk['total'] / MIB:.0f} MiB "
                 f"(worker anonymous {pk['worker_anon'] / MIB:.0f}); after: {describe(r['after'])}; "
-                f"KV written {r['kv_resident_bytes'] / MIB:.0f} MiB")
+                + ("" if r["kv_resident_bytes"] is None else f"KV written {r['kv_resident_bytes'] / MIB:.0f} MiB"))
     finally:
         server.stop()
-    phases = in_process()
+    phases = {} if args.skip_in_process else in_process()
     log("in-process: " + "  ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     med = {k: statistics.median(s[k] for s in starts) for k in starts[0]}
     log(f"median cold start (process start -> /ready): {med['ready']:.2f} s over {args.starts} start(s)")
