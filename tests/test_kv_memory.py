@@ -20,7 +20,7 @@ from sluice.engine.block_pool import BlockPool
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.engine.kv_manager import KVCacheManager
-from sluice.engine.kv_memory import GIB, PoolSizing, lazy_zeros, plan_kv_pool
+from sluice.engine.kv_memory import GIB, PoolSizing, kv_bytes_per_block, lazy_zeros, plan_kv_pool
 from sluice.types import GenerationRequest, SamplingParams
 
 MIB = 2**20
@@ -94,7 +94,8 @@ def test_building_an_engine_touches_no_kv_memory(tiny_llama):
     gc.collect()
     before = rss_bytes()
     engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, kv_cache_gib=1.0))
-    assert engine.kv.num_usable_blocks * engine.stats().kv_bytes_per_block > 0.99 * GIB
+    per_block = kv_bytes_per_block(tiny_llama.model, 4)
+    assert engine.kv.num_usable_blocks * per_block > 0.99 * GIB
     assert rss_bytes() - before < 64 * MIB
     for k, v in engine.runner.kv_caches:
         assert not k.any() and not v.any()  # zeros everywhere, not only in the null block
@@ -102,7 +103,7 @@ def test_building_an_engine_touches_no_kv_memory(tiny_llama):
     engine.generate([GenerationRequest(f"r{i}", [3 + i] * 10, params) for i in range(3)])
     s = engine.stats()
     assert s.kv_blocks_resident == 3 * 5  # 18 tokens each in blocks of 4, and nothing more
-    assert s.kv_resident_bytes == 15 * s.kv_bytes_per_block
+    assert s.kv_resident_bytes == 15 * per_block
 
 
 # -- resident blocks follow use -----------------------------------------------------------------------
