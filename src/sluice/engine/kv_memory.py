@@ -8,11 +8,12 @@ anonymous private mappings, so the kernel supplies zero pages on first touch and
 memory becomes resident only when K/V is first written to it. BlockPool decides which blocks get
 touched (peak held + kv_idle_gib at most). Start-up no longer zero-fills gigabytes.
 
-Why zeros at all: decode attention reads slots that were never written — padding points at the
-null block, and a request's last block is read past its context — and masks them with -inf.
-The mask only works if those values are finite (0 × NaN is NaN in the softmax · V product), so
-the pool must start as zeros everywhere, not just in the null block; untouched anonymous pages
-read as zeros for free. On CUDA there is no lazy touch; zero-filling device memory is fast.
+Why zeros at all: the portable torch attention reads slots that were never written — padding
+points at the null block, and a request's last block is read past its context — and masks them
+with -inf. The mask only works if those values are finite (0 × NaN is NaN in the softmax · V
+product), so the pool must start as zeros everywhere, not just in the null block; untouched
+anonymous pages read as zeros for free. On CUDA there is no lazy touch; zero-filling device
+memory is fast.
 """
 
 from __future__ import annotations
