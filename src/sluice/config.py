@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
     kv_cache_gib: float | None = Field(None, gt=0)  # None: max_num_seqs x context, within memory
-    kv_idle_gib: float = Field(0.125, ge=0)  # KV memory kept resident for finished requests' cache
+    kv_idle_gib: float = Field(0.0625, ge=0)  # KV memory kept resident for finished requests' cache
     max_model_len: int | None = Field(None, ge=2)
     scheduling_policy: Literal["fcfs", "priority"] = "priority"
     admission_policy: Literal["optimistic", "reserve"] = "optimistic"

@@ -44,7 +44,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-idle-gib", type=float, default=None, metavar="GIB",
-        help="KV memory kept resident for blocks no request holds, i.e. the prefix cache of finished requests (default: 0.125)",
+        help="KV memory kept resident for blocks no request holds, i.e. the prefix cache of finished requests (default: 0.0625)",
     )
     g.add_argument("--max-model-len", type=int, default=None, metavar="N", help="context window (default: the model's)")
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=None, help="engine queue order (default: priority)")

@@ -47,7 +47,9 @@ class EngineConfig:
     # kv_idle_gib of used memory sits free (held by no request: the prefix cache of finished
     # requests); beyond that, the least recently used free block is reused. So resident KV is at
     # most the peak held + kv_idle_gib. None = use untouched memory first, always (cache keeps most).
-    kv_idle_gib: float | None = 0.125
+    # 64 MiB: the bundled model's serve + worker stay under 1 GB at 32 streams (docs/BENCHMARKS.md);
+    # shared prompts of running requests are held, so they are cached whatever this is.
+    kv_idle_gib: float | None = 0.0625
     max_num_seqs: int = 64  # cap on running sequences
     max_num_batched_tokens: int = 512  # token budget of one step (decodes cost 1 each)
     long_prefill_threshold: int = 0  # cap on one request's prefill chunk per step; 0 = budget
