@@ -43,7 +43,8 @@ class Settings(BaseSettings):
     admin_key: SecretStr | None = None  # guards the admin API (/admin/*); unset = no admin API
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
-    kv_cache_gib: float = Field(2.0, gt=0)
+    kv_cache_gib: float | None = Field(None, gt=0)  # None: max_num_seqs x context, within memory
+    kv_idle_gib: float = Field(0.0625, ge=0)  # KV memory kept resident for finished requests' cache
     max_model_len: int | None = Field(None, ge=2)
     scheduling_policy: Literal["fcfs", "priority"] = "priority"
     admission_policy: Literal["optimistic", "reserve"] = "optimistic"
@@ -52,6 +53,8 @@ class Settings(BaseSettings):
     # portable fp32 path. exact / fast: see docs/ENGINE.md ("Numerics").
     kernels: Literal["auto", "torch"] = "auto"
     numerics: Literal["exact", "fast"] = "exact"
+    batching_window: Literal["flush", "hold", "adaptive"] = "flush"  # docs/ENGINE.md
+    batching_window_ms: float = Field(100.0, ge=0)
     worker_start_timeout_s: float = Field(180.0, gt=0)
     # a spawned worker that dies is restarted (backoff 1 s, 2 s, 4 s … 30 s); after more than
     # worker_max_restarts exits within worker_restart_window_s, serve exits with code 3

@@ -37,7 +37,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-num-batched-tokens", type=int, default=None, metavar="N", help="token budget of one engine step (default: 512)"
     )
-    g.add_argument("--kv-cache-gib", type=float, default=None, metavar="GIB", help="KV cache memory (default: 2.0)")
+    g.add_argument(
+        "--kv-cache-gib", type=float, default=None, metavar="GIB",
+        help="KV pool ceiling, touched on first use (default: what max-num-seqs x the context can use, "
+        "at most half the available memory)",
+    )
+    g.add_argument(
+        "--kv-idle-gib", type=float, default=None, metavar="GIB",
+        help="KV memory kept resident for blocks no request holds, i.e. the prefix cache of finished requests (default: 0.0625)",
+    )
     g.add_argument("--max-model-len", type=int, default=None, metavar="N", help="context window (default: the model's)")
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=None, help="engine queue order (default: priority)")
     g.add_argument(
@@ -45,4 +53,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-prefix-caching", action="store_true", default=None, help="turn the prefix cache off")
     add_kernel_args(g)
+    g.add_argument(
+        "--batching-window", choices=["flush", "hold", "adaptive"], default=None,
+        help="while decodes run, admit new prompts at once (flush), hold them up to the window to prefill "
+        "several together (hold), or hold only while load makes it pay (adaptive) (default: flush)",
+    )
+    g.add_argument(
+        "--batching-window-ms", type=float, default=None, metavar="MS",
+        help="longest hold of a new prompt under hold / adaptive (default: 100)",
+    )
 

@@ -39,12 +39,15 @@ def _run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_gib=args.kv_cache_gib,
+            kv_idle_gib=args.kv_idle_gib,
             max_model_len=args.max_model_len,
             scheduling_policy=args.scheduling_policy,
             admission_policy=args.admission_policy,
             enable_prefix_caching=False if args.no_prefix_caching else None,
             kernels=args.kernels,
             numerics=args.numerics,
+            batching_window=args.batching_window,
+            batching_window_ms=args.batching_window_ms,
         )
         faults = FaultSpec.parse(args.fault_injection or settings.fault_injection)
         configure_logs(settings.log_level, settings.log_format)

@@ -7,6 +7,15 @@ and "eviction candidates" are the same structure and every operation is O(1) wit
 - released blocks are appended at the tail, a request's blocks tail-first, so a prefix chain's
   deepest block is evicted before its ancestors (an ancestor is needed by every descendant).
 Block 0 is never handed out: it is a null block that padding may point at.
+
+Resident memory follows use. The KV tensors are touched lazily (engine/kv_memory.py), so a
+block costs memory from the first time it is handed out. Never-used blocks sit at the head of
+the free list, in id order, ahead of every released block (release appends at the tail, and a
+never-used block carries no hash, so no prefix hit unlinks it). With `max_idle` set, a
+never-used block is handed out only while fewer than `max_idle` used blocks sit free; otherwise
+the oldest used free block (right behind the never-used run) is taken. Resident blocks thus
+never exceed the peak number held at once + max_idle, and the prefix cache of finished requests
+lives in those max_idle blocks. max_idle=None: never-used first, always (the cache keeps all).
 """
 
 from __future__ import annotations
@@ -58,6 +67,10 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self.num_free -= 1
 
+    def first(self) -> KVBlock | None:
+        node = self._head.next_free
+        return None if node is self._tail else node
+
     def popleft(self) -> KVBlock:
         first = self._head.next_free
         if first is None or first is self._tail:
@@ -76,15 +89,19 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, max_idle: int | None = None):
         if num_blocks < 2:
             raise ValueError("the KV pool needs at least 2 blocks (block 0 is reserved)")
+        if max_idle is not None and max_idle < 0:
+            raise ValueError("max_idle must be >= 0")
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1  # pinned: never free, never allocated
         self.free = FreeBlockQueue(self.blocks[1:])
         self.cached: dict[bytes, KVBlock] = {}
         self.num_evictions = 0
+        self.max_idle = max_idle
+        self._next_unused = 1  # blocks [_next_unused, num_blocks) were never handed out
 
     @property
     def num_usable(self) -> int:
@@ -94,12 +111,35 @@ class BlockPool:
     def num_free(self) -> int:
         return self.free.num_free
 
+    @property
+    def num_never_used(self) -> int:
+        return len(self.blocks) - self._next_unused
+
+    @property
+    def num_resident(self) -> int:
+        """Blocks handed out at least once (their memory has been written)."""
+        return self._next_unused - 1
+
+    def _take(self) -> KVBlock:
+        never_used = self.num_never_used
+        used_free = self.free.num_free - never_used
+        over_idle = self.max_idle is not None and used_free >= self.max_idle
+        if never_used and not (used_free and over_idle):
+            self._next_unused += 1
+            return self.free.popleft()  # the head is the lowest never-used block
+        # the oldest used free block: the head, or right behind the never-used run (whose last
+        # block is the pool's last block while any is left)
+        block = self.blocks[-1].next_free if never_used else self.free.first()
+        assert block is not None
+        self.free.remove(block)
+        return block
+
     def allocate(self, n: int) -> list[KVBlock]:
         if n > self.free.num_free:
             raise MemoryError(f"asked for {n} KV blocks, {self.free.num_free} free")
         out = []
         for _ in range(n):
-            block = self.free.popleft()
+            block = self._take()
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1

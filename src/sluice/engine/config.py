@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.config import Settings
+from sluice.engine.batching_window import BatchingWindow
 from sluice.engine.policy import POLICIES
 from sluice.models.kernels import KernelChoice, Numerics
 
@@ -15,25 +16,40 @@ ENGINE_SETTINGS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "kv_cache_gib",
+    "kv_idle_gib",
     "max_model_len",
     "scheduling_policy",
     "admission_policy",
     "enable_prefix_caching",
     "kernels",
     "numerics",
+    "batching_window",
+    "batching_window_ms",
 )
 
 ADMISSION_POLICIES = ("reserve", "optimistic")
+# One source for the defaults other modules report before an engine exists (EngineStats).
+# 8, not 16: on CPU a smaller block costs no measurable throughput and halves the unfilled
+# tail per request (KV waste 4.6 % -> 2.2 % on bench/engine_throughput.py, docs/BENCHMARKS.md)
+DEFAULT_BLOCK_SIZE = 8
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    # 8, not 16: on CPU a smaller block costs no measurable throughput and halves the unfilled
-    # tail per request (KV waste 4.6 % -> 2.2 % on bench/engine_throughput.py, docs/BENCHMARKS.md)
-    block_size: int = 8
-    # KV pool size: an explicit block count wins; otherwise the pool gets kv_cache_gib of memory.
+    block_size: int = DEFAULT_BLOCK_SIZE
+    # KV pool size: an explicit block count wins, then kv_cache_gib; with neither, the pool holds
+    # what max_num_seqs requests of max_model_len tokens can use, capped at kv_memory_fraction of
+    # the memory available at start-up (docs/ENGINE.md, "The KV block manager").
     num_kv_blocks: int | None = None
-    kv_cache_gib: float = 2.0
+    kv_cache_gib: float | None = None
+    kv_memory_fraction: float = 0.5
+    # Pool memory is touched on first use. A never-used block is handed out only while less than
+    # kv_idle_gib of used memory sits free (held by no request: the prefix cache of finished
+    # requests); beyond that, the least recently used free block is reused. So resident KV is at
+    # most the peak held + kv_idle_gib. None = use untouched memory first, always (cache keeps most).
+    # 64 MiB: the bundled model's serve + worker stay under 1 GB at 32 streams (docs/BENCHMARKS.md);
+    # shared prompts of running requests are held, so they are cached whatever this is.
+    kv_idle_gib: float | None = 0.0625
     max_num_seqs: int = 64  # cap on running sequences
     max_num_batched_tokens: int = 512  # token budget of one step (decodes cost 1 each)
     long_prefill_threshold: int = 0  # cap on one request's prefill chunk per step; 0 = budget
@@ -51,6 +67,13 @@ class EngineConfig:
     # model for this engine (load_model(kernels=...)), carried here so that one mapping
     # (Settings -> EngineConfig -> a worker's --engine-config) brings it everywhere.
     kernels: str = "auto"
+    # Dynamic batching window (engine/batching_window.py): while decodes run, admit new prompts at
+    # once (flush), or hold them up to batching_window_ms to prefill several in one step (hold),
+    # or hold only while load makes it pay, never past batching_window_ms (adaptive).
+    batching_window: BatchingWindow = BatchingWindow.FLUSH
+    batching_window_ms: float = 100.0
+    # adaptive: the hold ends once this many new prompts per running decode are waiting
+    batching_window_ratio: float = 0.25
     # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
     # sampling seed raises, so the partial-failure path is exercised deterministically.
     fault_fail_seed: int | None = None
@@ -76,3 +99,17 @@ class EngineConfig:
             raise ValueError(f"kernels must be one of {', '.join(KernelChoice)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be >= 2")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError("kv_cache_gib must be > 0")
+        if not 0.0 < self.kv_memory_fraction <= 1.0:
+            raise ValueError("kv_memory_fraction must be in (0, 1]")
+        if self.kv_idle_gib is not None and self.kv_idle_gib < 0:
+            raise ValueError("kv_idle_gib must be >= 0")
+        try:
+            self.batching_window = BatchingWindow(self.batching_window)  # accept the flag's string
+        except ValueError:
+            raise ValueError(f"batching_window must be one of {', '.join(BatchingWindow)}") from None
+        if self.batching_window_ms < 0:
+            raise ValueError("batching_window_ms must be >= 0")
+        if self.batching_window_ratio <= 0:
+            raise ValueError("batching_window_ratio must be > 0")

@@ -12,11 +12,13 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable
 
 from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import KVCacheManager
+from sluice.engine.kv_memory import GIB, available_memory, kv_bytes_per_block, plan_kv_pool
 from sluice.engine.request import Request
-from sluice.engine.runner import ModelRunner, kv_bytes_per_block
+from sluice.engine.runner import ModelRunner
 from sluice.engine.scheduler import Scheduler, SchedulerOutput
 from sluice.engine.stats import EngineStats
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
@@ -29,18 +31,27 @@ log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+    """`clock` is what the batching window reads (injected by tests; monotonic seconds)."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config = config or EngineConfig()
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
-        per_block = kv_bytes_per_block(self.model, config.block_size)
-        num_blocks = config.num_kv_blocks or max(2, int(config.kv_cache_gib * 2**30) // per_block)
-        self.max_model_len = min(config.max_model_len or loaded.config.max_position, (num_blocks - 1) * config.block_size)
-        self.kv = KVCacheManager(
-            num_blocks, config.block_size, config.enable_prefix_caching, config.share_prefix_across_tenants
+        context = config.max_model_len or loaded.config.max_position
+        plan = plan_kv_pool(
+            config, kv_bytes_per_block(self.model, config.block_size), context, lambda: available_memory(self.model.device)
         )
-        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        num_blocks = plan.num_blocks
+        self.max_model_len = min(context, (num_blocks - 1) * config.block_size)
+        log.info(
+            "KV pool: %d blocks of %d tokens (%.2f GiB reserved, touched on first use; sized by %s), context %d",
+            num_blocks, config.block_size, plan.reserved_bytes / GIB, plan.sized_by, self.max_model_len,
+        )
+        self.kv = KVCacheManager(
+            num_blocks, config.block_size, config.enable_prefix_caching, config.share_prefix_across_tenants, plan.max_idle_blocks
+        )
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len, clock)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics))
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -53,6 +64,7 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             block_size=config.block_size,
         )
+        self._kv_bytes_per_block = plan.bytes_per_block
         self.last_step_seconds = 0.0
 
     # -- requests ------------------------------------------------------------------------------
@@ -115,6 +127,7 @@ class LLMEngine:
         s.num_steps += 1
         s.last_step_tokens = out.num_batched_tokens
         s.last_step_seqs = len(out.chunks)
+        s.record_utilization(len(self.scheduler.running), self.kv.num_usable_blocks - self.kv.num_free_blocks)
         s.prompt_tokens_computed += sum(
             max(0, min(c.end, c.request.num_prompt_tokens) - c.start) for c in out.chunks
         )
@@ -202,6 +215,9 @@ class LLMEngine:
         s.prefix_cache_queries = self.kv.prefix_queries
         s.prefix_cache_hits = self.kv.prefix_hits
         s.num_preemptions = self.scheduler.num_preemptions
+        s.num_held_steps = self.scheduler.num_held_steps
+        s.kv_blocks_resident = self.kv.num_resident_blocks
+        s.kv_resident_bytes = s.kv_blocks_resident * self._kv_bytes_per_block
         return dataclasses.replace(s)  # a snapshot copy
 
     def generate(self, requests: list[GenerationRequest]) -> dict[str, GenerationEvent]:

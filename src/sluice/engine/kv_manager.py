@@ -31,9 +31,16 @@ NO_HIT = PrefixHit([], 0)
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, share_across_tenants: bool = False):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        share_across_tenants: bool = False,
+        max_idle_blocks: int | None = None,
+    ):
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, max_idle_blocks)
         self.enable_prefix_caching = enable_prefix_caching
         self.share_across_tenants = share_across_tenants
         self.tables: dict[str, list[KVBlock]] = {}
@@ -51,6 +58,10 @@ class KVCacheManager:
     @property
     def num_usable_blocks(self) -> int:
         return self.pool.num_usable
+
+    @property
+    def num_resident_blocks(self) -> int:
+        return self.pool.num_resident
 
     def num_held_blocks(self, request: Request) -> int:
         return len(self.tables.get(request.request_id, ()))

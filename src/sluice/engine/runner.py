@@ -11,17 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
+from sluice.engine.kv_memory import lazy_zeros
 from sluice.engine.request import Request
 from sluice.engine.scheduler import ScheduledChunk, SchedulerOutput
 from sluice.models.attention import AttentionMetadata, PrefillSpan
 from sluice.models.kernels import Numerics
 from sluice.models.llama import LlamaModel
 from sluice.models.sampler import sample
-
-
-def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
-    cfg = model.config
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * block_size * model.dtype.itemsize
 
 
 @dataclass(slots=True)
@@ -40,10 +36,10 @@ class ModelRunner:
         self.numerics = Numerics(numerics)
         cfg = model.config
         shape = (cfg.num_kv_heads, num_blocks * block_size, cfg.head_dim)
-        # zeros, not empty: padded decode slots read the null block, and masking adds -inf to
-        # its scores, which must therefore be finite.
+        # zeros, not empty: decode attention reads unwritten slots under a -inf mask, so they must
+        # be finite. lazy_zeros costs no memory until a slot is written (engine/kv_memory.py).
         self.kv_caches = [
-            (torch.zeros(shape, dtype=model.dtype, device=model.device), torch.zeros(shape, dtype=model.dtype, device=model.device))
+            (lazy_zeros(shape, model.dtype, model.device), lazy_zeros(shape, model.dtype, model.device))
             for _ in range(cfg.num_layers)
         ]
         self.window = cfg.sliding_window

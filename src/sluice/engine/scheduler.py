@@ -7,6 +7,9 @@ runs out, the victim is the lowest-priority, newest running request; it loses it
 its tokens, and re-enters the waiting queue at its original place. Under the priority policy a
 waiting request may also preempt strictly lower-priority runners to get a seat or memory.
 
+While decodes run, the batching window (engine/batching_window.py) may hold new arrivals for
+a few steps so that several prompts are prefilled together; its clock is injected.
+
 The scheduler never touches tensors: it hands the runner a SchedulerOutput of block ids and
 token counts.
 """
@@ -14,13 +17,19 @@ token counts.
 from __future__ import annotations
 
 import time
-
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sluice.engine.batching_window import BatchingWindow, WindowGate, WindowView
 from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
 from sluice.engine.policy import WaitingQueue, pick_victim
 from sluice.engine.request import Request, RequestStatus
+
+# The adaptive window predicts the next arrival from the rate over the last RATE_HORIZON windows
+# (a time span, not a count: a burst of simultaneous arrivals must not read as a fast stream).
+RATE_HORIZON = 10
 
 
 @dataclass(slots=True)
@@ -60,19 +69,38 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int):
+    def __init__(
+        self, config: EngineConfig, kv: KVCacheManager, max_model_len: int, clock: Callable[[], float] = time.monotonic
+    ):
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
+        self.clock = clock  # read by the batching window only
         self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_held_steps = 0  # steps in which the batching window held new arrivals back
         self.watermark_blocks = int(config.watermark * kv.num_usable_blocks)
+        self.gate = WindowGate(config.batching_window, config.batching_window_ms, config.batching_window_ratio)
+        # new arrivals waiting (never scheduled) -> their arrival on `clock`, oldest first
+        self._new: OrderedDict[str, float] = OrderedDict()
+        self._new_tokens = 0
+        self._arrivals: deque[float] = deque()  # arrival times within the rate horizon
+        self._horizon_s = RATE_HORIZON * config.batching_window_ms / 1000.0
 
     # -- membership ----------------------------------------------------------------------------
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
         self.waiting.push(request)
+        now = self.clock()
+        self._new[request.request_id] = now
+        self._new_tokens += request.num_tokens
+        if self.gate.mode is BatchingWindow.ADAPTIVE:
+            self._arrivals.append(now)
+
+    def _forget_new(self, request: Request) -> None:
+        if self._new.pop(request.request_id, None) is not None:
+            self._new_tokens -= request.num_tokens
 
     def finish(self, request: Request) -> None:
         """Take a finished or aborted request out of the engine and free its blocks."""
@@ -80,6 +108,7 @@ class Scheduler:
             self.running.remove(request)
         elif request.request_id in self.waiting:
             self.waiting.remove(request.request_id)
+            self._forget_new(request)
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
 
@@ -121,7 +150,38 @@ class Scheduler:
             n = min(n, self.config.long_prefill_threshold)
         return max(n, 0)
 
+    def _window_open(self, budget: int, scheduled: dict[str, ScheduledChunk]) -> bool:
+        if not self._new or self.gate.mode is BatchingWindow.FLUSH:
+            return True
+        view = WindowView(
+            oldest_wait_s=self.clock() - next(iter(self._new.values())),
+            num_new=len(self._new),
+            new_tokens=self._new_tokens,
+            num_restarting=len(self.waiting) - len(self._new),
+            num_decodes=sum(1 for c in scheduled.values() if c.is_decode),
+            step_has_prefill=any(not c.is_decode for c in scheduled.values()),
+            room_tokens=budget,
+            free_seats=self.config.max_num_seqs - len(self.running),
+            next_arrival_s=self._next_arrival_in(),
+        )
+        if self.gate.opens(view):
+            return True
+        self.num_held_steps += 1
+        return False
+
+    def _next_arrival_in(self) -> float:
+        """Seconds until the next arrival is due at the recent rate (inf: none recently)."""
+        now = self.clock()
+        while self._arrivals and self._arrivals[0] <= now - self._horizon_s:
+            self._arrivals.popleft()
+        if not self._arrivals:
+            return float("inf")
+        gap = self._horizon_s / len(self._arrivals)
+        return max(0.0, self._arrivals[-1] + gap - now)
+
     def _admit(self, budget: int, scheduled: dict[str, ScheduledChunk], out: SchedulerOutput) -> int:
+        if budget <= 0 or len(self.waiting) == 0 or not self._window_open(budget, scheduled):
+            return budget
         while budget > 0 and (req := self.waiting.peek()) is not None:
             hit = self.kv.find_prefix(req)
             seat = len(self.running) < self.config.max_num_seqs
@@ -140,6 +200,7 @@ class Scheduler:
             if not self.kv.allocate(req, n, hit):
                 break
             self.waiting.pop()
+            self._forget_new(req)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = hit.num_tokens
                 self.kv.record_lookup(req, hit)

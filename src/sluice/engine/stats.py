@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from sluice.engine.config import DEFAULT_BLOCK_SIZE
+
 
 @dataclass(slots=True)
 class EngineStats:
@@ -26,7 +28,21 @@ class EngineStats:
     max_num_seqs: int = 0  # the engine's cap on running sequences
     prompt_tokens_computed: int = 0  # cumulative, excluding prefix-cache hits
     output_tokens: int = 0  # cumulative
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
+    last_step_utilization: float = 0.0  # see batch_utilization
+    batch_utilization_sum: float = 0.0  # per-step utilization summed over steps, cumulative
+    num_held_steps: int = 0  # steps in which the batching window held new arrivals, cumulative
+    kv_blocks_resident: int = 0  # blocks written at least once (their pages are resident)
+    kv_resident_bytes: int = 0  # their memory
+
+    def record_utilization(self, seqs: int, kv_blocks_held: int) -> None:
+        """After a step ran: the fullest of its three limits (see batch_utilization)."""
+        self.last_step_utilization = max(
+            self.last_step_tokens / self.max_num_batched_tokens if self.max_num_batched_tokens else 0.0,
+            seqs / self.max_num_seqs if self.max_num_seqs else 0.0,
+            kv_blocks_held / self.kv_blocks_total if self.kv_blocks_total else 0.0,
+        )
+        self.batch_utilization_sum += self.last_step_utilization
 
     @property
     def kv_usage(self) -> float:
@@ -40,6 +56,16 @@ class EngineStats:
     def batch_fill(self) -> float:
         """Tokens of the last step over the step budget."""
         return self.last_step_tokens / self.max_num_batched_tokens if self.max_num_batched_tokens else 0.0
+
+    @property
+    def batch_utilization(self) -> float:
+        """Mean over the steps that ran of how full each step was against its binding limit.
+
+        A step is limited three ways: the token budget (max_num_batched_tokens), the seats
+        (max_num_seqs running requests) and KV memory (usable blocks). Its utilization is the
+        largest of tokens / budget, running / max_num_seqs and KV blocks held / usable: 1.0 means
+        nothing more could have joined that step. Idle time is not a step, so it is not counted."""
+        return self.batch_utilization_sum / self.num_steps if self.num_steps else 0.0
 
     @property
     def kv_waste(self) -> float:
@@ -60,4 +86,7 @@ def combined(stats: list[EngineStats]) -> EngineStats:
     for f in dataclasses.fields(EngineStats):
         if f.name != "block_size":
             setattr(out, f.name, sum(getattr(s, f.name) for s in stats))
+    # a ratio, not a count: the engines' mean (batch_utilization, from the summed sums and
+    # steps, is already the mean over every engine's steps)
+    out.last_step_utilization = out.last_step_utilization / len(stats)
     return out

@@ -77,6 +77,19 @@ class ServingMetrics:
         self.preemptions = Gauge("sluice_engine_preemptions_total", "Preemptions since start", registry=r)
         self.step_tokens = Gauge("sluice_engine_batch_tokens", "Tokens in the last engine step", registry=r)
         self.batch_fill = Gauge("sluice_engine_batch_fill_ratio", "Last step's tokens over the step budget", registry=r)
+        # utilization: the fullest of a step's three limits (docs/ENGINE.md); the mean over any
+        # range is rate(sluice_engine_batch_utilization_sum) / rate(sluice_engine_steps_total)
+        self.batch_utilization = Gauge(
+            "sluice_engine_batch_utilization_ratio",
+            "Last step's fill of its binding limit: max(tokens/budget, running/max_num_seqs, KV held/usable)", registry=r,
+        )
+        self.batch_utilization_sum = Gauge(
+            "sluice_engine_batch_utilization_sum", "Per-step batch utilization summed over steps since start", registry=r
+        )
+        self.held_steps = Gauge(
+            "sluice_engine_held_steps_total", "Steps in which the batching window held new arrivals back", registry=r
+        )
+        self.kv_resident = Gauge("sluice_engine_kv_resident_bytes", "KV pool memory written at least once", registry=r)
         self.engine_steps = Gauge("sluice_engine_steps_total", "Engine steps since start", registry=r)
         self.engine_up = Gauge("sluice_engine_up", "1 when the engine answered the last stats call", registry=r)
         # the fleet (read at scrape time)
@@ -97,6 +110,10 @@ class ServingMetrics:
         self.preemptions.set(s.num_preemptions)
         self.step_tokens.set(s.last_step_tokens)
         self.batch_fill.set(s.batch_fill)
+        self.batch_utilization.set(s.last_step_utilization)
+        self.batch_utilization_sum.set(s.batch_utilization_sum)
+        self.held_steps.set(s.num_held_steps)
+        self.kv_resident.set(s.kv_resident_bytes)
         self.engine_steps.set(s.num_steps)
 
     def observe_workers(self, counts: dict[tuple[str, str, str], int]) -> None:

@@ -1,0 +1,123 @@
+"""KV pool memory: how many blocks the pool gets, and tensors that cost nothing until written.
+
+Sizing (first that applies): `num_kv_blocks`; `kv_cache_gib`; otherwise what the engine can
+use at most, `max_num_seqs` requests of the full context, capped at `kv_memory_fraction` of the
+memory available at start-up (MemAvailable, or the cgroup's headroom if lower; on a GPU, its free
+memory after the weights loaded). The pool is a ceiling, not a cost: on CPU its tensors are
+anonymous private mappings, so the kernel supplies zero pages on first touch and a block's
+memory becomes resident only when K/V is first written to it. BlockPool decides which blocks get
+touched (peak held + kv_idle_gib at most). Start-up no longer zero-fills gigabytes.
+
+Why zeros at all: the portable torch attention reads slots that were never written — padding
+points at the null block, and a request's last block is read past its context — and masks them
+with -inf. The mask only works if those values are finite (0 × NaN is NaN in the softmax · V
+product), so the pool must start as zeros everywhere, not just in the null block; untouched
+anonymous pages read as zeros for free. On CUDA there is no lazy touch; zero-filling device
+memory is fast.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import mmap
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sluice.engine.config import EngineConfig
+from sluice.models.llama import LlamaModel
+
+GIB = 2**30
+
+
+class PoolSizing(enum.StrEnum):
+    BLOCKS = "num_kv_blocks"
+    GIB = "kv_cache_gib"
+    SEQS_X_CONTEXT = "max_num_seqs x context"
+    MEMORY_SHARE = "kv_memory_fraction of available memory"
+
+
+@dataclass(slots=True)
+class KVPoolPlan:
+    num_blocks: int  # including the null block
+    bytes_per_block: int
+    max_idle_blocks: int | None
+    sized_by: PoolSizing
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+
+def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
+    cfg = model.config
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * block_size * model.dtype.itemsize  # K and V
+
+
+def plan_kv_pool(
+    config: EngineConfig, bytes_per_block: int, context_len: int, available_bytes: Callable[[], int]
+) -> KVPoolPlan:
+    """`available_bytes` is called only when the pool is sized automatically."""
+    idle = None if config.kv_idle_gib is None else int(config.kv_idle_gib * GIB) // bytes_per_block
+    if config.num_kv_blocks is not None:
+        return KVPoolPlan(config.num_kv_blocks, bytes_per_block, idle, PoolSizing.BLOCKS)
+    if config.kv_cache_gib is not None:
+        return KVPoolPlan(max(2, int(config.kv_cache_gib * GIB) // bytes_per_block), bytes_per_block, idle, PoolSizing.GIB)
+    want = config.max_num_seqs * math.ceil(context_len / config.block_size) + 1
+    cap = max(2, int(config.kv_memory_fraction * available_bytes()) // bytes_per_block)
+    if want <= cap:
+        return KVPoolPlan(want, bytes_per_block, idle, PoolSizing.SEQS_X_CONTEXT)
+    return KVPoolPlan(cap, bytes_per_block, idle, PoolSizing.MEMORY_SHARE)
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes this process could still get: free device memory, or host memory within limits."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    candidates = [v for v in (_meminfo_available(), _cgroup_headroom()) if v is not None]
+    if candidates:
+        return min(candidates)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_headroom() -> int | None:
+    """limit - usage of this process's cgroup (v2, or the v1 memory controller), if limited."""
+    try:
+        rel = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+        base = Path("/sys/fs/cgroup") / rel.lstrip("/")
+        limit_file, usage_file = base / "memory.max", base / "memory.current"
+        if not limit_file.exists():
+            base = Path("/sys/fs/cgroup/memory")
+            limit_file, usage_file = base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"
+        limit = limit_file.read_text().strip()
+        if limit == "max" or int(limit) >= 1 << 60:  # v1 writes "unlimited" as a huge number
+            return None
+        return max(0, int(limit) - int(usage_file.read_text()))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def lazy_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor whose memory is resident only where it has been written (CPU)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return torch.zeros(tuple(shape), dtype=dtype, device=device)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        # with transparent huge pages on "always", one written slot would make 2 MiB resident
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(buf, dtype=dtype).view(tuple(shape))  # the tensor keeps `buf` alive
