@@ -184,8 +184,10 @@ def test_a_rollout_whose_target_fails_every_request_rolls_back_though_every_requ
             assert h.fleet.status()["models"]["m"]["rollout"]["phase"] == "shifting"
             pipeline = ServingPipeline(h.rt)
             for i in range(40):
-                collected = await (await pipeline.start(request(i, f"user-{i}"))).collect()
+                gen = await pipeline.start(request(i, f"user-{i}"))
+                collected = await gen.collect()
                 assert isinstance(collected.final, Finished)  # the client never sees the broken version
+                assert gen.headers["sluice-model-version"] == "m/v1"  # the reply names the version that served it
                 if h.fleet.status()["models"]["m"]["rollout"]["phase"] != "shifting":
                     break
             rollout = h.fleet.status()["models"]["m"]["rollout"]
