@@ -24,7 +24,6 @@ from sluice.routing.fleet import Fleet
 from sluice.routing.fleet_schema import VersionSpec
 from sluice.routing.registry import Registry
 from sluice.routing.replica_plan import ReplicaGoal, replica_goal
-from sluice.routing.rollout import RolloutPhase
 from sluice.routing.routing_state import VersionState
 from sluice.routing.worker_pool import WorkerStatus
 from sluice.serving.errors import ErrorKind

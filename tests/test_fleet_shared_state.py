@@ -33,7 +33,7 @@ def gateways(tmp_path_factory):
         for _ in range(2):
             procs.append(start_server(["--fleet", str(path)], env=env))
         for proc in procs:
-            wait_until(lambda: all(w["status"] == "warm" for w in status(proc)["workers"]), "both shared workers warm")
+            wait_until(lambda p=proc: all(w["status"] == "warm" for w in status(p)["workers"]), "both shared workers warm")
         yield procs
     finally:
         for p in procs + workers:

@@ -28,7 +28,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.stats import EngineStats
 from sluice.errors import EngineUnavailableError, ModelLoadError
 from sluice.models.tokenizer import Tokenizer
-from sluice.routing.fleet_schema import BUNDLED, FleetSpec, VersionSpec
+from sluice.routing.fleet_schema import BUNDLED, VersionSpec
 from sluice.routing.fleet_reload import has_quotas
 from sluice.routing.fleet_status import fleet_status
 from sluice.routing.health_poller import HealthPoller, WorkerHandle

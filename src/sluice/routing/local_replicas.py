@@ -44,6 +44,7 @@ class LocalReplicas:
         self._starting: dict[tuple[str, str], asyncio.Task] = {}  # version -> its start
         self._start_failed: dict[tuple[str, str], float] = {}  # version -> monotonic time of a failed start
         self._retiring: dict[str, asyncio.Task] = {}  # worker id -> its drain-then-stop
+        self._stopping: set[asyncio.Task] = set()  # stops under way (the workers left `handles`)
 
     # -- starting -----------------------------------------------------------------------------
     async def start(self, model_id: str, version: str) -> None:
@@ -165,16 +166,26 @@ class LocalReplicas:
         if fleet.handles.get(h.worker_id) is h:
             del fleet.handles[h.worker_id]
             fleet.pool.remove(h.worker_id)
+        # out of `handles`, only this task still knows the process: finish stopping it even if
+        # the caller is cancelled (close() waits for it)
+        stopping = asyncio.get_running_loop().create_task(self._stop(h))
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
+        await asyncio.shield(stopping)
+
+    async def _stop(self, h: WorkerHandle) -> None:
         if h.supervisor is not None:
             await h.supervisor.stop()
         await h.client.close()
         log.info("worker %s (%s/%s) stopped", h.worker_id, h.model_id, h.version)
 
     async def close(self) -> None:
+        """Cancel starts and drains (their workers are still in `handles`: the fleet stops them)
+        and wait for the stops under way."""
         tasks = [*self._starting.values(), *self._retiring.values()]
         for task in tasks:
             task.cancel()
-        for task in tasks:
+        for task in [*tasks, *self._stopping]:
             try:
                 await task
             except (asyncio.CancelledError, Exception):
