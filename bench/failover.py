@@ -39,6 +39,7 @@ from tests.server_process import start_server  # noqa: E402
 TOPICS = ["a lighthouse", "the tide", "a fishing boat", "gulls", "a storm", "the harbour", "a map", "sand",
           "a lantern", "the reef", "whales", "a sailor"]
 MIGRATED = re.compile(r"request (msg_\w+): worker \S+ lost after (\d+) output tokens")
+RETRIED = re.compile(r"request (msg_\w+): worker \S+ failed before any output")
 
 
 def fleet_file() -> Path:
@@ -90,6 +91,7 @@ def main() -> None:
             wait_warm(proc.base_url, 2)
             replies, on_victim = asyncio.run(one_round(proc.base_url, r, args.streams, args.max_tokens, args.kill_after))
             migrated = {m.group(1) for m in MIGRATED.finditer(proc.log())}
+            retried = {m.group(1) for m in RETRIED.finditer(proc.log())}
             lost += sum(1 for x in replies if not x.ok)
             moved = [x for x in replies if x.message_id in migrated and x.ok]
             stayed = [x for x in replies if x.message_id not in migrated and x.ok and len(x.deltas) > 1]
@@ -99,6 +101,7 @@ def main() -> None:
             extra += round_extra
             migrated_total += len(moved)
             per_round.append({"on_killed_worker": on_victim, "migrated": len(moved),
+                              "retried_before_output": sum(1 for x in replies if x.message_id in retried),
                               "median_delta_gap_ms": round(1000 * typical, 1),
                               "extra_ms": [round(1000 * e) for e in round_extra]})
         result = {"rounds": per_round, "migrated_streams": migrated_total, "lost_streams": lost,
