@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.server_process import wait_engine_idle, MODEL, metric, start_server, start_worker
+from tests.server_process import wait_engine_idle, MODEL, start_server, start_worker
 
 pytestmark = pytest.mark.slow
 BODY = {"model": MODEL, "max_tokens": 60, "stream": True, "temperature": 0,

@@ -49,6 +49,8 @@ def test_every_route_is_documented_with_its_body_and_error_shape(doc):
         "POST /v1/chat/completions", "POST /v1/messages/batches", "GET /v1/messages/batches",
         "GET /v1/messages/batches/{batch_id}", "POST /v1/messages/batches/{batch_id}/cancel",
         "DELETE /v1/messages/batches/{batch_id}", "GET /v1/messages/batches/{batch_id}/results", "GET /admin/fleet",
+        "PUT /admin/fleet/models/{model}/weights", "POST /admin/fleet/models/{model}/rollout",
+        "POST /admin/fleet/models/{model}/rollback", "POST /admin/fleet/reload",
     }
     bodies = {"/v1/messages": "MessagesRequest", "/v1/messages/count_tokens": "CountTokensRequest",
               "/v1/messages/batches": "BatchCreate", "/v1/chat/completions": "ChatCompletionRequest"}

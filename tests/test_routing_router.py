@@ -194,3 +194,20 @@ async def test_load_moves_a_prefix_off_a_busy_worker():
     f.pool.report_load(first.worker_id, 100_000)  # that worker is swamped (seen in its stats)
     d = await f.router.route(f.request(pin="main/stable"))
     assert d.worker_id != first.worker_id and d.pick.reason is PickReason.SPILL
+
+
+@pytest.mark.asyncio
+async def test_round_robin_takes_turns_where_affinity_sticks():
+    """`worker_choice = "round_robin"` (the affinity benchmark's baseline): one prompt prefix
+    alternates over the version's workers; with affinity it stays on one."""
+    affinity = Fleet()
+    rr = Fleet("[routing]\nworker_choice = \"round_robin\"\n" + FLEET)
+    for f, expect in ((affinity, 1), (rr, 2)):
+        seen = []
+        for i in range(6):
+            d = await f.router.route(f.request(f"u{i}", model="main", pin="stable"))
+            seen.append(d.worker_id)
+            await f.router.finish(d, Outcome.SUCCESS, 10)
+        assert len(set(seen)) == expect
+        if f is rr:
+            assert seen == ["h:1", "h:2"] * 3 and d.pick.reason is PickReason.ROUND_ROBIN

@@ -3,6 +3,16 @@
 Only the `admin_key` setting opens it (`Authorization: Bearer KEY` or `x-api-key: KEY`, compared
 in constant time); tenant keys never do, and without an admin key configured the routes do not
 exist (404), so a deployment that does not want them exposes nothing.
+
+    GET  /admin/fleet                               the fleet: models, versions, rollouts, workers
+    PUT  /admin/fleet/models/{model}/weights        {"weights": {"VERSION": W, ...}}
+    POST /admin/fleet/models/{model}/rollout        {"to": "VERSION", ...[rollout] overrides}
+    POST /admin/fleet/models/{model}/rollback
+    POST /admin/fleet/reload                        reread the fleet file
+
+HTTP only: parsing and the error shape. What each operation does is serving/fleet_admin.py.
+Errors are Anthropic-shaped; an invalid reload or rollout plan adds `error.problems`, one line
+per problem (the fleet file's `FILE:LINE: field: why`).
 """
 
 from __future__ import annotations
@@ -13,10 +23,13 @@ import hmac
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from sluice.api import openapi_doc as doc
 from sluice.api.auth import presented_key
-from sluice.api.errors import ApiError
+from sluice.api.errors import STATUS_FOR_KIND, ApiError, bad_request
+from sluice.api.json_body import json_object
+from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.runtime import ServingRuntime
 
 
@@ -54,12 +67,70 @@ def guard_for(rt: ServingRuntime) -> AdminGuard:
     return AdminGuard(rt.settings.admin_key.get_secret_value() if rt.settings.admin_key else None)
 
 
+def _refused(request: Request, exc: AdminError) -> JSONResponse:
+    err = ApiError(STATUS_FOR_KIND[exc.kind], exc.message)
+    body = err.anthropic_body(getattr(request.state, "request_id", None))
+    if exc.problems:
+        body["error"]["problems"] = exc.problems
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    return json_object(raw, "invalid JSON body") if raw.strip() else {}
+
+
 def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
     router = APIRouter()
 
+    def admin(request: Request) -> FleetAdmin:
+        guard.check(request)
+        return FleetAdmin(rt.require_fleet(), rt.settings.tiers)
+
     @router.get("/admin/fleet", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=doc.LOOKUP))
     async def fleet_status(request: Request) -> Any:
-        guard.check(request)
-        return rt.require_fleet().status()
+        return admin(request).status()
+
+    @router.put("/admin/fleet/models/{model:path}/weights", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    async def set_weights(model: str, request: Request) -> Any:
+        ops = admin(request)
+        body = await _body(request)
+        weights = body.get("weights")
+        if set(body) != {"weights"} or not isinstance(weights, dict):
+            raise bad_request('the body must be {"weights": {"VERSION": WEIGHT, ...}}')
+        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()):
+            raise bad_request("weights: every weight must be a number")
+        try:
+            return await ops.set_weights(model, weights)
+        except AdminError as exc:
+            return _refused(request, exc)
+
+    @router.post("/admin/fleet/models/{model:path}/rollout", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    async def start_rollout(model: str, request: Request) -> Any:
+        ops = admin(request)
+        body = await _body(request)
+        to = body.pop("to", None)
+        if not isinstance(to, str) or not to:
+            raise bad_request('the body must be {"to": "VERSION", ...}: the version to roll out to')
+        try:
+            return await ops.start_rollout(model, to, body)
+        except AdminError as exc:
+            return _refused(request, exc)
+
+    @router.post("/admin/fleet/models/{model:path}/rollback", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    async def rollback(model: str, request: Request) -> Any:
+        ops = admin(request)
+        try:
+            return await ops.rollback(model)
+        except AdminError as exc:
+            return _refused(request, exc)
+
+    @router.post("/admin/fleet/reload", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    async def reload(request: Request) -> Any:
+        ops = admin(request)
+        try:
+            return await ops.reload()
+        except AdminError as exc:
+            return _refused(request, exc)
 
     return router

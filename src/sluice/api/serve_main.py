@@ -4,12 +4,15 @@ The HTTP socket is bound before anything slow happens, so /health answers during
 /ready tells "loading" from "ready". The fleet starts (serving/fleet_setup.py): local workers
 load their models while this process loads only the tokenizers. A start-up failure ends the
 process with exit code 2 and a one-line reason; local workers that keep dying end it with 3.
+SIGHUP rereads the fleet file (as `POST /admin/fleet/reload` does) and logs the outcome; an
+invalid file keeps the running fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 
 from sluice.api.app import create_app
@@ -18,6 +21,7 @@ from sluice.config import Settings
 from sluice.gateway.factory import build_authenticator
 from sluice.gateway.tiers import load_tiers
 from sluice.routing.fleet import Fleet
+from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.fleet_setup import build_registry, start_fleet
 from sluice.serving.runtime import ServingRuntime
 
@@ -80,10 +84,19 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
             _say(f"error: start-up failed: {exc}")
             server.should_exit = True
 
+    def on_hangup() -> None:
+        if fleet is None:
+            log.warning("SIGHUP ignored: the fleet is still starting")
+        else:
+            rt.keep_task(reload_fleet(FleetAdmin(fleet, settings.tiers)))
+
+    # installed before anything slow: SIGHUP's default action would end the process
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
     task = asyncio.create_task(bring_up())
     try:
         await server.serve(sockets=[sock])
     finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         task.cancel()
         try:
             await task
@@ -94,6 +107,18 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
         await rt.replay.close()
         await rt.idempotency.close()
     return exit_code
+
+
+async def reload_fleet(admin: FleetAdmin) -> None:
+    """SIGHUP: the reload the admin API does, with its outcome in the log (nobody else sees it)."""
+    try:
+        r = await admin.reload()
+    except AdminError as exc:
+        log.error("SIGHUP: the fleet file was NOT reloaded; the running fleet is kept: %s", exc.message)
+        return
+    log.info("SIGHUP: fleet file reloaded (models added %s, removed %s, changed %s; workers added %s, removed %s; "
+             "replicas starting %s, stopping %s)", r["added"], r["removed"], r["changed"], r["workers_added"],
+             r["workers_removed"], r["replicas_starting"], r["replicas_stopping"])
 
 
 async def follow_capacity(rt: ServingRuntime, fleet: Fleet, every_s: float) -> None:

@@ -55,6 +55,10 @@ class Attempted:
     workers: list[str] = dataclasses.field(default_factory=list)
     retries: int = 0
     migrations: int = 0
+    # (model id, version) of every dispatch that failed — refused, worker lost — even when a
+    # retry elsewhere then served the request: a rollout judges its target by these (a broken
+    # version whose every request is rescued on the old one must still look broken)
+    failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 class WorkerLost(Exception):
@@ -129,6 +133,7 @@ async def generate_on_fleet(
         except (EngineUnavailableError, WorkerLost) as exc:
             outcome = Outcome.FAILURE
             tried.add(dispatch.worker_id)
+            track.failed.append((plan.model_id, plan.version))
             if not emitted:
                 if attempts >= policy.max_attempts:
                     raise EngineUnavailableError(f"no worker could take the request after {attempts} attempts: {exc}") from None

@@ -6,8 +6,12 @@ Built from a FleetSpec (a fleet file, or the fleet of one today's settings descr
 - the health poller (health, load, warm-up, hang detection) writing into the worker pool;
 - the router (versions, workers, fallbacks, quotas) over the pool and the live routing state,
   which a follower keeps in step with the shared store (Redis when `limits_store = "redis"`);
-- the rollout driver, ticked once a second for the rollouts this gateway drives;
+- the rollout driver, ticked once a second for the rollouts this gateway drives, and on the
+  same tick the local replicas reconciled with the live state (local_replicas.py: a rollout's
+  target started, retired versions drained and stopped — on every gateway);
 - per version: the tokenizer (from its weights; the gateway renders prompts) and model info.
+
+A reloaded fleet file is applied by fleet_reload.py; the operator's view is fleet_status.py.
 """
 
 from __future__ import annotations
@@ -17,31 +21,33 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sluice.config import Settings
 from sluice.engine.config import EngineConfig
 from sluice.engine.stats import EngineStats
 from sluice.errors import EngineUnavailableError, ModelLoadError
 from sluice.models.tokenizer import Tokenizer
-from sluice.routing.fleet_schema import BUNDLED, FleetSpec, VersionSpec
+from sluice.routing.fleet_schema import BUNDLED, VersionSpec
+from sluice.routing.fleet_reload import has_quotas
+from sluice.routing.fleet_status import fleet_status
 from sluice.routing.health_poller import HealthPoller, WorkerHandle
+from sluice.routing.local_replicas import LocalReplicas
 from sluice.routing.quota import QuotaStore, make_quota_store
 from sluice.routing.registry import Registry
-from sluice.routing.rollout import RolloutPhase, RolloutSignals
+from sluice.routing.rollout import RolloutSignals
 from sluice.routing.rollout_driver import RolloutDriver
 from sluice.routing.router import FleetRouter
-from sluice.routing.routing_state import RoutingStateStore, effective_weights, make_routing_state_store
+from sluice.routing.routing_state import RoutingStateStore, make_routing_state_store
 from sluice.routing.state_follower import StateFollower
 from sluice.routing.version_router import version_header
 from sluice.routing.worker_pool import WorkerEntry, WorkerPool, WorkerStatus
 from sluice.worker.engine_client import EngineClient, ModelInfo
 from sluice.worker.grpc_client import GrpcEngineClient
-from sluice.worker.restart_policy import RestartPolicy
-from sluice.worker.spawn import engine_argv
 from sluice.worker.supervisor import WorkerSupervisor
 
 log = logging.getLogger("sluice.routing")
-TICK_S = 1.0  # how often the rollouts this gateway drives move on
+TICK_S = 1.0  # how often the rollouts this gateway drives move on and the replicas are reconciled
 INLINE_WORKER = "inline"  # the worker id of an in-process engine (`--worker inline`)
 
 
@@ -69,6 +75,13 @@ class Fleet:
     poller: HealthPoller | None = None
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)  # weights path -> tokenizer
+    _client_for: Callable[[str], EngineClient] = GrpcEngineClient  # how remote workers are reached
+    replicas: LocalReplicas = field(init=False)
+    reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reload at a time
+    tick_s: float = TICK_S
+
+    def __post_init__(self) -> None:
+        self.replicas = LocalReplicas(self)
 
     @classmethod
     def build(cls, settings: Settings, registry: Registry) -> Fleet:
@@ -76,31 +89,32 @@ class Fleet:
         pool = WorkerPool(fleet_spec.routing.breaker.config())
         store = make_routing_state_store(settings.limits_store, settings.redis_url)
         follower = StateFollower(store)
-        quota = make_quota_store(settings.limits_store, settings.redis_url) if _has_quotas(fleet_spec) else None
+        quota = make_quota_store(settings.limits_store, settings.redis_url) if has_quotas(fleet_spec) else None
         router = FleetRouter(registry, pool, quota, lambda: follower.snapshot, EngineConfig.from_settings(settings))
         return cls(settings, registry, pool, router, store, follower, quota, RolloutDriver(store, registry))
 
     # -- bring-up -----------------------------------------------------------------------------
     async def start(self, client_for: Callable[[str], EngineClient] = GrpcEngineClient,
                     inline: EngineClient | None = None) -> None:
-        """Load the tokenizers, connect the remote workers, start the local replicas (returns
-        when every replica has started or failed to; raises if no worker could start at all).
-        `inline`: an in-process engine that serves the (single) version instead of a replica."""
+        """Load the tokenizers, connect the remote workers, start the local replicas of the
+        versions that carry traffic (returns when every one has started or failed to; raises
+        if no worker could start at all). `inline`: an in-process engine that serves the
+        (single) version instead of a replica."""
         s = self.settings
-        await self.follower.poll_once()
+        self._client_for = client_for
+        await self.follower.poll_once()  # live state first: a rollout may have moved traffic
         if inline is not None:
             (model_id, model), = self.registry.fleet.models.items()
             (name, _), = model.versions.items()
-            self._add(model_id, name, INLINE_WORKER, inline)
+            self.add_worker(model_id, name, INLINE_WORKER, inline)
         for model_id, model in self.registry.fleet.models.items():
             for name, version in model.versions.items():
-                self.versions[(model_id, name)] = VersionRuntime(await asyncio.to_thread(self._tokenizer, version))
+                self.versions[(model_id, name)] = VersionRuntime(await asyncio.to_thread(self.tokenizer_for, version))
                 for address in version.workers:
-                    self._add(model_id, name, address, client_for(address)).remote = True
+                    self.add_remote(model_id, name, address)
         # versions that carry traffic start now; one staged with traffic 0 starts when a
-        # rollout (or an operator's weights) needs it
-        starts = [self.start_replicas(model_id, name) for model_id, model in self.registry.fleet.models.items()
-                  for name, version in model.versions.items() if version.traffic > 0 and inline is None]
+        # rollout (or an operator's weights) needs it (replica_plan.py)
+        starts = [self.replicas.start(m, v) for m, v in self.replicas.versions_to_run()] if inline is None else []
         results = await asyncio.gather(*starts, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors and not self.handles:
@@ -112,10 +126,10 @@ class Fleet:
         self.poller.start()
         loop = asyncio.get_running_loop()
         self._tasks += [loop.create_task(self.follower.run(), name="sluice-routing-follower"),
-                        loop.create_task(self._drive_rollouts(), name="sluice-rollouts")]
+                        loop.create_task(self._tick_forever(), name="sluice-fleet-ticker")]
 
-    def _add(self, model_id: str, version: str, address: str, client: EngineClient,
-             supervisor: WorkerSupervisor | None = None) -> WorkerEntry:
+    def add_worker(self, model_id: str, version: str, address: str, client: EngineClient,
+                   supervisor: WorkerSupervisor | None = None) -> WorkerEntry:
         self.handles[address] = WorkerHandle(address, model_id, version, address, client, supervisor)
         entry = self.pool.get(address)
         if entry is None:
@@ -123,51 +137,29 @@ class Fleet:
             entry = self.pool.add(address, model_id, version, address, max_outstanding_tokens=limit)
         return entry
 
-    async def start_replicas(self, model_id: str, version: str) -> None:
-        """Start the version's local replicas (those not running yet)."""
-        spec = self.registry.version(model_id, version)
-        running = [h for h in self.handles.values() if h.supervisor is not None
-                   and (h.model_id, h.version) == (model_id, version)]
-        await asyncio.gather(*(self._start_replica(model_id, version, spec) for _ in range(spec.replicas - len(running))))
+    def add_remote(self, model_id: str, version: str, address: str) -> WorkerEntry:
+        """A running `sluice worker` listed in the fleet file (STARTING until the poller warms it)."""
+        entry = self.add_worker(model_id, version, address, self._client_for(address))
+        entry.remote = True
+        return entry
 
-    async def _start_replica(self, model_id: str, version: str, spec: VersionSpec) -> None:
-        s = self.settings
-        config = spec.engine.apply(EngineConfig.from_settings(s))
-        supervisor = WorkerSupervisor(
-            None if spec.weights == BUNDLED else spec.weights, spec.dtype or s.dtype,
-            engine_argv(config, spec.fault_injection), s.worker_start_timeout_s,
-            RestartPolicy(s.worker_max_restarts, s.worker_restart_window_s),
-        )
-        try:
-            client = await supervisor.start(GrpcEngineClient)
-        except BaseException:
-            await supervisor.stop()
-            raise
-        assert supervisor.worker is not None
-        log.info("local worker %s/%s started (pid %d)", model_id, version, supervisor.worker.pid)
-        address = supervisor.address
-        self._add(model_id, version, address, client, supervisor)
-        supervisor.on_give_up = lambda why: self._gave_up(address, why)
-        supervisor.watch(client)
+    def sync_versions(self, declared: dict[tuple[str, str], VersionSpec]) -> None:
+        """Per-version runtimes for exactly the declared versions (after a reload)."""
+        for key in [k for k in self.versions if k not in declared]:
+            del self.versions[key]
+        for key, spec in declared.items():
+            if key not in self.versions:
+                self.versions[key] = VersionRuntime(self.tokenizer_for(spec))
 
-    def _gave_up(self, worker_id: str, why: str) -> None:
+    def gave_up(self, worker_id: str, why: str) -> None:
         self.pool.set_status(worker_id, WorkerStatus.STOPPED)
         if not any(self.pool.takes_requests(w) or w.status is WorkerStatus.STARTING
                    for w in (self.pool.get(h) for h in self.handles) if w is not None):
             if self.on_give_up is not None:
                 self.on_give_up(why)
 
-    async def stop_replicas(self, model_id: str, version: str) -> None:
-        """Stop the version's local replicas (a retired version after a rollout)."""
-        for h in [h for h in self.handles.values() if h.supervisor is not None and (h.model_id, h.version) == (model_id, version)]:
-            self.pool.set_status(h.worker_id, WorkerStatus.STOPPED)
-            del self.handles[h.worker_id]
-            self.pool.remove(h.worker_id)
-            assert h.supervisor is not None
-            await h.supervisor.stop()
-            await h.client.close()
-
-    def _tokenizer(self, spec: VersionSpec) -> Tokenizer:
+    def tokenizer_for(self, spec: VersionSpec) -> Tokenizer:
+        """The version's tokenizer (one per weights path; blocking: call it off the loop)."""
         from sluice.models.tokenizer_loader import load_tokenizer
 
         key = spec.weights
@@ -247,61 +239,35 @@ class Fleet:
                 counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """The fleet as an operator sees it (the admin API's /admin/fleet)."""
-        snapshot = self.follower.snapshot
-        models: dict[str, object] = {}
-        for model_id, model in self.registry.fleet.models.items():
-            live = snapshot.model(model_id)
-            weights = effective_weights(model, live)
-            models[model_id] = {
-                "aliases": model.aliases,
-                "fallbacks": model.fallbacks,
-                "versions": {
-                    name: {"weights": spec.weights, "traffic": weights.get(name, 0.0),
-                           "state": live.state_of(name).value, "replicas": spec.replicas, "workers": spec.workers}
-                    for name, spec in model.versions.items()
-                },
-                "rollout": live.rollout,
-            }
-        workers = []
-        for h in self.handles.values():
-            w = self.pool.get(h.worker_id)
-            if w is None:
-                continue
-            pid = h.supervisor.worker.pid if h.supervisor is not None and h.supervisor.worker is not None else None
-            workers.append({
-                "id": h.worker_id, "model": h.model_id, "version": h.version, "status": w.status.value,
-                "breaker": w.breaker.state.value, "inflight": w.inflight, "load_tokens": w.load_tokens,
-                "local": h.supervisor is not None, "pid": pid,
-                "restarts": h.supervisor.restarts if h.supervisor is not None else 0,
-            })
-        return {"models": models, "workers": workers, "routing_revision": snapshot.revision}
+        return fleet_status(self)
 
-    # -- rollouts -------------------------------------------------------------------------------
-    async def _drive_rollouts(self) -> None:
+    # -- the ticker ---------------------------------------------------------------------------
+    async def _tick_forever(self) -> None:
         while True:
-            await asyncio.sleep(TICK_S)
-            for model_id, rollout in list(self.driver.rollouts.items()):
-                try:
-                    if not self.pool.workers(model_id, rollout.target):
-                        await self.start_replicas(model_id, rollout.target)
-                    signals = RolloutSignals(
-                        self.pool.warm(model_id, rollout.target),
-                        self.pool.inflight(model_id, rollout.target),
-                        sum(self.pool.inflight(model_id, v) for v in rollout.sources),
-                    )
-                    after = await self.driver.tick(model_id, signals)
-                    if after is not None and after.phase.finished:
-                        await self._after_rollout(model_id, after.target, list(after.sources), after.phase)
-                except Exception:  # a rollout step failed: log it, the next tick tries again
-                    log.exception("rollout of %s: tick failed", model_id)
+            await asyncio.sleep(self.tick_s)
+            await self.tick()
 
-    async def _after_rollout(self, model_id: str, target: str, sources: list[str], phase: RolloutPhase) -> None:
-        """A finished rollout: stop the local replicas of what no longer takes traffic."""
-        retired = sources if phase is RolloutPhase.DONE else [target]
-        for version in retired:
-            await self.stop_replicas(model_id, version)
+    async def tick(self) -> None:
+        """Move the rollouts this gateway drives on, then reconcile the local replicas with the
+        live state (on every gateway: followers start a rollout's target and stop retired
+        versions too)."""
+        for model_id, rollout in list(self.driver.rollouts.items()):
+            try:
+                signals = RolloutSignals(
+                    self.pool.warm(model_id, rollout.target),
+                    self.pool.inflight(model_id, rollout.target),
+                    sum(self.pool.inflight(model_id, v) for v in rollout.sources),
+                )
+                await self.driver.tick(model_id, signals)
+            except Exception:  # a rollout step failed: log it, the next tick tries again
+                log.exception("rollout of %s: tick failed", model_id)
+        try:
+            await self.follower.poll_once()  # what the ticks wrote, before reconciling
+            self.replicas.reconcile()
+        except Exception:
+            log.exception("reconciling the local replicas failed")
 
     async def close(self) -> None:
         self.follower.stop()
@@ -312,6 +278,7 @@ class Fleet:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+        await self.replicas.close()
         if self.poller is not None:
             await self.poller.stop()
         for h in list(self.handles.values()):
@@ -322,6 +289,3 @@ class Fleet:
         if self.quota is not None:
             await self.quota.close()
 
-
-def _has_quotas(fleet: FleetSpec) -> bool:
-    return any(p.quota is not None for m in fleet.models.values() for p in m.tiers.values())

@@ -53,6 +53,13 @@ class WeightsKind(str, enum.Enum):
     HF_FOLDER = "hf_folder"  # config.json + *.safetensors + tokenizer files
 
 
+class WorkerChoice(str, enum.Enum):
+    AFFINITY = "affinity"  # prefix affinity under the load bound (worker_picker.py): the default
+    # every request to the next worker in turn: for prompts that share nothing, and the
+    # baseline the affinity benchmark compares against (bench/prefix_affinity.py)
+    ROUND_ROBIN = "round_robin"
+
+
 class TokenQuotaSpec(_Strict):
     tokens: int = Field(ge=1)  # prompt + output tokens per period, per tenant, for this model
     period: QuotaPeriod = Field(strict=False)
@@ -195,6 +202,7 @@ class RoutingSpec(_Strict):
     load_bound: float = Field(1.25, ge=1.0)  # affinity holds while load ≤ bound × least + slack
     load_slack_tokens: int = Field(512, ge=0)
     affinity_key_blocks: int = Field(4, ge=1)  # leading KV blocks that key prefix affinity
+    worker_choice: WorkerChoice = Field(WorkerChoice.AFFINITY, strict=False)
     max_attempts: int = Field(3, ge=1)  # dispatches of a request before it produced output
     max_migrations: int = Field(2, ge=0)  # continuations on another worker after output was streamed
     breaker: BreakerSpec = BreakerSpec()

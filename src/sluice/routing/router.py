@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 from sluice.engine.config import EngineConfig
 from sluice.routing.circuit_breaker import Outcome
 from sluice.routing.errors import ModelUnavailableError, QuotaExceededError, VersionUnavailableError
-from sluice.routing.fleet_schema import TokenQuotaSpec, VersionSpec
+from sluice.routing.fleet_schema import TokenQuotaSpec, VersionSpec, WorkerChoice
 from sluice.routing.quota import QuotaDecision, QuotaStatus, QuotaStore
 from sluice.routing.registry import Registry
 from sluice.routing.routing_state import RoutingSnapshot, VersionState, effective_weights
 from sluice.routing.version_router import choose_version, resolve_pin, version_header
-from sluice.routing.worker_picker import Pick, WorkerPicker, affinity_key, prefix_salt
+from sluice.routing.worker_picker import Candidate, Pick, PickReason, WorkerPicker, affinity_key, prefix_salt
 from sluice.routing.worker_pool import Dispatch, WorkerPool
 
 log = logging.getLogger("sluice.routing")
@@ -126,6 +126,7 @@ class FleetRouter:
         self.engine_defaults = engine_defaults or EngineConfig()
         self.quota_errors = 0
         self._last_warning = 0.0
+        self._turns: dict[str, int] = {}  # version header -> next round-robin turn
 
     async def plan(self, req: PlanRequest, cost: Cost) -> RoutePlan:
         primary = self.registry.resolve(req.model)
@@ -167,12 +168,23 @@ class FleetRouter:
                            prefix_salt(tenant, self._shares_prefix(spec)))
         tried = set(exclude)
         while cands := self.pool.candidates(plan.model_id, plan.version, tried):
-            pick = picker.pick(cands, key)
+            if fleet.worker_choice is WorkerChoice.ROUND_ROBIN:
+                pick = self._next_in_turn(plan, cands)
+            else:
+                pick = picker.pick(cands, key)
             dispatch = self.pool.begin(pick.worker_id, cost_tokens)
             if dispatch is not None:
                 return dispatch, pick
             tried.add(pick.worker_id)  # its half-open probe slot was taken meanwhile
         return None
+
+    def _next_in_turn(self, plan: RoutePlan, cands: Sequence[Candidate]) -> Pick:
+        """Round robin over the version's candidates (by worker id, so the turn is stable while
+        workers come and go); a per-gateway counter, deliberately blind to prefixes and load."""
+        turn = self._turns.get(plan.version_header, 0)
+        self._turns[plan.version_header] = turn + 1
+        ordered = sorted(cands, key=lambda c: c.worker_id)
+        return Pick(ordered[turn % len(ordered)].worker_id, PickReason.ROUND_ROBIN, 0)
 
     def finish_dispatch(self, dispatch: Dispatch, outcome: Outcome) -> None:
         self.pool.finish(dispatch, outcome)

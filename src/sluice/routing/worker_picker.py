@@ -43,6 +43,7 @@ class PickReason(str, enum.Enum):
     AFFINITY = "affinity"  # the prefix's first-choice worker
     SPILL = "spill"  # a later worker in the prefix's order: the earlier ones were over the bound
     LEAST_LOADED = "least_loaded"  # no prefix key (the prompt is shorter than one block)
+    ROUND_ROBIN = "round_robin"  # `worker_choice = "round_robin"`: the next worker in turn
 
 
 @dataclass(slots=True, frozen=True)

@@ -99,6 +99,12 @@ async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[Ge
         with CancelScope(shield=True):  # accounting survives the response's cancellation
             plan = attempted.plan
             await fleet.router.settle(plan, len(request.prompt_token_ids) + output_tokens)
-            if final is not None or failed:  # a client that left says nothing about the version
+            # a rollout's target is judged once per request: failed if any attempt on it failed
+            # (even when a retry on another version rescued the request), else by the end
+            judged = set(attempted.failed)
+            for model_id, version in judged:
+                await fleet.driver.observe(model_id, version, False)
+            if (final is not None or failed) and (plan.model_id, plan.version) not in judged:
+                # a client that left says nothing about the version
                 ok = final is not None and final.finish_reason is not FinishReason.ERROR
                 await fleet.driver.observe(plan.model_id, plan.version, ok, None if first is None else first - started)

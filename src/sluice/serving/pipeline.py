@@ -63,12 +63,15 @@ class Prepared:
 
     @property
     def headers(self) -> dict[str, str]:
-        """Which version serves the request, and whether a fallback does (docs/FLEET.md)."""
-        out = {VERSION_HEADER: self.plan.version_header}
-        if self.plan.fallback_from is not None:
-            out[FALLBACK_HEADER] = self.plan.fallback_from
-        if self.plan.soft_exceeded:
-            out[QUOTA_WARNING_HEADER] = ", ".join(self.plan.soft_exceeded)
+        """Which version serves the request, and whether a fallback does (docs/FLEET.md): the
+        latest plan, so a reply sent after a retry moved to another version names that one (a
+        stream's headers go out when it opens, before any retry)."""
+        plan = self.planner.current or self.plan
+        out = {VERSION_HEADER: plan.version_header}
+        if plan.fallback_from is not None:
+            out[FALLBACK_HEADER] = plan.fallback_from
+        if plan.soft_exceeded:
+            out[QUOTA_WARNING_HEADER] = ", ".join(plan.soft_exceeded)
         return out
 
 

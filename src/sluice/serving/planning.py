@@ -44,6 +44,9 @@ class Planner:
     fleet: Fleet
     request: ServingRequest
     _priced: dict[int, Priced] = field(default_factory=dict)  # id(tokenizer) -> priced request
+    # the latest plan: a retry that found no worker left in its version is planned again
+    # (another version, a fallback), and a response whose headers are not sent yet names that
+    current: RoutePlan | None = None
 
     def plan_request(self, exclude: Collection[str] = ()) -> PlanRequest:
         r, p = self.request, self.request.principal
@@ -76,6 +79,7 @@ class Planner:
             raise ServingError(ErrorKind.RATE_LIMITED, str(exc), retry_after_s=exc.retry_after_s) from None
         except ModelUnavailableError as exc:
             raise ServingError(ErrorKind.OVERLOADED, str(exc), retry_after_s=2) from None
+        self.current = plan
         return plan, self._priced[id(self.fleet.version(plan.model_id, plan.version).tokenizer)]
 
     async def replan(self, old: RoutePlan, tried: set[str]) -> tuple[RoutePlan, GenerationRequest]:

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Failover under load: kill -9 a worker while streams run on it, and measure what the streams
+that migrated to the other worker paid.
+
+One `sluice serve` with a fleet of two local replicas of the bundled model. Each round starts
+--streams concurrent greedy streams (distinct prompts, max_tokens --max-tokens); once every
+stream has sent --kill-after deltas, the worker with the most requests in flight is killed
+(SIGKILL). The gateway's log names every migrated request (`request msg_…: worker … lost after
+N output tokens …; migrating`). For each migrated stream the extra latency is its largest gap
+between two deltas minus the median delta gap of the streams that did not migrate in the same
+round (the continuation re-prefills prompt + tokens so far on the other worker, next to that
+worker's own streams). Lost = a stream that did not end with message_stop or carried an error.
+Between rounds the supervisor restarts the killed worker and the script waits until both are
+warm again.
+
+    .venv/bin/python bench/failover.py [--rounds 5] [--streams 6] [--max-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.fleet_common import ADMIN, MODEL, fleet_status, load_average, pct, stream, wait_warm  # noqa: E402
+from tests.server_process import start_server  # noqa: E402
+
+TOPICS = ["a lighthouse", "the tide", "a fishing boat", "gulls", "a storm", "the harbour", "a map", "sand",
+          "a lantern", "the reef", "whales", "a sailor"]
+MIGRATED = re.compile(r"request (msg_\w+): worker \S+ lost after (\d+) output tokens")
+RETRIED = re.compile(r"request (msg_\w+): worker \S+ failed before any output")
+
+
+def fleet_file() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="sluice-bench-")) / "fleet.toml"
+    path.write_text(f'[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 100\nreplicas = 2\n'
+                    f'[models."{MODEL}".versions.v1.engine]\nkv_cache_gib = 0.25\nmax_num_seqs = 16\n')
+    return path
+
+
+async def one_round(url: str, r: int, streams: int, max_tokens: int, kill_after: float) -> tuple[list, int]:
+    """Start the streams, wait until all run on a worker, stream `kill_after` s, kill -9 the
+    busiest worker; returns the replies and how many streams were on it."""
+    def body(i: int) -> dict:
+        topic = TOPICS[(r * streams + i) % len(TOPICS)]
+        return {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
+                "messages": [{"role": "user", "content": f"Round {r}: tell a long story about {topic}."}]}
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=streams + 4)) as client:
+        tasks = [asyncio.ensure_future(stream(client, url, body(i))) for i in range(streams)]
+        while not all(t.done() for t in tasks):
+            workers = (await asyncio.to_thread(fleet_status, url))["workers"]
+            if sum(w["inflight"] for w in workers) >= streams:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(kill_after)
+        busy = [w for w in (await asyncio.to_thread(fleet_status, url))["workers"] if w["inflight"] > 0 and w["pid"]]
+        victim = max(busy, key=lambda w: w["inflight"]) if busy else None
+        if victim is not None:
+            os.kill(victim["pid"], signal.SIGKILL)
+        replies = await asyncio.gather(*tasks)
+    return replies, victim["inflight"] if victim else 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--streams", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--kill-after", type=float, default=1.0, help="seconds of streaming before the kill (default 1)")
+    args = ap.parse_args()
+    proc = start_server(["--fleet", str(fleet_file())], env={"SLUICE_ADMIN_KEY": ADMIN}, timeout=600)
+    extra: list[float] = []
+    lost = migrated_total = 0
+    per_round = []
+    try:
+        wait_warm(proc.base_url, 2)
+        load0 = load_average()
+        for r in range(args.rounds):
+            wait_warm(proc.base_url, 2)
+            replies, on_victim = asyncio.run(one_round(proc.base_url, r, args.streams, args.max_tokens, args.kill_after))
+            migrated = {m.group(1) for m in MIGRATED.finditer(proc.log())}
+            retried = {m.group(1) for m in RETRIED.finditer(proc.log())}
+            lost += sum(1 for x in replies if not x.ok)
+            moved = [x for x in replies if x.message_id in migrated and x.ok]
+            stayed = [x for x in replies if x.message_id not in migrated and x.ok and len(x.deltas) > 1]
+            gaps = [b - a for x in stayed for a, b in zip(x.deltas, x.deltas[1:])]
+            typical = statistics.median(gaps) if gaps else 0.0
+            round_extra = [max(b - a for a, b in zip(x.deltas, x.deltas[1:])) - typical for x in moved if len(x.deltas) > 1]
+            extra += round_extra
+            migrated_total += len(moved)
+            per_round.append({"on_killed_worker": on_victim, "migrated": len(moved),
+                              "retried_before_output": sum(1 for x in replies if x.message_id in retried),
+                              "median_delta_gap_ms": round(1000 * typical, 1),
+                              "extra_ms": [round(1000 * e) for e in round_extra]})
+        result = {"rounds": per_round, "migrated_streams": migrated_total, "lost_streams": lost,
+                  "extra_latency_p50_ms": 1000 * pct(extra, 0.5), "extra_latency_p99_ms": 1000 * pct(extra, 0.99),
+                  "load_average": [round(load0, 1), round(load_average(), 1)]}
+        print(json.dumps(result))
+    finally:
+        proc.stop()
+
+
+if __name__ == "__main__":
+    main()
