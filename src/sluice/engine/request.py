@@ -11,6 +11,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from sluice.models.grammar.matcher import GrammarMatcher
 from sluice.types import FinishReason, GenerationRequest, SamplingParams
 
 _sequence = itertools.count()
@@ -42,6 +43,7 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
     seq_no: int = field(default_factory=lambda: next(_sequence))  # FIFO tie-break, stable across preemption
+    grammar: GrammarMatcher | None = None  # constrained decoding: the allowed next tokens
 
     @classmethod
     def from_generation_request(cls, req: GenerationRequest, seed: int) -> "Request":
