@@ -65,10 +65,11 @@ def render_turns(
             continue
         results = [fmt.render_result(p.content, p.is_error) for p in turn.parts if isinstance(p, ToolResult)]
         texts = [p for p in turn.parts if isinstance(p, str)]
-        if results and fmt.result_role is not turn.role:
+        if results and fmt.result_role is not turn.role:  # results get their own turn
             out.append({"role": fmt.result_role.value, "content": "\n".join(results)})
-            results = []
+            if texts:
+                out.append({"role": turn.role.value, "content": "\n\n".join(texts)})
+            continue
         body = "\n".join(results) + ("\n\n" if results and texts else "") + "\n\n".join(texts)
-        if body or not results:
-            out.append({"role": turn.role.value, "content": body})
+        out.append({"role": turn.role.value, "content": body})
     return out
