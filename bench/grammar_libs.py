@@ -8,6 +8,7 @@ What it measures, per library (each phase interleaved between the two, several r
 - per-step mask cost with 8 and 32 rows: fill every row's bitmask, then advance each matcher by
   one allowed token (the engine does both once per decode step).
 
+A readable table goes to stderr, one JSON line with every figure to stdout.
 Needs both libraries importable (it was run with them installed into scratch folders, see
 docs/ENGINE.md "Constrained decoding"). Usage:
     PYTHONPATH=src:<xgrammar dir>:<llguidance dir> python bench/grammar_libs.py [--rounds 5]
@@ -19,6 +20,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
@@ -73,6 +75,10 @@ PROBES: dict[str, dict[str, Any]] = {
     "if/then/else": {"type": "object", "properties": {"a": {"type": "integer"}}, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
     "dependentRequired": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}},
 }
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 # -- adapters: the same four operations on each library ---------------------------------------
@@ -198,17 +204,25 @@ def coverage(lib: Lib, vocab: int, eos: int, decode: Callable, walks: int = 12) 
         except Exception as exc:  # noqa: BLE001 - we report the library's message
             res[name] = "error: " + str(exc).splitlines()[0][:70]
             continue
-        bad = done = 0
+        bad_json = bad_schema = done = 0
         for _ in range(walks):
             text = random_walk(lib, compiled, vocab, eos, rng, decode)
             if text is None:
                 continue
             done += 1
             try:
-                jsonschema.validate(json.loads(text), schema)
-            except Exception:  # noqa: BLE001 - invalid JSON or a schema violation
-                bad += 1
-        res[name] = f"IGNORED ({bad}/{done} invalid)" if bad else f"enforced ({done} walks)"
+                value = json.loads(text)
+            except ValueError:
+                bad_json += 1
+                continue
+            try:
+                jsonschema.validate(value, schema)
+            except jsonschema.ValidationError:
+                bad_schema += 1
+        if bad_json or bad_schema:
+            res[name] = f"IGNORED ({bad_schema} schema-invalid, {bad_json} not JSON, of {done})"
+        else:
+            res[name] = f"enforced ({done} walks)"
     return res
 
 
@@ -262,18 +276,23 @@ def main() -> None:
     global SHORT
     SHORT = torch.tensor([len(decode([t])) <= 1 for t in range(vocab)])
     libs: list[Lib] = [XGrammar(tok, eos), LLGuidance(tok, eos)]
-    print("== JSON-schema coverage (probe: result)")
+    log("== JSON-schema coverage (probe: result)")
     cov = {lib.name: coverage(lib, vocab, eos[0], decode) for lib in libs}
     for probe in PROBES:
-        print(f"  {probe:30s} " + " | ".join(f"{lib.name}: {cov[lib.name][probe]}" for lib in libs))
-    print("== compile (tool schema), median of", args.rounds)
+        log(f"  {probe:30s} " + " | ".join(f"{lib.name}: {cov[lib.name][probe]}" for lib in libs))
+    result: dict[str, Any] = {"coverage": cov, "compile_ms": {}, "step_ms": {}}
+    log(f"== compile (tool schema), median of {args.rounds}")
     for lib in libs:
         cold, cached = compile_times(lib, args.rounds)
-        print(f"  {lib.name:18s} cold {cold * 1e3:8.2f} ms   cached {cached * 1e3:8.3f} ms")
-    print("== per-step mask fill + advance, median of", args.steps, "steps (interleaved)")
+        result["compile_ms"][lib.name] = {"cold": cold * 1e3, "cached": cached * 1e3}
+        log(f"  {lib.name:18s} cold {cold * 1e3:8.2f} ms   cached {cached * 1e3:8.3f} ms")
+    log(f"== per-step mask fill + advance, median of {args.steps} steps")
     for rows in (8, 32):
         for lib in libs:
-            print(f"  {lib.name:18s} rows {rows:2d}: {step_cost(lib, rows, args.steps, vocab, eos[0]) * 1e3:7.3f} ms/step")
+            ms = step_cost(lib, rows, args.steps, vocab, eos[0]) * 1e3
+            result["step_ms"][f"{lib.name} rows {rows}"] = ms
+            log(f"  {lib.name:18s} rows {rows:2d}: {ms:7.3f} ms/step")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -185,3 +185,28 @@ def test_unsupported_schema_is_refused_before_queueing_naming_the_keyword(bundle
     assert "bad" not in engine.requests and not engine.has_unfinished()
     with pytest.raises(InvalidRequestError, match="objekt"):
         engine.add_request(GenerationRequest("bad2", _chat(bundled, "hi"), SamplingParams(guided=json_schema_guidance({"type": "objekt"}))))
+
+
+def test_async_front_streams_a_constrained_reply_and_refuses_a_bad_one(bundled):
+    import asyncio
+
+    from sluice.engine.async_engine import AsyncEngine
+
+    front = AsyncEngine(LLMEngine(bundled, EngineConfig(num_kv_blocks=256))).start()
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+
+    async def main() -> list:
+        req = GenerationRequest("a1", _chat(bundled, "Capital of France, as JSON."), SamplingParams(max_tokens=40, temperature=0.0, guided=json_schema_guidance(schema)))
+        events = [ev async for ev in front.generate(req)]
+        bad = GenerationRequest("a2", _chat(bundled, "hi"), SamplingParams(guided=json_schema_guidance({"type": "object", "not": {}})))
+        with pytest.raises(InvalidRequestError, match="'not'"):
+            async for _ in front.generate(bad):
+                pass
+        return events
+
+    try:
+        events = asyncio.run(main())
+    finally:
+        front.shutdown()
+    assert events[-1].finish_reason is FinishReason.EOS
+    jsonschema.validate(json.loads("".join(e.text for e in events)), schema)

@@ -207,3 +207,15 @@ def test_call_syntax_matches_json_dumps_layout():
     syntax: CallSyntax = HERMES.call_syntax()
     rendered = HERMES.render_call(ToolCall("x", "get_weather", {"city": "Oslo"}))
     assert rendered == syntax.begin + "get_weather" + syntax.middle + json.dumps({"city": "Oslo"}) + syntax.end
+
+
+def test_output_schema_with_tools_allows_its_json_or_a_call_but_not_free_text(compiler):
+    comp, tok = compiler
+    spec = tool_guidance([WEATHER], ToolChoice(), HERMES, {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]})
+    json_reply = comp.matcher(spec)
+    _feed(json_reply, tok, '{"answer": "it rains"}')
+    assert json_reply.is_stopped
+    call = comp.matcher(spec)
+    _feed(call, tok, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    free = comp.matcher(spec)
+    assert not all(free.accept(t) for t in tok.encode("It rains."))

@@ -5,7 +5,7 @@ Backed by llguidance (docs/ENGINE.md "Constrained decoding" says why it, not xgr
 cache keeps one fresh matcher per spec, and a request starts from a `deep_copy()` of it
 (measured: under a microsecond, vs ~1 ms and up to hundreds of ms for a large grammar), so a
 schema is compiled once however many requests use it. The cache is an LRU of `cache_size`
-specs; it is shared by the caller thread (validate before queueing) and the engine thread
+specs; it is shared by the caller's threads (validate before queueing) and the engine thread
 (matcher at admission), hence the lock.
 
 The tokenizer view (`LLTokenizer`, ~1 s to build for a 49k vocabulary) is built on first use,
@@ -127,14 +127,16 @@ class GrammarCompiler:
         self._eos = list(eos_token_ids)
         self._cache_size = cache_size
         self._cache: OrderedDict[GuidedDecoding, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache and the stats
+        self._tokenizer_lock = threading.Lock()
         self._tokenizer: Any | None = None
         self.stats = CompilerStats()
 
     def _llg_tokenizer(self) -> Any:
-        if self._tokenizer is None:  # under self._lock
-            self._tokenizer = llguidance.LLTokenizer(self._backend.to_str(), n_vocab=self.vocab_size, eos_token=self._eos)
-        return self._tokenizer
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.LLTokenizer(self._backend.to_str(), n_vocab=self.vocab_size, eos_token=self._eos)
+            return self._tokenizer
 
     def _template(self, spec: GuidedDecoding) -> Any:
         with self._lock:
@@ -143,18 +145,22 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
                 self.stats.hits += 1
                 return template
-            _require_library()
-            started = time.perf_counter()
-            tokenizer = self._llg_tokenizer()
-            template = llguidance.LLMatcher(tokenizer, grammar_text(spec, tokenizer), log_level=0)
-            if template.is_error():
-                raise InvalidRequestError(f"constrained decoding: {template.get_error()}")
+        # Compile outside the cache lock: a long compile (the library releases the GIL while
+        # it builds) must not hold up the engine thread's cache hits. Two threads compiling the
+        # same new spec at once both succeed; one result is kept.
+        _require_library()
+        started = time.perf_counter()
+        tokenizer = self._llg_tokenizer()
+        template = llguidance.LLMatcher(tokenizer, grammar_text(spec, tokenizer), log_level=0)
+        if template.is_error():
+            raise InvalidRequestError(f"constrained decoding: {template.get_error()}")
+        with self._lock:
             self.stats.compile_seconds += time.perf_counter() - started
             self.stats.compiles += 1
             self._cache[spec] = template
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-            return template
+        return template
 
     def validate(self, spec: GuidedDecoding) -> None:
         """Compile (or find) `spec`'s grammar; raises InvalidRequestError naming the problem."""

@@ -75,9 +75,8 @@ def tool_calls_grammar(spec: GuidedDecoding, schemas: dict[str, Any]) -> str:
     more = _repeat("(SEP call)", max(0, spec.min_calls - 1), more_high)
     alternatives = []
     if spec.allow_text:
-        text = inline_json(schemas[TEXT_SCHEMA]) if spec.schema else "TEXT"
-        lines.append(f"text: {text}")
         if spec.min_calls == 0:
+            lines.append("text: " + (inline_json(schemas[TEXT_SCHEMA]) if spec.schema else "TEXT"))
             alternatives.append("text")
         if not spec.schema:
             # Free text, then the calls: `head` is lazy, so it ends at the first trigger.
