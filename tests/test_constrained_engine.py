@@ -210,3 +210,21 @@ def test_async_front_streams_a_constrained_reply_and_refuses_a_bad_one(bundled):
         front.shutdown()
     assert events[-1].finish_reason is FinishReason.EOS
     jsonschema.validate(json.loads("".join(e.text for e in events)), schema)
+
+
+def test_a_resumed_constrained_generation_continues_its_grammar(bundled, engine):
+    """Mid-stream failover: another worker's first tokens come back as resumed_output_ids; the
+    grammar state is rebuilt from them and the reply ends exactly as the uninterrupted one."""
+    schema = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 3, "maxItems": 3}}, "required": ["fruits"]}
+    prompt = _chat(bundled, "Three fruits, as JSON.")
+    params = SamplingParams(max_tokens=60, temperature=0.0, guided=json_schema_guidance(schema))
+    whole = engine.generate([GenerationRequest("whole", prompt, params)])["whole"]
+    assert whole.finish_reason is FinishReason.EOS and len(whole.token_ids) > 8
+    head = whole.token_ids[:6]
+    head_text = bundled.tokenizer.decode(head)
+    resumed = engine.generate([GenerationRequest("resumed", prompt, params, resumed_output_ids=head, resumed_text_chars=len(head_text))])["resumed"]
+    assert head + resumed.token_ids == whole.token_ids
+    assert head_text + resumed.text == whole.text
+    jsonschema.validate(json.loads(whole.text), schema)
+    with pytest.raises(InvalidRequestError, match="does not follow the request's grammar"):
+        engine.add_request(GenerationRequest("off", prompt, params, resumed_output_ids=bundled.tokenizer.encode("Hello")))

@@ -85,6 +85,9 @@ class LLMEngine:
         request = Request.from_generation_request(req, seed)
         if req.sampling.guided is not None:
             request.grammar = self.grammars.matcher(req.sampling.guided)
+            # a resumed generation's grammar state is its outputs so far, replayed
+            if not request.grammar.sync(request.output_token_ids):
+                raise InvalidRequestError("the resumed output does not follow the request's grammar")
         self.requests[req.request_id] = request
         detok = IncrementalDetokenizer(self.tokenizer.backend, req.sampling.stop, prompt_tail=req.prompt_token_ids[-4:])
         if req.resumed_output_ids:  # continue the text exactly where the other worker was

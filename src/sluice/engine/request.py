@@ -10,9 +10,12 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from sluice.models.grammar.matcher import GrammarMatcher
 from sluice.types import FinishReason, GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:  # no torch for whoever only needs the request's shape (routing, config)
+    from sluice.models.grammar.matcher import GrammarMatcher
 
 _sequence = itertools.count()
 

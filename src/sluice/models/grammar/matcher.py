@@ -7,9 +7,10 @@ state holds the parser's stacks) and `sync` replays its outputs when it is next 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch only for the annotation: engine/request.py (and so routing) imports this
+    import torch
 
 
 class GrammarMatcher:
