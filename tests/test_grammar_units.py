@@ -201,6 +201,17 @@ def test_masks_touch_only_constrained_rows(compiler):
     assert torch.equal(logits[2][list(allowed)], original[2][list(allowed)])
 
 
+def test_the_device_path_masks_like_the_cpu_path():
+    from sluice.models.grammar.bitmask import mask_rows_numpy, mask_rows_torch
+
+    forbidden = torch.rand(2, 1000) < 0.7
+    a = torch.randn(5, 1000)
+    b = a.clone()
+    mask_rows_numpy(a, [1, 3], forbidden)
+    mask_rows_torch(b, [1, 3], forbidden)
+    assert torch.equal(a, b) and torch.isinf(a[1][forbidden[0]]).all() and torch.isfinite(a[0]).all()
+
+
 def test_call_syntax_matches_json_dumps_layout():
     from sluice.models.tools.spec import ToolCall
 

@@ -48,7 +48,7 @@ def test_tools_calls_and_results_are_rendered_into_plain_turns():
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
     assert msgs[0]["content"].startswith("Be brief.\n\n# Tools")
     assert json.dumps({"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER.input_schema}}) in msgs[0]["content"]
-    assert msgs[2]["content"] == 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert msgs[2]["content"] == 'Checking.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     assert msgs[3]["content"] == "<tool_response>\nrain, 4 C\n</tool_response>\n\nAnd tomorrow?"
 
 
@@ -137,3 +137,14 @@ def test_random_text_around_calls_keeps_its_content():
         text = " ".join(rng.choice(words) for _ in range(12))
         got = _text(_parse(text, [rng.randint(1, 7)]))
         assert got == text.rstrip()  # trailing whitespace is layout (it may precede a call)
+
+
+def test_part_by_part_rendering_gives_the_same_text():
+    from sluice.models.tools.render import PART_JOIN, part_text, system_text
+
+    call = ToolCall("toolu_1", "get_weather", {"city": "Oslo"})
+    turns = [ChatTurn(Role.USER, ["Oslo?"]), ChatTurn(Role.ASSISTANT, ["Checking.", call]), ChatTurn(Role.USER, [ToolResult("toolu_1", "rain")])]
+    whole = render_turns(turns, [WEATHER], HERMES, system="Be brief.")
+    by_part = [{"role": "system", "content": system_text("Be brief.", [WEATHER], HERMES)}]
+    by_part += [{"role": t.role.value, "content": PART_JOIN.join(part_text(p, HERMES) for p in t.parts)} for t in turns]
+    assert whole == by_part

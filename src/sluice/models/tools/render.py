@@ -1,13 +1,18 @@
-"""Chat turns with tools, calls and results → [{role, content}] for the model's chat template.
+"""Chat turns with tools, calls and results → plain text turns for the model's chat template.
 
-Tool support lives in the text, not the template: the tool list joins the system prompt, an
-assistant turn's calls are appended to its text in the family's call spelling, tool results
-become the family's result blocks in a `result_role` turn. Any ChatML-style template (the
-bundled SmolLM2's included) then renders plain role/content turns.
+Tool support lives in the text, not the template: the tool list joins the system prompt, a
+tool call is its family's call spelling, a tool result its family's result block. Any
+ChatML-style template (the bundled SmolLM2's included) then renders plain role/content turns.
 
-Checks (both wire formats require them, so they are made here once): every tool result answers
-a call of the assistant turn right before it, and every call of an assistant turn is answered in
-the next turn (unless that assistant turn ends the conversation, a prefill).
+Two ways in, the same text out:
+- `render_turns` does a whole conversation (→ `[{role, content}]` for `Tokenizer.render_chat`);
+- `part_text` + `system_text` do it part by part, for a caller that keeps its own per-part
+  structure (the serving layer's Conversation, with cache markers per part). Parts of one turn
+  are joined with a blank line, the serving layer's rule.
+
+`check_tool_pairs` is the check both wire formats require: every tool result answers a call of
+the assistant turn right before it, and every call of an assistant turn is answered in the next
+turn (unless that assistant turn ends the conversation, a prefill).
 """
 
 from __future__ import annotations
@@ -16,60 +21,64 @@ from collections.abc import Sequence
 
 from sluice.errors import InvalidRequestError
 from sluice.models.tools.format import ToolFormat
-from sluice.models.tools.spec import ChatTurn, Role, ToolCall, ToolResult, ToolSpec
+from sluice.models.tools.spec import ChatTurn, Part, Role, ToolCall, ToolResult, ToolSpec
+
+PART_JOIN = "\n\n"
 
 
-def _check_pairs(turns: Sequence[ChatTurn]) -> None:
-    pending: dict[str, str] = {}  # tool_use id → name, from the previous assistant turn
+def check_tool_pairs(turns: Sequence[ChatTurn]) -> None:
+    """Raise InvalidRequestError for an unanswered call or a result without its call."""
+    pending: set[str] = set()  # tool_use ids of the previous assistant turn
     for i, turn in enumerate(turns):
-        results = [p for p in turn.parts if isinstance(p, ToolResult)]
-        for r in results:
-            if r.tool_use_id not in pending:
-                raise InvalidRequestError(
-                    f"messages.{i}: tool_result for tool_use id {r.tool_use_id!r}, which the previous "
-                    "assistant turn does not contain"
-                )
-        if pending and turn.role is not Role.ASSISTANT:
-            missing = sorted(set(pending) - {r.tool_use_id for r in results})
-            if missing:
-                raise InvalidRequestError(
-                    f"messages.{i}: tool_use ids were found without tool_result blocks immediately after: "
-                    + ", ".join(missing)
-                )
+        answered = {p.tool_use_id for p in turn.parts if isinstance(p, ToolResult)}
+        stray = sorted(answered - pending)
+        if stray:
+            raise InvalidRequestError(
+                f"messages.{i}: tool_result for tool_use id {stray[0]!r}, which the previous assistant turn does not contain"
+            )
+        if pending and turn.role is not Role.ASSISTANT and pending - answered:
+            raise InvalidRequestError(
+                f"messages.{i}: tool_use ids were found without tool_result blocks immediately after: "
+                + ", ".join(sorted(pending - answered))
+            )
         if turn.role is Role.ASSISTANT:
-            pending = {p.id: p.name for p in turn.parts if isinstance(p, ToolCall)}
+            pending = {p.id for p in turn.parts if isinstance(p, ToolCall)}
         elif turn.role is Role.USER:
-            pending = {}
+            pending = set()
 
 
-def _assistant_text(turn: ChatTurn, fmt: ToolFormat) -> str:
-    texts = [p for p in turn.parts if isinstance(p, str)]
-    calls = [fmt.render_call(p) for p in turn.parts if isinstance(p, ToolCall)]
-    head = "\n\n".join(texts)
-    tail = fmt.call_separator.join(calls)
-    return head + ("\n" if head and tail else "") + tail
+def part_text(part: Part, fmt: ToolFormat) -> str:
+    """One part as prompt text: text as is, a call in the family's call spelling, a result as
+    the family's result block."""
+    if isinstance(part, ToolCall):
+        return fmt.render_call(part)
+    if isinstance(part, ToolResult):
+        return fmt.render_result(part.content, part.is_error)
+    return part
+
+
+def system_text(system: str, tools: Sequence[ToolSpec], fmt: ToolFormat) -> str:
+    """The system prompt with the tool list (the family's preamble) after it."""
+    return PART_JOIN.join(s for s in (system, fmt.render_tools(list(tools)) if tools else "") if s)
 
 
 def render_turns(
     turns: Sequence[ChatTurn], tools: Sequence[ToolSpec], fmt: ToolFormat, system: str = ""
 ) -> list[dict[str, str]]:
-    """The template's input: the system prompt (+ the tool list), then each turn as text."""
-    _check_pairs(turns)
+    """The template's input: the system prompt (+ the tool list), then each turn as text.
+    Results move to a turn of `fmt.result_role` when that differs from the turn's own role."""
+    check_tool_pairs(turns)
     out: list[dict[str, str]] = []
-    system_text = "\n\n".join(s for s in (system, fmt.render_tools(list(tools)) if tools else "") if s)
-    if system_text:
-        out.append({"role": Role.SYSTEM.value, "content": system_text})
+    head = system_text(system, tools, fmt)
+    if head:
+        out.append({"role": Role.SYSTEM.value, "content": head})
     for turn in turns:
-        if turn.role is Role.ASSISTANT:
-            out.append({"role": Role.ASSISTANT.value, "content": _assistant_text(turn, fmt)})
+        results = [p for p in turn.parts if isinstance(p, ToolResult)]
+        if results and fmt.result_role is not turn.role:
+            out.append({"role": fmt.result_role.value, "content": PART_JOIN.join(part_text(p, fmt) for p in results)})
+            rest = [p for p in turn.parts if not isinstance(p, ToolResult)]
+            if rest:
+                out.append({"role": turn.role.value, "content": PART_JOIN.join(part_text(p, fmt) for p in rest)})
             continue
-        results = [fmt.render_result(p.content, p.is_error) for p in turn.parts if isinstance(p, ToolResult)]
-        texts = [p for p in turn.parts if isinstance(p, str)]
-        if results and fmt.result_role is not turn.role:  # results get their own turn
-            out.append({"role": fmt.result_role.value, "content": "\n".join(results)})
-            if texts:
-                out.append({"role": turn.role.value, "content": "\n\n".join(texts)})
-            continue
-        body = "\n".join(results) + ("\n\n" if results and texts else "") + "\n\n".join(texts)
-        out.append({"role": turn.role.value, "content": body})
+        out.append({"role": turn.role.value, "content": PART_JOIN.join(part_text(p, fmt) for p in turn.parts)})
     return out
