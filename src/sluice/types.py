@@ -97,7 +97,8 @@ class GuidedDecoding:
             return
         if self.calls is None or not self.calls.trigger or not self.calls.begin.startswith(self.calls.trigger):
             raise InvalidRequestError("guided decoding: tool calls need a call syntax whose begin starts with its trigger")
-        if self.min_calls < 0 or (self.max_calls is not None and not self.min_calls <= self.max_calls):
+        high = self.min_calls if self.max_calls is None else self.max_calls
+        if not 0 <= self.min_calls <= high <= INT32_MAX:  # int32 on the worker protocol
             raise InvalidRequestError(f"guided decoding: bad call bounds {self.min_calls}..{self.max_calls}")
         if self.max_calls != 0 and not self.tools:
             raise InvalidRequestError("guided decoding: tool calls are allowed but no tool is given")
