@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -16,6 +17,9 @@ from sluice.errors import InvalidRequestError
 # what the worker protocol (worker/proto/engine.proto) can carry
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Both wire formats restrict tool names to this; the grammar relies on it (a name needs no
+# escaping inside the call's JSON string).
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 class FinishReason(str, enum.Enum):
@@ -27,6 +31,85 @@ class FinishReason(str, enum.Enum):
     CONTEXT = "context"  # the context window is full
     ABORT = "abort"  # cancelled by the caller (disconnect, kill, shutdown)
     ERROR = "error"  # the engine failed this request
+
+
+class GuidedKind(str, enum.Enum):
+    """What a grammar-constrained reply must be (see `GuidedDecoding`)."""
+
+    JSON_SCHEMA = "json_schema"  # one JSON value that validates against `schema`
+    JSON_OBJECT = "json_object"  # any JSON object
+    TOOL_CALLS = "tool_calls"  # text and/or tool calls spelled in `calls`' format
+
+
+@dataclass(slots=True, frozen=True)
+class ToolGrammar:
+    """One callable tool as the grammar sees it: its name and its arguments' schema.
+
+    `schema` is JSON text ("" = any JSON object). `strict`: a schema the decoder cannot enforce
+    is an error; otherwise such a tool falls back to "any JSON object" (best effort, like a
+    non-strict tool upstream).
+    """
+
+    name: str
+    schema: str = ""
+    strict: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class CallSyntax:
+    """How one tool call is spelled in the model's output (set by the model family's tool format):
+    `begin` + name + `middle` + arguments JSON + `end`, calls joined by `separator`. Free text
+    never contains `trigger`; once the model writes it, the rest of the call is forced."""
+
+    trigger: str
+    begin: str
+    middle: str
+    end: str
+    separator: str = "\n"
+
+
+@dataclass(slots=True, frozen=True)
+class GuidedDecoding:
+    """A per-request grammar, wire-neutral: the engine compiles it into a token mask.
+
+    JSON_SCHEMA: `schema` (JSON text; key order is generation order). TOOL_CALLS: `tools` in
+    `calls`' spelling; `allow_text` lets free text come first or instead (tool_choice auto; the
+    text is `schema`-shaped JSON when `schema` is set), `min_calls`/`max_calls` bound the number
+    of calls (any / named tool: 1..; disable_parallel_tool_use: max 1; tool_choice none: max 0).
+    Frozen and hashable: it is the key of the engine's compiled-grammar cache.
+    """
+
+    kind: GuidedKind
+    schema: str = ""
+    tools: tuple[ToolGrammar, ...] = ()
+    calls: CallSyntax | None = None
+    allow_text: bool = True
+    min_calls: int = 0
+    max_calls: int | None = None  # None: unbounded
+
+    def validate(self) -> None:
+        """The structural checks (no grammar library needed); the engine checks the schemas."""
+        if not isinstance(self.kind, GuidedKind):
+            raise InvalidRequestError(f"guided decoding: unknown kind {self.kind!r}")
+        if self.kind is GuidedKind.JSON_SCHEMA and not self.schema:
+            raise InvalidRequestError("guided decoding: a json_schema grammar needs a schema")
+        if self.kind is not GuidedKind.TOOL_CALLS:
+            return
+        if self.calls is None or not self.calls.trigger or not self.calls.begin.startswith(self.calls.trigger):
+            raise InvalidRequestError("guided decoding: tool calls need a call syntax whose begin starts with its trigger")
+        high = self.min_calls if self.max_calls is None else self.max_calls
+        if not 0 <= self.min_calls <= high <= INT32_MAX:  # int32 on the worker protocol
+            raise InvalidRequestError(f"guided decoding: bad call bounds {self.min_calls}..{self.max_calls}")
+        if self.max_calls != 0 and not self.tools:
+            raise InvalidRequestError("guided decoding: tool calls are allowed but no tool is given")
+        if not self.allow_text and self.min_calls < 1:
+            raise InvalidRequestError("guided decoding: a reply with neither text nor a call is empty")
+        names = [t.name for t in self.tools]
+        bad = next((n for n in names if not TOOL_NAME.fullmatch(n)), None)
+        if bad is not None:
+            raise InvalidRequestError(f"tool name {bad!r} must match {TOOL_NAME.pattern}")
+        if len(set(names)) != len(names):
+            raise InvalidRequestError("tool names must be unique")
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,6 +129,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    guided: GuidedDecoding | None = None  # grammar-constrained decoding (JSON, tool calls)
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field. Also bounds every value to what
@@ -65,6 +149,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop sequences must be non-empty strings")
+        if self.guided is not None:
+            self.guided.validate()
 
     @property
     def greedy(self) -> bool:

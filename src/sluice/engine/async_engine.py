@@ -89,7 +89,11 @@ class AsyncEngine:
         that falls behind (a slow network writer) catches up in one message, not N."""
         if self._dead is not None or self._stopping:
             raise EngineDeadError("the engine is not running")
-        self.engine.validate(request)
+        if request.sampling.guided is None:
+            self.engine.validate(request)
+        else:  # compiling a new grammar can take a while (the first one also builds the
+            # tokenizer view, ~1 s): off the event loop, so other streams keep flowing
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.validate, request)
         events: asyncio.Queue = asyncio.Queue()
         self._submit("add", request, (asyncio.get_running_loop(), events))
         finished = False

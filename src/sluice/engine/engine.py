@@ -24,6 +24,7 @@ from sluice.engine.stats import EngineStats
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
 from sluice.models.detokenizer import IncrementalDetokenizer
 from sluice.models.kernels import Numerics
+from sluice.models.grammar.compiler import GrammarCompiler
 from sluice.models.loader import LoadedModel
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
 
@@ -57,6 +58,8 @@ class LLMEngine:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(loaded.config.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
+        # grammar-constrained decoding: compiled grammars cached per spec, one matcher per request
+        self.grammars = GrammarCompiler(self.tokenizer.backend, self.vocab_size, sorted(self.eos_ids))
         self._rng = random.Random(config.seed)
         self._stats = EngineStats(
             kv_blocks_total=self.kv.num_usable_blocks,
@@ -84,6 +87,8 @@ class LLMEngine:
         bad = next((t for t in (*req.prompt_token_ids, *req.resumed_output_ids) if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary (size {self.vocab_size})")
+        if req.sampling.guided is not None:
+            self.grammars.validate(req.sampling.guided)  # compiles once per spec (cached)
 
     def add_request(self, req: GenerationRequest) -> None:
         self.validate(req)
@@ -91,6 +96,11 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {req.request_id!r} is already in use")
         seed = req.sampling.seed if req.sampling.seed is not None else self._rng.getrandbits(63)
         request = Request.from_generation_request(req, seed)
+        if req.sampling.guided is not None:
+            request.grammar = self.grammars.matcher(req.sampling.guided)
+            # a resumed generation's grammar state is its outputs so far, replayed
+            if not request.grammar.sync(request.output_token_ids):
+                raise InvalidRequestError("the resumed output does not follow the request's grammar")
         self.requests[req.request_id] = request
         detok = IncrementalDetokenizer(self.tokenizer.backend, req.sampling.stop, prompt_tail=req.prompt_token_ids[-4:])
         if req.resumed_output_ids:  # continue the text exactly where the other worker was
@@ -111,8 +121,9 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[GenerationEvent]:
         out = self.scheduler.schedule()
+        rejected = self._sync_grammars(out)
         if out.is_empty:
-            return []
+            return rejected
         started = time.perf_counter()
         failed: list[GenerationEvent] = []
         try:
@@ -131,7 +142,7 @@ class LLMEngine:
         s.prompt_tokens_computed += sum(
             max(0, min(c.end, c.request.num_prompt_tokens) - c.start) for c in out.chunks
         )
-        return failed + [self._append_token(request, token) for request, token in sampled]
+        return rejected + failed + [self._append_token(request, token) for request, token in sampled]
 
     def _execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
         fault = self.config.fault_fail_seed
@@ -154,6 +165,21 @@ class LLMEngine:
                 failed.append(self._finish(chunk.request, FinishReason.ERROR, "", error=f"engine error: {exc}"))
         return sampled, failed
 
+    def _sync_grammars(self, out: SchedulerOutput) -> list[GenerationEvent]:
+        """Preempted requests drop their parser state; the ones about to sample get it back,
+        rebuilt from their output tokens. A request whose tokens no longer parse (cannot happen
+        for tokens its grammar chose) fails alone and leaves the step."""
+        for request in out.preempted:
+            if request.grammar is not None:
+                request.grammar.release()
+        failed: list[GenerationEvent] = []
+        for chunk in list(out.chunks):
+            grammar = chunk.request.grammar
+            if grammar is not None and chunk.samples and not grammar.sync(chunk.request.output_token_ids):
+                out.chunks.remove(chunk)
+                failed.append(self._finish(chunk.request, FinishReason.ERROR, "", error="constrained decoding: the output no longer parses"))
+        return failed
+
     def _append_token(self, request: Request, token: int) -> GenerationEvent:
         request.all_token_ids.append(token)
         self._stats.output_tokens += 1
@@ -168,17 +194,31 @@ class LLMEngine:
             detok.add_token(token)
             if detok.stop_matched is not None:
                 reason = FinishReason.STOP_SEQUENCE
+        error = None
+        if reason is None and request.grammar is not None:
+            reason, error = self._advance_grammar(request, token)
         if reason is None and request.num_output_tokens >= sampling.max_tokens:
             reason = FinishReason.LENGTH
         if reason is None and request.num_tokens >= self.max_model_len:
             reason = FinishReason.CONTEXT
         if reason is not None:
-            event = self._finish(request, reason, detok.take(final=True), token)
+            event = self._finish(request, reason, detok.take(final=True), token, error=error)
         else:
             event = GenerationEvent(request.request_id, detok.take(), [token], usage=self._usage(request))
         if request.num_output_tokens == 1 and request.first_scheduled_time is not None:
             event.queue_time_s = max(0.0, request.first_scheduled_time - request.arrival_time)
         return event
+
+    @staticmethod
+    def _advance_grammar(request: Request, token: int) -> tuple[FinishReason | None, str | None]:
+        """Advance the request's grammar by its new token: the reply ends (EOS) the moment the
+        grammar is complete, so nothing (not even a forced end-of-sequence) costs a step."""
+        grammar = request.grammar
+        assert grammar is not None
+        if not grammar.accept(token):
+            log.error("request %s: sampled token %d is outside its grammar", request.request_id, token)
+            return FinishReason.ERROR, f"constrained decoding: {grammar.error or 'token rejected'}"
+        return (FinishReason.EOS, None) if grammar.is_stopped else (None, None)
 
     def _finish(
         self, request: Request, reason: FinishReason, text: str, token: int | None = None, error: str | None = None

@@ -10,8 +10,12 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sluice.types import FinishReason, GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:  # no torch for whoever only needs the request's shape (routing, config)
+    from sluice.models.grammar.matcher import GrammarMatcher
 
 _sequence = itertools.count()
 
@@ -42,6 +46,7 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
     seq_no: int = field(default_factory=lambda: next(_sequence))  # FIFO tie-break, stable across preemption
+    grammar: GrammarMatcher | None = None  # constrained decoding: the allowed next tokens
 
     @classmethod
     def from_generation_request(cls, req: GenerationRequest, seed: int) -> "Request":

@@ -119,6 +119,10 @@ class ModelRunner:
             return []
         reqs = [c.request for c in inp.sampling]
         tokens = sample(
-            logits, [r.sampling for r in reqs], [r.seed for r in reqs], [r.num_output_tokens for r in reqs]
+            logits,
+            [r.sampling for r in reqs],
+            [r.seed for r in reqs],
+            [r.num_output_tokens for r in reqs],
+            [r.grammar for r in reqs],
         )
         return list(zip(reqs, tokens))

@@ -4,12 +4,18 @@ Sampling uses the exponential race (argmax p_i / E_i with E_i ~ Exp(1) is a draw
 the noise for output position i drawn from a generator seeded by mix(seed, i). So a request's
 tokens depend only on its own logits, seed and position: not on batch neighbours, not on how
 often it was preempted and recomputed.
+
+Constrained rows (a grammar per row: JSON schema, tool calls) are masked first: forbidden
+tokens get -inf, then the row samples as usual, so greedy picks the best allowed token and
+seeded sampling draws from the renormalised allowed set. Rows without a grammar are not touched
+(models/grammar/bitmask.py).
 """
 
 from __future__ import annotations
 
 import torch
 
+from sluice.models.grammar.bitmask import RowGrammar, apply_grammars
 from sluice.types import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -54,9 +60,17 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, position
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    seeds: list[int],
+    positions: list[int],
+    grammars: list[RowGrammar | None] | None = None,
 ) -> list[int]:
-    """One token per row of `logits` [N, vocab]."""
+    """One token per row of `logits` [N, vocab]; `grammars[i]` (if any) constrains row i."""
+    if grammars:
+        rows = [i for i, g in enumerate(grammars) if g is not None]
+        if rows:
+            apply_grammars(logits, rows, [grammars[i] for i in rows])  # type: ignore[misc]
     tokens = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if not p.greedy:

@@ -6,7 +6,18 @@ import dataclasses
 import json
 
 from sluice.engine.stats import EngineStats
-from sluice.types import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage
+from sluice.errors import InvalidRequestError
+from sluice.types import (
+    CallSyntax,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    GuidedDecoding,
+    GuidedKind,
+    SamplingParams,
+    ToolGrammar,
+    Usage,
+)
 from sluice.worker.proto import engine_pb2 as pb
 
 
@@ -23,6 +34,8 @@ def request_to_pb(req: GenerationRequest) -> pb.GenerateRequest:
     )
     if s.seed is not None:
         sampling.seed = s.seed
+    if s.guided is not None:
+        sampling.guided.CopyFrom(guided_to_pb(s.guided))
     return pb.GenerateRequest(
         request_id=req.request_id,
         prompt_token_ids=req.prompt_token_ids,
@@ -45,6 +58,7 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerationRequest:
         stop=tuple(s.stop),
         stop_token_ids=tuple(s.stop_token_ids),
         ignore_eos=s.ignore_eos,
+        guided=guided_from_pb(s.guided) if s.HasField("guided") else None,
     )
     return GenerationRequest(
         request_id=msg.request_id,
@@ -54,6 +68,39 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerationRequest:
         tenant=msg.tenant,
         resumed_output_ids=list(msg.resumed_output_ids),
         resumed_text_chars=msg.resumed_text_chars,
+    )
+
+
+def guided_to_pb(g: GuidedDecoding) -> pb.Guided:
+    out = pb.Guided(
+        kind=g.kind.value,
+        schema=g.schema,
+        tools=[pb.ToolGrammar(name=t.name, schema=t.schema, strict=t.strict) for t in g.tools],
+        allow_text=g.allow_text,
+        min_calls=g.min_calls,
+    )
+    if g.calls is not None:
+        c = g.calls
+        out.calls.CopyFrom(pb.CallSyntax(trigger=c.trigger, begin=c.begin, middle=c.middle, end=c.end, separator=c.separator))
+    if g.max_calls is not None:
+        out.max_calls = g.max_calls
+    return out
+
+
+def guided_from_pb(msg: pb.Guided) -> GuidedDecoding:
+    try:
+        kind = GuidedKind(msg.kind)
+    except ValueError:
+        raise InvalidRequestError(f"guided decoding: unknown kind {msg.kind!r}") from None
+    c = msg.calls
+    return GuidedDecoding(
+        kind=kind,
+        schema=msg.schema,
+        tools=tuple(ToolGrammar(t.name, t.schema, t.strict) for t in msg.tools),
+        calls=CallSyntax(c.trigger, c.begin, c.middle, c.end, c.separator) if msg.HasField("calls") else None,
+        allow_text=msg.allow_text,
+        min_calls=msg.min_calls,
+        max_calls=msg.max_calls if msg.HasField("max_calls") else None,
     )
 
 

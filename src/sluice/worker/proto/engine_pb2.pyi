@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Sampling(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "stop_token_ids", "ignore_eos")
+    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "stop_token_ids", "ignore_eos", "guided")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Sampling(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    GUIDED_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_k: int
@@ -24,7 +25,50 @@ class Sampling(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    guided: Guided
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., guided: _Optional[_Union[Guided, _Mapping]] = ...) -> None: ...
+
+class Guided(_message.Message):
+    __slots__ = ("kind", "schema", "tools", "calls", "allow_text", "min_calls", "max_calls")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_TEXT_FIELD_NUMBER: _ClassVar[int]
+    MIN_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CALLS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    schema: str
+    tools: _containers.RepeatedCompositeFieldContainer[ToolGrammar]
+    calls: CallSyntax
+    allow_text: bool
+    min_calls: int
+    max_calls: int
+    def __init__(self, kind: _Optional[str] = ..., schema: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolGrammar, _Mapping]]] = ..., calls: _Optional[_Union[CallSyntax, _Mapping]] = ..., allow_text: _Optional[bool] = ..., min_calls: _Optional[int] = ..., max_calls: _Optional[int] = ...) -> None: ...
+
+class ToolGrammar(_message.Message):
+    __slots__ = ("name", "schema", "strict")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    schema: str
+    strict: bool
+    def __init__(self, name: _Optional[str] = ..., schema: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class CallSyntax(_message.Message):
+    __slots__ = ("trigger", "begin", "middle", "end", "separator")
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    MIDDLE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SEPARATOR_FIELD_NUMBER: _ClassVar[int]
+    trigger: str
+    begin: str
+    middle: str
+    end: str
+    separator: str
+    def __init__(self, trigger: _Optional[str] = ..., begin: _Optional[str] = ..., middle: _Optional[str] = ..., end: _Optional[str] = ..., separator: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant", "resumed_output_ids", "resumed_text_chars")

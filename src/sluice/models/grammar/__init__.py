@@ -1,0 +1,1 @@
+"""Grammar-constrained decoding: GuidedDecoding specs → compiled grammars → per-row token masks."""
