@@ -15,20 +15,23 @@ import pytest
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.safety.normalize import normalize
-from sluice.types import GenerationRequest, SamplingParams
+from sluice.types import FinishReason, GenerationRequest, SamplingParams
 from tests.server_process import MODEL, SETTLE_S, metric, start_server
 
 pytestmark = pytest.mark.slow
-PROMPT = "Write two sentences about a lighthouse keeper."
+PROMPT = "Write a long paragraph about a lighthouse keeper."
 GREEDY = {"temperature": 0}
+MAX = 80  # the greedy reply runs to this length unkilled (checked): the kill must stop it sooner
 
 
 @pytest.fixture(scope="module")
 def banned(bundled) -> tuple[str, str]:
     ids = bundled.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
-    reply = LLMEngine(bundled, EngineConfig(kv_cache_gib=0.1)).generate(
-        [GenerationRequest("ref", ids, SamplingParams(max_tokens=40, temperature=0))]
-    )["ref"].text
+    out = LLMEngine(bundled, EngineConfig(kv_cache_gib=0.1)).generate(
+        [GenerationRequest("ref", ids, SamplingParams(max_tokens=MAX, temperature=0))]
+    )["ref"]
+    reply = out.text
+    assert out.finish_reason is FinishReason.LENGTH, reply
     words = reply.split()
     assert len(words) >= 8, reply
     phrase = " ".join(words[4:7]).strip(".,;:!?\"'")
@@ -43,7 +46,9 @@ def server(banned, tmp_path_factory):
     policy = tmp_path_factory.mktemp("policy") / "policy.toml"
     default = resources.files("sluice.safety").joinpath("default_policy.toml").read_text()
     policy.write_text(default + f'\n[categories.test_output]\nliterals = ["{phrase}"]\ninput_action = "allow"\n')
-    proc = start_server(env={"SLUICE_SAFETY_POLICY": str(policy)})
+    # 50 ms per engine step (the worker's step_delay_s fault): the gateway's kill has seconds of
+    # slack before the stream would end by itself, however busy the machine
+    proc = start_server(env={"SLUICE_SAFETY_POLICY": str(policy), "SLUICE_FAULT_INJECTION": "step_delay_s=0.05"})
     yield proc
     proc.stop()
 
@@ -52,7 +57,7 @@ def test_stream_kill_is_a_refusal_and_frees_the_engine(server, banned):
     phrase, reply = banned
     client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
     steps_before = metric(server.base_url, "sluice_engine_steps_total")
-    with client.messages.stream(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": PROMPT}],
+    with client.messages.stream(model=MODEL, max_tokens=MAX, messages=[{"role": "user", "content": PROMPT}],
                                 extra_body=GREEDY) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -60,15 +65,16 @@ def test_stream_kill_is_a_refusal_and_frees_the_engine(server, banned):
     assert final.stop_details.category == "test_output" and final.stop_details.type == "refusal"
     assert normalize(phrase)[0] not in normalize(text)[0]  # not one character of the phrase got out
     assert reply.startswith(text)
-    assert 0 < final.usage.output_tokens < 40  # usage counts the tokens up to the refusal
+    assert 0 < final.usage.output_tokens < MAX  # usage counts the tokens up to the refusal
     deadline = time.monotonic() + SETTLE_S
     while metric(server.base_url, "sluice_engine_running_requests") != 0:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    # the kill frees the slot within one engine step: one step per token up to the refusal
-    # (prefill included), plus at most the step in flight when the abort arrived
+    # the kill aborts the engine's request: it stops before the MAX steps it would otherwise run
+    # (how many steps the abort takes to arrive depends on the machine's load: that the engine
+    # frees a slot within one step of an abort is tests/test_async_engine.py's to check)
     steps = metric(server.base_url, "sluice_engine_steps_total") - steps_before
-    assert steps <= final.usage.output_tokens + 1, f"{steps} steps for {final.usage.output_tokens} tokens"
+    assert steps < MAX, f"{steps} steps for {final.usage.output_tokens} tokens"
     assert metric(server.base_url, "sluice_engine_kv_blocks_used") == 0
 
 

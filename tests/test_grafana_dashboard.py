@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "sluice-dashboard.json"
 RULES = ROOT / "deploy" / "prometheus" / "sluice-rules.yml"
 # metrics the rules and dashboard use that the integrator adds with the fleet (issue 16's list)
-PLANNED = {"sluice_engine_batch_utilization_ratio", "sluice_workers", "sluice_warm_pool_workers"}
+PLANNED = {"sluice_warm_pool_workers"}
 PLANNED_LABELS = {"version", "tier", "model", "state"}
 
 

@@ -37,11 +37,19 @@ class AsyncEngine:
     per decode step). One thread for all torch work keeps one pool.
     """
 
-    def __init__(self, engine: LLMEngine | None = None, factory: Callable[[], LLMEngine] | None = None):
+    def __init__(
+        self,
+        engine: LLMEngine | None = None,
+        factory: Callable[[], LLMEngine] | None = None,
+        before_step: Callable[[], None] | None = None,
+    ):
+        """`before_step` runs on the engine thread before every step (the worker's step_delay_s
+        fault injection: a slow accelerator); None in production."""
         if (engine is None) == (factory is None):
             raise ValueError("pass exactly one of engine or factory")
         self.engine: LLMEngine = engine  # type: ignore[assignment]  # set on the thread when factory is used
         self._factory = factory
+        self._before_step = before_step
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         self._commands: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
@@ -143,6 +151,8 @@ class AsyncEngine:
             while not self._stopping:
                 self._drain_commands()
                 if self.engine.has_unfinished():
+                    if self._before_step is not None:
+                        self._before_step()
                     self._deliver(self.engine.step())
                     self._stats = self.engine.stats()
                 else:

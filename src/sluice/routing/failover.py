@@ -45,6 +45,10 @@ class FailoverPolicy:
     max_attempts: int = 3  # dispatches before any output
     max_migrations: int = 2  # continuations after output was streamed
     backoff_s: float = 0.05  # before retry n: backoff_s × 2^(n-1), at most 1 s
+    # A stream whose worker was lost waits this long for a worker of its version that can
+    # continue it (one restarting, a breaker half-opening, the hung one answering again) before
+    # it ends with an error: its output so far was already sent, no other version may take over.
+    migration_wait_s: float = 15.0
 
 
 @dataclass(slots=True)
@@ -93,10 +97,13 @@ async def generate_on_fleet(
     cost = len(request.prompt_token_ids) + request.sampling.max_tokens
     while True:
         placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, tried)
-        if placed is None:
-            if emitted:
+        if placed is None and emitted:
+            placed = await _wait_for_continuation(router, plan, request, tenant, cost, tried, policy.migration_wait_s)
+            if placed is None:
                 raise EngineUnavailableError(
-                    f"no other worker of {plan.version_header} can continue the request (tried {len(tried)})")
+                    f"no other worker of {plan.version_header} could continue the request within "
+                    f"{policy.migration_wait_s:g} s (tried {len(tried)})")
+        if placed is None:
             if attempts >= policy.max_attempts:
                 raise EngineUnavailableError(f"no worker could take the request after {attempts} attempts")
             plan, request = await replan(plan, tried)  # raises ModelUnavailableError when nothing can
@@ -153,3 +160,22 @@ async def generate_on_fleet(
                         dispatch.worker_id, len(emitted), exc)
         finally:
             router.finish_dispatch(dispatch, outcome)
+
+
+async def _wait_for_continuation(router: FleetRouter, plan: RoutePlan, request: GenerationRequest, tenant: str,
+                                 cost: int, tried: set[str], wait_s: float):
+    """Poll for a worker that can continue a migrated stream: first among the untried ones, and
+    after half the wait any warm one, the lost worker included (a hang that ended, a restart
+    under the same id). None when the wait ran out."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    pause = 0.05
+    while loop.time() < deadline:
+        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        pause = min(0.5, pause * 2)
+        late = loop.time() > deadline - wait_s / 2
+        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, set() if late else tried)
+        if placed is not None:
+            return placed
+    return None
+

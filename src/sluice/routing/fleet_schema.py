@@ -205,6 +205,7 @@ class RoutingSpec(_Strict):
     worker_choice: WorkerChoice = Field(WorkerChoice.AFFINITY, strict=False)
     max_attempts: int = Field(3, ge=1)  # dispatches of a request before it produced output
     max_migrations: int = Field(2, ge=0)  # continuations on another worker after output was streamed
+    migration_wait_s: float = Field(15.0, ge=0)  # a lost stream waits this long for a worker to continue it
     breaker: BreakerSpec = BreakerSpec()
 
 

@@ -38,7 +38,7 @@ async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[Ge
     fleet = prepared.planner.fleet
     request, route = prepared.generation, prepared.request.route.value
     routing = fleet.registry.fleet.routing
-    policy = FailoverPolicy(routing.max_attempts, routing.max_migrations)
+    policy = FailoverPolicy(routing.max_attempts, routing.max_migrations, migration_wait_s=routing.migration_wait_s)
     attempted = Attempted(prepared.plan)
     m = rt.metrics
     started = time.perf_counter()

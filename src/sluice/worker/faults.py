@@ -12,6 +12,8 @@ SPEC is a comma-separated list of:
     fail_all               every generation request fails before any output (UNAVAILABLE):
                            a broken version (the router retries elsewhere; a rollout rolls back)
     delay_first_token_s=S  every request waits S seconds before its first output: a slow version
+    step_delay_s=S         every engine step sleeps S seconds first: a slow accelerator, so a
+                           stream provably lasts long enough to be interrupted (drain tests)
 
 Warm-up requests (ids starting with `warmup-`, sent by the gateway before a worker takes
 traffic) are exempt, so a faulty worker still becomes ready and the fault hits real traffic.
@@ -30,6 +32,7 @@ class FaultSpec:
     exit_after_tokens: int | None = None
     fail_all: bool = False
     delay_first_token_s: float = 0.0
+    step_delay_s: float = 0.0
 
     @property
     def active(self) -> bool:
@@ -40,7 +43,7 @@ class FaultSpec:
         """Raises ValueError naming the bad item."""
         fail_seed: int | None = None
         exit_after: int | None = None
-        fail_all, delay = False, 0.0
+        fail_all, delay, step_delay = False, 0.0, 0.0
         for item in (spec or "").split(","):
             item = item.strip()
             if not item:
@@ -55,12 +58,14 @@ class FaultSpec:
                     exit_after = int(raw)
                 elif name == "delay_first_token_s" and raw:
                     delay = float(raw)
+                elif name == "step_delay_s" and raw:
+                    step_delay = float(raw)
                 else:
                     raise ValueError
             except ValueError:
                 raise ValueError(f"fault injection: {item!r} is not one of fail_seed=N, exit_after_tokens=N, "
-                                 "fail_all, delay_first_token_s=S") from None
-        return cls(fail_seed, exit_after, fail_all, delay)
+                                 "fail_all, delay_first_token_s=S, step_delay_s=S") from None
+        return cls(fail_seed, exit_after, fail_all, delay, step_delay)
 
     @staticmethod
     def exempt(request_id: str) -> bool:

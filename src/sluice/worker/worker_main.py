@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import stat
+import time
 from pathlib import Path
 
 import grpc
@@ -133,7 +134,8 @@ async def run_worker(
         finally:
             loop.call_soon_threadsafe(built.set)
 
-    engine = AsyncEngine(factory=build).start()
+    slow_step = (lambda: time.sleep(faults.step_delay_s)) if faults.step_delay_s else None
+    engine = AsyncEngine(factory=build, before_step=slow_step).start()
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({asyncio.ensure_future(built.wait()), stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
