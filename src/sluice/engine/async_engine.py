@@ -47,7 +47,7 @@ class AsyncEngine:
         fault injection: a slow accelerator); None in production."""
         if (engine is None) == (factory is None):
             raise ValueError("pass exactly one of engine or factory")
-        self.engine: LLMEngine = engine  # type: ignore[assignment]  # set on the thread when factory is used
+        self._engine: LLMEngine | None = engine  # set on the engine thread when a factory builds it
         self._factory = factory
         self._before_step = before_step
         self._loaded = threading.Event()
@@ -68,6 +68,13 @@ class AsyncEngine:
         if self._load_error is not None:
             raise self._load_error
         return self.engine
+
+    @property
+    def engine(self) -> LLMEngine:
+        """The engine (after wait_loaded(): a factory builds it on the engine thread)."""
+        if self._engine is None:
+            raise RuntimeError("the engine is not loaded yet: await wait_loaded() first")
+        return self._engine
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "AsyncEngine":
@@ -139,7 +146,7 @@ class AsyncEngine:
     def _run(self) -> None:
         if self._factory is not None:
             try:
-                self.engine = self._factory()
+                self._engine = self._factory()
                 self._stats = self.engine.stats()
             except BaseException as exc:  # reported to wait_loaded(); the loop never starts
                 self._load_error = exc

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sluice.config import Settings
 from sluice.engine.batching_window import BatchingWindow
-from sluice.engine.policy import POLICIES
+from sluice.engine.policy import ADMISSION_POLICIES, POLICIES, AdmissionPolicy, SchedulingPolicy
 from sluice.models.kernels import KernelChoice, Numerics
 
 # The settings an engine takes from the server's Settings (same names on both sides). The one
@@ -27,7 +27,6 @@ ENGINE_SETTINGS = (
     "batching_window_ms",
 )
 
-ADMISSION_POLICIES = ("reserve", "optimistic")
 # One source for the defaults other modules report before an engine exists (EngineStats).
 # 8, not 16: on CPU a smaller block costs no measurable throughput and halves the unfilled
 # tail per request (KV waste 4.6 % -> 2.2 % on bench/engine_throughput.py, docs/BENCHMARKS.md)
@@ -54,8 +53,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (decodes cost 1 each)
     long_prefill_threshold: int = 0  # cap on one request's prefill chunk per step; 0 = budget
     max_model_len: int | None = None  # context window; default: the model's, capped by the pool
-    scheduling_policy: str = "fcfs"  # fcfs | priority
-    admission_policy: str = "optimistic"  # optimistic | reserve
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    admission_policy: AdmissionPolicy = AdmissionPolicy.OPTIMISTIC
     watermark: float = 0.01  # optimistic: fraction of blocks left free when admitting
     enable_prefix_caching: bool = True
     share_prefix_across_tenants: bool = False
@@ -87,10 +86,14 @@ class EngineConfig:
             raise ValueError("block_size must be >= 1")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        if self.scheduling_policy not in POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}")
-        if self.admission_policy not in ADMISSION_POLICIES:
-            raise ValueError(f"admission_policy must be one of {', '.join(ADMISSION_POLICIES)}")
+        try:  # accept the flags' and the settings' strings
+            self.scheduling_policy = SchedulingPolicy(self.scheduling_policy)
+        except ValueError:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}") from None
+        try:
+            self.admission_policy = AdmissionPolicy(self.admission_policy)
+        except ValueError:
+            raise ValueError(f"admission_policy must be one of {', '.join(ADMISSION_POLICIES)}") from None
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
         if self.numerics not in tuple(Numerics):

@@ -10,31 +10,49 @@ The victim of a preemption is the opposite end: lowest priority, then newest arr
 
 from __future__ import annotations
 
+import enum
 import heapq
 from collections.abc import Iterable, Iterator
 
 from sluice.engine.request import Request
 
-POLICIES = ("fcfs", "priority")
+
+class SchedulingPolicy(str, enum.Enum):
+    """The waiting queue's order (and the preemption victim's)."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+
+
+class AdmissionPolicy(str, enum.Enum):
+    """What a request must fit in the KV pool to be admitted."""
+
+    OPTIMISTIC = "optimistic"  # its prompt (plus the watermark); decodes may preempt later
+    RESERVE = "reserve"  # its prompt + max_tokens: never preempted for memory
+
+
+POLICIES = tuple(p.value for p in SchedulingPolicy)
+ADMISSION_POLICIES = tuple(p.value for p in AdmissionPolicy)
 
 
 class WaitingQueue:
-    def __init__(self, policy: str = "fcfs"):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        self.policy = policy
+    def __init__(self, policy: SchedulingPolicy | str = SchedulingPolicy.FCFS):
+        try:
+            self.policy = SchedulingPolicy(policy)
+        except ValueError:
+            raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}") from None
         # heap entries are [key, request, alive]; removal flips `alive` (heapq's lazy deletion)
         self._heap: list[list] = []
         self._entries: dict[str, list] = {}
 
     def key(self, request: Request) -> tuple:
-        if self.policy == "priority":
+        if self.policy is SchedulingPolicy.PRIORITY:
             return (request.priority, request.arrival_time, request.seq_no)
         return (request.arrival_time, request.seq_no)
 
     def victim_key(self, request: Request) -> tuple:
         """Larger = preempted first: lowest priority (fcfs: all equal), then newest."""
-        return (request.priority if self.policy == "priority" else 0, request.arrival_time, request.seq_no)
+        return (request.priority if self.policy is SchedulingPolicy.PRIORITY else 0, request.arrival_time, request.seq_no)
 
     def push(self, request: Request) -> None:
         if request.request_id in self._entries:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from sluice.engine.batching_window import BatchingWindow, WindowGate, WindowView
 from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
-from sluice.engine.policy import WaitingQueue, pick_victim
+from sluice.engine.policy import AdmissionPolicy, SchedulingPolicy, WaitingQueue, pick_victim
 from sluice.engine.request import Request, RequestStatus
 
 # The adaptive window predicts the next arrival from the rate over the last RATE_HORIZON windows
@@ -190,7 +190,7 @@ class Scheduler:
                 # in a step that preempted" must hold both ways, and a request admitted above
                 # may have hit a victim's blocks that are scheduled (not yet computed) this step.
                 # The head is still first in line next step, and preempts then if it must.
-                if self.config.scheduling_policy == "priority" and not out.admitted:
+                if self.config.scheduling_policy is SchedulingPolicy.PRIORITY and not out.admitted:
                     victims = self._preempt_for(req, hit, need_seat=not seat)
                     for victim in victims:  # already scheduled this step: their blocks are gone now
                         scheduled.pop(victim.request_id, None)
@@ -220,7 +220,7 @@ class Scheduler:
 
     def _blocks_needed(self, req: Request, hit: PrefixHit) -> int:
         """Free blocks `req` needs before admission, beyond its prefix hit."""
-        if self.config.admission_policy == "reserve":
+        if self.config.admission_policy is AdmissionPolicy.RESERVE:
             # prompt + max_tokens must fit, next to what running requests have reserved
             need = self.kv.blocks_for(self._final_len(req)) - len(hit.blocks)
             outstanding = sum(
@@ -252,7 +252,7 @@ class Scheduler:
                 break
             chosen.append(victim)
             shortfall -= self.kv.num_exclusive_blocks(victim)
-            if self.config.admission_policy == "reserve":
+            if self.config.admission_policy is AdmissionPolicy.RESERVE:
                 shortfall -= max(0, self.kv.blocks_for(self._final_len(victim)) - self.kv.num_held_blocks(victim))
         if not chosen or shortfall > 0:
             return []
