@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     trace_file: str | None = None  # file exporter: spans go to <trace_file>.<service>.<pid>.jsonl
     openapi: bool = True  # /openapi.json, /docs, /redoc (false: all three are 404)
 
+    # how tools, calls and results are spelled in prompts and replies (docs/API.md "Tool use"):
+    # a registered tool format ("hermes"), or a JSON file of ToolFormat fields over Hermes
+    tool_format: str = "hermes"
+
     # -- stream resume (docs/API.md) ---------------------------------------------------------
     replay_store: Literal["memory", "redis"] = "memory"  # redis: resume through any replica
     replay_ttl_s: float = Field(600.0, gt=0)  # how long a finished stream can be resumed

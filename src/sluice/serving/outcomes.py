@@ -1,6 +1,8 @@
 """What one generation produces, as the pipeline hands it to a renderer.
 
-A stream of `TextDelta`s ends with exactly one of `Finished`, `Refused` or `Failed`; a renderer
+A stream of `TextDelta`s (and, when the request offers tools, tool-call pieces: `ToolCallStarted`,
+`ToolInputDelta`…, `ToolCallDone` per call) ends with exactly one of `Finished`, `Refused` or
+`Failed`; a renderer
 turns them into its wire format (JSON or SSE) and nothing else. Every outcome carries the usage
 so far, so a renderer can report the prompt's usage at the first outcome (Anthropic's
 `message_start`) and the final usage at the end.
@@ -9,6 +11,7 @@ so far, so a renderer can report the prompt's usage at the first outcome (Anthro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.serving.errors import ErrorKind
 from sluice.types import FinishReason, Usage
@@ -28,6 +31,44 @@ class Finished:
 
     reason: FinishReason  # EOS | LENGTH | STOP_SEQUENCE | CONTEXT
     stop_sequence: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    tool_calls: int = 0  # complete tool calls in the reply (EOS with calls: the "tool_use" stop)
+
+    @property
+    def called_tools(self) -> bool:
+        """The turn ended because the model called tools (Anthropic `tool_use`, OpenAI `tool_calls`)."""
+        return self.tool_calls > 0 and self.reason is FinishReason.EOS
+
+
+@dataclass(slots=True)
+class ToolCallStarted:
+    """A tool call begins: the `index`-th call of the reply (0, 1, …), its id and tool name."""
+
+    index: int
+    id: str
+    name: str
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(slots=True)
+class ToolInputDelta:
+    """A piece of a call's input JSON; a call's pieces concatenate to `ToolCallDone.arguments`."""
+
+    index: int
+    json: str
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(slots=True)
+class ToolCallDone:
+    """A call's input is complete (`complete` False: the reply was cut inside it, `input` {})."""
+
+    index: int
+    id: str
+    name: str
+    input: dict[str, Any]
+    arguments: str
+    complete: bool = True
     usage: Usage = field(default_factory=Usage)
 
 
@@ -51,5 +92,6 @@ class Failed:
     usage: Usage = field(default_factory=Usage)
 
 
-Outcome = TextDelta | Finished | Refused | Failed
+ToolPiece = ToolCallStarted | ToolInputDelta | ToolCallDone
+Outcome = TextDelta | ToolPiece | Finished | Refused | Failed
 Final = Finished | Refused | Failed

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from anyio import CancelScope
 
@@ -36,17 +36,21 @@ from sluice.serving.admission import Disconnected, open_session, until_admitted
 from sluice.serving.deadline import with_deadline
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.generation import generate
+from sluice.serving.guided import parses_calls, resolve_tool_format
 from sluice.serving.guarded_stream import guarded
-from sluice.serving.outcomes import Failed, Final, Outcome, TextDelta
+from sluice.models.tools.format import ToolFormat
+from sluice.serving.outcomes import Failed, Final, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.routing.router import RoutePlan
 from sluice.serving.planning import Planner
 from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
 from sluice.serving.request import FALLBACK_HEADER, QUOTA_WARNING_HEADER, VERSION_HEADER, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.serving.safety_check import check_input
+from sluice.serving.tool_stream import with_tool_calls
 from sluice.types import GenerationRequest
 
 L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
+TOOL_PIECES = (ToolCallStarted, ToolInputDelta, ToolCallDone)
 
 
 @dataclass(slots=True)
@@ -60,6 +64,13 @@ class Prepared:
     prompt: BuiltPrompt
     safety: SafetyPipeline | None
     input_text: str  # what L2 classifies
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """The format tool calls are parsed in, when the reply may hold calls."""
+        if not parses_calls(self.generation.sampling.guided):
+            return None
+        return resolve_tool_format(self.planner.fleet.settings.tool_format)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -77,8 +88,10 @@ class Prepared:
 
 @dataclass(slots=True)
 class Collected:
-    text: str
+    text: str  # the reply's text blocks, joined
     final: Final
+    # the reply in order: text blocks and tool calls (a call cut short by max_tokens included)
+    blocks: list[str | ToolCallDone] = field(default_factory=list)
 
 
 class ServingPipeline:
@@ -92,7 +105,8 @@ class ServingPipeline:
         model_id = self.rt.check_model(model)
         spec = fleet.registry.model(model_id)
         version = max(spec.versions, key=lambda v: spec.versions[v].traffic)
-        prompt = await asyncio.to_thread(build_prompt, conversation, fleet.version(model_id, version).tokenizer)
+        fmt = resolve_tool_format(self.rt.settings.tool_format)
+        prompt = await asyncio.to_thread(build_prompt, conversation, fleet.version(model_id, version).tokenizer, fmt)
         return len(prompt.token_ids)
 
     async def prepare(self, req: ServingRequest) -> Prepared:
@@ -167,12 +181,15 @@ class Generation:
                 yield Failed(exc.kind, exc.message)
                 return
             p = self.prepared
-            stream = guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict)
+            stream = with_deadline(self.rt, guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict))
+            fmt = p.tool_format
+            if fmt is not None:  # after the guard: safety reads the calls as the model wrote them
+                stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix)
             try:
-                async with aclosing(with_deadline(self.rt, stream)) as outcomes:
+                async with aclosing(stream) as outcomes:
                     async for outcome in outcomes:
                         yield outcome
-                        if not isinstance(outcome, TextDelta):
+                        if not isinstance(outcome, (TextDelta, *TOOL_PIECES)):
                             return
             except ServingError as exc:  # the engine went away or refused mid-way
                 yield Failed(exc.kind, exc.message)
@@ -184,6 +201,7 @@ class Generation:
     async def collect(self) -> Collected:
         """The whole reply, bounded by `request_timeout_s` (TIMEOUT past it)."""
         parts: list[str] = []
+        blocks: list[str | ToolCallDone] = []
         final: Final | None = None
 
         async def run() -> None:
@@ -192,7 +210,13 @@ class Generation:
                 async for outcome in outcomes:
                     if isinstance(outcome, TextDelta):
                         parts.append(outcome.text)
-                    else:
+                        if blocks and isinstance(blocks[-1], str):
+                            blocks[-1] += outcome.text
+                        else:
+                            blocks.append(outcome.text)
+                    elif isinstance(outcome, ToolCallDone):
+                        blocks.append(outcome)
+                    elif not isinstance(outcome, TOOL_PIECES):
                         final = outcome
 
         try:
@@ -202,7 +226,7 @@ class Generation:
         finally:
             await self.close()
         assert final is not None  # outcomes() always ends with one
-        return Collected("".join(parts), final)
+        return Collected("".join(parts), final, blocks)
 
     async def close(self) -> None:
         """Leave the queue, or return the admission lease and settle the rate limits."""

@@ -27,6 +27,7 @@ from sluice.routing.fleet import Fleet
 from sluice.routing.router import PlanRequest, RoutePlan
 from sluice.routing.version_router import sticky_key
 from sluice.serving.errors import ErrorKind, ServingError, invalid
+from sluice.serving.guided import guided_for, resolve_tool_format
 from sluice.serving.prompt import BuiltPrompt, build_prompt
 from sluice.serving.request import ServingRequest
 from sluice.trace_context import tracer
@@ -109,13 +110,16 @@ class Planner:
                 f"max_tokens: {req.max_tokens} > {window - 1}, which is the maximum allowed number of output "
                 f"tokens for {req.model}", param="max_tokens",
             )
-        prompt = await asyncio.to_thread(build_prompt, req.conversation, tokenizer)
+        fmt = resolve_tool_format(self.fleet.settings.tool_format)
+        prompt = await asyncio.to_thread(build_prompt, req.conversation, tokenizer, fmt)
         n = len(prompt.token_ids)
         if n >= window:
             raise invalid(f"prompt is too long: {n} tokens > {window - 1} maximum")
         # None: the rest of the context window; 0 (prefill only): compute the prompt, one token
         max_tokens = window - n if req.max_tokens is None else max(1, req.max_tokens)
-        sampling = dataclasses.replace(req.sampling, max_tokens=max_tokens)
+        # the grammar is checked in full here (off the loop: a large schema compiles for a while)
+        guided = await asyncio.to_thread(guided_for, req.conversation, req.tool_choice, req.output_format, fmt)
+        sampling = dataclasses.replace(req.sampling, max_tokens=max_tokens, guided=guided)
         try:
             sampling.validate()  # what the engine would refuse later, refused now (before any stream)
         except InvalidRequestError as exc:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.gateway.principal import Principal
+from sluice.models.tools.spec import ToolChoice
+from sluice.serving.guided import OutputFormat
 from sluice.serving.prompt import Conversation
 from sluice.types import SamplingParams
 
@@ -50,6 +52,11 @@ class ServingRequest:
     # model version (sticky A/B); without it the API key decides
     affinity_user: str | None = None
     pin: str | None = None  # the `sluice-model-version` request header: this version or an error
+    # tool use and structured outputs (the tools themselves are in the conversation: they are
+    # part of the prompt); serving/guided.py turns them into the reply's grammar
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    output_format: OutputFormat | None = None
+    tool_id_prefix: str = "toolu_"  # the wire format's call id shape (OpenAI: "call_")
 
     @property
     def prefill_only(self) -> bool:

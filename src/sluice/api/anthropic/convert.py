@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from sluice.api.anthropic.prompt import to_conversation
 from sluice.api.anthropic.schema import MessagesRequest
+from sluice.api.anthropic.tools import output_format, tool_choice
 from sluice.api.errors import bad_request
 from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
@@ -73,6 +74,12 @@ def sampling_of(body: MessagesRequest, version: str, settings: Settings) -> Samp
     )
 
 
+def betas(request: Request | None) -> list[str]:
+    """The `anthropic-beta` header's comma-joined names (advisory, except the ones we interpret)."""
+    raw = request.headers.get("anthropic-beta", "") if request is not None else ""
+    return [b.strip() for b in raw.split(",") if b.strip()]
+
+
 def to_serving_request(
     body: MessagesRequest, principal: Principal, request_id: str, version: str, settings: Settings,
     request: Request | None = None, route: Route = Route.MESSAGES,
@@ -91,4 +98,7 @@ def to_serving_request(
         use_cache=wants_cache(request) if request is not None else True,
         affinity_user=body.metadata.user_id if body.metadata is not None else None,
         pin=pinned_version(request) if request is not None else None,
+        tool_choice=tool_choice(body.tool_choice),
+        output_format=output_format(body, betas(request)),
+        tool_id_prefix="toolu_",
     )

@@ -3,8 +3,11 @@
 Decisions (documented in docs/API.md):
 - consecutive turns with the same role are merged (Anthropic merges them too);
 - a final assistant turn is a prefill: the reply continues its text, which is not repeated;
-- tool_use blocks are rendered as JSON text and tool_result blocks as their text, so a
-  text-only model still sees the exchange;
+- tool_use and tool_result blocks become tool calls and results (the model family's tool
+  format spells them in the prompt, serving/prompt.py); a tool_result's content list is its
+  text blocks joined by newlines; every tool_use must be answered by a tool_result in the next
+  user turn and every tool_result must answer one (400 otherwise, as Anthropic does);
+- the tools are part of the conversation (they are rendered into the prompt and counted);
 - image and document blocks are rejected with a clear 400: the served models read text only;
 - thinking blocks are dropped (earlier reasoning is not replayed to the model);
 - `cache_control` markers are kept per part, so the cached prefix can be located in tokens.
@@ -15,6 +18,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sluice.api.anthropic.tools import tool_specs
+from sluice.errors import InvalidRequestError
+from sluice.models.tools.spec import Part, ToolCall, ToolResult
 from sluice.api.anthropic.schema import (
     CountTokensRequest,
     DocumentBlock,
@@ -34,6 +40,14 @@ from sluice.serving.prompt import Conversation, Role, Turn
 MAX_CACHE_BREAKPOINTS = 4
 
 
+def _block_part(block: Any, where: str) -> Part | None:
+    if isinstance(block, ToolUseBlock):
+        return ToolCall(block.id, block.name, block.input)
+    if isinstance(block, ToolResultBlock):
+        return ToolResult(block.tool_use_id, _block_text(block, where) or "", bool(block.is_error))
+    return _block_text(block, where)
+
+
 def _block_text(block: Any, where: str) -> str | None:
     if isinstance(block, TextBlock):
         if block.text == "":
@@ -41,12 +55,10 @@ def _block_text(block: Any, where: str) -> str | None:
         return block.text
     if isinstance(block, (ImageBlock, DocumentBlock)):
         raise invalid(f"{where}: {block.type} blocks are not supported: the served model reads text only")
-    if isinstance(block, ToolUseBlock):
-        return json.dumps({"tool_use": {"id": block.id, "name": block.name, "input": block.input}})
     if isinstance(block, ToolResultBlock):
         if isinstance(block.content, str) or block.content is None:
             return block.content or ""
-        texts = [_block_text(b, where) for b in block.content]
+        texts = [_block_text(b, f"{where}.content.{k}") for k, b in enumerate(block.content)]
         return "\n".join(t for t in texts if t)
     if isinstance(block, SearchResultBlock):
         extra = block.model_extra or {}
@@ -66,15 +78,15 @@ def _turns(messages: list[Message]) -> list[Turn]:
         if isinstance(msg.content, str):
             if msg.content == "" and not (i == last and msg.role == "assistant"):
                 raise invalid(f"{where}: text content blocks must be non-empty")
-            parts, marked = [msg.content], [False]
+            parts, marked = [msg.content], [False]  # type: ignore[assignment]
         else:
             if not msg.content and not (i == last and msg.role == "assistant"):
                 raise invalid(f"{where}: content must not be an empty list")
             parts, marked = [], []
             for j, block in enumerate(msg.content):
-                text = _block_text(block, f"{where}.{j}")
-                if text is not None:
-                    parts.append(text)
+                part = _block_part(block, f"{where}.{j}")
+                if part is not None:
+                    parts.append(part)
                     marked.append(getattr(block, "cache_control", None) is not None)
         role = Role(msg.role)
         if turns and turns[-1].role is role:
@@ -96,6 +108,10 @@ def _system(system: str | list[TextBlock] | None) -> Turn | None:
 
 def to_conversation(req: MessagesRequest | CountTokensRequest) -> Conversation:
     turns = _turns(req.messages)
+    try:
+        Conversation(turns).check_tool_pairs()
+    except InvalidRequestError as exc:
+        raise invalid(str(exc)) from None
     system = _system(req.system)
     if system is not None:
         turns.insert(0, system)
@@ -104,9 +120,12 @@ def to_conversation(req: MessagesRequest | CountTokensRequest) -> Conversation:
         raise invalid(f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {marks}.")
     prefill = ""
     if turns[-1].role is Role.ASSISTANT:
-        prefill = "\n\n".join(turns.pop().parts)
+        last = turns.pop().parts
+        if not all(isinstance(p, str) for p in last):
+            raise invalid("messages: a final assistant prefill can hold text only, not tool_use blocks")
+        prefill = "\n\n".join(p for p in last if isinstance(p, str))
         if prefill != prefill.rstrip():
             raise invalid("messages: final assistant content cannot end with trailing whitespace")
         if not turns:
             raise invalid("messages: a conversation cannot consist of an assistant prefill only")
-    return Conversation(turns, prefill, cache_whole_prompt=req.cache_control is not None)
+    return Conversation(turns, prefill, cache_whole_prompt=req.cache_control is not None, tools=tool_specs(req.tools))

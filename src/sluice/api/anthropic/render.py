@@ -14,7 +14,7 @@ from typing import Any
 
 from sluice.api.errors import anthropic_error_type
 from sluice.serving.errors import ServingError
-from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta
+from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.serving.pipeline import Collected, Generation
 from sluice.streaming.replay_log import ReplayEvent
 from sluice.types import FinishReason, Usage
@@ -68,10 +68,29 @@ def stop_details(r: Refused) -> dict[str, Any]:
     return {"type": "refusal", "category": r.category, "explanation": r.explanation}
 
 
+def stop_reason(final: Finished) -> str:
+    return "tool_use" if final.called_tools else STOP_REASONS[final.reason]
+
+
+def content_blocks(blocks: list[str | ToolCallDone]) -> list[dict[str, Any]]:
+    """A tool-using reply's content: its text runs and calls in order (a reply with neither is
+    one empty text block, as a plain reply is)."""
+    out: list[dict[str, Any]] = []
+    for b in blocks:
+        if isinstance(b, str):
+            if b:
+                out.append({"type": "text", "text": b})
+        else:
+            out.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.input})
+    return out or [{"type": "text", "text": ""}]
+
+
 def message_object(
-    msg_id: str, model: str, text: str | None, stop_reason: str | None, stop_sequence: str | None, usage: dict[str, Any]
+    msg_id: str, model: str, text: str | None | list[dict[str, Any]], stop_reason: str | None, stop_sequence: str | None,
+    usage: dict[str, Any],
 ) -> dict[str, Any]:
-    content = [] if text is None else [{"type": "text", "text": text}]
+    """`text`: the reply's one text block (None: no content), or its content blocks."""
+    content = text if isinstance(text, list) else [] if text is None else [{"type": "text", "text": text}]
     return {
         "id": msg_id,
         "type": "message",
@@ -93,8 +112,10 @@ def render_message(gen: Generation, collected: Collected, plan: UsagePlan) -> di
         body = message_object(req.request_id, req.model, collected.text, "refusal", None, plan.usage(final.usage))
         body["stop_details"] = stop_details(final)
         return body
-    text = None if plan.prefill_only else collected.text
-    return message_object(req.request_id, req.model, text, STOP_REASONS[final.reason], final.stop_sequence, plan.usage(final.usage))
+    text: str | None | list[dict[str, Any]] = None if plan.prefill_only else collected.text
+    if gen.prepared.tool_format is not None:
+        text = content_blocks(collected.blocks)
+    return message_object(req.request_id, req.model, text, stop_reason(final), final.stop_sequence, plan.usage(final.usage))
 
 
 class EventWriter:
@@ -114,13 +135,49 @@ class EventWriter:
         return self.event("error", {"error": {"type": kind_type, "message": message}, "request_id": request_id})
 
 
+class _Blocks:
+    """Content block bookkeeping for one stream: indices 0, 1, … in order, one open at a time.
+    A plain reply opens its text block at once (as before the first token); a reply that may
+    call tools opens each block when its first piece arrives (a forced call is block 0)."""
+
+    def __init__(self, w: EventWriter):
+        self.w = w
+        self.next = 0
+        self.open: str | None = None  # "text" | "tool_use"
+
+    def start(self, block: dict[str, Any]) -> ReplayEvent:
+        self.open = block["type"]
+        self.next += 1
+        return self.w.event("content_block_start", {"index": self.next - 1, "content_block": block})
+
+    def stop(self) -> list[ReplayEvent]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [self.w.event("content_block_stop", {"index": self.next - 1})]
+
+    def delta(self, delta: dict[str, Any]) -> ReplayEvent:
+        return self.w.event("content_block_delta", {"index": self.next - 1, "delta": delta})
+
+    def text(self, text: str) -> list[ReplayEvent]:
+        out = [] if self.open == "text" else [*self.stop(), self.start({"type": "text", "text": ""})]
+        return [*out, self.delta({"type": "text_delta", "text": text})]
+
+    def end(self) -> list[ReplayEvent]:
+        """Close the open block; a reply that produced none gets its empty text block."""
+        return [*self.stop()] if self.next else [self.start({"type": "text", "text": ""}), *self.stop()]
+
+
 async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None) -> AsyncIterator[ReplayEvent]:
     """The event sequence of reference §4.3: `ping` at once (bytes on the wire before queueing
-    and prefill), `message_start` with the prompt's usage at the first outcome, the text block,
-    `message_delta` + `message_stop`; a safety stop is Anthropic's refusal (block stop,
+    and prefill), `message_start` with the prompt's usage at the first outcome, the content
+    blocks (text deltas; a tool_use block with empty input, its `input_json_delta` pieces, its
+    stop), `message_delta` + `message_stop`; a safety stop is Anthropic's refusal (block stop,
     `stop_reason: "refusal"`, message stop); a failure is an `error` event, then the end."""
     req = gen.prepared.request
     w = EventWriter(req.request_id)
+    blocks = _Blocks(w)
+    lazy = gen.prepared.tool_format is not None
     yield PING
     started = False
     async with aclosing(gen.outcomes()) as outcomes:
@@ -132,20 +189,32 @@ async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None
                 started = True
                 start = message_object(req.request_id, req.model, None, None, None, plan.usage(outcome.usage))
                 yield w.event("message_start", {"message": start})
-                if not plan.prefill_only:
-                    yield w.event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+                if not plan.prefill_only and not lazy:
+                    yield blocks.start({"type": "text", "text": ""})
             if isinstance(outcome, TextDelta):
                 if outcome.text and not plan.prefill_only:
-                    yield w.event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": outcome.text}})
+                    for event in blocks.text(outcome.text):
+                        yield event
+                continue
+            if isinstance(outcome, ToolCallStarted):
+                for event in [*blocks.stop(), blocks.start({"type": "tool_use", "id": outcome.id, "name": outcome.name, "input": {}})]:
+                    yield event
+                continue
+            if isinstance(outcome, ToolInputDelta):
+                yield blocks.delta({"type": "input_json_delta", "partial_json": outcome.json})
+                continue
+            if isinstance(outcome, ToolCallDone):
+                for event in blocks.stop():
+                    yield event
                 continue
             if not plan.prefill_only:
-                yield w.event("content_block_stop", {"index": 0})
+                for event in blocks.end():
+                    yield event
             if isinstance(outcome, Refused):
                 delta = {"stop_reason": "refusal", "stop_sequence": None, "stop_details": stop_details(outcome)}
             else:
                 assert isinstance(outcome, Finished)
-                delta = {"stop_reason": STOP_REASONS[outcome.reason], "stop_sequence": outcome.stop_sequence}
+                delta = {"stop_reason": stop_reason(outcome), "stop_sequence": outcome.stop_sequence}
             yield w.event("message_delta", {"delta": delta, "usage": plan.usage(outcome.usage)})
             yield w.event("message_stop", {})
             return
-

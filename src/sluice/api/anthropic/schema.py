@@ -1,8 +1,9 @@
 """The Anthropic Messages request body as pydantic models (reference §2).
 
-Every documented field is accepted; fields a text-only local model cannot honour (tools,
-thinking, service_tier, …) are accepted and ignored, as the contract allows. Truly unknown
-fields are rejected with Anthropic's own wording: `<path>: Extra inputs are not permitted`.
+Every documented field is accepted; fields a text-only local model cannot honour (thinking,
+service_tier, …) are accepted and ignored, as the contract allows. Tools, tool_choice and the
+structured-output formats are interpreted (api/anthropic/tools.py). Truly unknown fields are
+rejected with Anthropic's own wording: `<path>: Extra inputs are not permitted`.
 """
 
 from __future__ import annotations
@@ -106,7 +107,36 @@ class Metadata(_Strict):
 
 
 class Tool(_Open):
+    """A client tool (`type` absent or "custom"), or a server tool (a versioned `type` such as
+    web_search_20250305, refused by the converter: we run no server tools). Open so a server
+    tool's own fields parse; a client tool's extra fields are refused by the converter."""
+
+    name: str
+    type: str | None = None
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    cache_control: CacheControl | None = None
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class JsonOutputFormat(_Strict):
+    """`{"type": "json_schema", "schema": {...}}` (output_config.format and the beta output_format)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Open):
+    """`format` is interpreted; other keys (effort, …) are accepted and ignored."""
+
+    format: JsonOutputFormat | None = None
 
 
 class MessagesRequest(_Strict):
@@ -122,12 +152,14 @@ class MessagesRequest(_Strict):
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     tools: list[Tool] | None = None
-    tool_choice: dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None
     cache_control: CacheControl | None = None
+    output_config: OutputConfig | None = None
+    # the structured-outputs beta spelling (with anthropic-beta: structured-outputs-2025-11-13)
+    output_format: JsonOutputFormat | None = None
     # newer (v2) fields: accepted, not interpreted
     container: Any = None
-    output_config: dict[str, Any] | None = None
     inference_geo: str | None = None
     speed: Literal["standard", "fast"] | None = None
     diagnostics: dict[str, Any] | None = None
@@ -143,10 +175,11 @@ class CountTokensRequest(_Strict):
     messages: list[Message]
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
-    tool_choice: dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None
     cache_control: CacheControl | None = None
-    output_config: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None
     speed: Literal["standard", "fast"] | None = None
     mcp_servers: list[dict[str, Any]] | None = None
     context_management: dict[str, Any] | None = None

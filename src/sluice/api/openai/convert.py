@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from pydantic import ValidationError
 from starlette.requests import Request
 
@@ -12,6 +10,9 @@ from sluice.api.errors import bad_request
 from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
 from sluice.api.openai.schema import ChatCompletionRequest
+from sluice.api.openai.tools import assistant_calls, response_format, tool_choice, tool_specs
+from sluice.errors import InvalidRequestError
+from sluice.models.tools.spec import Part, ToolResult
 from sluice.gateway.principal import Principal
 from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
@@ -37,18 +38,35 @@ def parse_body(raw: bytes, lenient: bool) -> ChatCompletionRequest:
 
 
 def to_conversation(body: ChatCompletionRequest) -> Conversation:
-    """One turn per message (OpenAI does not merge them); tool calls of an assistant message are
-    rendered as JSON text after its content, so a text-only model still sees the exchange."""
+    """One turn per message (OpenAI does not merge them), except that a run of `tool` messages
+    is one turn of tool results (the answers to one assistant turn's calls); an assistant
+    message's tool calls follow its text as calls."""
     turns: list[Turn] = []
     for i, m in enumerate(body.messages):
         text = "\n\n".join(p.text for p in m.content) if isinstance(m.content, list) else (m.content or "")
+        if m.role == "tool":
+            if not m.tool_call_id:
+                raise bad_request(f"messages.{i}.tool_call_id: required for a tool message", param=f"messages.{i}.tool_call_id")
+            result = ToolResult(m.tool_call_id, text)
+            if i and body.messages[i - 1].role == "tool":
+                turns[-1].parts.append(result)
+                turns[-1].marked.append(False)
+            else:
+                turns.append(Turn(_ROLES[m.role], [result]))
+            continue
+        parts: list[Part] = [text] if text else []
         if m.tool_calls:
-            text = (text + "\n" if text else "") + json.dumps(m.tool_calls)
-        if not text and m.role != "assistant":
+            parts += assistant_calls(m.tool_calls, f"messages.{i}.tool_calls")
+        if not parts and m.role != "assistant":
             raise bad_request(f"messages.{i}.content: must be a non-empty string or list of text parts",
                               param=f"messages.{i}.content")
-        turns.append(Turn(_ROLES[m.role], [text]))
-    return Conversation(turns)
+        turns.append(Turn(_ROLES[m.role], parts or [""]))
+    conv = Conversation(turns, tools=tool_specs(body.tools))
+    try:
+        conv.check_tool_pairs()
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    return conv
 
 
 def to_serving_request(body: ChatCompletionRequest, principal: Principal, request_id: str, request: Request) -> ServingRequest:
@@ -74,4 +92,7 @@ def to_serving_request(body: ChatCompletionRequest, principal: Principal, reques
         use_cache=wants_cache(request),
         affinity_user=body.user,
         pin=pinned_version(request),
+        tool_choice=tool_choice(body.tool_choice, body.parallel_tool_calls),
+        output_format=response_format(body.response_format),
+        tool_id_prefix="call_",
     )

@@ -12,7 +12,7 @@ from sse_starlette import ServerSentEvent
 
 from sluice.api.errors import openai_error_type
 from sluice.serving.errors import ServingError
-from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta
+from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.serving.pipeline import Collected, Generation
 from sluice.streaming.event_log import LogGap
 from sluice.streaming.replay_log import ReplayEvent
@@ -36,7 +36,22 @@ def usage_object(u: Usage) -> dict[str, Any]:
 
 
 def _finish_reason(final: Finished | Refused) -> str:
-    return "content_filter" if isinstance(final, Refused) else FINISH[final.reason]
+    if isinstance(final, Refused):
+        return "content_filter"
+    return "tool_calls" if final.called_tools else FINISH[final.reason]
+
+
+def _message(collected: Collected, tools: bool) -> dict[str, Any]:
+    """The assistant message; with calls, `tool_calls` (arguments: the JSON text as written, so
+    it equals the streamed fragments joined) and `content` null when there is no text."""
+    message: dict[str, Any] = {"role": "assistant", "content": collected.text, "refusal": None}
+    calls = [b for b in collected.blocks if isinstance(b, ToolCallDone)] if tools else []
+    if calls:
+        message["content"] = collected.text or None
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
+    return message
 
 
 def render_completion(gen: Generation, collected: Collected) -> dict[str, Any]:
@@ -51,7 +66,7 @@ def render_completion(gen: Generation, collected: Collected) -> dict[str, Any]:
         "model": req.model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": collected.text, "refusal": None},
+            "message": _message(collected, gen.prepared.tool_format is not None),
             "finish_reason": _finish_reason(final),
             "logprobs": None,
         }],
@@ -89,6 +104,16 @@ async def render_chunks(gen: Generation, include_usage: bool) -> AsyncIterator[S
             if isinstance(outcome, TextDelta):
                 if outcome.text:
                     yield chunk({"content": outcome.text}, None)
+                continue
+            if isinstance(outcome, ToolCallStarted):
+                call = {"index": outcome.index, "id": outcome.id, "type": "function",
+                        "function": {"name": outcome.name, "arguments": ""}}
+                yield chunk({"tool_calls": [call]}, None)
+                continue
+            if isinstance(outcome, ToolInputDelta):
+                yield chunk({"tool_calls": [{"index": outcome.index, "function": {"arguments": outcome.json}}]}, None)
+                continue
+            if isinstance(outcome, ToolCallDone):
                 continue
             yield chunk({}, _finish_reason(outcome))
             if include_usage:
