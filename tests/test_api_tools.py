@@ -186,17 +186,17 @@ def test_unsupported_schema_keyword_is_a_400_before_any_stream(client):
 
 def test_output_config_json_schema(client, server):
     msg = create(client, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=80,
-                 extra_body={**GREEDY, "output_config": {"format": {"type": "json_schema", "schema": PERSON}}})
+                 output_config={"format": {"type": "json_schema", "schema": PERSON}})
     assert msg.stop_reason == "end_turn" and msg.content[0].type == "text"
     jsonschema.validate(json.loads(msg.content[0].text), PERSON)
-    # the beta spelling, with its header; without the header it is refused
+    # the beta spelling, with its header (the SDK's beta client sends it); without it, refused
+    beta = client.beta.messages.create(model=MODEL, max_tokens=80, messages=[{"role": "user", "content": "Describe a person."}],
+                                       betas=["structured-outputs-2025-11-13"],
+                                       extra_body={**GREEDY, "output_format": {"type": "json_schema", "schema": PERSON}})
+    assert json.loads(beta.content[0].text) == json.loads(msg.content[0].text)
     body = {"model": MODEL, "max_tokens": 80, "temperature": 0, "messages": [{"role": "user", "content": "Describe a person."}],
             "output_format": {"type": "json_schema", "schema": PERSON}}
     headers = {"x-api-key": "x", "anthropic-version": "2023-06-01"}
-    r = httpx.post(server.base_url + "/v1/messages", json=body, timeout=120,
-                   headers={**headers, "anthropic-beta": "structured-outputs-2025-11-13"})
-    assert r.status_code == 200, r.text
-    assert json.loads(r.json()["content"][0]["text"]) == json.loads(msg.content[0].text)
     r = httpx.post(server.base_url + "/v1/messages", json=body, headers=headers, timeout=60)
     assert r.status_code == 400 and "anthropic-beta" in r.json()["error"]["message"]
 
