@@ -18,11 +18,13 @@ import time
 from sluice.api.app import create_app
 from sluice.api.server import build_server, make_socket
 from sluice.config import Settings
+from sluice.errors import InvalidRequestError
 from sluice.gateway.factory import build_authenticator
 from sluice.gateway.tiers import load_tiers
 from sluice.routing.fleet import Fleet
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.fleet_setup import build_registry, start_fleet
+from sluice.serving.guided import resolve_tool_format
 from sluice.serving.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.serve")
@@ -39,7 +41,8 @@ def _say(message: str) -> None:
 async def serve(settings: Settings, access_log: bool = False) -> int:
     try:
         authenticator, auth_mode = build_authenticator(settings)
-    except ValueError as exc:
+        resolve_tool_format(settings.tool_format)  # a bad tool format stops start-up, not a request
+    except (ValueError, InvalidRequestError) as exc:
         _say(f"error: {exc}")
         return EXIT_START_FAILED
     rt = ServingRuntime(settings, authenticator=authenticator)

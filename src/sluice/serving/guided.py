@@ -33,6 +33,10 @@ class OutputFormat:
     schema: dict[str, Any] | None = None
 
 
+# A spec that passed stays valid (it is frozen); a failure is not cached and is checked again.
+_check = functools.lru_cache(maxsize=256)(check_guided)
+
+
 @functools.lru_cache(maxsize=8)
 def resolve_tool_format(setting: str) -> ToolFormat:
     """The `tool_format` setting: a registered format's name, or a JSON file of fields over Hermes."""
@@ -59,7 +63,7 @@ def guided_for(conv: Conversation, choice: ToolChoice, output: OutputFormat | No
             schema = None if output is None else (output.schema if output.schema is not None else {"type": "object"})
             spec = tool_guidance(conv.tools, choice, fmt, schema)
         if spec is not None:
-            check_guided(spec)
+            _check(spec)
     except InvalidRequestError as exc:
         raise invalid(str(exc)) from None
     return spec
