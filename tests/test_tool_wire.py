@@ -138,3 +138,71 @@ def test_tool_stream_stage_turns_text_into_call_outcomes():
     assert "".join(o.json for o in out if isinstance(o, ToolInputDelta)) == done.arguments
     final = out[-1]
     assert isinstance(final, Finished) and final.tool_calls == 1 and final.called_tools
+
+
+class _FakeGeneration:
+    """What the renderers read from a Generation: the request, the tool format, the outcomes."""
+
+    def __init__(self, outcomes: list, tool_id_prefix: str = "toolu_"):
+        from types import SimpleNamespace
+
+        _, sreq = anthropic_request({**BASE, "tools": [WEATHER]})
+        sreq.tool_id_prefix = tool_id_prefix
+        self.prepared = SimpleNamespace(request=sreq, tool_format=HERMES)
+        self._outcomes = outcomes
+
+    async def outcomes(self):
+        for o in self._outcomes:
+            yield o
+
+
+def _mixed_reply() -> list:
+    args = '{"city": "Oslo"}'
+    return [TextDelta("Let me check."), ToolCallStarted(0, "toolu_a", "get_weather"), ToolInputDelta(0, args[:7]),
+            ToolInputDelta(0, args[7:]), ToolCallDone(0, "toolu_a", "get_weather", {"city": "Oslo"}, args),
+            Finished(FinishReason.EOS, tool_calls=1)]
+
+
+def test_anthropic_stream_text_then_tool_use_blocks():
+    from sluice.api.anthropic.render import UsagePlan, render_stream
+
+    async def run():
+        return [e async for e in render_stream(_FakeGeneration(_mixed_reply()), UsagePlan(None, 16), "req_1")]
+
+    events = [(e.name, json.loads(e.data)) for e in asyncio.run(run()) if e.name != "ping"]
+    names = [n for n, _ in events]
+    assert names == ["message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
+                     "message_delta", "message_stop"]
+    assert events[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    assert events[4][1]["index"] == 1 and events[4][1]["content_block"] == {
+        "type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {}}
+    assert "".join(d["delta"]["partial_json"] for n, d in events[5:7]) == '{"city": "Oslo"}'
+    assert events[8][1]["delta"]["stop_reason"] == "tool_use"
+    from sluice.api.anthropic.render import content_blocks  # the non-streaming reply's content
+
+    assert content_blocks(["Let me check.", _mixed_reply()[4]]) == [
+        {"type": "text", "text": "Let me check."}, {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {"city": "Oslo"}}]
+    assert content_blocks([]) == [{"type": "text", "text": ""}]
+
+
+def test_openai_stream_and_message_with_text_and_tool_calls():
+    from sluice.api.openai.render import render_chunks, render_completion
+    from sluice.serving.pipeline import Collected
+
+    async def run():
+        return [e.data async for e in render_chunks(_FakeGeneration(_mixed_reply(), "call_"), False) if e.data]
+
+    chunks = [json.loads(d) for d in asyncio.run(run()) if d != "[DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[1] == {"content": "Let me check."}
+    assert deltas[2]["tool_calls"] == [{"index": 0, "id": "toolu_a", "type": "function",
+                                        "function": {"name": "get_weather", "arguments": ""}}]
+    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[3:5]) == '{"city": "Oslo"}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    reply = _mixed_reply()
+    body = render_completion(_FakeGeneration(reply), Collected("Let me check.", reply[-1], ["Let me check.", reply[4]]))
+    message = body["choices"][0]["message"]
+    assert message["content"] == "Let me check." and body["choices"][0]["finish_reason"] == "tool_calls"
+    assert message["tool_calls"] == [{"id": "toolu_a", "type": "function",
+                                      "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
