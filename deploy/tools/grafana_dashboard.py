@@ -133,7 +133,7 @@ def build(settings: ScalingSettings | None = None) -> dict[str, Any]:
         .with_panel(_series("Warm pool", "none", [("sum by (model) (sluice_warm_pool_workers)", "{{model}}")],
                             "Loaded workers held back for bursts, per model", span=8))
         .with_panel(_series("Serving workers by version", "none", [
-            ('sum by (version) (sluice_workers{state="serving"})', "{{version}}")],
+            ('sum by (version) (sluice_workers{state="warm"})', "{{version}}")],
             "Which versions take traffic (hot swaps, rollouts)", span=24))
     )
     return _numbered(json.loads(JSONEncoder(sort_keys=True, indent=2).encode(d.build())))

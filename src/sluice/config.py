@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     # a fleet file (docs/FLEET.md): models, versions, workers; unset = a fleet of one model
     # built from the settings above (model, served_model_name, model_aliases, worker)
     fleet: str | None = None
+    # without a fleet file: scale the spawned worker with the local autoscaler (docs/FLEET.md:
+    # one serving worker, one in the warm pool, at most autoscale_max_workers); a fleet file
+    # says it per version instead
+    autoscale: bool = False
+    autoscale_max_workers: int = Field(2, ge=1)
     admin_key: SecretStr | None = None  # guards the admin API (/admin/*); unset = no admin API
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)

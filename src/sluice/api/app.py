@@ -99,6 +99,7 @@ def create_app(rt: ServingRuntime) -> FastAPI:
             answered = await rt.fleet.fresh_stats()
             stats = combined(answered) if answered else None
             rt.metrics.observe_workers(rt.fleet.worker_counts())
+            rt.metrics.observe_warm_pool(rt.fleet.warm_pool_counts())
         rt.metrics.observe_engine(stats)
         if rt.gateway is not None:
             rt.metrics.observe_gateway(rt.gateway)

@@ -21,6 +21,7 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
         dtype=args.dtype,
         worker=args.worker,
         fleet=args.fleet,
+        autoscale=True if args.autoscale else None,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_gib=args.kv_cache_gib,
@@ -98,6 +99,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--fleet", default=None, metavar="FILE",
         help="a fleet file (TOML: models, versions, local replicas and remote workers; docs/FLEET.md); "
         "env SLUICE_FLEET; SIGHUP reloads it",
+    )
+    p.add_argument(
+        "--autoscale", action="store_true", default=False,
+        help="without --fleet: scale the spawned worker with the local autoscaler (a warm pool of one, at most "
+        "autoscale_max_workers workers; env SLUICE_AUTOSCALE); with --fleet, say `autoscale` per version (docs/FLEET.md)",
     )
     p.add_argument("--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)")
     p.add_argument("--send-timeout", type=float, default=None, metavar="S", help="cut a connection whose reader acknowledges nothing for this long while data waits (default: 30)")

@@ -168,6 +168,11 @@ class AdmissionQueue:
         exported too."""
         return (self.queued_tokens + self.inflight_tokens) / self.capacity_tokens
 
+    def queued_tokens_from_band(self, band: int) -> int:
+        """Estimated tokens waiting in `band` and the bands after it (the autoscaler's batch
+        share: work that may wait for a cold start; scaling_policy.py)."""
+        return sum(e.ticket.est_tokens for e in self._waiting if e.ticket.band >= band)
+
     # -- internals --------------------------------------------------------------------------------
     def _has_room(self, tokens: int) -> bool:
         if self.inflight >= self.max_inflight:

@@ -95,6 +95,9 @@ class ServingMetrics:
         # the fleet (read at scrape time)
         self.workers = Gauge("sluice_workers", "Workers by model, version (<model>/<version>) and state",
                              ["model", "version", "state"], registry=r)
+        self.warm_pool = Gauge("sluice_warm_pool_workers",
+                               "Warm-pool workers (loaded, warmed up, no traffic until the autoscaler promotes them)",
+                               ["model", "version"], registry=r)
 
     def observe_engine(self, s: EngineStats | None) -> None:
         if s is None:
@@ -122,6 +125,12 @@ class ServingMetrics:
         self.workers.clear()
         for (model, version, state), n in counts.items():
             self.workers.labels(model, version, state).set(n)
+
+    def observe_warm_pool(self, counts: dict[tuple[str, str], int]) -> None:
+        """(model, <model>/<version>) -> STANDBY workers (autoscaled versions always show)."""
+        self.warm_pool.clear()
+        for (model, version), n in counts.items():
+            self.warm_pool.labels(model, version).set(n)
 
     def observe_gateway(self, gw) -> None:  # gw: sluice.gateway.gateway.Gateway
         q = gw.admission

@@ -3,7 +3,8 @@
 One model (the id today's settings give it, with its aliases), one version named `default`
 that carries the whole traffic, served by one local worker or by the `--worker` address. Every
 tier may pin that version, so a client that echoes the `sluice-model-version` header it was
-sent keeps working. Building it through the same schema as a fleet file means the request path
+sent keeps working. With `autoscale` on, the version is autoscaled (one serving worker, a warm
+pool of one, at most `autoscale_max_workers`; the other numbers are ScalingSettings' defaults). Building it through the same schema as a fleet file means the request path
 has one shape to handle whether a fleet file exists or not.
 """
 
@@ -49,7 +50,7 @@ def fleet_from_settings(settings: Settings, served_name: str | None = None) -> F
         "workers": [settings.worker] if remote else [],
         "traffic": 100.0,
     }
-    data = {
+    data: dict = {
         "models": {
             model_id: {
                 "aliases": aliases,
@@ -58,6 +59,13 @@ def fleet_from_settings(settings: Settings, served_name: str | None = None) -> F
             }
         }
     }
+    if settings.autoscale:
+        if remote or settings.worker == INLINE:
+            raise FleetFileError(["settings: autoscale starts and stops local workers; it cannot scale "
+                                  f"--worker {settings.worker}"])
+        version["autoscale"] = True
+        data["autoscaling"] = {"max_workers": settings.autoscale_max_workers,
+                               "warm_pool": {"windows": [{"start": "00:00", "size": 1}]}}
     try:
         return FleetSpec.model_validate(data)
     except ValidationError as exc:  # e.g. a served_model_name with spaces

@@ -9,7 +9,9 @@ Built from a FleetSpec (a fleet file, or the fleet of one today's settings descr
 - the rollout driver, ticked once a second for the rollouts this gateway drives, and on the
   same tick the local replicas reconciled with the live state (local_replicas.py: a rollout's
   target started, retired versions drained and stopped — on every gateway);
-- per version: the tokenizer (from its weights; the gateway renders prompts) and model info.
+- per version: the tokenizer (from its weights; the gateway renders prompts) and model info;
+- the local autoscaler (autoscaler.py), on its own short interval: the replica count, warm
+  pool, promotions and drains of the versions whose fleet-file entry says `autoscale`.
 
 A reloaded fleet file is applied by fleet_reload.py; the operator's view is fleet_status.py.
 """
@@ -28,6 +30,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.stats import EngineStats
 from sluice.errors import EngineUnavailableError, ModelLoadError
 from sluice.models.tokenizer import Tokenizer
+from sluice.routing.autoscaler import LocalAutoscaler
 from sluice.routing.fleet_schema import BUNDLED, VersionSpec
 from sluice.routing.fleet_reload import has_quotas
 from sluice.routing.fleet_status import fleet_status
@@ -77,11 +80,13 @@ class Fleet:
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)  # weights path -> tokenizer
     _client_for: Callable[[str], EngineClient] = GrpcEngineClient  # how remote workers are reached
     replicas: LocalReplicas = field(init=False)
+    autoscaler: LocalAutoscaler = field(init=False)
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reload at a time
     tick_s: float = TICK_S
 
     def __post_init__(self) -> None:
         self.replicas = LocalReplicas(self)
+        self.autoscaler = LocalAutoscaler(self)  # idle until a version says `autoscale`
 
     @classmethod
     def build(cls, settings: Settings, registry: Registry) -> Fleet:
@@ -126,7 +131,8 @@ class Fleet:
         self.poller.start()
         loop = asyncio.get_running_loop()
         self._tasks += [loop.create_task(self.follower.run(), name="sluice-routing-follower"),
-                        loop.create_task(self._tick_forever(), name="sluice-fleet-ticker")]
+                        loop.create_task(self._tick_forever(), name="sluice-fleet-ticker"),
+                        loop.create_task(self.autoscaler.run(), name="sluice-autoscaler")]
 
     def add_worker(self, model_id: str, version: str, address: str, client: EngineClient,
                    supervisor: WorkerSupervisor | None = None) -> WorkerEntry:
@@ -153,7 +159,8 @@ class Fleet:
 
     def gave_up(self, worker_id: str, why: str) -> None:
         self.pool.set_status(worker_id, WorkerStatus.STOPPED)
-        if not any(self.pool.takes_requests(w) or w.status is WorkerStatus.STARTING
+        # a warm-pool worker is alive too: the autoscaler promotes it
+        if not any(self.pool.takes_requests(w) or w.status in (WorkerStatus.STARTING, WorkerStatus.STANDBY)
                    for w in (self.pool.get(h) for h in self.handles) if w is not None):
             if self.on_give_up is not None:
                 self.on_give_up(why)
@@ -239,6 +246,15 @@ class Fleet:
                 counts[key] = counts.get(key, 0) + 1
         return counts
 
+    def warm_pool_counts(self) -> dict[tuple[str, str], int]:
+        """(model, <model>/<version>) -> STANDBY workers, for the `sluice_warm_pool_workers`
+        gauge: every autoscaled version (0 included) and any version with one."""
+        counts = {(m, version_header(m, v)): 0 for m, v in self.registry.fleet.autoscaled()}
+        for (model, version, state), n in self.worker_counts().items():
+            if state == WorkerStatus.STANDBY.value:
+                counts[(model, version)] = n
+        return counts
+
     def status(self) -> dict[str, Any]:
         """The fleet as an operator sees it (the admin API's /admin/fleet)."""
         return fleet_status(self)
@@ -278,6 +294,7 @@ class Fleet:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+        await self.autoscaler.close()
         await self.replicas.close()
         if self.poller is not None:
             await self.poller.stop()

@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sluice.routing.errors import FleetFileError
-from sluice.routing.fleet_schema import FleetSpec, WeightsKind
+from sluice.routing.fleet_schema import AUTOSCALE_TAGS, FleetSpec, WeightsKind
 from sluice.routing.toml_lines import KeyPath, key_lines, line_of
 
 _BARE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
@@ -74,6 +74,10 @@ def _pydantic_problems(exc: ValidationError) -> list[tuple[KeyPath, str]]:
     out = []
     for err in exc.errors(include_url=False):
         loc = list(err["loc"])
+        for i in range(len(loc) - 1):
+            if loc[i] == "autoscale" and loc[i + 1] in AUTOSCALE_TAGS:
+                del loc[i + 1]  # the union's branch, not a key of the file
+                break
         msg = err["msg"].removeprefix("Value error, ")
         if "[key]" in loc:  # a bad table name: pydantic marks the key with "[key]"
             loc.remove("[key]")
@@ -123,11 +127,29 @@ def cross_check(
                     found.append(((*vloc, "workers", i), f"worker {addr} is already listed at {dotted_path(addresses[addr])}"))
                 else:
                     addresses[addr] = (*vloc, "workers", i)
+            found += _autoscale_problems(fleet, model_id, name, vloc)
             if check_paths and version.replicas > 0:
                 problem = _weights_problem(version.weights_kind, Path(version.weights))
                 if problem:
                     found.append(((*vloc, "weights"), problem))
+    if fleet.autoscaling is not None and not fleet.autoscaled():
+        found.append((("autoscaling",), "no version has autoscale = true (or an autoscale table): "
+                                        "autoscaling is per version and off by default"))
     return found
+
+
+def _autoscale_problems(fleet: FleetSpec, model_id: str, name: str, vloc: KeyPath) -> list[tuple[KeyPath, str]]:
+    version = fleet.models[model_id].versions[name]
+    scaling = fleet.scaling(model_id, name)
+    if scaling is None:
+        return []
+    if version.replicas == 0:
+        return [((*vloc, "autoscale"), "autoscale starts and stops local replicas: give the version replicas >= 1 "
+                                       "(remote workers are scaled by their own platform, e.g. KEDA)")]
+    if not scaling.min_serving <= version.replicas <= scaling.max_workers:
+        return [((*vloc, "replicas"), f"with autoscale, replicas is the serving count at start-up: it must lie within "
+                                      f"min_serving..max_workers ({scaling.min_serving}..{scaling.max_workers})")]
+    return []
 
 
 def _weights_problem(kind: WeightsKind, path: Path) -> str | None:

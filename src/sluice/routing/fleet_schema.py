@@ -15,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, ValidationInfo, field_validator,
+                      model_validator)
 
 from sluice.engine.config import EngineConfig
+from sluice.routing.autoscale_spec import AutoscalingSpec, VersionAutoscaleSpec, merge_version_tables
 from sluice.routing.circuit_breaker import BreakerConfig
+from sluice.routing.scaling_settings import ScalingSettings
 from sluice.worker.faults import FaultSpec
 
 BUNDLED = "bundled"
@@ -31,6 +34,15 @@ BUNDLED = "bundled"
 VersionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 ModelId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")]
 TierName = Annotated[str, StringConstraints(min_length=1, max_length=64)]  # "*" = every other tier
+
+
+# `autoscale = true` or an `[...autoscale]` table: told apart by the input's shape, so an error
+# inside the table names its field (fleet_file.py drops the tag from the location)
+AUTOSCALE_TAGS = ("flag", "table")
+Autoscale = Annotated[
+    Union[Annotated[bool, Tag("flag")], Annotated[VersionAutoscaleSpec, Tag("table")]],
+    Discriminator(lambda v: "table" if isinstance(v, (dict, BaseModel)) else "flag"),
+]
 
 
 class _Strict(BaseModel):
@@ -116,6 +128,10 @@ class VersionSpec(_Strict):
     workers: list[str] = Field(default_factory=list)  # addresses of running `sluice worker`s
     traffic: float = Field(0.0, ge=0)  # relative traffic weight (need not sum to 100)
     max_outstanding_tokens: int | None = Field(None, ge=1)  # a worker above this takes no more
+    # the local autoscaler (routing/autoscaler.py) owns the count of its local replicas:
+    # true = the fleet's [autoscaling] settings, a table = those with overrides
+    # (autoscale_spec.py); `replicas` is then the serving count at start-up
+    autoscale: Autoscale = False
     # a testing aid, never for production (worker/faults.py): the version's local replicas
     # misbehave on purpose, e.g. "fail_all" for a broken version that a rollout must roll back
     fault_injection: str | None = None
@@ -231,4 +247,26 @@ class RolloutSpec(_Strict):
 class FleetSpec(_Strict):
     routing: RoutingSpec = RoutingSpec()
     rollout: RolloutSpec = RolloutSpec()
+    autoscaling: AutoscalingSpec | None = None  # defaults of the autoscaled versions (autoscale_spec.py)
     models: dict[ModelId, ModelSpec] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_autoscale(cls, data: object) -> object:
+        return merge_version_tables(data)
+
+    @property
+    def autoscale_interval_s(self) -> float:
+        return (self.autoscaling or AutoscalingSpec()).interval_s
+
+    def scaling(self, model_id: str, version: str) -> ScalingSettings | None:
+        """The version's autoscaling settings; None when its replica count is fixed."""
+        spec = self.models[model_id].versions[version].autoscale
+        if spec is False:
+            return None
+        if spec is True:
+            return (self.autoscaling or AutoscalingSpec()).policy_settings()
+        return spec.policy_settings()
+
+    def autoscaled(self) -> list[tuple[str, str]]:
+        return [(m, v) for m, model in self.models.items() for v, spec in model.versions.items() if spec.autoscale is not False]

@@ -4,7 +4,9 @@ A plain JSON-able view, computed from the registry (what the file declares), the
 snapshot (live weights, version states, the rollout) and the worker pool (each worker's status,
 breaker and load as this gateway sees them). `share` is a version's percentage of its model's
 weighted traffic right now; a version whose workers cannot take requests loses its share to
-the others at routing time, which `workers` shows.
+the others at routing time, which `workers` shows. `autoscaling` lists each autoscaled version's
+last observation (signal, workers by state) and decision (desired counts, reason) and the
+actions the local autoscaler ran (autoscaler.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,6 @@ def fleet_status(fleet: "Fleet") -> dict[str, Any]:
             "local": h.supervisor is not None, "pid": pid,
             "restarts": h.supervisor.restarts if h.supervisor is not None else 0,
         })
-    return {"models": models, "workers": workers, "routing_revision": snapshot.revision,
+    return {"models": models, "workers": workers, "autoscaling": fleet.autoscaler.status(), "routing_revision": snapshot.revision,
             "fleet_file": str(fleet.registry.source) if fleet.registry.source is not None else None,
             "reloads": fleet.registry.generation}

@@ -45,6 +45,9 @@ class WorkerHandle:
     stats: EngineStats | None = None  # the last stats it answered
     failures: int = 0  # consecutive failed probes
     warmed: bool = False
+    # the status it takes once warm: WARM (serves at once), or STANDBY for a worker the
+    # autoscaler started to refill its warm pool (routing/autoscaler.py)
+    join_status: WorkerStatus = WorkerStatus.WARM
     on_change: list[Callable[["WorkerHandle"], None]] = field(default_factory=list)
 
 
@@ -77,16 +80,17 @@ class HealthPoller:
             h.failures, h.stats = 0, stats
             self.pool.report_load(h.worker_id, stats.outstanding_tokens)
             if entry.status is WorkerStatus.STARTING:
-                log.info("worker %s (%s/%s) is warm", h.worker_id, h.model_id, h.version)
-                self.pool.set_status(h.worker_id, WorkerStatus.WARM)
+                log.info("worker %s (%s/%s) is warm (%s)", h.worker_id, h.model_id, h.version, h.join_status.value)
+                self.pool.set_status(h.worker_id, h.join_status)
                 self._changed(h)
             return
         h.failures += 1
-        if h.failures >= self.down_after and (entry.status is WorkerStatus.WARM or h.warmed):
+        up = entry.status in (WorkerStatus.WARM, WorkerStatus.STANDBY)
+        if h.failures >= self.down_after and (up or h.warmed):
             log.warning("worker %s (%s/%s) is down after %d failed health checks (%s)",
                         h.worker_id, h.model_id, h.version, h.failures, why)
             h.warmed = False
-            if entry.status is WorkerStatus.WARM:
+            if up:
                 self.pool.set_status(h.worker_id, WorkerStatus.STARTING)
             if isinstance(h.client, GrpcEngineClient):
                 h.client.abandon_calls(f"{h.worker_id} missed {h.failures} health checks")

@@ -53,7 +53,13 @@ class LocalReplicas:
         running = self.local(model_id, version)
         await asyncio.gather(*(self._start_one(model_id, version, spec) for _ in range(spec.replicas - len(running))))
 
-    async def _start_one(self, model_id: str, version: str, spec: VersionSpec) -> None:
+    async def start_one(self, model_id: str, version: str, join: WorkerStatus = WorkerStatus.WARM) -> str:
+        """One more local replica of the version (the autoscaler's cold start); returns its id
+        once loaded. `join`: the status it takes once warmed up (STANDBY: the warm pool)."""
+        return await self._start_one(model_id, version, self.fleet.registry.version(model_id, version), join)
+
+    async def _start_one(self, model_id: str, version: str, spec: VersionSpec,
+                         join: WorkerStatus = WorkerStatus.WARM) -> str:
         s = self.fleet.settings
         config = spec.engine.apply(EngineConfig.from_settings(s))
         supervisor = WorkerSupervisor(
@@ -70,8 +76,10 @@ class LocalReplicas:
         log.info("local worker %s/%s started (pid %d)", model_id, version, supervisor.worker.pid)
         address = supervisor.address
         self.fleet.add_worker(model_id, version, address, client, supervisor)
+        self.fleet.handles[address].join_status = join  # before the poller can warm it up
         supervisor.on_give_up = lambda why: self.fleet.gave_up(address, why)
         supervisor.watch(client)
+        return address
 
     def local(self, model_id: str, version: str) -> list[WorkerHandle]:
         """The version's local replicas that are not on their way out."""
@@ -104,6 +112,8 @@ class LocalReplicas:
                 state = live.state_of(name)
                 goal = replica_goal(spec, state, weights.get(name, 0.0))
                 local = self.local(model_id, name)
+                if spec.autoscale is not False and goal is not ReplicaGoal.STOP:
+                    continue  # the autoscaler owns the count (routing/autoscaler.py)
                 keep = 0 if goal is ReplicaGoal.STOP else spec.replicas
                 why = f"{model_id}/{name} is {state.value}" if goal is ReplicaGoal.STOP else "more than the version's replicas"
                 stopping += [self.retire(h.worker_id, why) for h in local[keep:]]
@@ -151,11 +161,36 @@ class LocalReplicas:
                 self._drain_and_drop(h, timeout_s), name=f"sluice-retire-{worker_id}")
         return worker_id
 
-    async def _drain_and_drop(self, h: WorkerHandle, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+    def drain_to_standby(self, worker_id: str) -> None:
+        """Serving → DRAINING → STANDBY (a scale-down that keeps the model loaded for the warm
+        pool): no new requests at once, this gateway's in-flight ones finish first — at most
+        the rollout's `drain_timeout_s`; a request still running then just runs on."""
+        h = self.fleet.handles.get(worker_id)
+        if h is None or worker_id in self._retiring:
+            return
+        log.info("worker %s (%s/%s) drains into the warm pool", worker_id, h.model_id, h.version)
+        self.fleet.pool.set_status(worker_id, WorkerStatus.DRAINING)
+        h.join_status = WorkerStatus.STANDBY
+        timeout_s = self.fleet.registry.fleet.rollout.drain_timeout_s
+        self._retiring[worker_id] = asyncio.get_running_loop().create_task(
+            self._drain_to_standby(h, timeout_s), name=f"sluice-standby-{worker_id}")
+
+    async def _drain_to_standby(self, h: WorkerHandle, timeout_s: float) -> None:
         try:
-            while (w := self.fleet.pool.get(h.worker_id)) is not None and w.inflight > 0 and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            await self._drained(h, timeout_s)
+            if (w := self.fleet.pool.get(h.worker_id)) is not None and w.status is WorkerStatus.DRAINING:
+                self.fleet.pool.set_status(h.worker_id, WorkerStatus.STANDBY)
+        finally:
+            self._retiring.pop(h.worker_id, None)
+
+    async def _drained(self, h: WorkerHandle, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (w := self.fleet.pool.get(h.worker_id)) is not None and w.inflight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _drain_and_drop(self, h: WorkerHandle, timeout_s: float) -> None:
+        try:
+            await self._drained(h, timeout_s)
             await self.drop(h)
         finally:
             self._retiring.pop(h.worker_id, None)

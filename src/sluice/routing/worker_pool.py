@@ -1,7 +1,7 @@
 """The workers behind each model version, as the router sees them: status, load, breaker.
 
 A worker takes new requests only while it is WARM (model loaded and a warm-up generation
-done), its circuit breaker lets requests through, and its outstanding work is under the
+done; a STANDBY worker is just as ready but held back in the autoscaler's warm pool), its circuit breaker lets requests through, and its outstanding work is under the
 version's `max_outstanding_tokens` (when set). The pool does no I/O: the health poller, the
 supervisor and the request path report into it (`set_status`, `report_load`,
 `record_health`, `begin`/`finish`), and the picker reads `candidates`.
@@ -28,6 +28,9 @@ from sluice.routing.worker_picker import Candidate
 class WorkerStatus(str, enum.Enum):
     STARTING = "starting"  # spawned or connecting; not loaded yet
     WARM = "warm"  # loaded and warmed up: takes requests
+    # loaded and warmed up, but in the warm pool: takes no requests until the autoscaler
+    # promotes it (a status change, so promotion costs one routing decision, not a model load)
+    STANDBY = "standby"
     DRAINING = "draining"  # finishes what it has, takes nothing new
     STOPPED = "stopped"  # gone (exited, removed from the fleet)
 
@@ -162,7 +165,8 @@ class WorkerPool:
         return sum(w.inflight for w in self.workers(model_id, version))
 
     def warm(self, model_id: str, version: str) -> bool:
-        """Every worker the version has is warm, and it has at least one (a rollout waits
-        for this before shifting traffic)."""
+        """Every worker the version has is warm (serving or in the warm pool), and at least one
+        serves (a rollout waits for this before shifting traffic)."""
         ws = [w for w in self.workers(model_id, version) if w.status is not WorkerStatus.STOPPED]
-        return bool(ws) and all(w.status is WorkerStatus.WARM for w in ws)
+        ready = (WorkerStatus.WARM, WorkerStatus.STANDBY)
+        return any(w.status is WorkerStatus.WARM for w in ws) and all(w.status in ready for w in ws)

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from sluice.config import Settings
+from sluice.gateway.admission import AdmissionQueue
 from sluice.gateway.authenticator import Authenticator, OpenAccess
 from sluice.gateway.factory import build_gateway
 from sluice.gateway.gateway import Gateway
 from sluice.gateway.principal import Principal
+from sluice.gateway.tiers import load_tiers
 from sluice.observability.metrics import ServingMetrics
+from sluice.routing.autoscale_observation import Demand
 from sluice.routing.errors import UnknownModelError
 from sluice.routing.fleet import Fleet
 from sluice.safety.pipeline import SafetyPipeline
@@ -27,6 +30,17 @@ from sluice.safety.policy import load_policy
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.idempotency import Idempotency, build_idempotency
 from sluice.streaming.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
+
+
+def batch_band(settings: Settings) -> int:
+    """The admission band of batch work (the `batch` tier's; past every band without one)."""
+    tiers = load_tiers(settings.tiers)
+    return tiers["batch"].priority if "batch" in tiers else max(t.priority for t in tiers.values()) + 1
+
+
+def queue_demand(queue: AdmissionQueue, band: int) -> Callable[[], Demand]:
+    """What the local autoscaler reads of the admission queue (routing cannot import it)."""
+    return lambda: Demand(queue.queued_tokens, queue.queued_tokens_from_band(band))
 
 
 def build_replay(settings: Settings) -> ReplayLog:
@@ -63,6 +77,7 @@ class ServingRuntime:
             self.safety = build_safety(self.settings)
         if self.gateway is None:
             self.gateway = build_gateway(self.settings, self.settings.max_num_seqs, capacity_tokens or 1)
+        fleet.autoscaler.demand = queue_demand(self.gateway.admission, batch_band(self.settings))
         self._ready.set()
 
     @property
