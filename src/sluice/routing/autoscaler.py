@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +43,9 @@ if TYPE_CHECKING:
     from sluice.routing.fleet import Fleet
 
 log = logging.getLogger("sluice.autoscale")
-START_RETRY_S = 30.0  # a version whose cold start failed waits this long (policy clock) before the next
+# a version whose cold start failed waits this long before the next (real time: a start's
+# failure and retry are about processes, not the policy's windows)
+START_RETRY_S = 30.0
 
 
 @dataclass(slots=True)
@@ -160,7 +163,7 @@ class LocalAutoscaler:
                             ("retire_warm", a.retire_warm)) if n})
 
     def _start(self, key: tuple[str, str], scaler: VersionScaler, n: int) -> None:
-        now = self.clock.monotonic()
+        now = time.monotonic()
         if n <= 0 or (scaler.start_failed_at is not None and now - scaler.start_failed_at < START_RETRY_S):
             return
         for _ in range(n):
@@ -175,7 +178,7 @@ class LocalAutoscaler:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            scaler.start_failed_at = self.clock.monotonic()
+            scaler.start_failed_at = time.monotonic()
             log.error("autoscaling %s/%s: a worker failed to start: %s (next try in %.0f s)", *key, exc, START_RETRY_S)
         finally:
             # the same step that added the worker to the pool (as STARTING): never counted twice
