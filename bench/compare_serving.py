@@ -6,8 +6,9 @@ alternating which goes first in each round, so machine noise hits both alike.
 
 Per level (closed loop: 1, 8 and 32 concurrent streams, greedy, fixed prompts): TTFT p50,
 inter-token p50, output tok/s; the ratios after / before are the figures to quote. Both servers
-run with safety on (the default) and, with `--safety-off-too`, a second pair without it gives
-the safety overhead before and after.
+run with safety on (the default); a second run with `--env-before SLUICE_SAFETY=false
+--env-after SLUICE_SAFETY=false` gives the pair without it, so the safety overhead before and
+after is the ratio of the two runs.
 
     git worktree add /tmp/sluice-before b6b409b
     .venv/bin/python bench/compare_serving.py --before /tmp/sluice-before --env-after SLUICE_KERNELS=torch
