@@ -5,7 +5,8 @@ commit to compare against), one from this one — under the same load, level by 
 alternating which goes first in each round, so machine noise hits both alike.
 
 Per level (closed loop: 1, 8 and 32 concurrent streams, greedy, fixed prompts): TTFT p50,
-inter-token p50, output tok/s; the ratios after / before are the figures to quote. Both servers
+inter-token p50, output tok/s, and the CPU time per output token of the gateway process and of
+its worker (psutil; what each side costs regardless of how busy the machine is); the ratios after / before are the figures to quote. Both servers
 run with safety on (the default); a second run with `--env-before SLUICE_SAFETY=false
 --env-after SLUICE_SAFETY=false` gives the pair without it, so the safety overhead before and
 after is the ratio of the two runs.
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 from httpx_sse import aconnect_sse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,20 @@ class Server:
                 pass
             time.sleep(0.5)
         raise RuntimeError(f"{self.name} not ready")
+
+    def cpu_s(self) -> tuple[float, float]:
+        """CPU seconds so far (user + system) of the gateway process and of its workers: what a
+        request costs each side, independent of how long other processes held the cores."""
+        gateway = psutil.Process(self.proc.pid)
+        t = gateway.cpu_times()
+        workers = 0.0
+        for child in gateway.children(recursive=True):
+            try:
+                c = child.cpu_times()
+                workers += c.user + c.system
+            except psutil.NoSuchProcess:
+                pass
+        return t.user + t.system, workers
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -107,7 +123,7 @@ async def level(url: str, streams: int, requests: int, max_tokens: int) -> dict[
     ttfts = [r[0] for r in results]
     itls = [x for r in results for x in r[1]]
     return {"ttft_p50_ms": 1000 * statistics.median(ttfts), "itl_p50_ms": 1000 * statistics.median(itls) if itls else float("nan"),
-            "tok_s": sum(r[2] for r in results) / wall}
+            "tok_s": sum(r[2] for r in results) / wall, "tokens": sum(r[2] for r in results)}
 
 
 def main() -> None:
@@ -134,18 +150,23 @@ def main() -> None:
             order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
             for lv in levels:
                 for name in order:
+                    g0, w0 = servers[name].cpu_s()
                     res = asyncio.run(level(servers[name].url, lv, max(lv * 2, 6), args.max_tokens))
+                    g1, w1 = servers[name].cpu_s()
+                    res["gateway_cpu_ms_per_token"] = 1000 * (g1 - g0) / max(1, res["tokens"])
+                    res["worker_cpu_ms_per_token"] = 1000 * (w1 - w0) / max(1, res["tokens"])
                     figures[name][lv].append(res)
                     print(f"round {r + 1} {name:6s} x{lv:<3d} ttft {res['ttft_p50_ms']:7.1f} ms  itl {res['itl_p50_ms']:6.1f} ms  "
-                          f"{res['tok_s']:6.1f} tok/s", file=sys.stderr)
+                          f"{res['tok_s']:6.1f} tok/s  cpu/token gateway {res['gateway_cpu_ms_per_token']:5.2f} "
+                          f"worker {res['worker_cpu_ms_per_token']:5.2f} ms", file=sys.stderr)
         out: dict[str, object] = {}
-        print(f"\n{'level':>6} {'metric':>12} {'before':>9} {'after':>9} {'after/before':>13}", file=sys.stderr)
+        print(f"\n{'level':>6} {'metric':>24} {'before':>9} {'after':>9} {'after/before':>13}", file=sys.stderr)
         for lv in levels:
-            for metric in ("ttft_p50_ms", "itl_p50_ms", "tok_s"):
+            for metric in ("ttft_p50_ms", "itl_p50_ms", "tok_s", "gateway_cpu_ms_per_token", "worker_cpu_ms_per_token"):
                 b = statistics.median(x[metric] for x in figures["before"][lv])
                 a = statistics.median(x[metric] for x in figures["after"][lv])
                 out[f"x{lv}_{metric}"] = {"before": b, "after": a, "ratio": a / b if b else float("nan")}
-                print(f"{'x' + str(lv):>6} {metric:>12} {b:9.1f} {a:9.1f} {a / b:13.3f}", file=sys.stderr)
+                print(f"{'x' + str(lv):>6} {metric:>24} {b:9.2f} {a:9.2f} {a / b:13.3f}", file=sys.stderr)
         print(json.dumps(out))
     finally:
         for s in servers.values():
