@@ -70,7 +70,8 @@ def _sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, positio
     # Noise from the device's own generator: a seed reproduces a draw on the same kind of
     # device (CPU and CUDA generators differ, so the same seed draws differently across them).
     gen = torch.Generator(device=probs.device).manual_seed(mix_seed(seed, position))
-    noise = torch.empty_like(probs).exponential_(generator=gen)
+    # a draw of exactly 0 would make a 0-probability token's ratio 0/0 = NaN, which argmax picks
+    noise = torch.empty_like(probs).exponential_(generator=gen).clamp_min_(torch.finfo(probs.dtype).tiny)
     choice = torch.argmax(probs / noise)
     return ids.gather(0, choice.view(1))[0] if ids is not None else choice
 
