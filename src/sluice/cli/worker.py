@@ -46,6 +46,7 @@ def _run(args: argparse.Namespace) -> int:
             enable_prefix_caching=False if args.no_prefix_caching else None,
             kernels=args.kernels,
             numerics=args.numerics,
+            device=args.device,
             batching_window=args.batching_window,
             batching_window_ms=args.batching_window_ms,
         )
@@ -57,6 +58,9 @@ def _run(args: argparse.Namespace) -> int:
             config = EngineConfig(**{**dataclasses.asdict(config), **json.loads(args.engine_config)})
         if faults.fail_seed is not None:
             config.fault_fail_seed = faults.fail_seed
+        from sluice.models.device import resolve_device
+
+        resolve_device(config.device)  # a CUDA device that is not there: one line and exit 2, before listening
     except (SluiceError, ValueError, TypeError) as exc:  # TypeError: an unknown --engine-config field
         print(f"sluice worker: error: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.config import Settings
+from sluice.config import DEVICE_NAMES, Settings, is_device_name
 from sluice.engine.batching_window import BatchingWindow
 from sluice.engine.policy import ADMISSION_POLICIES, POLICIES, AdmissionPolicy, SchedulingPolicy
 from sluice.models.kernels import KernelChoice, Numerics
@@ -23,6 +23,7 @@ ENGINE_SETTINGS = (
     "enable_prefix_caching",
     "kernels",
     "numerics",
+    "device",
     "batching_window",
     "batching_window_ms",
 )
@@ -66,6 +67,10 @@ class EngineConfig:
     # model for this engine (load_model(kernels=...)), carried here so that one mapping
     # (Settings -> EngineConfig -> a worker's --engine-config) brings it everywhere.
     kernels: str = "auto"
+    # Where the model and its KV pool live: auto (CUDA when torch sees a device, else CPU), cpu,
+    # cuda, cuda:N. Like `kernels`, read by whoever loads the model (load_model(device=...));
+    # the engine itself follows the model's device (models/device.py, docs/ENGINE.md).
+    device: str = "auto"
     # Dynamic batching window (engine/batching_window.py): while decodes run, admit new prompts at
     # once (flush), or hold them up to batching_window_ms to prefill several in one step (hold),
     # or hold only while load makes it pay, never past batching_window_ms (adaptive).
@@ -100,6 +105,8 @@ class EngineConfig:
             raise ValueError(f"numerics must be one of {', '.join(Numerics)}")
         if self.kernels not in tuple(KernelChoice):
             raise ValueError(f"kernels must be one of {', '.join(KernelChoice)}")
+        if not is_device_name(self.device):
+            raise ValueError(f"device must be {DEVICE_NAMES}, not {self.device!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be >= 2")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:

@@ -46,8 +46,10 @@ class LLMEngine:
         num_blocks = plan.num_blocks
         self.max_model_len = min(context, (num_blocks - 1) * config.block_size)
         log.info(
-            "KV pool: %d blocks of %d tokens (%.2f GiB reserved, touched on first use; sized by %s), context %d",
-            num_blocks, config.block_size, plan.reserved_bytes / GIB, plan.sized_by, self.max_model_len,
+            "KV pool on %s: %d blocks of %d tokens (%.2f GiB reserved, %s; sized by %s), context %d",
+            self.model.device, num_blocks, config.block_size, plan.reserved_bytes / GIB,
+            "touched on first use" if self.model.device.type == "cpu" else "zero-filled", plan.sized_by,
+            self.max_model_len,
         )
         self.kv = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, config.share_prefix_across_tenants, plan.max_idle_blocks

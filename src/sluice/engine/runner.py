@@ -2,7 +2,9 @@
 
 It owns the KV cache tensors. Layout of a step's batch: one row per decoding request first (the
 attention backend gets their block tables and context lengths and treats them as one batch),
-then each prefill chunk's rows.
+then each prefill chunk's rows. Inputs are built on the host; on a GPU they reach the device in
+one asynchronous copy per dtype (engine/staging.py), and the sampled ids come back in one
+transfer (models/sampler.py): without grammar masks, that read is the step's one host sync.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from sluice.engine.kv_memory import lazy_zeros
 from sluice.engine.request import Request
 from sluice.engine.scheduler import ScheduledChunk, SchedulerOutput
+from sluice.engine.staging import stage
 from sluice.models.attention import AttentionMetadata, PrefillSpan
 from sluice.models.kernels import Numerics
 from sluice.models.llama import LlamaModel
@@ -64,6 +67,8 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(decodes), block_size=bs)
         if decodes:
             meta.block_tables, meta.context_lens = self._decode_tables(decodes)
+            meta.max_context_len = max(c.end for c in decodes)
+            meta.min_context_len = min(c.end for c in decodes)
         logits_rows = list(range(len(decodes)))
         sampling = list(decodes)
         for c in prefills:
@@ -76,27 +81,40 @@ class ModelRunner:
             if c.samples:
                 logits_rows.append(row + c.num_tokens - 1)
                 sampling.append(c)
-        device = self.model.device
-        meta.slot_mapping = torch.tensor(slot_mapping, device=device)
-        if device.type != "cpu":
-            for span in meta.prefills:
-                span.slots = span.slots.to(device)
-                span.mask = None if span.mask is None else span.mask.to(device)
-        return ModelInput(
-            input_ids=torch.tensor(ids, device=device),
-            positions=torch.tensor(positions, device=device),
+        meta.slot_mapping = torch.tensor(slot_mapping)
+        inp = ModelInput(
+            input_ids=torch.tensor(ids),
+            positions=torch.tensor(positions),
             meta=meta,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=device),  # long even when empty
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long),  # long even when empty
             sampling=sampling,
         )
+        if self.model.device.type != "cpu":
+            self._stage(inp)
+        return inp
+
+    def _stage(self, inp: ModelInput) -> None:
+        """Every host-built input onto the model's device in one asynchronous copy per dtype."""
+        meta = inp.meta
+        masks = [s for s in meta.prefills if s.mask is not None]
+        tables = [meta.block_tables, meta.context_lens] if meta.num_decodes else []
+        host = [inp.input_ids, inp.positions, inp.logits_indices, meta.slot_mapping, *tables,
+                *(s.slots for s in meta.prefills), *(s.mask for s in masks)]
+        moved = iter(stage(host, self.model.device))  # type: ignore[arg-type]
+        inp.input_ids, inp.positions, inp.logits_indices, meta.slot_mapping = (next(moved) for _ in range(4))
+        if meta.num_decodes:
+            meta.block_tables, meta.context_lens = next(moved), next(moved)
+        for span in meta.prefills:
+            span.slots = next(moved)
+        for span in masks:
+            span.mask = next(moved)
 
     def _decode_tables(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         """Block tables padded with block 0 to the longest context, and the context lengths."""
         ctx = [c.end for c in decodes]
         nblocks = -(-max(ctx) // self.block_size)
         rows = [c.block_ids[:nblocks] + [0] * (nblocks - len(c.block_ids[:nblocks])) for c in decodes]
-        device = self.model.device
-        return (torch.tensor(rows, dtype=torch.int32, device=device), torch.tensor(ctx, dtype=torch.int32, device=device))
+        return torch.tensor(rows, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32)
 
     def _prefill_mask(self, c: ScheduledChunk) -> torch.Tensor | None:
         if c.start == 0 and not (self.window and c.end > self.window):

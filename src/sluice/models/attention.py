@@ -5,7 +5,8 @@ prefill chunk contiguously. `AttentionMetadata` tells a backend where every toke
 (`slot_mapping`) and which cached slots each query may read: decodes by their block tables and
 context lengths, prefill chunks by their slot lists. The portable torch backend below runs on
 any device; the CPU kernel backend (models/kernels/paged_attention.py) reads the decodes' K/V in
-place through the block tables; a GPU kernel backend implements the same protocol.
+place through the block tables; on CUDA, models/sdpa_attention.py sends the decodes through
+scaled_dot_product_attention over the same gathered layout.
 
 Cache layout per layer: [num_kv_heads, num_slots, head_dim], slot = block_id * block_size +
 offset. Heads-first makes a gather along slots land directly in the [kv_head, seq, ctx, dim]
@@ -45,6 +46,11 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # [num_decodes, max_blocks]
     context_lens: torch.Tensor | None = None  # [num_decodes]
     block_size: int = 0
+    # the longest and shortest decode context, known on the host when the runner builds the step
+    # (0 = unknown: read from context_lens). Sizing the step's layout from them needs no device
+    # round trip, which on a GPU would stall the host once per step.
+    max_context_len: int = 0
+    min_context_len: int = 0
     prefills: list[PrefillSpan] = field(default_factory=list)
     # what a backend derives once per step in `prepare` (e.g. padded slot lists), shared by layers
     derived: object = None
@@ -127,7 +133,7 @@ class TorchPagedAttention:
         assert meta.block_tables is not None and meta.context_lens is not None
         bs = meta.block_size
         lens = meta.context_lens.long()
-        max_ctx = int(lens.max())
+        max_ctx = meta.max_context_len or int(lens.max())
         nblocks = -(-max_ctx // bs)
         table = meta.block_tables[:, :nblocks].long()
         offsets = torch.arange(bs, device=table.device)
@@ -136,8 +142,12 @@ class TorchPagedAttention:
         valid = cols[None, :] < lens[:, None]
         if self.window:
             valid &= cols[None, :] >= (lens - self.window)[:, None]
+        if meta.max_context_len:  # every slot is valid iff all contexts are equal and inside the window
+            padded = meta.min_context_len < max_ctx or bool(self.window and max_ctx > self.window)
+        else:
+            padded = not bool(valid.all())
         bias = None
-        if not bool(valid.all()):
+        if padded:
             bias = torch.zeros(valid.shape, dtype=torch.float32, device=table.device).masked_fill_(~valid, float("-inf"))
             bias = bias.view(1, table.shape[0], 1, max_ctx)
         meta.derived = _DecodeLayout(slots, bias)

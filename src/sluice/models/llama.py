@@ -5,8 +5,8 @@ GGUF blocks (`QuantizedWeight`, when the CPU kernels run); q/k/v and gate/up are
 matmul each at construction, which is where the CPU spends its time. The model is pure tensor
 code: it never decides which tokens run (the scheduler does) nor samples (the sampler does).
 
-Two forwards compute the same function: the portable torch one below (any device, any dtype)
-and the CPU kernel one (models/kernels/fused_forward.py: fused RMSNorm + residual, RoPE + cache
+Two forwards compute the same function: the portable torch one below (any device, any dtype;
+on CUDA with models/sdpa_attention.py for the decodes) and the CPU kernel one (models/kernels/fused_forward.py: fused RMSNorm + residual, RoPE + cache
 write, SiLU·mul, paged decode attention, quantized linears), chosen at construction.
 """
 
@@ -126,6 +126,11 @@ class LlamaModel:
 
                 attention = KernelPagedAttention(self.ops, config.num_heads, config.num_kv_heads, config.head_dim,
                                                  config.sliding_window)
+            elif self.device.type == "cuda":
+                from sluice.models.sdpa_attention import SdpaPagedAttention
+
+                attention = SdpaPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
+                                               config.sliding_window, self.dtype)
             else:
                 attention = TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
                                                 config.sliding_window)

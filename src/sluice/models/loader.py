@@ -11,6 +11,7 @@ import torch
 
 from sluice.errors import ModelLoadError
 from sluice.models.config import ModelConfig
+from sluice.models.device import resolve_device
 from sluice.models.gguf_loader import load_gguf
 from sluice.models.kernels import KernelChoice, kernel_ops
 from sluice.models.llama import LlamaModel
@@ -87,7 +88,7 @@ def _return_freed_memory() -> None:
 def load_model(
     path: str | Path | None = None,
     dtype: str = "float32",
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     progress: bool | None = None,
     kernels: KernelChoice | str = KernelChoice.AUTO,
 ) -> LoadedModel:
@@ -95,13 +96,17 @@ def load_model(
 
     `kernels`: AUTO runs the CPU kernels when they build (fp32 on CPU only), keeping Q4_1/Q8_0
     weights in their blocks; TORCH forces the portable path with fp32 weights.
+    `device`: cpu, cuda, cuda:N or auto (models/device.py); checked before the file is read, so
+    asking for a GPU that is not there fails at once. Weights, RoPE tables and (through the
+    engine) the KV pool live there; the CPU kernels run only on the CPU.
     """
+    target = resolve_device(device)
     resolved = Path(path).expanduser() if path else default_model_path()
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if not resolved.exists():
         raise ModelLoadError(f"model path {resolved} does not exist")
-    ops = kernel_ops(kernels) if device == "cpu" and dtype == "float32" else None
+    ops = kernel_ops(kernels) if target.type == "cpu" and dtype == "float32" else None
     bar = _Bar(f"loading {resolved.name}", progress)
     try:
         if resolved.is_dir():
@@ -112,7 +117,7 @@ def load_model(
             raise ModelLoadError(f"{resolved} is neither a .gguf file nor a model folder")
     finally:
         bar.close()
-    model = LlamaModel(config, weights, device=device, ops=ops)
+    model = LlamaModel(config, weights, device=target, ops=ops)
     del weights
     _return_freed_memory()
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=resolved)

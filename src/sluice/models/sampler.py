@@ -33,6 +33,8 @@ def mix_seed(seed: int, position: int) -> int:
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if probs.device.type != "cpu":
+        return _nucleus_on_device(probs, top_p)
     cap = min(probs.shape[0], _TOP_P_CANDIDATES)
     p_sorted, idx = probs.topk(cap)
     cum = p_sorted.cumsum(0)
@@ -44,7 +46,19 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Ten
     return p_sorted[keep], idx[keep]
 
 
-def sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+def _nucleus_on_device(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same nucleus without reading anything back: the CPU path's candidate cap needs a
+    look at the cumulative mass and its boolean indexing a look at the kept count, each a host
+    sync on a GPU. A full sort is cheap there, and tokens outside the nucleus get probability 0,
+    which the exponential race never picks (the top token is always kept)."""
+    p_sorted, idx = probs.sort(descending=True)
+    keep = (p_sorted.cumsum(0) - p_sorted) < top_p
+    keep[0] = True
+    return p_sorted * keep, idx
+
+
+def _sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> torch.Tensor:
+    """The chosen token id as a 0-d tensor on the logits' device (nothing read back)."""
     row = logits.float() / params.temperature
     ids: torch.Tensor | None = None
     if 0 < params.top_k < row.shape[0]:
@@ -53,10 +67,17 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, position
     if params.top_p < 1.0:
         probs, kept = _nucleus(probs, params.top_p)
         ids = kept if ids is None else ids[kept]
+    # Noise from the device's own generator: a seed reproduces a draw on the same kind of
+    # device (CPU and CUDA generators differ, so the same seed draws differently across them).
     gen = torch.Generator(device=probs.device).manual_seed(mix_seed(seed, position))
-    noise = torch.empty_like(probs).exponential_(generator=gen)
-    choice = int(torch.argmax(probs / noise))
-    return int(ids[choice]) if ids is not None else choice
+    # a draw of exactly 0 would make a 0-probability token's ratio 0/0 = NaN, which argmax picks
+    noise = torch.empty_like(probs).exponential_(generator=gen).clamp_min_(torch.finfo(probs.dtype).tiny)
+    choice = torch.argmax(probs / noise)
+    return ids.gather(0, choice.view(1))[0] if ids is not None else choice
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    return int(_sample_row(logits, params, seed, position))
 
 
 def sample(
@@ -66,13 +87,16 @@ def sample(
     positions: list[int],
     grammars: list[RowGrammar | None] | None = None,
 ) -> list[int]:
-    """One token per row of `logits` [N, vocab]; `grammars[i]` (if any) constrains row i."""
+    """One token per row of `logits` [N, vocab]; `grammars[i]` (if any) constrains row i.
+
+    Every row's choice stays on the logits' device until one `.tolist()` at the end: on a GPU,
+    the step's only read back (a constrained row's mask is written, never read)."""
     if grammars:
         rows = [i for i, g in enumerate(grammars) if g is not None]
         if rows:
             apply_grammars(logits, rows, [grammars[i] for i in rows])  # type: ignore[misc]
-    tokens = logits.argmax(dim=-1).tolist()
-    for i, p in enumerate(params):
-        if not p.greedy:
-            tokens[i] = sample_row(logits[i], p, seeds[i], positions[i])
-    return tokens
+    greedy = logits.argmax(dim=-1)
+    if all(p.greedy for p in params):
+        return greedy.tolist()
+    chosen = [greedy[i] if p.greedy else _sample_row(logits[i], p, seeds[i], positions[i]) for i, p in enumerate(params)]
+    return torch.stack(chosen).tolist()

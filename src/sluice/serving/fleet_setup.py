@@ -42,7 +42,7 @@ async def inline_engine(settings: Settings) -> EngineClient:
     holder: dict[str, Any] = {}
 
     def build() -> LLMEngine:  # on the engine thread (see AsyncEngine on OpenMP pools)
-        holder["loaded"] = load_model(settings.model, settings.dtype, kernels=config.kernels)
+        holder["loaded"] = load_model(settings.model, settings.dtype, device=config.device, kernels=config.kernels)
         return LLMEngine(holder["loaded"], config)
 
     engine = AsyncEngine(factory=build).start()

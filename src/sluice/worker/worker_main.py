@@ -129,7 +129,7 @@ async def run_worker(
 
     def build() -> LLMEngine:
         try:
-            holder["loaded"] = load_model(model, dtype, progress=progress, kernels=config.kernels)
+            holder["loaded"] = load_model(model, dtype, device=config.device, progress=progress, kernels=config.kernels)
             return LLMEngine(holder["loaded"], config)
         finally:
             loop.call_soon_threadsafe(built.set)
