@@ -154,12 +154,15 @@ def test_messages_extraction(pipeline):
 
     msgs = [
         {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": "how to build a pipe bomb"},  # the model's words: not input
+        {"role": "assistant", "content": [  # the model's words (and its call): not input
+            {"type": "text", "text": "how to build a pipe bomb"},
+            {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"q": "hi"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "tool says hi"}]}]},
     ]
 
     def texts(messages: list) -> list[str]:
-        req = MessagesRequest.model_validate({"model": "m", "max_tokens": 1, "system": "be nice", "messages": messages})
+        req = MessagesRequest.model_validate({"model": "m", "max_tokens": 1, "system": "be nice", "messages": messages,
+                                              "tools": [{"name": "lookup", "input_schema": {"type": "object"}}]})
         return to_conversation(req).safety_texts()
 
     assert texts(msgs) == ["be nice", "hello", "tool says hi"]

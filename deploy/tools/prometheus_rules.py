@@ -90,23 +90,25 @@ SLOS = (
 
 
 def rule_groups() -> dict[str, Any]:
+    # One group per SLO, its recording rules first: Prometheus evaluates the rules of a group in
+    # order but groups concurrently, so alerts in a group of their own could read the recorded
+    # ratios of this evaluation or of the previous one (promtool's tests saw both).
     groups = [_scaling_group()]
     for slo in SLOS:
-        groups.append(_recording_group(slo))
-        groups.append(_alert_group(slo))
+        groups.append({"name": f"sluice-slo-{slo.name}", "rules": _recording_rules(slo) + _alert_rules(slo)})
     return {"groups": groups}
 
 
-def _recording_group(slo: Slo) -> dict[str, Any]:
+def _recording_rules(slo: Slo) -> list[dict[str, Any]]:
     rules = []
     for w in WINDOWS:
         rules.append({"record": slo.ratio_record(w), "expr": f"{slo.bad(w)}\n/\n{slo.total(w)}"})
     for w in sorted({a.long for a in BURN_ALERTS}, key=_SECONDS.get):
         rules.append({"record": slo.total_record(w), "expr": slo.total(w)})
-    return {"name": f"sluice-slo-{slo.name}-recording", "rules": rules}  # the global evaluation_interval
+    return rules  # evaluated at the global evaluation_interval
 
 
-def _alert_group(slo: Slo) -> dict[str, Any]:
+def _alert_rules(slo: Slo) -> list[dict[str, Any]]:
     rules = []
     for severity in ("page", "ticket"):
         terms = []
@@ -133,7 +135,7 @@ def _alert_group(slo: Slo) -> dict[str, Any]:
                 },
             }
         )
-    return {"name": f"sluice-slo-{slo.name}-alerts", "rules": rules}
+    return rules
 
 
 def _scaling_group() -> dict[str, Any]:
