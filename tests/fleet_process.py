@@ -6,6 +6,7 @@ speed assertion."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -120,3 +121,13 @@ def complete(reply: dict[str, Any], max_tokens: int) -> bool:
 
 def sluice_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process we started still exists (signal 0 probes without signalling)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+

@@ -25,7 +25,7 @@ import pytest
 
 from sluice.routing.version_router import choose_version, sticky_key
 from tests.fleet_process import (
-    ADMIN, admin, ask, local_version, make_key, remote_version, sluice_cli, status, wait_until, warm_workers,
+    ADMIN, admin, alive, ask, local_version, make_key, remote_version, sluice_cli, status, wait_until, warm_workers,
 )
 from tests.server_process import MODEL, free_port, start_server
 
@@ -208,16 +208,8 @@ def test_a_valid_reload_applies_new_aliases_and_starts_and_stops_new_versions(fl
     assert r.status_code == 200, r.text
     assert r.json()["removed"] == ["late"] and len(r.json()["replicas_stopping"]) == 1
     wait_until(lambda: not [w for w in status(fleet)["workers"] if w["model"] == "late"], "the removed model's worker to stop", 120)
-    wait_until(lambda: not _alive(pid), "the removed model's worker process to exit", 60)
+    wait_until(lambda: not alive(pid), "the removed model's worker process to exit", 60)
     assert ask(fleet, key, model="late").status_code == 404
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("text, expect", [

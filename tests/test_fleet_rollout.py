@@ -14,14 +14,13 @@ verdicts depend on errors only, never on how fast this machine is."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 
 from tests.fleet_process import (
-    ADMIN, admin, complete, local_version, rollout_of, status, stream, wait_until, warm_workers,
+    ADMIN, admin, alive, complete, local_version, rollout_of, status, stream, wait_until, warm_workers,
 )
 from tests.server_process import MODEL, start_server
 
@@ -76,14 +75,6 @@ class Load:
 
     def failures(self) -> list[dict]:
         return [r for r in self.replies if not complete(r, MAX_TOKENS)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_rollout_to_a_broken_version_rolls_back_by_itself_and_no_request_fails(server):
@@ -146,4 +137,4 @@ def test_a_rollout_under_steady_load_moves_all_traffic_without_a_failed_or_trunc
     s = status(server)["models"][MODEL]["versions"]
     assert s["v2"]["share"] == 100.0 and s["v1"]["state"] == "retired"
     wait_until(lambda: {w["version"] for w in status(server)["workers"]} == {"v2"}, "the old version's worker to stop", 120)
-    wait_until(lambda: not _alive(before["v1"]), "the old worker process to exit", 60)
+    wait_until(lambda: not alive(before["v1"]), "the old worker process to exit", 60)

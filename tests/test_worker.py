@@ -237,17 +237,18 @@ def test_sigterm_mid_stream_ends_it_and_exits_0(tiny_llama_dir):
             stopping = None
             async for ev in client.generate(_req("in-flight", max_tokens=480)):
                 events.append(ev)
-                if len(events) == 3:
-                    t0 = time.monotonic()
-                    stopping = asyncio.ensure_future(asyncio.to_thread(worker.stop, 10.0))
+                if len(events) == 3:  # SIGTERM; SIGKILL only past a generous grace
+                    stopping = asyncio.ensure_future(asyncio.to_thread(worker.stop, 60.0))
             code = await stopping
-            return events, code, time.monotonic() - t0
+            return events, code
         finally:
             await client.close()
             worker.stop(grace_s=2)
 
-    events, code, took = asyncio.run(run())
-    assert code == 0 and took < 9  # well before the stream's own end (≥ 9.6 s away)
+    events, code = asyncio.run(run())
+    assert code == 0  # exited by itself: 0, not the SIGKILL's -9
+    # aborted, not run out: ABORT with fewer than the 480 tokens (no elapsed-time bound: the
+    # stop's grace is what a busy machine stretches)
     assert events[-1].finished and events[-1].finish_reason == FinishReason.ABORT
     assert sum(len(e.token_ids) for e in events) < 480
 

@@ -2,8 +2,8 @@
 
 The worker is restarted on the same unix socket address, so the gateway's gRPC channel simply
 reconnects (the client's reconnect backoff is capped at 1 s, channel_options.py). While it is
-down the health monitor says so: /ready is 503 and generation requests get 529 with
-retry-after before any stream opens. After `RestartPolicy.max_restarts` exits within its
+down the fleet's health poller (routing/health_poller.py) says so: /ready is 503 and generation
+requests get 529 with retry-after before any stream opens. After `RestartPolicy.max_restarts` exits within its
 window the supervisor gives up and calls `on_give_up`; `sluice serve` then exits non-zero so
 that its own supervisor (systemd, Kubernetes) restarts the whole process or alerts.
 
@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 
 from sluice.errors import EngineUnavailableError
 from sluice.worker.grpc_client import GrpcEngineClient
-from sluice.worker.health_monitor import EngineHealth
 from sluice.worker.restart_policy import RestartPolicy
 from sluice.worker.spawn import LocalWorker, start_local_worker, wait_ready
 
@@ -35,7 +34,6 @@ class WorkerSupervisor:
         engine_args: Sequence[str],
         start_timeout_s: float,
         policy: RestartPolicy,
-        health: EngineHealth | None = None,
         on_give_up: Callable[[str], None] | None = None,
         poll_s: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
@@ -43,7 +41,6 @@ class WorkerSupervisor:
         self.model, self.dtype, self.engine_args = model, dtype, list(engine_args)
         self.start_timeout_s = start_timeout_s
         self.policy = policy
-        self.health = health
         self.on_give_up = on_give_up
         self.poll_s = poll_s
         self._clock = clock
@@ -77,8 +74,6 @@ class WorkerSupervisor:
                 await asyncio.sleep(self.poll_s)
                 continue
             reason = f"the engine worker (pid {self.worker.pid}) exited with code {code}"
-            if self.health is not None:
-                self.health.mark_down(reason + "; restarting")
             if not await self._restart(client, reason):
                 return
 
@@ -106,8 +101,6 @@ class WorkerSupervisor:
                 reason = f"the restarted engine worker (pid {self.worker.pid}) failed to start: {exc}"
                 continue
             log.info("engine worker restarted (pid %d)", self.worker.pid)
-            if self.health is not None:
-                await self.health.check()
             return True
 
     async def stop(self) -> None:
