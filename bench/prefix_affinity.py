@@ -9,8 +9,8 @@ prefixes). The same request sequence goes to both, request by request in alterna
 rounds of the 8 tenants in a seeded random order, each request the tenant's system prompt plus
 a short question, streamed, max_tokens 4. Reported per variant: the cached fraction of prompt
 tokens (Σ usage.cache_read_input_tokens / Σ prompt tokens: the engine's prefix-cache hits) and
-TTFT p50, and their ratios; also how the rendezvous hash split the tenants over the workers
-(the workers are unix sockets in fresh temporary folders, so the split changes run to run).
+TTFT p50, and their ratios; also how the affinity router split the tenants' prefixes over the
+workers (fleet status `prefix_groups`: new prefixes go to the worker holding the fewest).
 
     .venv/bin/python bench/prefix_affinity.py [--rounds 10] [--kv-blocks 224]
 """
@@ -61,18 +61,9 @@ def fleet_file(choice: str, kv_blocks: int) -> Path:
     return path
 
 
-def affinity_split(url: str, tokenizer, prompts: list[str]) -> list[int]:
-    """Tenants per worker as the affinity router places them (its own functions, its workers)."""
-    from sluice.routing.worker_picker import Candidate, WorkerPicker, affinity_key, prefix_salt
-    from sluice.serving.prompt import Conversation, Role, Turn, build_prompt
-
-    workers = [w["id"] for w in fleet_status(url)["workers"]]
-    counts = dict.fromkeys(workers, 0)
-    for tenant, system in zip(TENANTS, prompts):
-        ids = build_prompt(Conversation([Turn(Role.SYSTEM, [system]), Turn(Role.USER, ["q"])]), tokenizer).token_ids
-        key = affinity_key(ids, 8, 4, prefix_salt(tenant))
-        counts[WorkerPicker().order([Candidate(w, 0) for w in workers], key)[0].worker_id] += 1
-    return sorted(counts.values(), reverse=True)
+def affinity_split(url: str) -> list[int]:
+    """Prefix groups per worker as the affinity gateway's router placed them (its fleet status)."""
+    return sorted((w.get("prefix_groups", 0) for w in fleet_status(url)["workers"]), reverse=True)
 
 
 async def run(urls: dict[str, str], keys: list[str], prompts: list[str], rounds: int, pids: dict[str, int]) -> dict:
@@ -129,7 +120,7 @@ def main() -> None:
         urls = {v: p.base_url for v, p in procs.items()}
         load0 = load_average()
         result = asyncio.run(run(urls, keys, prompts, args.rounds, {v: p.process.pid for v, p in procs.items()}))
-        result["affinity_tenants_per_worker"] = affinity_split(urls["affinity"], tokenizer, prompts)
+        result["affinity_tenants_per_worker"] = affinity_split(urls["affinity"])
         result["system_prompt_tokens"] = [len(tokenizer.encode(p)) for p in prompts]
         result["load_average"] = [round(load0, 1), round(load_average(), 1)]
         print(json.dumps(result))

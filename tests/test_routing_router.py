@@ -77,7 +77,10 @@ async def test_routes_by_sticky_weight_and_reports_the_version():
     versions = {}
     for i in range(400):
         d = await f.router.route(f.request(f"user{i}", model="claude-sonnet-4-5"))
-        assert d.model_id == "main" and d.fallback_from is None and d.pick.reason is PickReason.AFFINITY
+        assert d.model_id == "main" and d.fallback_from is None
+        # one prompt prefix: placed on a worker the first time each version sees it, then kept there
+        first_time = d.version not in versions.values()
+        assert d.pick.reason is (PickReason.NEW_PREFIX if first_time else PickReason.AFFINITY)
         assert d.version_header == f"main/{d.version}"
         versions[i] = d.version
         await f.router.finish(d, Outcome.SUCCESS, 50)
@@ -211,3 +214,29 @@ async def test_round_robin_takes_turns_where_affinity_sticks():
         assert len(set(seen)) == expect
         if f is rr:
             assert seen == ["h:1", "h:2"] * 3 and d.pick.reason is PickReason.ROUND_ROBIN
+
+
+@pytest.mark.asyncio
+async def test_tenants_are_balanced_and_a_lost_cache_is_forgotten():
+    """New prefixes spread over the version's workers by count; a worker that goes down, is
+    seen to restart, or leaves loses its prefixes, which are placed afresh."""
+    f = Fleet()
+    homes = {}
+    for t in range(8):
+        d = await f.router.route(RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable"))
+        homes[t] = d.worker_id
+        await f.router.finish(d, Outcome.SUCCESS, 10)
+    assert f.router.prefix_groups() == {"h:1": 4, "h:2": 4}
+    for lose in (lambda: f.pool.mark_restarted("h:1"),
+                 lambda: f.pool.set_status("h:1", WorkerStatus.STARTING),
+                 lambda: f.pool.remove("h:1")):
+        lose()
+        assert f.router.prefix_groups() == {"h:2": 4}
+        f.pool.remove("h:1")
+        f.pool.add("h:1", "main", "stable", "h:1", status=WorkerStatus.WARM)
+        for t in range(8):  # h:2's tenants stay; h:1's are placed afresh, on h:1 (it has fewer)
+            d = await f.router.route(RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable"))
+            assert d.worker_id == homes[t]
+            assert d.pick.reason is (PickReason.NEW_PREFIX if homes[t] == "h:1" else PickReason.AFFINITY)
+            await f.router.finish(d, Outcome.SUCCESS, 10)
+        assert f.router.prefix_groups() == {"h:1": 4, "h:2": 4}

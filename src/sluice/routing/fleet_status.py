@@ -44,6 +44,7 @@ def fleet_status(fleet: "Fleet") -> dict[str, Any]:
             "rollout": rollout,
         }
     workers = []
+    groups = fleet.router.prefix_groups()
     for h in fleet.handles.values():
         w = fleet.pool.get(h.worker_id)
         if w is None:
@@ -54,6 +55,7 @@ def fleet_status(fleet: "Fleet") -> dict[str, Any]:
             "breaker": w.breaker.state.value, "inflight": w.inflight, "load_tokens": w.load_tokens,
             "local": h.supervisor is not None, "pid": pid,
             "restarts": h.supervisor.restarts if h.supervisor is not None else 0,
+            "prefix_groups": groups.get(h.worker_id, 0),  # prefixes this gateway's router placed there
         })
     return {"models": models, "workers": workers, "autoscaling": fleet.autoscaler.status(), "routing_revision": snapshot.revision,
             "fleet_file": str(fleet.registry.source) if fleet.registry.source is not None else None,

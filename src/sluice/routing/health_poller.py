@@ -77,6 +77,8 @@ class HealthPoller:
         if entry is None:
             return
         if ready and stats is not None:
+            if h.stats is not None and stats.num_steps < h.stats.num_steps:
+                self.pool.mark_restarted(h.worker_id)  # a fresh process: its prefix cache is empty
             h.failures, h.stats = 0, stats
             self.pool.report_load(h.worker_id, stats.outstanding_tokens)
             if entry.status is WorkerStatus.STARTING:

@@ -127,6 +127,9 @@ class FleetRouter:
         self.quota_errors = 0
         self._last_warning = 0.0
         self._turns: dict[str, int] = {}  # version header -> next round-robin turn
+        # (model, version) -> its picker: the prefix groups this gateway sent to its workers
+        self._pickers: dict[tuple[str, str], WorkerPicker] = {}
+        pool.on_cache_lost.append(self.forget_worker)
 
     async def plan(self, req: PlanRequest, cost: Cost) -> RoutePlan:
         primary = self.registry.resolve(req.model)
@@ -163,7 +166,7 @@ class FleetRouter:
         permit taken and its load counted; None when no worker of the version can take it now."""
         spec = self.registry.version(plan.model_id, plan.version)
         fleet = self.registry.fleet.routing
-        picker = WorkerPicker(fleet.load_bound, fleet.load_slack_tokens)
+        picker = self._picker(plan.model_id, plan.version)
         key = affinity_key(prompt_token_ids, self._block_size(spec), fleet.affinity_key_blocks,
                            prefix_salt(tenant, self._shares_prefix(spec)))
         tried = set(exclude)
@@ -177,6 +180,27 @@ class FleetRouter:
                 return dispatch, pick
             tried.add(pick.worker_id)  # its half-open probe slot was taken meanwhile
         return None
+
+    def _picker(self, model_id: str, version: str) -> WorkerPicker:
+        fleet = self.registry.fleet.routing
+        picker = self._pickers.get((model_id, version))
+        if picker is None:
+            picker = self._pickers[(model_id, version)] = WorkerPicker(fleet.load_bound, fleet.load_slack_tokens)
+        picker.load_bound, picker.slack_tokens = fleet.load_bound, fleet.load_slack_tokens  # a reload may change them
+        return picker
+
+    def forget_worker(self, worker_id: str) -> None:
+        """The worker's KV cache is gone (removed, down, restarted): forget what was sent there."""
+        for picker in self._pickers.values():
+            picker.forget(worker_id)
+
+    def prefix_groups(self) -> dict[str, int]:
+        """Prefix groups per worker, as this gateway placed them (fleet status shows them)."""
+        out: dict[str, int] = {}
+        for picker in self._pickers.values():
+            for w, n in picker.prefix_groups().items():
+                out[w] = out.get(w, 0) + n
+        return out
 
     def _next_in_turn(self, plan: RoutePlan, cands: Sequence[Candidate]) -> Pick:
         """Round robin over the version's candidates (by worker id, so the turn is stable while

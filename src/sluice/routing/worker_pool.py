@@ -4,7 +4,10 @@ A worker takes new requests only while it is WARM (model loaded and a warm-up ge
 done; a STANDBY worker is just as ready but held back in the autoscaler's warm pool), its circuit breaker lets requests through, and its outstanding work is under the
 version's `max_outstanding_tokens` (when set). The pool does no I/O: the health poller, the
 supervisor and the request path report into it (`set_status`, `report_load`,
-`record_health`, `begin`/`finish`), and the picker reads `candidates`.
+`record_health`, `begin`/`finish`), and the picker reads `candidates`. `on_cache_lost`
+callbacks hear of every worker whose KV cache is gone — removed, down (back to STARTING),
+stopped, or seen to have restarted (`mark_restarted`) — so the router's prefix table forgets
+what it sent there.
 
 Load = max(reported, dispatched). The worker's stats (tokens queued + running) cover every
 gateway's requests but arrive a poll late; this gateway's own in-flight dispatches (each
@@ -68,6 +71,7 @@ class WorkerPool:
         self.breaker_config = breaker
         self._clock = clock
         self._workers: dict[str, WorkerEntry] = {}
+        self.on_cache_lost: list[Callable[[str], None]] = []  # called with the worker id
 
     # -- membership ---------------------------------------------------------------------------
     def add(self, worker_id: str, model_id: str, version: str, address: str, *,
@@ -105,7 +109,8 @@ class WorkerPool:
         return added, removed
 
     def remove(self, worker_id: str) -> None:
-        self._workers.pop(worker_id, None)
+        if self._workers.pop(worker_id, None) is not None:
+            self._cache_lost(worker_id)
 
     def get(self, worker_id: str) -> WorkerEntry | None:
         return self._workers.get(worker_id)
@@ -117,7 +122,19 @@ class WorkerPool:
     # -- reports ------------------------------------------------------------------------------
     def set_status(self, worker_id: str, status: WorkerStatus) -> None:
         if (w := self._workers.get(worker_id)) is not None:
+            lost = status is not w.status and status in (WorkerStatus.STARTING, WorkerStatus.STOPPED)
             w.status = status
+            if lost:  # went down or away: whatever comes back (a restart) has an empty cache
+                self._cache_lost(worker_id)
+
+    def mark_restarted(self, worker_id: str) -> None:
+        """The worker restarted between two health checks (its cumulative counters went back)."""
+        if worker_id in self._workers:
+            self._cache_lost(worker_id)
+
+    def _cache_lost(self, worker_id: str) -> None:
+        for callback in self.on_cache_lost:
+            callback(worker_id)
 
     def report_load(self, worker_id: str, outstanding_tokens: int) -> None:
         if (w := self._workers.get(worker_id)) is not None:
