@@ -10,6 +10,12 @@ HTTP event loop). Decisions:
   SIGINT at once and the worker would abort streams the parent is still draining.
 - It dies with its parent (PR_SET_PDEATHSIG on Linux), and is stopped by its own PID only:
   SIGTERM, then SIGKILL after a grace.
+- `sluice serve` may start its worker *before* importing its HTTP stack (`prestart_local_worker`,
+  called by cli/serve.py), so that the worker's torch import and model load overlap the
+  gateway's own start-up on the other core instead of following it; the supervisor's first
+  `start_local_worker` with exactly the same arguments then adopts that child instead of
+  starting another, and `discard_prestarted` stops one nobody adopted. No grpc import here
+  until a client is needed, so the prestart costs the gateway nothing it does not import anyway.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import codecs
 import dataclasses
 import json
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -30,12 +37,19 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sluice.engine.config import EngineConfig
 from sluice.errors import EngineUnavailableError
-from sluice.worker.grpc_client import GrpcEngineClient
 
+if TYPE_CHECKING:
+    from sluice.worker.grpc_client import GrpcEngineClient
+
+log = logging.getLogger("sluice.worker")
 TAIL_BYTES = 8192  # how much of the child's stderr we keep for error messages
+# Health is asked this often while a worker starts: a unary call on a local socket, so cheap
+# enough to tell "ready" within 50 ms of it (/ready follows at once, after one warm-up request)
+READY_POLL_S = 0.05
 
 
 def engine_argv(config: EngineConfig, faults: str | None = None) -> list[str]:
@@ -130,17 +144,47 @@ class LocalWorker:
         return self.process.returncode
 
 
+# children started by prestart_local_worker and not yet adopted: (model, dtype, engine args) -> child
+_prestarted: dict[tuple[str | None, str, tuple[str, ...]], LocalWorker] = {}
+
+
+def prestart_local_worker(model: str | None, dtype: str, engine_args: Sequence[str] = ()) -> LocalWorker:
+    """Start the worker a later `start_local_worker(model, dtype, engine_args)` will ask for, now.
+    Call it from the thread that will run the event loop (see _die_with_parent)."""
+    key = (model, dtype, tuple(engine_args))
+    if key not in _prestarted:
+        _prestarted[key] = _launch(model, dtype, engine_args, tempfile.mkdtemp(prefix="sluice-worker-"))
+    return _prestarted[key]
+
+
+def discard_prestarted(grace_s: float = 10.0) -> None:
+    """Stop the prestarted workers nobody adopted (start-up failed early, or the fleet asked for
+    other workers)."""
+    while _prestarted:
+        _, worker = _prestarted.popitem()
+        worker.stop(grace_s)
+
+
 def start_local_worker(
     model: str | None, dtype: str, engine_args: Sequence[str] = (), socket_dir: str | None = None
 ) -> LocalWorker:
-    """Start the child and return at once (it listens before its model is loaded).
+    """Start the child and return at once (it listens before its model is loaded); or hand over
+    the one prestarted with the same arguments (it may be loaded already, or have failed: the
+    caller's wait_ready reports either as for a fresh child).
 
     `socket_dir`: reuse this directory (a restarted worker keeps its address, so the clients'
     channels reconnect to it); default: a new private temporary directory."""
+    if socket_dir is None and (adopted := _prestarted.pop((model, dtype, tuple(engine_args)), None)) is not None:
+        log.info("adopted the engine worker started before the gateway's imports (pid %d)", adopted.pid)
+        return adopted
     if socket_dir is None:
         socket_dir = tempfile.mkdtemp(prefix="sluice-worker-")
     else:
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
+    return _launch(model, dtype, engine_args, socket_dir)
+
+
+def _launch(model: str | None, dtype: str, engine_args: Sequence[str], socket_dir: str) -> LocalWorker:
     address = f"unix:{os.path.join(socket_dir, 'worker.sock')}"
     progress = "always" if sys.stderr.isatty() else "never"
     argv = [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--dtype", dtype, "--progress", progress]
@@ -182,13 +226,15 @@ async def wait_ready(worker: LocalWorker, client: GrpcEngineClient, timeout_s: f
             raise _failure(worker, f"the engine worker {detail}")
         if time.monotonic() > deadline:
             raise _failure(worker, f"the engine worker was not ready after {timeout_s:.0f}s ({detail})")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(READY_POLL_S)
 
 
 async def spawn_local_worker(
     model: str | None = None, dtype: str = "float32", engine_args: Sequence[str] = (), timeout_s: float = 180.0
 ) -> LocalWorker:
     """Start a worker child and wait until its Health says ready; stop it again on failure."""
+    from sluice.worker.grpc_client import GrpcEngineClient
+
     worker = start_local_worker(model, dtype, engine_args)
     probe = GrpcEngineClient(worker.address)
     try:
