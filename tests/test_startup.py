@@ -80,7 +80,7 @@ def test_gateway_imports_and_tokenizer_load_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_a_prestarted_worker_is_adopted_once_and_reports_its_failure(tmp_path):
+def test_a_prestarted_worker_is_adopted_once_and_reports_its_failure(tmp_path, capsys):
     missing = str(tmp_path / "no-such-model")
     args = ("--kv-cache-gib", "0.05")
     first = spawn.prestart_local_worker(missing, "float32", args)
@@ -101,14 +101,18 @@ def test_a_prestarted_worker_is_adopted_once_and_reports_its_failure(tmp_path):
         with pytest.raises(EngineUnavailableError, match="exited with code 2") as err:
             asyncio.run(wait())
         assert "does not exist" in str(err.value)  # the same report as a worker started late
+        assert "does not exist" in capsys.readouterr().err  # its output, held until adopted, shown
     finally:
         first.stop(grace_s=5)
         spawn.discard_prestarted(grace_s=5)
 
 
-def test_discard_stops_a_prestarted_worker_nobody_adopted(tmp_path):
+def test_discard_stops_a_prestarted_worker_nobody_adopted(tmp_path, capsys):
     worker = spawn.prestart_local_worker(str(tmp_path / "no-such-model"), "float32", ("--max-num-seqs", "3"))
+    assert worker.process.wait(120) == 2  # it failed (the model is missing) ...
     spawn.discard_prestarted(grace_s=10)
+    assert "does not exist" not in capsys.readouterr().err  # ... silently: the gateway reports it, once
+    assert "does not exist" in worker.stderr_tail()
     assert worker.process.poll() is not None
     assert not os.path.exists(worker.socket_dir)
     assert not spawn._prestarted  # nothing left to adopt

@@ -74,18 +74,23 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 class _StderrTee:
-    """Copies the child's stderr pipe to our stderr and keeps its tail."""
+    """Copies the child's stderr pipe to our stderr and keeps its tail.
 
-    def __init__(self, pipe) -> None:
+    `echo=False` (a prestarted worker) holds the output back until `release()`: a worker nobody
+    adopts (start-up failed early) then prints nothing, so the operator sees one error, ours."""
+
+    def __init__(self, pipe, echo: bool = True) -> None:
         self._pipe = pipe
         self._tail: deque[bytes] = deque()
         self._tail_len = 0
+        self._echo = echo
+        self._held: list[bytes] = []
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._pump, name="sluice-worker-stderr", daemon=True)
         self._thread.start()
 
     def _pump(self) -> None:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         fd = self._pipe.fileno()
         while chunk := os.read(fd, 4096):
             with self._lock:
@@ -93,12 +98,26 @@ class _StderrTee:
                 self._tail_len += len(chunk)
                 while self._tail_len - len(self._tail[0]) >= TAIL_BYTES:
                     self._tail_len -= len(self._tail.popleft())
-            try:
-                sys.stderr.write(decoder.decode(chunk))
-                sys.stderr.flush()
-            except (OSError, ValueError):  # our stderr is closed: keep draining the pipe
-                pass
+                if self._echo:
+                    self._write(chunk)
+                else:
+                    self._held.append(chunk)
         self._pipe.close()
+
+    def _write(self, chunk: bytes) -> None:  # under the lock: chunks leave in order
+        try:
+            sys.stderr.write(self._decoder.decode(chunk))
+            sys.stderr.flush()
+        except (OSError, ValueError):  # our stderr is closed: keep draining the pipe
+            pass
+
+    def release(self) -> None:
+        """Print what was held back, then copy as it arrives."""
+        with self._lock:
+            for chunk in self._held:
+                self._write(chunk)
+            self._held.clear()
+            self._echo = True
 
     def tail(self, lines: int) -> str:
         with self._lock:
@@ -153,7 +172,7 @@ def prestart_local_worker(model: str | None, dtype: str, engine_args: Sequence[s
     Call it from the thread that will run the event loop (see _die_with_parent)."""
     key = (model, dtype, tuple(engine_args))
     if key not in _prestarted:
-        _prestarted[key] = _launch(model, dtype, engine_args, tempfile.mkdtemp(prefix="sluice-worker-"))
+        _prestarted[key] = _launch(model, dtype, engine_args, tempfile.mkdtemp(prefix="sluice-worker-"), echo=False)
     return _prestarted[key]
 
 
@@ -176,6 +195,8 @@ def start_local_worker(
     channels reconnect to it); default: a new private temporary directory."""
     if socket_dir is None and (adopted := _prestarted.pop((model, dtype, tuple(engine_args)), None)) is not None:
         log.info("adopted the engine worker started before the gateway's imports (pid %d)", adopted.pid)
+        if adopted._tee is not None:
+            adopted._tee.release()
         return adopted
     if socket_dir is None:
         socket_dir = tempfile.mkdtemp(prefix="sluice-worker-")
@@ -184,7 +205,7 @@ def start_local_worker(
     return _launch(model, dtype, engine_args, socket_dir)
 
 
-def _launch(model: str | None, dtype: str, engine_args: Sequence[str], socket_dir: str) -> LocalWorker:
+def _launch(model: str | None, dtype: str, engine_args: Sequence[str], socket_dir: str, echo: bool = True) -> LocalWorker:
     address = f"unix:{os.path.join(socket_dir, 'worker.sock')}"
     progress = "always" if sys.stderr.isatty() else "never"
     argv = [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--dtype", dtype, "--progress", progress]
@@ -199,7 +220,7 @@ def _launch(model: str | None, dtype: str, engine_args: Sequence[str], socket_di
         start_new_session=True,
         preexec_fn=(lambda: _die_with_parent(parent)) if sys.platform == "linux" else None,
     )
-    return LocalWorker(process, address, socket_dir, _StderrTee(process.stderr))
+    return LocalWorker(process, address, socket_dir, _StderrTee(process.stderr, echo))
 
 
 def _failure(worker: LocalWorker, what: str) -> EngineUnavailableError:
