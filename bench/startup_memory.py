@@ -3,7 +3,9 @@
 
   cold start  --starts times: spawn `sluice serve` on a free 127.0.0.1 port and time, from the
               process start, its "listening" line, the worker's "listening" line (model loaded,
-              engine built) and the first 200 from /ready (the process is ready to serve)
+              engine built; serve prestarts its worker and shows that worker's output once the
+              fleet adopts it, so since then: the later of the two) and the first 200 from
+              /ready (the process is ready to serve)
   memory      on the last server started: resident memory (VmRSS, and its anonymous part: the
               process's own heap and tensors, as opposed to file pages of shared libraries and
               the mapped model file, which the kernel may drop) of the serve process and of its

@@ -202,6 +202,6 @@ def test_default_model_id_matches_the_worker(tmp_path):
 
     for p in [tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf", tmp_path / "other.Q8_0.gguf", tmp_path / "hf-folder"]:
         assert default_model_id(str(p)) == served_name(p)
-    from sluice.models.loader import BUNDLED_FILE
+    from sluice.models.bundled import BUNDLED_FILE
 
     assert re.fullmatch(r"[\w.-]+\.gguf", BUNDLED_FILE) and default_model_id(None) == served_name(Path(BUNDLED_FILE))

@@ -287,7 +287,10 @@ def test_bundled_worker_reports_loading_then_ready_and_matches_the_engine(bundle
         while time.monotonic() < deadline:
             try:
                 ready, detail = await client.health(timeout=1)
-            except EngineUnavailableError:  # not listening yet
+            except EngineUnavailableError:  # not listening yet: retry on a fresh channel, since
+                # a channel's reconnect backoff (up to 1 s) could outlast the ~0.5 s the load takes
+                await client.close()
+                client = GrpcEngineClient(address)
                 await asyncio.sleep(0.01)
                 continue
             if not ready:

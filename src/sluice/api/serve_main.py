@@ -25,7 +25,7 @@ from sluice.routing.fleet import Fleet
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.fleet_setup import build_registry, start_fleet
 from sluice.serving.guided import resolve_tool_format
-from sluice.serving.runtime import ServingRuntime
+from sluice.serving.runtime import ServingRuntime, build_safety
 
 log = logging.getLogger("sluice.serve")
 EXIT_START_FAILED = 2
@@ -70,9 +70,14 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
 
     async def bring_up() -> None:
         nonlocal fleet, exit_code
+        # the safety pipelines (~1 s: the classifier's model, the pattern databases) build on a
+        # thread while the workers load, not after them: they were the last second before /ready
+        safety = asyncio.ensure_future(asyncio.to_thread(build_safety, settings)) if settings.safety else None
         try:
             registry = build_registry(settings, list(load_tiers(settings.tiers)))
             fleet = await start_fleet(settings, registry)
+            if safety is not None:
+                rt.safety = await safety
             fleet.on_give_up = give_up
             rt.mark_ready(fleet, fleet.capacity()[0])
             rt.keep_task(follow_capacity(rt, fleet, settings.health_check_interval_s))
@@ -82,6 +87,8 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
                 f"limits: {settings.limits_store}; started in {time.perf_counter() - started:.1f}s)"
             )
         except Exception as exc:
+            if safety is not None:
+                safety.cancel()  # its thread ends on its own; nobody needs its result (or error)
             rt.startup_error = str(exc)
             exit_code = EXIT_START_FAILED
             _say(f"error: start-up failed: {exc}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from sluice.cli.common import DTYPE_CHOICES, DTYPE_HELP, add_engine_args
 
@@ -45,7 +46,6 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
 
 
 def _run(args: argparse.Namespace) -> int:
-    import asyncio
     import os
 
     # serve forks worker children (which exec at once) while its gRPC client runs: gRPC's fork
@@ -53,17 +53,52 @@ def _run(args: argparse.Namespace) -> int:
     # skipping fork() handlers" on every restart. Set before grpc is imported.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-    from sluice.api.serve_main import serve
-    from sluice.observability.logs import configure as configure_logs
-    from sluice.observability.tracing import configure as configure_tracing
-
     settings = _settings_from_args(args)
-    configure_logs(settings.log_level, settings.log_format)
-    configure_tracing(settings.trace_exporter, "sluice-gateway", settings.otlp_endpoint, settings.trace_file)
     # the local workers serve spawns trace (and log) the same way: they read these from the env
     for name in ("trace_exporter", "otlp_endpoint", "trace_file", "log_format", "log_level"):
         if getattr(settings, name) is not None:
             os.environ[f"SLUICE_{name.upper()}"] = str(getattr(settings, name))
+    _prestart_worker(settings)
+    try:
+        return _serve(args, settings)
+    finally:
+        from sluice.worker.spawn import discard_prestarted
+
+        discard_prestarted()  # start-up failed before the fleet took it (or it asked for others)
+
+
+def _prestart_worker(settings) -> None:  # Settings
+    """Start the one local worker of the default fleet now, before this process imports its
+    HTTP stack (~1.3 s): the worker's torch import and model load then overlap the gateway's
+    start-up on the other core instead of following it. The fleet's first start with the same
+    arguments adopts this child (worker/spawn.py); any other case starts workers as before."""
+    if settings.worker is not None or settings.fleet:
+        return
+    if settings.model and not Path(settings.model).expanduser().exists():
+        return  # the gateway says so itself, once (the worker would print the same error too)
+    from sluice.routing.default_fleet import fleet_from_settings
+    from sluice.routing.replica_launch import replica_launch
+    from sluice.worker.spawn import prestart_local_worker
+
+    try:
+        (model,) = fleet_from_settings(settings).models.values()
+        (spec,) = model.versions.values()
+    except Exception:  # an invalid setting: the normal start-up reports it
+        return
+    if spec.replicas >= 1:
+        launch = replica_launch(settings, spec)
+        prestart_local_worker(launch.model, launch.dtype, launch.engine_args)
+
+
+def _serve(args: argparse.Namespace, settings) -> int:  # Settings
+    import asyncio
+
+    from sluice.api.serve_main import serve
+    from sluice.observability.logs import configure as configure_logs
+    from sluice.observability.tracing import configure as configure_tracing
+
+    configure_logs(settings.log_level, settings.log_format)
+    configure_tracing(settings.trace_exporter, "sluice-gateway", settings.otlp_endpoint, settings.trace_file)
     if settings.api_key is None:
         if settings.host not in ("127.0.0.1", "localhost", "::1"):
             print(f"sluice: warning: no API key set; binding 127.0.0.1 instead of {settings.host}", file=sys.stderr)

