@@ -274,7 +274,9 @@ def test_bundled_worker_reports_loading_then_ready_and_matches_the_engine(bundle
     log = Path(tempfile.mkdtemp()) / "worker.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--kv-cache-gib", "0.1"],
+            # load_delay_s: "loading" lasts at least 2 s, so it is seen however fast the load is
+            [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--kv-cache-gib", "0.1",
+             "--fault-injection", "load_delay_s=2"],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

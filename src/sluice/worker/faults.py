@@ -14,6 +14,8 @@ SPEC is a comma-separated list of:
     delay_first_token_s=S  every request waits S seconds before its first output: a slow version
     step_delay_s=S         every engine step sleeps S seconds first: a slow accelerator, so a
                            stream provably lasts long enough to be interrupted (drain tests)
+    load_delay_s=S         the model load waits S seconds first (the worker listens and reports
+                           "loading" meanwhile): a slow load, observable however fast the machine
 
 Warm-up requests (ids starting with `warmup-`, sent by the gateway before a worker takes
 traffic) are exempt, so a faulty worker still becomes ready and the fault hits real traffic.
@@ -33,6 +35,7 @@ class FaultSpec:
     fail_all: bool = False
     delay_first_token_s: float = 0.0
     step_delay_s: float = 0.0
+    load_delay_s: float = 0.0
 
     @property
     def active(self) -> bool:
@@ -43,7 +46,7 @@ class FaultSpec:
         """Raises ValueError naming the bad item."""
         fail_seed: int | None = None
         exit_after: int | None = None
-        fail_all, delay, step_delay = False, 0.0, 0.0
+        fail_all, delay, step_delay, load_delay = False, 0.0, 0.0, 0.0
         for item in (spec or "").split(","):
             item = item.strip()
             if not item:
@@ -60,12 +63,15 @@ class FaultSpec:
                     delay = float(raw)
                 elif name == "step_delay_s" and raw:
                     step_delay = float(raw)
+                elif name == "load_delay_s" and raw:
+                    load_delay = float(raw)
                 else:
                     raise ValueError
             except ValueError:
                 raise ValueError(f"fault injection: {item!r} is not one of fail_seed=N, exit_after_tokens=N, "
-                                 "fail_all, delay_first_token_s=S, step_delay_s=S") from None
-        return cls(fail_seed, exit_after, fail_all, delay, step_delay)
+                                 "fail_all, delay_first_token_s=S, step_delay_s=S, "
+                                 "load_delay_s=S") from None
+        return cls(fail_seed, exit_after, fail_all, delay, step_delay, load_delay)
 
     @staticmethod
     def exempt(request_id: str) -> bool:

@@ -130,6 +130,8 @@ async def run_worker(
 
     def build() -> LLMEngine:
         try:
+            if faults.load_delay_s:
+                time.sleep(faults.load_delay_s)  # the testing aid: a slow load (worker/faults.py)
             holder["loaded"] = load_model(model, dtype, device=config.device, progress=progress, kernels=config.kernels)
             return LLMEngine(holder["loaded"], config)
         finally:
