@@ -91,6 +91,26 @@ def test_results_are_batch_invariant_and_the_same_on_every_isa(ops, gguf_tensors
     assert all(torch.equal(first, r) for r in results.values()), "ISAs disagree"
 
 
+def test_the_kernels_run_on_torchs_threads_with_the_same_results(ops, gguf_tensors):
+    # A build without OpenMP is correct but serial (at::parallel_for then runs on the calling
+    # thread): prefill took ~2x as long as oneDNN's on 2 cores. The team size is what OpenMP
+    # was asked for, not a timing.
+    before = torch.get_num_threads()
+    w = _weight(gguf_tensors, "blk.0.ffn_gate.weight")
+    lin = _linear(ops, w)
+    x = torch.randn(70, w.cols, generator=torch.Generator().manual_seed(5))
+    try:
+        results = {}
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert ops.parallel_team(64) == threads
+            results[threads] = (lin(x), lin(x[:1]), lin(x, fast=True))
+        for threads in (2, 3):  # the split over output panels changes no output's sum
+            assert all(torch.equal(a, b) for a, b in zip(results[1], results[threads]))
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("name,rows", WEIGHTS[:2])
 def test_exact_mode_is_as_accurate_as_an_fp32_matmul_and_fast_mode_is_close(ops, gguf_tensors, name, rows):
     w = _weight(gguf_tensors, name, rows)
@@ -144,6 +164,55 @@ def test_paged_decode_attention_matches_the_torch_backend(ops, window):
         torch.testing.assert_close(results[isa], ref, rtol=1e-5, atol=1e-5)
     first = next(iter(results.values()))
     assert all(torch.equal(first, r) for r in results.values())
+
+
+@pytest.mark.parametrize("window", [None, 13])
+@pytest.mark.parametrize("long_context", [False, True])
+def test_prefill_rows_through_the_decode_kernel_match_sdpa(ops, window, long_context):
+    # A step of two decodes and three prefill chunks (one from position 0, two after a cached
+    # prefix). Short contexts go through paged_decode row by row, a long one keeps SDPA.
+    from sluice.models.attention import PrefillSpan
+    from sluice.models.kernels.paged_attention import PAGED_PREFILL_MAX_CONTEXT, KernelPagedAttention
+
+    heads, kvh, d, bs = 9, 3, 64, 8
+    k_cache, v_cache = _random_cache(kvh, 128, bs, d, seed=6)
+    g = torch.Generator().manual_seed(7)
+    perm = (torch.randperm(127, generator=g) + 1).tolist()
+    chunks = [(0, 17), (24, 40), (5, 6)]  # (cached tokens, context after the chunk)
+    if long_context:
+        chunks.append((PAGED_PREFILL_MAX_CONTEXT - 3, PAGED_PREFILL_MAX_CONTEXT + 20))
+    decode_lens = [9, 30]
+    used, tables = 0, []
+    for n in decode_lens + [c for _, c in chunks]:
+        nb = -(-n // bs)
+        tables.append(perm[used : used + nb])
+        used += nb
+    width = max(len(t) for t in tables[:2])
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=2, block_size=bs,
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables[:2]], dtype=torch.int32),
+        context_lens=torch.tensor(decode_lens, dtype=torch.int32),
+    )
+    row = 2
+    for (cached, ctx), blocks in zip(chunks, tables[2:]):
+        slots = torch.tensor([blocks[p // bs] * bs + p % bs for p in range(ctx)])
+        mask = None
+        if cached or (window and ctx > window):
+            q_pos = torch.arange(cached, ctx)[:, None]
+            k_pos = torch.arange(ctx)[None, :]
+            mask = k_pos <= q_pos
+            if window:
+                mask &= k_pos > q_pos - window
+        meta.prefills.append(PrefillSpan(row, row + ctx - cached, slots, mask))
+        row += ctx - cached
+    q = torch.randn(row, (heads + 2 * kvh) * d, generator=g)
+    ref_backend = TorchPagedAttention(heads, kvh, d, window)
+    ref_backend.prepare(meta)
+    ref = ref_backend.attend(q, k_cache, v_cache, meta)
+    kernel = KernelPagedAttention(ops, heads, kvh, d, window)
+    kernel.prepare(meta)
+    assert (meta.derived is None) == long_context  # one call for all rows only when all are short
+    torch.testing.assert_close(kernel.attend(q, k_cache, v_cache, meta), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_fused_norm_silu_and_rope_match_the_torch_ops(ops):

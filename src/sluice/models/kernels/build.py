@@ -35,7 +35,14 @@ COMMON_FLAGS = ["-O3", "-fPIC", "-std=c++17", "-ffp-contract=off", "-fno-math-er
                 "-Wno-maybe-uninitialized"]
 # -ffp-contract=off everywhere: the kernels' exactness depends on every multiply and add being
 # rounded where the source says (kernels_impl.h), never fused by the compiler.
-GLUE_FLAGS = ["-O3", "-ffp-contract=off"]
+# -fopenmp on the glue: at::parallel_for is a header template that runs its body on the calling
+# thread alone unless the including translation unit is compiled with OpenMP (ATen's
+# INTRA_OP_PARALLEL comes from _OPENMP). Without it every kernel ran on one thread while oneDNN
+# used all of torch's; prefill, which is compute-bound, then took ~2x as long on 2 cores.
+# The OpenMP runtime is torch's own (libgomp.so.1, already loaded when the extension is), so
+# the kernels share torch's thread pool and its torch.set_num_threads() setting.
+GLUE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
+GLUE_LDFLAGS = ["-fopenmp"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +81,7 @@ def source_key(cxx: str | None = None) -> str:
         h.update(path.read_bytes())
     for obj in ISA_OBJECTS:
         h.update(repr(obj).encode())
-    h.update(repr((COMMON_FLAGS, GLUE_FLAGS, torch.__version__, sys.version, sysconfig.get_platform())).encode())
+    h.update(repr((COMMON_FLAGS, GLUE_FLAGS, GLUE_LDFLAGS, torch.__version__, sys.version, sysconfig.get_platform())).encode())
     h.update(_compiler_version(cxx or compiler()).encode())
     return h.hexdigest()[:16]
 
@@ -147,7 +154,7 @@ def build(verbose: bool = False) -> Path:
             name=module_name(key),
             sources=[str(CSRC / "ops.cpp")],
             extra_cflags=GLUE_FLAGS,
-            extra_ldflags=[str(o) for o in objects],
+            extra_ldflags=[str(o) for o in objects] + GLUE_LDFLAGS,
             extra_include_paths=[str(CSRC)],
             build_directory=str(out),
             verbose=verbose,

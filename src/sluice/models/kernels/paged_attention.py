@@ -4,8 +4,9 @@ The torch backend gathers every decoding sequence's K/V out of the cache into a 
 each layer (index_select), then runs two batched matmuls over the padding too. The kernel walks
 each sequence's block table instead: one task per (sequence, KV head), whose query heads share
 each K/V row read; softmax in fp32; no copy and no padding, so a step's attention costs what its
-context lengths cost, not batch x the longest. Prefill chunks (few per step, long) keep
-scaled_dot_product_attention (see models/attention.py).
+context lengths cost, not batch x the longest. Prefill chunks of short contexts (many new
+prompts at once) join the decodes in that one call; long ones keep scaled_dot_product_attention
+(see models/attention.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from types import ModuleType
 import torch
 
 from sluice.models.attention import AttentionMetadata, PrefillSpan, prefill_attention, write_kv
+
+
+# Prefill chunks whose whole context is at most this long go through the decode kernel row by
+# row (see prepare); longer ones keep SDPA, whose blocked GEMMs win on long contexts.
+PAGED_PREFILL_MAX_CONTEXT = 256
 
 
 class KernelPagedAttention:
@@ -28,7 +34,34 @@ class KernelPagedAttention:
         self.window = sliding_window or 0
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        pass  # the block tables are read as they are
+        """Steps whose prefill chunks all have short contexts attend every row, decode and
+        prefill alike, in one kernel call per layer: a prefill row at position p is a decode
+        of context p + 1 over its sequence's blocks (the step's K/V are written before any row
+        reads them). SDPA one chunk at a time cost ~4 small torch ops per chunk per layer —
+        ~4,000 per step for 32 new prompts, each a parallel region of its own: 20 % of the
+        step's time on one thread and most of it on two busy cores (docs/BENCHMARKS.md)."""
+        meta.derived = None
+        if not meta.prefills or any(len(s.slots) > PAGED_PREFILL_MAX_CONTEXT for s in meta.prefills):
+            return
+        bs = meta.block_size
+        tables: list[list[int]] = []
+        lens: list[int] = []
+        for span in meta.prefills:
+            ctx = len(span.slots)
+            blocks = (span.slots[::bs] // bs).tolist()
+            first = ctx - (span.end - span.start) + 1  # the first row's context length
+            tables.extend([blocks] * (span.end - span.start))
+            lens.extend(range(first, ctx + 1))
+        width = max(max(map(len, tables)), meta.block_tables.shape[1] if meta.num_decodes else 0)
+        prefill_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        prefill_lens = torch.tensor(lens, dtype=torch.int32)
+        if meta.num_decodes:
+            decode_tables = meta.block_tables
+            if decode_tables.shape[1] < width:
+                decode_tables = torch.nn.functional.pad(decode_tables, (0, width - decode_tables.shape[1]))
+            prefill_tables = torch.cat([decode_tables, prefill_tables])
+            prefill_lens = torch.cat([meta.context_lens, prefill_lens])
+        meta.derived = (prefill_tables.contiguous(), prefill_lens.contiguous())
 
     def forward(self, q, k, v, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
         write_kv(k, v, k_cache, v_cache, meta)
@@ -39,6 +72,11 @@ class KernelPagedAttention:
                meta: AttentionMetadata) -> torch.Tensor:
         T, width = q.shape[0], self.num_heads * self.head_dim
         out = torch.empty(T, width, dtype=q.dtype)
+        if meta.derived is not None:  # every row in one call (see prepare)
+            tables, lens = meta.derived
+            self.ops.paged_decode(q, k_cache, v_cache, tables, lens, meta.block_size, self.num_heads,
+                                  self.num_kv_heads, self.scale, self.window, out)
+            return out
         if meta.num_decodes:
             self.ops.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size,
                                   self.num_heads, self.num_kv_heads, self.scale, self.window, out)

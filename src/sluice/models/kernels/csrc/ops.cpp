@@ -4,6 +4,7 @@
 #include <cpuid.h>
 #include <torch/extension.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -79,6 +80,20 @@ std::vector<std::string> available_isas() {
 
 std::string isa() { return g_table ? g_table->name : "none"; }
 
+// How many threads one at::parallel_for over n items (grain 1) runs on: torch's thread count
+// when this file was compiled with OpenMP, 1 when it was not (at::parallel_for is then serial).
+// Tests check it, since a build without -fopenmp is correct but silently single-threaded.
+int64_t parallel_team(int64_t n) {
+  std::atomic<int64_t> widest{0};
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    const int64_t mine = at::get_thread_num() + 1;
+    int64_t seen = widest.load();
+    while (mine > seen && !widest.compare_exchange_weak(seen, mine)) {
+    }
+  });
+  return widest.load();
+}
+
 // ---- checks -----------------------------------------------------------------------------------
 void check_rows(const torch::Tensor& x, int64_t K, const char* what) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32, what, ": expected a float32 CPU tensor");
@@ -97,6 +112,20 @@ int64_t panels_of(int64_t N) { return (N + kPanel - 1) / kPanel; }
 
 // rows of work per parallel task: small calls stay on the calling thread
 int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K)); }
+
+// Calls over at most this many rows (a decode batch: max_num_seqs defaults to 64) run on the
+// calling thread; larger ones (prefill steps) split over torch's threads. Measured (issue 14,
+// docs/BENCHMARKS.md) on the shared 2-core machine: with every call threaded, a decode step's
+// ~270 short parallel regions each waited for the other thread to get a core, and single-stream
+// inter-token latency went from 13 to 66 ms; prefill's ~120 regions of milliseconds each lose
+// little to that wait and gain up to the thread count, which is where TTFT under concurrency went.
+constexpr int64_t kSerialMaxRows = 64;
+
+// at::parallel_for when the call covers more than kSerialMaxRows rows, else the calling thread
+template <class F>
+void parallel_rows(int64_t rows, int64_t begin, int64_t end, int64_t grain, const F& f) {
+  at::parallel_for(begin, end, rows > kSerialMaxRows ? grain : std::max<int64_t>(1, end - begin), f);
+}
 
 // ---- packing (load time) -------------------------------------------------------------------
 // raw: [N, K/32 * 20] GGUF Q4_1 blocks (d fp16, m fp16, 16 bytes of nibbles)
@@ -184,7 +213,7 @@ void run_panels(const GemmArgs& a, GemmFn fn, int64_t scratch_per_k, int64_t dir
     scratch = torch::empty({at::get_num_threads() * per_thread}, torch::kFloat32);
     base = scratch.data_ptr<float>();
   }
-  at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+  parallel_rows(a.M, 0, panels, grain, [&](int64_t p0, int64_t p1) {
     fn(a, p0, p1, base ? base + at::get_thread_num() * per_thread : nullptr);
   });
 }
@@ -205,7 +234,7 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& w, int64_t 
   torch::Tensor xq = torch::empty({M, K}, torch::kInt8);
   torch::Tensor xd = torch::empty({M, KB}, x.options());
   torch::Tensor xs = torch::empty({M, KB}, x.options());
-  at::parallel_for(0, M, grain_rows(K), [&](int64_t r0, int64_t r1) {
+  parallel_rows(M, 0, M, grain_rows(K), [&](int64_t r0, int64_t r1) {
     t.quantize_q8(a.x, a.ldx, K, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), r0, r1);
   });
   a.xq = xq.data_ptr<int8_t>();
@@ -235,7 +264,7 @@ torch::Tensor embed_q8(const torch::Tensor& ids, const torch::Tensor& w, int64_t
   torch::Tensor out = torch::empty({T, K}, torch::kFloat32);
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < T; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "embed_q8: token id ", id[i], " out of range");
-  at::parallel_for(0, T, 16, [&](int64_t r0, int64_t r1) {
+  parallel_rows(T, 0, T, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; ++i) t.q8_row(w.data_ptr<uint8_t>(), K, id[i], out.data_ptr<float>() + i * K);
   });
   return out;
@@ -255,7 +284,7 @@ torch::Tensor add_rms_norm(torch::Tensor& h, const c10::optional<torch::Tensor>&
   }
   const KernelTable& t = table();
   torch::Tensor out = torch::empty_like(h);
-  at::parallel_for(0, h.size(0), grain_rows(D), [&](int64_t r0, int64_t r1) {
+  parallel_rows(h.size(0), 0, h.size(0), grain_rows(D), [&](int64_t r0, int64_t r1) {
     t.add_rms_norm(h.data_ptr<float>(), dl, w.data_ptr<float>(), out.data_ptr<float>(), D, (float)eps, r0, r1);
   });
   return out;
@@ -267,7 +296,7 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
   const int64_t I = gu.size(1) / 2;
   const KernelTable& t = table();
   torch::Tensor out = torch::empty({gu.size(0), I}, gu.options());
-  at::parallel_for(0, gu.size(0), grain_rows(2 * I), [&](int64_t r0, int64_t r1) {
+  parallel_rows(gu.size(0), 0, gu.size(0), grain_rows(2 * I), [&](int64_t r0, int64_t r1) {
     t.silu_mul(gu.data_ptr<float>(), out.data_ptr<float>(), I, r0, r1);
   });
   return out;
@@ -304,7 +333,7 @@ void rope_and_cache(torch::Tensor& qkv, const torch::Tensor& positions, const to
   const float* sn = sin.data_ptr<float>();
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
-  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+  parallel_rows(T, 0, T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t i = t0; i < t1; ++i) {
       float* row = base + i * W;
       const float* c = cs + pos[i] * half;
@@ -400,8 +429,8 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   a.tasks = tasks.data();
   a.chunk_base = chunk_base.data();
   a.scratch = scratch.data_ptr<float>();
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { t.paged_decode(a, t0, t1); });
-  if (merge) at::parallel_for(0, B * kv_heads, 1, [&](int64_t p0, int64_t p1) { t.attn_merge(a, p0, p1); });
+  parallel_rows(B, 0, T, 1, [&](int64_t t0, int64_t t1) { t.paged_decode(a, t0, t1); });
+  if (merge) parallel_rows(B, 0, B * kv_heads, 1, [&](int64_t p0, int64_t p1) { t.attn_merge(a, p0, p1); });
 }
 
 }  // namespace
@@ -415,6 +444,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "the ISA in use ('none' when the CPU lacks AVX2)");
   m.def("set_isa", &set_isa, "use 'avx2', 'avx512', 'avx512-vnni' or 'auto'; returns the one chosen");
   m.def("available_isas", &available_isas);
+  m.def("parallel_team", &parallel_team, "threads one at::parallel_for over n items uses");
   m.def("supports_head_dim", &supports_head_dim);
   m.def("pack_q4_1", &pack_q4_1);
   m.def("pack_q8_0", &pack_q8_0);
