@@ -70,4 +70,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--batching-window-ms", type=float, default=None, metavar="MS",
         help="longest hold of a new prompt under hold / adaptive (default: 100)",
     )
+    g.add_argument(
+        "--threads", type=int, default=None, metavar="N",
+        help="torch threads per worker (default 0 = auto: one per core for a worker alone; serve's local "
+        "workers share the cores equally)",
+    )
 

@@ -32,6 +32,7 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
         admission_policy=args.admission_policy,
         batching_window=args.batching_window,
         batching_window_ms=args.batching_window_ms,
+        threads=args.threads,
         enable_prefix_caching=False if args.no_prefix_caching else None,
         kernels=args.kernels,
         numerics=args.numerics,
@@ -77,16 +78,17 @@ def _prestart_worker(settings) -> None:  # Settings
     if settings.model and not Path(settings.model).expanduser().exists():
         return  # the gateway says so itself, once (the worker would print the same error too)
     from sluice.routing.default_fleet import fleet_from_settings
-    from sluice.routing.replica_launch import replica_launch
+    from sluice.routing.replica_launch import local_replica_count, replica_launch
     from sluice.worker.spawn import prestart_local_worker
 
     try:
-        (model,) = fleet_from_settings(settings).models.values()
+        fleet = fleet_from_settings(settings)
+        (model,) = fleet.models.values()
         (spec,) = model.versions.values()
     except Exception:  # an invalid setting: the normal start-up reports it
         return
     if spec.replicas >= 1:
-        launch = replica_launch(settings, spec)
+        launch = replica_launch(settings, spec, local_replica_count(fleet))
         prestart_local_worker(launch.model, launch.dtype, launch.engine_args)
 
 

@@ -49,6 +49,7 @@ def _run(args: argparse.Namespace) -> int:
             device=args.device,
             batching_window=args.batching_window,
             batching_window_ms=args.batching_window_ms,
+            threads=args.threads,
         )
         faults = FaultSpec.parse(args.fault_injection or settings.fault_injection)
         configure_logs(settings.log_level, settings.log_format)

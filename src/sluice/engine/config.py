@@ -26,6 +26,7 @@ ENGINE_SETTINGS = (
     "device",
     "batching_window",
     "batching_window_ms",
+    "threads",
 )
 
 # One source for the defaults other modules report before an engine exists (EngineStats).
@@ -78,6 +79,11 @@ class EngineConfig:
     batching_window_ms: float = 100.0
     # adaptive: the hold ends once this many new prompts per running decode are waiting
     batching_window_ratio: float = 0.25
+    # torch threads of this engine's forward passes (intra-op: GEMMs and the CPU kernels).
+    # 0 = auto: torch's default (one per core) for a worker alone; `sluice serve` gives each of
+    # its local workers an equal share of the cores instead (routing/replica_launch.py), since
+    # two OpenMP teams spinning on the same cores slow each other down many times over.
+    threads: int = 0
     # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
     # sampling seed raises, so the partial-failure path is exercised deterministically.
     fault_fail_seed: int | None = None
@@ -107,6 +113,8 @@ class EngineConfig:
             raise ValueError(f"kernels must be one of {', '.join(KernelChoice)}")
         if not is_device_name(self.device):
             raise ValueError(f"device must be {DEVICE_NAMES}, not {self.device!r}")
+        if self.threads < 0:
+            raise ValueError("threads must be >= 0 (0 = auto)")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be >= 2")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:

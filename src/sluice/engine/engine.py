@@ -14,6 +14,8 @@ import random
 import time
 from collections.abc import Callable
 
+import torch
+
 from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import KVCacheManager
 from sluice.engine.kv_memory import GIB, available_memory, kv_bytes_per_block, plan_kv_pool
@@ -36,6 +38,8 @@ class LLMEngine:
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config = config or EngineConfig()
+        if config.threads:  # on the thread that will step the engine: OpenMP's count is per thread
+            torch.set_num_threads(config.threads)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config

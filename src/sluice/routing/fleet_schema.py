@@ -103,6 +103,7 @@ class EngineSettings(_Strict):
     enable_prefix_caching: bool | None = None
     share_prefix_across_tenants: bool | None = None
     seed: int | None = None
+    threads: int | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _engine_accepts(self) -> EngineSettings:

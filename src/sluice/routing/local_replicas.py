@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from sluice.routing.fleet_schema import VersionSpec
 from sluice.routing.health_poller import WorkerHandle
-from sluice.routing.replica_launch import replica_launch
+from sluice.routing.replica_launch import local_replica_count, replica_launch
 from sluice.routing.replica_plan import ReplicaGoal, replica_goal
 from sluice.routing.routing_state import effective_weights
 from sluice.routing.worker_pool import WorkerStatus
@@ -60,7 +60,7 @@ class LocalReplicas:
     async def _start_one(self, model_id: str, version: str, spec: VersionSpec,
                          join: WorkerStatus = WorkerStatus.WARM) -> str:
         s = self.fleet.settings
-        launch = replica_launch(s, spec)
+        launch = replica_launch(s, spec, local_replica_count(self.fleet.registry.fleet))
         supervisor = WorkerSupervisor(
             launch.model, launch.dtype, launch.engine_args, s.worker_start_timeout_s,
             RestartPolicy(s.worker_max_restarts, s.worker_restart_window_s),
