@@ -88,6 +88,17 @@ async def first_token(pipeline: ServingPipeline, req: ServingRequest) -> float:
         await gen.close()
 
 
+async def to_the_end(pipeline: ServingPipeline, req: ServingRequest) -> None:
+    """A load request: stream it whole, so its tokens count in the signal until it ends (closing
+    it at its first token, as the probes do, would drop the signal before the autoscaler looked)."""
+    gen = await pipeline.start(req)
+    try:
+        async for _ in gen.outcomes():
+            pass
+    finally:
+        await gen.close()
+
+
 async def until(check, what: str, timeout: float = 600.0, every: float = 0.005) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -135,7 +146,7 @@ async def main(args: argparse.Namespace) -> dict:
             fleet.autoscaler.on_decision.append(on_decision)
             sent = time.perf_counter()  # the same probe on the idle fleet: the TTFT floor
             baseline.append(await first_token(pipeline, request("Hi", 1)) - sent)
-            load = [asyncio.create_task(first_token(pipeline, request(f"Write a long story about ship {i}.", 380)))
+            load = [asyncio.create_task(to_the_end(pipeline, request(f"Write a long story about ship {i}.", 380)))
                     for i in range(2)]
             await asyncio.wait_for(promoted.wait(), 120)
             t2 = await first_token(pipeline, request("Hi", 1))
