@@ -47,7 +47,8 @@ from sluice.serving.runtime import ServingRuntime  # noqa: E402
 KEY = ("smollm2", "v1")
 
 
-def fleet_text(interval: float) -> str:
+def fleet_text(interval: float, threads: int | None = None) -> str:
+    threads_line = f"threads = {threads}\n" if threads is not None else ""
     # 64 blocks of 16 tokens: two requests of ~420 estimated tokens put the signal near 0.8.
     # The cool-downs are long: each round resets the policy itself
     return f"""
@@ -69,7 +70,7 @@ autoscale = true
 block_size = 16
 num_kv_blocks = 64
 max_num_seqs = 8
-"""
+{threads_line}"""
 
 
 def request(text: str, max_tokens: int) -> ServingRequest:
@@ -113,7 +114,7 @@ def ids(fleet: Fleet, status: WorkerStatus) -> list[str]:
 
 async def main(args: argparse.Namespace) -> dict:
     path = Path(tempfile.mkdtemp(prefix="sluice-bench-autoscale-")) / "fleet.toml"
-    path.write_text(fleet_text(args.interval))
+    path.write_text(fleet_text(args.interval, args.threads))
     settings = load_settings(None, safety=False, fleet=str(path), health_check_interval_s=0.2, log_level="warning")
     fleet = Fleet.build(settings, Registry.from_file(path))
     crossings: list[float] = []
@@ -197,6 +198,7 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--cold-rounds", type=int, default=3)
     p.add_argument("--interval", type=float, default=0.1, help="[autoscaling] interval_s")
+    p.add_argument("--threads", type=int, default=None, help="the version's engine threads (default: auto)")
     result = asyncio.run(main(p.parse_args()))
     json.dump(result, sys.stdout, indent=2)
     print()
