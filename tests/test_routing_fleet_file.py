@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -205,3 +206,21 @@ def test_default_model_id_matches_the_worker(tmp_path):
     from sluice.models.bundled import BUNDLED_FILE
 
     assert re.fullmatch(r"[\w.-]+\.gguf", BUNDLED_FILE) and default_model_id(None) == served_name(Path(BUNDLED_FILE))
+
+
+def test_a_version_sets_where_and_how_it_computes():
+    """Per-version device, kernels, numerics and batching window reach the version's workers
+    (the engine config a local replica is launched with); a bad spelling names its line."""
+    from sluice.routing.replica_launch import replica_launch
+
+    text = MINIMAL.replace(
+        "replicas = 1",
+        'replicas = 1\n[models.m.versions.v1.engine]\ndevice = "cpu"\nkernels = "torch"\nnumerics = "fast"\n'
+        'batching_window = "adaptive"\nbatching_window_ms = 20.0')
+    spec = parse_fleet(text).models["m"].versions["v1"]
+    launch = replica_launch(Settings(), spec)
+    config = json.loads(launch.engine_args[launch.engine_args.index("--engine-config") + 1])
+    assert (config["device"], config["kernels"], config["numerics"]) == ("cpu", "torch", "fast")
+    assert (config["batching_window"], config["batching_window_ms"]) == ("adaptive", 20.0)
+    bad = problems(text.replace('device = "cpu"', 'device = "tpu"'))
+    assert len(bad) == 1 and bad[0].startswith("fleet.toml:") and "engine.device" in bad[0] and "tpu" in bad[0]

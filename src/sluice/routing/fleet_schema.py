@@ -20,7 +20,10 @@ from typing import Annotated, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, ValidationInfo, field_validator,
                       model_validator)
 
+from sluice.config import DEVICE_NAMES, is_device_name
+from sluice.engine.batching_window import BatchingWindow
 from sluice.engine.config import EngineConfig
+from sluice.models.kernels import KernelChoice, Numerics
 from sluice.routing.autoscale_spec import AutoscalingSpec, VersionAutoscaleSpec, merge_version_tables
 from sluice.routing.circuit_breaker import BreakerConfig
 from sluice.routing.scaling_settings import ScalingSettings
@@ -104,6 +107,21 @@ class EngineSettings(_Strict):
     share_prefix_across_tenants: bool | None = None
     seed: int | None = None
     threads: int | None = Field(None, ge=0)
+    kv_idle_gib: float | None = Field(None, ge=0)
+    # where and how this version computes (one fleet may run a CUDA version beside a CPU one);
+    # the spellings are the server settings' (docs/ENGINE.md), checked by building an EngineConfig
+    device: str | None = None  # auto | cpu | cuda | cuda:N
+    kernels: KernelChoice | None = Field(None, strict=False)
+    numerics: Numerics | None = Field(None, strict=False)
+    batching_window: BatchingWindow | None = Field(None, strict=False)
+    batching_window_ms: float | None = Field(None, ge=0)
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, v: str | None) -> str | None:
+        if v is not None and not is_device_name(v):
+            raise ValueError(f"{v!r} is not a device: use {DEVICE_NAMES}")
+        return v
 
     @model_validator(mode="after")
     def _engine_accepts(self) -> EngineSettings:
