@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sluice.cli.common import DTYPE_CHOICES, DTYPE_HELP, add_engine_args
+from sluice.cli.common import DTYPE_CHOICES, DTYPE_HELP, add_engine_args, engine_setting_values
 
 
 def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazily)
@@ -23,20 +23,7 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
         worker=args.worker,
         fleet=args.fleet,
         autoscale=True if args.autoscale else None,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_gib=args.kv_cache_gib,
-        kv_idle_gib=args.kv_idle_gib,
-        max_model_len=args.max_model_len,
-        scheduling_policy=args.scheduling_policy,
-        admission_policy=args.admission_policy,
-        batching_window=args.batching_window,
-        batching_window_ms=args.batching_window_ms,
-        threads=args.threads,
-        enable_prefix_caching=False if args.no_prefix_caching else None,
-        kernels=args.kernels,
-        numerics=args.numerics,
-        device=args.device,
+        **engine_setting_values(args),
         ping_interval_s=args.ping_interval,
         send_timeout_s=args.send_timeout,
         max_stream_duration_s=args.max_stream_duration,

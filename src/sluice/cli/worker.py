@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sluice.cli.common import add_engine_args, add_model_args
+from sluice.cli.common import add_engine_args, add_model_args, engine_setting_values
 
 PROGRESS = {"auto": None, "always": True, "never": False}
 
@@ -34,23 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     from sluice.worker.faults import FaultSpec
 
     try:  # the same settings (and defaults) as `sluice serve`, through the one mapping
-        settings = load_settings(
-            None,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_cache_gib=args.kv_cache_gib,
-            kv_idle_gib=args.kv_idle_gib,
-            max_model_len=args.max_model_len,
-            scheduling_policy=args.scheduling_policy,
-            admission_policy=args.admission_policy,
-            enable_prefix_caching=False if args.no_prefix_caching else None,
-            kernels=args.kernels,
-            numerics=args.numerics,
-            device=args.device,
-            batching_window=args.batching_window,
-            batching_window_ms=args.batching_window_ms,
-            threads=args.threads,
-        )
+        settings = load_settings(None, **engine_setting_values(args))
         faults = FaultSpec.parse(args.fault_injection or settings.fault_injection)
         configure_logs(settings.log_level, settings.log_format)
         configure_tracing(settings.trace_exporter, "sluice-worker", settings.otlp_endpoint, settings.trace_file)

@@ -160,8 +160,12 @@ class AsyncEngine:
                 if self.engine.has_unfinished():
                     if self._before_step is not None:
                         self._before_step()
-                    self._deliver(self.engine.step())
+                    events = self.engine.step()
+                    # the snapshot first: whoever sees a step's events sees at least that step's
+                    # stats (a consumer checking num_running on its first token saw the idle
+                    # snapshot from before its request was admitted)
                     self._stats = self.engine.stats()
+                    self._deliver(events)
                 else:
                     self._stats = self.engine.stats()
                     self._wakeup.wait()
