@@ -91,11 +91,13 @@ def start_worker(address: str, args: list[str] = (), timeout: float = 180.0) -> 
 
 
 def metric(base_url: str, name: str) -> float:
-    """The value of an unlabelled metric from /metrics."""
-    for line in httpx.get(base_url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
+    """A metric's value from /metrics: summed over its series (the engine gauges carry model and
+    version labels; a fleet of one version has one series). KeyError when it has none."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in httpx.get(base_url + "/metrics", timeout=5).text.splitlines()
+              if line.startswith((name + " ", name + "{"))]
+    if not values:
+        raise KeyError(name)
+    return sum(values)
 
 
 SETTLE_S = 120.0  # a generous bound for something that must happen "soon" on a busy machine

@@ -264,13 +264,14 @@ def test_utilization_and_window_stats_reach_prometheus(tiny_llama):
     engine.add_request(new("late"))
     engine.step()
     metrics = ServingMetrics()
-    metrics.observe_engine(engine.stats())
+    metrics.observe_engines({("m", "m/v1"): engine.stats()})
     text = metrics.render().decode()
     s = engine.stats()
-    assert f"sluice_engine_batch_utilization_ratio {s.last_step_utilization}" in text
-    assert f"sluice_engine_batch_utilization_sum {s.batch_utilization_sum}" in text
-    assert "sluice_engine_held_steps_total 1.0" in text
-    assert f"sluice_engine_kv_resident_bytes {float(s.kv_resident_bytes)}" in text
+    labels = '{model="m",version="m/v1"}'
+    assert f"sluice_engine_batch_utilization_ratio{labels} {s.last_step_utilization}" in text
+    assert f"sluice_engine_batch_utilization_sum{labels} {s.batch_utilization_sum}" in text
+    assert f"sluice_engine_held_steps_total{labels} 1.0" in text
+    assert f"sluice_engine_kv_resident_bytes{labels} {float(s.kv_resident_bytes)}" in text
 
 
 def test_stats_defaults_come_from_the_engine_config():

@@ -19,9 +19,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy.generate import load_scaling, outputs
+from deploy.generate import FLEET, fleet_model, load_scaling, outputs
 from sluice.config import load_settings
-from sluice.routing.keda_scaledobject import scaled_object
+from sluice.routing.fleet_file import parse_fleet
+from sluice.routing.keda_scaledobject import scaled_object, signal_query, worker_model
 from sluice.routing.scaling_decision import FleetObservation
 from sluice.routing.scaling_policy import ScalingPolicy
 from sluice.routing.scaling_settings import ScalingSettings
@@ -79,7 +80,7 @@ def test_generator_takes_an_operators_scaling_file(tmp_path):
     )
     s = load_scaling(str(tmp_path / "scaling.toml"))
     assert (s.scale_up_at, s.max_workers, s.warm_pool.timezone) == (0.8, 12, "Europe/Berlin")
-    so = scaled_object(s)
+    so = scaled_object(s, model="m")
     assert so["spec"]["minReplicaCount"] == 1  # min_serving + a night pool of 0
     (cron,) = [t for t in so["spec"]["triggers"] if t["type"] == "cron"]
     assert cron["metadata"] == {"timezone": "Europe/Berlin", "start": "30 7 * * *", "end": "0 0 * * *", "desiredReplicas": "5"}
@@ -109,6 +110,32 @@ def test_committed_scaled_object_carries_the_policy_defaults():
     bigger = [w for w in s.warm_pool.windows if w.size > s.warm_pool.smallest]
     assert [int(c["desiredReplicas"]) for c in crons] == [s.min_serving + w.size for w in bigger]
     assert all(c["timezone"] == s.warm_pool.timezone for c in crons)
+
+
+def test_committed_scaled_object_scales_on_its_own_models_signal():
+    """The workers scale on the signal of the model they serve (the fleet file's, whose workers
+    are the worker Service), never on another model's queue."""
+    (model,) = tomllib.loads(FLEET.read_text())["models"]
+    assert fleet_model() == model
+    (prom,) = [t for t in _committed_scaled_object()["spec"]["triggers"] if t["type"] == "prometheus"]
+    assert prom["metadata"]["query"] == signal_query(model) == f'sum(sluice:scaling_signal{{model="{model}"}})'
+
+
+def test_the_worker_services_model_is_found_in_a_fleet_of_several():
+    fleet = parse_fleet("""
+[models.chat.versions.v1]
+weights = "bundled"
+traffic = 100
+workers = ["dns:///sluice-worker:50051"]
+[models.embed.versions.v1]
+weights = "bundled"
+traffic = 100
+workers = ["embed-worker.sluice.svc.cluster.local:50051"]
+""", check_paths=False)
+    assert worker_model(fleet, "sluice-worker") == "chat"
+    assert worker_model(fleet, "embed-worker") == "embed"
+    with pytest.raises(ValueError, match="exactly one model"):
+        worker_model(fleet, "nobody")
 
 
 def _hpa_desired(so: dict[str, Any], replicas: int, signal: float) -> int:

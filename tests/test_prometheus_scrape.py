@@ -1,6 +1,7 @@
 """A real Prometheus server scrapes a real `sluice serve` and evaluates the scaling query the KEDA
-ScaledObject uses (`sum(sluice:scaling_signal)`, over the committed recording rule); its value
-equals what sluice reports on /metrics and in the autoscaler's status.
+ScaledObject uses (`sum(sluice:scaling_signal{model="m"})`, over the committed recording rule);
+its value equals what sluice reports on /metrics (`sluice_scaling_signal{model="m"}`) and in the
+autoscaler's status.
 
 Prometheus is Debian's `prometheus` binary (the Makefile's apt helper installs it), started on a
 free 127.0.0.1 port with a generated config and a temporary storage folder, stopped by its PID.
@@ -19,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from sluice.routing.keda_scaledobject import SIGNAL_QUERY
+from sluice.routing.keda_scaledobject import signal_query
 from tests.fleet_process import ADMIN, ADMIN_HEADERS, wait_until
 from tests.server_process import free_port, metric, start_server
 
@@ -113,6 +114,7 @@ def test_prometheus_evaluates_the_keda_scaling_query_to_sluices_own_signal(tmp_p
             threading.Thread(target=hold, args=(server.base_url,), daemon=True).start()
         wait_until(lambda: metric(server.base_url, "sluice_gateway_inflight_requests") == HELD, "the held requests", 120)
         own = metric(server.base_url, "sluice_scaling_signal")
+        assert f'sluice_scaling_signal{{model="m"}} {own}' in httpx.get(server.base_url + "/metrics", timeout=5).text
         assert 0 < own < 0.7  # held load, under the threshold: the autoscaler changes nothing
 
         def autoscaler_signal() -> float | None:
@@ -122,8 +124,11 @@ def test_prometheus_evaluates_the_keda_scaling_query_to_sluices_own_signal(tmp_p
         wait_until(lambda: autoscaler_signal() == round(own, 4), "the autoscaler to report the same signal", 60)
         prometheus = Prometheus(server.base_url.removeprefix("http://"), RULES)
         wait_until(prometheus.ready, "Prometheus to start", 120)
-        value = wait_until(lambda: prometheus.query(SIGNAL_QUERY), f"Prometheus to evaluate {SIGNAL_QUERY}", 120)
+        query = signal_query("m")  # the query the ScaledObject of m's workers runs
+        value = wait_until(lambda: prometheus.query(query), f"Prometheus to evaluate {query}", 120)
         assert value == pytest.approx(own, rel=1e-9)
+        assert prometheus.query(signal_query("another-model")) is None  # nothing of m's load leaks
+        assert prometheus.query('sluice_engine_up{model="m",version="m/v1"}') == 1  # per-version engine gauges
         assert prometheus.query("sluice_warm_pool_workers") == 0  # exported, scraped
         assert metric(server.base_url, "sluice_scaling_signal") == own  # still held: the comparison was fair
     finally:

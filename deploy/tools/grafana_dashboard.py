@@ -77,8 +77,9 @@ def build(settings: ScalingSettings | None = None) -> dict[str, Any]:
                           "Share of /v1 responses that were not 5xx/529 over the last hour (SLO 99.9 %)"))
         .with_panel(_stat("TTFT under 200 ms (1 h)", "percentunit", "1 - sluice:slo_ttft_errors:ratio_rate1h",
                           "Share of generations whose first token came within 200 ms (SLO 95 %)"))
-        .with_panel(_stat("Scaling signal", "none", "sum(sluice:scaling_signal)",
-                          f"Σ estimated tokens queued + in flight / capacity; up above {s.scale_up_at}, down below {s.scale_down_at}"))
+        .with_panel(_stat("Scaling signal", "none", "max(sluice:scaling_signal)",
+                          "The busiest model's Σ estimated tokens queued + in flight / its workers' capacity; "
+                          f"up above {s.scale_up_at}, down below {s.scale_down_at}"))
         .with_panel(_series("Error-budget burn rate", "none", [
             ("sluice:slo_availability_errors:ratio_rate1h / 0.001", "availability 1h"),
             ("sluice:slo_availability_errors:ratio_rate5m / 0.001", "availability 5m"),
@@ -114,17 +115,18 @@ def build(settings: ScalingSettings | None = None) -> dict[str, Any]:
         .with_row(Row("Queue and engine"))
         .with_panel(_series("Admission queue depth", "none", [("sum(sluice_gateway_queue_depth)", "waiting requests")],
                             "Requests waiting for admission, all gateways", span=8))
-        .with_panel(_series("KV cache usage", "percentunit", [("max(sluice_engine_kv_usage_ratio)", "max"),
-                                                             ("avg(sluice_engine_kv_usage_ratio)", "mean")],
-                            "Fraction of KV blocks in use", span=8))
+        # every gateway reports the same workers, so max over gateways is the version's value
+        .with_panel(_series("KV cache usage", "percentunit", [("max by (version) (sluice_engine_kv_usage_ratio)", "{{version}}")],
+                            "Fraction of KV blocks in use, per model version (its workers combined)", span=8))
         .with_panel(_series("Batch fill and utilisation", "percentunit", [
-            ("avg(sluice_engine_batch_fill_ratio)", "fill (last step tokens / budget)"),
-            ("avg(sluice_engine_batch_utilization_ratio)", "utilisation"),
-        ], "How full the engines' steps are", span=8))
+            ("max by (version) (sluice_engine_batch_fill_ratio)", "{{version}} fill (last step tokens / budget)"),
+            ("max by (version) (sluice_engine_batch_utilization_ratio)", "{{version}} utilisation"),
+        ], "How full the engines' steps are, per model version", span=8))
         # -- fleet and autoscaling --------------------------------------------------------------
         .with_row(Row("Fleet and autoscaling"))
-        .with_panel(_series("Scaling signal", "none", [("sum(sluice:scaling_signal)", "signal")],
-                            f"The autoscaler's input; thresholds from ScalingSettings (up {s.scale_up_at}, down {s.scale_down_at})",
+        .with_panel(_series("Scaling signal", "none", [("sluice:scaling_signal", "{{model}}")],
+                            "The autoscaler's input, per model (each model's workers scale on their own); thresholds "
+                            f"from ScalingSettings (up {s.scale_up_at}, down {s.scale_down_at})",
                             span=8)
                     .thresholds(signal_thresholds)
                     .thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.DASHED)))

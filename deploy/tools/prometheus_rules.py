@@ -144,21 +144,24 @@ def _scaling_group() -> dict[str, Any]:
         "interval": "15s",
         "rules": [
             {
-                # KEDA's query (sum(sluice:scaling_signal)). Each gateway divides its own queued +
-                # in-flight tokens by the whole pool's capacity, so the fleet's signal is the sum.
+                # KEDA's input, per model (sum(sluice:scaling_signal{model="…"}): each worker
+                # Deployment scales on its own model). Each gateway divides its own queued +
+                # in-flight tokens by the capacity of the model's whole pool, so a model's signal
+                # is the sum over the gateways.
                 "record": "sluice:scaling_signal",
                 "expr": "sum by (model) (sluice_scaling_signal)",
             },
             {
+                # per model: one saturated model is not hidden by an idle one, nor summed with it
                 "alert": "SluiceWorkersSaturated",
-                "expr": "sum(sluice:scaling_signal) > 1",
+                "expr": "sluice:scaling_signal > 1",
                 "for": "15m",
                 "labels": {"severity": "ticket"},
                 "annotations": {
-                    "summary": "Demand has exceeded the workers' token capacity for 15 minutes",
+                    "summary": "Demand for model {{ $labels.model }} has exceeded its workers' token capacity for 15 minutes",
                     "description": (
-                        "Scaling signal {{ $value | humanize }} (1 = every worker full). The autoscaler is at its "
-                        "maximum or cannot start workers: raise max_workers or add nodes."
+                        "Scaling signal {{ $value | humanize }} (1 = every worker of the model full). Its autoscaler is "
+                        "at its maximum or cannot start workers: raise max_workers or add nodes."
                     ),
                 },
             },

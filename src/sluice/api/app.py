@@ -94,13 +94,13 @@ def create_app(rt: ServingRuntime) -> FastAPI:
 
     @app.get("/metrics", openapi_extra=openapi_doc.METRICS)
     async def metrics() -> Response:
-        stats = None
-        if rt.fleet is not None:  # engines that do not answer are left out; engine_up says when none does
+        if rt.fleet is not None:
+            # per version: engines that do not answer are left out; engine_up says when none does
             answered = await rt.fleet.fresh_stats()
-            stats = combined(answered) if answered else None
+            rt.metrics.observe_engines({key: combined(s) if s else None for key, s in answered.items()})
             rt.metrics.observe_workers(rt.fleet.worker_counts())
             rt.metrics.observe_warm_pool(rt.fleet.warm_pool_counts())
-        rt.metrics.observe_engine(stats)
+            rt.metrics.observe_scaling(rt.fleet.scaling_signals())
         if rt.gateway is not None:
             rt.metrics.observe_gateway(rt.gateway)
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

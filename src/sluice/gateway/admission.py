@@ -161,9 +161,11 @@ class AdmissionQueue:
     def scaling_signal(self) -> float:
         """(estimated tokens queued + estimated tokens in flight) / capacity_tokens.
 
-        The autoscaler's input, exported as `sluice_scaling_signal`. In-flight work counts as
-        well as queued work, so a fully busy deployment with an empty queue reads ~1, not 0 (a
-        queued-only signal would scale a saturated fleet down). Above 1 demand exceeds what the
+        Gateway-wide (the status page); the exported autoscaling input is per model,
+        `sluice_scaling_signal{model}` (routing/scaling_signal.py), and equals this for a fleet
+        of one model. In-flight work counts as well as queued work, so a fully busy deployment
+        with an empty queue reads ~1, not 0 (a queued-only signal would scale a saturated fleet
+        down). Above 1 demand exceeds what the
         engines hold; DESIGN.md scales up at 0.7 and down at 0.2. `queued_tokens` alone is
         exported too."""
         return (self.queued_tokens + self.inflight_tokens) / self.capacity_tokens

@@ -1,8 +1,10 @@
 """Prometheus metrics for the serving path (one registry per app, so tests can run several).
 
 Latency histograms use buckets around the product targets (TTFT 200 ms, 50 tok/s ≈ 20 ms
-inter-token). Engine gauges are refreshed from the engine's stats snapshot at scrape time, so
-a scrape always shows the engine as it is, not as it was at the last request.
+inter-token). Engine gauges are refreshed from the engines' stats at scrape time, so a scrape
+always shows the engines as they are, not as they were at the last request. Fleet-wide gauges
+carry bounded labels only: model, version (`<model>/<version>`), state — never a worker, key or
+tenant, so the series count follows the fleet file, not the traffic.
 """
 
 from __future__ import annotations
@@ -65,33 +67,38 @@ class ServingMetrics:
         self.queued_tokens = Gauge("sluice_gateway_queued_tokens", "Estimated tokens (prompt + max_tokens) waiting", registry=r)
         self.inflight_requests = Gauge("sluice_gateway_inflight_requests", "Requests dispatched to the engine", registry=r)
         self.scaling_signal = Gauge(
-            "sluice_scaling_signal", "(estimated tokens queued + in flight) / engine token capacity (autoscaling input)", registry=r
+            "sluice_scaling_signal",
+            "Per model: (estimated tokens queued + in flight) / its serving workers' token capacity (autoscaling input)",
+            ["model"], registry=r,
         )
-        # engine gauges (from EngineStats)
-        self.running = Gauge("sluice_engine_running_requests", "Requests running in the engine", registry=r)
-        self.waiting = Gauge("sluice_engine_waiting_requests", "Requests waiting in the engine", registry=r)
-        self.kv_usage = Gauge("sluice_engine_kv_usage_ratio", "Fraction of KV blocks in use", registry=r)
-        self.kv_used = Gauge("sluice_engine_kv_blocks_used", "KV blocks held by requests", registry=r)
-        self.kv_total = Gauge("sluice_engine_kv_blocks_total", "Usable KV blocks", registry=r)
-        self.hit_rate = Gauge("sluice_engine_prefix_cache_hit_rate", "Prefix-cache hit rate (tokens)", registry=r)
-        self.preemptions = Gauge("sluice_engine_preemptions_total", "Preemptions since start", registry=r)
-        self.step_tokens = Gauge("sluice_engine_batch_tokens", "Tokens in the last engine step", registry=r)
-        self.batch_fill = Gauge("sluice_engine_batch_fill_ratio", "Last step's tokens over the step budget", registry=r)
+        # engine gauges (from EngineStats), per model version: `version` is <model>/<version>,
+        # as on the request metrics — one series per version the fleet runs, never per worker
+        ev = ["model", "version"]
+        self.running = Gauge("sluice_engine_running_requests", "Requests running in the engine", ev, registry=r)
+        self.waiting = Gauge("sluice_engine_waiting_requests", "Requests waiting in the engine", ev, registry=r)
+        self.kv_usage = Gauge("sluice_engine_kv_usage_ratio", "Fraction of KV blocks in use", ev, registry=r)
+        self.kv_used = Gauge("sluice_engine_kv_blocks_used", "KV blocks held by requests", ev, registry=r)
+        self.kv_total = Gauge("sluice_engine_kv_blocks_total", "Usable KV blocks", ev, registry=r)
+        self.hit_rate = Gauge("sluice_engine_prefix_cache_hit_rate", "Prefix-cache hit rate (tokens)", ev, registry=r)
+        self.preemptions = Gauge("sluice_engine_preemptions_total", "Preemptions since start", ev, registry=r)
+        self.step_tokens = Gauge("sluice_engine_batch_tokens", "Tokens in the last engine step", ev, registry=r)
+        self.batch_fill = Gauge("sluice_engine_batch_fill_ratio", "Last step's tokens over the step budget", ev, registry=r)
         # utilization: the fullest of a step's three limits (docs/ENGINE.md); the mean over any
         # range is rate(sluice_engine_batch_utilization_sum) / rate(sluice_engine_steps_total)
         self.batch_utilization = Gauge(
             "sluice_engine_batch_utilization_ratio",
-            "Last step's fill of its binding limit: max(tokens/budget, running/max_num_seqs, KV held/usable)", registry=r,
+            "Last step's fill of its binding limit: max(tokens/budget, running/max_num_seqs, KV held/usable)", ev, registry=r,
         )
         self.batch_utilization_sum = Gauge(
-            "sluice_engine_batch_utilization_sum", "Per-step batch utilization summed over steps since start", registry=r
+            "sluice_engine_batch_utilization_sum", "Per-step batch utilization summed over steps since start", ev, registry=r
         )
         self.held_steps = Gauge(
-            "sluice_engine_held_steps_total", "Steps in which the batching window held new arrivals back", registry=r
+            "sluice_engine_held_steps_total", "Steps in which the batching window held new arrivals back", ev, registry=r
         )
-        self.kv_resident = Gauge("sluice_engine_kv_resident_bytes", "KV pool memory written at least once", registry=r)
-        self.engine_steps = Gauge("sluice_engine_steps_total", "Engine steps since start", registry=r)
-        self.engine_up = Gauge("sluice_engine_up", "1 when the engine answered the last stats call", registry=r)
+        self.kv_resident = Gauge("sluice_engine_kv_resident_bytes", "KV pool memory written at least once", ev, registry=r)
+        self.engine_steps = Gauge("sluice_engine_steps_total", "Engine steps since start", ev, registry=r)
+        self.engine_up = Gauge("sluice_engine_up", "1 when some worker of the version answered the last stats call", ev,
+                               registry=r)
         # the fleet (read at scrape time)
         self.workers = Gauge("sluice_workers", "Workers by model, version (<model>/<version>) and state",
                              ["model", "version", "state"], registry=r)
@@ -99,25 +106,27 @@ class ServingMetrics:
                                "Warm-pool workers (loaded, warmed up, no traffic until the autoscaler promotes them)",
                                ["model", "version"], registry=r)
 
-    def observe_engine(self, s: EngineStats | None) -> None:
-        if s is None:
-            self.engine_up.set(0)
-            return
-        self.engine_up.set(1)
-        self.running.set(s.num_running)
-        self.waiting.set(s.num_waiting)
-        self.kv_usage.set(s.kv_usage)
-        self.kv_used.set(s.kv_blocks_used)
-        self.kv_total.set(s.kv_blocks_total)
-        self.hit_rate.set(s.prefix_cache_hit_rate)
-        self.preemptions.set(s.num_preemptions)
-        self.step_tokens.set(s.last_step_tokens)
-        self.batch_fill.set(s.batch_fill)
-        self.batch_utilization.set(s.last_step_utilization)
-        self.batch_utilization_sum.set(s.batch_utilization_sum)
-        self.held_steps.set(s.num_held_steps)
-        self.kv_resident.set(s.kv_resident_bytes)
-        self.engine_steps.set(s.num_steps)
+    def _engine_values(self, s: EngineStats) -> list[tuple[Gauge, float]]:
+        return [(self.running, s.num_running), (self.waiting, s.num_waiting), (self.kv_usage, s.kv_usage),
+                (self.kv_used, s.kv_blocks_used), (self.kv_total, s.kv_blocks_total),
+                (self.hit_rate, s.prefix_cache_hit_rate), (self.preemptions, s.num_preemptions),
+                (self.step_tokens, s.last_step_tokens), (self.batch_fill, s.batch_fill),
+                (self.batch_utilization, s.last_step_utilization), (self.batch_utilization_sum, s.batch_utilization_sum),
+                (self.held_steps, s.num_held_steps), (self.kv_resident, s.kv_resident_bytes),
+                (self.engine_steps, s.num_steps)]
+
+    def observe_engines(self, by_version: dict[tuple[str, str], EngineStats | None]) -> None:
+        """(model, <model>/<version>) -> the version's engines combined (engine/stats.py
+        `combined`), or None when none of its workers answered (`sluice_engine_up` 0, no other
+        series). Versions gone since the last scrape disappear, as in `observe_workers`."""
+        for gauge, _ in self._engine_values(EngineStats()):
+            gauge.clear()
+        self.engine_up.clear()
+        for (model, version), s in by_version.items():
+            self.engine_up.labels(model, version).set(0 if s is None else 1)
+            if s is not None:
+                for gauge, value in self._engine_values(s):
+                    gauge.labels(model, version).set(value)
 
     def observe_workers(self, counts: dict[tuple[str, str, str], int]) -> None:
         """(model, <model>/<version>, state) -> number of workers; combinations gone since the
@@ -137,9 +146,15 @@ class ServingMetrics:
         self.queue_depth.set(q.depth)
         self.queued_tokens.set(q.queued_tokens)
         self.inflight_requests.set(q.inflight)
-        self.scaling_signal.set(q.scaling_signal())
         self.gateway_rejected.labels("rate_limited").set(gw.counts["rate_limited"])
         self.gateway_rejected.labels("overloaded").set(gw.counts["overloaded"])
+
+    def observe_scaling(self, signals: dict[str, float]) -> None:
+        """model id -> its scaling signal (routing/scaling_signal.py); a model gone since the
+        last scrape disappears."""
+        self.scaling_signal.clear()
+        for model, value in signals.items():
+            self.scaling_signal.labels(model).set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

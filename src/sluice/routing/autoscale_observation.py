@@ -1,6 +1,7 @@
 """What the local autoscaler sees of one version: its workers by state and its scaling signal.
 
-The signal is the one the gateway exports as `sluice_scaling_signal` (gateway/admission.py):
+The signal is the one the gateway exports per model as `sluice_scaling_signal{model}`
+(scaling_signal.py, built on the functions here):
 Σ estimated tokens (queued + in flight) over the token capacity of the workers that serve —
 per version here, because each version scales alone:
 
@@ -8,8 +9,9 @@ per version here, because each version scales alone:
   (prompt + max_tokens) — the same numbers the admission queue's leases hold;
 - queued: requests still in the admission queue are not routed yet, so they have no version.
   They are shared out in proportion to where the in-flight work goes now (the queue holds the
-  same mix), and evenly over the autoscaled versions while nothing is in flight. For a fleet
-  of one version this is exactly the exported signal;
+  same mix), and evenly over the versions with serving capacity while nothing is in flight.
+  For a fleet of one version this is exactly the exported signal (scaling_signal.py, which
+  pools each model's versions the same way);
 - capacity: the KV tokens (blocks × block size) of the version's serving workers, from their
   last stats. A warm-pool worker's capacity joins the moment it is promoted.
 
@@ -71,9 +73,15 @@ def version_load(model_id: str, version: str, pool: WorkerPool, handles: Iterabl
 def observations(loads: list[VersionLoad], demand: Demand) -> dict[tuple[str, str], FleetObservation]:
     """Each version's observation, with the queue shared out (see the module docstring)."""
     total_inflight = sum(v.inflight_tokens for v in loads)
+    # while nothing is in flight the queue goes evenly to the loads that have capacity: a share
+    # handed to one without a serving worker would vanish (its signal is 0 whatever it holds)
+    sharers = [v for v in loads if v.capacity_tokens > 0] or loads
     out: dict[tuple[str, str], FleetObservation] = {}
     for v in loads:
-        share = v.inflight_tokens / total_inflight if total_inflight else 1.0 / len(loads)
+        if total_inflight:
+            share = v.inflight_tokens / total_inflight
+        else:
+            share = 1.0 / len(sharers) if any(v is s for s in sharers) else 0.0
         queued, batch = demand.queued_tokens * share, demand.batch_queued_tokens * share
         if v.capacity_tokens > 0:
             signal, batch_signal = (queued + v.inflight_tokens) / v.capacity_tokens, batch / v.capacity_tokens

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sluice.routing.autoscale_observation import Demand, VersionLoad, observations, version_load
+from sluice.routing.autoscale_observation import VersionLoad, observations, version_load
 from sluice.routing.replica_plan import ReplicaGoal, replica_goal
 from sluice.routing.routing_state import effective_weights
 from sluice.routing.scaling_decision import FleetObservation, ScalingDecision
@@ -65,8 +65,6 @@ class LocalAutoscaler:
     def __init__(self, fleet: "Fleet", clock: Clock | None = None):
         self.fleet = fleet
         self.clock: Clock = clock or SystemClock()
-        # the admission queue's waiting work; the serving layer sets it (runtime.mark_ready)
-        self.demand: Callable[[], Demand] = Demand
         self.scalers: dict[tuple[str, str], VersionScaler] = {}
         self.on_decision: list[Callable[[str, str, ScalingDecision], None]] = []  # tests, benchmarks
 
@@ -92,7 +90,7 @@ class LocalAutoscaler:
             self._rejoin_as_standby(key)
             loads.append(version_load(*key, fleet.pool, fleet.handles.values(), len(scaler.starts)))
         decisions = {}
-        for key, obs in (observations(loads, self.demand()) if loads else {}).items():
+        for key, obs in (observations(loads, fleet.demand()) if loads else {}).items():
             scaler = self.scalers[key]
             decision = scaler.policy.decide(obs)
             scaler.last, scaler.observed = decision, obs

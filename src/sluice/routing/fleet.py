@@ -30,6 +30,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.stats import EngineStats
 from sluice.errors import EngineUnavailableError, ModelLoadError
 from sluice.models.tokenizer import Tokenizer
+from sluice.routing.autoscale_observation import Demand
 from sluice.routing.autoscaler import LocalAutoscaler
 from sluice.routing.fleet_schema import BUNDLED, VersionSpec
 from sluice.routing.fleet_reload import has_quotas
@@ -40,6 +41,7 @@ from sluice.routing.quota import QuotaStore, make_quota_store
 from sluice.routing.registry import Registry
 from sluice.routing.rollout import RolloutSignals
 from sluice.routing.rollout_driver import RolloutDriver
+from sluice.routing.scaling_signal import model_signals
 from sluice.routing.router import FleetRouter
 from sluice.routing.routing_state import RoutingStateStore, make_routing_state_store
 from sluice.routing.state_follower import StateFollower
@@ -75,6 +77,9 @@ class Fleet:
     handles: dict[str, WorkerHandle] = field(default_factory=dict)
     versions: dict[tuple[str, str], VersionRuntime] = field(default_factory=dict)
     on_give_up: Callable[[str], None] | None = None  # a local worker kept dying
+    # the admission queue's waiting work (the serving layer sets it, runtime.mark_ready: routing
+    # cannot import the gateway); the autoscaler and the exported scaling signal share it out
+    demand: Callable[[], Demand] = Demand
     poller: HealthPoller | None = None
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)  # weights path -> tokenizer
@@ -203,16 +208,23 @@ class Fleet:
         spec = self.registry.version(model_id, version)
         return spec.engine.block_size or EngineConfig.from_settings(self.settings).block_size
 
-    async def fresh_stats(self, timeout_s: float = 2.0) -> list[EngineStats]:
-        """Every reachable worker's statistics now (a scrape shows the engines as they are)."""
+    async def fresh_stats(self, timeout_s: float = 2.0) -> dict[tuple[str, str], list[EngineStats]]:
+        """(model, <model>/<version>) -> the statistics its workers answered now (a scrape shows
+        the engines as they are), for every version that has workers; [] when none answered."""
         async def one(h: WorkerHandle) -> EngineStats | None:
             try:
                 return await asyncio.wait_for(h.client.stats(), timeout_s)
             except Exception:
                 return None
 
-        results = await asyncio.gather(*(one(h) for h in list(self.handles.values())))
-        return [r for r in results if r is not None]
+        handles = list(self.handles.values())
+        results = await asyncio.gather(*(one(h) for h in handles))
+        out: dict[tuple[str, str], list[EngineStats]] = {}
+        for h, r in zip(handles, results):
+            answered = out.setdefault((h.model_id, version_header(h.model_id, h.version)), [])
+            if r is not None:
+                answered.append(r)
+        return out
 
     def serving_handles(self) -> list[WorkerHandle]:
         return [h for h in self.handles.values() if (w := self.pool.get(h.worker_id)) is not None and self.pool.takes_requests(w)]
@@ -226,6 +238,12 @@ class Fleet:
                 tokens += h.stats.kv_blocks_total * h.stats.block_size
                 seqs += h.stats.max_num_seqs or 0
         return tokens, seqs
+
+    def scaling_signals(self) -> dict[str, float]:
+        """model id -> its scaling signal (scaling_signal.py), for every model of the fleet: the
+        `sluice_scaling_signal{model}` gauge, the autoscaler's numbers pooled per model."""
+        models = {m: list(model.versions) for m, model in self.registry.fleet.models.items()}
+        return model_signals(models, self.pool, self.handles.values(), self.demand())
 
     @property
     def ready(self) -> bool:

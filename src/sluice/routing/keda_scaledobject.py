@@ -1,9 +1,12 @@
 """The Kubernetes driver of the scaling policy: `ScalingSettings` as a KEDA ScaledObject.
 
-KEDA feeds `sluice:scaling_signal` (the recording rule over `sluice_scaling_signal`) to the HPA
-as a `Value` metric with target `scale_up_at`, so the HPA computes the same count the local
-policy does: `ceil(replicas × signal / scale_up_at)`. The rest of the policy maps onto HPA and
-KEDA fields:
+KEDA feeds the signal of the model the worker Deployment serves,
+`sum(sluice:scaling_signal{model="…"})` (the recording rule over `sluice_scaling_signal{model}`),
+to the HPA as a `Value` metric with target `scale_up_at`, so the HPA computes the same count the
+local policy does: `ceil(replicas × signal / scale_up_at)` — and another model's queue never
+scales these workers. Which model: the one whose fleet-file version lists the Deployment's
+Service as its workers (`worker_model`; deploy/generate.py reads deploy/k8s/base/fleet.toml).
+The rest of the policy maps onto HPA and KEDA fields:
 - hysteresis → the HPA's per-direction tolerance (`HPAConfigurableTolerance`, beta since
   Kubernetes 1.35): scale-up tolerance 0 (up above `scale_up_at`), scale-down tolerance
   `1 − scale_down_at / scale_up_at` (down below `scale_down_at`). A cluster without the
@@ -23,25 +26,49 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sluice.routing.fleet_schema import FleetSpec
 from sluice.routing.scaling_settings import ScalingSettings
 from sluice.routing.warm_pool_schedule import WarmPoolWindow
 
-SIGNAL_QUERY = "sum(sluice:scaling_signal)"
 DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 # HPA API bounds (autoscaling/v2 HPAScalingRules)
 _MAX_PERIOD_S = 1800
 _MAX_STABILIZATION_S = 3600
 
 
+def signal_query(model: str) -> str:
+    """KEDA's query: the model's signal summed over the gateway replicas (the recording rule
+    already sums them per model; the outer sum makes a missing label set one value)."""
+    escaped = model.replace("\\", "\\\\").replace('"', '\\"')
+    return f'sum(sluice:scaling_signal{{model="{escaped}"}})'
+
+
+def worker_model(fleet: FleetSpec, service: str) -> str:
+    """The model whose workers are the Service `service` (a version lists `service:port`,
+    `dns:///service:port` or `service.<namespace>…:port`); exactly one must."""
+    found = {model_id for model_id, model in fleet.models.items() for version in model.versions.values()
+             for address in version.workers if _host(address).split(".")[0] == service}
+    if len(found) != 1:
+        raise ValueError(f"the fleet file must name the Service {service!r} as the workers of exactly one model "
+                         f"(found: {sorted(found) or 'none'}); one worker Deployment serves one model")
+    return found.pop()
+
+
+def _host(address: str) -> str:
+    rest = address.split("://", 1)[-1].lstrip("/")
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest
+
+
 def scaled_object(
     settings: ScalingSettings,
     *,
+    model: str,
     name: str = "sluice-worker",
     target: str = "sluice-worker",
     prometheus_url: str = DEFAULT_PROMETHEUS,
-    query: str = SIGNAL_QUERY,
     polling_interval_s: int = 15,
 ) -> dict[str, Any]:
+    """The ScaledObject of the worker Deployment `target`, which serves `model`."""
     s = settings
     floor = min(s.max_workers, s.min_serving + s.warm_pool.smallest)
     triggers: list[dict[str, Any]] = [
@@ -51,7 +78,7 @@ def scaled_object(
             "metricType": "Value",
             "metadata": {
                 "serverAddress": prometheus_url,
-                "query": query,
+                "query": signal_query(model),
                 "threshold": _decimal(s.scale_up_at),
                 # no series (Prometheus lost the gateways) is an error → fallback, not "load 0"
                 "ignoreNullValues": "false",

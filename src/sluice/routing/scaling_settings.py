@@ -5,8 +5,8 @@ Both drivers read this object: the local supervisor (through `ScalingPolicy`) an
 committed YAML differs from what these defaults generate). Change a number here, run
 `python deploy/generate.py`, and both agree again.
 
-The signal is `sluice_scaling_signal`: Σ estimated tokens (queued + in flight) over the token
-capacity of the serving workers. It is a utilisation, so the scale-up threshold is also the
+The signal is `sluice_scaling_signal{model}`: Σ estimated tokens (queued + in flight) over the
+token capacity of the serving workers (per model: each model's workers scale on their own). It is a utilisation, so the scale-up threshold is also the
 target: scaling up asks for `ceil(serving × signal / scale_up_at)` workers, the number that
 brings the signal back to the threshold — exactly the Kubernetes HPA's rule for a `Value`
 metric, so the two drivers compute the same counts.

@@ -39,7 +39,8 @@ def batch_band(settings: Settings) -> int:
 
 
 def queue_demand(queue: AdmissionQueue, band: int) -> Callable[[], Demand]:
-    """What the local autoscaler reads of the admission queue (routing cannot import it)."""
+    """What the autoscaler and the exported scaling signal read of the admission queue (routing
+    cannot import it)."""
     return lambda: Demand(queue.queued_tokens, queue.queued_tokens_from_band(band))
 
 
@@ -77,7 +78,7 @@ class ServingRuntime:
             self.safety = build_safety(self.settings)
         if self.gateway is None:
             self.gateway = build_gateway(self.settings, self.settings.max_num_seqs, capacity_tokens or 1)
-        fleet.autoscaler.demand = queue_demand(self.gateway.admission, batch_band(self.settings))
+        fleet.demand = queue_demand(self.gateway.admission, batch_band(self.settings))
         self._ready.set()
 
     @property
