@@ -40,6 +40,9 @@ def test_the_status_page_shows_the_fleet_and_follows_a_worker_dying(tiny_llama_d
             assert model in row.inner_text()
             assert page.inner_text("#versions tbody").count("default") == 1
             assert page.is_visible("#no-autoscaling") and not page.inner_text("#autoscaling tbody")  # none here
+            data = httpx.get(proc.base_url + "/status/data", auth=("admin", ADMIN)).json()
+            assert list(data["gateway"]["scaling_signals"]) == [model]  # per model, as exported
+            assert page.inner_text("#signal") == f'{data["gateway"]["scaling_signals"][model]:.2f}'
             page.wait_for_selector("#chart path", state="attached", timeout=60_000)  # the TTFT line has a point
             pid = int(page.inner_text("#workers tbody tr td:nth-child(7)"))
             os.kill(pid, signal.SIGKILL)

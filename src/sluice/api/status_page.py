@@ -40,6 +40,8 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
         if gw is not None:
             q = gw.admission
             gateway = {"queue_depth": q.depth, "inflight": q.inflight, "scaling_signal": q.scaling_signal()}
+        # the autoscaling input per model (sluice_scaling_signal{model}); the card shows these
+        gateway["scaling_signals"] = fleet.scaling_signals()
         return {"fleet": fleet.status(), "gateway": gateway, "latency": rt.metrics.recent.series(),
                 "ready": rt.ready, "draining": rt.draining}
 
