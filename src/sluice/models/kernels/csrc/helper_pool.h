@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <sched.h>
 #include <thread>
 #include <vector>
 
@@ -66,7 +67,15 @@ class HelperPool {
   // How long a helper spins for the next call before it sleeps: a decode step's threaded calls
   // come tens of microseconds apart (the glue between them runs on the caller), and a sleeping
   // helper needs a system call to wake and a few more microseconds to get its core back.
-  static constexpr std::chrono::microseconds kSpin{100};
+  // The spin yields (sched_yield) rather than pauses: when the machine is busy the scheduler may
+  // put a woken helper on the caller's own core, and a pausing spin there delays the caller.
+  std::atomic<int64_t> spin_us_{100};
+
+ public:
+  void set_spin_us(int64_t us) { spin_us_.store(us, std::memory_order_relaxed); }
+  int64_t spin_us() const { return spin_us_.load(std::memory_order_relaxed); }
+
+ private:
 
   void start(int helpers) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -89,11 +98,9 @@ class HelperPool {
   void loop(int slot) {
     uint64_t seen = 0;
     for (;;) {
-      const auto until = std::chrono::steady_clock::now() + kSpin;
-      for (int i = 0; published_.load(std::memory_order_acquire) == seen; ++i) {
-        __builtin_ia32_pause();
-        if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) break;
-      }
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
+      while (published_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+        sched_yield();
       std::unique_lock<std::mutex> lk(mu_);
       wake_.wait(lk, [&] { return generation_ != seen; });
       seen = generation_;

@@ -502,6 +502,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "calls of at most 64 rows split over threads from min_rows rows and min_work multiply-adds; returns the old pair");
   m.def("split_cut", &split_cut, "(min_rows, min_work) of calls of at most 64 rows");
   m.def("helper_chunks", [] { return helper_pool().helper_chunks(); }, "chunks the helper pool's threads have run");
+  m.def("set_helper_spin_us", [](int64_t us) { helper_pool().set_spin_us(us); },
+        "how long an idle helper waits for the next call before it sleeps (benchmarks)");
   m.def("supports_head_dim", &supports_head_dim);
   m.def("pack_q4_1", &pack_q4_1);
   m.def("pack_q8_0", &pack_q8_0);
