@@ -5,9 +5,9 @@ One engine (bundled model, CPU kernels, default EngineConfig, --threads torch th
 greedy requests (EOS ignored) per level; once every request decodes, its steps alternate
 between two split cuts of the kernels (`ops.set_split_cut`, csrc/ops.cpp):
 
-  serial  min_rows 65: every call of at most 64 rows on the calling thread (sluice before the
-          helper pool: a decode batch never split)
-  pool    the built-in default (calls of >= 32 rows and >= 1M multiply-adds on the helper pool)
+  serial  min_rows 65, the default: every call of at most 64 rows on the calling thread (a
+          decode batch never splits)
+  pool    calls of >= --min-rows rows (32) and >= 1M multiply-adds on the helper pool
 
 Step by step, the lead swapping every step, so a burst of other work on the shared machine lands
 on both alike; the contexts grow by one token per step on both. Per level: the median wall and
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--streams", type=int, nargs="+", default=[1, 8, 16, 32, 64], help="decode batch sizes")
     p.add_argument("--steps", type=int, default=24, help="paired decode steps per level (default 24)")
+    p.add_argument("--min-rows", type=int, default=32, help="the pool side's cut (default 32)")
     args = p.parse_args(argv)
 
     import torch
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     if ops is None:
         raise SystemExit("the CPU kernels are unavailable here")
     default = tuple(ops.split_cut())
-    cuts = {"serial": (65, default[1]), "pool": default}
+    cuts = {"serial": (65, default[1]), "pool": (args.min_rows, 1 << 20)}
     loaded = load_model(progress=False)
     engine = LLMEngine(loaded, EngineConfig())
     tok = loaded.tokenizer

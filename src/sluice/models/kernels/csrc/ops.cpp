@@ -119,15 +119,18 @@ int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int
 // * every call over more than kAlwaysSplitRows rows (prefill steps): at::parallel_for, whose
 //   OpenMP barrier waits for a thread that has no core yet; prefill's regions of milliseconds lose
 //   little to that and gain up to the thread count (issue 14: TTFT under concurrency);
-// * a decode batch (max_num_seqs defaults to 64) of at least g_split_min_rows rows, for calls of
-//   at least g_split_min_work multiply-adds (its linears and attention, not its glue): the helper
-//   pool (helper_pool.h), which never waits for a helper that did not start. At 32 rows a decode
-//   step took 0.70x the serial one's wall time; at 16 rows 1.00-1.07x, so those stay serial;
-// * everything else, single-stream decode included, on the calling thread: with every call on
-//   OpenMP threads single-stream inter-token latency went from 13 to 66 ms.
+// * by default nothing else: decode batches (max_num_seqs defaults to 64) run on the calling
+//   thread. On OpenMP threads a decode step took 4-13x as long (single stream 13 -> 66 ms per
+//   token). On the helper pool (helper_pool.h, which never waits for a helper that did not start)
+//   a 32- or 64-row decode step took 0.66-0.72x the serial one's wall time when the second core
+//   was free, but served throughput at 32 streams was 0.92-1.0x and the worker's CPU per token
+//   up to 1.13x: under serving load the second core is the gateway's and the client's. So the
+//   pool is off (min_rows 65) until a machine with spare cores shows it pays;
+//   set_split_cut(32, 1 << 20) turns it on for calls of >= 32 rows and >= 1M multiply-adds (a
+//   large decode batch's linears and attention, not its glue).
 // The split never changes a result (tests/test_kernels.py: 1/2/3 threads bit for bit).
 constexpr int64_t kAlwaysSplitRows = 64;
-std::atomic<int64_t> g_split_min_rows{32};
+std::atomic<int64_t> g_split_min_rows{kAlwaysSplitRows + 1};
 std::atomic<int64_t> g_split_min_work{int64_t(1) << 20};
 
 bool split_call(int64_t rows, int64_t work) {
