@@ -111,6 +111,37 @@ def test_the_kernels_run_on_torchs_threads_with_the_same_results(ops, gguf_tenso
         torch.set_num_threads(before)
 
 
+def test_decode_batches_split_over_the_helper_pool_with_the_same_results(ops, gguf_tensors):
+    # With the pool on at 32 rows (set_split_cut(32, ...), off by default), calls of 32..64 rows
+    # (a large decode batch) run on the helper pool, smaller ones on the calling thread; both
+    # against 1 thread, at the cut and either side of it, linears and the paged attention. A cut
+    # of 1 row sends even single rows through the pool.
+    before, cut = torch.get_num_threads(), ops.split_cut()
+    assert cut == [65, 1 << 20], "the measured default: decode batches serial (docs/BENCHMARKS.md)"
+    w = _weight(gguf_tensors, "blk.0.ffn_gate.weight")
+    head = _weight(gguf_tensors, "token_embd.weight", 1000)
+    lin, lin8 = _linear(ops, w), _linear(ops, head)
+    x = torch.randn(64, w.cols, generator=torch.Generator().manual_seed(6))
+    attn = _attention_case(ops, batch=48)
+    chunks = ops.helper_chunks()
+    try:
+        results = {}
+        for threads, min_rows in ((1, 32), (2, 32), (3, 32), (2, 1), (3, 1)):
+            torch.set_num_threads(threads)
+            ops.set_split_cut(min_rows, 0 if min_rows == 1 else 1 << 20)
+            for _ in range(3):  # a helper may miss a call; over several it joins
+                got = [lin(x[:m]) for m in (1, 8, 16, 31, 32, 33, 48, 64)]
+                got += [lin(x[:40], fast=True), lin8(x[:32]), attn()]
+            results[(threads, min_rows)] = got
+        first = results[(1, 32)]
+        for key, got in results.items():
+            assert all(torch.equal(a, b) for a, b in zip(first, got)), f"threads, min_rows = {key}"
+        assert ops.helper_chunks() > chunks, "no call ran on a helper"
+    finally:
+        torch.set_num_threads(before)
+        ops.set_split_cut(*cut)
+
+
 @pytest.mark.parametrize("name,rows", WEIGHTS[:2])
 def test_exact_mode_is_as_accurate_as_an_fp32_matmul_and_fast_mode_is_close(ops, gguf_tensors, name, rows):
     w = _weight(gguf_tensors, name, rows)
@@ -129,6 +160,32 @@ def test_exact_mode_is_as_accurate_as_an_fp32_matmul_and_fast_mode_is_close(ops,
 def _random_cache(kvh: int, blocks: int, bs: int, d: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(kvh, blocks * bs, d, generator=g), torch.randn(kvh, blocks * bs, d, generator=g)
+
+
+def _attention_case(ops, batch: int):
+    """A decode batch through KernelPagedAttention over scattered blocks, as a callable."""
+    from sluice.models.kernels.paged_attention import KernelPagedAttention
+
+    heads, kvh, d, bs = 9, 3, 64, 8
+    g = torch.Generator().manual_seed(9)
+    lens = torch.randint(1, 300, (batch,), generator=g).tolist()  # > 128: merged chunks too
+    blocks = [-(-n // bs) for n in lens]
+    k_cache, v_cache = _random_cache(kvh, sum(blocks) + 1, bs, d, seed=10)
+    perm = (torch.randperm(sum(blocks), generator=g) + 1).tolist()
+    tables, used = [], 0
+    for nb in blocks:
+        tables.append(perm[used : used + nb])
+        used += nb
+    width = max(blocks)
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=batch, block_size=bs,
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        context_lens=torch.tensor(lens, dtype=torch.int32),
+    )
+    q = torch.randn(batch, (heads + 2 * kvh) * d, generator=g)
+    kernel = KernelPagedAttention(ops, heads, kvh, d, None)
+    kernel.prepare(meta)
+    return lambda: kernel.attend(q, k_cache, v_cache, meta)
 
 
 @pytest.mark.parametrize("window", [None, 13, 200])

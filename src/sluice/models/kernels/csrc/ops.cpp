@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "helper_pool.h"
 #include "isa.h"
 
 namespace sluice {
@@ -113,18 +114,68 @@ int64_t panels_of(int64_t N) { return (N + kPanel - 1) / kPanel; }
 // rows of work per parallel task: small calls stay on the calling thread
 int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K)); }
 
-// Calls over at most this many rows (a decode batch: max_num_seqs defaults to 64) run on the
-// calling thread; larger ones (prefill steps) split over torch's threads. Measured (issue 14,
-// docs/BENCHMARKS.md) on the shared 2-core machine: with every call threaded, a decode step's
-// ~270 short parallel regions each waited for the other thread to get a core, and single-stream
-// inter-token latency went from 13 to 66 ms; prefill's ~120 regions of milliseconds each lose
-// little to that wait and gain up to the thread count, which is where TTFT under concurrency went.
-constexpr int64_t kSerialMaxRows = 64;
+// Which calls split over torch's threads (measured: docs/BENCHMARKS.md, "Decode batches on two
+// threads", on the shared 2-core machine):
+// * every call over more than kAlwaysSplitRows rows (prefill steps): at::parallel_for, whose
+//   OpenMP barrier waits for a thread that has no core yet; prefill's regions of milliseconds lose
+//   little to that and gain up to the thread count (issue 14: TTFT under concurrency);
+// * by default nothing else: decode batches (max_num_seqs defaults to 64) run on the calling
+//   thread. On OpenMP threads a decode step took 4-13x as long (single stream 13 -> 66 ms per
+//   token). On the helper pool (helper_pool.h, which never waits for a helper that did not start)
+//   a 32- or 64-row decode step took 0.66-0.72x the serial one's wall time when the second core
+//   was free, but served throughput at 32 streams was 0.92-1.0x and the worker's CPU per token
+//   up to 1.13x: under serving load the second core is the gateway's and the client's. So the
+//   pool is off (min_rows 65) until a machine with spare cores shows it pays;
+//   set_split_cut(32, 1 << 20) turns it on for calls of >= 32 rows and >= 1M multiply-adds (a
+//   large decode batch's linears and attention, not its glue).
+// The split never changes a result (tests/test_kernels.py: 1/2/3 threads bit for bit).
+constexpr int64_t kAlwaysSplitRows = 64;
+std::atomic<int64_t> g_split_min_rows{kAlwaysSplitRows + 1};
+std::atomic<int64_t> g_split_min_work{int64_t(1) << 20};
 
-// at::parallel_for when the call covers more than kSerialMaxRows rows, else the calling thread
+bool split_call(int64_t rows, int64_t work) {
+  return rows > kAlwaysSplitRows ||
+         (rows >= g_split_min_rows.load(std::memory_order_relaxed) &&
+          work >= g_split_min_work.load(std::memory_order_relaxed));
+}
+
+// Sets the cut for calls of at most kAlwaysSplitRows rows (benchmarks and tests; min_rows above
+// kAlwaysSplitRows restores "decode always serial"); returns the previous (min_rows, min_work).
+std::vector<int64_t> set_split_cut(int64_t min_rows, int64_t min_work) {
+  TORCH_CHECK(min_rows >= 1 && min_work >= 0, "set_split_cut: min_rows >= 1, min_work >= 0");
+  return {g_split_min_rows.exchange(min_rows), g_split_min_work.exchange(min_work)};
+}
+
+std::vector<int64_t> split_cut() { return {g_split_min_rows.load(), g_split_min_work.load()}; }
+
+HelperPool& helper_pool() {
+  static HelperPool* pool = new HelperPool();  // never destroyed: its helpers are detached
+  return *pool;
+}
+
+// Runs f(begin, end, slot) over [begin, end): calls over more than kAlwaysSplitRows rows on
+// at::parallel_for (torch's OpenMP team, `grain` items per task at least; slot = OpenMP thread),
+// split_call ones on the helper pool (chunks of at least `grain` items, rounded up to `align`,
+// ~4 per thread so that a late helper still finds work), the rest on the calling thread (slot 0).
 template <class F>
-void parallel_rows(int64_t rows, int64_t begin, int64_t end, int64_t grain, const F& f) {
-  at::parallel_for(begin, end, rows > kSerialMaxRows ? grain : std::max<int64_t>(1, end - begin), f);
+void parallel_rows(int64_t rows, int64_t work, int64_t begin, int64_t end, int64_t grain, int64_t align, const F& f) {
+  const int64_t n = end - begin;
+  if (n <= 0) return;
+  const int threads = at::get_num_threads();
+  if (rows > kAlwaysSplitRows) {
+    at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { f(b, e, (int64_t)at::get_thread_num()); });
+  } else if (threads > 1 && split_call(rows, work) && !at::in_parallel_region()) {
+    int64_t chunk = std::max<int64_t>(grain, (n + 4 * threads - 1) / (4 * threads));
+    chunk = (chunk + align - 1) / align * align;
+    auto trampoline = [](const void* ctx, int64_t b, int64_t e, int slot) {
+      const auto& c = *static_cast<const std::pair<const F*, int64_t>*>(ctx);
+      (*c.first)(c.second + b, c.second + e, (int64_t)slot);
+    };
+    const std::pair<const F*, int64_t> ctx{&f, begin};
+    helper_pool().run(n, chunk, threads - 1, trampoline, &ctx);
+  } else {
+    f(begin, end, (int64_t)0);
+  }
 }
 
 // ---- packing (load time) -------------------------------------------------------------------
@@ -213,8 +264,9 @@ void run_panels(const GemmArgs& a, GemmFn fn, int64_t scratch_per_k, int64_t dir
     scratch = torch::empty({at::get_num_threads() * per_thread}, torch::kFloat32);
     base = scratch.data_ptr<float>();
   }
-  parallel_rows(a.M, 0, panels, grain, [&](int64_t p0, int64_t p1) {
-    fn(a, p0, p1, base ? base + at::get_thread_num() * per_thread : nullptr);
+  // align 4: the scratch GEMM dequantizes 4 panels at a time
+  parallel_rows(a.M, a.M * a.N * a.K, 0, panels, grain, 4, [&](int64_t p0, int64_t p1, int64_t slot) {
+    fn(a, p0, p1, base ? base + slot * per_thread : nullptr);
   });
 }
 
@@ -234,7 +286,7 @@ torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& w, int64_t 
   torch::Tensor xq = torch::empty({M, K}, torch::kInt8);
   torch::Tensor xd = torch::empty({M, KB}, x.options());
   torch::Tensor xs = torch::empty({M, KB}, x.options());
-  parallel_rows(M, 0, M, grain_rows(K), [&](int64_t r0, int64_t r1) {
+  parallel_rows(M, M * K, 0, M, grain_rows(K), 1, [&](int64_t r0, int64_t r1, int64_t) {
     t.quantize_q8(a.x, a.ldx, K, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), r0, r1);
   });
   a.xq = xq.data_ptr<int8_t>();
@@ -264,7 +316,7 @@ torch::Tensor embed_q8(const torch::Tensor& ids, const torch::Tensor& w, int64_t
   torch::Tensor out = torch::empty({T, K}, torch::kFloat32);
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < T; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "embed_q8: token id ", id[i], " out of range");
-  parallel_rows(T, 0, T, 16, [&](int64_t r0, int64_t r1) {
+  parallel_rows(T, T * K, 0, T, 16, 1, [&](int64_t r0, int64_t r1, int64_t) {
     for (int64_t i = r0; i < r1; ++i) t.q8_row(w.data_ptr<uint8_t>(), K, id[i], out.data_ptr<float>() + i * K);
   });
   return out;
@@ -284,7 +336,7 @@ torch::Tensor add_rms_norm(torch::Tensor& h, const c10::optional<torch::Tensor>&
   }
   const KernelTable& t = table();
   torch::Tensor out = torch::empty_like(h);
-  parallel_rows(h.size(0), 0, h.size(0), grain_rows(D), [&](int64_t r0, int64_t r1) {
+  parallel_rows(h.size(0), h.numel(), 0, h.size(0), grain_rows(D), 1, [&](int64_t r0, int64_t r1, int64_t) {
     t.add_rms_norm(h.data_ptr<float>(), dl, w.data_ptr<float>(), out.data_ptr<float>(), D, (float)eps, r0, r1);
   });
   return out;
@@ -296,7 +348,7 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
   const int64_t I = gu.size(1) / 2;
   const KernelTable& t = table();
   torch::Tensor out = torch::empty({gu.size(0), I}, gu.options());
-  parallel_rows(gu.size(0), 0, gu.size(0), grain_rows(2 * I), [&](int64_t r0, int64_t r1) {
+  parallel_rows(gu.size(0), gu.numel(), 0, gu.size(0), grain_rows(2 * I), 1, [&](int64_t r0, int64_t r1, int64_t) {
     t.silu_mul(gu.data_ptr<float>(), out.data_ptr<float>(), I, r0, r1);
   });
   return out;
@@ -333,7 +385,7 @@ void rope_and_cache(torch::Tensor& qkv, const torch::Tensor& positions, const to
   const float* sn = sin.data_ptr<float>();
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
-  parallel_rows(T, 0, T, 16, [&](int64_t t0, int64_t t1) {
+  parallel_rows(T, T * W, 0, T, 16, 1, [&](int64_t t0, int64_t t1, int64_t) {
     for (int64_t i = t0; i < t1; ++i) {
       float* row = base + i * W;
       const float* c = cs + pos[i] * half;
@@ -389,6 +441,7 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   std::vector<int64_t> chunk_base(B);
   int64_t chunks = 0;
   bool merge = false;
+  int64_t work = 0;  // multiply-adds: every context position, for every query head, q.k and p.v
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(lens[b] >= 1 && lens[b] <= MB * block_size, "paged_decode: context length ", lens[b], " out of range");
     const int64_t used = (lens[b] + block_size - 1) / block_size;
@@ -399,6 +452,7 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
     chunk_base[b] = chunks;
     chunks += nc;
     merge |= nc > 1;
+    work += n * heads * D * 2;
     for (int32_t c = 0; c < nc; ++c)
       for (int32_t h = 0; h < kv_heads; ++h) tasks.push_back({(int32_t)b, h, c, nc});
   }
@@ -429,8 +483,10 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   a.tasks = tasks.data();
   a.chunk_base = chunk_base.data();
   a.scratch = scratch.data_ptr<float>();
-  parallel_rows(B, 0, T, 1, [&](int64_t t0, int64_t t1) { t.paged_decode(a, t0, t1); });
-  if (merge) parallel_rows(B, 0, B * kv_heads, 1, [&](int64_t p0, int64_t p1) { t.attn_merge(a, p0, p1); });
+  parallel_rows(B, work, 0, T, 1, 1, [&](int64_t t0, int64_t t1, int64_t) { t.paged_decode(a, t0, t1); });
+  if (merge)
+    parallel_rows(B, chunks * heads * D, 0, B * kv_heads, 1, 1,
+                  [&](int64_t p0, int64_t p1, int64_t) { t.attn_merge(a, p0, p1); });
 }
 
 }  // namespace
@@ -445,6 +501,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_isa", &set_isa, "use 'avx2', 'avx512', 'avx512-vnni' or 'auto'; returns the one chosen");
   m.def("available_isas", &available_isas);
   m.def("parallel_team", &parallel_team, "threads one at::parallel_for over n items uses");
+  m.def("set_split_cut", &set_split_cut, py::arg("min_rows"), py::arg("min_work"),
+        "calls of at most 64 rows split over threads from min_rows rows and min_work multiply-adds; returns the old pair");
+  m.def("split_cut", &split_cut, "(min_rows, min_work) of calls of at most 64 rows");
+  m.def("helper_chunks", [] { return helper_pool().helper_chunks(); }, "chunks the helper pool's threads have run");
+  m.def("set_helper_spin_us", [](int64_t us) { helper_pool().set_spin_us(us); },
+        "how long an idle helper waits for the next call before it sleeps (benchmarks)");
   m.def("supports_head_dim", &supports_head_dim);
   m.def("pack_q4_1", &pack_q4_1);
   m.def("pack_q8_0", &pack_q8_0);
