@@ -119,3 +119,27 @@ def test_a_resumed_generation_continues_exactly(bundled, hf_bundled, alone, spli
         if first.token_ids + rest.token_ids == whole.token_ids:
             assert first.text + rest.text == whole.text
         assert rest.usage.output_tokens == len(full)  # usage counts the whole reply
+
+
+@pytest.mark.slow
+def test_decode_split_over_two_threads_gives_the_same_tokens(loaded, path):
+    """`decode_split_rows` (off by default) splits a large decode batch's linears and attention
+    over the kernels' helper pool: the same 32 requests give exactly the same tokens with it as
+    without, and the engine sets the cut it asks for (and resets it when a later engine does not)."""
+    from sluice.models.kernels import kernel_ops
+
+    reqs = [GenerationRequest(f"o{i}", _prompt(loaded, t), GREEDY) for i, t in enumerate(OTHERS[:31])]
+    reqs.append(GenerationRequest("s", _prompt(loaded, TARGET), SEEDED))
+    before = torch.get_num_threads()
+    try:
+        out = {}
+        for rows in (0, 32):
+            engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=1024, threads=2, decode_split_rows=rows))
+            ops = kernel_ops() if path == "kernels" else None
+            if ops is not None:
+                assert ops.split_cut() == ([32, 1 << 20] if rows else [65, 1 << 20])
+            out[rows] = _run(engine, reqs)
+        assert out[32] == out[0]
+    finally:
+        torch.set_num_threads(before)
+        LLMEngine(loaded, EngineConfig(num_kv_blocks=16))  # back to the default cut for later tests

@@ -27,6 +27,7 @@ ENGINE_SETTINGS = (
     "batching_window",
     "batching_window_ms",
     "threads",
+    "decode_split_rows",
 )
 
 # One source for the defaults other modules report before an engine exists (EngineStats).
@@ -84,6 +85,13 @@ class EngineConfig:
     # its local workers an equal share of the cores instead (routing/replica_launch.py), since
     # two OpenMP teams spinning on the same cores slow each other down many times over.
     threads: int = 0
+    # CPU kernels: decode calls of at least this many rows (and ~1M multiply-adds) split over
+    # the worker's threads on the kernels' helper pool; 0 = every decode call on the engine's
+    # thread. Off by default: on a machine whose cores the gateway and the clients share, served
+    # throughput at 32 streams was 0.92-1.03x with it; with a free core a 32-64-row step took
+    # 0.66-0.72x (docs/BENCHMARKS.md, "Decode batches on two threads"). For workers that have
+    # cores of their own (a Kubernetes worker pod), 32 is the measured cut.
+    decode_split_rows: int = 0
     # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
     # sampling seed raises, so the partial-failure path is exercised deterministically.
     fault_fail_seed: int | None = None
@@ -115,6 +123,8 @@ class EngineConfig:
             raise ValueError(f"device must be {DEVICE_NAMES}, not {self.device!r}")
         if self.threads < 0:
             raise ValueError("threads must be >= 0 (0 = auto)")
+        if not 0 <= self.decode_split_rows <= 64:
+            raise ValueError("decode_split_rows must be 0 (off) to 64")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be >= 2")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:

@@ -25,7 +25,7 @@ from sluice.engine.scheduler import Scheduler, SchedulerOutput
 from sluice.engine.stats import EngineStats
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
 from sluice.models.detokenizer import IncrementalDetokenizer
-from sluice.models.kernels import Numerics
+from sluice.models.kernels import Numerics, set_decode_split
 from sluice.models.grammar.compiler import GrammarCompiler
 from sluice.models.loader import LoadedModel
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
@@ -40,6 +40,7 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         if config.threads:  # on the thread that will step the engine: OpenMP's count is per thread
             torch.set_num_threads(config.threads)
+        set_decode_split(config.decode_split_rows, config.kernels)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config

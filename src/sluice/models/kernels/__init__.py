@@ -43,6 +43,24 @@ def kernel_ops(choice: KernelChoice | str = KernelChoice.AUTO) -> ModuleType | N
         return _state["ops"]
 
 
+# calls of at least this many multiply-adds split with decode_split_rows (csrc/ops.cpp split_call:
+# a large decode batch's linears and attention, not its glue)
+DECODE_SPLIT_MIN_WORK = 1 << 20
+_NO_DECODE_SPLIT = 65  # csrc/ops.cpp: above the 64 rows that always stay with their caller
+
+
+def set_decode_split(min_rows: int, choice: KernelChoice | str = KernelChoice.AUTO) -> None:
+    """Decode calls of >= `min_rows` rows split over the helper pool; 0 = none (the default).
+    Process-wide (one engine per worker). Loads the extension only to turn the split on."""
+    if min_rows:
+        ops = kernel_ops(choice)
+    else:
+        with _lock:
+            ops = _state.get("ops")  # off and never loaded: nothing to reset
+    if ops is not None:
+        ops.set_split_cut(min_rows or _NO_DECODE_SPLIT, DECODE_SPLIT_MIN_WORK)
+
+
 def _load() -> ModuleType | None:
     try:
         from sluice.models.kernels.build import load_module
