@@ -70,9 +70,13 @@ async def _collect(client: GrpcEngineClient, req: GenerationRequest, first: asyn
 
 def test_sigusr1_drains_running_streams_then_exits(tiny_llama_dir):
     address = f"127.0.0.1:{free_port()}"
-    # one sequence at a time: three long streams run back to back, so the drain has work to wait for
-    proc = start_worker(address, ["--model", str(tiny_llama_dir), "--kv-cache-gib", "0.05", "--max-num-seqs", "1"])
-    max_tokens = 480  # the tiny model's 512 positions, less the prompt
+    # one sequence at a time: three streams run back to back, so the drain has work to wait for.
+    # 40 ms per engine step (the step_delay_s fault): the last two streams provably outlast the
+    # drain's checks below (>= 2 x 120 steps = 9.6 s after the first token), however fast the
+    # machine — the tiny model alone decoded all three before the checks ended on a quiet one.
+    proc = start_worker(address, ["--model", str(tiny_llama_dir), "--kv-cache-gib", "0.05", "--max-num-seqs", "1",
+                                  "--fault-injection", "step_delay_s=0.04"])
+    max_tokens = 120
 
     async def run():
         client = GrpcEngineClient(address)
