@@ -28,7 +28,8 @@ class FleetObservation:
     """The fleet as the driver sees it now.
 
     `signal` is `sluice_scaling_signal{model}`'s measure (Σ estimated tokens queued + in flight /
-    the serving workers' token capacity), for the version or model being scaled; `batch_signal` is the part of it owned by batch-band work.
+    the serving workers' token capacity), for the version or model being scaled; `batch_signal`
+    is the part of it owned by batch-band work.
     `warm` workers are loaded and warmed up but take no traffic; `starting` ones are processes
     or pods not ready yet (they join the warm pool when ready); `draining` ones finish their
     in-flight requests and take no new ones.

@@ -6,10 +6,11 @@ committed YAML differs from what these defaults generate). Change a number here,
 `python deploy/generate.py`, and both agree again.
 
 The signal is `sluice_scaling_signal{model}`: Σ estimated tokens (queued + in flight) over the
-token capacity of the serving workers (per model: each model's workers scale on their own). It is a utilisation, so the scale-up threshold is also the
-target: scaling up asks for `ceil(serving × signal / scale_up_at)` workers, the number that
-brings the signal back to the threshold — exactly the Kubernetes HPA's rule for a `Value`
-metric, so the two drivers compute the same counts.
+token capacity of the serving workers (per model: each model's workers scale on their own). It
+is a utilisation, so the scale-up threshold is also the target: scaling up asks for
+`ceil(serving × signal / scale_up_at)` workers, the number that brings the signal back to the
+threshold — exactly the Kubernetes HPA's rule for a `Value` metric, so the two drivers compute
+the same counts.
 """
 
 from __future__ import annotations
