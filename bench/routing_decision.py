@@ -32,15 +32,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sluice.routing.circuit_breaker import Outcome  # noqa: E402
-from sluice.routing.fleet_file import parse_fleet  # noqa: E402
-from sluice.routing.quota_memory import MemoryQuotaStore  # noqa: E402
-from sluice.routing.quota_redis import RedisQuotaStore  # noqa: E402
-from sluice.routing.registry import Registry  # noqa: E402
-from sluice.routing.router import FleetRouter, RouteRequest  # noqa: E402
-from sluice.routing.version_router import choose_version, sticky_key  # noqa: E402
-from sluice.routing.worker_picker import WorkerPicker, affinity_key  # noqa: E402
-from sluice.routing.worker_pool import WorkerPool, WorkerStatus  # noqa: E402
+from sluice.routing.dispatch.circuit_breaker import Outcome  # noqa: E402
+from sluice.routing.fleet_file.loader import parse_fleet  # noqa: E402
+from sluice.routing.quota.memory_store import MemoryQuotaStore  # noqa: E402
+from sluice.routing.quota.redis_store import RedisQuotaStore  # noqa: E402
+from sluice.routing.fleet_file.registry import Registry  # noqa: E402
+from sluice.routing.dispatch.router import FleetRouter, RouteRequest  # noqa: E402
+from sluice.routing.dispatch.version_router import choose_version, sticky_key  # noqa: E402
+from sluice.routing.dispatch.worker_picker import WorkerPicker, affinity_key  # noqa: E402
+from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 FLEET = """\

@@ -28,10 +28,10 @@ import pytest
 
 from sluice.config import load_settings
 from sluice.gateway.principal import Principal
-from sluice.routing.fleet import Fleet
-from sluice.routing.registry import Registry
-from sluice.routing.scaling_decision import ScaleReason, ScalingDecision
-from sluice.routing.worker_pool import WorkerStatus
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.scaling.decision import ScaleReason, ScalingDecision
+from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.serving.outcomes import Finished
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn

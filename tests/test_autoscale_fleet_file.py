@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from sluice.config import load_settings
-from sluice.routing.default_fleet import fleet_from_settings
+from sluice.routing.fleet_file.default_fleet import fleet_from_settings
 from sluice.routing.errors import FleetFileError
-from sluice.routing.fleet_file import load_fleet, parse_fleet
-from sluice.routing.scaling_settings import ScalingSettings
+from sluice.routing.fleet_file.loader import load_fleet, parse_fleet
+from sluice.routing.fleet_file.scaling_settings import ScalingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 

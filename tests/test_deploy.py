@@ -21,12 +21,12 @@ import yaml
 
 from deploy.generate import FLEET, fleet_model, load_scaling, outputs
 from sluice.config import load_settings
-from sluice.routing.fleet_file import parse_fleet
-from sluice.routing.keda_scaledobject import scaled_object, signal_query, worker_model
-from sluice.routing.scaling_decision import FleetObservation
-from sluice.routing.scaling_policy import ScalingPolicy
-from sluice.routing.scaling_settings import ScalingSettings
-from sluice.routing.warm_pool_schedule import WarmPoolSchedule, WarmPoolWindow
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.scaling.keda_scaledobject import scaled_object, signal_query, worker_model
+from sluice.routing.scaling.decision import FleetObservation
+from sluice.routing.scaling.policy import ScalingPolicy
+from sluice.routing.fleet_file.scaling_settings import ScalingSettings
+from sluice.routing.fleet_file.warm_pool_schedule import WarmPoolSchedule, WarmPoolWindow
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"

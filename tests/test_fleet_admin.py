@@ -20,12 +20,12 @@ from sluice.config import load_settings
 from sluice.errors import EngineUnavailableError
 from sluice.gateway.principal import Principal
 from sluice.routing.errors import StateConflictError
-from sluice.routing.fleet import Fleet
-from sluice.routing.fleet_schema import VersionSpec
-from sluice.routing.registry import Registry
-from sluice.routing.replica_plan import ReplicaGoal, replica_goal
-from sluice.routing.routing_state import VersionState
-from sluice.routing.worker_pool import WorkerStatus
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.schema import VersionSpec
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.state.replica_plan import ReplicaGoal, replica_goal
+from sluice.routing.state.routing_state import VersionState
+from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.serving.errors import ErrorKind
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.outcomes import Finished

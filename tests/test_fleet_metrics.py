@@ -25,10 +25,10 @@ from sluice.config import load_settings
 from sluice.engine.stats import EngineStats
 from sluice.gateway.principal import Principal
 from sluice.observability.metrics import ServingMetrics
-from sluice.routing.autoscale_observation import observations, version_load
-from sluice.routing.fleet import Fleet
-from sluice.routing.registry import Registry
-from sluice.routing.worker_pool import WorkerStatus
+from sluice.routing.scaling.observation import observations, version_load
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.serving.outcomes import Finished
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
@@ -184,7 +184,7 @@ def test_load_on_one_model_raises_only_that_models_scaling_signal(tmp_path, tiny
             # both of its versions' workers (a ratio of sums), b's is untouched
             assert got["a"] == pytest.approx((q.queued_tokens + inflight) / ((100 + 60) * BLOCK))
             assert got["b"] == 0.0
-            # the autoscaler's computation on the same numbers (scaling_signal.py reuses it)
+            # the autoscaler's computation on the same numbers (scaling/signal.py reuses it)
             loads = [version_load("a", v, h.fleet.pool, h.fleet.handles.values(), 0) for v in ("v1", "v2")]
             per_version = observations(loads, h.fleet.demand())
             assert got["a"] == pytest.approx(sum(o.signal * v.capacity_tokens for o, v in zip(per_version.values(), loads))

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sluice.routing.version_router import choose_version, sticky_key
+from sluice.routing.dispatch.version_router import choose_version, sticky_key
 from tests.fleet_process import (
     ADMIN, admin, alive, ask, local_version, make_key, remote_version, sluice_cli, status, wait_until, warm_workers,
 )

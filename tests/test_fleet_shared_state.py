@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.routing.version_router import choose_version, sticky_key
+from sluice.routing.dispatch.version_router import choose_version, sticky_key
 from tests.fleet_process import ADMIN, admin, ask, remote_version, rollout_of, status, wait_until
 from tests.redis_server import RedisServer
 from tests.server_process import MODEL, free_port, start_server, start_worker

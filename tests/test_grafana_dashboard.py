@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from sluice.observability.metrics import ServingMetrics
-from sluice.routing.scaling_settings import ScalingSettings
+from sluice.routing.fleet_file.scaling_settings import ScalingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "sluice-dashboard.json"

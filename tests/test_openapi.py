@@ -9,7 +9,7 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from sluice.api.anthropic.batches import BatchCreate
+from sluice.api.anthropic.batch_schema import BatchCreate
 from sluice.api.anthropic.schema import MessagesRequest
 from sluice.api.openai.schema import ChatCompletionRequest
 from tests.fuzz_app import MODEL, scripted_app, unready_app

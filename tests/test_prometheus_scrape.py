@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from sluice.routing.keda_scaledobject import signal_query
+from sluice.routing.scaling.keda_scaledobject import signal_query
 from tests.fleet_process import ADMIN, ADMIN_HEADERS, wait_until
 from tests.server_process import free_port, metric, start_server
 

@@ -1,4 +1,4 @@
-"""Local workers share the cores: each replica's torch thread count (routing/replica_launch.py)."""
+"""Local workers share the cores: each replica's torch thread count (routing/fleet/replica_launch.py)."""
 
 import json
 
@@ -7,8 +7,8 @@ import torch
 
 from sluice.config import Settings
 from sluice.engine.config import EngineConfig
-from sluice.routing.fleet_schema import FleetSpec
-from sluice.routing.replica_launch import auto_threads, local_replica_count, replica_launch
+from sluice.routing.fleet_file.schema import FleetSpec
+from sluice.routing.fleet.replica_launch import auto_threads, local_replica_count, replica_launch
 
 
 def fleet(*replicas: int, threads: int | None = None) -> FleetSpec:
@@ -33,7 +33,7 @@ def test_the_count_is_every_versions_replicas():
 
 
 def test_launch_carries_the_share_unless_the_version_sets_threads(monkeypatch):
-    monkeypatch.setattr("sluice.routing.replica_launch.available_cores", lambda: 4)
+    monkeypatch.setattr("sluice.routing.fleet.replica_launch.available_cores", lambda: 4)
     spec = fleet(2)
     version = spec.models["m"].versions["v0"]
     assert threads_of(replica_launch(Settings(), version, local_replica_count(spec))) == 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sluice.routing.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker, Outcome
+from sluice.routing.dispatch.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker, Outcome
 
 
 class Clock:

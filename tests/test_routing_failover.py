@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from sluice.errors import EngineUnavailableError
-from sluice.routing.circuit_breaker import BreakerConfig
-from sluice.routing.failover import FailoverPolicy, generate_on_fleet
-from sluice.routing.fleet_file import parse_fleet
-from sluice.routing.health_poller import WorkerHandle
-from sluice.routing.registry import Registry
-from sluice.routing.router import FleetRouter, PlanRequest
-from sluice.routing.routing_state import RoutingSnapshot
-from sluice.routing.worker_pool import WorkerPool, WorkerStatus
+from sluice.routing.dispatch.circuit_breaker import BreakerConfig
+from sluice.routing.dispatch.failover import FailoverPolicy, generate_on_fleet
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.dispatch.health_poller import WorkerHandle
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.dispatch.router import FleetRouter, PlanRequest
+from sluice.routing.state.routing_state import RoutingSnapshot
+from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage
 
 FLEET = """\

@@ -11,11 +11,11 @@ import pytest
 
 from sluice.config import Settings
 from sluice.engine.config import EngineConfig
-from sluice.routing.default_fleet import DEFAULT_VERSION, default_model_id, fleet_from_settings
+from sluice.routing.fleet_file.default_fleet import DEFAULT_VERSION, default_model_id, fleet_from_settings
 from sluice.routing.errors import FleetFileError
-from sluice.routing.fleet_file import load_fleet, parse_fleet
-from sluice.routing.fleet_schema import EngineSettings, QuotaMode, QuotaPeriod, WeightsKind
-from sluice.routing.toml_lines import key_lines, line_of
+from sluice.routing.fleet_file.loader import load_fleet, parse_fleet
+from sluice.routing.fleet_file.schema import EngineSettings, QuotaMode, QuotaPeriod, WeightsKind
+from sluice.routing.fleet_file.toml_lines import key_lines, line_of
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fleet.toml"
 
@@ -62,7 +62,7 @@ def test_engine_settings_track_engine_config():
 
 
 def test_breaker_settings_map_onto_the_breaker():
-    from sluice.routing.circuit_breaker import BreakerConfig
+    from sluice.routing.dispatch.circuit_breaker import BreakerConfig
 
     fleet = parse_fleet("[routing.breaker]\ncooldown_s = 2.5\n" + MINIMAL)
     assert fleet.routing.breaker.config() == BreakerConfig(cooldown_s=2.5)
@@ -211,7 +211,7 @@ def test_default_model_id_matches_the_worker(tmp_path):
 def test_a_version_sets_where_and_how_it_computes():
     """Per-version device, kernels, numerics and batching window reach the version's workers
     (the engine config a local replica is launched with); a bad spelling names its line."""
-    from sluice.routing.replica_launch import replica_launch
+    from sluice.routing.fleet.replica_launch import replica_launch
 
     text = MINIMAL.replace(
         "replicas = 1",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sluice.engine.stats import EngineStats
-from sluice.routing.health_poller import HealthPoller, WorkerHandle
-from sluice.routing.worker_pool import WorkerPool, WorkerStatus
+from sluice.routing.dispatch.health_poller import HealthPoller, WorkerHandle
+from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
 
 
 class StatsOnly:

@@ -13,10 +13,10 @@ import uuid
 
 import pytest
 
-from sluice.routing.fleet_schema import QuotaMode, QuotaPeriod, TokenQuotaSpec
-from sluice.routing.quota import QuotaStatus, period_window
-from sluice.routing.quota_memory import MemoryQuotaStore
-from sluice.routing.quota_redis import RedisQuotaStore
+from sluice.routing.fleet_file.schema import QuotaMode, QuotaPeriod, TokenQuotaSpec
+from sluice.routing.quota.semantics import QuotaStatus, period_window
+from sluice.routing.quota.memory_store import MemoryQuotaStore
+from sluice.routing.quota.redis_store import RedisQuotaStore
 
 
 class Clock:
@@ -164,7 +164,7 @@ async def test_redis_check_and_reserve_is_atomic(redis_server):
 
 @pytest.mark.asyncio
 async def test_store_factory(redis_server):
-    from sluice.routing.quota import make_quota_store
+    from sluice.routing.quota.stores import make_quota_store
 
     assert isinstance(make_quota_store("memory"), MemoryQuotaStore)
     store = make_quota_store("redis", redis_server.url)

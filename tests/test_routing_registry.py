@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sluice.routing.errors import UnknownModelError, UnknownVersionError
-from sluice.routing.fleet_file import parse_fleet
-from sluice.routing.registry import Registry
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.fleet_file.registry import Registry
 
 FLEET = """\
 [models.big]

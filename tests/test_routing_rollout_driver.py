@@ -7,13 +7,13 @@ import uuid
 import pytest
 
 from sluice.routing.errors import RolloutError
-from sluice.routing.fleet_file import parse_fleet
-from sluice.routing.fleet_schema import RolloutSpec
-from sluice.routing.registry import Registry
-from sluice.routing.rollout import RolloutPhase, RolloutSignals
-from sluice.routing.rollout_driver import RolloutDriver
-from sluice.routing.routing_state import MemoryRoutingStateStore, VersionState, effective_weights
-from sluice.routing.routing_state_redis import RedisRoutingStateStore
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.fleet_file.schema import RolloutSpec
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.state.rollout import RolloutPhase, RolloutSignals
+from sluice.routing.state.rollout_driver import RolloutDriver
+from sluice.routing.state.routing_state import MemoryRoutingStateStore, VersionState, effective_weights
+from sluice.routing.state.redis_store import RedisRoutingStateStore
 
 FLEET = """\
 [rollout]

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.routing.circuit_breaker import BreakerConfig, Outcome
+from sluice.routing.dispatch.circuit_breaker import BreakerConfig, Outcome
 from sluice.routing.errors import (
     ModelUnavailableError, PinNotAllowedError, QuotaExceededError, UnknownModelError, UnknownVersionError,
     VersionUnavailableError,
 )
-from sluice.routing.fleet_file import parse_fleet
-from sluice.routing.quota_memory import MemoryQuotaStore
-from sluice.routing.registry import Registry
-from sluice.routing.router import FallbackReason, FleetRouter, RouteRequest
-from sluice.routing.routing_state import ModelRoutingState, RoutingSnapshot, VersionState
-from sluice.routing.version_router import sticky_key
-from sluice.routing.worker_picker import PickReason
-from sluice.routing.worker_pool import WorkerPool, WorkerStatus
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.quota.memory_store import MemoryQuotaStore
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.dispatch.router import FallbackReason, FleetRouter
+from tests.routing_calls import RouteRequest, finish, route
+from sluice.routing.state.routing_state import ModelRoutingState, RoutingSnapshot, VersionState
+from sluice.routing.dispatch.version_router import sticky_key
+from sluice.routing.dispatch.worker_picker import PickReason
+from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
 
 FLEET = """\
 [models.main]
@@ -76,45 +77,45 @@ async def test_routes_by_sticky_weight_and_reports_the_version():
     f = Fleet()
     versions = {}
     for i in range(400):
-        d = await f.router.route(f.request(f"user{i}", model="claude-sonnet-4-5"))
+        d = await route(f.router, f.request(f"user{i}", model="claude-sonnet-4-5"))
         assert d.model_id == "main" and d.fallback_from is None
         # one prompt prefix: placed on a worker the first time each version sees it, then kept there
         first_time = d.version not in versions.values()
         assert d.pick.reason is (PickReason.NEW_PREFIX if first_time else PickReason.AFFINITY)
         assert d.version_header == f"main/{d.version}"
         versions[i] = d.version
-        await f.router.finish(d, Outcome.SUCCESS, 50)
+        await finish(f.router, d, Outcome.SUCCESS, 50)
     canary = sum(v == "canary" for v in versions.values()) / 400
     assert 0.14 < canary < 0.26
     for i in range(400):  # sticky
-        d = await f.router.route(f.request(f"user{i}"))
+        d = await route(f.router, f.request(f"user{i}"))
         assert d.version == versions[i]
-        await f.router.finish(d, Outcome.SUCCESS, 50)
+        await finish(f.router, d, Outcome.SUCCESS, 50)
     with pytest.raises(UnknownModelError):
-        await f.router.route(f.request(model="gpt-9"))
+        await route(f.router, f.request(model="gpt-9"))
 
 
 @pytest.mark.asyncio
 async def test_pins():
     f = Fleet()
-    d = await f.router.route(f.request(pin="main/canary"))
+    d = await route(f.router, f.request(pin="main/canary"))
     assert (d.model_id, d.version) == ("main", "canary")
     with pytest.raises(PinNotAllowedError):
-        await f.router.route(f.request(tier="free", pin="main/canary"))
+        await route(f.router, f.request(tier="free", pin="main/canary"))
     with pytest.raises(UnknownVersionError):
-        await f.router.route(f.request(pin="main/v7"))
+        await route(f.router, f.request(pin="main/v7"))
     f.snapshot = RoutingSnapshot(1, {"main": ModelRoutingState(versions={"canary": VersionState.DRAINING})})
     with pytest.raises(VersionUnavailableError, match="draining"):
-        await f.router.route(f.request(pin="canary"))
+        await route(f.router, f.request(pin="canary"))
 
 
 @pytest.mark.asyncio
 async def test_live_state_overrides_the_file():
     f = Fleet()
     f.snapshot = RoutingSnapshot(1, {"main": ModelRoutingState(weights={"stable": 0, "canary": 100})})
-    assert {(await f.router.route(f.request(f"u{i}"))).version for i in range(50)} == {"canary"}
+    assert {(await route(f.router, f.request(f"u{i}"))).version for i in range(50)} == {"canary"}
     f.snapshot = RoutingSnapshot(2, {"main": ModelRoutingState(versions={"canary": VersionState.DRAINING})})
-    assert {(await f.router.route(f.request(f"u{i}"))).version for i in range(50)} == {"stable"}
+    assert {(await route(f.router, f.request(f"u{i}"))).version for i in range(50)} == {"stable"}
 
 
 @pytest.mark.asyncio
@@ -125,24 +126,24 @@ async def test_failing_workers_are_ejected_then_the_model_falls_back():
             d = f.pool.begin(addr, 10)
             if d is not None:
                 f.pool.finish(d, Outcome.TIMEOUT)  # hung: deadlines expire
-    d = await f.router.route(f.request())
+    d = await route(f.router, f.request())
     assert (d.model_id, d.fallback_from, d.fallback_reason) == ("backup", "main", FallbackReason.UNAVAILABLE)
     f.clock.t += 5  # the circuits half-open: one probe each
-    d = await f.router.route(f.request())
+    d = await route(f.router, f.request())
     assert d.model_id == "main" and d.dispatch.permit.probe
-    await f.router.finish(d, Outcome.SUCCESS, 10)  # that worker is back
-    d2 = await f.router.route(f.request("someone-else"))
+    await finish(f.router, d, Outcome.SUCCESS, 10)  # that worker is back
+    d2 = await route(f.router, f.request("someone-else"))
     assert d2.model_id == "main"
 
 
 @pytest.mark.asyncio
 async def test_retry_excludes_the_workers_already_tried():
     f = Fleet()
-    d = await f.router.route(f.request(pin="main/stable"))
-    d2 = await f.router.route(f.request(pin="main/stable", exclude_workers={d.worker_id}))
+    d = await route(f.router, f.request(pin="main/stable"))
+    d2 = await route(f.router, f.request(pin="main/stable", exclude_workers={d.worker_id}))
     assert {d.worker_id, d2.worker_id} == {"h:1", "h:2"}
     with pytest.raises(VersionUnavailableError):
-        await f.router.route(f.request(pin="main/stable", exclude_workers={"h:1", "h:2"}))
+        await route(f.router, f.request(pin="main/stable", exclude_workers={"h:1", "h:2"}))
 
 
 @pytest.mark.asyncio
@@ -151,31 +152,31 @@ async def test_unavailable_everywhere_is_a_529():
     for w in ("h:1", "h:2", "h:3", "h:9"):
         f.pool.set_status(w, WorkerStatus.DRAINING)
     with pytest.raises(ModelUnavailableError, match="'main' and its fallbacks"):
-        await f.router.route(f.request())
+        await route(f.router, f.request())
 
 
 @pytest.mark.asyncio
 async def test_soft_quota_falls_back_with_a_warning_and_hard_quota_is_a_429():
     f = Fleet()
-    d = await f.router.route(f.request(tier="free"))  # reserves 100
-    await f.router.finish(d, Outcome.SUCCESS, 1000)  # actually used 1000: the day's quota
+    d = await route(f.router, f.request(tier="free"))  # reserves 100
+    await finish(f.router, d, Outcome.SUCCESS, 1000)  # actually used 1000: the day's quota
     assert (await f.quota.usage("acme", "main", f.registry.model("main").tier_policy("free").quota)).used == 1000
-    d = await f.router.route(f.request(tier="free"))
+    d = await route(f.router, f.request(tier="free"))
     assert (d.model_id, d.fallback_from, d.fallback_reason, d.soft_exceeded) == \
         ("backup", "main", FallbackReason.QUOTA, ("main",))
     f.pool.set_status("h:9", WorkerStatus.DRAINING)  # no fallback left: soft never refuses
-    d = await f.router.route(f.request(tier="free"))
+    d = await route(f.router, f.request(tier="free"))
     assert d.model_id == "main" and d.soft_exceeded == ("main",) and d.quota.reservation is not None
 
     # the counter is the tenant's on the model, whatever the tier; the tier sets limit and mode
     with pytest.raises(QuotaExceededError) as exc:
-        await f.router.route(f.request(tier="standard"))
+        await route(f.router, f.request(tier="standard"))
     assert exc.value.model_id == "main" and 0 < exc.value.retry_after_s <= 86400
     f.pool.set_status("h:9", WorkerStatus.WARM)
     with pytest.raises(QuotaExceededError):  # hard: no fallback, even with one available
-        await f.router.route(f.request(tier="standard"))
+        await route(f.router, f.request(tier="standard"))
     other = RouteRequest("main", "other-tenant", "standard", "k", list(range(64)), 100)
-    assert (await f.router.route(other)).model_id == "main"
+    assert (await route(f.router, other)).model_id == "main"
 
 
 @pytest.mark.asyncio
@@ -186,16 +187,16 @@ async def test_a_failing_quota_store_admits():
 
     f = Fleet()
     f.router.quota = DownStore()
-    d = await f.router.route(f.request(tier="standard"))
+    d = await route(f.router, f.request(tier="standard"))
     assert d.model_id == "main" and d.quota is None and f.router.quota_errors == 1
 
 
 @pytest.mark.asyncio
 async def test_load_moves_a_prefix_off_a_busy_worker():
     f = Fleet()
-    first = await f.router.route(f.request(pin="main/stable"))
+    first = await route(f.router, f.request(pin="main/stable"))
     f.pool.report_load(first.worker_id, 100_000)  # that worker is swamped (seen in its stats)
-    d = await f.router.route(f.request(pin="main/stable"))
+    d = await route(f.router, f.request(pin="main/stable"))
     assert d.worker_id != first.worker_id and d.pick.reason is PickReason.SPILL
 
 
@@ -208,9 +209,9 @@ async def test_round_robin_takes_turns_where_affinity_sticks():
     for f, expect in ((affinity, 1), (rr, 2)):
         seen = []
         for i in range(6):
-            d = await f.router.route(f.request(f"u{i}", model="main", pin="stable"))
+            d = await route(f.router, f.request(f"u{i}", model="main", pin="stable"))
             seen.append(d.worker_id)
-            await f.router.finish(d, Outcome.SUCCESS, 10)
+            await finish(f.router, d, Outcome.SUCCESS, 10)
         assert len(set(seen)) == expect
         if f is rr:
             assert seen == ["h:1", "h:2"] * 3 and d.pick.reason is PickReason.ROUND_ROBIN
@@ -223,9 +224,9 @@ async def test_tenants_are_balanced_and_a_lost_cache_is_forgotten():
     f = Fleet()
     homes = {}
     for t in range(8):
-        d = await f.router.route(RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable"))
+        d = await route(f.router, RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable"))
         homes[t] = d.worker_id
-        await f.router.finish(d, Outcome.SUCCESS, 10)
+        await finish(f.router, d, Outcome.SUCCESS, 10)
     assert f.router.prefix_groups() == {"h:1": 4, "h:2": 4}
     for lose in (lambda: f.pool.mark_restarted("h:1"),
                  lambda: f.pool.set_status("h:1", WorkerStatus.STARTING),
@@ -235,8 +236,8 @@ async def test_tenants_are_balanced_and_a_lost_cache_is_forgotten():
         f.pool.remove("h:1")
         f.pool.add("h:1", "main", "stable", "h:1", status=WorkerStatus.WARM)
         for t in range(8):  # h:2's tenants stay; h:1's are placed afresh, on h:1 (it has fewer)
-            d = await f.router.route(RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable"))
+            d = await route(f.router, RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable"))
             assert d.worker_id == homes[t]
             assert d.pick.reason is (PickReason.NEW_PREFIX if homes[t] == "h:1" else PickReason.AFFINITY)
-            await f.router.finish(d, Outcome.SUCCESS, 10)
+            await finish(f.router, d, Outcome.SUCCESS, 10)
         assert f.router.prefix_groups() == {"h:1": 4, "h:2": 4}

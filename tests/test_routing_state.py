@@ -11,14 +11,14 @@ import uuid
 import pytest
 
 from sluice.routing.errors import StateConflictError
-from sluice.routing.fleet_file import parse_fleet
-from sluice.routing.fleet_schema import RolloutSpec
-from sluice.routing.rollout import Rollout, RolloutSignals
-from sluice.routing.routing_state import (
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.fleet_file.schema import RolloutSpec
+from sluice.routing.state.rollout import Rollout, RolloutSignals
+from sluice.routing.state.routing_state import (
     MemoryRoutingStateStore, ModelRoutingState, RoutingSnapshot, VersionState, effective_weights,
 )
-from sluice.routing.routing_state_redis import RedisRoutingStateStore
-from sluice.routing.state_follower import StateFollower
+from sluice.routing.state.redis_store import RedisRoutingStateStore
+from sluice.routing.state.follower import StateFollower
 
 FLEET = parse_fleet("""\
 [models.m.versions.v1]
@@ -154,7 +154,7 @@ async def test_follower_keeps_its_snapshot_while_the_store_is_down():
 
 @pytest.mark.asyncio
 async def test_store_factory(redis_server):
-    from sluice.routing.routing_state import make_routing_state_store
+    from sluice.routing.state.stores import make_routing_state_store
 
     assert isinstance(make_routing_state_store("memory"), MemoryRoutingStateStore)
     store = make_routing_state_store("redis", redis_server.url)

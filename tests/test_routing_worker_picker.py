@@ -9,7 +9,7 @@ import pytest
 
 from sluice.engine.hashing import block_hash
 from sluice.routing.errors import ModelUnavailableError
-from sluice.routing.worker_picker import Candidate, PickReason, WorkerPicker, affinity_key, prefix_salt
+from sluice.routing.dispatch.worker_picker import Candidate, PickReason, WorkerPicker, affinity_key, prefix_salt
 
 BS = 8
 SYSTEM = list(range(1000, 1040))  # 40 tokens = 5 full blocks shared by every prompt below

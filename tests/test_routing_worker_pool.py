@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sluice.routing.circuit_breaker import BreakerConfig, BreakerState, Outcome
-from sluice.routing.worker_pool import WorkerPool, WorkerStatus
+from sluice.routing.dispatch.circuit_breaker import BreakerConfig, BreakerState, Outcome
+from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
 
 
 class Clock:
@@ -58,7 +58,7 @@ def test_failed_health_checks_eject_a_worker():
 
 
 def test_remote_workers_follow_the_fleet_file():
-    from sluice.routing.fleet_file import parse_fleet
+    from sluice.routing.fleet_file.loader import parse_fleet
 
     def fleet(stable_workers: str, canary_workers: str):
         return parse_fleet(f"""

@@ -13,10 +13,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from sluice.routing.scaling_decision import FleetObservation, ScaleReason, ScalingActions
-from sluice.routing.scaling_policy import ScalingPolicy
-from sluice.routing.scaling_settings import ScalingSettings
-from sluice.routing.warm_pool_schedule import WarmPoolSchedule, WarmPoolWindow
+from sluice.routing.scaling.decision import FleetObservation, ScaleReason, ScalingActions
+from sluice.routing.scaling.policy import ScalingPolicy
+from sluice.routing.fleet_file.scaling_settings import ScalingSettings
+from sluice.routing.fleet_file.warm_pool_schedule import WarmPoolSchedule, WarmPoolWindow
 
 NOON_UTC = datetime(2026, 6, 15, 12, 0, tzinfo=timezone.utc)
 

@@ -11,9 +11,9 @@ import pytest
 from sluice.config import load_settings
 from sluice.errors import EngineUnavailableError
 from sluice.gateway.principal import Principal
-from sluice.routing.default_fleet import fleet_from_settings
-from sluice.routing.fleet import Fleet
-from sluice.routing.registry import Registry
+from sluice.routing.fleet_file.default_fleet import fleet_from_settings
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.registry import Registry
 from sluice.serving.admission import ClientGone
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta

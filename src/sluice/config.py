@@ -6,6 +6,7 @@ before any model loads.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import tomllib
@@ -28,6 +29,20 @@ _DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 def is_device_name(name: str) -> bool:
     return _DEVICE_RE.fullmatch(name) is not None
+
+
+class StoreKind(str, enum.Enum):
+    """Where shared state lives: in this process, or in Redis (shared by every replica)."""
+
+    MEMORY = "memory"
+    REDIS = "redis"
+
+
+class StoreFailMode(str, enum.Enum):
+    """What a store outage means for a request: admit it (`open`) or refuse it with 529 (`closed`)."""
+
+    OPEN = "open"
+    CLOSED = "closed"
 
 
 class SettingsError(SluiceError):
@@ -126,13 +141,13 @@ class Settings(BaseSettings):
     tool_format: str = "hermes"
 
     # -- stream resume (docs/API.md) ---------------------------------------------------------
-    replay_store: Literal["memory", "redis"] = "memory"  # redis: resume through any replica
+    replay_store: StoreKind = StoreKind.MEMORY  # redis: resume through any replica
     replay_ttl_s: float = Field(600.0, gt=0)  # how long a finished stream can be resumed
     replay_max_bytes: int = Field(1 << 20, ge=4096)  # per stream (memory store)
 
     # -- idempotent retries (docs/API.md: Idempotency-Key) ------------------------------------
     # memory: one gateway process; redis (redis_url): every replica shares the keys
-    idempotency_store: Literal["memory", "redis"] = "memory"
+    idempotency_store: StoreKind = StoreKind.MEMORY
     # how long a completed reply answers retries of its key. An hour: the SDKs retry within
     # seconds, a job runner resubmits after a crash within minutes; LLM replies are large, so
     # 24 h (Stripe's) would hold a day of replies in Redis. Raise it where retries come later.
@@ -152,9 +167,9 @@ class Settings(BaseSettings):
     key_cache_ttl_s: float = Field(5.0, ge=0)
     tiers: dict[str, dict[str, Any]] = Field(default_factory=dict)  # [tiers.NAME] overrides
     default_tier: str = "standard"  # tier of the single-key / open principal (unlimited unless set)
-    limits_store: Literal["memory", "redis"] = "memory"
+    limits_store: StoreKind = StoreKind.MEMORY
     redis_url: str = "redis://127.0.0.1:6379/0"
-    on_store_error: Literal["open", "closed"] = "open"  # Redis down: admit (open) or 529 (closed)
+    on_store_error: StoreFailMode = StoreFailMode.OPEN  # Redis down: admit (open) or 529 (closed)
     max_inflight: int | None = Field(None, ge=1)  # requests dispatched to the engine; default max_num_seqs + 8
     max_queued_tokens: int = Field(500_000, ge=1)  # admission queue bound (prompt + max_tokens)
     aging_s: float = Field(10.0, ge=0)  # a waiting request gains one band per aging_s
@@ -186,7 +201,7 @@ class Settings(BaseSettings):
     def _retries_follow_streams_everywhere(self) -> "Settings":
         # a retry of a keyed stream follows the first attempt's replay log: with keys shared
         # across replicas, the log must be too, or a retry on another replica finds nothing
-        if self.idempotency_store == "redis" and self.replay_store != "redis":
+        if self.idempotency_store is StoreKind.REDIS and self.replay_store is not StoreKind.REDIS:
             raise ValueError("idempotency_store = 'redis' needs replay_store = 'redis' (a retried stream is "
                              "followed through the replay log, from any replica)")
         return self

@@ -30,6 +30,7 @@ from sluice.api.headers import BACKGROUND_HEADER, CACHE_HEADER, IDEMPOTENCY_HEAD
 from sluice.api.openai.schema import ChatCompletionRequest
 from sluice.api.openapi_models import RESPONSE_MODELS
 from sluice.config import Settings
+from sluice.api.anthropic.batch_schema import BatchCreate
 
 REF = "#/components/schemas/{model}"
 # rules the routes check in their own words (api/anthropic/prompt.py, batches.py), stated for schema readers
@@ -150,7 +151,6 @@ def document(app: FastAPI, settings: Settings, open_access: bool) -> dict[str, A
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = doc.setdefault("components", {})
     schemas: dict[str, Any] = components.setdefault("schemas", {})
-    from sluice.api.anthropic.batches import BatchCreate  # here: the batch routes import this module
 
     requests: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest, BatchCreate, ChatCompletionRequest)
     _, defs = models_json_schema(

@@ -82,7 +82,7 @@ class EngineConfig:
     batching_window_ratio: float = 0.25
     # torch threads of this engine's forward passes (intra-op: GEMMs and the CPU kernels).
     # 0 = auto: torch's default (one per core) for a worker alone; `sluice serve` gives each of
-    # its local workers an equal share of the cores instead (routing/replica_launch.py), since
+    # its local workers an equal share of the cores instead (routing/fleet/replica_launch.py), since
     # two OpenMP teams spinning on the same cores slow each other down many times over.
     threads: int = 0
     # CPU kernels: decode calls of at least this many rows (and ~1M multiply-adds) split over

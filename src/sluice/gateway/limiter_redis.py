@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import uuid
 
-import redis.asyncio as aioredis
 
 from sluice.gateway.limits import BucketState, Decision, LimitReason, Limits
 from sluice.gateway.token_bucket import WINDOW_S, reset_s
+from sluice.redis_client import redis_client
 
 # KEYS: bucket keys..., concurrency key.  ARGV: window, lease_ttl, max_concurrent (-1 = none),
 # lease id, then (limit, cost) per bucket. Returns {allowed, retry_after, reason, left...}
@@ -111,11 +111,7 @@ class RedisLimiter:
                  max_connections: int = 64):
         # Short timeouts: a limiter that hangs would stall every request behind it. A blocking
         # pool: a burst waits briefly for a connection instead of failing with "too many".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=2.0, socket_timeout=1.0, socket_connect_timeout=1.0,
-            decode_responses=True,
-        )
-        self.redis = aioredis.Redis(connection_pool=pool)
+        self.redis = redis_client(url, max_connections=max_connections)
         self.prefix = prefix
         self.lease_ttl_s = lease_ttl_s
         self.window_s = window_s

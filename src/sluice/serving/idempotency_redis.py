@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio as aioredis
 
 from sluice.serving.idempotency_store import Phase, Record, StoredReply
+from sluice.redis_client import redis_client
 
 POLL_S = 0.05
 
@@ -64,11 +64,7 @@ def _ms(seconds: float) -> int:
 class RedisIdempotencyStore:
     def __init__(self, url: str, prefix: str = "sluice", max_connections: int = 32):
         # short timeouts, as for the limiter: a store that hangs would stall every keyed request
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=2.0, socket_timeout=2.0, socket_connect_timeout=1.0,
-            decode_responses=True,
-        )
-        self.redis = aioredis.Redis(connection_pool=pool)
+        self.redis = redis_client(url, max_connections=max_connections, socket_timeout_s=2.0)
         self.prefix = prefix
         self._claim = self.redis.register_script(CLAIM)
         self._complete = self.redis.register_script(COMPLETE)

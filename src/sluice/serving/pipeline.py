@@ -40,7 +40,7 @@ from sluice.serving.guided import parses_calls, resolve_tool_format
 from sluice.serving.guarded_stream import guarded
 from sluice.models.tools.format import ToolFormat
 from sluice.serving.outcomes import Failed, Final, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
-from sluice.routing.router import RoutePlan
+from sluice.routing.dispatch.router import RoutePlan
 from sluice.serving.planning import Planner
 from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
 from sluice.serving.request import FALLBACK_HEADER, QUOTA_WARNING_HEADER, VERSION_HEADER, ServingRequest
@@ -136,7 +136,7 @@ class ServingPipeline:
         rt, req, gen = self.rt, prepared.request, prepared.generation
         opening = asyncio.ensure_future(
             open_session(rt, req, prepared.plan.version_header, len(gen.prompt_token_ids), gen.sampling.max_tokens,
-                         lambda: generate(rt, prepared))
+                         lambda: generate(rt, prepared.planner, prepared.plan, gen, req.route.value, req.principal.tier))
         )
         try:
             admitted = await until_admitted(opening, disconnected, wait_s)

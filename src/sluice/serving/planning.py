@@ -23,9 +23,9 @@ from sluice.routing.errors import (
     UnknownModelError,
     UnknownVersionError,
 )
-from sluice.routing.fleet import Fleet
-from sluice.routing.router import PlanRequest, RoutePlan
-from sluice.routing.version_router import sticky_key
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.dispatch.router import PlanRequest, RoutePlan
+from sluice.routing.dispatch.version_router import sticky_key
 from sluice.serving.errors import ErrorKind, ServingError, invalid
 from sluice.serving.guided import guided_for, resolve_tool_format
 from sluice.serving.prompt import BuiltPrompt, build_prompt

@@ -22,9 +22,9 @@ from sluice.gateway.gateway import Gateway
 from sluice.gateway.principal import Principal
 from sluice.gateway.tiers import load_tiers
 from sluice.observability.metrics import ServingMetrics
-from sluice.routing.autoscale_observation import Demand
+from sluice.routing.scaling.observation import Demand
 from sluice.routing.errors import UnknownModelError
-from sluice.routing.fleet import Fleet
+from sluice.routing.fleet.fleet import Fleet
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.policy import load_policy
 from sluice.serving.errors import ErrorKind, ServingError
@@ -58,7 +58,7 @@ class ServingRuntime:
     replay_log: InitVar[ReplayLog | None] = None  # default: built from the settings
     replay: ReplayLog = field(init=False)
     idempotency: Idempotency = field(init=False)  # Idempotency-Key claims and kept replies
-    fleet: Fleet | None = None  # the workers, the router, their state (routing/fleet.py)
+    fleet: Fleet | None = None  # the workers, the router, their state (routing/fleet/fleet.py)
     gateway: Gateway | None = None
     safety: dict[str, SafetyPipeline] = field(default_factory=dict)  # "" = default; else per tier
     background_tasks: set[asyncio.Task] = field(default_factory=set)

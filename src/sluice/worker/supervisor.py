@@ -2,7 +2,7 @@
 
 The worker is restarted on the same unix socket address, so the gateway's gRPC channel simply
 reconnects (the client's reconnect backoff is capped at 1 s, channel_options.py). While it is
-down the fleet's health poller (routing/health_poller.py) says so: /ready is 503 and generation
+down the fleet's health poller (routing/dispatch/health_poller.py) says so: /ready is 503 and generation
 requests get 529 with retry-after before any stream opens. After `RestartPolicy.max_restarts` exits within its
 window the supervisor gives up and calls `on_give_up`; `sluice serve` then exits non-zero so
 that its own supervisor (systemd, Kubernetes) restarts the whole process or alerts.

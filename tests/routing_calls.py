@@ -1,0 +1,62 @@
+"""One routing decision as the serving path takes it (plan, then dispatch; settle at the end),
+for tests that drive the router without the failover loop around it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from sluice.routing.dispatch.circuit_breaker import Outcome
+from sluice.routing.dispatch.router import FleetRouter, PlanRequest, RoutePlan
+from sluice.routing.dispatch.worker_picker import Pick
+from sluice.routing.dispatch.worker_pool import Dispatch
+from sluice.routing.errors import ModelUnavailableError, VersionUnavailableError
+
+
+@dataclass(slots=True, frozen=True)
+class RouteRequest:
+    model: str
+    tenant: str
+    tier: str
+    key: str
+    prompt_token_ids: Sequence[int]
+    cost_tokens: int
+    pin: str | None = None
+    exclude_workers: Collection[str] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class Routed:
+    plan: RoutePlan
+    dispatch: Dispatch
+    pick: Pick
+    cost_tokens: int = field(default=0)
+
+    def __getattr__(self, name: str):  # the plan's fields read through (model_id, version, ...)
+        return getattr(self.plan, name)
+
+    @property
+    def worker_id(self) -> str:
+        return self.dispatch.worker_id
+
+
+async def route(router: FleetRouter, req: RouteRequest) -> Routed:
+    async def cost(_model: str, _version: str) -> int:
+        return req.cost_tokens
+
+    exclude = set(req.exclude_workers)
+    preq = PlanRequest(req.model, req.tenant, req.tier, req.key, req.pin, exclude)
+    for _ in range(8):
+        plan = await router.plan(preq, cost)
+        placed = router.dispatch(plan, req.prompt_token_ids, req.tenant, req.cost_tokens, exclude)
+        if placed is not None:
+            return Routed(plan, *placed, req.cost_tokens)
+        await router.settle(plan, 0)  # its workers went away while the quota was checked
+        if req.pin:
+            raise VersionUnavailableError(f"version {plan.version_header} has no worker that can take requests now")
+    raise ModelUnavailableError(f"model {req.model!r} and its fallbacks cannot take requests now")
+
+
+async def finish(router: FleetRouter, routed: Routed, outcome: Outcome, actual_tokens: int) -> None:
+    router.finish_dispatch(routed.dispatch, outcome)
+    await router.settle(routed.plan, actual_tokens)
