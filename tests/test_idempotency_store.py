@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from sluice.serving.errors import ErrorKind, ServingError
-from sluice.serving.idempotency import Action, Idempotency, fingerprint
-from sluice.serving.idempotency_redis import RedisIdempotencyStore
-from sluice.serving.idempotency_store import MemoryIdempotencyStore, Phase, Record, StoredReply
+from sluice.serving.idempotency.retries import Action, Idempotency, fingerprint
+from sluice.serving.idempotency.redis_store import RedisIdempotencyStore
+from sluice.serving.idempotency.store import MemoryIdempotencyStore, Phase, Record, StoredReply
 from sluice.streaming.replay_log import MemoryReplayLog, ReplayEvent
 from tests.server_process import free_port
 

@@ -19,8 +19,8 @@ import pytest
 
 from sluice.errors import EngineUnavailableError, ModelLoadError
 from sluice.models.bundled import default_model_path
-from sluice.models.gguf_file import GgufFormatError, read_gguf
-from sluice.models.gguf_metadata import open_gguf
+from sluice.models.gguf.file import GgufFormatError, read_gguf
+from sluice.models.gguf.metadata import open_gguf
 from sluice.worker import spawn
 from sluice.worker.grpc_client import GrpcEngineClient
 from tests.server_process import start_server

@@ -21,7 +21,7 @@ from sluice.models.tools.format import HERMES
 from sluice.models.tools.spec import ToolCall, ToolChoiceMode, ToolResult
 from sluice.serving.errors import ServingError
 from sluice.serving.guided import OutputFormat, guided_for
-from sluice.serving.idempotency import fingerprint
+from sluice.serving.idempotency.retries import fingerprint
 from sluice.serving.outcomes import Finished, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.serving.prompt import _chat
 from sluice.serving.tool_stream import with_tool_calls

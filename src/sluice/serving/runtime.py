@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from sluice.config import Settings
+from sluice.config import Settings, StoreKind
 from sluice.gateway.admission import AdmissionQueue
 from sluice.gateway.authenticator import Authenticator, OpenAccess
 from sluice.gateway.factory import build_gateway
@@ -28,7 +28,7 @@ from sluice.routing.fleet.fleet import Fleet
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.policy import load_policy
 from sluice.serving.errors import ErrorKind, ServingError
-from sluice.serving.idempotency import Idempotency, build_idempotency
+from sluice.serving.idempotency.retries import Idempotency, build_idempotency
 from sluice.streaming.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
 
 
@@ -45,7 +45,7 @@ def queue_demand(queue: AdmissionQueue, band: int) -> Callable[[], Demand]:
 
 
 def build_replay(settings: Settings) -> ReplayLog:
-    if settings.replay_store == "redis":
+    if settings.replay_store is StoreKind.REDIS:
         return RedisReplayLog(settings.redis_url, settings.replay_ttl_s)
     return MemoryReplayLog(settings.replay_ttl_s, settings.replay_max_bytes)
 

@@ -25,7 +25,7 @@ from sluice.api.ids import new_id
 from sluice.api.pagination import page
 from sluice.api.sse import event_stream_response, numbered
 from sluice.serving.admission import ClientGone
-from sluice.serving.idempotency import Action
+from sluice.serving.idempotency.retries import Action
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.recorder import detach

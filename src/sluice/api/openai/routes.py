@@ -23,7 +23,7 @@ from sluice.api.openai.render import (
 from sluice.api.sse import event_stream_response
 from sluice.serving.admission import ClientGone
 from sluice.serving.errors import ErrorKind, ServingError
-from sluice.serving.idempotency import Action
+from sluice.serving.idempotency.retries import Action
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.recorder import Recording

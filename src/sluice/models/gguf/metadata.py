@@ -2,7 +2,7 @@
 
 No torch here (numpy and tokenizers only): the gateway reads each version's tokenizer through
 this module (models/tokenizer_loader.py) and must not pay for importing torch; the weight
-loader (gguf_loader.py) reads the same metadata the same way.
+loader (gguf/loader.py) reads the same metadata the same way.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from sluice.errors import ModelLoadError
 from sluice.models.config import ModelConfig
-from sluice.models.gguf_file import GgufFile, read_gguf
-from sluice.models.gguf_tokenizer import build_bpe_tokenizer, transformers_tokenizer
+from sluice.models.gguf.file import GgufFile, read_gguf
+from sluice.models.gguf.tokenizer import build_bpe_tokenizer, transformers_tokenizer
 from sluice.models.tokenizer import Tokenizer
 
 

@@ -7,7 +7,7 @@ runs again). Only the attempt holding the claim token may complete, renew or rel
 
 - `MemoryIdempotencyStore` (default): one gateway process; bounded by entries and bytes, the
   least recently completed replies go first (a running claim is never evicted).
-- `RedisIdempotencyStore` (serving/idempotency_redis.py): shared by every gateway replica.
+- `RedisIdempotencyStore` (serving/idempotency/redis_store.py): shared by every gateway replica.
 """
 
 from __future__ import annotations

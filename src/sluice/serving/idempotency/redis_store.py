@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 
-from sluice.serving.idempotency_store import Phase, Record, StoredReply
+from sluice.serving.idempotency.store import Phase, Record, StoredReply
 from sluice.redis_client import redis_client
 
 POLL_S = 0.05

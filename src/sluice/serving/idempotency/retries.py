@@ -35,9 +35,9 @@ from typing import Any
 
 from anyio import CancelScope
 
-from sluice.config import Settings
+from sluice.config import Settings, StoreKind
 from sluice.serving.errors import ErrorKind, ServingError
-from sluice.serving.idempotency_store import MB, IdempotencyStore, MemoryIdempotencyStore, Phase, Record, StoredReply
+from sluice.serving.idempotency.store import MB, IdempotencyStore, MemoryIdempotencyStore, Phase, Record, StoredReply
 from sluice.streaming.recorder import Recording
 from sluice.streaming.replay_log import ReplayEvent, ReplayLog
 
@@ -209,8 +209,8 @@ class Idempotency:
 
 
 def build_idempotency(settings: Settings, replay: ReplayLog) -> Idempotency:
-    if settings.idempotency_store == "redis":
-        from sluice.serving.idempotency_redis import RedisIdempotencyStore
+    if settings.idempotency_store is StoreKind.REDIS:
+        from sluice.serving.idempotency.redis_store import RedisIdempotencyStore
 
         store: IdempotencyStore = RedisIdempotencyStore(settings.redis_url)
     else:

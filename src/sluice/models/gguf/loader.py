@@ -20,8 +20,8 @@ import torch
 
 from sluice.errors import ModelLoadError
 from sluice.models.config import ModelConfig
-from sluice.models.gguf_file import GgufTensor
-from sluice.models.gguf_metadata import file_config, open_gguf, tokenizer
+from sluice.models.gguf.file import GgufTensor
+from sluice.models.gguf.metadata import file_config, open_gguf, tokenizer
 from sluice.models.quantized import QuantizedWeight, QuantType, Weight
 from sluice.models.tokenizer import Tokenizer
 
