@@ -2,7 +2,7 @@
 
 The routes build their replies as dicts (renderers in api/anthropic and api/openai); these
 models say what those dicts hold, so a schema-driven client knows, and the fuzz test
-(tests/test_openapi_fuzz.py) checks every reply it gets against them. Request bodies need no
+(tests/unit/api/test_openapi_fuzz.py) checks every reply it gets against them. Request bodies need no
 models here: the document uses the same models that validate the requests.
 """
 

@@ -1,6 +1,6 @@
 """The fleet layer: which model, version and worker serve a request, how that changes, and
 how many workers there should be. One folder per concept, each importing only those below it
-(tests/test_layering.py checks the floors):
+(tests/unit/test_layering.py checks the floors):
 
     fleet/       the running fleet of one gateway: its workers (members), per-version tokenizers,
                  local replicas, the local autoscaler, reloads, the operator's status view
