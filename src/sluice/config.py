@@ -11,7 +11,8 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sluice.errors import SluiceError
 
 MB = 1024 * 1024
+T = TypeVar("T")
 
 # Where the model runs: auto (the first CUDA device when torch sees one, else the CPU), cpu, cuda
 # (the current CUDA device) or cuda:N. The one spelling rule, shared by Settings, EngineConfig and
@@ -36,6 +38,17 @@ class StoreKind(str, enum.Enum):
 
     MEMORY = "memory"
     REDIS = "redis"
+
+
+def by_store_kind(kind: StoreKind | str, what: str, memory: Callable[[], T], redis: Callable[[], T]) -> T:
+    """The store a `*_store` setting names, built by the matching factory (each store module is
+    imported by its factory, so a gateway without Redis never loads redis); an unknown kind
+    fails naming `what` and the choices."""
+    if kind in (StoreKind.MEMORY, StoreKind.MEMORY.value):
+        return memory()
+    if kind in (StoreKind.REDIS, StoreKind.REDIS.value):
+        return redis()
+    raise ValueError(f"unknown {what} {kind!r}: use 'memory' or 'redis'")
 
 
 class StoreFailMode(str, enum.Enum):
