@@ -20,13 +20,16 @@ from sluice.gateway.limits import BucketState, Decision, LimitReason, Limits
 from sluice.gateway.token_bucket import WINDOW_S, reset_s
 from sluice.redis_client import redis_client
 
+# Every script starts here: Redis' own clock (one clock for every gateway), and the window.
+NOW_AND_WINDOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local window = tonumber(ARGV[1])"""
+
 # KEYS: bucket keys..., concurrency key.  ARGV: window, lease_ttl, max_concurrent (-1 = none),
 # lease id, then (limit, cost) per bucket. Returns {allowed, retry_after, reason, left...}
 # (numbers as strings: Lua numbers would be truncated to integers on the way out).
-ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local window = tonumber(ARGV[1])
+ACQUIRE = NOW_AND_WINDOW + """
 local lease_ttl = tonumber(ARGV[2])
 local max_conc = tonumber(ARGV[3])
 local nb = #KEYS - 1
@@ -74,10 +77,7 @@ return out
 """
 
 # KEYS: output bucket, concurrency key. ARGV: window, limit (-1 = none), refund, lease ('' = none)
-SETTLE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local window = tonumber(ARGV[1])
+SETTLE = NOW_AND_WINDOW + """
 local limit = tonumber(ARGV[2])
 local refund = tonumber(ARGV[3])
 if limit > 0 and refund > 0 then

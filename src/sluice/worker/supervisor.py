@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from sluice.aio import cancel_and_wait
 from sluice.errors import EngineUnavailableError
 from sluice.worker.grpc_client import GrpcEngineClient
 from sluice.worker.restart_policy import RestartPolicy
@@ -104,11 +105,6 @@ class WorkerSupervisor:
             return True
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         if self.worker is not None:
             await asyncio.to_thread(self.worker.stop)

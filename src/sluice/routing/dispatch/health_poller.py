@@ -19,6 +19,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from sluice.aio import cancel_and_wait
 from sluice.engine.stats import EngineStats
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
 from sluice.types import GenerationRequest, SamplingParams
@@ -123,10 +124,5 @@ class HealthPoller:
             await asyncio.sleep(self.interval_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

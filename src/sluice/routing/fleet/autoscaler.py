@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.aio import cancel_and_wait
 from sluice.routing.fleet.local_replicas import LocalReplicas
 from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.scaling.observation import Demand, VersionLoad, observations, version_load
@@ -210,11 +211,4 @@ class LocalAutoscaler:
         return {key: (sc.observed.warm if sc.observed else 0) for key, sc in self.scalers.items()}
 
     async def close(self) -> None:
-        tasks = [t for sc in self.scalers.values() for t in sc.starts]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait([t for sc in self.scalers.values() for t in sc.starts])

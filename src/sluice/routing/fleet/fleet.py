@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.aio import cancel_and_wait
 from sluice.config import Settings
 from sluice.engine.config import EngineConfig
 from sluice.engine.stats import EngineStats
@@ -258,13 +259,7 @@ class Fleet:
 
     async def close(self) -> None:
         self.follower.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._tasks)
         await self.autoscaler.close()
         await self.replicas.close()
         if self.poller is not None:

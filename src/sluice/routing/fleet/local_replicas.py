@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 
+from sluice.aio import cancel_and_wait
 from sluice.config import Settings
 from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.fleet_file.schema import VersionSpec
@@ -211,11 +212,9 @@ class LocalReplicas:
     async def close(self) -> None:
         """Cancel starts and drains (their workers are still in `handles`: the fleet stops them)
         and wait for the stops under way."""
-        tasks = [*self._starting.values(), *self._retiring.values()]
-        for task in tasks:
-            task.cancel()
-        for task in [*tasks, *self._stopping]:
+        await cancel_and_wait([*self._starting.values(), *self._retiring.values()])
+        for task in list(self._stopping):  # the stops themselves finish
             try:
                 await task
-            except (asyncio.CancelledError, Exception):
+            except Exception:
                 pass
