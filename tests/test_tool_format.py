@@ -13,7 +13,7 @@ from sluice.errors import InvalidRequestError
 from sluice.models.tools.format import HERMES, ToolFormat, format_for_family
 from sluice.models.tools.parser import TextPiece, ToolArgsDelta, ToolCallEnd, ToolCallParser, ToolCallStart
 from sluice.models.tools.render import render_turns
-from sluice.models.tools.spec import ChatTurn, Role, ToolCall, ToolResult, ToolSpec, new_tool_use_id
+from sluice.tool_types import ChatTurn, Role, ToolCall, ToolResult, ToolSpec, new_tool_use_id
 
 WEATHER = ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}}, "Weather now")
 

@@ -15,7 +15,7 @@ from contextlib import aclosing
 
 from sluice.models.tools.format import ToolFormat
 from sluice.models.tools.parser import Piece, TextPiece, ToolArgsDelta, ToolCallEnd, ToolCallParser, ToolCallStart
-from sluice.models.tools.spec import new_tool_use_id
+from sluice.tool_types import new_tool_use_id
 from sluice.serving.outcomes import Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.types import Usage
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from sluice.api.anthropic.tools import tool_specs
 from sluice.errors import InvalidRequestError
-from sluice.models.tools.spec import Part, ToolCall, ToolResult
+from sluice.tool_types import Part, ToolCall, ToolResult
 from sluice.api.anthropic.schema import (
     CountTokensRequest,
     DocumentBlock,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.models.tools.format import ToolFormat
-from sluice.models.tools.spec import ToolCall, new_tool_use_id
+from sluice.tool_types import ToolCall, new_tool_use_id
 
 
 @dataclass(slots=True)
