@@ -66,7 +66,8 @@ def _block_text(block: Any, where: str) -> str | None:
         texts = [_block_text(b, f"{where}.content.{k}") for k, b in enumerate(block.content)]
         return "\n".join(t for t in texts if t)
     if isinstance(block, SearchResultBlock):
-        return "\n".join([block.title, block.source, *(b.text for b in block.content)])
+        texts = [_block_text(b, f"{where}.content.{k}") or "" for k, b in enumerate(block.content)]
+        return "\n".join([block.title, block.source, *texts])
     if isinstance(block, (ThinkingBlock, RedactedThinkingBlock, ToolReferenceBlock)):
         return None
     if isinstance(block, SERVER_TOOL_BLOCKS):
