@@ -17,9 +17,9 @@ from sluice.api.anthropic import routes as anthropic_routes
 from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
 from sluice.api.openai import routes as openai_routes
-from sluice.engine.stats import combined
 from sluice.gateway.authenticator import OpenAccess
 from sluice.serving.errors import ServingError
+from sluice.serving.metrics_scrape import scrape
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.request import VERSION_HEADER
 from sluice.serving.runtime import ServingRuntime
@@ -94,16 +94,7 @@ def create_app(rt: ServingRuntime) -> FastAPI:
 
     @app.get("/metrics", openapi_extra=openapi_doc.METRICS)
     async def metrics() -> Response:
-        if rt.fleet is not None:
-            # per version: engines that do not answer are left out; engine_up says when none does
-            answered = await rt.fleet.fresh_stats()
-            rt.metrics.observe_engines({key: combined(s) if s else None for key, s in answered.items()})
-            rt.metrics.observe_workers(rt.fleet.worker_counts())
-            rt.metrics.observe_warm_pool(rt.fleet.warm_pool_counts())
-            rt.metrics.observe_scaling(rt.fleet.scaling_signals())
-        if rt.gateway is not None:
-            rt.metrics.observe_gateway(rt.gateway)
-        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(await scrape(rt), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     pipeline = ServingPipeline(rt)
     app.include_router(batches.build_router(rt, pipeline))  # before /v1/messages/{...} routes

@@ -13,6 +13,10 @@ from sluice.routing.fleet.fleet import Fleet
 from sluice.routing.fleet_file.registry import Registry
 from sluice.worker.engine_client import EngineClient, ModelInfo
 
+# Fleet is named here for the API's start-up code (api/serve_main.py), which holds the started
+# fleet but imports nothing below serving
+__all__ = ["Fleet", "build_registry", "inline_engine", "start_fleet"]
+
 
 def build_registry(settings: Settings, known_tiers: list[str]) -> Registry:
     """Raises FleetFileError naming every problem of a bad fleet file (start-up stops)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.gateway.principal import Principal
-from sluice.models.tools.spec import ToolChoice
+from sluice.tool_types import ToolChoice
 from sluice.serving.guided import OutputFormat
 from sluice.serving.prompt import Conversation
 from sluice.types import SamplingParams

@@ -3,8 +3,10 @@
 It sits after the safety guard (serving/guarded_stream.py), so the stream guard, the
 classifier windows and the post-check read the raw reply, tool calls and their inputs
 included, exactly as the model wrote it; only what they let through is parsed here into
-`ToolCallStarted` / `ToolInputDelta` / `ToolCallDone` (models/tools/parser.py). Held-back text
-(a possible start of the call tag) is released at the end, and `Finished.tool_calls` counts
+`ToolCallStarted` / `ToolInputDelta` / `ToolCallDone` (models/tools/parser.py). Call markup is
+never passed on as text: held-back text (a possible start of the call tag) is released at the
+end only when the model ended the reply itself; a reply cut short (max_tokens, a stop sequence,
+the context window) drops it with any call cut before its name. `Finished.tool_calls` counts
 the complete calls, which is what makes the stop a tool-use stop.
 """
 
@@ -15,9 +17,9 @@ from contextlib import aclosing
 
 from sluice.models.tools.format import ToolFormat
 from sluice.models.tools.parser import Piece, TextPiece, ToolArgsDelta, ToolCallEnd, ToolCallParser, ToolCallStart
-from sluice.models.tools.spec import new_tool_use_id
+from sluice.tool_types import new_tool_use_id
 from sluice.serving.outcomes import Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
-from sluice.types import Usage
+from sluice.types import FinishReason, Usage
 
 
 def _outcome(piece: Piece, usage: Usage) -> Outcome:
@@ -42,7 +44,7 @@ async def with_tool_calls(outcomes: AsyncIterator[Outcome], fmt: ToolFormat, id_
                     yield _outcome(piece, outcome.usage)
                 continue
             if isinstance(outcome, Finished):
-                for piece in parser.finish():
+                for piece in parser.finish(cut=outcome.reason is not FinishReason.EOS):
                     complete += isinstance(piece, ToolCallEnd) and piece.complete
                     yield _outcome(piece, outcome.usage)
                 outcome.tool_calls = complete

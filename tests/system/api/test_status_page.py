@@ -4,6 +4,7 @@ shows the running workers, plots latency, and updates when a worker is killed an
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -44,6 +45,7 @@ def test_the_status_page_shows_the_fleet_and_follows_a_worker_dying(tiny_llama_d
             assert list(data["gateway"]["scaling_signals"]) == [model]  # per model, as exported
             assert page.inner_text("#signal") == f'{data["gateway"]["scaling_signals"][model]:.2f}'
             page.wait_for_selector("#chart path", state="attached", timeout=60_000)  # the TTFT line has a point
+            _check_latency_axes(page, httpx.get(proc.base_url + "/status/data", auth=("admin", ADMIN)).json()["latency"])
             pid = int(page.inner_text("#workers tbody tr td:nth-child(7)"))
             os.kill(pid, signal.SIGKILL)
             page.wait_for_selector('#workers tbody tr:not([data-state="warm"])', timeout=120_000)  # it shows the loss
@@ -56,3 +58,22 @@ def test_the_status_page_shows_the_fleet_and_follows_a_worker_dying(tiny_llama_d
             browser.close()
     finally:
         proc.stop()
+
+
+def _check_latency_axes(page, latency: list[dict]) -> None:
+    """Both axes of the latency plot are labelled with their units (issue 21): time on x, TTFT
+    and ITL each on its own y axis in ms (no unexplained "× 10" scaling), and the TTFT axis
+    reaches the highest TTFT plotted."""
+    texts = page.eval_on_selector_all("#chart text", "els => els.map(e => [e.dataset.axis, e.getAttribute('class'), e.textContent])")
+    titles = {axis: text for axis, kind, text in texts if kind == "axis-title"}
+    assert titles == {"time": "time (minutes before now)", "ttft": "time to first token (ms)", "itl": "inter-token latency (ms)"}
+    ticks: dict[str, list[str]] = {}
+    for axis, kind, text in texts:
+        if kind == "tick":
+            ticks.setdefault(axis, []).append(text)
+    assert ticks["time"] == ["−5 min", "−4 min", "−3 min", "−2 min", "−1 min", "now"]
+    for axis in ("ttft", "itl"):
+        assert len(ticks[axis]) >= 2 and all(re.fullmatch(r"\d+(\.\d+)? ms", t) for t in ticks[axis]), ticks[axis]
+    top_ms = max(float(t.removesuffix(" ms")) for t in ticks["ttft"])
+    assert max(r["ttft_p50"] for r in latency if r["ttft_p50"] is not None) * 1000 <= top_ms
+    assert "× 10" not in page.inner_text("body")

@@ -220,6 +220,26 @@ def test_stream_guard_reads_tool_inputs(client):
     assert final.stop_reason == "refusal" and CANARY not in json.dumps(final.model_dump())
 
 
+def test_calls_cut_by_max_tokens_leave_no_markup_on_either_wire(client, oai):
+    # issue 21: parallel calls allowed, max_tokens 64 — two tool_use blocks, then a text block
+    # "<tool" (the third call cut inside its tag). The scripted version of every cut point:
+    # tests/system/api/test_tool_markup.py.
+    for max_tokens in (40, 64):
+        kw = {"max_tokens": max_tokens, "tools": [WEATHER], "tool_choice": {"type": "any"}}
+        msg = create(client, **kw)
+        with client.messages.stream(model=MODEL, messages=ASK, extra_body=GREEDY, **kw) as stream:
+            final = stream.get_final_message()
+        for reply in (msg, final):
+            assert reply.stop_reason in ("max_tokens", "tool_use") and reply.content
+            assert all(b.type == "tool_use" for b in reply.content), reply.content
+        chat = {"model": MODEL, "messages": ASK, "max_tokens": max_tokens, "temperature": 0,
+                "tools": [_function(WEATHER)], "tool_choice": "required"}
+        full = oai.chat.completions.create(**chat)
+        assert not full.choices[0].message.content and full.choices[0].message.tool_calls
+        streamed = "".join(c.choices[0].delta.content or "" for c in oai.chat.completions.create(**chat, stream=True) if c.choices)
+        assert streamed == ""
+
+
 # -- OpenAI ------------------------------------------------------------------------------------
 def _function(tool: dict) -> dict:
     return {"type": "function", "function": {"name": tool["name"], "description": tool["description"],

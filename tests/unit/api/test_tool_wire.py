@@ -18,7 +18,7 @@ from sluice.config import Settings
 from sluice.gateway.coalescer import coalesce_key
 from sluice.gateway.principal import Principal
 from sluice.models.tools.format import HERMES
-from sluice.models.tools.spec import ToolCall, ToolChoiceMode, ToolResult
+from sluice.tool_types import ToolCall, ToolChoiceMode, ToolResult
 from sluice.serving.errors import ServingError
 from sluice.serving.guided import OutputFormat, guided_for
 from sluice.serving.idempotency.retries import fingerprint

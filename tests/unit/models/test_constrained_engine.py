@@ -15,7 +15,7 @@ from sluice.models.tools.format import HERMES
 from sluice.models.tools.guidance import json_schema_guidance, tool_guidance
 from sluice.models.tools.parser import ToolArgsDelta, ToolCallEnd, ToolCallParser
 from sluice.models.tools.render import render_turns
-from sluice.models.tools.spec import ChatTurn, Role, ToolCall, ToolChoice, ToolChoiceMode, ToolResult, ToolSpec
+from sluice.tool_types import ChatTurn, Role, ToolCall, ToolChoice, ToolChoiceMode, ToolResult, ToolSpec
 from sluice.types import FinishReason, GenerationRequest, SamplingParams
 from tests.schema_gen import random_schema
 

@@ -15,7 +15,7 @@ from sluice.models.grammar.compiler import GrammarCompiler, check_guided
 from sluice.models.grammar.schema_check import UNSUPPORTED, check_schema
 from sluice.models.tools.format import HERMES
 from sluice.models.tools.guidance import json_schema_guidance, tool_guidance
-from sluice.models.tools.spec import ToolChoice, ToolChoiceMode, ToolSpec
+from sluice.tool_types import ToolChoice, ToolChoiceMode, ToolSpec
 from sluice.types import CallSyntax, GenerationRequest, GuidedDecoding, GuidedKind, SamplingParams, ToolGrammar
 from sluice.worker.convert import request_from_pb, request_to_pb
 
@@ -213,7 +213,7 @@ def test_the_device_path_masks_like_the_cpu_path():
 
 
 def test_call_syntax_matches_json_dumps_layout():
-    from sluice.models.tools.spec import ToolCall
+    from sluice.tool_types import ToolCall
 
     syntax: CallSyntax = HERMES.call_syntax()
     rendered = HERMES.render_call(ToolCall("x", "get_weather", {"city": "Oslo"}))

@@ -13,7 +13,7 @@ from sluice.errors import InvalidRequestError
 from sluice.models.tools.format import HERMES, ToolFormat, format_for_family
 from sluice.models.tools.parser import TextPiece, ToolArgsDelta, ToolCallEnd, ToolCallParser, ToolCallStart
 from sluice.models.tools.render import render_turns
-from sluice.models.tools.spec import ChatTurn, Role, ToolCall, ToolResult, ToolSpec, new_tool_use_id
+from sluice.tool_types import ChatTurn, Role, ToolCall, ToolResult, ToolSpec, new_tool_use_id
 
 WEATHER = ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}}, "Weather now")
 
@@ -123,11 +123,48 @@ def test_a_call_cut_off_by_max_tokens_ends_incomplete():
     assert end.arguments == _args(pieces, 0) == '{"city": "Os'
 
 
-def test_an_unreadable_call_body_is_given_back_as_text_and_other_orders_are_parsed_whole():
-    assert _text(_parse("<tool_call>not json</tool_call> after", [3])) == "<tool_call>not json</tool_call> after"
+def test_an_unreadable_call_body_is_dropped_and_other_orders_are_parsed_whole():
+    pieces = _parse("<tool_call>not json</tool_call> after", [3])
+    assert _text(pieces) == "after" and not [p for p in pieces if not isinstance(p, TextPiece)]
     pieces = _parse('<tool_call>\n{"arguments": {"a": 1}, "name": "x"}\n</tool_call>', [5])
     end = next(p for p in pieces if isinstance(p, ToolCallEnd))
     assert (end.name, end.input, _args(pieces, 0)) == ("x", {"a": 1}, end.arguments)
+
+
+def _finish_cut(text: str, sizes: list[int], cut: bool) -> list:
+    parser = ToolCallParser(HERMES, new_id=iter(f"toolu_{i}" for i in range(100)).__next__)
+    pieces, i = [], 0
+    for n in sizes * len(text):
+        if i >= len(text):
+            break
+        pieces += parser.feed(text[i : i + n])
+        i += n
+    return pieces + parser.finish(cut=cut)
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+
+
+@pytest.mark.parametrize("sizes", [[1], [3], [7], [1000]])
+def test_call_markup_cut_by_max_tokens_never_comes_out_as_text(sizes):
+    # issue 21: two calls, then the third cut inside its opening tag came out as text "<tool"
+    for tail in ("<", "<tool", "<tool_call", "<tool_call>", "<tool_call>\n{", '<tool_call>\n{"name": "get_we'):
+        pieces = _finish_cut("Checking. " + CALL + CALL + tail, sizes, cut=True)
+        assert _text(pieces) == "Checking.", tail
+        ends = [p for p in pieces if isinstance(p, ToolCallEnd)]
+        assert [e.complete for e in ends] == [True, True], tail  # cut before its name: no call
+    # cut after its name: the call ends incomplete (returned with input {}), no text
+    pieces = _finish_cut(CALL + '<tool_call>\n{"name": "get_time", "arguments": {"tz', sizes, cut=True)
+    assert _text(pieces) == "" and [(e.name, e.complete, e.input) for e in pieces if isinstance(e, ToolCallEnd)] == [
+        ("get_weather", True, {"city": "Oslo"}), ("get_time", False, {})]
+    # a closing tag cut short is layout, dropped
+    assert _text(_finish_cut(CALL.strip()[:-3], sizes, cut=True)) == ""
+
+
+def test_a_possible_trigger_start_is_text_only_when_the_model_ended_the_reply():
+    assert _text(_finish_cut("x <", [1], cut=False)) == "x <"  # EOS: the model's own text
+    assert _text(_finish_cut("x <", [1], cut=True)) == "x"
+    assert _text(_finish_cut("x <tool_call>", [1], cut=False)) == "x"  # the full tag: a call, never text
 
 
 def test_random_text_around_calls_keeps_its_content():

@@ -12,7 +12,7 @@ from sluice.api.json_body import json_object
 from sluice.api.openai.schema import ChatCompletionRequest
 from sluice.api.openai.tools import assistant_calls, response_format, tool_choice, tool_specs
 from sluice.errors import InvalidRequestError
-from sluice.models.tools.spec import Part, ToolResult
+from sluice.tool_types import Part, ToolResult
 from sluice.gateway.principal import Principal
 from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest

@@ -2,7 +2,8 @@
 
 The API layer builds these from Anthropic `tools` / `tool_choice` / `tool_use` / `tool_result`
 or OpenAI `tools` / `tool_choice` / `tool_calls` / `role: "tool"` messages; nothing here knows
-either wire shape.
+either wire shape. A leaf (like types.py): the API converts into these, serving carries them,
+and models/tools/ renders and parses them, so none of those reaches into another for them.
 """
 
 from __future__ import annotations
