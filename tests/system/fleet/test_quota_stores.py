@@ -157,7 +157,7 @@ async def test_redis_check_and_reserve_is_atomic(redis_server):
 
 @pytest.mark.asyncio
 async def test_store_factory(redis_server):
-    from sluice.routing.quota.semantics.stores import make_quota_store
+    from sluice.routing.quota.stores import make_quota_store
 
     assert isinstance(make_quota_store("memory"), MemoryQuotaStore)
     store = make_quota_store("redis", redis_server.url)

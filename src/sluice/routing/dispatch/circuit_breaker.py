@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.routing.fleet_file.loader.breaker_settings import BreakerConfig
+from sluice.routing.fleet_file.breaker_settings import BreakerConfig
 
 
 class BreakerState(str, enum.Enum):

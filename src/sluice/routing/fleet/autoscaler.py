@@ -33,7 +33,7 @@ from typing import Any
 
 from sluice.aio import cancel_and_wait
 from sluice.routing.fleet.local_replicas import LocalReplicas
-from sluice.routing.fleet.fleet.members import FleetMembers
+from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.scaling.observation import Demand, VersionLoad, observations, version_load
 from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.follower import StateFollower

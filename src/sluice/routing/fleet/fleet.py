@@ -36,12 +36,12 @@ from sluice.routing.dispatch.version_router import version_header
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
 from sluice.routing.fleet.autoscaler import LocalAutoscaler
 from sluice.routing.fleet.local_replicas import LocalReplicas
-from sluice.routing.fleet.fleet.members import FleetMembers
+from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.fleet.reload import apply_reload, check_reload, has_quotas
 from sluice.routing.fleet.status import fleet_status
-from sluice.routing.fleet.fleet.versions import VersionRuntime, VersionRuntimes
+from sluice.routing.fleet.versions import VersionRuntime, VersionRuntimes
 from sluice.routing.quota.semantics import QuotaStore
-from sluice.routing.quota.semantics.stores import make_quota_store
+from sluice.routing.quota.stores import make_quota_store
 from sluice.routing.scaling.observation import Demand
 from sluice.routing.scaling.signal import model_signals
 from sluice.routing.fleet_file.schema import FleetSpec

@@ -21,7 +21,7 @@ import time
 
 from sluice.aio import cancel_and_wait
 from sluice.config import Settings
-from sluice.routing.fleet.fleet.members import FleetMembers
+from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.fleet_file.schema import VersionSpec
 from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.follower import StateFollower

@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 from sluice.models.tokenizer import Tokenizer
 from sluice.routing.fleet.local_replicas import LocalReplicas
-from sluice.routing.fleet.fleet.members import FleetMembers
-from sluice.routing.fleet.fleet.versions import VersionRuntimes
+from sluice.routing.fleet.members import FleetMembers
+from sluice.routing.fleet.versions import VersionRuntimes
 from sluice.routing.fleet_file.loader import dotted_path
 from sluice.routing.fleet_file.schema import FleetSpec, VersionSpec
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.routing.fleet.fleet.members import FleetMembers
+from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.routing_state import RoutingSnapshot, effective_weights
 

@@ -25,7 +25,7 @@ from sluice.engine.batching_window import BatchingWindow
 from sluice.engine.config import EngineConfig
 from sluice.models.kernels import KernelChoice, Numerics
 from sluice.routing.fleet_file.autoscale_spec import AutoscalingSpec, VersionAutoscaleSpec, merge_version_tables
-from sluice.routing.fleet_file.loader.breaker_settings import BreakerConfig
+from sluice.routing.fleet_file.breaker_settings import BreakerConfig
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
 from sluice.worker.faults import FaultSpec
 
