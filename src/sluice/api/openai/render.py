@@ -11,6 +11,7 @@ from typing import Any
 from sse_starlette import ServerSentEvent
 
 from sluice.api.errors import openai_error_type
+from sluice.api.openai.logprobs import chat_content, chat_logprobs
 from sluice.serving.errors import ServingError
 from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.serving.pipeline import Collected, Generation
@@ -54,6 +55,20 @@ def _message(collected: Collected, tools: bool) -> dict[str, Any]:
     return message
 
 
+def _asked(gen: Generation) -> bool:
+    return gen.prepared.generation.sampling.logprobs is not None
+
+
+def _ended_by_eos(final: object) -> bool:
+    return isinstance(final, Finished) and final.reason is FinishReason.EOS
+
+
+def _logprobs(gen: Generation, collected: Collected) -> dict[str, Any] | None:
+    if not _asked(gen):
+        return None
+    return chat_logprobs(collected.logprobs, gen.prepared.tokenizer, _ended_by_eos(collected.final))
+
+
 def render_completion(gen: Generation, collected: Collected) -> dict[str, Any]:
     """The non-streaming reply; a failure raises the ServingError its kind maps to."""
     req, final = gen.prepared.request, collected.final
@@ -68,7 +83,7 @@ def render_completion(gen: Generation, collected: Collected) -> dict[str, Any]:
             "index": 0,
             "message": _message(collected, gen.prepared.tool_format is not None),
             "finish_reason": _finish_reason(final),
-            "logprobs": None,
+            "logprobs": _logprobs(gen, collected),
         }],
         "usage": usage_object(final.usage),
     }
@@ -84,9 +99,12 @@ async def render_chunks(gen: Generation, include_usage: bool) -> AsyncIterator[S
     req = gen.prepared.request
     created = int(time.time())
 
-    def chunk(delta: dict[str, Any], finish: str | None, usage: Usage | None = None, choices: bool = True) -> ServerSentEvent:
+    asked = _asked(gen)
+
+    def chunk(delta: dict[str, Any], finish: str | None, usage: Usage | None = None, choices: bool = True,
+              logprobs: dict[str, Any] | None = None) -> ServerSentEvent:
         body: dict[str, Any] = {"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": req.model}
-        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}] if choices else []
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}] if choices else []
         if include_usage:
             body["usage"] = None if usage is None else usage_object(usage)
         return ServerSentEvent(data=json.dumps(body, separators=(",", ":"), ensure_ascii=False))
@@ -103,7 +121,8 @@ async def render_chunks(gen: Generation, include_usage: bool) -> AsyncIterator[S
                 yield chunk({"role": "assistant", "content": ""}, None)
             if isinstance(outcome, TextDelta):
                 if outcome.text:
-                    yield chunk({"content": outcome.text}, None)
+                    scored = {"content": chat_content(outcome.logprobs, gen.prepared.tokenizer, False)} if asked else None
+                    yield chunk({"content": outcome.text}, None, logprobs=scored)
                 continue
             if isinstance(outcome, ToolCallStarted):
                 call = {"index": outcome.index, "id": outcome.id, "type": "function",
@@ -115,6 +134,10 @@ async def render_chunks(gen: Generation, include_usage: bool) -> AsyncIterator[S
                 continue
             if isinstance(outcome, ToolCallDone):
                 continue
+            if asked and isinstance(outcome, Finished):  # the tokens whose text came last (or none)
+                rest = chat_content(outcome.logprobs, gen.prepared.tokenizer, _ended_by_eos(outcome))
+                if rest:
+                    yield chunk({"content": ""}, None, logprobs={"content": rest})
             yield chunk({}, _finish_reason(outcome))
             if include_usage:
                 yield chunk({}, None, outcome.usage, choices=False)

@@ -50,8 +50,8 @@ class ChatCompletionRequest(_Strict):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
-    top_logprobs: JsonInt | None = None
+    logprobs: bool | None = None  # applied: the model's logprob of each output token
+    top_logprobs: JsonInt | None = Field(None, ge=0, le=20)  # and this many alternatives (needs logprobs)
     user: str | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
