@@ -107,6 +107,15 @@ class ServingPipeline:
     def __init__(self, rt: ServingRuntime):
         self.rt = rt
 
+    def tokenizer_of(self, model: str) -> tuple[Tokenizer, int]:
+        """The tokenizer and context window of the model's version that carries the most
+        traffic (what /tokenize and /detokenize use)."""
+        fleet = self.rt.require_fleet()
+        model_id = self.rt.check_model(model)
+        spec = fleet.registry.model(model_id)
+        version = max(spec.versions, key=lambda v: spec.versions[v].traffic)
+        return fleet.version(model_id, version).tokenizer, fleet.max_model_len(model_id, version)
+
     async def count_tokens(self, model: str, conversation: Conversation) -> int:
         """The exact prompt length a generation request with this conversation would use (with
         the tokenizer of the model's version that carries the most traffic)."""
@@ -125,6 +134,8 @@ class ServingPipeline:
         plan, priced = await planner.plan()  # model, version, quota; the prompt in its tokens
         try:
             texts = req.conversation.safety_texts()
+            if isinstance(req.raw_prompt, list):  # token ids: the rules read their text
+                texts = [fleet.version(plan.model_id, plan.version).tokenizer.decode(req.raw_prompt)]
             safety = check_input(rt, req.principal, texts, req.request_id)
         except BaseException:
             await fleet.router.settle(plan, 0)  # the quota reservation goes back
