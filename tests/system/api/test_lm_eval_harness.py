@@ -103,7 +103,7 @@ def _evaluate(model: str, model_args: dict, tasks: list[str], include: Path, **k
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    return simple_evaluate(model=model, model_args=model_args, tasks=tasks, task_manager=TaskManager(include_path=str(include)),
+    return simple_evaluate(model=model, model_args=model_args, tasks=tasks, task_manager=TaskManager(include_path=str(include), include_defaults=False),
                            log_samples=True, random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0,
                            **kwargs)
 

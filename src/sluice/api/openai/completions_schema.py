@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.api.openai.schema import StreamOptions
-from sluice.api.wire_types import Count, JsonInt, Seed
+from sluice.api.wire_types import ChoiceCount, Count, JsonInt, LogprobCount, Seed
 
 MAX_CHOICES = 16  # n, and prompts × n, per request
 
@@ -25,13 +25,13 @@ class CompletionRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: Count | None = None  # not OpenAI's; vLLM-compatible extension
     n: JsonInt = Field(1, ge=1, le=MAX_CHOICES)
-    best_of: JsonInt | None = Field(None, ge=1, le=MAX_CHOICES)  # only best_of == n (no ranking)
+    best_of: ChoiceCount | None = None  # only best_of == n (no ranking)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     seed: Seed | None = None
     echo: bool = False  # the prompt's text (and, with logprobs, its tokens' logprobs) first
-    logprobs: JsonInt | None = Field(None, ge=0, le=20)
+    logprobs: LogprobCount | None = None
     suffix: str | None = None  # refused unless null (no insertion)
     # accepted for compatibility; not applied by this engine (documented in docs/API.md)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)

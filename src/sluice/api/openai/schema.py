@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.api.wire_types import Count, JsonInt, PositiveCount, Seed
+from sluice.api.wire_types import Count, JsonInt, LogprobCount, PositiveCount, Seed
 
 
 class _Strict(BaseModel):
@@ -51,7 +51,7 @@ class ChatCompletionRequest(_Strict):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None  # applied: the model's logprob of each output token
-    top_logprobs: JsonInt | None = Field(None, ge=0, le=20)  # and this many alternatives (needs logprobs)
+    top_logprobs: LogprobCount | None = None  # and this many alternatives (needs logprobs)
     user: str | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
