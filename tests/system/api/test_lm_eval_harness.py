@@ -17,7 +17,9 @@ import torch
 
 from tests.server_process import MODEL, start_server
 
-pytestmark = pytest.mark.slow
+# the harness imports a large stack (datasets, evaluate) and transformers loads the reference
+# model: on a loaded two-core machine that alone can take minutes
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is in the test extra (pyproject.toml)")
 KEY = "sk-lm-eval-test-key"
 TOL = 5e-3  # a sum of a few per-token fp32 logprobs (kernels on quantized blocks vs dequantized fp32)
@@ -79,14 +81,16 @@ def server():
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> Path:
-    """The model's tokenizer as a transformers folder (the harness tokenizes with it)."""
-    from transformers import AutoTokenizer
+    """The server's own tokenizer as a transformers folder (the harness tokenizes with it): the
+    ids it sends are the ones sluice would make (transformers' GGUF conversion is slower and
+    gives the same vocabulary)."""
+    from sluice.models.tokenizer_loader import load_tokenizer
 
-    from sluice.models.loader import default_model_path
-
-    path = default_model_path()
+    tok, _ = load_tokenizer()
     out = tmp_path_factory.mktemp("tokenizer")
-    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
+    tok.backend.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.eos_token, "bos_token": tok.bos_token}))
     return out
 
 
