@@ -24,9 +24,10 @@ from sluice.serving.prompt import build_prompt
 from sluice.serving.runtime import ServingRuntime
 
 
-def _parse(model: type[BaseModel], raw: bytes) -> Any:
+def _parse(model: type[BaseModel], raw: bytes | dict[str, Any]) -> Any:
     try:
-        return model.model_validate(json_object(raw, "We could not parse the JSON body of your request"))
+        data = raw if isinstance(raw, dict) else json_object(raw, "We could not parse the JSON body of your request")
+        return model.model_validate(data)
     except ValidationError as exc:
         message = describe_validation_error(exc)
         raise bad_request(message, param=message.split(":", 1)[0]) from None
@@ -46,7 +47,7 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
         if body.prompt is not None:
             ids = await asyncio.to_thread(tokenizer.encode, body.prompt)
         else:
-            chat = ChatCompletionRequest.model_validate({"model": body.model, "messages": body.messages})
+            chat = _parse(ChatCompletionRequest, {"model": body.model, "messages": body.messages})
             fmt = resolve_tool_format(rt.settings.tool_format)
             conversation = to_conversation(chat)
             if body.add_generation_prompt:
