@@ -94,3 +94,16 @@ def test_prompt_logprobs_are_never_served_from_the_prefix_cache(engine, prompt):
     assert plain.logprobs == [] and plain.prompt_logprobs is None
     assert [lp.logprob if lp else None for lp in first.prompt_logprobs] == [
         lp.logprob if lp else None for lp in again.prompt_logprobs]
+
+
+def test_logprobs_are_from_before_the_grammar_mask(engine, bundled, hf_bundled):
+    """A JSON grammar forces tokens the model finds unlikely; their logprobs stay the model's."""
+    from sluice.types import GuidedDecoding, GuidedKind
+
+    prompt = bundled.tokenizer.encode("Write a haiku about the sea.")
+    out = _run(engine, "g", prompt, max_tokens=4, temperature=0.0, logprobs=1,
+               guided=GuidedDecoding(GuidedKind.JSON_OBJECT))
+    ref = _reference(hf_bundled, prompt + out.token_ids)
+    assert out.text.startswith("{")
+    for j, lp in enumerate(out.logprobs):
+        assert lp.logprob == pytest.approx(float(ref[len(prompt) + j - 1, out.token_ids[j]]), abs=TOL)
