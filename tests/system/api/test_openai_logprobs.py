@@ -67,3 +67,16 @@ def test_sampled_tokens_report_the_models_logprob(client):
     if first_hot.token == first_cold.token:
         assert first_hot.logprob == pytest.approx(first_cold.logprob, abs=1e-5)
     assert all(t.logprob <= 0 for t in hot.choices[0].logprobs.content)
+
+
+def test_a_stop_sequences_tokens_are_cut_with_its_text(client):
+    """The tokens that spell a matched stop sequence are not in the content, nor in its logprobs."""
+    messages = [{"role": "user", "content": "Count from 1 to 10 separated by commas."}]
+    kwargs = dict(model=MODEL, messages=messages, temperature=0, max_tokens=40, stop=["4"], logprobs=True)
+    full = client.chat.completions.create(**kwargs)
+    assert full.choices[0].finish_reason == "stop" and "4" not in full.choices[0].message.content
+    tokens = [t.token for t in full.choices[0].logprobs.content]
+    assert "".join(tokens) == full.choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    streamed = [t.token for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert streamed == tokens

@@ -29,10 +29,22 @@ def token_text(tokenizer: Tokenizer) -> TokenText:
     return held[1]
 
 
-def chat_content(entries: list[TokenLogprob], tokenizer: Tokenizer, ended_by_eos: bool) -> list[dict[str, Any]]:
+def chat_content(
+    entries: list[TokenLogprob], tokenizer: Tokenizer, ended_by_eos: bool, text_bytes: int | None = None
+) -> list[dict[str, Any]]:
+    """`text_bytes`: the UTF-8 length of the content these entries spell; tokens past it (a stop
+    sequence's, cut from the text) are left out, as the text leaves them out."""
     if ended_by_eos and entries and entries[-1].token_id in tokenizer.eos_token_ids:
         entries = entries[:-1]
     tt = token_text(tokenizer)
+    if text_bytes is not None:
+        kept, used = [], 0
+        for e in entries:
+            if used >= text_bytes:
+                break
+            kept.append(e)
+            used += len(tt.bytes(e.token_id))
+        entries = kept
 
     def one(token_id: int, logprob: float) -> dict[str, Any]:
         return {"token": tt.text(token_id), "logprob": logprob, "bytes": list(tt.bytes(token_id))}
@@ -40,8 +52,8 @@ def chat_content(entries: list[TokenLogprob], tokenizer: Tokenizer, ended_by_eos
     return [{**one(e.token_id, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]} for e in entries]
 
 
-def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, ended_by_eos: bool) -> dict[str, Any]:
-    return {"content": chat_content(entries, tokenizer, ended_by_eos), "refusal": None}
+def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, ended_by_eos: bool, text: str) -> dict[str, Any]:
+    return {"content": chat_content(entries, tokenizer, ended_by_eos, len(text.encode())), "refusal": None}
 
 
 def legacy_logprobs(

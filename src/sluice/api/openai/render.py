@@ -67,7 +67,7 @@ def _ended_by_eos(final: object) -> bool:
 def _logprobs(gen: Generation, collected: Collected) -> dict[str, Any] | None:
     if not _asked(gen):
         return None
-    return chat_logprobs(collected.logprobs, gen.prepared.tokenizer, _ended_by_eos(collected.final))
+    return chat_logprobs(collected.logprobs, gen.prepared.tokenizer, _ended_by_eos(collected.final), collected.text)
 
 
 def render_completion(reply_id: str, gens: list[Generation], collected: list[Collected]) -> dict[str, Any]:
@@ -121,6 +121,8 @@ async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bo
     yield ServerSentEvent(comment="ping")  # bytes on the wire at once, before queueing and prefill
     started = [False] * len(gens)
     usages: list[Usage | None] = [None] * len(gens)
+    text_bytes = [0] * len(gens)  # per choice: content sent, and the bytes its logprob tokens spell
+    scored_bytes = [0] * len(gens)
     async with aclosing(merged(gens)) as outcomes:
         async for i, outcome in outcomes:
             if isinstance(outcome, Failed):
@@ -131,7 +133,11 @@ async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bo
                 yield chunk(i, {"role": "assistant", "content": ""}, None)
             if isinstance(outcome, TextDelta):
                 if outcome.text:
-                    scored = {"content": chat_content(outcome.logprobs, tokenizer, False)} if tokenizer else None
+                    scored = None
+                    if tokenizer is not None:
+                        scored = {"content": chat_content(outcome.logprobs, tokenizer, False)}
+                        text_bytes[i] += len(outcome.text.encode())
+                        scored_bytes[i] += sum(len(e["bytes"]) for e in scored["content"])
                     yield chunk(i, {"content": outcome.text}, None, logprobs=scored)
                 continue
             if isinstance(outcome, ToolCallStarted):
@@ -145,7 +151,7 @@ async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bo
             if isinstance(outcome, ToolCallDone):
                 continue
             if tokenizer is not None and isinstance(outcome, Finished):  # the tokens whose text came last (or none)
-                rest = chat_content(outcome.logprobs, tokenizer, _ended_by_eos(outcome))
+                rest = chat_content(outcome.logprobs, tokenizer, _ended_by_eos(outcome), max(0, text_bytes[i] - scored_bytes[i]))
                 if rest:
                     yield chunk(i, {"content": ""}, None, logprobs={"content": rest})
             yield chunk(i, {}, _finish_reason(outcome))
