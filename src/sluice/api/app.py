@@ -16,7 +16,9 @@ from sluice.api.auth import TIER_STATE
 from sluice.api.anthropic import routes as anthropic_routes
 from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
+from sluice.api.openai import completions_routes
 from sluice.api.openai import routes as openai_routes
+from sluice.api.openai import tokenize_routes
 from sluice.gateway.authenticator import OpenAccess
 from sluice.serving.errors import ServingError
 from sluice.serving.metrics_scrape import scrape
@@ -101,6 +103,8 @@ def create_app(rt: ServingRuntime) -> FastAPI:
     app.include_router(anthropic_routes.build_router(rt, pipeline))
     app.include_router(resume.build_router(rt))
     app.include_router(openai_routes.build_router(rt, pipeline))
+    app.include_router(completions_routes.build_router(rt, pipeline))
+    app.include_router(tokenize_routes.build_router(rt, pipeline))
     admin_guard = admin.guard_for(rt)
     app.include_router(admin.build_router(rt, admin_guard))
     app.include_router(status_page.build_router(rt, admin_guard))

@@ -212,6 +212,10 @@ class LLMEngine:
             event = self._finish(request, reason, detok.take(final=True), token, error=error)
         else:
             event = GenerationEvent(request.request_id, detok.take(), [token], usage=self._usage(request))
+        if request.new_logprob is not None:  # asked for: the runner scored the token
+            event.logprobs, request.new_logprob = [request.new_logprob], None
+        if request.prompt_logprobs is not None:  # with the first token, once (a recompute skips them)
+            event.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if request.num_output_tokens == 1 and request.first_scheduled_time is not None:
             event.queue_time_s = max(0.0, request.first_scheduled_time - request.arrival_time)
         return event
@@ -278,6 +282,8 @@ class LLMEngine:
                 acc = results[ev.request_id]
                 acc.text += ev.text
                 acc.token_ids.extend(ev.token_ids)
+                acc.logprobs.extend(ev.logprobs)
+                acc.prompt_logprobs = acc.prompt_logprobs or ev.prompt_logprobs
                 acc.finished, acc.finish_reason, acc.stop_sequence = ev.finished, ev.finish_reason, ev.stop_sequence
                 acc.usage, acc.error = ev.usage, ev.error
         return results

@@ -21,6 +21,7 @@ from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.verdict import Layer, Verdict
 from sluice.safety.verdict_log import log_verdict
 from sluice.serving.errors import ErrorKind
+from sluice.serving.logprob_feed import LogprobFeed
 from sluice.serving.outcomes import Failed, Finished, Outcome, Refused, TextDelta
 from sluice.types import FinishReason, GenerationEvent, Usage
 
@@ -57,11 +58,14 @@ async def guarded(
 ) -> AsyncIterator[Outcome]:
     async with aclosing(events):
         if safety is None:
+            feed = LogprobFeed()
             async for ev in events:
+                feed.add(ev)
                 if ev.text:
-                    yield TextDelta(ev.text, ev.usage)
+                    yield feed.attach(TextDelta(ev.text, ev.usage))
                 if ev.finished:
-                    yield final_outcome(ev)
+                    final = final_outcome(ev)
+                    yield feed.attach(final, everything=True) if isinstance(final, Finished) else final
                     return
             return
         async with aclosing(_guarded(safety, events, input_text, request_id, on_verdict)) as inner:
@@ -85,6 +89,7 @@ async def _guarded(
     gate_until = loop.time() + settings.deadline_ms / 1000
     window: asyncio.Future | None = None
     next_check = settings.check_every_chars
+    feed = LogprobFeed()
 
     async def found(v: Verdict, usage: Usage) -> Refused:
         # abort first: the refusal's events are written after this returns, and the engine
@@ -97,6 +102,7 @@ async def _guarded(
 
     try:
         async for ev in events:
+            feed.add(ev)
             text, verdict = guard.feed(ev.text) if ev.text else ("", None)
             if verdict is None and l2 is not None:
                 if text and not l2.done():  # the first content waits for L2, up to the deadline
@@ -109,7 +115,7 @@ async def _guarded(
                 yield await found(verdict, ev.usage)
                 return
             if text:
-                yield TextDelta(text, ev.usage)
+                yield feed.attach(TextDelta(text, ev.usage))
             if next_check and guard.released >= next_check and window is None and safety.classifier is not None:
                 window = asyncio.ensure_future(
                     safety.classify(guard.text_so_far[-settings.window_chars :], Layer.L3, output=True)
@@ -130,8 +136,8 @@ async def _guarded(
                     yield await found(verdict, ev.usage)
                     return
                 if tail:
-                    yield TextDelta(tail, ev.usage)
-                yield final
+                    yield feed.attach(TextDelta(tail, ev.usage))
+                yield feed.attach(final, everything=True)
                 return
     finally:
         for task in (l2, window):

@@ -38,8 +38,9 @@ from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.generation import generate
 from sluice.serving.guided import parses_calls, resolve_tool_format
 from sluice.serving.guarded_stream import guarded
+from sluice.models.tokenizer import Tokenizer
 from sluice.models.tools.format import ToolFormat
-from sluice.serving.outcomes import Failed, Final, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
+from sluice.serving.outcomes import Failed, Final, Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.routing.dispatch.router import RoutePlan
 from sluice.serving.planning import Planner
 from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
@@ -47,7 +48,7 @@ from sluice.serving.request import FALLBACK_HEADER, QUOTA_WARNING_HEADER, VERSIO
 from sluice.serving.runtime import ServingRuntime
 from sluice.serving.safety_check import check_input
 from sluice.serving.tool_stream import with_tool_calls
-from sluice.types import GenerationRequest
+from sluice.types import GenerationRequest, TokenLogprob
 
 L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
 TOOL_PIECES = (ToolCallStarted, ToolInputDelta, ToolCallDone)
@@ -73,6 +74,12 @@ class Prepared:
         return resolve_tool_format(self.planner.fleet.settings.tool_format)
 
     @property
+    def tokenizer(self) -> Tokenizer:
+        """The serving version's tokenizer (token text for logprobs)."""
+        plan = self.planner.current or self.plan
+        return self.planner.fleet.version(plan.model_id, plan.version).tokenizer
+
+    @property
     def headers(self) -> dict[str, str]:
         """Which version serves the request, and whether a fallback does (docs/FLEET.md): the
         latest plan, so a reply sent after a retry moved to another version names that one (a
@@ -92,11 +99,22 @@ class Collected:
     final: Final
     # the reply in order: text blocks and tool calls (a call cut short by max_tokens included)
     blocks: list[str | ToolCallDone] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked: one per output token
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked: one per prompt token
 
 
 class ServingPipeline:
     def __init__(self, rt: ServingRuntime):
         self.rt = rt
+
+    def tokenizer_of(self, model: str) -> tuple[Tokenizer, int]:
+        """The tokenizer and context window of the model's version that carries the most
+        traffic (what /tokenize and /detokenize use)."""
+        fleet = self.rt.require_fleet()
+        model_id = self.rt.check_model(model)
+        spec = fleet.registry.model(model_id)
+        version = max(spec.versions, key=lambda v: spec.versions[v].traffic)
+        return fleet.version(model_id, version).tokenizer, fleet.max_model_len(model_id, version)
 
     async def count_tokens(self, model: str, conversation: Conversation) -> int:
         """The exact prompt length a generation request with this conversation would use (with
@@ -116,6 +134,8 @@ class ServingPipeline:
         plan, priced = await planner.plan()  # model, version, quota; the prompt in its tokens
         try:
             texts = req.conversation.safety_texts()
+            if isinstance(req.raw_prompt, list):  # token ids: the rules read their text
+                texts = [fleet.version(plan.model_id, plan.version).tokenizer.decode(req.raw_prompt)]
             safety = check_input(rt, req.principal, texts, req.request_id)
         except BaseException:
             await fleet.router.settle(plan, 0)  # the quota reservation goes back
@@ -203,11 +223,16 @@ class Generation:
         parts: list[str] = []
         blocks: list[str | ToolCallDone] = []
         final: Final | None = None
+        logprobs: list[TokenLogprob] = []
+        prompt_logprobs: list[TokenLogprob | None] | None = None
 
         async def run() -> None:
-            nonlocal final
+            nonlocal final, prompt_logprobs
             async with aclosing(self.outcomes()) as outcomes:
                 async for outcome in outcomes:
+                    if isinstance(outcome, (TextDelta, Finished)):
+                        logprobs.extend(outcome.logprobs)
+                        prompt_logprobs = prompt_logprobs or outcome.prompt_logprobs
                     if isinstance(outcome, TextDelta):
                         parts.append(outcome.text)
                         if blocks and isinstance(blocks[-1], str):
@@ -226,7 +251,7 @@ class Generation:
         finally:
             await self.close()
         assert final is not None  # outcomes() always ends with one
-        return Collected("".join(parts), final, blocks)
+        return Collected("".join(parts), final, blocks, logprobs, prompt_logprobs)
 
     async def close(self) -> None:
         """Leave the queue, or return the admission lease and settle the rate limits."""

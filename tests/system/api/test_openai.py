@@ -72,7 +72,7 @@ def test_errors_in_openai_shape(server, client):
         client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body={"bogus": 1})
     assert "bogus" in str(info.value)
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=17)
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model=MODEL, messages=MESSAGES)

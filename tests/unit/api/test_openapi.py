@@ -11,7 +11,9 @@ from jsonschema import Draft202012Validator
 
 from sluice.api.anthropic.batch_schema import BatchCreate
 from sluice.api.anthropic.schema import MessagesRequest
+from sluice.api.openai.completions_schema import CompletionRequest
 from sluice.api.openai.schema import ChatCompletionRequest
+from sluice.api.openai.tokenize_schema import DetokenizeRequest, TokenizeRequest
 from tests.fuzz_app import MODEL, scripted_app, unready_app
 
 BODY = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -46,21 +48,22 @@ def test_every_route_is_documented_with_its_body_and_error_shape(doc):
     assert documented == {
         "GET /health", "GET /ready", "GET /metrics", "POST /v1/messages", "POST /v1/messages/count_tokens",
         "GET /v1/models", "GET /v1/models/{model_id}", "GET /v1/messages/{message_id}/stream",
-        "POST /v1/chat/completions", "POST /v1/messages/batches", "GET /v1/messages/batches",
+        "POST /v1/chat/completions", "POST /v1/completions", "POST /tokenize", "POST /detokenize", "POST /v1/messages/batches", "GET /v1/messages/batches",
         "GET /v1/messages/batches/{batch_id}", "POST /v1/messages/batches/{batch_id}/cancel",
         "DELETE /v1/messages/batches/{batch_id}", "GET /v1/messages/batches/{batch_id}/results", "GET /admin/fleet",
         "PUT /admin/fleet/models/{model}/weights", "POST /admin/fleet/models/{model}/rollout",
         "POST /admin/fleet/models/{model}/rollback", "POST /admin/fleet/reload",
     }
     bodies = {"/v1/messages": "MessagesRequest", "/v1/messages/count_tokens": "CountTokensRequest",
-              "/v1/messages/batches": "BatchCreate", "/v1/chat/completions": "ChatCompletionRequest"}
+              "/v1/messages/batches": "BatchCreate", "/v1/chat/completions": "ChatCompletionRequest",
+              "/v1/completions": "CompletionRequest", "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
     for path, model in bodies.items():
         op = doc["paths"][path]["post"]
         assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/" + model)
     for path, ops in doc["paths"].items():
-        family = "OpenAIError" if path.startswith("/v1/chat/") else "AnthropicError"
+        family = "OpenAIError" if path.startswith(("/v1/chat/", "/v1/completions", "/tokenize", "/detokenize")) else "AnthropicError"
         for op in ops.values():
-            assert "422" not in op["responses"] or path in ("/v1/messages", "/v1/chat/completions")
+            assert "422" not in op["responses"] or path in ("/v1/messages", "/v1/chat/completions", "/v1/completions")
             for status, response in op["responses"].items():
                 if int(status) >= 400 and path != "/ready":
                     assert response["content"]["application/json"]["schema"]["$ref"].endswith("/" + family)
@@ -70,7 +73,7 @@ def test_every_route_is_documented_with_its_body_and_error_shape(doc):
 
 def test_body_schemas_are_the_validating_models(doc):
     schemas = doc["components"]["schemas"]
-    for model in (MessagesRequest, ChatCompletionRequest, BatchCreate):
+    for model in (MessagesRequest, ChatCompletionRequest, BatchCreate, CompletionRequest, TokenizeRequest, DetokenizeRequest):
         assert set(schemas[model.__name__]["properties"]) == set(model.model_fields)
         assert schemas[model.__name__]["additionalProperties"] is False  # unknown fields are a 400
     assert schemas["MessagesRequest"]["properties"]["max_tokens"] == {

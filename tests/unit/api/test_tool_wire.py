@@ -148,7 +148,7 @@ class _FakeGeneration:
 
         _, sreq = anthropic_request({**BASE, "tools": [WEATHER]})
         sreq.tool_id_prefix = tool_id_prefix
-        self.prepared = SimpleNamespace(request=sreq, tool_format=HERMES)
+        self.prepared = SimpleNamespace(request=sreq, tool_format=HERMES, generation=SimpleNamespace(sampling=sreq.sampling))
         self._outcomes = outcomes
 
     async def outcomes(self):
@@ -191,7 +191,7 @@ def test_openai_stream_and_message_with_text_and_tool_calls():
     from sluice.serving.pipeline import Collected
 
     async def run():
-        return [e.data async for e in render_chunks(_FakeGeneration(_mixed_reply(), "call_"), False) if e.data]
+        return [e.data async for e in render_chunks("chatcmpl_1", [_FakeGeneration(_mixed_reply(), "call_")], False) if e.data]
 
     chunks = [json.loads(d) for d in asyncio.run(run()) if d != "[DONE]"]
     deltas = [c["choices"][0]["delta"] for c in chunks]
@@ -201,7 +201,7 @@ def test_openai_stream_and_message_with_text_and_tool_calls():
     assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[3:5]) == '{"city": "Oslo"}'
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     reply = _mixed_reply()
-    body = render_completion(_FakeGeneration(reply), Collected("Let me check.", reply[-1], ["Let me check.", reply[4]]))
+    body = render_completion("chatcmpl_1", [_FakeGeneration(reply)], [Collected("Let me check.", reply[-1], ["Let me check.", reply[4]])])
     message = body["choices"][0]["message"]
     assert message["content"] == "Let me check." and body["choices"][0]["finish_reason"] == "tool_calls"
     assert message["tool_calls"] == [{"id": "toolu_a", "type": "function",
