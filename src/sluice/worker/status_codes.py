@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import grpc
 
-from sluice.errors import ContextWindowExceededError, EngineUnavailableError, InvalidRequestError, SluiceError
+from sluice.errors import (
+    ContextWindowExceededError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    SluiceError,
+)
 
 ERROR_KIND_KEY = "sluice-error-kind"
 CONTEXT_WINDOW = "context_window"
@@ -34,5 +40,5 @@ def error_from(exc: grpc.aio.AioRpcError) -> SluiceError:
             return ContextWindowExceededError(exc.details() or "prompt is too long")
         return InvalidRequestError(exc.details() or "invalid request")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return EngineUnavailableError("the engine did not finish before the deadline")
+        return EngineTimeoutError("the engine did not finish before the deadline")
     return EngineUnavailableError(f"worker unavailable ({code.name}: {exc.details()})")
