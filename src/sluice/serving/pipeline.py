@@ -9,8 +9,12 @@ a worker ready → the plan (model known, pinned version allowed, fallback, the 
 quota: serving/planning.py) with the prompt rendered in that version's tokens (off the event
 loop) and checked against its context window and what the worker protocol can carry → L1 input
 rules → gateway admission (rate limits 429, a full queue 529). With
-`wait_s` set (streams), a request still queued after that long is handed back anyway, so its
-stream can open and ping while it waits; a refusal that comes later is then a `Failed` outcome.
+`wait_s` set (streams), `start` also waits for the first outcome (serving/lookahead.py): the
+engine refusing at once — its worker just died, none left to take the request — is a refusal
+too (529), not a stream that opens and fails. A request still queued, or whose first output is
+not ready, after `wait_s` (the rate limits having decided: only the queue and the engine may
+keep a stream waiting) is handed back anyway, so its stream can open and ping while it waits;
+a failure that comes later is then a `Failed` outcome.
 
 `outcomes()` is a chain of async generators — gateway session → engine generate → safety guard
 (L2–L4) → deadline — each opened with `contextlib.aclosing`, so closing the outermost one
