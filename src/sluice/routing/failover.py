@@ -196,10 +196,9 @@ async def _wait_for_continuation(router: FleetRouter, plan: RoutePlan, request: 
     a call that ran out of time). None when the wait ran out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    pause = 0.05
+    pause = 0.05  # a worker that came back is used within 50 ms (a dispatch attempt is in-memory)
     while loop.time() < deadline:
         await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-        pause = min(0.2, pause * 2)  # a worker that came back is used within 0.2 s
         late = loop.time() > deadline - wait_s / 2
         placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost,
                                  set() if late else _still_lost(router, tried, lost_at))
