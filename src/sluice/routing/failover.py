@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Span
 
-from sluice.errors import EngineTimeoutError, EngineUnavailableError
+from sluice.errors import EngineRefusedError, EngineTimeoutError, EngineUnavailableError
 from sluice.routing.circuit_breaker import Outcome
 from sluice.routing.health_poller import WorkerHandle, take_down
 from sluice.routing.router import FleetRouter, RoutePlan
@@ -171,9 +171,11 @@ def _lost(router: FleetRouter, handle: WorkerHandle, exc: Exception) -> None:
     """A refused or broken call is evidence about the worker now: it leaves routing at once
     (the next request neither goes there nor, if it was the last one, is admitted: it gets 529
     before any stream opens), and a health probe brings it back when it answers again. A call
-    that only ran out of time says the worker is slow or hung; the probes judge that."""
+    that only ran out of time says the worker is slow or hung (the probes judge that); one the
+    worker refused for itself alone says it is up (its breaker judges a worker that keeps
+    refusing)."""
     entry = router.pool.get(handle.worker_id)
-    if isinstance(exc, EngineTimeoutError) or entry is None or entry.status is not WorkerStatus.WARM:
+    if isinstance(exc, (EngineTimeoutError, EngineRefusedError)) or entry is None or entry.status is not WorkerStatus.WARM:
         return
     if take_down(router.pool, handle):
         log.warning("worker %s (%s/%s) is down: a request to it failed (%s)", handle.worker_id, handle.model_id,

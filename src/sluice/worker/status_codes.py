@@ -12,6 +12,7 @@ import grpc
 
 from sluice.errors import (
     ContextWindowExceededError,
+    EngineRefusedError,
     EngineTimeoutError,
     EngineUnavailableError,
     InvalidRequestError,
@@ -20,6 +21,10 @@ from sluice.errors import (
 
 ERROR_KIND_KEY = "sluice-error-kind"
 CONTEXT_WINDOW = "context_window"
+# UNAVAILABLE for this request only: the worker is up (a failed call without it — refused
+# connection, broken stream, a worker not ready or draining — says the worker cannot serve now)
+REQUEST_REFUSED = "request_refused"
+REFUSED_TRAILERS = ((ERROR_KIND_KEY, REQUEST_REFUSED),)
 
 
 def status_for(exc: SluiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
@@ -41,4 +46,6 @@ def error_from(exc: grpc.aio.AioRpcError) -> SluiceError:
         return InvalidRequestError(exc.details() or "invalid request")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return EngineTimeoutError("the engine did not finish before the deadline")
+    if dict(exc.trailing_metadata() or ()).get(ERROR_KIND_KEY) == REQUEST_REFUSED:
+        return EngineRefusedError(f"worker refused the request ({exc.details()})")
     return EngineUnavailableError(f"worker unavailable ({code.name}: {exc.details()})")
