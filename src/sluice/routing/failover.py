@@ -98,7 +98,8 @@ async def generate_on_fleet(
     attempts = 0
     cost = len(request.prompt_token_ids) + request.sampling.max_tokens
     while True:
-        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, _still_lost(router, tried, lost_at) if emitted else tried)
+        avoid = _still_lost(router, tried, lost_at) if emitted else tried
+        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, avoid)
         if placed is None and emitted:
             placed = await _wait_for_continuation(router, plan, request, tenant, cost, tried, lost_at, policy.migration_wait_s)
             if placed is None:
@@ -175,7 +176,9 @@ def _lost(router: FleetRouter, handle: WorkerHandle, exc: Exception) -> None:
     worker refused for itself alone says it is up (its breaker judges a worker that keeps
     refusing)."""
     entry = router.pool.get(handle.worker_id)
-    if isinstance(exc, (EngineTimeoutError, EngineRefusedError)) or entry is None or entry.status is not WorkerStatus.WARM:
+    if isinstance(exc, (EngineTimeoutError, EngineRefusedError)):
+        return
+    if entry is None or entry.status is not WorkerStatus.WARM:
         return
     if take_down(router.pool, handle):
         log.warning("worker %s (%s/%s) is down: a request to it failed (%s)", handle.worker_id, handle.model_id,
