@@ -129,7 +129,7 @@ class Settings(BaseSettings):
     # also the most one SSE write may block
     send_timeout_s: float = Field(30.0, gt=0)
     max_stream_duration_s: float = Field(600.0, gt=0)
-    stream_open_wait_s: float = Field(1.0, ge=0)  # a queued stream opens (and pings) after this
+    stream_open_wait_s: float = Field(1.0, ge=0)  # a stream with no output yet opens (and pings) after this
     request_timeout_s: float = Field(600.0, gt=0)  # non-streaming requests
     # reading a request (api/read_guard.py): slow or oversized requests are refused (408 / 431)
     header_timeout_s: float = Field(10.0, gt=0)  # connection open / first byte → headers complete

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.serving.errors import ErrorKind
+from sluice.serving.errors import ErrorKind, ServingError
 from sluice.types import FinishReason, TokenLogprob, Usage
 
 
@@ -96,6 +96,11 @@ class Failed:
     kind: ErrorKind
     message: str
     usage: Usage = field(default_factory=Usage)
+    retry_after_s: float | None = None  # when the caller may try again (a refusal's)
+
+    def as_error(self) -> ServingError:
+        """The refusal this failure is when no response has started yet (a real HTTP status)."""
+        return ServingError(self.kind, self.message, retry_after_s=self.retry_after_s if self.retry_after_s is not None else 1.0)
 
 
 ToolPiece = ToolCallStarted | ToolInputDelta | ToolCallDone

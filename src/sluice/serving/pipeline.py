@@ -9,8 +9,12 @@ a worker ready → the plan (model known, pinned version allowed, fallback, the 
 quota: serving/planning.py) with the prompt rendered in that version's tokens (off the event
 loop) and checked against its context window and what the worker protocol can carry → L1 input
 rules → gateway admission (rate limits 429, a full queue 529). With
-`wait_s` set (streams), a request still queued after that long is handed back anyway, so its
-stream can open and ping while it waits; a refusal that comes later is then a `Failed` outcome.
+`wait_s` set (streams), `start` also waits for the first outcome (serving/lookahead.py): the
+engine refusing at once — its worker just died, none left to take the request — is a refusal
+too (529), not a stream that opens and fails. A request still queued, or whose first output is
+not ready, after `wait_s` (the rate limits having decided: only the queue and the engine may
+keep a stream waiting) is handed back anyway, so its stream can open and ping while it waits;
+a failure that comes later is then a `Failed` outcome.
 
 `outcomes()` is a chain of async generators — gateway session → engine generate → safety guard
 (L2–L4) → deadline — each opened with `contextlib.aclosing`, so closing the outermost one
@@ -39,6 +43,7 @@ from sluice.serving.generation import generate
 from sluice.serving.guided import parses_calls, resolve_tool_format
 from sluice.serving.guarded_stream import guarded
 from sluice.models.tokenizer import Tokenizer
+from sluice.serving.lookahead import Lookahead
 from sluice.models.tools.format import ToolFormat
 from sluice.serving.outcomes import Failed, Final, Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.routing.dispatch.router import RoutePlan
@@ -154,12 +159,15 @@ class ServingPipeline:
         self, prepared: Prepared, wait_s: float | None = None, disconnected: Disconnected | None = None
     ) -> "Generation":
         rt, req, gen = self.rt, prepared.request, prepared.generation
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        limited = asyncio.Event()  # the rate limits have decided: only the queue is left
         opening = asyncio.ensure_future(
             open_session(rt, req, prepared.plan.version_header, len(gen.prompt_token_ids), gen.sampling.max_tokens,
-                         lambda: generate(rt, prepared.planner, prepared.plan, gen, req.route.value, req.principal.tier))
+                         lambda: generate(rt, prepared.planner, prepared.plan, gen, req.route.value, req.principal.tier), limited)
         )
         try:
-            admitted = await until_admitted(opening, disconnected, wait_s)
+            admitted = await until_admitted(opening, disconnected, wait_s, limited)
             if admitted:
                 opening.result()  # a refusal known in time raises here: a real 429 / 529 status
         except BaseException:  # refused, the caller left (ClientGone) or was cancelled: leave the queue now
@@ -168,7 +176,16 @@ class ServingPipeline:
                 await asyncio.wait({opening})  # its clean-up (the queue entry, the lease) has run
                 await prepared.planner.fleet.router.settle(prepared.plan, 0)  # and the quota reservation
             raise
-        return Generation(rt, prepared, opening)
+        generation = Generation(rt, prepared, opening)
+        if admitted and wait_s is not None:
+            # a stream: open it once the engine has answered (its first outcome) or the wait is
+            # over, so a worker that is gone — and no other to take the request — is a 529 too
+            try:
+                await generation.first_outcome(disconnected, max(0.0, began + wait_s - loop.time()))
+            except BaseException:
+                await generation.close()
+                raise
+        return generation
 
 
 class Generation:
@@ -179,6 +196,7 @@ class Generation:
         self.prepared = prepared
         self._opening = opening
         self._closed = False
+        self._outcomes = Lookahead(self._produce())
 
     @property
     def request_id(self) -> str:
@@ -193,30 +211,46 @@ class Generation:
             out.update(rate_limit_headers(self._opening.result().decision))
         return out
 
+    async def first_outcome(self, disconnected: Disconnected | None, wait_s: float) -> None:
+        """Fetch the first outcome ahead, waiting at most `wait_s`: a failure known by then —
+        the engine gone and no other worker to take the request, the engine's own refusal — is
+        raised as the refusal it is (a real 429 / 529 status the SDKs retry)."""
+        first = self._outcomes.fetch_first()
+        if not await until_admitted(first, disconnected, wait_s):
+            return  # still waiting: the response opens, pings flow, a failure later is an error event
+        outcome = first.result()
+        if isinstance(outcome, Failed):
+            raise outcome.as_error()
+
     async def outcomes(self) -> AsyncIterator[Outcome]:
         try:
-            try:
-                session = await self._opening  # admitted already, or still queued
-            except ServingError as exc:  # refused after the caller stopped waiting (a deadline)
-                yield Failed(exc.kind, exc.message)
-                return
-            p = self.prepared
-            stream = with_deadline(self.rt, guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict))
-            fmt = p.tool_format
-            if fmt is not None:  # after the guard: safety reads the calls as the model wrote them
-                stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix)
-            try:
-                async with aclosing(stream) as outcomes:
-                    async for outcome in outcomes:
-                        yield outcome
-                        if not isinstance(outcome, (TextDelta, *TOOL_PIECES)):
-                            return
-            except ServingError as exc:  # the engine went away or refused mid-way
-                yield Failed(exc.kind, exc.message)
-                return
-            yield Failed(ErrorKind.INTERNAL, "the generation ended without a final event")
+            async with aclosing(self._outcomes.items()) as outcomes:
+                async for outcome in outcomes:
+                    yield outcome
         finally:
             await self.close()
+
+    async def _produce(self) -> AsyncIterator[Outcome]:
+        try:
+            session = await self._opening  # admitted already, or still queued
+        except ServingError as exc:  # refused after the caller stopped waiting (a deadline)
+            yield Failed(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
+            return
+        p = self.prepared
+        stream = with_deadline(self.rt, guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict))
+        fmt = p.tool_format
+        if fmt is not None:  # after the guard: safety reads the calls as the model wrote them
+            stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix)
+        try:
+            async with aclosing(stream) as outcomes:
+                async for outcome in outcomes:
+                    yield outcome
+                    if not isinstance(outcome, (TextDelta, *TOOL_PIECES)):
+                        return
+        except ServingError as exc:  # the engine went away or refused mid-way
+            yield Failed(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
+            return
+        yield Failed(ErrorKind.INTERNAL, "the generation ended without a final event")
 
     async def collect(self) -> Collected:
         """The whole reply, bounded by `request_timeout_s` (TIMEOUT past it)."""
@@ -261,6 +295,7 @@ class Generation:
         # shielded: a disconnect cancels the response's scope, and anyio cancellation is
         # level-triggered — every await here would be cancelled and the settlement lost
         with CancelScope(shield=True):
+            await self._outcomes.aclose()  # a first outcome fetched ahead is cancelled, the engine request aborted
             if not self._opening.done():
                 self._opening.cancel()
             elif not self._opening.cancelled() and self._opening.exception() is None:

@@ -170,3 +170,18 @@ async def test_store_factory(redis_server):
         await other.close()
     with pytest.raises(ValueError, match="unknown routing state store"):
         make_routing_state_store("etcd")
+
+
+@pytest.mark.asyncio
+async def test_a_follower_writes_its_snapshot_back_into_a_store_found_empty():
+    store = MemoryRoutingStateStore()
+    follower = StateFollower(store)
+    await store.put("m", ModelRoutingState(weights={"v1": 1, "v2": 3}))
+    await store.put("m", ModelRoutingState(weights={"v1": 1, "v2": 3}))
+    assert await follower.poll_once() and follower.snapshot.revision == 2
+    follower.store = empty = MemoryRoutingStateStore()  # the store lost everything (a restart)
+    assert not await follower.poll_once()  # nothing new to take: its own snapshot went back
+    assert follower.restores == 1 and await empty.revision() == 2
+    assert (await empty.load()).model("m").weights == {"v1": 1, "v2": 3}
+    assert not await empty.restore(RoutingSnapshot(5))  # only into an empty store
+    await empty.put("m", ModelRoutingState(weights={"v2": 1}), expect_revision=2)  # CAS goes on

@@ -4,7 +4,9 @@ Two `sluice serve` gateways (`limits_store = "redis"`) with the same fleet file;
 versions are each served by one `sluice worker` both gateways share (remote workers: nothing
 to start or stop, so the test watches only the shared state). A rollout started on gateway A
 shows on gateway B's `/admin/fleet` and in B's routing (each user's version follows the
-weights) within a bounded wait; a rollback sent to B rolls back the rollout A drives."""
+weights) within a bounded wait; a rollback sent to B rolls back the rollout A drives. When Redis
+restarts empty, the gateways write the live state back: the finished rollout's weights and
+version states stay in force on both, never the fleet file's `traffic`."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ def gateways(tmp_path_factory):
             procs.append(start_server(["--fleet", str(path)], env=env))
         for proc in procs:
             wait_until(lambda p=proc: all(w["status"] == "warm" for w in status(p)["workers"]), "both shared workers warm")
+        procs[0].extra["redis"] = redis  # the last test restarts it
         yield procs
     finally:
         for p in procs + workers:
@@ -84,3 +87,24 @@ def test_a_complete_rollout_driven_by_one_gateway_moves_the_other_gateways_traff
     s = status(b)["models"][MODEL]["versions"]
     assert s["v2"]["share"] == 100.0 and s["v1"]["state"] == "retired"
     assert versions_served(b, USERS) == {u: "v2" for u in USERS}
+
+
+def test_the_live_state_survives_a_redis_restarted_empty(gateways):
+    """After the complete rollout above (v2 at 100 %, v1 retired), Redis restarts with nothing;
+    the fleet file still says v1 = 100. A gateway finds the store empty and restores its
+    snapshot, revision included; both keep routing every user to v2."""
+    import redis as redis_client
+
+    a, b = gateways
+    server = a.extra["redis"]
+    client = redis_client.Redis.from_url(server.url)
+    revision = int(client.get("{sluice:routing}:rev"))
+    assert revision > 0 and status(b)["models"][MODEL]["versions"]["v2"]["share"] == 100.0
+    server.restart_empty()
+    wait_until(lambda: int(redis_client.Redis.from_url(server.url).get("{sluice:routing}:rev") or 0) == revision,
+               "a gateway to write the routing state back", 60)
+    for proc in (a, b):
+        s = status(proc)["models"][MODEL]["versions"]
+        assert s["v2"]["share"] == 100.0 and s["v1"]["state"] == "retired", s
+        assert versions_served(proc, USERS) == {u: "v2" for u in USERS}
+    assert "restored revision" in a.log() + b.log()

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from sluice.config import load_settings
-from sluice.errors import EngineUnavailableError
+from sluice.errors import EngineRefusedError
 from sluice.gateway.principal import Principal
 from sluice.routing.errors import StateConflictError
 from sluice.routing.fleet.fleet import Fleet
@@ -174,7 +174,7 @@ def test_a_rollout_whose_target_fails_every_request_rolls_back_though_every_requ
     """The target refuses every request before any output; the failover serves each on v1, so
     no client sees an error — and the rollout must still see the target failing and roll back
     (each failed attempt on the target counts, not only the version that finally served)."""
-    broken = FakeEngine(Script(raise_at=0, error=EngineUnavailableError("injected fault: fail_all")))
+    broken = FakeEngine(Script(raise_at=0, error=EngineRefusedError("injected fault: fail_all")))
 
     async def go():
         async with Harness(tmp_path, tiny_llama_dir, {"10.0.0.2:1": broken}) as h:

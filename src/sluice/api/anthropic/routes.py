@@ -62,9 +62,10 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             return idempotent.replayed(rt, attempt, lambda events: numbered(events, stream_id), resume.ping,
                                        lambda sid, after: resume.follow(rt, sid, after),
                                        resume.resume_point(request, stream_id) if body.stream else 0)
-        # Refusals known at once (rate limits, a full queue) are real 429 / 529 statuses. A stream
-        # still queued after `stream_open_wait_s` is opened while it waits, so pings flow (a
-        # deadline passed later is then an in-stream overloaded_error).
+        # Refusals known before the stream opens (rate limits, a full queue, no engine to take
+        # it) are real 429 / 529 statuses. A stream with no output after `stream_open_wait_s` is
+        # opened while it waits, so pings flow (a deadline passed later is then an in-stream
+        # overloaded_error).
         wait = rt.settings.stream_open_wait_s if body.stream else None
         async with attempt.settles():  # a key whose attempt did not complete is released
             try:

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Span
 
-from sluice.errors import EngineUnavailableError
+from sluice.errors import EngineRefusedError, EngineTimeoutError, EngineUnavailableError
 from sluice.routing.dispatch.circuit_breaker import Outcome
-from sluice.routing.dispatch.health_poller import WorkerHandle
+from sluice.routing.dispatch.health_poller import WorkerHandle, take_down
 from sluice.routing.dispatch.router import FleetRouter, RoutePlan
+from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.trace_context import inject_metadata
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest
 
@@ -93,12 +94,14 @@ async def generate_on_fleet(
     emitted: list[int] = []
     emitted_chars = 0
     tried: set[str] = set()
+    lost_at: dict[str, int] = {}  # worker -> its incarnation when it failed this request
     attempts = 0
     cost = len(request.prompt_token_ids) + request.sampling.max_tokens
     while True:
-        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, tried)
+        avoid = _still_lost(router, tried, lost_at) if emitted else tried
+        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, avoid)
         if placed is None and emitted:
-            placed = await _wait_for_continuation(router, plan, request, tenant, cost, tried, policy.migration_wait_s)
+            placed = await _wait_for_continuation(router, plan, request, tenant, cost, tried, lost_at, policy.migration_wait_s)
             if placed is None:
                 raise EngineUnavailableError(
                     f"no other worker of {plan.version_header} could continue the request within "
@@ -140,6 +143,9 @@ async def generate_on_fleet(
         except (EngineUnavailableError, WorkerLost) as exc:
             outcome = Outcome.FAILURE
             tried.add(dispatch.worker_id)
+            if (entry := router.pool.get(dispatch.worker_id)) is not None:
+                lost_at[dispatch.worker_id] = entry.incarnation
+            _lost(router, handle, exc)
             track.failed.append((plan.model_id, plan.version))
             if not emitted:
                 if attempts >= policy.max_attempts:
@@ -162,20 +168,45 @@ async def generate_on_fleet(
             router.finish_dispatch(dispatch, outcome)
 
 
+def _lost(router: FleetRouter, handle: WorkerHandle, exc: Exception) -> None:
+    """A refused or broken call is evidence about the worker now: it leaves routing at once
+    (the next request neither goes there nor, if it was the last one, is admitted: it gets 529
+    before any stream opens), and a health probe brings it back when it answers again. A call
+    that only ran out of time says the worker is slow or hung (the probes judge that); one the
+    worker refused for itself alone says it is up (its breaker judges a worker that keeps
+    refusing)."""
+    entry = router.pool.get(handle.worker_id)
+    if isinstance(exc, (EngineTimeoutError, EngineRefusedError)):
+        return
+    if entry is None or entry.status is not WorkerStatus.WARM:
+        return
+    if take_down(router.pool, handle):
+        log.warning("worker %s (%s/%s) is down: a request to it failed (%s)", handle.worker_id, handle.model_id,
+                    handle.version, exc)
+
+
+def _still_lost(router: FleetRouter, tried: set[str], lost_at: dict[str, int]) -> set[str]:
+    """The tried workers a migrated stream must still avoid: not those that came up again since
+    they failed it (a restart at the same address, a hang that ended: warm again after being
+    taken down) — a new incarnation holds none of the lost state and continues the stream as
+    well as any other worker of the version."""
+    return {w for w in tried if (e := router.pool.get(w)) is None or e.incarnation == lost_at.get(w, e.incarnation)}
+
+
 async def _wait_for_continuation(router: FleetRouter, plan: RoutePlan, request: GenerationRequest, tenant: str,
-                                 cost: int, tried: set[str], wait_s: float):
-    """Poll for a worker that can continue a migrated stream: first among the untried ones, and
-    after half the wait any warm one, the lost worker included (a hang that ended, a restart
-    under the same id). None when the wait ran out."""
+                                 cost: int, tried: set[str], lost_at: dict[str, int], wait_s: float):
+    """Poll for a worker that can continue a migrated stream: any warm worker of its version
+    but the lost ones (a lost worker counts again as soon as it is back up: `_still_lost`), and
+    after half the wait any warm one, the lost worker included (one that was never taken down:
+    a call that ran out of time). None when the wait ran out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    pause = 0.05
+    pause = 0.05  # a worker that came back is used within 50 ms (a dispatch attempt is in-memory)
     while loop.time() < deadline:
         await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-        pause = min(0.5, pause * 2)
         late = loop.time() > deadline - wait_s / 2
-        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, set() if late else tried)
+        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost,
+                                 set() if late else _still_lost(router, tried, lost_at))
         if placed is not None:
             return placed
     return None
-

@@ -52,6 +52,29 @@ class WorkerHandle:
     on_change: list[Callable[["WorkerHandle"], None]] = field(default_factory=list)
 
 
+def take_down(pool: WorkerPool, h: WorkerHandle) -> bool:
+    """Take the worker out of routing until a probe finds it ready and warms it up again (so
+    what comes back — the same process after a hang, or a restart at the same address — is a
+    fresh incarnation in the pool). The health poller does it after missed probes; the request
+    path does it at once when a call to the worker is refused or broken (routing/dispatch/failover.py):
+    that is evidence about the worker now, and the next request must not be sent there (nor
+    admitted, when it was the last one). True when the worker was up."""
+    entry = pool.get(h.worker_id)
+    up = entry is not None and entry.status in (WorkerStatus.WARM, WorkerStatus.STANDBY)
+    if not up and not h.warmed:
+        return False
+    h.warmed = False
+    if up:
+        pool.set_status(h.worker_id, WorkerStatus.STARTING)
+    _changed(h)
+    return up
+
+
+def _changed(h: WorkerHandle) -> None:
+    for callback in h.on_change:
+        callback(h)
+
+
 class HealthPoller:
     def __init__(self, pool: WorkerPool, handles: dict[str, WorkerHandle], interval_s: float = 1.0,
                  timeout_s: float = 2.0, down_after: int = 2):
@@ -92,12 +115,9 @@ class HealthPoller:
         if h.failures >= self.down_after and (up or h.warmed):
             log.warning("worker %s (%s/%s) is down after %d failed health checks (%s)",
                         h.worker_id, h.model_id, h.version, h.failures, why)
-            h.warmed = False
-            if up:
-                self.pool.set_status(h.worker_id, WorkerStatus.STARTING)
+            take_down(self.pool, h)
             if isinstance(h.client, GrpcEngineClient):
                 h.client.abandon_calls(f"{h.worker_id} missed {h.failures} health checks")
-            self._changed(h)
 
     async def _warm_up(self, h: WorkerHandle) -> None:
         if h.info is None:
@@ -111,8 +131,7 @@ class HealthPoller:
         h.warmed = True
 
     def _changed(self, h: WorkerHandle) -> None:
-        for callback in h.on_change:
-            callback(h)
+        _changed(h)
 
     def start(self) -> None:
         if self._task is None:

@@ -51,6 +51,9 @@ class WorkerEntry:
     reported_tokens: int = 0  # from the worker's stats: tokens queued + running
     dispatched_tokens: int = 0  # this gateway's in-flight estimates
     inflight: int = 0  # this gateway's in-flight requests
+    # bumped each time the worker comes up again (warm after being down, or seen restarted): a
+    # stream that lost the worker may continue on it once this moved (routing/dispatch/failover.py)
+    incarnation: int = 0
 
     @property
     def load_tokens(self) -> int:
@@ -123,13 +126,16 @@ class WorkerPool:
     def set_status(self, worker_id: str, status: WorkerStatus) -> None:
         if (w := self._workers.get(worker_id)) is not None:
             lost = status is not w.status and status in (WorkerStatus.STARTING, WorkerStatus.STOPPED)
+            if w.status is WorkerStatus.STARTING and status in (WorkerStatus.WARM, WorkerStatus.STANDBY):
+                w.incarnation += 1
             w.status = status
             if lost:  # went down or away: whatever comes back (a restart) has an empty cache
                 self._cache_lost(worker_id)
 
     def mark_restarted(self, worker_id: str) -> None:
         """The worker restarted between two health checks (its cumulative counters went back)."""
-        if worker_id in self._workers:
+        if (w := self._workers.get(worker_id)) is not None:
+            w.incarnation += 1
             self._cache_lost(worker_id)
 
     def _cache_lost(self, worker_id: str) -> None:

@@ -8,7 +8,13 @@ rather than pub/sub: a missed message cannot leave a gateway behind, and a resta
 needs no resubscription; the revision check is the backstop pub/sub would need anyway.
 
 Store errors keep the last snapshot (routing goes on with what it knew) and are logged once
-per `warn_every_s`, never per poll. `sleep` is injected so tests drive the loop without time.
+per `warn_every_s`, never per poll. A store found empty (revision 0: revisions only grow, so
+it lost its data — a Redis restarted without persistence) while this gateway holds a newer
+snapshot gets that snapshot written back, revisions included, rather than every gateway
+falling back to the fleet file's `traffic`: the operator's weights and a rollout's progress
+survive. The first gateway to find it empty restores it (`restore` writes only into an empty
+store); the others then read it back as usual. `sleep` is injected so tests drive the loop
+without time.
 """
 
 from __future__ import annotations
@@ -41,11 +47,18 @@ class StateFollower:
         self._stopped = asyncio.Event()
         self._last_warning = 0.0
         self.errors = 0
+        self.restores = 0  # times this follower wrote its snapshot back into an empty store
 
     async def poll_once(self) -> bool:
         """Reload if the shared revision moved; True when a new snapshot was taken."""
         try:
-            if await self.store.revision() == self.snapshot.revision:
+            revision = await self.store.revision()
+            if revision == self.snapshot.revision:
+                return False
+            if revision == 0 and self.snapshot.revision > 0 and await self.store.restore(self.snapshot):
+                self.restores += 1
+                log.warning("routing state store was empty (restarted without its data?); restored revision %d",
+                            self.snapshot.revision)
                 return False
             snapshot = await self.store.load()
         except Exception as exc:  # the store is down: keep routing on the last snapshot

@@ -7,7 +7,8 @@
 A write is one Lua script (check the model's revision, write, bump both counters), so two
 gateways that race on one model cannot both win; a read is one MULTI of HGETALL, HGETALL, GET,
 so a snapshot never mixes two writes. The three keys share a hash tag (one Cluster slot).
-No TTL: the state lives as long as the fleet does; `delete` removes a model's entry.
+No TTL: the state lives as long as the fleet does; `delete` removes a model's entry. A Redis
+that restarts empty gets the state back from the gateways (`restore`, state_follower.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,18 @@ end
 return 1
 """
 
+# KEYS: state, revs, rev. ARGV: global revision, then (model, json, model revision) triples.
+# Writes only into an empty store (no global revision: a Redis restarted without its data).
+RESTORE = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+for i = 2, #ARGV, 3 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2])
+end
+redis.call('SET', KEYS[3], ARGV[1])
+return 1
+"""
+
 
 class RedisRoutingStateStore:
     def __init__(self, url: str, prefix: str = "sluice", clock: Callable[[], float] = time.time):
@@ -49,6 +62,7 @@ class RedisRoutingStateStore:
         self._keys = [f"{tag}:state", f"{tag}:revs", f"{tag}:rev"]
         self._put = self.redis.register_script(PUT)
         self._delete = self.redis.register_script(DELETE)
+        self._restore = self.redis.register_script(RESTORE)
 
     async def revision(self) -> int:
         return int(await self.redis.get(self._keys[2]) or 0)
@@ -70,6 +84,12 @@ class RedisRoutingStateStore:
 
     async def delete(self, model_id: str) -> None:
         await self._delete(keys=self._keys, args=[model_id])
+
+    async def restore(self, snapshot: RoutingSnapshot) -> bool:
+        args: list[str | int] = [snapshot.revision]
+        for model_id, state in snapshot.models.items():
+            args += [model_id, state.to_json(), state.revision]
+        return bool(int(await self._restore(keys=self._keys, args=args)))
 
     async def close(self) -> None:
         await self.redis.aclose()

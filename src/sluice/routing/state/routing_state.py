@@ -98,6 +98,12 @@ class RoutingStateStore(Protocol):
         """Forget a model's live state (back to the fleet file's weights)."""
         ...
 
+    async def restore(self, snapshot: RoutingSnapshot) -> bool:
+        """Write a whole snapshot back, revisions included, only if the store holds no state at
+        all (a Redis restarted empty); False when it does (another gateway restored it first,
+        or someone wrote since)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -128,6 +134,14 @@ class MemoryRoutingStateStore:
         if self._models.pop(model_id, None) is not None:
             self._model_revs[model_id] = self._model_revs.get(model_id, 0) + 1
             self._revision += 1
+
+    async def restore(self, snapshot: RoutingSnapshot) -> bool:
+        if self._revision != 0:
+            return False
+        self._models = dict(snapshot.models)
+        self._model_revs = {m: s.revision for m, s in snapshot.models.items()}
+        self._revision = snapshot.revision
+        return True
 
     async def close(self) -> None:
         return None
