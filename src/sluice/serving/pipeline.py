@@ -9,7 +9,7 @@ a worker ready → the plan (model known, pinned version allowed, fallback, the 
 quota: serving/planning.py) with the prompt rendered in that version's tokens (off the event
 loop) and checked against its context window and what the worker protocol can carry → L1 input
 rules → gateway admission (rate limits 429, a full queue 529). With
-`wait_s` set (streams), `start` also waits for the first outcome (serving/lookahead.py): the
+`wait_s` set (streams), `start` also waits for the first outcome (serving/stages/lookahead.py): the
 engine refusing at once — its worker just died, none left to take the request — is a refusal
 too (529), not a stream that opens and fails. A request still queued, or whose first output is
 not ready, after `wait_s` (the rate limits having decided: only the queue and the engine may
@@ -37,13 +37,13 @@ from sluice.gateway.rate_limit_headers import rate_limit_headers
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.verdict import Verdict
 from sluice.serving.admission import Disconnected, open_session, until_admitted
-from sluice.serving.deadline import with_deadline
+from sluice.serving.stages.deadline import with_deadline
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.generation import generate
 from sluice.serving.guided import parses_calls, resolve_tool_format
-from sluice.serving.guarded_stream import guarded
+from sluice.serving.stages.guarded_stream import guarded
 from sluice.models.tokenizer import Tokenizer
-from sluice.serving.lookahead import Lookahead
+from sluice.serving.stages.lookahead import Lookahead
 from sluice.models.tools.format import ToolFormat
 from sluice.serving.outcomes import Failed, Final, Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.routing.dispatch.router import RoutePlan
@@ -52,7 +52,7 @@ from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
 from sluice.serving.request import FALLBACK_HEADER, QUOTA_WARNING_HEADER, VERSION_HEADER, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.serving.safety_check import check_input
-from sluice.serving.tool_stream import with_tool_calls
+from sluice.serving.stages.tool_stream import with_tool_calls
 from sluice.types import GenerationRequest, TokenLogprob
 
 L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation

@@ -24,7 +24,7 @@ from sluice.serving.guided import OutputFormat, guided_for
 from sluice.serving.idempotency.retries import fingerprint
 from sluice.serving.outcomes import Finished, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.serving.prompt import _chat
-from sluice.serving.tool_stream import with_tool_calls
+from sluice.serving.stages.tool_stream import with_tool_calls
 from sluice.types import FinishReason, GuidedKind
 
 WEATHER = {"name": "get_weather", "description": "Weather.", "input_schema": {

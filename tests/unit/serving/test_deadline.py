@@ -1,4 +1,4 @@
-"""serving/deadline.py: one timer per stream ends a silent or too-long stream, follows a drain,
+"""serving/stages/deadline.py: one timer per stream ends a silent or too-long stream, follows a drain,
 and never swallows somebody else's cancellation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sluice.serving.deadline import with_deadline
+from sluice.serving.stages.deadline import with_deadline
 from sluice.serving.errors import ErrorKind
 from sluice.serving.outcomes import Failed
 

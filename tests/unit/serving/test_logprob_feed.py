@@ -3,7 +3,7 @@ releases that token's text; the rest goes with the final outcome; the prompt's w
 
 from __future__ import annotations
 
-from sluice.serving.logprob_feed import LogprobFeed
+from sluice.serving.stages.logprob_feed import LogprobFeed
 from sluice.serving.outcomes import Finished, TextDelta
 from sluice.types import FinishReason, GenerationEvent, TokenLogprob
 

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from sluice.serving.admission import until_admitted
-from sluice.serving.lookahead import Lookahead
+from sluice.serving.stages.lookahead import Lookahead
 
 
 @pytest.mark.asyncio

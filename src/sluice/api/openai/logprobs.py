@@ -15,18 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.models.token_text import TokenText
-from sluice.models.tokenizer import Tokenizer
+from sluice.serving.token_texts import Tokenizer, token_text
 from sluice.types import TokenLogprob
-
-_texts: dict[int, tuple[Tokenizer, TokenText]] = {}  # id(tokenizer) → its token texts (a few models)
-
-
-def token_text(tokenizer: Tokenizer) -> TokenText:
-    held = _texts.get(id(tokenizer))
-    if held is None or held[0] is not tokenizer:
-        held = _texts[id(tokenizer)] = (tokenizer, TokenText(tokenizer.backend))
-    return held[1]
 
 
 def chat_content(

@@ -21,7 +21,7 @@ from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.verdict import Layer, Verdict
 from sluice.safety.verdict_log import log_verdict
 from sluice.serving.errors import ErrorKind
-from sluice.serving.logprob_feed import LogprobFeed
+from sluice.serving.stages.logprob_feed import LogprobFeed
 from sluice.serving.outcomes import Failed, Finished, Outcome, Refused, TextDelta
 from sluice.types import FinishReason, GenerationEvent, Usage
 

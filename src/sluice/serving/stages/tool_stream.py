@@ -1,6 +1,6 @@
 """Guarded text → text and tool-call outcomes, for a reply that may call tools.
 
-It sits after the safety guard (serving/guarded_stream.py), so the stream guard, the
+It sits after the safety guard (serving/stages/guarded_stream.py), so the stream guard, the
 classifier windows and the post-check read the raw reply, tool calls and their inputs
 included, exactly as the model wrote it; only what they let through is parsed here into
 `ToolCallStarted` / `ToolInputDelta` / `ToolCallDone` (models/tools/parser.py). Call markup is
