@@ -11,6 +11,7 @@ from sluice.routing.dispatch.router import FleetRouter, PlanRequest, RoutePlan
 from sluice.routing.dispatch.worker_picker import Pick
 from sluice.routing.dispatch.worker_pool import Dispatch
 from sluice.routing.errors import ModelUnavailableError, VersionUnavailableError
+from sluice.types import GenerationRequest, SamplingParams
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,6 +41,13 @@ class Routed:
         return self.dispatch.worker_id
 
 
+def _generation(req: RouteRequest) -> GenerationRequest:
+    """The engine-facing request whose token cost is `req.cost_tokens`."""
+    prompt = list(req.prompt_token_ids)
+    return GenerationRequest(req.key, prompt, SamplingParams(max_tokens=max(1, req.cost_tokens - len(prompt))),
+                             tenant=req.tenant)
+
+
 async def route(router: FleetRouter, req: RouteRequest) -> Routed:
     async def cost(_model: str, _version: str) -> int:
         return req.cost_tokens
@@ -48,7 +56,7 @@ async def route(router: FleetRouter, req: RouteRequest) -> Routed:
     preq = PlanRequest(req.model, req.tenant, req.tier, req.key, req.pin, exclude)
     for _ in range(8):
         plan = await router.plan(preq, cost)
-        placed = router.dispatch(plan, req.prompt_token_ids, req.tenant, req.cost_tokens, exclude)
+        placed = router.dispatch(plan, _generation(req), exclude)
         if placed is not None:
             return Routed(plan, *placed, req.cost_tokens)
         await router.settle(plan, 0)  # its workers went away while the quota was checked

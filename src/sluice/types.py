@@ -191,6 +191,12 @@ class GenerationRequest:
     resumed_output_ids: list[int] = field(default_factory=list)
     resumed_text_chars: int = 0
 
+    @property
+    def token_cost(self) -> int:
+        """The tokens this request can occupy, prompt + max_tokens: the one estimate the quota
+        reservation, the worker's load accounting and the admission queue count it at."""
+        return len(self.prompt_token_ids) + self.sampling.max_tokens
+
 
 @dataclass(slots=True)
 class Usage:

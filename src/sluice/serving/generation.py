@@ -54,7 +54,7 @@ async def generate(rt: ServingRuntime, planner: Planner, plan: RoutePlan, reques
         "sluice.request_id": request.request_id, "sluice.version": plan.version_header,
         "sluice.prompt_tokens": len(request.prompt_token_ids), "sluice.max_tokens": request.sampling.max_tokens})
     try:
-        stream = generate_on_fleet(fleet.router, fleet.handles, plan, request, request.tenant,
+        stream = generate_on_fleet(fleet.router, fleet.handles, plan, request,
                                    planner.replan, policy, attempted, span)
         async with aclosing(stream):
             async for event in stream:

@@ -101,7 +101,7 @@ class Planner:
         if priced is None:
             priced = await self._price(runtime.tokenizer, self.fleet.max_model_len(model_id, version))
             self._priced[id(runtime.tokenizer)] = priced
-        return len(priced.prompt.token_ids) + priced.generation.sampling.max_tokens
+        return priced.generation.token_cost
 
     async def _price(self, tokenizer: Tokenizer, window: int) -> Priced:
         req = self.request

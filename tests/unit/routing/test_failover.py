@@ -76,7 +76,7 @@ async def collect(router, handles, policy) -> list[int]:
         raise AssertionError("a migrated stream never changes version")
 
     tokens: list[int] = []
-    async for event in generate_on_fleet(router, handles, plan, request, "acme", replan, policy):
+    async for event in generate_on_fleet(router, handles, plan, request, replan, policy):
         tokens += event.token_ids
     return tokens
 

@@ -79,7 +79,6 @@ async def generate_on_fleet(
     handles: dict[str, WorkerHandle],
     plan: RoutePlan,
     request: GenerationRequest,
-    tenant: str,
     replan: Replan,
     policy: FailoverPolicy = FailoverPolicy(),
     attempted: Attempted | None = None,
@@ -96,12 +95,11 @@ async def generate_on_fleet(
     tried: set[str] = set()
     lost_at: dict[str, int] = {}  # worker -> its incarnation when it failed this request
     attempts = 0
-    cost = len(request.prompt_token_ids) + request.sampling.max_tokens
     while True:
         avoid = _still_lost(router, tried, lost_at) if emitted else tried
-        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost, avoid)
+        placed = router.dispatch(plan, request, avoid)
         if placed is None and emitted:
-            placed = await _wait_for_continuation(router, plan, request, tenant, cost, tried, lost_at, policy.migration_wait_s)
+            placed = await _wait_for_continuation(router, plan, request, tried, lost_at, policy.migration_wait_s)
             if placed is None:
                 raise EngineUnavailableError(
                     f"no other worker of {plan.version_header} could continue the request within "
@@ -111,7 +109,6 @@ async def generate_on_fleet(
                 raise EngineUnavailableError(f"no worker could take the request after {attempts} attempts")
             plan, request = await replan(plan, tried)  # raises ModelUnavailableError when nothing can
             track.plan = plan
-            cost = len(request.prompt_token_ids) + request.sampling.max_tokens
             continue
         dispatch, pick = placed
         handle = handles[dispatch.worker_id]
@@ -193,8 +190,8 @@ def _still_lost(router: FleetRouter, tried: set[str], lost_at: dict[str, int]) -
     return {w for w in tried if (e := router.pool.get(w)) is None or e.incarnation == lost_at.get(w, e.incarnation)}
 
 
-async def _wait_for_continuation(router: FleetRouter, plan: RoutePlan, request: GenerationRequest, tenant: str,
-                                 cost: int, tried: set[str], lost_at: dict[str, int], wait_s: float):
+async def _wait_for_continuation(router: FleetRouter, plan: RoutePlan, request: GenerationRequest,
+                                 tried: set[str], lost_at: dict[str, int], wait_s: float):
     """Poll for a worker that can continue a migrated stream: any warm worker of its version
     but the lost ones (a lost worker counts again as soon as it is back up: `_still_lost`), and
     after half the wait any warm one, the lost worker included (one that was never taken down:
@@ -205,8 +202,7 @@ async def _wait_for_continuation(router: FleetRouter, plan: RoutePlan, request: 
     while loop.time() < deadline:
         await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
         late = loop.time() > deadline - wait_s / 2
-        placed = router.dispatch(plan, request.prompt_token_ids, tenant, cost,
-                                 set() if late else _still_lost(router, tried, lost_at))
+        placed = router.dispatch(plan, request, set() if late else _still_lost(router, tried, lost_at))
         if placed is not None:
             return placed
     return None

@@ -49,6 +49,7 @@ from sluice.routing.state.routing_state import RoutingSnapshot, VersionState, ef
 from sluice.routing.dispatch.version_router import choose_version, resolve_pin, version_header
 from sluice.routing.dispatch.worker_picker import Candidate, Pick, PickReason, WorkerPicker, affinity_key, prefix_salt
 from sluice.routing.dispatch.worker_pool import Dispatch, WorkerPool
+from sluice.types import GenerationRequest
 
 log = logging.getLogger("sluice.routing")
 WARN_EVERY_S = 30.0
@@ -131,22 +132,23 @@ class FleetRouter:
                 return self._plan(model_id, version, primary, quota, soft)
         raise ModelUnavailableError(f"model {primary!r} and its fallbacks cannot take requests now")
 
-    def dispatch(self, plan: RoutePlan, prompt_token_ids: Sequence[int], tenant: str, cost_tokens: int,
+    def dispatch(self, plan: RoutePlan, request: GenerationRequest,
                  exclude: Collection[str] = ()) -> tuple[Dispatch, Pick] | None:
         """A worker of the plan's version (prefix affinity under the load bound), its breaker
-        permit taken and its load counted; None when no worker of the version can take it now."""
+        permit taken and its load counted at the request's token cost; None when no worker of
+        the version can take it now."""
         spec = self.registry.version(plan.model_id, plan.version)
         fleet = self.registry.fleet.routing
         picker = self._picker(plan.model_id, plan.version)
-        key = affinity_key(prompt_token_ids, self._block_size(spec), fleet.affinity_key_blocks,
-                           prefix_salt(tenant, self._shares_prefix(spec)))
+        key = affinity_key(request.prompt_token_ids, self._block_size(spec), fleet.affinity_key_blocks,
+                           prefix_salt(request.tenant, self._shares_prefix(spec)))
         tried = set(exclude)
         while cands := self.pool.candidates(plan.model_id, plan.version, tried):
             if fleet.worker_choice is WorkerChoice.ROUND_ROBIN:
                 pick = self._next_in_turn(plan, cands)
             else:
                 pick = picker.pick(cands, key)
-            dispatch = self.pool.begin(pick.worker_id, cost_tokens)
+            dispatch = self.pool.begin(pick.worker_id, request.token_cost)
             if dispatch is not None:
                 return dispatch, pick
             tried.add(pick.worker_id)  # its half-open probe slot was taken meanwhile
