@@ -25,8 +25,8 @@ class Reference:
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | list[int] | None = None) -> Reference:
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=model.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             output_logits=True,

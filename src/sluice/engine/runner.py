@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_memory import lazy_zeros
 from sluice.engine.request import Request
 from sluice.engine.scheduler import ScheduledChunk, SchedulerOutput
@@ -46,6 +47,9 @@ class ModelRunner:
             for _ in range(cfg.num_layers)
         ]
         self.window = cfg.sliding_window
+        # CUDA graphs for decode-only steps (engine/decode_graphs.py); set by the engine when
+        # EngineConfig.cuda_graphs is on and the model is on a CUDA device
+        self.graphs: DecodeGraphs | None = None
 
     # -- input preparation ---------------------------------------------------------------------
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
@@ -129,13 +133,20 @@ class ModelRunner:
     # -- execution -----------------------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
         """Run one forward over the step and sample; returns (request, token) per sampling chunk."""
-        inp = self.prepare(out)
-        logits = self.model.forward(
-            inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
-        )
-        if not inp.sampling:
+        key = self.graphs.bucket(out.chunks) if self.graphs is not None else None
+        if key is not None:  # a decode-only step that fits a captured bucket: replay its graph
+            assert self.graphs is not None
+            logits = self.graphs.run(out.chunks, key)
+            sampling = out.chunks
+        else:
+            inp = self.prepare(out)
+            logits = self.model.forward(
+                inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
+            )
+            sampling = inp.sampling
+        if not sampling:
             return []
-        reqs = [c.request for c in inp.sampling]
+        reqs = [c.request for c in sampling]
         tokens = sample(
             logits,
             [r.sampling for r in reqs],
