@@ -91,11 +91,11 @@ def test_an_engine_run_through_the_graph_path_matches_transformers():
     graphs = engine.runner.graphs = DecodeGraphs(loaded.model, engine.runner.kv_caches, 4, 8,
                                                  -(-engine.max_model_len // 4), capture=EagerReplay)
     prompts = [[3 + (7 * i + j * 13) % 500 for j in range(n)] for i, n in enumerate([5, 17, 40, 63, 90])]
-    lengths = [70, 30, 50, 12, 40]
+    lengths = [40, 20, 30, 8, 24]
     reqs = [GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0))
             for i, (p, m) in enumerate(zip(prompts, lengths))]
     results = engine.generate(reqs)
-    assert graphs.replays > 50
+    assert graphs.replays > 30
     assert {b for b, _ in graphs.graphs} >= {1, 2, 4, 8} and {w for _, w in graphs.graphs} >= {16, 32}
     for i, (p, m) in enumerate(zip(prompts, lengths)):
         compare(hf_greedy(hf, p, m, eos=0), results[f"r{i}"].token_ids, f"graph path prompt {i}")
