@@ -95,8 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--profile-steps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1; the GPU does the work)")
     p.add_argument("--json-out", default=None)
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     levels = [int(s) for s in args.streams.split(",")]
     loaded = load_random_model(args.random_init, args.seed, args.dtype, args.device)
     ids = synthetic_prompts(loaded.config.vocab_size, max(levels))
