@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     graphs = engines["on"].runner.graphs
     record["graph_replays"] = graphs.replays if graphs is not None else None
     record["buckets"] = sorted(graphs.graphs) if graphs is not None else []
+    record["graph_failure"] = graphs.failure if graphs is not None else None
     print(json.dumps(record), flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -584,6 +584,7 @@ def main(argv: list[str] | None = None) -> None:
         "model": loaded.config.name,
         "weight_bytes": loaded.model.weight_bytes(),
         "graph_replays": engines["main"].runner.graphs.replays if engines["main"].runner.graphs is not None else None,
+        "graph_failure": engines["main"].runner.graphs.failure if engines["main"].runner.graphs is not None else None,
         "args": {k: v for k, v in vars(args).items() if k not in ("set",)},
         "engine_config": dataclasses.asdict(EngineConfig(**args.config)),
         "prompt_tokens": {"min": min(map(len, ids)), "max": max(map(len, ids))},

@@ -67,7 +67,7 @@ def _graphs_table(results: dict, name: str) -> list[str]:
         return [f"_{name}: no result ({_status(results, name)})_", ""]
     floor = _floor(results, name.split("-", 1)[1], r.get("dtype", "bfloat16"))
     lines = [f"**{r.get('model')}**, {r.get('dtype')}, {r.get('out_tokens')} output tokens, buckets captured: "
-             f"{r.get('buckets')}", "",
+             f"{r.get('buckets')}" + (f"; **capture failed**: {r['graph_failure']}" if r.get("graph_failure") else ""), "",
              "| streams | graphs | per-stream tok/s | TTFT ms | floor's share | host kernel launches / step | "
              "graph launches / step | GPU kernels / step |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -26,6 +26,7 @@ static-buffer plumbing are tested on the CPU with an eager stand-in for the capt
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +36,8 @@ import torch
 from sluice.engine.scheduler import ScheduledChunk
 from sluice.models.attention import AttentionMetadata
 from sluice.models.llama import LlamaModel
+
+log = logging.getLogger(__name__)
 
 MIN_BLOCKS = 16  # the narrowest block-table bucket: 128 tokens at the default block size
 
@@ -167,23 +170,32 @@ class DecodeGraphs:
         self.ints = torch.zeros(self.max_batch * (max_blocks + 1), dtype=torch.int32, device=device)
         self.graphs: dict[tuple[int, int], Replayable] = {}
         self.replays = 0  # steps run through a graph (read by the benchmarks and tests)
+        # a capture that raised turns graphs off for this engine (the step and every later one
+        # run eagerly) rather than failing requests; the benchmarks report it
+        self.failure: str | None = None
 
     def bucket(self, chunks: Sequence[ScheduledChunk]) -> tuple[int, int] | None:
         """(batch, blocks) for a decode-only step that fits a bucket, else None (run eagerly)."""
-        if not chunks or not all(c.is_decode for c in chunks):
+        if self.failure is not None or not chunks or not all(c.is_decode for c in chunks):
             return None
         batch = batch_bucket(len(chunks), self.max_batch)
         blocks = block_bucket(-(-max(c.end for c in chunks) // self.block_size), self.max_blocks)
         return None if batch is None or blocks is None else (batch, blocks)
 
-    def run(self, chunks: Sequence[ScheduledChunk], key: tuple[int, int]) -> torch.Tensor:
-        """The step's logits [len(chunks), vocab] fp32, through the bucket's graph."""
+    def run(self, chunks: Sequence[ScheduledChunk], key: tuple[int, int]) -> torch.Tensor | None:
+        """The step's logits [len(chunks), vocab] fp32 through the bucket's graph; None if the
+        capture failed (the caller runs the step eagerly)."""
         step = pad_decodes(chunks, self.block_size, *key)
         self._load(step)
         graph = self.graphs.get(key)
         if graph is None:  # capture with this step's own inputs loaded: the warm-up runs
             # rewrite the same K/V into the same slots, and padding touches only the null block
-            graph = self.graphs[key] = self.capture(self._step_fn(*key))
+            try:
+                graph = self.graphs[key] = self.capture(self._step_fn(*key))
+            except Exception as exc:  # noqa: BLE001 - any capture error: fall back, say why
+                self.failure = f"bucket {key}: {type(exc).__name__}: {exc}"
+                log.exception("CUDA graph capture failed for bucket %s; decode steps run eagerly from now on", key)
+                return None
         graph.replay()
         self.replays += 1
         return graph.out[: step.num_decodes]

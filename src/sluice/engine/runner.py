@@ -134,11 +134,12 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
         """Run one forward over the step and sample; returns (request, token) per sampling chunk."""
         key = self.graphs.bucket(out.chunks) if self.graphs is not None else None
+        logits = None
         if key is not None:  # a decode-only step that fits a captured bucket: replay its graph
             assert self.graphs is not None
             logits = self.graphs.run(out.chunks, key)
             sampling = out.chunks
-        else:
+        if logits is None:
             inp = self.prepare(out)
             logits = self.model.forward(
                 inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics

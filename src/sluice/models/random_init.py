@@ -141,7 +141,7 @@ def hf_model(shape: str | dict[str, Any], state: dict[str, torch.Tensor], dtype:
     config = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
     with torch.device(target):
         model = transformers.LlamaForCausalLM(config)
-    model = model.to(DTYPES[dtype]).eval()
+    model = model.to(device=target, dtype=DTYPES[dtype]).eval()  # on `target` even if built elsewhere
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if cfg.get("tie_word_embeddings") else set()
     if set(missing) - tied or unexpected:

@@ -166,7 +166,7 @@ def test_paged_attention_on_the_device_matches_the_cpu_path(device, dtype, windo
     ours = SdpaPagedAttention(heads, kvh, d, window, torch_dtype)
     ours.prepare(dev[5])
     got = ours.forward(*dev)
-    tol = 1e-5 if dtype == "float32" else 2e-2
+    tol = 1e-4 if dtype == "float32" else 2e-2  # fp32 lands near 1e-6; a wrong slot or mask gives O(1)
     assert _rel(got.float().cpu(), expected) < tol
     assert _rel(dev[3].float().cpu(), cpu[3]) < (0 if dtype == "float32" else 1e-2) + 1e-7  # K written alike
 
