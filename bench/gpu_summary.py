@@ -56,6 +56,7 @@ def _bench_table(results: dict, name: str) -> list[str]:
         lines.append(f"| {phase} | {_f(_get(s, phase, 'ttft_ms', 'median'))} | {_f(ps)} | "
                      f"{_f(_get(s, phase, 'tok_s', 'median'))} | {_f(1000 / ps if ps else None, '.2f')} | "
                      f"{_share(floor, ps)} |")
+    lines.append("")
     for k, v in (r.get("ratios") or {}).items():
         lines.append(f"- {k}: {_f(v.get('median'), '.2f')}")
     return lines + [""]
@@ -71,6 +72,7 @@ def _graphs_table(results: dict, name: str) -> list[str]:
              "| streams | graphs | per-stream tok/s | TTFT ms | floor's share | host kernel launches / step | "
              "graph launches / step | GPU kernels / step |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    ratios = []
     for k, level in (r.get("levels") or {}).items():
         for mode in ("on", "off"):
             m = level.get(mode, {})
@@ -78,9 +80,9 @@ def _graphs_table(results: dict, name: str) -> list[str]:
             lines.append(f"| {k} | {mode} | {_f(m.get('per_stream_tok_s'))} | {_f(m.get('ttft_ms'))} | "
                          f"{_share(floor, m.get('per_stream_tok_s'))} | {_f(lp.get('kernel_launch_calls'), '.0f')} | "
                          f"{_f(lp.get('graph_launches'), '.0f')} | {_f(lp.get('gpu_kernels'), '.0f')} |")
-        lines.append(f"- {k} stream(s): graphs / eager per-stream decode = "
-                     f"{_f(level.get('graphs_vs_eager_per_stream'), '.2f')}x")
-    return lines + [""]
+        ratios.append(f"- {k} stream(s): graphs / eager per-stream decode = "
+                      f"{_f(level.get('graphs_vs_eager_per_stream'), '.2f')}x")
+    return lines + [""] + ratios + [""]
 
 
 def _status(results: dict, name: str) -> str:
