@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from sluice.engine.config import EngineConfig
+from sluice.engine.decode_graphs import DecodeGraphs, EagerReplay
 from sluice.engine.engine import LLMEngine
 from sluice.models.attention import AttentionMetadata, PrefillSpan, TorchPagedAttention
 from sluice.models.device import resolve_device
@@ -169,6 +170,31 @@ def test_paged_attention_on_the_device_matches_the_cpu_path(device, dtype, windo
     tol = 1e-4 if dtype == "float32" else 2e-2  # fp32 lands near 1e-6; a wrong slot or mask gives O(1)
     assert _rel(got.float().cpu(), expected) < tol
     assert _rel(dev[3].float().cpu(), cpu[3]) < (0 if dtype == "float32" else 1e-2) + 1e-7  # K written alike
+
+
+@pytest.mark.parametrize("device,shape", [("cpu", "tiny")] + ([("cuda", "small")] if CUDA else []))
+def test_a_replayed_decode_step_gives_the_eager_step_logits(device, shape):
+    """One decode-only step of 3 requests (batch padded to 4, tables to 16 blocks), through the
+    graph path and eagerly: the same logits (CUDA: a captured graph; CPU: the eager stand-in)."""
+    loaded = load_random_model(shape, SEED, "float32", device)
+    engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=256, max_num_seqs=8))
+    for i, n in enumerate((7, 30, 19)):
+        prompt = [5 + (i * 37 + j * 11) % 400 for j in range(n)]
+        engine.add_request(GenerationRequest(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0.0)))
+    engine.step()  # the three prefills
+    out = engine.scheduler.schedule()
+    assert len(out.chunks) == 3 and all(c.is_decode for c in out.chunks)
+    inp = engine.runner.prepare(out)
+    eager = loaded.model.forward(inp.input_ids, inp.positions, inp.meta, engine.runner.kv_caches, inp.logits_indices)
+    graphs = DecodeGraphs(loaded.model, engine.runner.kv_caches, engine.config.block_size, 8,
+                          -(-engine.max_model_len // engine.config.block_size),
+                          capture=None if device == "cuda" else EagerReplay)
+    key = graphs.bucket(out.chunks)
+    assert key == (4, 16)
+    replayed = graphs.run(out.chunks, key)
+    assert replayed is not None and graphs.failure is None and replayed.shape == eager.shape
+    assert _rel(replayed, eager) < 1e-4
+    assert torch.equal(replayed.argmax(-1), eager.argmax(-1))
 
 
 # -- CUDA only ---------------------------------------------------------------------------------
