@@ -8,6 +8,11 @@ from the repository root, after `bash bench/gpu_wheels.sh` has put the missing w
     carry:     [".whl"]
     timeout_s: 510
 
+The machine's start (1-2 min) plus this call leave ~4 minutes of a 15-minute lease: enough for one
+partial rerun while the machine is still warm (it goes back 30 s after a call), e.g.
+`... bench/gpu_session.py --out $OUT --parts bench-1b,graphs-1b --budget 200` with timeout_s 240;
+read $OUT's summary.md first (the reply brings it back), then call give_back.
+
 Parts, in priority order, each a child process with its own time box (and all of them inside
 --budget seconds), so a crash, a hang or a CUDA fault in one leaves the others running:
 
