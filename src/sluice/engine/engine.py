@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from sluice.engine.config import EngineConfig
+from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_manager import KVCacheManager
 from sluice.engine.kv_memory import GIB, available_memory, kv_bytes_per_block, plan_kv_pool
 from sluice.engine.request import Request
@@ -61,6 +62,12 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, clock)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics))
+        if config.cuda_graphs:
+            if self.model.device.type == "cuda":
+                self.runner.graphs = DecodeGraphs(self.model, self.runner.kv_caches, config.block_size,
+                                                  config.max_num_seqs, -(-self.max_model_len // config.block_size))
+            else:
+                log.info("cuda_graphs is on but the model is on %s: decode steps run eagerly", self.model.device)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(loaded.config.eos_token_ids)

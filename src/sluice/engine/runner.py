@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_memory import lazy_zeros
 from sluice.engine.request import Request
 from sluice.engine.scheduler import ScheduledChunk, SchedulerOutput
@@ -50,6 +51,9 @@ class ModelRunner:
             for _ in range(cfg.num_layers)
         ]
         self.window = cfg.sliding_window
+        # CUDA graphs for decode-only steps (engine/decode_graphs.py); set by the engine when
+        # EngineConfig.cuda_graphs is on and the model is on a CUDA device
+        self.graphs: DecodeGraphs | None = None
 
     # -- input preparation ---------------------------------------------------------------------
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
@@ -165,16 +169,24 @@ class ModelRunner:
     # -- execution -----------------------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
         """Run one forward over the step and sample; returns (request, token) per sampling chunk."""
-        inp = self.prepare(out)
-        logits = self.model.forward(
-            inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
-        )
-        if inp.prompt_spans:
-            self._record_prompt_logprobs(logits[len(inp.sampling) :], inp.prompt_spans)
-            logits = logits[: len(inp.sampling)]
-        if not inp.sampling:
+        key = self.graphs.bucket(out.chunks) if self.graphs is not None else None
+        logits = None
+        if key is not None:  # a decode-only step that fits a captured bucket: replay its graph
+            assert self.graphs is not None
+            logits = self.graphs.run(out.chunks, key)
+            sampling = out.chunks
+        if logits is None:
+            inp = self.prepare(out)
+            logits = self.model.forward(
+                inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
+            )
+            if inp.prompt_spans:
+                self._record_prompt_logprobs(logits[len(inp.sampling) :], inp.prompt_spans)
+                logits = logits[: len(inp.sampling)]
+            sampling = inp.sampling
+        if not sampling:
             return []
-        reqs = [c.request for c in inp.sampling]
+        reqs = [c.request for c in sampling]
         # logprobs before sampling: the model's distribution, not the masked one (in place)
         asking = [i for i, r in enumerate(reqs) if r.sampling.logprobs is not None]
         logprobs = log_softmax_rows(logits[asking]) if asking else None
