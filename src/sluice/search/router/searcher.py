@@ -1,0 +1,128 @@
+"""One search across the shards: resolve → (phase 1: statistics) → phase 2: top-k → merge.
+
+Phase 1 asks one replica of every shard for its document count, total length and the document
+frequency of each query term; their sums are the global statistics. Phase 2 sends the resolved
+query and those statistics to the same replicas (so both phases see one revision when nothing
+is being written), and each shard scores with them (index/bm25.py): merged scores equal one
+index holding every document. `stats = "local"` skips phase 1 (one round trip; each shard
+scores with its own statistics, cheaper and inexact on skewed shards).
+
+A shard that misses its deadline or has no replica left is reported, never hidden: `partial`
+is true and `shards_answered` < `shards`. Every phase of every shard shares one deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from sluice.search.errors import QuerySyntaxError
+from sluice.search.index.analyzer import Analyzer
+from sluice.search.index.bm25 import CollectionStats
+from sluice.search.index.hits import Hit, merge
+from sluice.search.index.query_tree import cache_key, resolve, terms_of
+from sluice.search.router.config import StatsMode
+from sluice.search.router.replica_state import ReplicaState
+from sluice.search.router.result_cache import ResultCache
+from sluice.search.router.search_metrics import SearchMetrics
+from sluice.search.router.shard_client import Failure, ShardCallError, ShardClient
+from sluice.search.router.topology import ShardRuntime, Topology
+
+
+@dataclasses.dataclass(slots=True)
+class SearchResult:
+    hits: list[Hit]
+    shards: int
+    shards_answered: int
+    failed: dict[str, str]  # shard name → why (timeout, unavailable)
+    took_ms: float = 0.0
+    cached: bool = False
+
+    @property
+    def partial(self) -> bool:
+        return self.shards_answered < self.shards
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hits": [h.to_json() for h in self.hits], "shards": self.shards, "shards_answered": self.shards_answered,
+                "partial": self.partial, "failed_shards": self.failed, "took_ms": round(self.took_ms, 3),
+                "cached": self.cached}
+
+
+class Searcher:
+    def __init__(self, topo: Topology, client: ShardClient, metrics: SearchMetrics, cache: ResultCache,
+                 analyzer: Analyzer, stats_mode: StatsMode, deadline_s: float):
+        self.topo, self.client, self.metrics, self.cache = topo, client, metrics, cache
+        self.analyzer = analyzer
+        self.stats_mode = stats_mode
+        self.deadline_s = deadline_s
+
+    async def search(self, query: str, top_k: int) -> SearchResult:
+        t0 = time.perf_counter()
+        try:
+            tree = resolve(query, self.analyzer)
+        except QuerySyntaxError:
+            self.metrics.errors.labels(Failure.BAD_QUERY.value).inc()
+            raise
+        key = (cache_key(tree), top_k, self.topo.revision())
+        cached = self.cache.get(key)
+        self.metrics.cache.labels("hit" if cached is not None else "miss").inc()
+        self.metrics.cache_hit_ratio.set(self.cache.hit_ratio)
+        if cached is not None:
+            res = dataclasses.replace(cached, cached=True, took_ms=(time.perf_counter() - t0) * 1000)
+            self.metrics.query_latency.labels("cached").observe(time.perf_counter() - t0)
+            return res
+        shards = self.topo.shards
+        deadline = t0 + self.deadline_s
+        failed: dict[str, str] = {}
+        chosen: dict[int, ReplicaState | None] = {s.position: None for s in shards}
+        glob: CollectionStats | None = None
+        if tree is not None and self.stats_mode is StatsMode.GLOBAL:
+            terms = terms_of(tree)
+            answers = await asyncio.gather(*(self._one(s, "/v1/shard/stats", {"terms": terms}, deadline, "stats", None)
+                                             for s in shards), return_exceptions=True)
+            glob = CollectionStats()
+            for s, a in zip(shards, answers):
+                if isinstance(a, ShardCallError):
+                    failed[s.name] = a.failure.value
+                    continue
+                if isinstance(a, BaseException):
+                    raise a
+                replica, data = a
+                chosen[s.position] = replica
+                glob.add(CollectionStats.from_json(data))
+        live = [s for s in shards if s.name not in failed]
+        payload = {"tree": tree, "top_k": top_k, "stats": None if glob is None else glob.to_json()}
+        answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search", chosen[s.position])
+                                         for s in live), return_exceptions=True)
+        per_shard: list[list[Hit]] = []
+        for s, a in zip(live, answers):
+            if isinstance(a, ShardCallError):
+                failed[s.name] = a.failure.value
+                continue
+            if isinstance(a, BaseException):
+                raise a
+            per_shard.append([Hit.from_json(h) for h in a[1]["hits"]])
+        result = SearchResult(merge(per_shard, top_k), len(shards), len(shards) - len(failed), failed)
+        result.took_ms = (time.perf_counter() - t0) * 1000
+        if result.partial:
+            self.metrics.partial.inc()
+        else:
+            self.cache.put(key, result)
+        self.metrics.query_latency.labels("partial" if result.partial else "complete").observe(time.perf_counter() - t0)
+        return result
+
+    async def _one(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float, phase: str,
+                   prefer: ReplicaState | None) -> tuple[ReplicaState, dict[str, Any]]:
+        t0 = time.perf_counter()
+        try:
+            out = await self.client.call(shard, path, payload, deadline, phase, prefer)
+        except ShardCallError as exc:
+            if exc.failure is Failure.BAD_QUERY:
+                self.metrics.errors.labels(exc.failure.value).inc()
+                raise QuerySyntaxError(0, exc.message) from None
+            self.metrics.errors.labels(exc.failure.value).inc()
+            raise
+        self.metrics.shard_latency.labels(shard.name, phase).observe(time.perf_counter() - t0)
+        return out
