@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 
@@ -46,7 +47,8 @@ def _ingest(args: argparse.Namespace) -> int:
         return 2
     accepted, bad, failed_batches = 0, 0, 0
     started = time.perf_counter()
-    with f, httpx.Client(base_url=args.url.rstrip("/"), timeout=120, headers=headers) as http, \
+    nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    with f, httpx.Client(base_url=args.url.rstrip("/"), timeout=120, headers=headers, transport=nodelay) as http, \
             tqdm(total=size, unit="B", unit_scale=True, desc="ingest", disable=args.quiet) as bar:
         line_base = 0
         while True:

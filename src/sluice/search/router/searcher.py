@@ -1,6 +1,7 @@
 """One search across the shards: resolve → (phase 1: statistics) → phase 2: top-k → merge.
 
-Phase 1 asks one replica of every shard for its document count, total length and the document
+Phase 1 (skipped when every term's statistics are known at this revision: stats_cache.py) asks
+one replica of every shard for its document count, total length and the document
 frequency of each query term; their sums are the global statistics. Phase 2 sends the resolved
 query and those statistics to the same replicas (so both phases see one revision when nothing
 is being written), and each shard scores with them (index/bm25.py): merged scores equal one
@@ -28,6 +29,7 @@ from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.result_cache import ResultCache
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.shard_client import Failure, ShardCallError, ShardClient
+from sluice.search.router.stats_cache import StatsCache
 from sluice.search.router.topology import ShardRuntime, Topology
 
 
@@ -57,6 +59,7 @@ class Searcher:
         self.analyzer = analyzer
         self.stats_mode = stats_mode
         self.deadline_s = deadline_s
+        self.stats_cache = StatsCache()
 
     async def search(self, query: str, top_k: int) -> SearchResult:
         t0 = time.perf_counter()
@@ -78,8 +81,11 @@ class Searcher:
         failed: dict[str, str] = {}
         chosen: dict[int, ReplicaState | None] = {s.position: None for s in shards}
         glob: CollectionStats | None = None
+        terms = terms_of(tree)
+        revision = key[2]
         if tree is not None and self.stats_mode is StatsMode.GLOBAL:
-            terms = terms_of(tree)
+            glob = self.stats_cache.lookup(revision, terms)
+        if tree is not None and self.stats_mode is StatsMode.GLOBAL and glob is None:
             answers = await asyncio.gather(*(self._one(s, "/v1/shard/stats", {"terms": terms}, deadline, "stats", None)
                                              for s in shards), return_exceptions=True)
             glob = CollectionStats()
@@ -92,6 +98,8 @@ class Searcher:
                 replica, data = a
                 chosen[s.position] = replica
                 glob.add(CollectionStats.from_json(data))
+            if not failed:
+                self.stats_cache.store(revision, glob)
         live = [s for s in shards if s.name not in failed]
         payload = {"tree": tree, "top_k": top_k, "stats": None if glob is None else glob.to_json()}
         answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search", chosen[s.position])

@@ -11,6 +11,7 @@ replica is scaled by adding replicas, not threads.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -92,7 +93,8 @@ class Replica:
 
     def catch_up(self, peer_url: str, max_entries: int = 20000, timeout_s: float = 10.0) -> int:
         """Copy the entries this replica lacks from a peer's log, in order, and apply them."""
-        with httpx.Client(base_url=peer_url.rstrip("/"), timeout=timeout_s) as http:
+        nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        with httpx.Client(base_url=peer_url.rstrip("/"), timeout=timeout_s, transport=nodelay) as http:
             copied = 0
             while copied < max_entries:
                 r = http.get("/v1/shard/log", params={"after": self.log.last_seq, "limit": 500})
