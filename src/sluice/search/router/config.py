@@ -12,6 +12,8 @@
     api_keys = ["..."]           # searches need one of these (none: open)
     ingest_keys = ["..."]        # writes and deletes need one of these (none: open)
     default_fields = ["title", "body"]
+    hot_shards = false           # add a local replica to a shard whose p95 is ≥ 2× the median shard's
+    hot_interval_s = 2.0
 
     [[shards]]
     name = "s0"
@@ -84,6 +86,8 @@ class SearchSettings(_Strict):
     api_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     ingest_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     default_fields: list[str] = Field(default_factory=lambda: ["title", "body"], min_length=1)
+    hot_shards: bool = False  # add local replicas to a hot shard, remove them when cool (hot_shards.py)
+    hot_interval_s: float = Field(2.0, gt=0)
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=False)
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from sluice.search.router.config import LOCAL, SearchConfig
+from sluice.search.router.hot_shards import Change, HotShardTracker
+from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.runtime import RouterRuntime, schema_of
 from sluice.search.router.supervisor import Supervisor
 
@@ -60,12 +62,33 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
             await asyncio.sleep(0.25)
 
     tasks: list[asyncio.Task] = []
+    tracker = HotShardTracker()
+
+    async def hot_shards() -> None:
+        while True:
+            await asyncio.sleep(cfg.search.hot_interval_s)
+            loads = {s.name: s.latency.quantile(0.95) for s in rt.topo.shards}
+            for name, change in tracker.evaluate(loads):
+                shard = next(s for s in rt.topo.shards if s.name == name)
+                if change is Change.ADD:
+                    r = sup.start_added(name)
+                    shard.replicas.append(ReplicaState(r.url, r.name, local=True, serving=False, added=True))
+                    log.info("shard %s is hot (p95 %.1f ms): added replica %s", name, (loads[name] or 0) * 1000, r.name)
+                else:
+                    victim = next((r for r in reversed(shard.replicas) if r.added), None)
+                    if victim is not None:
+                        shard.replicas.remove(victim)  # no new queries; in-flight ones finish or fail over
+                        await asyncio.sleep(cfg.search.shard_deadline_ms / 1000)
+                        sup.remove(victim.url)
+                        log.info("shard %s cooled: removed replica %s", name, victim.name)
 
     @app.on_event("startup")
     async def _start() -> None:
         sup.start_all()
         tasks.append(asyncio.create_task(supervise()))
         tasks.append(asyncio.create_task(_ready()))
+        if cfg.search.hot_shards:
+            tasks.append(asyncio.create_task(hot_shards()))
 
     async def _ready() -> None:
         await rt.start()

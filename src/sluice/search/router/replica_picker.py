@@ -19,9 +19,9 @@ from sluice.search.router.replica_state import ReplicaState
 def pick_replica(replicas: Sequence[ReplicaState], exclude: set[str], rng: random.Random,
                  now: float | None = None) -> ReplicaState | None:
     now = time.monotonic() if now is None else now
-    candidates = [r for r in replicas if r.url not in exclude and r.available(now)]
+    candidates = [r for r in replicas if r.url not in exclude and r.serving and r.available(now)]
     if not candidates:
-        rest = [r for r in replicas if r.url not in exclude]
+        rest = [r for r in replicas if r.url not in exclude and r.serving]
         return min(rest, key=lambda r: r.down_until) if rest else None
     if len(candidates) == 1:
         return candidates[0]

@@ -28,6 +28,8 @@ class ReplicaState:
     down_until: float = 0.0
     applied_seq: int = 0  # last known (from its answers and the health poll)
     reachable: bool = True
+    serving: bool = True  # False for a replica added while it catches up (queries skip it)
+    added: bool = False  # added by the hot-shard policy (hot_shards.py), removable
 
     def cost(self) -> float:
         """Expected wait: the EWMA latency scaled by the queue in front of a new request."""

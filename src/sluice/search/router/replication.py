@@ -66,6 +66,9 @@ class HealthPoller:
         await asyncio.gather(*(self._catch_up(shard, r, best) for r in laggards))
         now = time.time()
         for r in shard.replicas:
+            if not r.serving and r.reachable and r.applied_seq >= shard.head_seq:
+                r.serving = True  # an added replica has caught up: it may take queries now
+                log.info("added replica %s is current (entry %d) and serving", r.name, r.applied_seq)
             self.metrics.applied_seq.labels(shard.name, r.name).set(r.applied_seq)
             self.metrics.freshness.labels(shard.name, r.name).set(shard.freshness_s(r, now))
 

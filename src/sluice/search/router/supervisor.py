@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -67,6 +68,29 @@ class Supervisor:
         r = LocalReplica(f"{shard}/{index}", free_port(), self.data_dir / shard / f"replica-{index}")
         self.replicas.append(r)
         return r
+
+    def start_added(self, shard: str) -> LocalReplica:
+        """A new replica for `shard` (hot-shard policy): a fresh data folder, started now; it
+        catches up from a peer's log before it serves (replication.py)."""
+        index = 1 + max((int(r.name.split("/")[1]) for r in self.replicas if r.name.split("/")[0] == shard), default=-1)
+        r = self.add(shard, index)
+        if r.data_dir.exists():
+            shutil.rmtree(r.data_dir)  # a leftover of an earlier run's added replica
+        self._spawn(r)
+        return r
+
+    def remove(self, url: str) -> None:
+        """Stop a replica for good and delete its data (an added replica, no longer needed)."""
+        r = next(x for x in self.replicas if x.url == url)
+        self.replicas.remove(r)
+        if r.proc is not None and r.proc.poll() is None:
+            r.proc.send_signal(signal.SIGTERM)
+            try:
+                r.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(r.proc.pid, signal.SIGKILL)
+                r.proc.wait()
+        shutil.rmtree(r.data_dir, ignore_errors=True)
 
     def _spawn(self, r: LocalReplica) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
