@@ -3,6 +3,7 @@
     sluice search serve [--host H] [--port P] [--config search.toml] [--data DIR]
     sluice search shard --listen HOST:PORT --data DIR
     sluice search ingest docs.jsonl [--url URL] [--batch N] [--key KEY]
+    sluice search archive --data DIR --to s3://BUCKET/KEY [--s3-endpoint URL]
 """
 
 from __future__ import annotations
@@ -30,7 +31,26 @@ def _serve(args: argparse.Namespace) -> int:
 def _shard(args: argparse.Namespace) -> int:
     from sluice.search.shard.main import run_shard
 
-    return run_shard(args.listen, args.data, args.schema, fsync=not args.no_fsync)
+    return run_shard(args.listen, args.data, args.schema, fsync=not args.no_fsync, memory=args.memory)
+
+
+def _archive(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sluice.search.tiers.archive import S3Location, upload
+
+    try:
+        where = S3Location.parse(args.to)
+    except ValueError as exc:
+        print(f"sluice search archive: {exc}", file=sys.stderr)
+        return 2
+    index = Path(args.data) / "index"
+    if not index.is_dir():
+        print(f"sluice search archive: {index} is not a replica's index folder", file=sys.stderr)
+        return 2
+    size = upload(index, where, args.s3_endpoint)
+    print(f"sluice search archive: {index} → {where} ({size} bytes)", file=sys.stderr)
+    return 0
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -81,7 +101,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("search", help="the distributed search service: serve, shard, ingest",
+    p = sub.add_parser("search", help="the distributed search service: serve, shard, ingest, archive",
                        description="Distributed full-text search: a router over shards × replicas of Xapian indexes, "
                                    "exact merged BM25 scores (docs/SEARCH.md).")
     ss = p.add_subparsers(dest="search_command", required=True, metavar="SUBCOMMAND")
@@ -107,7 +127,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                        "its own to local replicas)")
     shard.add_argument("--no-fsync", action="store_true", help="do not fsync the write log (benchmarks only: an "
                                                                "acknowledged write may be lost on power failure)")
+    shard.add_argument("--memory", action="store_true", help="hot tier: keep the index in memory, rebuilt from the "
+                                                             "write log at start (the log stays on disk)")
     shard.set_defaults(func=_shard)
+
+    arch = ss.add_parser("archive", help="snapshot a replica's index into object storage (the cold tier)",
+                         description="Compact a replica's Xapian index (a consistent snapshot, even while it "
+                                     "serves) and upload it as a .tar.gz; a config shard with archive = that URL "
+                                     "then serves it read-only, fetched on its first query.")
+    arch.add_argument("--data", required=True, metavar="DIR", help="the replica's data folder (holds index/)")
+    arch.add_argument("--to", required=True, metavar="s3://BUCKET/KEY")
+    arch.add_argument("--s3-endpoint", metavar="URL", help="an S3-compatible endpoint (default: AWS); "
+                                                           "credentials from AWS_* variables")
+    arch.set_defaults(func=_archive)
 
     ingest = ss.add_parser("ingest", help="bulk-load an NDJSON file into a running router, with a progress bar",
                            description="POST an NDJSON file (one {\"id\", fields...} per line) to the router in "

@@ -6,6 +6,7 @@
     shard replica (shard/)  ── one process: a per-shard write log (fsync) applied in order to
       │                        a Xapian database; catch-up from a peer's log
       ▼
+    tiers (tiers/)  ── hot (in-memory index), warm (disk), cold (S3 archives fetched on first query)
     index (index/)  ── Xapian: documents → terms, the query language, BM25 with supplied
                         collection statistics (exact cross-shard scores)
 

@@ -36,6 +36,14 @@ class ShardIndex:
         self.analyzer = Analyzer(schema)
         self.params = params or Bm25Params()
 
+    @classmethod
+    def read_only(cls, db: xapian.Database, schema: Schema | None = None,
+                  params: Bm25Params | None = None) -> "ShardIndex":
+        """An index over an opened read-only database (the cold tier's archives); apply() fails."""
+        self = cls.__new__(cls)
+        self.db, self.analyzer, self.params = db, Analyzer(schema), params or Bm25Params()
+        return self
+
     @property
     def applied_seq(self) -> int:
         raw = self.db.get_metadata(APPLIED_KEY)

@@ -140,7 +140,8 @@ def create_router_app(rt: RouterRuntime) -> FastAPI:
         if not rt.auth.may_write(request):
             return _err(401, "authentication_error", "a valid ingest key is required")
         check_id(doc_id)
-        shards = range(len(rt.topo.shards)) if rt.topo.moves_documents else [rt.topo.shard_for_id(doc_id)]
+        shards = ([i for i, s in enumerate(rt.topo.shards) if s.cold_url is None] if rt.topo.moves_documents
+                  else [rt.topo.shard_for_id(doc_id)])
         out = await rt.writer.write({i: [{"op": "delete", "id": doc_id}] for i in shards})
         rt.metrics.documents.labels("delete").inc(0 if out["failed"] else 1)
         return JSONResponse({"deleted": doc_id, **out}, status_code=503 if out["failed"] else 200)

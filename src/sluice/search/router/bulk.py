@@ -48,12 +48,16 @@ def plan_bulk(body: bytes, topo: Topology) -> BulkPlan:
         except DocumentError as exc:
             errors.append({"line": n, "message": str(exc)})
             continue
-        latest[doc.doc_id] = (topo.shard_for(doc), {"op": "upsert", "id": doc.doc_id, "fields": doc.fields})
+        shard = topo.shard_for(doc)
+        if topo.shards[shard].cold_url is not None:
+            errors.append({"line": n, "message": f"shard {topo.shards[shard].name} is a read-only cold shard"})
+            continue
+        latest[doc.doc_id] = (shard, {"op": "upsert", "id": doc.doc_id, "fields": doc.fields})
     batches: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(topo.shards))}
     for doc_id, (shard, op) in latest.items():
         batches[shard].append(op)
         if topo.moves_documents:
             for other in batches:
-                if other != shard:
+                if other != shard and topo.shards[other].cold_url is None:
                     batches[other].append({"op": "delete", "id": doc_id})
     return BulkPlan(batches, len(latest), errors)

@@ -21,6 +21,12 @@
     values = ["libs", "python"]             # content sharding only
     default = false                         # content sharding: exactly one shard is the default
 
+    [[shards]]                              # cold tier: a read-only archive in object storage,
+    name = "y2019"                          #   fetched on first query (s3_endpoint, cold_cache_mb)
+    replicas = []
+    archive = "s3://search-archive/y2019.tar.gz"
+    values = ["2019"]
+
 Every problem is reported at once as `FILE:LINE: field: problem` (lines from the TOML text,
 as the fleet file does), and serve refuses to start.
 """
@@ -60,9 +66,17 @@ class _Strict(BaseModel):
 
 class ShardSpec(_Strict):
     name: ShardName
-    replicas: list[str] = Field(default_factory=lambda: [LOCAL], min_length=1, max_length=16)
+    replicas: list[str] = Field(default_factory=lambda: [LOCAL], max_length=16)
     values: list[str] = Field(default_factory=list)
     default: bool = False
+    archive: str | None = None  # cold tier: s3://BUCKET/KEY of `sluice search archive`; read-only, no replicas
+
+    @field_validator("archive")
+    @classmethod
+    def _archive(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^s3://[^/]+/.+[^/]$", v):
+            raise ValueError("must be s3://BUCKET/KEY")
+        return v
 
     @field_validator("replicas")
     @classmethod
@@ -86,6 +100,8 @@ class SearchSettings(_Strict):
     api_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     ingest_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     default_fields: list[str] = Field(default_factory=lambda: ["title", "body"], min_length=1)
+    s3_endpoint: str | None = None  # the cold tier's S3-compatible endpoint (None: AWS)
+    cold_cache_mb: int = Field(1024, ge=1)  # disk budget for fetched cold shards (LRU)
     hot_shards: bool = False  # add local replicas to a hot shard, remove them when cool (hot_shards.py)
     hot_interval_s: float = Field(2.0, gt=0)
 
@@ -127,6 +143,13 @@ def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:
         if s.name in names:
             found.append((("shards", i, "name"), f"shard {s.name!r} is already defined (shards[{names[s.name]}])"))
         names.setdefault(s.name, i)
+        if s.archive is not None and s.replicas:
+            found.append((("shards", i, "replicas"), "a cold shard (archive = ...) has no replicas: replicas = []"))
+        if s.archive is None and not s.replicas:
+            found.append((("shards", i, "replicas"), "a shard needs at least one replica (or an archive)"))
+        if s.archive is not None and (cfg.search.sharding is not Sharding.CONTENT or s.default):
+            found.append((("shards", i, "archive"), "a cold shard is read-only: only under content sharding, "
+                                                    "and not the default shard"))
         remotes = [r for r in s.replicas if r != LOCAL]
         if len(set(remotes)) < len(remotes):
             found.append((("shards", i, "replicas"), "a remote replica is listed twice"))

@@ -82,7 +82,7 @@ class HealthPoller:
             pass  # next poll tries again
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self.poll_shard(s) for s in self.topo.shards))
+        await asyncio.gather(*(self.poll_shard(s) for s in self.topo.shards if s.cold_url is None))
         self.polls += 1
 
     async def run(self) -> None:

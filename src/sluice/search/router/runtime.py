@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from pathlib import Path
+
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.schema import Schema
 from sluice.search.router.auth import SearchAuth
@@ -20,6 +22,8 @@ from sluice.search.router.searcher import Searcher
 from sluice.search.router.shard_client import ShardClient
 from sluice.search.router.topology import Topology
 from sluice.search.router.writer import Writer
+from sluice.search.tiers.archive import S3Location, download
+from sluice.search.tiers.cold_tier import ColdTier
 
 
 def schema_of(cfg: SearchConfig) -> Schema:
@@ -41,8 +45,12 @@ class RouterRuntime:
         s = cfg.search
         self.client = ShardClient(self.http, self.metrics, s.hedge, s.hedge_min_ms / 1000)
         self.cache = ResultCache(s.cache_entries)
+        self.cold = None
+        if any(sh.archive for sh in cfg.shards):
+            self.cold = ColdTier(Path(s.data_dir) / "cold-cache", s.cold_cache_mb << 20,
+                                 lambda url, dest: download(S3Location.parse(url), dest, s.s3_endpoint), schema_of(cfg))
         self.searcher = Searcher(self.topo, self.client, self.metrics, self.cache, Analyzer(schema_of(cfg)),
-                                 s.stats, s.shard_deadline_ms / 1000)
+                                 s.stats, s.shard_deadline_ms / 1000, self.cold)
         self.writer = Writer(self.topo, self.http, self.metrics)
         self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s)
         self.auth = SearchAuth(s.api_keys, s.ingest_keys)
@@ -63,7 +71,7 @@ class RouterRuntime:
     def not_ready_reason(self) -> str | None:
         if self.poller.polls == 0:
             return "starting"
-        down = [s.name for s in self.topo.shards if not any(r.reachable for r in s.replicas)]
+        down = [s.name for s in self.topo.shards if s.cold_url is None and not any(r.reachable for r in s.replicas)]
         return f"unavailable: no replica of shard(s) {', '.join(down)}" if down else None
 
     def status(self) -> dict[str, Any]:
@@ -83,6 +91,7 @@ class RouterRuntime:
                               "ewma_ms": round(r.ewma_s * 1000, 3),
                               "freshness_s": round(s.freshness_s(r, now), 3)} for r in s.replicas],
             } for s in self.topo.shards],
+            **({"cold_tier": self.cold.status()} if self.cold is not None else {}),
             **self.extra_status,
         }
 

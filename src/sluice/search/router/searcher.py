@@ -30,6 +30,7 @@ from sluice.search.router.result_cache import ResultCache
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.shard_client import Failure, ShardCallError, ShardClient
 from sluice.search.router.stats_cache import StatsCache
+from sluice.search.tiers.cold_tier import ColdTier
 from sluice.search.router.topology import ShardRuntime, Topology
 
 
@@ -54,12 +55,13 @@ class SearchResult:
 
 class Searcher:
     def __init__(self, topo: Topology, client: ShardClient, metrics: SearchMetrics, cache: ResultCache,
-                 analyzer: Analyzer, stats_mode: StatsMode, deadline_s: float):
+                 analyzer: Analyzer, stats_mode: StatsMode, deadline_s: float, cold: ColdTier | None = None):
         self.topo, self.client, self.metrics, self.cache = topo, client, metrics, cache
         self.analyzer = analyzer
         self.stats_mode = stats_mode
         self.deadline_s = deadline_s
         self.stats_cache = StatsCache()
+        self.cold = cold
 
     async def search(self, query: str, top_k: int) -> SearchResult:
         t0 = time.perf_counter()
@@ -124,6 +126,8 @@ class Searcher:
     async def _one(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float, phase: str,
                    prefer: ReplicaState | None) -> tuple[ReplicaState, dict[str, Any]]:
         t0 = time.perf_counter()
+        if shard.cold_url is not None and self.cold is not None:
+            return await self._cold(shard, path, payload, deadline, phase)
         try:
             out = await self.client.call(shard, path, payload, deadline, phase, prefer)
         except ShardCallError as exc:
@@ -134,3 +138,20 @@ class Searcher:
             raise
         self.metrics.shard_latency.labels(shard.name, phase).observe(time.perf_counter() - t0)
         return out
+
+    async def _cold(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float,
+                    phase: str) -> tuple[None, dict[str, Any]]:
+        """A cold shard answers from the router's cold tier; its first query fetches it (which may
+        miss the deadline: the fetch goes on, the answer is partial, the next query is warm)."""
+        t0 = time.perf_counter()
+        task = asyncio.ensure_future(self.cold.call(shard.cold_url, path, payload))
+        try:
+            out = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - t0))
+        except asyncio.TimeoutError:
+            self.metrics.errors.labels(Failure.TIMEOUT.value).inc()
+            raise ShardCallError(shard.name, Failure.TIMEOUT, "cold shard not fetched within the deadline") from None
+        except Exception as exc:  # the object store is down or the archive is missing
+            self.metrics.errors.labels(Failure.UNAVAILABLE.value).inc()
+            raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"cold shard: {type(exc).__name__}: {exc}"[:300]) from None
+        self.metrics.shard_latency.labels(shard.name, phase).observe(time.perf_counter() - t0)
+        return None, out

@@ -39,6 +39,11 @@ class ShardRuntime:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def cold_url(self) -> str | None:
+        """The archive of a cold (read-only, object-storage) shard; None for a live shard."""
+        return self.spec.archive
+
     def record_ack(self, seq: int, at: float) -> None:
         self.head_seq = max(self.head_seq, seq)
         self.ack_times[seq] = at

@@ -95,7 +95,7 @@ class Writer:
     async def write(self, batches: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
         """Write each shard's batch concurrently; {"written": {shard: seq}, "failed": {shard: why}}."""
         shards = self.topo.shards
-        items = [(shards[i], ops) for i, ops in batches.items() if ops]
+        items = [(shards[i], ops) for i, ops in batches.items() if ops and shards[i].cold_url is None]
         results = await asyncio.gather(*(self.write_shard(s, ops) for s, ops in items), return_exceptions=True)
         written, failed = {}, {}
         for (s, _), res in zip(items, results):

@@ -47,10 +47,12 @@ def check_ops(ops: Any) -> list[dict[str, Any]]:
 
 
 class Replica:
-    def __init__(self, data_dir: Path, schema: Schema | None = None, fsync: bool = True):
+    def __init__(self, data_dir: Path, schema: Schema | None = None, fsync: bool = True, memory: bool = False):
+        """`memory`: the hot tier — the index lives in memory (Xapian's in-memory backend), rebuilt
+        from the write log at every start; the log on disk stays the durable copy."""
         self.data_dir = data_dir
         self.log = WriteLog(data_dir / "write.log", fsync=fsync)
-        self.index = ShardIndex(data_dir / "index", schema)
+        self.index = ShardIndex(None if memory else data_dir / "index", schema)
         self._lock = threading.Lock()
         self.last_apply_ts = 0.0  # when the newest applied entry was sequenced (router clock)
         self.replayed = self._replay()
