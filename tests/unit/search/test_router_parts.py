@@ -64,3 +64,17 @@ def test_result_cache_is_lru_and_counts_hits():
     c.put(("c", 10, (1,)), 3)  # evicts b, the least recently used
     assert c.get(("b", 10, (1,))) is None and c.get(("a", 10, (2,))) is None
     assert c.hits == 1 and c.lookups == 3
+
+
+def test_a_query_only_router_refuses_writes():
+    from fastapi.testclient import TestClient
+
+    from sluice.search.router.app import create_router_app
+    from sluice.search.router.runtime import RouterRuntime
+
+    cfg = parse_config('[search]\naccept_writes = false\n[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
+    client = TestClient(create_router_app(RouterRuntime(cfg, [["http://127.0.0.1:9"]])))
+    r = client.post("/v1/search/documents", content=b'{"id": "1"}\n')
+    assert r.status_code == 405 and r.json()["error"]["type"] == "query_only_router"
+    assert client.delete("/v1/search/documents/1").status_code == 405
+    assert client.post("/v1/search", json={"query": "(a"}).json()["error"]["position"] == 0

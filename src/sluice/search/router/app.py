@@ -121,6 +121,9 @@ def create_router_app(rt: RouterRuntime) -> FastAPI:
                          413: {"description": "body too large"},
                          503: {"description": "a shard had no replica to take its part (the body says which)"}})
     async def upsert(request: Request) -> Any:
+        if not rt.cfg.search.accept_writes:
+            return _err(405, "query_only_router", "this router is query-only (accept_writes = false); "
+                                                  "send writes to the writing router")
         if not rt.auth.may_write(request):
             return _err(401, "authentication_error", "a valid ingest key is required")
         body = await request.body()
@@ -137,6 +140,8 @@ def create_router_app(rt: RouterRuntime) -> FastAPI:
                 responses={401: {"description": "an ingest key is configured and none or a wrong one was sent"},
                            503: {"description": "a shard had no replica to take the delete"}})
     async def delete(request: Request, doc_id: str = Path(..., max_length=200)) -> Any:
+        if not rt.cfg.search.accept_writes:
+            return _err(405, "query_only_router", "this router is query-only (accept_writes = false)")
         if not rt.auth.may_write(request):
             return _err(401, "authentication_error", "a valid ingest key is required")
         check_id(doc_id)

@@ -12,6 +12,7 @@
     api_keys = ["..."]           # searches need one of these (none: open)
     ingest_keys = ["..."]        # writes and deletes need one of these (none: open)
     default_fields = ["title", "body"]
+    accept_writes = true         # false: query-only (only one router per deployment sequences writes)
     hot_shards = false           # add a local replica to a shard whose p95 is ≥ 2× the median shard's
     hot_interval_s = 2.0
 
@@ -100,6 +101,7 @@ class SearchSettings(_Strict):
     api_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     ingest_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     default_fields: list[str] = Field(default_factory=lambda: ["title", "body"], min_length=1)
+    accept_writes: bool = True  # false: a query-only router (scale these freely; one router sequences writes)
     s3_endpoint: str | None = None  # the cold tier's S3-compatible endpoint (None: AWS)
     cold_cache_mb: int = Field(1024, ge=1)  # disk budget for fetched cold shards (LRU)
     hot_shards: bool = False  # add local replicas to a hot shard, remove them when cool (hot_shards.py)
