@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from sluice.search.router.hot_shards import Change, HotShardPolicy, HotShardTracker
+from sluice.search.router.hot_shards import Change, HotShardPolicy, HotShardTracker, utilization
 
-POLICY = HotShardPolicy(hot_ratio=2.0, cool_ratio=1.2, hot_for=3, cool_for=4, max_added=1, cooldown=2)
+POLICY = HotShardPolicy(hot_at=0.7, cool_at=0.3, hot_for=3, cool_for=4, max_added=1, cooldown=2)
 
 
 def _run(tracker, loads, times):
@@ -12,26 +12,26 @@ def _run(tracker, loads, times):
     return out
 
 
-def test_a_hot_shard_gets_one_replica_after_a_streak_and_loses_it_when_cool():
+def test_a_busy_shard_gets_one_replica_after_a_streak_and_loses_it_when_cool():
     t = HotShardTracker(POLICY)
-    hot = {"a": 0.010, "b": 0.002, "c": 0.002}
+    hot = {"a": 0.9, "b": 0.1}
     assert _run(t, hot, 2) == []  # not yet: the streak is 3
     assert _run(t, hot, 1) == [("a", Change.ADD)]
     assert _run(t, hot, 10) == []  # max_added reached
-    cool = {"a": 0.002, "b": 0.002, "c": 0.002}
+    cool = {"a": 0.2, "b": 0.1}
     assert _run(t, cool, 3) == []
     assert _run(t, cool, 1) == [("a", Change.REMOVE)]
     assert _run(t, cool, 10) == []  # configured replicas are never removed
     assert t.added("a") == 0
 
 
-def test_hysteresis_a_middling_ratio_changes_nothing_and_resets_streaks():
+def test_hysteresis_a_middling_load_changes_nothing_and_resets_streaks():
     t = HotShardTracker(POLICY)
-    seq = [{"a": 0.010, "b": 0.002, "c": 0.002}] * 2 + [{"a": 0.003, "b": 0.002, "c": 0.002}] + \
-          [{"a": 0.010, "b": 0.002, "c": 0.002}] * 2
+    seq = [{"a": 0.9}] * 2 + [{"a": 0.5}] + [{"a": 0.9}] * 2
     assert [c for loads in seq for c in t.evaluate(loads)] == []
 
 
-def test_too_few_samples_decide_nothing():
-    t = HotShardTracker(POLICY)
-    assert _run(t, {"a": 0.01, "b": None}, 10) == []
+def test_utilization_is_per_serving_replica():
+    assert utilization(1.6, 2.0, 1) == 0.8
+    assert utilization(1.6, 2.0, 2) == 0.4  # the added replica halves it: no flapping back
+    assert utilization(1.0, 2.0, 0) == 0.5

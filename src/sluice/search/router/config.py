@@ -13,7 +13,7 @@
     ingest_keys = ["..."]        # writes and deletes need one of these (none: open)
     default_fields = ["title", "body"]
     accept_writes = true         # false: query-only (only one router per deployment sequences writes)
-    hot_shards = false           # add a local replica to a shard whose p95 is ≥ 2× the median shard's
+    hot_shards = false           # add a local replica to a shard whose replicas are ≥ 70 % busy
     hot_interval_s = 2.0
 
     [[shards]]

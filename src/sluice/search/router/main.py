@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from sluice.search.router.config import LOCAL, SearchConfig
-from sluice.search.router.hot_shards import Change, HotShardTracker
+from sluice.search.router.hot_shards import Change, HotShardTracker, utilization
 from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.runtime import RouterRuntime, schema_of
 from sluice.search.router.supervisor import Supervisor
@@ -65,15 +65,21 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
     tracker = HotShardTracker()
 
     async def hot_shards() -> None:
+        last = {s.name: s.index_busy_s for s in rt.topo.shards}
         while True:
             await asyncio.sleep(cfg.search.hot_interval_s)
-            loads = {s.name: s.latency.quantile(0.95) for s in rt.topo.shards}
+            loads = {}
+            for s in rt.topo.shards:
+                if s.cold_url is None:
+                    serving = sum(1 for r in s.replicas if r.serving)
+                    loads[s.name] = utilization(s.index_busy_s - last[s.name], cfg.search.hot_interval_s, serving)
+                    last[s.name] = s.index_busy_s
             for name, change in tracker.evaluate(loads):
                 shard = next(s for s in rt.topo.shards if s.name == name)
                 if change is Change.ADD:
                     r = sup.start_added(name)
                     shard.replicas.append(ReplicaState(r.url, r.name, local=True, serving=False, added=True))
-                    log.info("shard %s is hot (p95 %.1f ms): added replica %s", name, (loads[name] or 0) * 1000, r.name)
+                    log.info("shard %s is hot (%.0f %% busy per replica): added replica %s", name, loads[name] * 100, r.name)
                 else:
                     victim = next((r for r in reversed(shard.replicas) if r.added), None)
                     if victim is not None:

@@ -86,6 +86,7 @@ class RouterRuntime:
             "shards": [{
                 "name": s.name, "head_seq": s.head_seq,
                 "p50_ms": _ms(s.latency.quantile(0.5)), "p95_ms": _ms(s.latency.quantile(0.95)),
+                "index_p95_ms": _ms(s.index_latency.quantile(0.95)),
                 "replicas": [{"name": r.name, "url": r.url, "local": r.local, "up": r.reachable,
                               "applied_seq": r.applied_seq, "in_flight": r.in_flight,
                               "ewma_ms": round(r.ewma_s * 1000, 3),

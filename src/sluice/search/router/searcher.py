@@ -114,6 +114,9 @@ class Searcher:
             if isinstance(a, BaseException):
                 raise a
             per_shard.append([Hit.from_json(h) for h in a[1]["hits"]])
+            if isinstance(a[1].get("index_s"), (int, float)):
+                s.index_latency.add(float(a[1]["index_s"]))
+                s.index_busy_s += float(a[1]["index_s"])  # the hot-shard signal (hot_shards.py)
         result = SearchResult(merge(per_shard, top_k), len(shards), len(shards) - len(failed), failed)
         result.took_ms = (time.perf_counter() - t0) * 1000
         if result.partial:

@@ -28,6 +28,8 @@ class ShardRuntime:
     position: int
     replicas: list[ReplicaState]
     latency: LatencyWindow = dataclasses.field(default_factory=LatencyWindow)
+    index_latency: LatencyWindow = dataclasses.field(default_factory=LatencyWindow)  # time inside the index
+    index_busy_s: float = 0.0  # total time answers spent inside the index (hot_shards.py)
     head_seq: int = 0  # the newest acknowledged write-log entry
     head_known: bool = False  # learned from the replicas (max of their logs) before the first write
     pending: dict | None = None  # an entry no replica confirmed: retried before any new write

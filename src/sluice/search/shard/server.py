@@ -136,7 +136,8 @@ def create_shard_app(replica: Replica) -> FastAPI:
         glob = None if st is None else CollectionStats.from_json(st)
         t0 = time.perf_counter()
         hits, seq = replica.search(tree, top_k, glob)
-        latency.labels("search").observe(time.perf_counter() - t0)
-        return {"hits": [h.to_json() for h in hits], "applied_seq": seq}
+        took = time.perf_counter() - t0
+        latency.labels("search").observe(took)
+        return {"hits": [h.to_json() for h in hits], "applied_seq": seq, "index_s": took}
 
     return app
