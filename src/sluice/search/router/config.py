@@ -15,6 +15,8 @@
     accept_writes = true         # false: query-only (only one router per deployment sequences writes)
     hot_shards = false           # add a local replica to a shard whose replicas are ≥ 70 % busy
     hot_interval_s = 2.0
+    hot_at = 0.7                 # index utilization per replica that adds a replica ...
+    cool_at = 0.3                # ... and that removes an added one (must be < hot_at)
 
     [[shards]]
     name = "s0"
@@ -106,6 +108,8 @@ class SearchSettings(_Strict):
     cold_cache_mb: int = Field(1024, ge=1)  # disk budget for fetched cold shards (LRU)
     hot_shards: bool = False  # add local replicas to a hot shard, remove them when cool (hot_shards.py)
     hot_interval_s: float = Field(2.0, gt=0)
+    hot_at: float = Field(0.7, gt=0, le=1)  # utilization per replica that adds one (hot_shards.py)
+    cool_at: float = Field(0.3, ge=0, lt=1)  # ... that removes an added one
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=False)
 
@@ -155,6 +159,9 @@ def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:
         remotes = [r for r in s.replicas if r != LOCAL]
         if len(set(remotes)) < len(remotes):
             found.append((("shards", i, "replicas"), "a remote replica is listed twice"))
+    if cfg.search.cool_at >= cfg.search.hot_at:
+        found.append((("search", "cool_at"), f"must be below hot_at ({cfg.search.hot_at}): the band between them "
+                                             "is the hysteresis"))
     content = cfg.search.sharding is Sharding.CONTENT
     if content:
         if not cfg.search.content_field:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from sluice.search.router.config import LOCAL, SearchConfig
-from sluice.search.router.hot_shards import Change, HotShardTracker, utilization
+from sluice.search.router.hot_shards import Change, HotShardPolicy, HotShardTracker, utilization
 from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.runtime import RouterRuntime, schema_of
 from sluice.search.router.supervisor import Supervisor
@@ -62,7 +62,7 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
             await asyncio.sleep(0.25)
 
     tasks: list[asyncio.Task] = []
-    tracker = HotShardTracker()
+    tracker = HotShardTracker(HotShardPolicy(hot_at=cfg.search.hot_at, cool_at=cfg.search.cool_at))
 
     async def hot_shards() -> None:
         last = {s.name: s.index_busy_s for s in rt.topo.shards}
