@@ -78,3 +78,5 @@ def test_a_query_only_router_refuses_writes():
     assert r.status_code == 405 and r.json()["error"]["type"] == "query_only_router"
     assert client.delete("/v1/search/documents/1").status_code == 405
     assert client.post("/v1/search", json={"query": "(a"}).json()["error"]["position"] == 0
+    page = client.get("/status")
+    assert page.status_code == 200 and "/v1/search/status" in page.text

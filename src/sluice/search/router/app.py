@@ -3,7 +3,7 @@
     POST   /v1/search                   {"query", "top_k"} → hits, shards answered, partial, took_ms
     POST   /v1/search/documents         NDJSON bulk upsert → accepted, per-line errors, shard entries
     DELETE /v1/search/documents/{id}    delete on the shard(s) that may hold it
-    GET    /health, /ready, /metrics, /v1/search/status
+    GET    /health, /ready, /metrics, /v1/search/status (JSON), /status (the status page)
 
 Errors are `{"error": {"type", "message"}}`: 400 invalid (a query syntax error names its
 position), 401 no or wrong key, 413 too large, 503 a shard cannot take a write.
@@ -12,11 +12,12 @@ position), 401 no or wrong key, 413 too large, 503 a shard cannot take a write.
 from __future__ import annotations
 
 import time
+from pathlib import Path as Path_
 from typing import Any
 
 from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +27,7 @@ from sluice.search.router.bulk import plan_bulk
 from sluice.search.router.runtime import RouterRuntime
 
 MAX_BULK_BYTES = 64 << 20
+STATUS_PAGE = Path_(__file__).with_name("static") / "status.html"
 
 
 class SearchRequest(BaseModel):
@@ -98,6 +100,10 @@ def create_router_app(rt: RouterRuntime) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(rt.metrics.registry), media_type="text/plain; version=0.0.4")
+
+    @app.get("/status", response_class=HTMLResponse, include_in_schema=False)
+    async def status_page() -> HTMLResponse:
+        return HTMLResponse(STATUS_PAGE.read_text())
 
     @app.get("/v1/search/status")
     async def status() -> dict[str, Any]:
