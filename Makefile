@@ -3,6 +3,7 @@
 #   make test    install into .venv (once) and run the whole test suite
 #   make fuzz    a longer randomized pass of the OpenAPI fuzz test (FUZZ_EXAMPLES=500)
 #   make bench   run the engine throughput benchmark (docs/BENCHMARKS.md)
+#   make search  install into .venv (once) and run `sluice search serve` on 127.0.0.1:8100
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -13,12 +14,17 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: install serve test fuzz bench proto deploy-generate clean
+.PHONY: install serve search test fuzz bench proto deploy-generate clean
 
 # $(call apt_need,COMMAND,PACKAGE): install Debian's PACKAGE unless COMMAND is already there
 apt_need = command -v $(1) >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq $(2) || { apt-get update -qq && apt-get install -y -qq $(2); }; \
 	  else sudo -n apt-get install -y -qq $(2); fi; }
+
+# $(call apt_pkg,PACKAGE): install Debian's PACKAGE unless dpkg has it
+apt_pkg = dpkg -s $(1) >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq $(1) || { apt-get update -qq && apt-get install -y -qq $(1); }; \
+	  else sudo -n apt-get install -y -qq $(1); fi; }
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -41,12 +47,22 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@$(call apt_need,redis-server,redis-server)
 	@$(call apt_need,promtool,prometheus)
 	@$(call apt_need,chromium,chromium)
+	# search: Xapian, the per-shard index library. Its Python bindings are Debian's
+	# (python3-xapian, built for Debian's python3.11; not on PyPI); the venv sees only the
+	# xapian package, through a symlink, not the rest of Debian's dist-packages.
+	@$(call apt_pkg,python3-xapian)
+	ln -sfn /usr/lib/python3/dist-packages/xapian "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/xapian"
+	$(BIN)/python -c "import xapian; assert xapian.version_string().startswith('1.4'), xapian.version_string()"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 serve: install
 	$(BIN)/sluice serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
+
+SEARCH_PORT ?= 8100
+search: install
+	$(BIN)/sluice search serve --host $(HOST) --port $(SEARCH_PORT)
 
 # regenerate the committed gRPC stubs from src/sluice/worker/proto/engine.proto
 proto: install

@@ -3,7 +3,12 @@ files import each other in a loop.
 
     serving:   cli → api → serving → gateway, safety → streaming → routing → observability → worker → engine → models
     inside routing/:  fleet → scaling → dispatch → state, quota → fleet_file
-    types, config, errors, tool_types, request_context, trace_context, redis_client, aio: leaves anyone may import
+    types, config, errors, tool_types, request_context, trace_context, redis_client, aio, toml_lines:
+    leaves anyone may import
+
+Training (train/) and search (search/) are towers of their own beside serving: each may import
+what TOWERS lists for it (training: the model loaders and tokenizer it trains; both:
+observability) and the leaves; nothing imports a tower but the CLI.
 
 Downward edges may skip layers, except from the API: it reaches the engines only through serving
 (it may use serving and the policy layers serving is built on, never routing, worker, engine or
@@ -20,8 +25,9 @@ from tests.paths import ROOT
 
 SRC = ROOT / "src" / "sluice"
 ORDER = ["cli", "api", "serving", "gateway|safety", "streaming", "routing", "observability", "worker", "engine", "models"]
-LEAVES = {"types", "config", "errors", "tool_types", "request_context", "trace_context", "redis_client", "aio", "__init__"}
+LEAVES = {"types", "config", "errors", "tool_types", "request_context", "trace_context", "redis_client", "aio", "toml_lines", "__init__"}
 RANK = {pkg: i for i, group in enumerate(ORDER) for pkg in group.split("|")}
+TOWERS = {"train": {"models", "observability"}, "search": {"observability"}}  # what each may import
 # the fleet layer's own floors; `errors` is routing's leaf
 ROUTING_ORDER = ["fleet", "scaling", "dispatch", "state|quota", "fleet_file"]
 ROUTING_RANK = {pkg: i for i, group in enumerate(ROUTING_ORDER) for pkg in group.split("|")}
@@ -53,7 +59,7 @@ def _module_name(path: Path) -> str:
 
 def test_every_package_has_a_place_in_the_order():
     packages = {p.name for p in SRC.iterdir() if p.is_dir() and not p.name.startswith("__")}
-    assert packages <= set(RANK), f"place these in ORDER: {sorted(packages - set(RANK))}"
+    assert packages <= set(RANK) | set(TOWERS), f"place these in ORDER: {sorted(packages - set(RANK) - set(TOWERS))}"
     routing = {p.name for p in (SRC / "routing").iterdir() if p.is_dir() and not p.name.startswith("__")}
     assert routing <= set(ROUTING_RANK), f"place these in ROUTING_ORDER: {sorted(routing - set(ROUTING_RANK))}"
 
@@ -66,10 +72,18 @@ def test_no_import_points_up_or_sideways():
         if owner in LEAVES and owner != "__init__":  # a leaf imports only other leaves
             back_edges += [f"{rel} (a leaf) imports sluice.{t}" for t in _imports(path) if t not in LEAVES]
             continue
+        if owner in TOWERS:
+            back_edges += [f"{rel} (the {owner} tower) imports sluice.{t}" for t in _imports(path)
+                           if t != owner and t not in LEAVES and t not in TOWERS[owner]]
+            continue
         if owner not in RANK:
             continue
         for target in _imports(path):
             if target == owner or target in LEAVES:
+                continue
+            if target in TOWERS:
+                if owner != "cli":
+                    back_edges.append(f"{rel} imports the {target} tower")
                 continue
             if RANK.get(target, -1) <= RANK[owner]:
                 back_edges.append(f"{rel} imports sluice.{target}")

@@ -15,7 +15,7 @@ from sluice.routing.fleet_file.default_fleet import DEFAULT_VERSION, default_mod
 from sluice.routing.errors import FleetFileError
 from sluice.routing.fleet_file.loader import load_fleet, parse_fleet
 from sluice.routing.fleet_file.schema import EngineSettings, QuotaMode, QuotaPeriod, WeightsKind
-from sluice.routing.fleet_file.toml_lines import key_lines, line_of
+from sluice.toml_lines import key_lines, line_of
 from tests.paths import ROOT
 
 EXAMPLE = ROOT / "examples" / "fleet.toml"

@@ -2,7 +2,7 @@
 
 Each problem reads `FILE:LINE: field.path: what is wrong`, so a bad fleet stops start-up (or is
 refused on reload) with a message an operator can act on without reading a traceback. The line
-comes from fleet_file/toml_lines.py (tomllib has no positions); when a field is missing, the line is its
+comes from toml_lines.py (tomllib has no positions); when a field is missing, the line is its
 table's.
 
 Checks beyond the schema, which need the whole file:
@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from sluice.routing.errors import FleetFileError
 from sluice.routing.fleet_file.schema import AUTOSCALE_TAGS, FleetSpec, WeightsKind
-from sluice.routing.fleet_file.toml_lines import KeyPath, key_lines, line_of
+from sluice.toml_lines import KeyPath, key_lines, line_of
 
 _BARE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 

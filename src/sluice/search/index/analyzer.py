@@ -1,0 +1,73 @@
+"""Text → Xapian terms, the same way for documents and queries.
+
+Every word is lower-cased and stemmed (English Snowball, `STEM_ALL`: only stemmed terms, with
+positions, so phrases match on stems as bare words do). A field's terms carry the prefix
+`X<NAME>:` (the colon keeps `a1`+`bc` apart from `a`+`1bc`); the default fields are indexed a
+second time without a prefix. A query's words go through the very same TermGenerator
+(`query_terms`), so the tokenizer's rules (apostrophes, hyphens, CJK) are never re-implemented.
+"""
+
+from __future__ import annotations
+
+import json
+
+import xapian
+
+from sluice.search.index.schema import Schema, SourceDocument
+
+ID_PREFIX = "Q"
+ID_SLOT = 0  # the id as a value: the tie-break of equal scores (merge.py), the same on every shard
+LANGUAGE = "english"
+
+
+def field_prefix(name: str) -> str:
+    return f"X{name.upper()}:"
+
+
+def id_term(doc_id: str) -> str:
+    return ID_PREFIX + doc_id
+
+
+def _generator() -> xapian.TermGenerator:
+    tg = xapian.TermGenerator()
+    tg.set_stemmer(xapian.Stem(LANGUAGE))
+    tg.set_stemming_strategy(xapian.TermGenerator.STEM_ALL)
+    return tg
+
+
+class Analyzer:
+    """Owns one TermGenerator (not thread-safe: one Analyzer per thread or behind a lock)."""
+
+    def __init__(self, schema: Schema | None = None):
+        self.schema = schema or Schema()
+        self._tg = _generator()
+
+    def document(self, src: SourceDocument) -> xapian.Document:
+        doc = xapian.Document()
+        tg = self._tg
+        tg.set_document(doc)
+        for name, value in src.fields.items():
+            if isinstance(value, str) and self.schema.is_indexed(name):
+                tg.index_text(value, 1, field_prefix(name))
+                tg.increase_termpos()  # a phrase never spans two fields
+        for name in self.schema.default_fields:
+            value = src.fields.get(name)
+            if isinstance(value, str):
+                tg.index_text(value)
+                tg.increase_termpos()
+        doc.add_boolean_term(id_term(src.doc_id))
+        doc.add_value(ID_SLOT, src.doc_id)
+        stored = {k: v for k, v in src.fields.items() if self.schema.is_stored(k)}
+        doc.set_data(json.dumps({"id": src.doc_id, "fields": stored}, separators=(",", ":")))
+        return doc
+
+    def query_terms(self, text: str) -> list[str]:
+        """The terms, in order, that indexing `text` would produce (without a field prefix)."""
+        doc = xapian.Document()
+        self._tg.set_document(doc)
+        self._tg.index_text(text)
+        at: list[tuple[int, str]] = []
+        for item in doc.termlist():
+            term = item.term.decode()
+            at.extend((pos, term) for pos in item.positer)
+        return [t for _, t in sorted(at)]

@@ -1,0 +1,37 @@
+"""A query tree (query_tree.py) → a Xapian Query whose every term carries its weighting factor.
+
+A phrase is built as FILTER(AND(scaled terms), PHRASE(terms)): Xapian weights a phrase match as
+the sum of its terms' weights, which this reproduces while letting each term carry its own
+factor (OP_SCALE_WEIGHT cannot sit inside OP_PHRASE).
+"""
+
+from __future__ import annotations
+
+import xapian
+
+from sluice.search.index.query_tree import Tree
+
+Q = xapian.Query
+_BOOL = {"or": Q.OP_OR, "and": Q.OP_AND, "and_not": Q.OP_AND_NOT, "and_maybe": Q.OP_AND_MAYBE}
+
+
+def build_query(tree: Tree | None, term_factor: dict[str, float]) -> xapian.Query:
+    if tree is None:
+        return Q.MatchNothing
+
+    def leaf(term: str) -> xapian.Query:
+        q = Q(term)
+        f = term_factor.get(term)
+        return q if f is None or f == 1.0 else Q(Q.OP_SCALE_WEIGHT, q, f)
+
+    def build(t: Tree) -> xapian.Query:
+        op = t[0]
+        if op == "term":
+            return leaf(t[1])
+        if op == "phrase":
+            return Q(Q.OP_FILTER, Q(Q.OP_AND, [leaf(x) for x in t[1]]), Q(Q.OP_PHRASE, [Q(x) for x in t[1]]))
+        if op == "all":
+            return Q.MatchAll
+        return Q(_BOOL[op], [build(c) for c in t[1]])
+
+    return build(tree)

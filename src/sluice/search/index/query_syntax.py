@@ -1,0 +1,191 @@
+"""The query language: text → a syntax tree, or QuerySyntaxError naming the position.
+
+    python AND (packag* OR "package manager") -title:library +body:tool
+
+- words separated by spaces are alternatives (OR), ranked by BM25;
+- `+word` must match, `-word` must not (like Xapian's QueryParser and most engines);
+- `AND`, `OR`, `NOT` (upper case) combine; precedence NOT > AND > OR; parentheses group;
+- `"a phrase"` matches the words in order; `field:word` and `field:"a phrase"` search one field.
+
+The grammar is small and ours (not Xapian's QueryParser) so that an error names the character
+where it happened, the router can list the query's terms before any shard is asked (phase 1 of
+a global-statistics query), and a normalized form keys the result cache. Words are tokenized and
+stemmed later by the index's own analyzer (query_tree.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Union
+
+from sluice.search.errors import QuerySyntaxError
+
+MAX_QUERY_CHARS = 2048
+MAX_CLAUSES = 64
+MAX_DEPTH = 16
+_FIELD = re.compile(r"([a-z][a-z0-9_]{0,63}):(?=\S)")
+_OPERATORS = {"AND", "OR", "NOT"}
+_SPECIAL = set('()"')
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Text:
+    """Words (a bare word, or a quoted phrase when `phrase`) in one field (None: the default fields)."""
+
+    text: str
+    field: str | None
+    phrase: bool
+    position: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bool:
+    """`op` is "or" | "and" | "and_not" (children[0] minus the rest) | "must" (juxtaposed words with +/-)."""
+
+    op: str
+    children: tuple["Node", ...]
+    required: tuple["Node", ...] = ()  # for "must": +clauses
+    excluded: tuple["Node", ...] = ()  # for "must": -clauses
+
+
+Node = Union[Text, Bool]
+
+
+@dataclasses.dataclass(slots=True)
+class _Token:
+    kind: str  # word | phrase | op | lparen | rparen | plus | minus
+    value: str
+    position: int
+    field: str | None = None
+
+
+def _lex(q: str) -> list[_Token]:
+    out: list[_Token] = []
+    i, n = 0, len(q)
+    while i < n:
+        c = q[i]
+        if c.isspace():
+            i += 1
+            continue
+        start = i
+        if c == "(":
+            out.append(_Token("lparen", c, i)); i += 1; continue
+        if c == ")":
+            out.append(_Token("rparen", c, i)); i += 1; continue
+        if c in "+-" and i + 1 < n and not q[i + 1].isspace() and q[i + 1] not in "+-)":
+            out.append(_Token("plus" if c == "+" else "minus", c, i)); i += 1; continue
+        field = None
+        m = _FIELD.match(q, i)
+        if m:
+            field = m.group(1)
+            i = m.end()
+        if i < n and q[i] == '"':
+            end = q.find('"', i + 1)
+            if end < 0:
+                raise QuerySyntaxError(i, "unterminated quote")
+            out.append(_Token("phrase", q[i + 1:end], start, field))
+            i = end + 1
+            continue
+        if i < n and q[i] == "(" and field is not None:
+            raise QuerySyntaxError(i, f"a field ({field}:) applies to a word or a phrase, not to parentheses")
+        j = i
+        while j < n and not q[j].isspace() and q[j] not in _SPECIAL:
+            j += 1
+        word = q[i:j]
+        kind = "op" if field is None and word in _OPERATORS else "word"
+        out.append(_Token(kind, word, start, field))
+        i = j
+    return out
+
+
+class _Parser:
+    def __init__(self, query: str):
+        self.q = query
+        self.toks = _lex(query)
+        self.i = 0
+        self.clauses = 0
+
+    def peek(self) -> _Token | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def end_pos(self) -> int:
+        return len(self.q)
+
+    def parse(self) -> Node:
+        if not self.toks:
+            raise QuerySyntaxError(0, "empty query")
+        node = self.or_expr(0)
+        tok = self.peek()
+        if tok is not None:
+            raise QuerySyntaxError(tok.position, "unmatched ')'" if tok.kind == "rparen" else f"unexpected {tok.value!r}")
+        return node
+
+    def _binary(self, word: str, op: str, sub, depth: int) -> Node:
+        parts = [sub(depth)]
+        while (tok := self.peek()) is not None and tok.kind == "op" and tok.value == word:
+            self.i += 1
+            if self.peek() is None:
+                raise QuerySyntaxError(tok.position, f"{word} needs something after it")
+            parts.append(sub(depth))
+        return parts[0] if len(parts) == 1 else Bool(op, tuple(parts))
+
+    def or_expr(self, depth: int) -> Node:
+        if depth > MAX_DEPTH:
+            raise QuerySyntaxError(self.peek().position if self.peek() else 0, f"nested deeper than {MAX_DEPTH}")
+        return self._binary("OR", "or", self.and_expr, depth)
+
+    def and_expr(self, depth: int) -> Node:
+        return self._binary("AND", "and", self.not_expr, depth)
+
+    def not_expr(self, depth: int) -> Node:
+        return self._binary("NOT", "and_not", self.sequence, depth)
+
+    def sequence(self, depth: int) -> Node:
+        plain: list[Node] = []
+        required: list[Node] = []
+        excluded: list[Node] = []
+        while (tok := self.peek()) is not None and tok.kind not in ("op", "rparen"):
+            sign = None
+            if tok.kind in ("plus", "minus"):
+                sign = tok.kind
+                self.i += 1
+                tok = self.peek()
+                if tok is None or tok.kind in ("op", "rparen", "plus", "minus"):
+                    raise QuerySyntaxError(self.toks[self.i - 1].position, f"'{'+' if sign == 'plus' else '-'}' needs a word after it")
+            node = self.unit(depth)
+            {"plus": required, "minus": excluded, None: plain}[sign].append(node)
+        if not (plain or required or excluded):
+            tok = self.peek()
+            pos = tok.position if tok is not None else self.end_pos()
+            what = f"{tok.value!r}" if tok is not None else "end of query"
+            raise QuerySyntaxError(pos, f"expected a word, a phrase or '(' before {what}")
+        if not required and not excluded and len(plain) == 1:
+            return plain[0]
+        if not required and not excluded:
+            return Bool("or", tuple(plain))
+        return Bool("must", tuple(plain), tuple(required), tuple(excluded))
+
+    def unit(self, depth: int) -> Node:
+        tok = self.toks[self.i]
+        if tok.kind == "lparen":
+            self.i += 1
+            if (nxt := self.peek()) is not None and nxt.kind == "rparen":
+                raise QuerySyntaxError(nxt.position, "empty parentheses")
+            node = self.or_expr(depth + 1)
+            close = self.peek()
+            if close is None or close.kind != "rparen":
+                raise QuerySyntaxError(tok.position, "unmatched '('")
+            self.i += 1
+            return node
+        self.i += 1
+        self.clauses += 1
+        if self.clauses > MAX_CLAUSES:
+            raise QuerySyntaxError(tok.position, f"more than {MAX_CLAUSES} words or phrases")
+        return Text(tok.value, tok.field, tok.kind == "phrase", tok.position)
+
+
+def parse_query(query: str) -> Node:
+    if len(query) > MAX_QUERY_CHARS:
+        raise QuerySyntaxError(MAX_QUERY_CHARS, f"a query is at most {MAX_QUERY_CHARS} characters")
+    return _Parser(query).parse()

@@ -1,0 +1,76 @@
+"""Which fields a document has, which are indexed and stored, which a query searches by default.
+
+The default schema needs no declaration: every string field is indexed (under its own prefix,
+so `title:word` searches one field) and stored (returned with the hit); `title` and `body` are
+also indexed without a prefix, which is what a bare query word searches. A config may name
+other default fields, restrict indexing to a list, or store only some fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from sluice.search.errors import DocumentError
+
+FIELD_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+MAX_ID_BYTES = 200  # Xapian terms are at most 245 bytes; the id term is "Q" + id
+MAX_DOCUMENT_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schema:
+    default_fields: tuple[str, ...] = ("title", "body")
+    indexed: tuple[str, ...] | None = None  # None: every string field
+    stored: tuple[str, ...] | None = None  # None: every field
+
+    def is_indexed(self, name: str) -> bool:
+        return self.indexed is None or name in self.indexed
+
+    def is_stored(self, name: str) -> bool:
+        return self.stored is None or name in self.stored
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Schema":
+        def tup(v: Any) -> tuple[str, ...] | None:
+            return None if v is None else tuple(v)
+
+        return cls(default_fields=tuple(data.get("default_fields", ("title", "body"))),
+                   indexed=tup(data.get("indexed")), stored=tup(data.get("stored")))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceDocument:
+    """A validated input document: its id and its fields (JSON values, strings indexed)."""
+
+    doc_id: str
+    fields: dict[str, Any]
+
+
+def parse_document(obj: Any) -> SourceDocument:
+    """A bulk line's JSON object → SourceDocument, or DocumentError naming what is wrong."""
+    if not isinstance(obj, dict):
+        raise DocumentError(f"a document is a JSON object, got {type(obj).__name__}")
+    if "id" not in obj:
+        raise DocumentError('a document needs an "id"')
+    doc_id = obj["id"]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        raise DocumentError('"id" must be a string or an integer')
+    doc_id = str(doc_id)
+    check_id(doc_id)
+    fields = {k: v for k, v in obj.items() if k != "id"}
+    for name in fields:
+        if not FIELD_NAME.match(name):
+            raise DocumentError(f"field name {name[:80]!r} must match {FIELD_NAME.pattern}")
+    return SourceDocument(doc_id, fields)
+
+
+def check_id(doc_id: str) -> None:
+    if not doc_id or len(doc_id.encode()) > MAX_ID_BYTES:
+        raise DocumentError(f'"id" must be 1 to {MAX_ID_BYTES} bytes')
+    if any(c in doc_id for c in "\x00\n\r"):
+        raise DocumentError('"id" must not contain NUL or line breaks')

@@ -1,0 +1,94 @@
+"""One shard's Xapian database: apply ordered write batches, report statistics, search.
+
+The sequence number of the last applied write-log entry is stored in the database's metadata
+and committed in the same transaction as the documents, so after a crash the database says
+exactly which log entries to replay (shard/replica.py) — no entry is applied twice or skipped.
+Not thread-safe: the shard server calls it from one thread.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import xapian
+
+from sluice.search.index.analyzer import ID_SLOT, Analyzer, id_term
+from sluice.search.index.bm25 import Bm25Params, CollectionStats, global_weighting, local_weighting
+from sluice.search.index.hits import Hit
+from sluice.search.index.query_builder import build_query
+from sluice.search.index.query_tree import Tree, terms_of
+from sluice.search.index.schema import Schema, check_id, parse_document
+
+APPLIED_KEY = "sluice.applied_seq"
+MAX_TOP_K = 1000
+
+
+class ShardIndex:
+    def __init__(self, path: Path | None, schema: Schema | None = None, params: Bm25Params | None = None):
+        """`path` None: an in-memory database (tests, the library-alone benchmark)."""
+        if path is None:
+            self.db = xapian.WritableDatabase("", xapian.DB_BACKEND_INMEMORY)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            self.db = xapian.WritableDatabase(str(path), xapian.DB_CREATE_OR_OPEN)
+        self.analyzer = Analyzer(schema)
+        self.params = params or Bm25Params()
+
+    @classmethod
+    def read_only(cls, db: xapian.Database, schema: Schema | None = None,
+                  params: Bm25Params | None = None) -> "ShardIndex":
+        """An index over an opened read-only database (the cold tier's archives); apply() fails."""
+        self = cls.__new__(cls)
+        self.db, self.analyzer, self.params = db, Analyzer(schema), params or Bm25Params()
+        return self
+
+    @property
+    def applied_seq(self) -> int:
+        raw = self.db.get_metadata(APPLIED_KEY)
+        return int(raw) if raw else 0
+
+    def apply(self, seq: int, ops: list[dict[str, Any]]) -> None:
+        """Apply one log entry's operations and commit them with its sequence number."""
+        for op in ops:
+            kind = op.get("op")
+            if kind == "upsert":
+                src = parse_document({"id": op["id"], **op.get("fields", {})})
+                self.db.replace_document(id_term(src.doc_id), self.analyzer.document(src))
+            elif kind == "delete":
+                check_id(str(op["id"]))
+                self.db.delete_document(id_term(str(op["id"])))
+            # an unknown op was refused when it was logged; nothing else to do here
+        self.db.set_metadata(APPLIED_KEY, str(seq))
+        self.db.commit()
+
+    def stats(self, terms: list[str]) -> CollectionStats:
+        db = self.db
+        return CollectionStats(db.get_doccount(), db.get_total_length(), {t: db.get_termfreq(t) for t in terms})
+
+    def search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None = None) -> list[Hit]:
+        """The top_k hits, scored with `global_stats` when given (exact across shards), else with
+        this shard's own statistics."""
+        top_k = max(0, min(top_k, MAX_TOP_K))
+        if tree is None or top_k == 0:
+            return []
+        if global_stats is None:
+            w = local_weighting(self.params)
+        else:
+            w = global_weighting(self.params, global_stats, self.stats(terms_of(tree)))
+        enquire = xapian.Enquire(self.db)
+        enquire.set_weighting_scheme(xapian.BM25Weight(w.k1, 0, w.k3, w.b, w.min_normlen))
+        enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
+        enquire.set_query(build_query(tree, w.term_factor))
+        out = []
+        for m in enquire.get_mset(0, top_k):
+            data = json.loads(m.document.get_data())
+            out.append(Hit(data["id"], m.weight, data.get("fields", {})))
+        return out
+
+    def doc_count(self) -> int:
+        return self.db.get_doccount()
+
+    def close(self) -> None:
+        self.db.close()

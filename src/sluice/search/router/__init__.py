@@ -1,0 +1,1 @@
+"""The search router: sharding, replica choice, failover, hedging, exact merge, cache, metrics."""

@@ -1,0 +1,220 @@
+"""The search config file (`sluice search serve --config search.toml`), typed and strict.
+
+    [search]
+    sharding = "hash"            # or "content": a document goes to the shard listing its
+    content_field = "section"    #   content_field value (the `default` shard takes the rest)
+    shard_deadline_ms = 1000     # a shard that has not answered by then is left out: partial
+    hedge = true                 # ask a second replica after the shard's p95 latency
+    stats = "global"             # "global": exact scores (two phases); "local": per-shard stats
+    cache_entries = 10000        # result cache (0: off)
+    max_top_k = 100
+    data_dir = "./search-data"   # local replicas keep their data under it
+    api_keys = ["..."]           # searches need one of these (none: open)
+    ingest_keys = ["..."]        # writes and deletes need one of these (none: open)
+    default_fields = ["title", "body"]
+    accept_writes = true         # false: query-only (only one router per deployment sequences writes)
+    hot_shards = false           # add a local replica to a shard whose replicas are ≥ 70 % busy
+    hot_interval_s = 2.0
+    hot_at = 0.7                 # index utilization per replica that adds a replica ...
+    cool_at = 0.3                # ... and that removes an added one (must be < hot_at)
+
+    [[shards]]
+    name = "s0"
+    replicas = ["local", "10.0.0.7:8200"]   # "local": a supervised process; else HOST:PORT
+    values = ["libs", "python"]             # content sharding only
+    default = false                         # content sharding: exactly one shard is the default
+
+    [[shards]]                              # cold tier: a read-only archive in object storage,
+    name = "y2019"                          #   fetched on first query (s3_endpoint, cold_cache_mb)
+    replicas = []
+    archive = "s3://search-archive/y2019.tar.gz"
+    values = ["2019"]
+
+Every problem is reported at once as `FILE:LINE: field: problem` (lines from the TOML text,
+as the fleet file does), and serve refuses to start.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from sluice.toml_lines import KeyPath, key_lines, line_of
+from sluice.search.errors import SearchConfigError
+from sluice.search.index.schema import FIELD_NAME
+
+LOCAL = "local"
+_ADDRESS = re.compile(r"^(https?://)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+ShardName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")]
+
+
+class Sharding(str, enum.Enum):
+    HASH = "hash"
+    CONTENT = "content"
+
+
+class StatsMode(str, enum.Enum):
+    GLOBAL = "global"  # exact: phase 1 gathers every shard's statistics
+    LOCAL = "local"  # one phase; each shard scores with its own statistics
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class ShardSpec(_Strict):
+    name: ShardName
+    replicas: list[str] = Field(default_factory=lambda: [LOCAL], max_length=16)
+    values: list[str] = Field(default_factory=list)
+    default: bool = False
+    archive: str | None = None  # cold tier: s3://BUCKET/KEY of `sluice search archive`; read-only, no replicas
+
+    @field_validator("archive")
+    @classmethod
+    def _archive(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^s3://[^/]+/.+[^/]$", v):
+            raise ValueError("must be s3://BUCKET/KEY")
+        return v
+
+    @field_validator("replicas")
+    @classmethod
+    def _addresses(cls, v: list[str]) -> list[str]:
+        for r in v:
+            if r != LOCAL and not _ADDRESS.match(r):
+                raise ValueError(f"{r!r} is neither \"local\" nor HOST:PORT")
+        return v
+
+
+class SearchSettings(_Strict):
+    sharding: Sharding = Sharding.HASH
+    content_field: str | None = None
+    shard_deadline_ms: int = Field(1000, ge=10, le=60000)
+    hedge: bool = True
+    hedge_min_ms: float = Field(1.0, ge=0)
+    stats: StatsMode = StatsMode.GLOBAL
+    cache_entries: int = Field(10000, ge=0, le=10_000_000)
+    max_top_k: int = Field(100, ge=1, le=1000)
+    data_dir: str = "./search-data"
+    api_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
+    ingest_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
+    default_fields: list[str] = Field(default_factory=lambda: ["title", "body"], min_length=1)
+    accept_writes: bool = True  # false: a query-only router (scale these freely; one router sequences writes)
+    s3_endpoint: str | None = None  # the cold tier's S3-compatible endpoint (None: AWS)
+    cold_cache_mb: int = Field(1024, ge=1)  # disk budget for fetched cold shards (LRU)
+    hot_shards: bool = False  # add local replicas to a hot shard, remove them when cool (hot_shards.py)
+    hot_interval_s: float = Field(2.0, gt=0)
+    hot_at: float = Field(0.7, gt=0, le=1)  # utilization per replica that adds one (hot_shards.py)
+    cool_at: float = Field(0.3, ge=0, lt=1)  # ... that removes an added one
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=False)
+
+    @field_validator("sharding", "stats", mode="before")
+    @classmethod
+    def _enum(cls, v: object, info) -> object:  # TOML gives strings; strict mode wants the enum
+        enum_type = Sharding if info.field_name == "sharding" else StatsMode
+        try:
+            return enum_type(v)
+        except ValueError:
+            raise ValueError(f"must be one of {', '.join(e.value for e in enum_type)}") from None
+
+    @field_validator("default_fields")
+    @classmethod
+    def _fields(cls, v: list[str]) -> list[str]:
+        bad = [f for f in v if not FIELD_NAME.match(f)]
+        if bad:
+            raise ValueError(f"not field names: {bad}")
+        return v
+
+
+class SearchConfig(_Strict):
+    search: SearchSettings = Field(default_factory=SearchSettings)
+    shards: list[ShardSpec] = Field(default_factory=lambda: [ShardSpec(name="s0"), ShardSpec(name="s1")],
+                                    min_length=1, max_length=1024)
+
+
+def embedded_default(data_dir: str = "./search-data") -> SearchConfig:
+    """`sluice search serve` with no config: 2 local shards × 1 replica, hash sharding, open."""
+    return SearchConfig(search=SearchSettings(data_dir=data_dir))
+
+
+def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:
+    found: list[tuple[KeyPath, str]] = []
+    names: dict[str, int] = {}
+    for i, s in enumerate(cfg.shards):
+        if s.name in names:
+            found.append((("shards", i, "name"), f"shard {s.name!r} is already defined (shards[{names[s.name]}])"))
+        names.setdefault(s.name, i)
+        if s.archive is not None and s.replicas:
+            found.append((("shards", i, "replicas"), "a cold shard (archive = ...) has no replicas: replicas = []"))
+        if s.archive is None and not s.replicas:
+            found.append((("shards", i, "replicas"), "a shard needs at least one replica (or an archive)"))
+        if s.archive is not None and (cfg.search.sharding is not Sharding.CONTENT or s.default):
+            found.append((("shards", i, "archive"), "a cold shard is read-only: only under content sharding, "
+                                                    "and not the default shard"))
+        remotes = [r for r in s.replicas if r != LOCAL]
+        if len(set(remotes)) < len(remotes):
+            found.append((("shards", i, "replicas"), "a remote replica is listed twice"))
+    if cfg.search.cool_at >= cfg.search.hot_at:
+        found.append((("search", "cool_at"), f"must be below hot_at ({cfg.search.hot_at}): the band between them "
+                                             "is the hysteresis"))
+    content = cfg.search.sharding is Sharding.CONTENT
+    if content:
+        if not cfg.search.content_field:
+            found.append((("search", "sharding"), 'content sharding needs content_field = "<field>"'))
+        defaults = [i for i, s in enumerate(cfg.shards) if s.default]
+        if len(defaults) != 1:
+            found.append((("shards",), f"content sharding needs exactly one shard with default = true (found {len(defaults)})"))
+        owner: dict[str, str] = {}
+        for i, s in enumerate(cfg.shards):
+            for v in s.values:
+                if v in owner:
+                    found.append((("shards", i, "values"), f"value {v!r} already goes to shard {owner[v]!r}"))
+                owner.setdefault(v, s.name)
+    else:
+        for i, s in enumerate(cfg.shards):
+            if s.values or s.default:
+                found.append((("shards", i, "values" if s.values else "default"), "only for sharding = \"content\""))
+    return found
+
+
+def parse_config(text: str, source: str = "<search config>") -> SearchConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SearchConfigError([f"{source}: not valid TOML: {exc}"]) from None
+    lines = key_lines(text)
+    try:
+        cfg = SearchConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            msg = "required field is missing" if err["type"] == "missing" else err["msg"].removeprefix("Value error, ")
+            problems.append((tuple(err["loc"]), msg))
+        raise SearchConfigError(_report(source, lines, problems)) from None
+    found = cross_check(cfg)
+    if found:
+        raise SearchConfigError(_report(source, lines, found))
+    return cfg
+
+
+def load_config(path: str | Path) -> SearchConfig:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SearchConfigError([f"{p}: cannot read the search config ({exc.strerror or exc})"]) from None
+    return parse_config(text, str(p))
+
+
+def _report(source: str, lines: dict[KeyPath, int], found: list[tuple[KeyPath, str]]) -> list[str]:
+    out = []
+    for loc, msg in sorted(found, key=lambda f: line_of(lines, f[0]) or 1 << 30):
+        line = line_of(lines, loc)
+        dotted = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+        out.append(f"{source}:{line}: {dotted}: {msg}" if line is not None else f"{source}: {dotted}: {msg}")
+    return out

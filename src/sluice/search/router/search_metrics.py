@@ -1,0 +1,48 @@
+"""The search router's Prometheus metrics (one registry per router, so tests can run several).
+
+Labels are bounded by the config: shard name, replica name (`<shard>/<index>`), phase
+(stats | search | write), error type — never a query, a document id or a key.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_SHARD = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_QUERY = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class SearchMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.query_latency = Histogram("sluice_search_query_seconds", "End-to-end search latency at the router",
+                                       ["outcome"], buckets=_QUERY, registry=r)
+        self.replica_latency = Histogram("sluice_search_replica_request_seconds",
+                                         "Latency of one request to one replica (per shard, replica and phase)",
+                                         ["shard", "replica", "phase"], buckets=_SHARD, registry=r)
+        self.shard_latency = Histogram("sluice_search_shard_seconds",
+                                       "Time until a shard answered (retries and hedges included)",
+                                       ["shard", "phase"], buckets=_SHARD, registry=r)
+        self.errors = Counter("sluice_search_errors", "Errors by type: timeout, unavailable, bad_query",
+                              ["type"], registry=r)
+        self.retries = Counter("sluice_search_extra_requests", "Second requests to a shard: failover or hedge",
+                               ["shard", "kind"], registry=r)
+        self.partial = Counter("sluice_search_partial_results", "Searches answered without every shard", registry=r)
+        self.cache = Counter("sluice_search_cache_requests", "Result cache lookups by result (hit, miss)",
+                             ["result"], registry=r)
+        self.cache_hit_ratio = Gauge("sluice_search_cache_hit_ratio", "Result cache hits / lookups since start",
+                                     registry=r)
+        self.freshness = Gauge("sluice_search_index_freshness_seconds",
+                               "Seconds since the replica's oldest unapplied write was acknowledged (0: current)",
+                               ["shard", "replica"], registry=r)
+        self.replica_up = Gauge("sluice_search_replica_up", "1 when the replica answered its last health poll",
+                                ["shard", "replica"], registry=r)
+        self.applied_seq = Gauge("sluice_search_replica_applied_seq", "Last write-log entry the replica applied",
+                                 ["shard", "replica"], registry=r)
+        self.head_seq = Gauge("sluice_search_shard_head_seq", "Newest acknowledged write-log entry", ["shard"],
+                              registry=r)
+        self.documents = Counter("sluice_search_documents_written", "Documents upserted or deleted",
+                                 ["op"], registry=r)
+        self.bad_lines = Counter("sluice_search_bad_ndjson_lines", "Bulk lines refused", registry=r)
+        self.restarts = Counter("sluice_search_local_replica_restarts", "Local replica processes restarted",
+                                ["shard", "replica"], registry=r)

@@ -1,0 +1,160 @@
+"""One search across the shards: resolve → (phase 1: statistics) → phase 2: top-k → merge.
+
+Phase 1 (skipped when every term's statistics are known at this revision: stats_cache.py) asks
+one replica of every shard for its document count, total length and the document
+frequency of each query term; their sums are the global statistics. Phase 2 sends the resolved
+query and those statistics to the same replicas (so both phases see one revision when nothing
+is being written), and each shard scores with them (index/bm25.py): merged scores equal one
+index holding every document. `stats = "local"` skips phase 1 (one round trip; each shard
+scores with its own statistics, cheaper and inexact on skewed shards).
+
+A shard that misses its deadline or has no replica left is reported, never hidden: `partial`
+is true and `shards_answered` < `shards`. Every phase of every shard shares one deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from sluice.search.errors import QuerySyntaxError
+from sluice.search.index.analyzer import Analyzer
+from sluice.search.index.bm25 import CollectionStats
+from sluice.search.index.hits import Hit, merge
+from sluice.search.index.query_tree import cache_key, resolve, terms_of
+from sluice.search.router.config import StatsMode
+from sluice.search.router.replica_state import ReplicaState
+from sluice.search.router.result_cache import ResultCache
+from sluice.search.router.search_metrics import SearchMetrics
+from sluice.search.router.shard_client import Failure, ShardCallError, ShardClient
+from sluice.search.router.stats_cache import StatsCache
+from sluice.search.tiers.cold_tier import ColdTier
+from sluice.search.router.topology import ShardRuntime, Topology
+
+
+@dataclasses.dataclass(slots=True)
+class SearchResult:
+    hits: list[Hit]
+    shards: int
+    shards_answered: int
+    failed: dict[str, str]  # shard name → why (timeout, unavailable)
+    took_ms: float = 0.0
+    cached: bool = False
+
+    @property
+    def partial(self) -> bool:
+        return self.shards_answered < self.shards
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hits": [h.to_json() for h in self.hits], "shards": self.shards, "shards_answered": self.shards_answered,
+                "partial": self.partial, "failed_shards": self.failed, "took_ms": round(self.took_ms, 3),
+                "cached": self.cached}
+
+
+class Searcher:
+    def __init__(self, topo: Topology, client: ShardClient, metrics: SearchMetrics, cache: ResultCache,
+                 analyzer: Analyzer, stats_mode: StatsMode, deadline_s: float, cold: ColdTier | None = None):
+        self.topo, self.client, self.metrics, self.cache = topo, client, metrics, cache
+        self.analyzer = analyzer
+        self.stats_mode = stats_mode
+        self.deadline_s = deadline_s
+        self.stats_cache = StatsCache()
+        self.cold = cold
+
+    async def search(self, query: str, top_k: int) -> SearchResult:
+        t0 = time.perf_counter()
+        try:
+            tree = resolve(query, self.analyzer)
+        except QuerySyntaxError:
+            self.metrics.errors.labels(Failure.BAD_QUERY.value).inc()
+            raise
+        key = (cache_key(tree), top_k, self.topo.revision())
+        cached = self.cache.get(key)
+        self.metrics.cache.labels("hit" if cached is not None else "miss").inc()
+        self.metrics.cache_hit_ratio.set(self.cache.hit_ratio)
+        if cached is not None:
+            res = dataclasses.replace(cached, cached=True, took_ms=(time.perf_counter() - t0) * 1000)
+            self.metrics.query_latency.labels("cached").observe(time.perf_counter() - t0)
+            return res
+        shards = self.topo.shards
+        deadline = t0 + self.deadline_s
+        failed: dict[str, str] = {}
+        chosen: dict[int, ReplicaState | None] = {s.position: None for s in shards}
+        glob: CollectionStats | None = None
+        terms = terms_of(tree)
+        revision = key[2]
+        if tree is not None and self.stats_mode is StatsMode.GLOBAL:
+            glob = self.stats_cache.lookup(revision, terms)
+        if tree is not None and self.stats_mode is StatsMode.GLOBAL and glob is None:
+            answers = await asyncio.gather(*(self._one(s, "/v1/shard/stats", {"terms": terms}, deadline, "stats", None)
+                                             for s in shards), return_exceptions=True)
+            glob = CollectionStats()
+            for s, a in zip(shards, answers):
+                if isinstance(a, ShardCallError):
+                    failed[s.name] = a.failure.value
+                    continue
+                if isinstance(a, BaseException):
+                    raise a
+                replica, data = a
+                chosen[s.position] = replica
+                glob.add(CollectionStats.from_json(data))
+            if not failed:
+                self.stats_cache.store(revision, glob)
+        live = [s for s in shards if s.name not in failed]
+        payload = {"tree": tree, "top_k": top_k, "stats": None if glob is None else glob.to_json()}
+        answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search", chosen[s.position])
+                                         for s in live), return_exceptions=True)
+        per_shard: list[list[Hit]] = []
+        for s, a in zip(live, answers):
+            if isinstance(a, ShardCallError):
+                failed[s.name] = a.failure.value
+                continue
+            if isinstance(a, BaseException):
+                raise a
+            per_shard.append([Hit.from_json(h) for h in a[1]["hits"]])
+            if isinstance(a[1].get("index_s"), (int, float)):
+                s.index_latency.add(float(a[1]["index_s"]))
+                s.index_busy_s += float(a[1]["index_s"])  # the hot-shard signal (hot_shards.py)
+        result = SearchResult(merge(per_shard, top_k), len(shards), len(shards) - len(failed), failed)
+        result.took_ms = (time.perf_counter() - t0) * 1000
+        if result.partial:
+            self.metrics.partial.inc()
+        else:
+            self.cache.put(key, result)
+        self.metrics.query_latency.labels("partial" if result.partial else "complete").observe(time.perf_counter() - t0)
+        return result
+
+    async def _one(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float, phase: str,
+                   prefer: ReplicaState | None) -> tuple[ReplicaState, dict[str, Any]]:
+        t0 = time.perf_counter()
+        if shard.cold_url is not None and self.cold is not None:
+            return await self._cold(shard, path, payload, deadline, phase)
+        try:
+            out = await self.client.call(shard, path, payload, deadline, phase, prefer)
+        except ShardCallError as exc:
+            if exc.failure is Failure.BAD_QUERY:
+                self.metrics.errors.labels(exc.failure.value).inc()
+                raise QuerySyntaxError(0, exc.message) from None
+            self.metrics.errors.labels(exc.failure.value).inc()
+            raise
+        self.metrics.shard_latency.labels(shard.name, phase).observe(time.perf_counter() - t0)
+        return out
+
+    async def _cold(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float,
+                    phase: str) -> tuple[None, dict[str, Any]]:
+        """A cold shard answers from the router's cold tier; its first query fetches it (which may
+        miss the deadline: the fetch goes on, the answer is partial, the next query is warm)."""
+        t0 = time.perf_counter()
+        task = asyncio.ensure_future(self.cold.call(shard.cold_url, path, payload))
+        try:
+            out = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - t0))
+        except asyncio.TimeoutError:
+            self.metrics.errors.labels(Failure.TIMEOUT.value).inc()
+            raise ShardCallError(shard.name, Failure.TIMEOUT, "cold shard not fetched within the deadline") from None
+        except Exception as exc:  # the object store is down or the archive is missing
+            self.metrics.errors.labels(Failure.UNAVAILABLE.value).inc()
+            raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"cold shard: {type(exc).__name__}: {exc}"[:300]) from None
+        self.metrics.shard_latency.labels(shard.name, phase).observe(time.perf_counter() - t0)
+        return None, out

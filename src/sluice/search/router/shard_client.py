@@ -1,0 +1,133 @@
+"""One call to one shard: a replica chosen by load, failover to another on error, a hedged
+second request after the shard's p95, all inside the shard's deadline.
+
+- Failover: a replica that refuses the connection, errs (5xx) or times out is marked down for a
+  moment and the request goes to another replica at once — a kill -9 costs the query nothing
+  but the retry's time.
+- Hedging: if the first replica has not answered after max(p95 of the shard's recent
+  latencies, hedge_min), a second replica is asked too; the first answer wins and the other
+  request is cancelled. Only with ≥ 2 replicas and ≥ 20 samples.
+- A 4xx is the request's fault, returned as is (never retried elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+import time
+from typing import Any
+
+import httpx
+
+from sluice.search.router.replica_picker import pick_replica
+from sluice.search.router.replica_state import ReplicaState
+from sluice.search.router.search_metrics import SearchMetrics
+from sluice.search.router.topology import ShardRuntime
+
+
+class Failure(str, enum.Enum):
+    TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
+    BAD_QUERY = "bad_query"
+
+
+class ShardCallError(Exception):
+    def __init__(self, shard: str, failure: Failure, message: str, status: int = 503):
+        super().__init__(f"shard {shard}: {message}")
+        self.failure, self.status, self.message = failure, status, message
+
+
+class ShardClient:
+    def __init__(self, http: httpx.AsyncClient, metrics: SearchMetrics, hedge: bool, hedge_min_s: float,
+                 rng: random.Random | None = None):
+        self.http = http
+        self.metrics = metrics
+        self.hedge = hedge
+        self.hedge_min_s = hedge_min_s
+        self.rng = rng or random.Random()
+
+    async def _attempt(self, shard: ShardRuntime, r: ReplicaState, path: str, payload: dict[str, Any],
+                       timeout_s: float, phase: str) -> tuple[ReplicaState, dict[str, Any]]:
+        r.in_flight += 1
+        t0 = time.perf_counter()
+        ok = False
+        try:
+            resp = await self.http.post(r.url + path, json=payload, timeout=max(0.001, timeout_s))
+            if 400 <= resp.status_code < 500:
+                ok = True  # the replica is fine; the request is not
+                msg = resp.json().get("error", {}).get("message", resp.text[:300])
+                raise ShardCallError(shard.name, Failure.BAD_QUERY, msg, resp.status_code)
+            if resp.status_code >= 500:
+                raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"replica {r.name} answered {resp.status_code}")
+            ok = True
+            data = resp.json()
+            if "applied_seq" in data:
+                r.applied_seq = max(r.applied_seq, int(data["applied_seq"]))
+            return r, data
+        except httpx.TimeoutException:
+            raise ShardCallError(shard.name, Failure.TIMEOUT, f"replica {r.name} timed out") from None
+        except httpx.HTTPError as exc:
+            raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"replica {r.name}: {type(exc).__name__}") from None
+        finally:
+            r.in_flight -= 1
+            elapsed = time.perf_counter() - t0
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                r.observe_lower_bound(elapsed)  # a lost hedge: at least this slow
+            else:
+                r.observe(elapsed, ok)
+                if ok:
+                    shard.latency.add(elapsed)
+                self.metrics.replica_latency.labels(shard.name, r.name, phase).observe(elapsed)
+
+    async def call(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float, phase: str,
+                   prefer: ReplicaState | None = None) -> tuple[ReplicaState, dict[str, Any]]:
+        """`deadline` is a time.perf_counter() value; raises ShardCallError when it passes or no
+        replica can answer."""
+        tried: set[str] = set()
+        pending: dict[asyncio.Task, ReplicaState] = {}
+        last: ShardCallError | None = None
+
+        def start(kind: str) -> bool:
+            r = prefer if (prefer is not None and not tried and prefer.available(time.monotonic())) else \
+                pick_replica(shard.replicas, tried, self.rng)
+            if r is None:
+                return False
+            tried.add(r.url)
+            if kind != "first":
+                self.metrics.retries.labels(shard.name, kind).inc()
+            t = asyncio.create_task(self._attempt(shard, r, path, payload, deadline - time.perf_counter(), phase))
+            pending[t] = r
+            return True
+
+        start("first")
+        p95 = shard.latency.quantile(0.95)
+        hedge_at = (time.perf_counter() + max(p95, self.hedge_min_s)
+                    if self.hedge and p95 is not None and len(shard.replicas) > 1 else None)
+        try:
+            while pending:
+                now = time.perf_counter()
+                wake = deadline if hedge_at is None else min(deadline, hedge_at)
+                done, _ = await asyncio.wait(pending, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    pending.pop(t)
+                    try:
+                        return t.result()
+                    except ShardCallError as exc:
+                        if exc.failure is Failure.BAD_QUERY:
+                            raise
+                        last = exc
+                if not done:
+                    if time.perf_counter() >= deadline:
+                        raise ShardCallError(shard.name, Failure.TIMEOUT, "no replica answered within the deadline")
+                    if hedge_at is not None and time.perf_counter() >= hedge_at:
+                        hedge_at = None
+                        start("hedge")
+                    continue
+                if not pending and time.perf_counter() < deadline:
+                    start("failover")  # the failed replica is marked down; try another now
+            raise last or ShardCallError(shard.name, Failure.UNAVAILABLE, "no replica available")
+        finally:
+            for t in pending:
+                t.cancel()

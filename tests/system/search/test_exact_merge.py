@@ -1,0 +1,90 @@
+"""Through real processes: the top-10 of 3 shards equals one index holding the same documents
+(ids in order, scores within 1e-9 relative) on 200 queries, for hash and content sharding.
+
+The reference is the index library alone, in this process: one Xapian database with every
+document, searched with its own statistics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sluice.search import corpus
+from sluice.search.index.hits import merge
+from sluice.search.index.query_tree import resolve
+from sluice.search.index.schema import parse_document
+from sluice.search.index.shard_index import ShardIndex
+from tests.system.search.cluster import ingest, search, start_router, status
+
+N_DOCS, N_QUERIES = 1500, 200
+# generous: a busy test machine must not turn a slow shard into a partial answer
+SETTINGS = "shard_deadline_ms = 20000\n"
+
+HASH = f"""
+[search]
+sharding = "hash"
+{SETTINGS}
+[[shards]]
+name = "a"
+[[shards]]
+name = "b"
+[[shards]]
+name = "c"
+"""
+
+
+def _content(docs):  # skewed: the most common section alone on one shard
+    top = [s for s, _ in Counter(d["section"] for d in docs).most_common(3)]
+    return f"""
+[search]
+sharding = "content"
+content_field = "section"
+{SETTINGS}
+[[shards]]
+name = "big"
+values = ["{top[0]}"]
+[[shards]]
+name = "mid"
+values = ["{top[1]}", "{top[2]}"]
+[[shards]]
+name = "rest"
+default = true
+"""
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return corpus.documents(N_DOCS)
+
+
+@pytest.fixture(scope="module")
+def reference(docs):
+    one = ShardIndex(None)
+    for seq, d in enumerate(docs, 1):
+        src = parse_document(d)
+        one.apply(seq, [{"op": "upsert", "id": src.doc_id, "fields": src.fields}])
+    return one
+
+
+@pytest.mark.parametrize("kind", ["hash", "content"])
+def test_three_shards_rank_and_score_like_one_index(kind, docs, reference, tmp_path):
+    router = start_router(tmp_path, HASH if kind == "hash" else _content(docs), kind)
+    try:
+        ingest(router.url, docs)
+        assert all(s["head_seq"] > 0 for s in status(router.url)["shards"])  # every shard got documents
+        queries = corpus.queries(docs, N_QUERIES)
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda q: search(router.url, q).json(), queries))
+        with_hits = 0
+        for q, got in zip(queries, answers):
+            want = merge([reference.search(resolve(q, reference.analyzer), 10)], 10)
+            assert not got["partial"] and got["shards_answered"] == 3, got
+            assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
+            for g, w in zip(got["hits"], want):
+                assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0), q
+            with_hits += bool(want)
+        assert with_hits >= 150
+    finally:
+        router.stop()

@@ -1,0 +1,112 @@
+"""The router's HTTP API through `sluice search serve` (the embedded default and a keyed config):
+bulk errors by line, query syntax errors by position, bounds, deletes, keys, the result cache,
+metrics, the OpenAPI document, and the supervisor restarting a killed local replica."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import httpx
+import pytest
+
+from tests.system.search.cluster import search, start_router, status, wait_for
+
+DOCS = [
+    {"id": "apt", "title": "commandline package manager", "body": "apt provides commandline tools for searching packages"},
+    {"id": "dpkg", "title": "Debian package management system", "body": "dpkg installs, removes and manages packages"},
+    {"id": "python3", "title": "interactive high-level object-oriented language", "body": "Python is a programming language"},
+    {"id": "grep", "title": "GNU grep, egrep and fgrep", "body": "grep searches files for lines matching a pattern"},
+]
+
+
+def _bulk(url, text, **kw):
+    return httpx.post(url + "/v1/search/documents", content=text, timeout=60, **kw)
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    r = start_router(tmp_path_factory.mktemp("api"))
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def test_bulk_reports_bad_lines_by_number_and_keeps_the_rest(router):
+    lines = [json.dumps(DOCS[0]), "{not json", json.dumps(DOCS[1]), "", json.dumps({"title": "no id"}),
+             json.dumps({"id": "x", "Bad-Field": "y"}), json.dumps(DOCS[2]), json.dumps(DOCS[3])]
+    r = _bulk(router.url, "\n".join(lines))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["accepted"] == 4
+    assert [e["line"] for e in body["errors"]] == [2, 5, 6]
+    hits = search(router.url, "package").json()["hits"]
+    assert {h["id"] for h in hits} == {"apt", "dpkg"}
+    assert hits[0]["fields"]["title"]
+
+
+def test_search_answers_with_scores_shards_and_timing(router):
+    body = search(router.url, "+package -debian").json()
+    assert [h["id"] for h in body["hits"]] == ["apt"]
+    assert body["shards"] == body["shards_answered"] == 2 and body["partial"] is False
+    assert body["took_ms"] >= 0 and body["hits"][0]["score"] > 0
+    assert [h["id"] for h in search(router.url, 'title:"commandline package"').json()["hits"]] == ["apt"]
+
+
+@pytest.mark.parametrize("query,position", [("(python", 0), ('apt "package', 4), ("apt AND", 4), ("a)", 1)])
+def test_query_syntax_errors_are_400_with_the_position(router, query, position):
+    r = search(router.url, query)
+    assert r.status_code == 400
+    assert r.json()["error"]["position"] == position and "position" in r.json()["error"]["message"]
+
+
+def test_bounds(router):
+    assert search(router.url, "x" * 5000).status_code == 400
+    assert search(router.url, "apt", top_k=100000).status_code == 400
+    assert search(router.url, " ".join(f"w{i}" for i in range(100))).status_code == 400
+
+
+def test_delete_and_the_cache_follow_writes(router):
+    first = search(router.url, "grep").json()
+    again = search(router.url, "GREP").json()  # normalized: the same entry
+    assert again["cached"] is True and again["hits"] == first["hits"]
+    assert httpx.delete(router.url + "/v1/search/documents/grep", timeout=30).status_code == 200
+    after = search(router.url, "grep").json()
+    assert after["cached"] is False and after["hits"] == []
+    metrics = httpx.get(router.url + "/metrics", timeout=10).text
+    assert 'sluice_search_cache_requests_total{result="hit"}' in metrics
+    for name in ("sluice_search_replica_request_seconds_bucket", "sluice_search_index_freshness_seconds",
+                 "sluice_search_cache_hit_ratio", "sluice_search_errors_total"):
+        assert name in metrics
+    assert 'sluice_search_errors_total{type="bad_query"}' in metrics
+
+
+def test_openapi_documents_the_api(router):
+    doc = httpx.get(router.url + "/openapi.json", timeout=10).json()
+    assert {"/v1/search", "/v1/search/documents", "/v1/search/documents/{doc_id}"} <= set(doc["paths"])
+
+
+def test_a_killed_local_replica_is_restarted_with_its_data(router):
+    before = status(router.url)["local_pids"]
+    name, pid = sorted(before.items())[0]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: status(router.url).get("local_pids", {}).get(name, pid) != pid, 60, "a restart")
+    wait_for(lambda: all(r["up"] for s in status(router.url)["shards"] for r in s["replicas"]), 60, "up again")
+    assert {h["id"] for h in search(router.url, "packages").json()["hits"]} == {"apt", "dpkg"}
+
+
+def test_keys_guard_search_and_ingest(tmp_path):
+    cfg = '[search]\napi_keys = ["search-key-1"]\ningest_keys = ["ingest-key-1"]\n[[shards]]\nname = "only"\n'
+    r = start_router(tmp_path, cfg, "keyed")
+    try:
+        line = json.dumps(DOCS[0])
+        assert _bulk(r.url, line).status_code == 401
+        assert _bulk(r.url, line, headers={"authorization": "Bearer search-key-1"}).status_code == 401
+        assert _bulk(r.url, line, headers={"authorization": "Bearer ingest-key-1"}).status_code == 200
+        assert search(r.url, "apt").status_code == 401
+        assert search(r.url, "apt", headers={"x-api-key": "search-key-1"}).json()["hits"][0]["id"] == "apt"
+        assert httpx.delete(r.url + "/v1/search/documents/apt", timeout=30).status_code == 401
+    finally:
+        r.stop()

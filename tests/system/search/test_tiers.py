@@ -1,0 +1,105 @@
+"""The cold tier through real processes: a real S3-compatible server (moto's server mode), an
+archive made by `sluice search archive`, a router whose content-sharded config puts one shard in
+object storage. The cold shard is fetched on its first query and merges exactly with the live
+one; writes that would land on it are refused by line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sluice.search import corpus
+from sluice.search.index.hits import merge
+from sluice.search.index.query_tree import resolve
+from sluice.search.index.schema import parse_document
+from sluice.search.index.shard_index import ShardIndex
+from sluice.search.shard.replica import Replica
+from tests.server_process import free_port
+from tests.system.search.cluster import HTTP, ingest, search, start_router, status, wait_for
+
+AWS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
+    server = Path(sys.executable).parent / "moto_server"
+    p = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _up(url), 60, "moto_server")
+        yield url
+    finally:
+        p.terminate()
+        p.wait(20)
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/moto-api/", timeout=2).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_cold_shard_is_fetched_on_first_query_and_merges_exactly(s3, tmp_path, monkeypatch):
+    for k, v in AWS.items():
+        monkeypatch.setenv(k, v)
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(Bucket="archive")
+    docs = corpus.documents(800)
+    old, live = [dict(d, year="2019") for d in docs[:400]], [dict(d, year="2024") for d in docs[400:]]
+    # the cold shard's index: built by a replica, archived by the CLI
+    r = Replica(tmp_path / "old-replica", fsync=False)
+    r.append(1, [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in old])
+    r.log.close()
+    env = {**os.environ, **AWS}
+    out = subprocess.run([sys.executable, "-m", "sluice.cli", "search", "archive", "--data", str(tmp_path / "old-replica"),
+                          "--to", "s3://archive/y2019.tar.gz", "--s3-endpoint", s3], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    cfg = f"""[search]
+sharding = "content"
+content_field = "year"
+s3_endpoint = "{s3}"
+shard_deadline_ms = 60000
+[[shards]]
+name = "live"
+default = true
+[[shards]]
+name = "y2019"
+replicas = []
+archive = "s3://archive/y2019.tar.gz"
+values = ["2019"]
+"""
+    router = start_router(tmp_path, cfg, "tiers")
+    try:
+        ingest(router.url, live)
+        assert status(router.url)["cold_tier"]["fetches"] == 0  # nothing fetched before a query
+        first = search(router.url, "library").json()
+        assert not first["partial"] and first["shards_answered"] == 2
+        cold = status(router.url)["cold_tier"]
+        assert cold["fetches"] == 1 and cold["used_bytes"] > 0
+        print(f"first query with a cold fetch: {first['took_ms']} ms (fetch {cold['first_query_fetch_s']}); "
+              f"next: {search(router.url, 'library package').json()['took_ms']} ms")
+        reference = ShardIndex(None)
+        for seq, d in enumerate(old + live, 1):
+            src = parse_document(d)
+            reference.apply(seq, [{"op": "upsert", "id": src.doc_id, "fields": src.fields}])
+        for q in corpus.queries(docs, 40):
+            got = search(router.url, q).json()
+            want = merge([reference.search(resolve(q, reference.analyzer), 10)], 10)
+            assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
+            for g, w in zip(got["hits"], want):
+                assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0)
+        assert status(router.url)["cold_tier"]["fetches"] == 1  # kept, not fetched again
+        bad = HTTP.post(router.url + "/v1/search/documents", content=json.dumps(dict(docs[0], year="2019"))).json()
+        assert bad["errors"] == [{"line": 1, "message": "shard y2019 is a read-only cold shard"}]
+    finally:
+        router.stop()
