@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from sluice.types import FinishReason, GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:  # no torch for whoever only needs the request's shape (routing, config)
+    from sluice.engine.speculative import SpecState
     from sluice.models.grammar.matcher import GrammarMatcher
 
 _sequence = itertools.count()
@@ -47,6 +48,7 @@ class Request:
     stop_sequence: str | None = None
     seq_no: int = field(default_factory=lambda: next(_sequence))  # FIFO tie-break, stable across preemption
     grammar: GrammarMatcher | None = None  # constrained decoding: the allowed next tokens
+    spec: SpecState | None = None  # speculative decoding: n-gram index, acceptance (engine/speculative.py)
 
     @classmethod
     def from_generation_request(cls, req: GenerationRequest, seed: int) -> "Request":

@@ -30,6 +30,9 @@ class ModelInput:
     meta: AttentionMetadata
     logits_indices: torch.Tensor
     sampling: list[ScheduledChunk]  # the chunks whose next token is sampled, in logits order
+    # per logits row: its offset among its chunk's sampled rows (a speculative decode samples
+    # one row per proposal plus one; every other chunk one row, offset 0)
+    offsets: list[int]
 
 
 class ModelRunner:
@@ -59,18 +62,25 @@ class ModelRunner:
         positions: list[int] = []
         slot_mapping: list[int] = []
         bs = self.block_size
+        sampling: list[ScheduledChunk] = []
+        offsets: list[int] = []
         for c in decodes:
-            p = c.start
-            ids.append(c.request.all_token_ids[p])
-            positions.append(p)
-            slot_mapping.append(c.block_ids[p // bs] * bs + p % bs)
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(decodes), block_size=bs)
+            # a speculative decode is one decode row per position: the known token, then each
+            # proposal, each attending to its own context over the request's blocks, so every
+            # row computes what plain decoding would at that position (engine/speculative.py)
+            for j, token in enumerate((c.request.all_token_ids[c.start], *c.spec_token_ids)):
+                p = c.start + j
+                ids.append(token)
+                positions.append(p)
+                slot_mapping.append(c.block_ids[p // bs] * bs + p % bs)
+                sampling.append(c)
+                offsets.append(j)
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(ids), block_size=bs)
         if decodes:
-            meta.block_tables, meta.context_lens = self._decode_tables(decodes)
+            meta.block_tables, meta.context_lens = self._decode_tables(sampling, positions)
             meta.max_context_len = max(c.end for c in decodes)
-            meta.min_context_len = min(c.end for c in decodes)
-        logits_rows = list(range(len(decodes)))
-        sampling = list(decodes)
+            meta.min_context_len = min(c.start + 1 for c in decodes)
+        logits_rows = list(range(len(ids)))
         for c in prefills:
             row = len(ids)
             ids.extend(c.request.all_token_ids[c.start : c.end])
@@ -81,6 +91,7 @@ class ModelRunner:
             if c.samples:
                 logits_rows.append(row + c.num_tokens - 1)
                 sampling.append(c)
+                offsets.append(0)
         meta.slot_mapping = torch.tensor(slot_mapping)
         inp = ModelInput(
             input_ids=torch.tensor(ids),
@@ -88,6 +99,7 @@ class ModelRunner:
             meta=meta,
             logits_indices=torch.tensor(logits_rows, dtype=torch.long),  # long even when empty
             sampling=sampling,
+            offsets=offsets,
         )
         if self.model.device.type != "cpu":
             self._stage(inp)
@@ -109,12 +121,13 @@ class ModelRunner:
         for span in masks:
             span.mask = next(moved)
 
-    def _decode_tables(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block tables padded with block 0 to the longest context, and the context lengths."""
-        ctx = [c.end for c in decodes]
+    def _decode_tables(self, rows: list[ScheduledChunk], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per decode row (its chunk, its position): the chunk's block table padded with block 0
+        to the longest context, and the row's context length."""
+        ctx = [p + 1 for p in positions[: len(rows)]]
         nblocks = -(-max(ctx) // self.block_size)
-        rows = [c.block_ids[:nblocks] + [0] * (nblocks - len(c.block_ids[:nblocks])) for c in decodes]
-        return torch.tensor(rows, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32)
+        tables = [c.block_ids[:nblocks] + [0] * (nblocks - len(c.block_ids[:nblocks])) for c in rows]
+        return torch.tensor(tables, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32)
 
     def _prefill_mask(self, c: ScheduledChunk) -> torch.Tensor | None:
         if c.start == 0 and not (self.window and c.end > self.window):
@@ -128,7 +141,8 @@ class ModelRunner:
 
     # -- execution -----------------------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
-        """Run one forward over the step and sample; returns (request, token) per sampling chunk."""
+        """Run one forward over the step and sample; returns (request, token) per sampled row, in
+        the step's order: one per sampling chunk, 1 + its proposals for a speculative decode."""
         inp = self.prepare(out)
         logits = self.model.forward(
             inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
@@ -140,7 +154,7 @@ class ModelRunner:
             logits,
             [r.sampling for r in reqs],
             [r.seed for r in reqs],
-            [r.num_output_tokens for r in reqs],
+            [r.num_output_tokens + j for r, j in zip(reqs, inp.offsets)],
             [r.grammar for r in reqs],
         )
         return list(zip(reqs, tokens))
