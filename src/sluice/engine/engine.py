@@ -221,13 +221,17 @@ class LLMEngine:
         self._stats.spec_proposed_tokens += len(chunk.spec_token_ids)
         self._stats.spec_accepted_tokens += len(tokens) - 1
         request.num_computed_tokens = chunk.start + len(tokens)  # the known token + the accepted ones
+        # Blocks that filled with accepted proposals join the prefix cache now, before a stop
+        # among the tokens below frees the request: their K/V is that of exactly these tokens.
+        accepted = tokens[:-1]
+        request.all_token_ids.extend(accepted)
+        self.kv.cache_computed(request, chunk.start)
+        del request.all_token_ids[len(request.all_token_ids) - len(accepted) :]
         events = []
         for token in tokens:
             events.append(self._append_token(request, token))
             if events[-1].finished:
                 break
-        if not request.is_finished:  # blocks that filled with accepted tokens join the prefix cache
-            self.kv.cache_computed(request, chunk.start)
         return merge_events(events)
 
     def _append_token(self, request: Request, token: int) -> GenerationEvent:
