@@ -18,7 +18,7 @@ Figures: per-stream decode tok/s = (output tokens - 1) / the engine's time from 
 to the last; x = with / without; accepted = accepted / proposed tokens; steps = decode steps
 taken. The outputs of the two engines must be equal (greedy and seeded): the run fails otherwise.
 
-    PYTHONPATH=src python bench/speculative.py [--k 4] [--max-tokens 128] [--threads 1] [--kernels auto|torch]
+    .venv/bin/python bench/speculative.py [--k 4] [--max-tokens 128] [--threads 1] [--kernels auto|torch]
 """
 
 from __future__ import annotations
@@ -123,10 +123,12 @@ def main() -> None:
         ids = loaded.tokenizer.encode_chat([{"role": "user", "content": WORKLOADS[name]}])
         return GenerationRequest(name + suffix, ids, params)
 
+    log = sys.stderr
+    results: dict = {"config": vars(args), "workloads": {}}
     print(f"kernels={args.kernels} uses_kernels={loaded.model.uses_kernels} threads={args.threads} k={args.k} "
-          f"max_tokens={args.max_tokens} temperature={args.temperature}")
+          f"max_tokens={args.max_tokens} temperature={args.temperature}", file=log)
     print(f"{'workload':<18}{'tokens':>7}{'off tok/s':>11}{'on tok/s':>10}{'x wall':>8}{'x CPU':>7}"
-          f"{'accepted':>14}{'steps off/on':>14}")
+          f"{'accepted':>14}{'steps off/on':>14}", file=log)
     mismatches = 0
     rounds = [(n, [req(n)]) for n in WORKLOADS]
     if args.batch:
@@ -149,8 +151,14 @@ def main() -> None:
             n = sum(len(on["tokens"][r.request_id]) for r in reqs)
         accepted = f"{on['accepted']}/{on['proposed']}"
         print(f"{label:<18}{n:>7}{w0:>11.1f}{w1:>10.1f}{w1 / w0:>8.2f}{c1 / c0:>7.2f}{accepted:>14}"
-              f"{off['steps']:>7}/{on['steps']:<6}", flush=True)
-    print("outputs equal" if not mismatches else f"OUTPUTS DIFFER for {mismatches} requests")
+              f"{off['steps']:>7}/{on['steps']:<6}", file=log, flush=True)
+        results["workloads"][label] = {
+            "tokens": n, "off_tok_s": w0, "on_tok_s": w1, "x_wall": w1 / w0, "x_cpu": c1 / c0,
+            "accepted": on["accepted"], "proposed": on["proposed"], "steps_off": off["steps"], "steps_on": on["steps"],
+        }
+    print("outputs equal" if not mismatches else f"OUTPUTS DIFFER for {mismatches} requests", file=log)
+    results["outputs_equal"] = not mismatches
+    print(json.dumps(results))
     sys.exit(1 if mismatches else 0)
 
 

@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 NGRAM_MAX = 4
 NGRAM_MIN = 2
 # A step's cost, in rows: `FIXED_ROWS` rows' worth of work that does not grow with the batch
-# (reading the weights) plus one per row. Measured on the CPU kernels at batch 1 (docs/BENCHMARKS.md,
-# "Speculative decoding"): 1, 2, 3 rows took 1 : 1.17 : 1.35, i.e. a row costs ~1/6 of a step.
+# (reading the weights) plus one per row. Measured on the AVX2 CPU kernels at batch 1
+# (docs/BENCHMARKS.md, "Speculative decoding"): 1, 2, 3, 4 rows took 1 : 1.18 : 1.22 : 1.3-1.4,
+# a row ~1/6 of a step; the 5th row costs ~half a step and later ones ~0.3 each, which
+# serving's default cap of 3 proposals (4 rows) stays clear of.
 FIXED_ROWS = 5.0
 # The acceptance rate a request starts with (a prior worth PRIOR_WEIGHT proposals), and how much
 # of the running rate each new verdict replaces.
