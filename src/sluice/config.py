@@ -107,6 +107,10 @@ class Settings(BaseSettings):
     # decode calls of at least this many rows split over the worker's threads (the kernels'
     # helper pool); 0 = off: for workers with cores of their own (docs/ENGINE.md)
     decode_split_rows: int | None = Field(None, ge=0, le=64)
+    # speculative decoding: n-gram proposals verified per decode at most; 0 = off. On for serving
+    # (EngineConfig's default is off): 1.1-2.5x per stream on repetitive work, 1.0x on free text
+    # (docs/BENCHMARKS.md, "Speculative decoding"); the output is unchanged either way
+    speculative_tokens: int = Field(3, ge=0, le=16)
     worker_start_timeout_s: float = Field(180.0, gt=0)
     # a spawned worker that dies is restarted (backoff 1 s, 2 s, 4 s … 30 s); after more than
     # worker_max_restarts exits within worker_restart_window_s, serve exits with code 3

@@ -80,6 +80,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="CPU kernels: split decode batches of at least N rows over the worker's threads; for workers "
         "with cores of their own, 32 measured best (default 0 = off)",
     )
+    g.add_argument(
+        "--speculative-tokens", type=int, default=None, metavar="K",
+        help="speculative decoding without a draft model: verify up to K tokens proposed from the request's "
+        "own context per decode, while it pays; the output is unchanged (0 = off)",
+    )
 
 
 
@@ -102,4 +107,5 @@ def engine_setting_values(args: argparse.Namespace) -> dict[str, object]:
         "batching_window_ms": args.batching_window_ms,
         "threads": args.threads,
         "decode_split_rows": args.decode_split_rows,
+        "speculative_tokens": args.speculative_tokens,
     }

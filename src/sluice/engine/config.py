@@ -28,12 +28,16 @@ ENGINE_SETTINGS = (
     "batching_window_ms",
     "threads",
     "decode_split_rows",
+    "speculative_tokens",
 )
 
 # One source for the defaults other modules report before an engine exists (EngineStats).
 # 8, not 16: on CPU a smaller block costs no measurable throughput and halves the unfilled
 # tail per request (KV waste 4.6 % -> 2.2 % on bench/engine_throughput.py, docs/BENCHMARKS.md)
 DEFAULT_BLOCK_SIZE = 8
+# Speculative decoding: proposals verified per decode at most (0 = off), and the cap.
+SPECULATIVE_TOKENS_DEFAULT = 0
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(slots=True)
@@ -97,6 +101,10 @@ class EngineConfig:
     # line, on the CPU). Off until measured on a GPU (docs/BENCHMARKS.md, "GPU"); an engine
     # setting only for now (bench/engine_throughput.py --set cuda_graphs=true), not a server flag.
     cuda_graphs: bool = False
+    # Speculative decoding without a draft model (engine/speculative.py): a decode may verify up to
+    # this many tokens proposed from the request's own context (n-gram lookup) in its step, per
+    # request, only while its acceptance rate makes it pay; 0 = off. Exact: output is unchanged.
+    speculative_tokens: int = SPECULATIVE_TOKENS_DEFAULT
     # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
     # sampling seed raises, so the partial-failure path is exercised deterministically.
     fault_fail_seed: int | None = None
@@ -130,6 +138,8 @@ class EngineConfig:
             raise ValueError("threads must be >= 0 (0 = auto)")
         if not 0 <= self.decode_split_rows <= 64:
             raise ValueError("decode_split_rows must be 0 (off) to 64")
+        if not 0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_tokens must be 0 (off) to {MAX_SPECULATIVE_TOKENS}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be >= 2")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:

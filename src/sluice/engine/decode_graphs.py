@@ -176,7 +176,8 @@ class DecodeGraphs:
 
     def bucket(self, chunks: Sequence[ScheduledChunk]) -> tuple[int, int] | None:
         """(batch, blocks) for a decode-only step that fits a bucket, else None (run eagerly)."""
-        if self.failure is not None or not chunks or not all(c.is_decode for c in chunks):
+        # a speculative decode has several rows per request: eager (its rows are not a bucket's)
+        if self.failure is not None or not chunks or not all(c.is_decode and not c.spec_token_ids for c in chunks):
             return None
         batch = batch_bucket(len(chunks), self.max_batch)
         blocks = block_bucket(-(-max(c.end for c in chunks) // self.block_size), self.max_blocks)

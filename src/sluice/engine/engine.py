@@ -22,7 +22,8 @@ from sluice.engine.kv_manager import KVCacheManager
 from sluice.engine.kv_memory import GIB, available_memory, kv_bytes_per_block, plan_kv_pool
 from sluice.engine.request import Request
 from sluice.engine.runner import ModelRunner
-from sluice.engine.scheduler import Scheduler, SchedulerOutput
+from sluice.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from sluice.engine.speculative import Speculator, accepted_tokens
 from sluice.engine.stats import EngineStats
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
 from sluice.models.detokenizer import IncrementalDetokenizer
@@ -146,8 +147,8 @@ class LLMEngine:
             sampled, failed = self._isolate(out)
         self.last_step_seconds = time.perf_counter() - started
         for chunk in out.chunks:
-            if not chunk.request.is_finished:
-                chunk.request.num_computed_tokens = chunk.end
+            if not chunk.request.is_finished:  # a speculative decode adds its accepted proposals below
+                chunk.request.num_computed_tokens = chunk.end - len(chunk.spec_token_ids)
         s = self._stats
         s.num_steps += 1
         s.last_step_tokens = out.num_batched_tokens
@@ -156,7 +157,7 @@ class LLMEngine:
         s.prompt_tokens_computed += sum(
             max(0, min(c.end, c.request.num_prompt_tokens) - c.start) for c in out.chunks
         )
-        return rejected + failed + [self._append_token(request, token) for request, token in sampled]
+        return rejected + failed + self._append_sampled(out, sampled)
 
     def _execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
         fault = self.config.fault_fail_seed
@@ -193,6 +194,52 @@ class LLMEngine:
                 out.chunks.remove(chunk)
                 failed.append(self._finish(chunk.request, FinishReason.ERROR, "", error="constrained decoding: the output no longer parses"))
         return failed
+
+    def _append_sampled(self, out: SchedulerOutput, sampled: list[tuple[Request, int]]) -> list[GenerationEvent]:
+        """One event per request: a speculative decode's rows (consecutive in `sampled`) are
+        verified together and may append several tokens."""
+        spec = {c.request.request_id: c for c in out.chunks if c.spec_token_ids}
+        if not spec:
+            return [self._append_token(request, token) for request, token in sampled]
+        events: list[GenerationEvent] = []
+        i = 0
+        while i < len(sampled):
+            request, token = sampled[i]
+            chunk = spec.get(request.request_id)
+            if chunk is None:
+                events.append(self._append_token(request, token))
+                i += 1
+                continue
+            picks = [t for _, t in sampled[i : i + 1 + len(chunk.spec_token_ids)]]
+            i += len(picks)
+            events.append(self._append_verified(chunk, picks))
+        return events
+
+    def _append_verified(self, chunk: ScheduledChunk, picks: list[int]) -> GenerationEvent:
+        """Keep a speculative decode's proposals as far as the picks agree, plus the next pick
+        (engine/speculative.py); their K/V is computed, the rejected ones' slots are rewritten
+        when those positions are computed again. Tokens go through the same stop checks one by
+        one, so EOS, stop sequences and max_tokens end the reply exactly where plain decoding
+        would, and the tokens after that are dropped."""
+        request = chunk.request
+        tokens = accepted_tokens(chunk.spec_token_ids, picks)
+        assert request.spec is not None
+        Speculator.record(request.spec, len(chunk.spec_token_ids), len(tokens) - 1)
+        self._stats.spec_proposed_tokens += len(chunk.spec_token_ids)
+        self._stats.spec_accepted_tokens += len(tokens) - 1
+        request.num_computed_tokens = chunk.start + len(tokens)  # the known token + the accepted ones
+        # Blocks that filled with accepted proposals join the prefix cache now, before a stop
+        # among the tokens below frees the request: their K/V is that of exactly these tokens.
+        accepted = tokens[:-1]
+        request.all_token_ids.extend(accepted)
+        self.kv.cache_computed(request, chunk.start)
+        del request.all_token_ids[len(request.all_token_ids) - len(accepted) :]
+        events = []
+        for token in tokens:
+            events.append(self._append_token(request, token))
+            if events[-1].finished:
+                break
+        return merge_events(events)
 
     def _append_token(self, request: Request, token: int) -> GenerationEvent:
         request.all_token_ids.append(token)
@@ -294,6 +341,18 @@ class LLMEngine:
                 acc.finished, acc.finish_reason, acc.stop_sequence = ev.finished, ev.finish_reason, ev.stop_sequence
                 acc.usage, acc.error = ev.usage, ev.error
         return results
+
+
+def merge_events(events: list[GenerationEvent]) -> GenerationEvent:
+    """One request's consecutive events of one step as one: the texts and tokens in order, the
+    last one's outcome (finish, usage), the first token's queue time."""
+    if len(events) == 1:
+        return events[0]
+    merged = events[-1]
+    merged.text = "".join(e.text for e in events)
+    merged.token_ids = [t for e in events for t in e.token_ids]
+    merged.queue_time_s = next((e.queue_time_s for e in events if e.queue_time_s is not None), None)
+    return merged
 
 
 def _outstanding(r: Request) -> int:

@@ -127,6 +127,14 @@ class KVCacheManager:
             if table[i].block_hash is None:
                 self.pool.cache(table[i], request.block_hashes[i])
 
+    def cache_computed(self, request: Request, start: int) -> None:
+        """Register the blocks from token `start` on that are now full of known, computed tokens.
+        A speculative decode computes its proposals before they are known, so a block it filled
+        was not full of known tokens when scheduled, and only becomes a cache entry here."""
+        table = self.tables.get(request.request_id)
+        if table and self.enable_prefix_caching:
+            self._cache_full_blocks(request, table, start, request.num_computed_tokens)
+
     def free(self, request: Request) -> None:
         """Release every block of a finished, aborted or preempted request, tail first.
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from sluice.types import FinishReason, GenerationRequest, SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:  # no torch for whoever only needs the request's shape (routing, config)
+    from sluice.engine.speculative import SpecState
     from sluice.models.grammar.matcher import GrammarMatcher
 
 _sequence = itertools.count()
@@ -52,6 +53,7 @@ class Request:
     # positions are computed (index i: prompt token i; [0] is None, nothing precedes it)
     new_logprob: TokenLogprob | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    spec: SpecState | None = None  # speculative decoding: n-gram index, acceptance (engine/speculative.py)
 
     @classmethod
     def from_generation_request(cls, req: GenerationRequest, seed: int) -> "Request":

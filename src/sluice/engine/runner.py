@@ -32,6 +32,9 @@ class ModelInput:
     meta: AttentionMetadata
     logits_indices: torch.Tensor
     sampling: list[ScheduledChunk]  # the chunks whose next token is sampled, in logits order
+    # per logits row: its offset among its chunk's sampled rows (a speculative decode samples
+    # one row per proposal plus one; every other chunk one row, offset 0)
+    offsets: list[int]
     # prompt logprobs: (request, first position) per prefill chunk that asks, in logits order
     # after the sampling rows; each covers consecutive positions (see _prompt_positions)
     prompt_spans: list[tuple[Request, int, int]] | None = None
@@ -67,18 +70,25 @@ class ModelRunner:
         positions: list[int] = []
         slot_mapping: list[int] = []
         bs = self.block_size
+        sampling: list[ScheduledChunk] = []
+        offsets: list[int] = []
         for c in decodes:
-            p = c.start
-            ids.append(c.request.all_token_ids[p])
-            positions.append(p)
-            slot_mapping.append(c.block_ids[p // bs] * bs + p % bs)
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(decodes), block_size=bs)
+            # a speculative decode is one decode row per position: the known token, then each
+            # proposal, each attending to its own context over the request's blocks, so every
+            # row computes what plain decoding would at that position (engine/speculative.py)
+            for j, token in enumerate((c.request.all_token_ids[c.start], *c.spec_token_ids)):
+                p = c.start + j
+                ids.append(token)
+                positions.append(p)
+                slot_mapping.append(c.block_ids[p // bs] * bs + p % bs)
+                sampling.append(c)
+                offsets.append(j)
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(ids), block_size=bs)
         if decodes:
-            meta.block_tables, meta.context_lens = self._decode_tables(decodes)
+            meta.block_tables, meta.context_lens = self._decode_tables(sampling, positions)
             meta.max_context_len = max(c.end for c in decodes)
-            meta.min_context_len = min(c.end for c in decodes)
-        logits_rows = list(range(len(decodes)))
-        sampling = list(decodes)
+            meta.min_context_len = min(c.start + 1 for c in decodes)
+        logits_rows = list(range(len(ids)))
         for c in prefills:
             row = len(ids)
             ids.extend(c.request.all_token_ids[c.start : c.end])
@@ -89,7 +99,8 @@ class ModelRunner:
             if c.samples:
                 logits_rows.append(row + c.num_tokens - 1)
                 sampling.append(c)
-        spans = self._prompt_spans(prefills, len(decodes), logits_rows)
+                offsets.append(0)
+        spans = self._prompt_spans(prefills, meta.num_decodes, logits_rows)
         meta.slot_mapping = torch.tensor(slot_mapping)
         inp = ModelInput(
             input_ids=torch.tensor(ids),
@@ -98,6 +109,7 @@ class ModelRunner:
             logits_indices=torch.tensor(logits_rows, dtype=torch.long),  # long even when empty
             sampling=sampling,
             prompt_spans=spans,
+            offsets=offsets,
         )
         if self.model.device.type != "cpu":
             self._stage(inp)
@@ -149,12 +161,13 @@ class ModelRunner:
             assert r.prompt_logprobs is not None
             r.prompt_logprobs.extend(next(scored) for _ in range(n))
 
-    def _decode_tables(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block tables padded with block 0 to the longest context, and the context lengths."""
-        ctx = [c.end for c in decodes]
+    def _decode_tables(self, rows: list[ScheduledChunk], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per decode row (its chunk, its position): the chunk's block table padded with block 0
+        to the longest context, and the row's context length."""
+        ctx = [p + 1 for p in positions[: len(rows)]]
         nblocks = -(-max(ctx) // self.block_size)
-        rows = [c.block_ids[:nblocks] + [0] * (nblocks - len(c.block_ids[:nblocks])) for c in decodes]
-        return torch.tensor(rows, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32)
+        tables = [c.block_ids[:nblocks] + [0] * (nblocks - len(c.block_ids[:nblocks])) for c in rows]
+        return torch.tensor(tables, dtype=torch.int32), torch.tensor(ctx, dtype=torch.int32)
 
     def _prefill_mask(self, c: ScheduledChunk) -> torch.Tensor | None:
         if c.start == 0 and not (self.window and c.end > self.window):
@@ -168,13 +181,14 @@ class ModelRunner:
 
     # -- execution -----------------------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
-        """Run one forward over the step and sample; returns (request, token) per sampling chunk."""
+        """Run one forward over the step and sample; returns (request, token) per sampled row, in
+        the step's order: one per sampling chunk, 1 + its proposals for a speculative decode."""
         key = self.graphs.bucket(out.chunks) if self.graphs is not None else None
         logits = None
         if key is not None:  # a decode-only step that fits a captured bucket: replay its graph
             assert self.graphs is not None
             logits = self.graphs.run(out.chunks, key)
-            sampling = out.chunks
+            sampling, offsets = list(out.chunks), [0] * len(out.chunks)
         if logits is None:
             inp = self.prepare(out)
             logits = self.model.forward(
@@ -183,7 +197,7 @@ class ModelRunner:
             if inp.prompt_spans:
                 self._record_prompt_logprobs(logits[len(inp.sampling) :], inp.prompt_spans)
                 logits = logits[: len(inp.sampling)]
-            sampling = inp.sampling
+            sampling, offsets = inp.sampling, inp.offsets
         if not sampling:
             return []
         reqs = [c.request for c in sampling]
@@ -194,7 +208,7 @@ class ModelRunner:
             logits,
             [r.sampling for r in reqs],
             [r.seed for r in reqs],
-            [r.num_output_tokens for r in reqs],
+            [r.num_output_tokens + j for r, j in zip(reqs, offsets)],
             [r.grammar for r in reqs],
         )
         if logprobs is not None:

@@ -26,6 +26,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
 from sluice.engine.policy import AdmissionPolicy, SchedulingPolicy, WaitingQueue, pick_victim
 from sluice.engine.request import Request, RequestStatus
+from sluice.engine.speculative import SpecState, Speculator
 
 # The adaptive window predicts the next arrival from the rate over the last RATE_HORIZON windows
 # (a time span, not a count: a burst of simultaneous arrivals must not read as a fast stream).
@@ -36,8 +37,11 @@ RATE_HORIZON = 10
 class ScheduledChunk:
     request: Request
     start: int  # tokens already in the cache before this step
-    num_tokens: int  # tokens computed this step
+    num_tokens: int  # tokens computed this step (speculative proposals included)
     block_ids: list[int]
+    # a decode's proposed next tokens (engine/speculative.py): computed after the known token,
+    # one row each, and kept only as far as the sampler agrees with them
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -46,11 +50,11 @@ class ScheduledChunk:
     @property
     def samples(self) -> bool:
         """After this chunk every known token is computed, so the next one is sampled."""
-        return self.end == self.request.num_tokens
+        return self.end - len(self.spec_token_ids) == self.request.num_tokens
 
     @property
     def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.samples
+        return self.num_tokens - len(self.spec_token_ids) == 1 and self.samples
 
 
 @dataclass(slots=True)
@@ -87,6 +91,7 @@ class Scheduler:
         self._new_tokens = 0
         self._arrivals: deque[float] = deque()  # arrival times within the rate horizon
         self._horizon_s = RATE_HORIZON * config.batching_window_ms / 1000.0
+        self.speculator = Speculator(config.speculative_tokens) if config.speculative_tokens else None
 
     # -- membership ----------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -126,6 +131,8 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted as a victim earlier in this loop
             n = self._chunk_size(req, req.num_tokens - req.num_computed_tokens, budget)
+            spec = self._proposals(req, budget) if n == 1 and self.speculator is not None else []
+            n += len(spec)
             while not self.kv.allocate(req, n):
                 victim = pick_victim(self.waiting, self.running)
                 self._preempt(victim)
@@ -135,7 +142,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                scheduled[req.request_id] = ScheduledChunk(req, req.num_computed_tokens, n, [])
+                scheduled[req.request_id] = ScheduledChunk(req, req.num_computed_tokens, n, [], spec)
                 budget -= n
         if not out.preempted:
             budget = self._admit(budget, scheduled, out)
@@ -143,6 +150,27 @@ class Scheduler:
             chunk.block_ids = self.kv.block_ids(chunk.request)
         out.chunks = list(scheduled.values())
         return out
+
+    def _proposals(self, req: Request, budget: int) -> list[int]:
+        """Speculative tokens for a decode: never for a constrained request (its grammar would
+        have to follow each proposal) nor for one that asks for logprobs (they travel one token
+        per step, Request.new_logprob), never beyond its max_tokens or the context window (the
+        accepted tokens and the bonus pick must fit), nor the step's budget, nor memory the
+        decode alone would not need (speculation never preempts anyone)."""
+        assert self.speculator is not None
+        if req.grammar is not None or req.sampling.logprobs is not None or req.num_computed_tokens != req.num_tokens - 1:
+            return []
+        limit = min(
+            req.sampling.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens - 1, budget - 1
+        )
+        if limit <= 0:
+            return []
+        if req.spec is None:
+            req.spec = SpecState()
+        spec = self.speculator.propose(req.spec, req.all_token_ids, limit, len(self.running))
+        if spec and not self.kv.can_allocate(req, 1 + len(spec)):
+            return []
+        return spec
 
     def _chunk_size(self, req: Request, remaining: int, budget: int) -> int:
         n = min(remaining, budget)

@@ -109,6 +109,7 @@ class EngineSettings(_Strict):
     threads: int | None = Field(None, ge=0)
     kv_idle_gib: float | None = Field(None, ge=0)
     decode_split_rows: int | None = Field(None, ge=0, le=64)
+    speculative_tokens: int | None = Field(None, ge=0, le=16)
     # where and how this version computes (one fleet may run a CUDA version beside a CPU one);
     # the spellings are the server settings' (docs/ENGINE.md), checked by building an EngineConfig
     device: str | None = None  # auto | cpu | cuda | cuda:N
