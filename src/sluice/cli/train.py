@@ -34,15 +34,21 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
 ]
 
 
-def _run(args: argparse.Namespace) -> int:
-    from sluice.train.launch import run
+def settings_from_args(args: argparse.Namespace):
+    """The run's TrainSettings: --config's file with the flags given on top."""
     from sluice.train.settings import load_settings
 
     overrides = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
                  for flag, _ in _RUN_FLAGS}
     overrides["skip_bad_lines"] = True if args.skip_bad_lines else None
     overrides["async_checkpoint"] = False if args.sync_checkpoint else None
-    return run(load_settings(args.config, overrides))
+    return load_settings(args.config, overrides)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sluice.train.launch import run
+
+    return run(settings_from_args(args))
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -72,6 +72,17 @@ def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:
     ]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM torchrun if this launcher dies (even by SIGKILL), so a
+    killed `sluice train run` never leaves a training group running on its own."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux/glibc: the launcher's own handlers still forward
+        pass
+
+
 def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     meta = prepare(settings)
     bad = meta.get("bad_lines") or []
@@ -82,8 +93,12 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     child_env = dict(os.environ if env is None else env)
     threads = settings.threads or max(1, (os.cpu_count() or 1) // settings.nproc)
     child_env.setdefault("OMP_NUM_THREADS", str(threads))
+    # With the rendezvous store shared with the workers (torch's default), a group restarted
+    # after a crash read the dead round's addresses and failed to connect (gloo: connection
+    # refused); with a store of their own per round, restarts (and a growing group) work.
+    child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     marker = settings.run_dir / STOPPED_MARKER
-    proc = subprocess.Popen(torchrun_argv(settings, free_port()), env=child_env)
+    proc = subprocess.Popen(torchrun_argv(settings, free_port()), env=child_env, preexec_fn=_die_with_parent)
     signalled = False
 
     def forward(signum: int, _frame) -> None:

@@ -89,7 +89,7 @@ def run(run_dir: Path) -> int:
     micro = settings.micro_batch(world)
     stopped = False
     for step in range(start + 1, settings.max_steps + 1):
-        faults.maybe_kill(rank, step, ckpt.wait)
+        faults.at_step_start(rank, step, ckpt.wait)
         t0 = time.perf_counter()
         lr = lr_at(step, settings.lr, settings.warmup_steps, settings.max_steps, settings.lr_schedule)
         for group in optim.param_groups:

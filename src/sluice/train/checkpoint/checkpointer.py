@@ -40,7 +40,7 @@ class Checkpointer:
         self._pending: tuple[int, Future] | None = None
         if self.rank == 0:
             root.mkdir(parents=True, exist_ok=True)
-            layout.remove_partials(root)
+            layout.recover_partials(root, keep)
         if dist.is_initialized():
             dist.barrier()
 

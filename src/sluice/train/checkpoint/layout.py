@@ -3,7 +3,7 @@
 `checkpoints/step-00000050/` is a complete checkpoint; it is written as
 `checkpoints/step-00000050.partial/` and renamed by rank 0 only after every rank's files and
 the metadata are on disk, so a crash mid-write leaves a `.partial` folder that is never
-loaded (and is removed by the next run's rank 0). A rename within one folder is atomic on
+loaded (the next run's rank 0 publishes it if DCP finished it, else removes it). A rename within one folder is atomic on
 POSIX file systems, including the shared volumes a cluster mounts.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 _NAME = re.compile(r"step-(\d{8})")
 PARTIAL = ".partial"
+METADATA = ".metadata"  # DCP's index of a checkpoint, written last
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -47,8 +48,18 @@ def finalize(root: Path, step: int, keep: int) -> Path:
     return final
 
 
-def remove_partials(root: Path) -> None:
-    if root.is_dir():
-        for p in root.iterdir():
-            if p.name.endswith(PARTIAL):
-                shutil.rmtree(p, ignore_errors=True)
+def recover_partials(root: Path, keep: int) -> None:
+    """At start-up (rank 0, before anyone reads): publish `.partial` folders that are complete,
+    remove the rest. DCP's coordinator writes `.metadata` (to a temporary name, then renamed)
+    only after every rank's files are written, so a partial with `.metadata` is a whole
+    checkpoint whose publication was cut short by a crash; one without it is half-written."""
+    if not root.is_dir():
+        return
+    for p in sorted(root.iterdir()):
+        m = _NAME.fullmatch(p.name.removesuffix(PARTIAL))
+        if not p.name.endswith(PARTIAL) or m is None:
+            continue
+        if (p / METADATA).is_file():
+            finalize(root, int(m.group(1)), keep)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
