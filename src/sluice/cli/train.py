@@ -46,9 +46,15 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sluice.train.launch import run
+    from sluice.train.launch import prepare, run
 
-    return run(settings_from_args(args))
+    settings = settings_from_args(args)
+    if args.prepare_only:
+        meta = prepare(settings)
+        print(f"prepared {settings.run_dir}: {meta['rows']} rows of {meta['seq_len']} tokens; start the workers with "
+              f"torchrun ... -m sluice.train.worker {settings.run_dir}", file=sys.stderr)
+        return 0
+    return run(settings)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -69,6 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for flag, kw in _RUN_FLAGS:
         run.add_argument(flag, default=None, **kw)
     run.add_argument("--skip-bad-lines", action="store_true", help="report bad data lines and train on the rest")
+    run.add_argument("--prepare-only", action="store_true",
+                     help="check the settings, tokenize the data into --out and stop (for torchrun on a cluster)")
     run.add_argument("--sync-checkpoint", action="store_true", help="write checkpoints in the step, not in the background")
     run.set_defaults(func=_run)
     exp = tsub.add_parser("export", help="write a run's checkpoint as an HF folder that sluice serves")
