@@ -12,6 +12,7 @@ and exit, and the agent's own grace period (30 s) bounds the wait.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -53,6 +54,8 @@ def check_same_run(settings: TrainSettings, run_dir: Path) -> None:
 
 def prepare(settings: TrainSettings) -> dict:
     """Validate the run folder and tokenize the data; the data's summary."""
+    if importlib.util.find_spec("transformers") is None:
+        raise TrainConfigError(["training needs transformers: pip install 'sluice[train]' (or the test extra)"])
     run_dir = settings.run_dir
     check_same_run(settings, run_dir)
     tok, tok_id = tokenizer_for(settings)
