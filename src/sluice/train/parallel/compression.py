@@ -8,7 +8,7 @@ bytes it handed to the collective (after compression) and the time to completion
   two uncompressed steps; its bytes are counted from the shapes it sends.
 - top-K (1 % of each bucket, error feedback): each rank sends its largest-magnitude entries and
   their indices (all-gather); what it did not send is added to its next step's gradient, so no
-  gradient is lost, only delayed.
+  gradient is lost, only delayed. The first step is sent whole (DDP rebuilds its buckets after it).
 """
 
 from __future__ import annotations
@@ -59,8 +59,18 @@ class _TopK:
     def __init__(self, stats: CommStats, ratio: float):
         self.stats, self.ratio = stats, ratio
         self.errors: dict[int, torch.Tensor] = {}
+        self.iteration = 0
+        self._plain = _cast_hook(None)
 
-    def __call__(self, _state, bucket):  # unannotated: DDP checks hook annotations literally
+    def __call__(self, bucket):
+        # DDP rebuilds its buckets (order and membership) after the first backward, so a
+        # residual kept by bucket index is valid from the second step on: the first is sent whole
+        if self.iteration == 0:
+            if bucket.is_last():
+                self.iteration += 1
+            return self._plain(self.stats, bucket)
+        if bucket.is_last():
+            self.iteration += 1
         started = time.perf_counter()
         buf = bucket.buffer()
         world = dist.get_world_size()
@@ -77,9 +87,9 @@ class _TopK:
         self.stats.bytes += packed.numel() * packed.element_size()
         fut = dist.all_gather(gathered, packed, async_op=True).get_future()
 
-        def finish(value: list[list[torch.Tensor]]) -> torch.Tensor:
+        def finish(_value) -> torch.Tensor:
             out = torch.zeros_like(buf)
-            for part in value[0]:
+            for part in gathered:  # filled in place by the completed all-gather
                 out.index_add_(0, part[k:].view(torch.int32).long(), part[:k].to(out.dtype))
             return out.div_(world)
 
@@ -108,17 +118,22 @@ class _PowerSGD:
                 total += t.numel() * t.element_size()
         return total
 
-    def __call__(self, _state, bucket):  # unannotated: DDP checks hook annotations literally
+    def __call__(self, bucket):
         started = time.perf_counter()
         self.stats.bytes += self._bytes(bucket)
         return _timed(self.stats, self.ps.powerSGD_hook(self.state, bucket), started, lambda v: v)
 
 
-def register_hook(ddp: torch.nn.Module, compression: Compression, stats: CommStats) -> None:
-    if compression is Compression.TOPK:
-        ddp.register_comm_hook(None, _TopK(stats, TOPK_RATIO))
-    elif compression is Compression.POWERSGD:
-        ddp.register_comm_hook(None, _PowerSGD(stats))
-    else:
-        dtype = {Compression.NONE: None, Compression.FP16: torch.float16, Compression.BF16: torch.bfloat16}[compression]
-        ddp.register_comm_hook(stats, _cast_hook(dtype))
+def _stateful_hook(state, bucket):  # DDP wants a function (it reads __name__): the state does the work
+    return state(bucket)
+
+
+def register_hook(ddp: torch.nn.Module, compression: Compression, stats: CommStats) -> object:
+    """Register `compression`'s hook on `ddp`; returns the hook's state (top-K's residuals, ...)."""
+    if compression in (Compression.TOPK, Compression.POWERSGD):
+        state = _TopK(stats, TOPK_RATIO) if compression is Compression.TOPK else _PowerSGD(stats)
+        ddp.register_comm_hook(state, _stateful_hook)
+        return state
+    dtype = {Compression.NONE: None, Compression.FP16: torch.float16, Compression.BF16: torch.bfloat16}[compression]
+    ddp.register_comm_hook(stats, _cast_hook(dtype))
+    return stats
