@@ -18,12 +18,6 @@ from sluice.train.errors import CheckpointError
 
 
 def export_run(run_dir: Path, out: Path, step: int | None = None) -> tuple[int, Path]:
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from sluice.train.model.hf_files import write_model_folder
-
     root = run_dir / "checkpoints"
     if step is None:
         found = layout.latest(root)
@@ -38,6 +32,13 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> tuple[int, 
     model_dir = run_dir / "model"
     if not (model_dir / "config.json").exists():
         raise CheckpointError(f"{model_dir} has no config.json: is {run_dir} a training run folder?")
+    # checked first, imported after: a wrong step or folder is reported without torch's start-up
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from sluice.train.model.hf_files import write_model_folder
+
     config = AutoConfig.from_pretrained(str(model_dir))
     module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict

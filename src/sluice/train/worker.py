@@ -41,7 +41,10 @@ log = logging.getLogger("sluice.train")
 class _StopFlag:
     def __init__(self) -> None:
         self.set = False
+        # SIGTERM from torchrun's agent (a spot notice passed on); SIGINT when Ctrl-C reaches the
+        # whole terminal process group: both stop after the step with a checkpoint
         signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.set = True  # acted on after the current step, by all ranks together

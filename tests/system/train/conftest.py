@@ -52,13 +52,14 @@ def run_in_process(*args: str) -> Path:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port()), "RANK": "0", "WORLD_SIZE": "1",
            "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
     saved_env = {k: os.environ.get(k) for k in env}
-    saved_sigterm = signal.getsignal(signal.SIGTERM)
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     threads = torch.get_num_threads()
     os.environ.update(env)
     try:
         assert worker.run(settings.run_dir) == 0
     finally:
-        signal.signal(signal.SIGTERM, saved_sigterm)
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
         torch.set_num_threads(threads)
         for k, v in saved_env.items():
             if v is None:

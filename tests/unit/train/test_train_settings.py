@@ -79,3 +79,14 @@ def test_metrics_after_the_resumed_step_are_dropped(tmp_path: Path):
     w.write(StepMetrics(4, 0.5, 1, 1, 0.1, 1.0, 0.1, 0.0, 0.1, 0, None, 0.0, 10.0, 0.1, 2))
     w.close()
     assert [m["step"] for m in read_metrics(path)] == [1, 2, 3, 4]
+
+
+def test_a_run_folder_resumes_only_the_same_run(tmp_path: Path):
+    from sluice.train.launch import check_same_run
+    from sluice.train.settings import write_resolved
+
+    base = {"data": "d.jsonl", "out": str(tmp_path), "max_steps": 10}
+    write_resolved(load_settings(None, base), tmp_path / "resolved_config.json")
+    check_same_run(load_settings(None, {**base, "max_steps": 50, "nproc": 2, "batch_size": 4}), tmp_path)
+    with pytest.raises(TrainConfigError, match=r"different seq_len, seed \(seq_len: 512 -> 64; seed: 0 -> 1\)"):
+        check_same_run(load_settings(None, {**base, "seq_len": 64, "seed": 1}), tmp_path)
