@@ -62,7 +62,7 @@ test: install
 # a longer, randomized pass of the schema-driven fuzz test (make test runs a bounded one)
 FUZZ_EXAMPLES ?= 500
 fuzz: install
-	SLUICE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SLUICE_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/test_openapi_fuzz.py $(PYTEST_ARGS)
+	SLUICE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SLUICE_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/unit/api/test_openapi_fuzz.py $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/engine_throughput.py

@@ -35,9 +35,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # the fleet forks worker
 
 from sluice.config import load_settings  # noqa: E402
 from sluice.gateway.principal import Principal  # noqa: E402
-from sluice.routing.fleet import Fleet  # noqa: E402
-from sluice.routing.registry import Registry  # noqa: E402
-from sluice.routing.worker_pool import WorkerStatus  # noqa: E402
+from sluice.routing.fleet.fleet import Fleet  # noqa: E402
+from sluice.routing.fleet_file.registry import Registry  # noqa: E402
+from sluice.routing.dispatch.worker_pool import WorkerStatus  # noqa: E402
 from sluice.serving.outcomes import TextDelta  # noqa: E402
 from sluice.serving.pipeline import ServingPipeline  # noqa: E402
 from sluice.serving.prompt import Conversation, Role, Turn  # noqa: E402

@@ -37,6 +37,14 @@ figure, the per-run values and the targets met / not met.
     .venv/bin/python bench/engine_throughput.py --paths --quick   # kernels vs torch path (bench/engine_paths.py)
     .venv/bin/python bench/engine_throughput.py --device cuda --batch 256 --skip-cache \
         --set max_num_seqs=256 --set max_num_batched_tokens=8192 --set kv_cache_gib=16   # a GPU: 1/8/32/256
+    .venv/bin/python bench/engine_throughput.py --random-init tiny --quick --skip-cache   # no checkpoint
+
+--random-init SHAPE runs a random-initialised model instead (models/random_init.py: `small` has
+the bundled model's shapes, `1b` a Llama-3.2-1B's, `tiny` is for smoke checks), weights drawn from
+--seed on the device, the same state dict for sluice and transformers; prompts are synthetic ids
+of the same lengths (~100 tokens, a shared 16-token head, then distinct), as no real tokenizer is
+needed for throughput. That is how the GPU figures are taken where no checkpoint can travel
+(bench/gpu_session.py).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from tqdm import tqdm
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.models.loader import default_model_path, load_model
+from sluice.models.random_init import SHAPES, hf_model, load_random_model, random_state_dict
 from sluice.types import GenerationRequest, SamplingParams
 
 SUBJECTS = ["Rivers", "Glaciers", "The printing press", "Honeybees", "Volcanoes", "Chess openings", "Sourdough",
@@ -99,6 +108,20 @@ def prompt_messages(i: int, nonce: bool = False) -> list[dict]:
 
 def prompts(tokenizer, n: int, nonce: bool = False) -> list[list[int]]:
     return [tokenizer.encode_chat(prompt_messages(i, nonce)) for i in range(n)]
+
+
+def synthetic_prompts(vocab: int, n: int, nonce: bool = False, length: int = 100) -> list[list[int]]:
+    """Token ids for a random-init model: a 16-token head every prompt shares (the chat template's
+    first blocks), then ids distinct per prompt; with `nonce`, a unique first id (no block shared)."""
+    head = [1 + (j * 7919) % (vocab - 1) for j in range(16)]
+    out = []
+    for i in range(n):
+        body = [1 + (i * 104729 + j * 7907 + 13) % (vocab - 1) for j in range(length - 16 - i % 7)]
+        p = head + body
+        if nonce:
+            p[0] = 1 + (i * 31) % (vocab - 1)
+        out.append(p)
+    return out
 
 
 # -- sluice -------------------------------------------------------------------------------------
@@ -218,6 +241,12 @@ def run_interleaved(engines: dict[str, LLMEngine], ids: list[list[int]], out_tok
 
 
 # -- transformers -------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    """Wait for queued GPU work before reading a host clock (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def hf_one_at_a_time(model, ids: list[list[int]], out_tokens: int, threads: int, bar: tqdm | None = None) -> dict:
     ttfts, decode, gen = [], [], []
     meter = Meter(threads)
@@ -226,10 +255,12 @@ def hf_one_at_a_time(model, ids: list[list[int]], out_tokens: int, threads: int,
         mask = torch.ones_like(x)
         s = time.perf_counter()
         model.generate(x, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+        _sync(model.device)
         ttfts.append(time.perf_counter() - s)
         s = time.perf_counter()
         out = model.generate(x, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens,
                              do_sample=False)
+        _sync(model.device)
         gen.append(time.perf_counter() - s)
         assert out.shape[1] - len(p) == out_tokens
         # decode time per token: the full generation minus its prefill (the TTFT probe's time)
@@ -277,6 +308,7 @@ def hf_static_batch(model, pad: int, ids: list[list[int]], out_tokens: int, thre
     t0 = time.perf_counter()
     out = model.generate(input_ids, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens,
                          do_sample=False, pad_token_id=pad)
+    _sync(model.device)
     wall = time.perf_counter() - t0
     assert out.shape[1] - width == out_tokens
     if bar is not None:
@@ -380,6 +412,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "figures); on a GPU use --batch 256 for the 1/8/32/256-stream levels (docs/BENCHMARKS.md, GPU)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weights and KV of both sides (default: float32, the exact mode)")
+    p.add_argument("--random-init", choices=sorted(SHAPES), default=None,
+                   help="a random-initialised model of these shapes instead of the bundled one (small: the "
+                        "bundled model's, 1b: Llama-3.2-1B's), synthetic prompt ids; for machines no checkpoint reaches")
+    p.add_argument("--seed", type=int, default=0, help="--random-init: the weights' seed (default: 0)")
+    p.add_argument("--json-out", default=None, help="also write the final JSON record to this file")
     p.add_argument("--quick", action="store_true",
                    help="smoke check: 1 run, --batch 8, --out-tokens 32, --hf-requests 1")
     p.add_argument("--skip-hf", action="store_true", help="skip the transformers phases (no ratios against it)")
@@ -447,11 +484,19 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_cache:
         phases += ["cache on", "cache off"]
 
-    log(f"loading the bundled model ({default_model_path().name}) ...")
-    loaded = load_model(progress=False, device=args.device, dtype=args.dtype)
+    state = None
+    if args.random_init:
+        log(f"random-init model: {args.random_init} shapes, seed {args.seed}, {args.dtype} on {args.device} ...")
+        state = random_state_dict(args.random_init, args.seed, args.dtype, args.device)
+        loaded = load_random_model(args.random_init, args.seed, args.dtype, args.device, state=state)
+        ids = synthetic_prompts(loaded.config.vocab_size, n)
+        nonce_ids = synthetic_prompts(loaded.config.vocab_size, n, nonce=True)
+    else:
+        log(f"loading the bundled model ({default_model_path().name}) ...")
+        loaded = load_model(progress=False, device=args.device, dtype=args.dtype)
+        ids = prompts(loaded.tokenizer, n)
+        nonce_ids = prompts(loaded.tokenizer, n, nonce=True)
     tok = loaded.tokenizer
-    ids = prompts(tok, n)
-    nonce_ids = prompts(tok, n, nonce=True)
     log(f"prompt lengths: {min(map(len, ids))}-{max(map(len, ids))} tokens; engine config overrides: "
         f"{args.config or 'none (defaults)'}")
     hf = None
@@ -460,9 +505,13 @@ def main(argv: list[str] | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
         transformers.logging.set_verbosity_error()
-        path = default_model_path()
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                  dtype=getattr(torch, args.dtype)).to(loaded.model.device).eval()
+        if state is not None:  # the same weights, built by transformers' own LlamaForCausalLM
+            hf = hf_model(args.random_init, state, args.dtype, loaded.model.device)
+        else:
+            path = default_model_path()
+            hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                      dtype=getattr(torch, args.dtype)).to(loaded.model.device).eval()
+    del state
     pad = tok.eos_token_ids[0] if tok.eos_token_ids else 0
 
     results: dict[str, list[dict]] = {k: [] for k in phases}
@@ -532,6 +581,10 @@ def main(argv: list[str] | None = None) -> None:
                     "python": platform.python_version(), "torch": torch.__version__,
                     "device": str(loaded.model.device),
                     "gpu": torch.cuda.get_device_name(loaded.model.device) if loaded.model.device.type == "cuda" else None},
+        "model": loaded.config.name,
+        "weight_bytes": loaded.model.weight_bytes(),
+        "graph_replays": engines["main"].runner.graphs.replays if engines["main"].runner.graphs is not None else None,
+        "graph_failure": engines["main"].runner.graphs.failure if engines["main"].runner.graphs is not None else None,
         "args": {k: v for k, v in vars(args).items() if k not in ("set",)},
         "engine_config": dataclasses.asdict(EngineConfig(**args.config)),
         "prompt_tokens": {"min": min(map(len, ids)), "max": max(map(len, ids))},
@@ -541,6 +594,9 @@ def main(argv: list[str] | None = None) -> None:
         "runs": results,
     }
     print(json.dumps(record), flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(record, f)
 
 
 def _cpu_name() -> str:

@@ -14,6 +14,17 @@ Between rounds the supervisor restarts the killed worker and the script waits un
 warm again.
 
     .venv/bin/python bench/failover.py [--rounds 5] [--streams 6] [--max-tokens 48]
+
+`--restart` measures instead how soon a stream continues on its worker restarted at the same
+address: a fleet of ONE local replica (`migration_wait_s = 60`), one greedy stream, kill -9 of
+the worker after --kill-after s; its supervisor restarts it and the health poller warms it. For
+each round: the restart time (kill → the new process warm in /admin/fleet, polled every 20 ms),
+the resumption delay (warm → the stream's next delta; negative by up to one status poll when
+the stream was faster than the poll) and, to compare it with, the stream's own TTFT (a
+continuation re-prefills the prompt and the tokens sent so far on the new process). Before the fix the stream waited for half of
+`migration_wait_s` after the loss (30 s here) whenever the restart was quicker than that.
+
+    .venv/bin/python bench/failover.py --restart [--rounds 3] [--max-tokens 200]
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -42,11 +54,59 @@ MIGRATED = re.compile(r"request (msg_\w+): worker \S+ lost after (\d+) output to
 RETRIED = re.compile(r"request (msg_\w+): worker \S+ failed before any output")
 
 
-def fleet_file() -> Path:
+def fleet_file(replicas: int = 2, routing: str = "") -> Path:
     path = Path(tempfile.mkdtemp(prefix="sluice-bench-")) / "fleet.toml"
-    path.write_text(f'[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 100\nreplicas = 2\n'
+    path.write_text(f'{routing}[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 100\nreplicas = {replicas}\n'
                     f'[models."{MODEL}".versions.v1.engine]\nkv_cache_gib = 0.25\nmax_num_seqs = 16\n')
     return path
+
+
+async def restart_round(url: str, r: int, max_tokens: int, kill_after: float) -> dict:
+    """One stream on the only worker; kill -9 it; time its restart and the stream's resumption."""
+    body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Round {r}: tell a long story about {TOPICS[r % len(TOPICS)]}."}]}
+    async with httpx.AsyncClient(timeout=600) as client:
+        task = asyncio.ensure_future(stream(client, url, body))
+        while True:
+            busy = [w for w in (await asyncio.to_thread(fleet_status, url))["workers"] if w["inflight"] > 0 and w["pid"]]
+            if busy or task.done():
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(kill_after)
+        victim = busy[0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        killed = time.perf_counter()
+        while True:
+            workers = (await asyncio.to_thread(fleet_status, url))["workers"]
+            if any(w["status"] == "warm" and w["pid"] and w["pid"] != victim for w in workers):
+                warm = time.perf_counter()
+                break
+            await asyncio.sleep(0.02)
+        reply = await task
+    after = [t for t in reply.deltas if t > killed]
+    gaps = [(b - a, b) for a, b in zip(reply.deltas, reply.deltas[1:])]
+    resumed = max(gaps)[1] if gaps else float("nan")  # the delta that ended the outage
+    # the stream's own TTFT (queue + prefill on a warm worker): what a continuation pays at
+    # least, since it re-prefills the prompt and the tokens sent so far on the new process
+    return {"ok": reply.ok, "restart_s": round(warm - killed, 2), "resume_after_warm_ms": round(1000 * (resumed - warm)),
+            "ttft_ms": round(1000 * reply.ttft), "deltas_after_kill": len(after)}
+
+
+def main_restart(args: argparse.Namespace) -> None:
+    proc = start_server(["--fleet", str(fleet_file(1, "[routing]\nmigration_wait_s = 60\n"))],
+                        env={"SLUICE_ADMIN_KEY": ADMIN}, timeout=600)
+    try:
+        load0 = load_average()
+        rounds = []
+        for r in range(args.rounds):
+            wait_warm(proc.base_url, 1)
+            rounds.append(asyncio.run(restart_round(proc.base_url, r, args.max_tokens, args.kill_after)))
+        delays = [x["resume_after_warm_ms"] for x in rounds]
+        print(json.dumps({"rounds": rounds, "lost_streams": sum(1 for x in rounds if not x["ok"]),
+                          "resume_after_warm_ms_max": max(delays), "migration_wait_s": 60,
+                          "load_average": [round(load0, 1), round(load_average(), 1)]}))
+    finally:
+        proc.stop()
 
 
 async def one_round(url: str, r: int, streams: int, max_tokens: int, kill_after: float) -> tuple[list, int]:
@@ -79,7 +139,11 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--kill-after", type=float, default=1.0, help="seconds of streaming before the kill (default 1)")
+    ap.add_argument("--restart", action="store_true",
+                    help="measure a stream's resumption on its only worker restarted at the same address")
     args = ap.parse_args()
+    if args.restart:
+        return main_restart(args)
     proc = start_server(["--fleet", str(fleet_file())], env={"SLUICE_ADMIN_KEY": ADMIN}, timeout=600)
     extra: list[float] = []
     lost = migrated_total = 0

@@ -34,7 +34,7 @@ from sluice.models.grammar.matcher import GrammarMatcher
 from sluice.models.loader import load_model
 from sluice.models.tools.format import HERMES
 from sluice.models.tools.guidance import json_schema_guidance, tool_guidance
-from sluice.models.tools.spec import ToolChoice, ToolSpec
+from sluice.tool_types import ToolChoice, ToolSpec
 from sluice.types import GenerationRequest, GuidedDecoding, SamplingParams
 
 LONG_JSON = json_schema_guidance(

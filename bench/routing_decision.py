@@ -7,7 +7,7 @@ The fleet: one model, two versions (90/10), two warm workers each; prompts of --
   version    choose_version (weighted rendezvous over the versions)
   affinity   affinity_key (sha256 chain over the leading 4 KV blocks, tenant-salted)
   pick       WorkerPicker.pick over the version's workers
-  route      FleetRouter.route + finish, no quota store (the three above + pool accounting)
+  route      FleetRouter plan + dispatch, then finish_dispatch + settle, no quota store (the three above + pool accounting)
   route+mem  the same with a memory quota store (a quota on the tier)
   route+redis  the same with the Redis quota store (a real redis-server started here, two
              Lua round trips per request: acquire + settle)
@@ -32,16 +32,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sluice.routing.circuit_breaker import Outcome  # noqa: E402
-from sluice.routing.fleet_file import parse_fleet  # noqa: E402
-from sluice.routing.quota_memory import MemoryQuotaStore  # noqa: E402
-from sluice.routing.quota_redis import RedisQuotaStore  # noqa: E402
-from sluice.routing.registry import Registry  # noqa: E402
-from sluice.routing.router import FleetRouter, RouteRequest  # noqa: E402
-from sluice.routing.version_router import choose_version, sticky_key  # noqa: E402
-from sluice.routing.worker_picker import WorkerPicker, affinity_key  # noqa: E402
-from sluice.routing.worker_pool import WorkerPool, WorkerStatus  # noqa: E402
+from sluice.routing.dispatch.circuit_breaker import Outcome  # noqa: E402
+from sluice.routing.fleet_file.loader import parse_fleet  # noqa: E402
+from sluice.routing.quota.memory_store import MemoryQuotaStore  # noqa: E402
+from sluice.routing.quota.redis_store import RedisQuotaStore  # noqa: E402
+from sluice.routing.fleet_file.registry import Registry  # noqa: E402
+from sluice.routing.dispatch.router import FleetRouter  # noqa: E402
+from sluice.routing.dispatch.version_router import choose_version, sticky_key  # noqa: E402
+from sluice.routing.dispatch.worker_picker import WorkerPicker, affinity_key  # noqa: E402
+from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
+from tests.routing_calls import RouteRequest, finish, route  # noqa: E402 (plan + dispatch + settle, as serving calls them)
 
 FLEET = """\
 [models.m.tiers."*"]
@@ -108,8 +109,8 @@ async def main() -> None:
                 picker.pick(cands, affinity_key(r.prompt_token_ids, 8, 4, r.tenant))
             else:
                 router = routers[variant]
-                d = await router.route(r)
-                await router.finish(d, Outcome.SUCCESS, r.cost_tokens // 2)
+                d = await route(router, r)
+                await finish(router, d, Outcome.SUCCESS, r.cost_tokens // 2)
             times.append(time.perf_counter() - t0)
         return times
 

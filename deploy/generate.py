@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from sluice.routing.fleet_file import load_fleet
-from sluice.routing.keda_scaledobject import scaled_object, worker_model
-from sluice.routing.scaling_settings import ScalingSettings
+from sluice.routing.fleet_file.loader import load_fleet
+from sluice.routing.scaling.keda_scaledobject import scaled_object, worker_model
+from sluice.routing.fleet_file.scaling_settings import ScalingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "deploy/k8s/base/fleet.toml"  # the gateways' fleet file (ConfigMap sluice-fleet)
@@ -58,7 +58,7 @@ def outputs(settings: ScalingSettings, fleet: Path = FLEET) -> dict[Path, Callab
 
     def keda() -> str:
         return _yaml(scaled_object(settings, model=fleet_model(fleet)),
-                     "src/sluice/routing/scaling_settings.py and deploy/k8s/base/fleet.toml")
+                     "src/sluice/routing/fleet_file/scaling_settings.py and deploy/k8s/base/fleet.toml")
 
     def rules() -> str:
         from deploy.tools.prometheus_rules import rule_groups

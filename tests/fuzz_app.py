@@ -14,9 +14,9 @@ from starlette.types import Receive, Scope, Send
 from sluice.api.app import create_app
 from sluice.config import load_settings
 from sluice.gateway.authenticator import Authenticator, OpenAccess
-from sluice.routing.default_fleet import fleet_from_settings
-from sluice.routing.fleet import Fleet
-from sluice.routing.registry import Registry
+from sluice.routing.fleet_file.default_fleet import fleet_from_settings
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.registry import Registry
 from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.replay_log import ReplayLog
 from tests.fake_engine import FakeEngine, Script

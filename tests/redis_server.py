@@ -17,14 +17,24 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed: `make install` installs Debian's redis-server")
+        self.binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="sluice-redis-")
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._start()
+
+    def restart_empty(self) -> None:
+        """Stop the server and start a new one on the same port with no data (no persistence:
+        what a Redis without RDB/AOF looks like after a restart)."""
+        self._terminate()
+        self._start()
+
+    def _start(self) -> None:
         self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--protected-mode", "yes"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        self.url = f"redis://127.0.0.1:{self.port}/0"
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -36,7 +46,7 @@ class RedisServer:
                     raise RuntimeError("redis-server did not start")
                 time.sleep(0.05)
 
-    def stop(self) -> None:
+    def _terminate(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -44,4 +54,7 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+
+    def stop(self) -> None:
+        self._terminate()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -21,7 +21,7 @@ from grafana_foundation_sdk.builders.common import GraphThresholdsStyleConfig, V
 from grafana_foundation_sdk.models.common import GraphTresholdsStyleMode, LegendDisplayMode, LegendPlacement, SortOrder, TooltipDisplayMode
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, ThresholdsMode
 
-from sluice.routing.scaling_settings import ScalingSettings
+from sluice.routing.fleet_file.scaling_settings import ScalingSettings
 
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 _REFS = "ABCDEFGH"

@@ -6,11 +6,13 @@ before any model loads.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sluice.errors import SluiceError
 
 MB = 1024 * 1024
+T = TypeVar("T")
 
 # Where the model runs: auto (the first CUDA device when torch sees one, else the CPU), cpu, cuda
 # (the current CUDA device) or cuda:N. The one spelling rule, shared by Settings, EngineConfig and
@@ -28,6 +31,31 @@ _DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 def is_device_name(name: str) -> bool:
     return _DEVICE_RE.fullmatch(name) is not None
+
+
+class StoreKind(str, enum.Enum):
+    """Where shared state lives: in this process, or in Redis (shared by every replica)."""
+
+    MEMORY = "memory"
+    REDIS = "redis"
+
+
+def by_store_kind(kind: StoreKind | str, what: str, memory: Callable[[], T], redis: Callable[[], T]) -> T:
+    """The store a `*_store` setting names, built by the matching factory (each store module is
+    imported by its factory, so a gateway without Redis never loads redis); an unknown kind
+    fails naming `what` and the choices."""
+    if kind in (StoreKind.MEMORY, StoreKind.MEMORY.value):
+        return memory()
+    if kind in (StoreKind.REDIS, StoreKind.REDIS.value):
+        return redis()
+    raise ValueError(f"unknown {what} {kind!r}: use 'memory' or 'redis'")
+
+
+class StoreFailMode(str, enum.Enum):
+    """What a store outage means for a request: admit it (`open`) or refuse it with 529 (`closed`)."""
+
+    OPEN = "open"
+    CLOSED = "closed"
 
 
 class SettingsError(SluiceError):
@@ -101,7 +129,7 @@ class Settings(BaseSettings):
     # also the most one SSE write may block
     send_timeout_s: float = Field(30.0, gt=0)
     max_stream_duration_s: float = Field(600.0, gt=0)
-    stream_open_wait_s: float = Field(1.0, ge=0)  # a queued stream opens (and pings) after this
+    stream_open_wait_s: float = Field(1.0, ge=0)  # a stream with no output yet opens (and pings) after this
     request_timeout_s: float = Field(600.0, gt=0)  # non-streaming requests
     # reading a request (api/read_guard.py): slow or oversized requests are refused (408 / 431)
     header_timeout_s: float = Field(10.0, gt=0)  # connection open / first byte → headers complete
@@ -126,13 +154,13 @@ class Settings(BaseSettings):
     tool_format: str = "hermes"
 
     # -- stream resume (docs/API.md) ---------------------------------------------------------
-    replay_store: Literal["memory", "redis"] = "memory"  # redis: resume through any replica
+    replay_store: StoreKind = StoreKind.MEMORY  # redis: resume through any replica
     replay_ttl_s: float = Field(600.0, gt=0)  # how long a finished stream can be resumed
     replay_max_bytes: int = Field(1 << 20, ge=4096)  # per stream (memory store)
 
     # -- idempotent retries (docs/API.md: Idempotency-Key) ------------------------------------
     # memory: one gateway process; redis (redis_url): every replica shares the keys
-    idempotency_store: Literal["memory", "redis"] = "memory"
+    idempotency_store: StoreKind = StoreKind.MEMORY
     # how long a completed reply answers retries of its key. An hour: the SDKs retry within
     # seconds, a job runner resubmits after a crash within minutes; LLM replies are large, so
     # 24 h (Stripe's) would hold a day of replies in Redis. Raise it where retries come later.
@@ -152,9 +180,9 @@ class Settings(BaseSettings):
     key_cache_ttl_s: float = Field(5.0, ge=0)
     tiers: dict[str, dict[str, Any]] = Field(default_factory=dict)  # [tiers.NAME] overrides
     default_tier: str = "standard"  # tier of the single-key / open principal (unlimited unless set)
-    limits_store: Literal["memory", "redis"] = "memory"
+    limits_store: StoreKind = StoreKind.MEMORY
     redis_url: str = "redis://127.0.0.1:6379/0"
-    on_store_error: Literal["open", "closed"] = "open"  # Redis down: admit (open) or 529 (closed)
+    on_store_error: StoreFailMode = StoreFailMode.OPEN  # Redis down: admit (open) or 529 (closed)
     max_inflight: int | None = Field(None, ge=1)  # requests dispatched to the engine; default max_num_seqs + 8
     max_queued_tokens: int = Field(500_000, ge=1)  # admission queue bound (prompt + max_tokens)
     aging_s: float = Field(10.0, ge=0)  # a waiting request gains one band per aging_s
@@ -186,7 +214,7 @@ class Settings(BaseSettings):
     def _retries_follow_streams_everywhere(self) -> "Settings":
         # a retry of a keyed stream follows the first attempt's replay log: with keys shared
         # across replicas, the log must be too, or a retry on another replica finds nothing
-        if self.idempotency_store == "redis" and self.replay_store != "redis":
+        if self.idempotency_store is StoreKind.REDIS and self.replay_store is not StoreKind.REDIS:
             raise ValueError("idempotency_store = 'redis' needs replay_store = 'redis' (a retried stream is "
                              "followed through the replay log, from any replica)")
         return self

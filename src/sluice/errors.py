@@ -26,5 +26,15 @@ class EngineUnavailableError(SluiceError):
     """No engine could take the request (worker unreachable, not ready, or shut down)."""
 
 
+class EngineRefusedError(EngineUnavailableError):
+    """The worker is up and answered, but refused this request (an injected fault): retried
+    elsewhere and counted by its breaker, but no sign that the worker is gone."""
+
+
+class EngineTimeoutError(EngineUnavailableError):
+    """A call's deadline passed with no answer: the engine is slow or hung, not known to be gone
+    (the health probes judge that; a refused or broken call marks its worker down at once)."""
+
+
 class ContextWindowExceededError(InvalidRequestError):
     """The prompt (plus room for at least one output token) does not fit the context window."""

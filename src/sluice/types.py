@@ -17,6 +17,8 @@ from sluice.errors import InvalidRequestError
 # what the worker protocol (worker/proto/engine.proto) can carry
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# the most alternatives a logprobs request may ask for per position (OpenAI's limit is 20)
+MAX_LOGPROBS = 20
 # Both wire formats restrict tool names to this; the grammar relies on it (a name needs no
 # escaping inside the call's JSON string).
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -130,6 +132,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     guided: GuidedDecoding | None = None  # grammar-constrained decoding (JSON, tool calls)
+    # Log-probabilities (computed only when asked): None = off; n = the chosen token's logprob
+    # plus the n most likely alternatives (0..MAX_LOGPROBS). `logprobs` covers each output token,
+    # `prompt_logprobs` each prompt token after the first (a request that asks for them is not
+    # served from the prefix cache: every prompt position's logits must be computed).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field. Also bounds every value to what
@@ -149,6 +157,10 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop sequences must be non-empty strings")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and not (isinstance(n, int) and 0 <= n <= MAX_LOGPROBS):
+                raise InvalidRequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {n!r}")
         if self.guided is not None:
             self.guided.validate()
 
@@ -179,6 +191,12 @@ class GenerationRequest:
     resumed_output_ids: list[int] = field(default_factory=list)
     resumed_text_chars: int = 0
 
+    @property
+    def token_cost(self) -> int:
+        """The tokens this request can occupy, prompt + max_tokens: the one estimate the quota
+        reservation, the worker's load accounting and the admission queue count it at."""
+        return len(self.prompt_token_ids) + self.sampling.max_tokens
+
 
 @dataclass(slots=True)
 class Usage:
@@ -187,6 +205,17 @@ class Usage:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """One position's log-probability: of `token_id` under the model's distribution (the exact
+    log-softmax of its logits, before temperature, top-k/p or grammar masks), and the `top` most
+    likely (token id, logprob) pairs there, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(slots=True)
@@ -206,3 +235,7 @@ class GenerationEvent:
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     queue_time_s: float | None = None  # on the first token's event: seconds queued in the engine
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token_ids entry, when asked
+    # on the first token's event, when asked: one per prompt token (the first is None: nothing
+    # precedes it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None

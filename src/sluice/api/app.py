@@ -16,10 +16,12 @@ from sluice.api.auth import TIER_STATE
 from sluice.api.anthropic import routes as anthropic_routes
 from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
+from sluice.api.openai import completions_routes
 from sluice.api.openai import routes as openai_routes
-from sluice.engine.stats import combined
+from sluice.api.openai import tokenize_routes
 from sluice.gateway.authenticator import OpenAccess
 from sluice.serving.errors import ServingError
+from sluice.serving.metrics_scrape import scrape
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.request import VERSION_HEADER
 from sluice.serving.runtime import ServingRuntime
@@ -94,22 +96,15 @@ def create_app(rt: ServingRuntime) -> FastAPI:
 
     @app.get("/metrics", openapi_extra=openapi_doc.METRICS)
     async def metrics() -> Response:
-        if rt.fleet is not None:
-            # per version: engines that do not answer are left out; engine_up says when none does
-            answered = await rt.fleet.fresh_stats()
-            rt.metrics.observe_engines({key: combined(s) if s else None for key, s in answered.items()})
-            rt.metrics.observe_workers(rt.fleet.worker_counts())
-            rt.metrics.observe_warm_pool(rt.fleet.warm_pool_counts())
-            rt.metrics.observe_scaling(rt.fleet.scaling_signals())
-        if rt.gateway is not None:
-            rt.metrics.observe_gateway(rt.gateway)
-        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(await scrape(rt), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     pipeline = ServingPipeline(rt)
     app.include_router(batches.build_router(rt, pipeline))  # before /v1/messages/{...} routes
     app.include_router(anthropic_routes.build_router(rt, pipeline))
     app.include_router(resume.build_router(rt))
     app.include_router(openai_routes.build_router(rt, pipeline))
+    app.include_router(completions_routes.build_router(rt, pipeline))
+    app.include_router(tokenize_routes.build_router(rt, pipeline))
     admin_guard = admin.guard_for(rt)
     app.include_router(admin.build_router(rt, admin_guard))
     app.include_router(status_page.build_router(rt, admin_guard))

@@ -117,7 +117,7 @@ def retry_headers(seconds: float) -> dict[str, str]:
 
 
 def is_openai_path(path: str) -> bool:
-    return path.startswith(("/v1/chat/", "/v1/completions", "/openai/"))
+    return path.startswith(("/v1/chat/", "/v1/completions", "/openai/", "/tokenize", "/detokenize"))
 
 
 def api_error_for(exc: ServingError) -> ApiError:

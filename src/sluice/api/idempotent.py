@@ -1,4 +1,4 @@
-"""`Idempotency-Key` on the generation routes: read the header, ask serving/idempotency.py what
+"""`Idempotency-Key` on the generation routes: read the header, ask serving/idempotency/retries.py what
 this attempt does, render what a retry gets — the kept reply, or the first attempt's stream
 (kept events, or followed live through the replay log). Both wire formats use it.
 
@@ -19,8 +19,8 @@ from sluice.api.anthropic.render import PING
 from sluice.api.headers import idempotency_key
 from sluice.api.sse import event_stream_response
 from sluice.gateway.principal import Principal
-from sluice.serving.idempotency import Action, Attempt, fingerprint
-from sluice.serving.idempotency_store import StoredReply
+from sluice.serving.idempotency.retries import Action, Attempt, fingerprint
+from sluice.serving.idempotency.store import StoredReply
 from sluice.serving.request import ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.replay_log import ReplayEvent

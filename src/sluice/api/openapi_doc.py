@@ -27,9 +27,12 @@ from pydantic.json_schema import models_json_schema
 from sluice.api.anthropic.convert import VERSIONS
 from sluice.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from sluice.api.headers import BACKGROUND_HEADER, CACHE_HEADER, IDEMPOTENCY_HEADER, QUEUE_TIMEOUT_HEADER
+from sluice.api.openai.completions_schema import CompletionRequest
 from sluice.api.openai.schema import ChatCompletionRequest
+from sluice.api.openai.tokenize_schema import DetokenizeRequest, TokenizeRequest
 from sluice.api.openapi_models import RESPONSE_MODELS
 from sluice.config import Settings
+from sluice.api.anthropic.batch_schema import BatchCreate
 
 REF = "#/components/schemas/{model}"
 # rules the routes check in their own words (api/anthropic/prompt.py, batches.py), stated for schema readers
@@ -39,7 +42,7 @@ RULES = (
     ("TextBlock", "text", "minLength", 1),  # "text content blocks must be non-empty"
     ("BatchItem", "custom_id", "pattern", "^[A-Za-z0-9_-]{1,64}$"),  # api/anthropic/batches.py CUSTOM_ID
 )
-LENIENT_MODELS = ("MessagesRequest", "CountTokensRequest", "ChatCompletionRequest")  # reject_unknown_fields = false
+LENIENT_MODELS = ("MessagesRequest", "CountTokensRequest", "ChatCompletionRequest", "CompletionRequest")  # reject_unknown_fields = false
 
 
 class Family(str, enum.Enum):
@@ -150,9 +153,9 @@ def document(app: FastAPI, settings: Settings, open_access: bool) -> dict[str, A
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = doc.setdefault("components", {})
     schemas: dict[str, Any] = components.setdefault("schemas", {})
-    from sluice.api.anthropic.batches import BatchCreate  # here: the batch routes import this module
 
-    requests: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest, BatchCreate, ChatCompletionRequest)
+    requests: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest, BatchCreate, ChatCompletionRequest,
+                                             CompletionRequest, TokenizeRequest, DetokenizeRequest)
     _, defs = models_json_schema(
         [(m, "validation") for m in requests] + [(m, "serialization") for m in RESPONSE_MODELS], ref_template=REF
     )

@@ -2,7 +2,7 @@
 
 The routes build their replies as dicts (renderers in api/anthropic and api/openai); these
 models say what those dicts hold, so a schema-driven client knows, and the fuzz test
-(tests/test_openapi_fuzz.py) checks every reply it gets against them. Request bodies need no
+(tests/unit/api/test_openapi_fuzz.py) checks every reply it gets against them. Request bodies need no
 models here: the document uses the same models that validate the requests.
 """
 
@@ -161,11 +161,29 @@ class AssistantMessage(_Doc):
     refusal: str | None
 
 
+class TopLogprob(_Doc):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobEntry(_Doc):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Doc):
+    content: list[TokenLogprobEntry]
+    refusal: None = None
+
+
 class Choice(_Doc):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length", "content_filter"]
-    logprobs: None = None
+    finish_reason: Literal["stop", "length", "content_filter", "tool_calls"]
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(_Doc):
@@ -179,6 +197,48 @@ class ChatCompletion(_Doc):
     usage: CompletionUsage
 
 
+class LegacyLogprobs(_Doc):
+    """Parallel lists over the choice's tokens (the echoed prompt's first: its first logprob null)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class TextChoice(_Doc):
+    text: str
+    index: int
+    logprobs: LegacyLogprobs | None
+    finish_reason: Literal["stop", "length", "content_filter"]
+
+
+class TextCompletion(_Doc):
+    """A non-streaming `POST /v1/completions` reply."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: CompletionUsage
+
+
+class TokenizeResult(_Doc):
+    """`POST /tokenize`: the ids (and, with return_token_strs, each token's text)."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResult(_Doc):
+    """`POST /detokenize`."""
+
+    prompt: str
+
+
 class Health(_Doc):
     status: str
 
@@ -190,5 +250,5 @@ class Readiness(_Doc):
 
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     AnthropicError, OpenAIError, MessageObject, TokenCount, ModelInfo, ModelList, MessageBatch, MessageBatchList,
-    DeletedBatch, ChatCompletion, Health, Readiness,
+    DeletedBatch, ChatCompletion, TextCompletion, TokenizeResult, DetokenizeResult, Health, Readiness,
 )

@@ -21,9 +21,8 @@ from sluice.config import Settings
 from sluice.errors import InvalidRequestError
 from sluice.gateway.factory import build_authenticator
 from sluice.gateway.tiers import load_tiers
-from sluice.routing.fleet import Fleet
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
-from sluice.serving.fleet_setup import build_registry, start_fleet
+from sluice.serving.fleet_setup import Fleet, build_registry, start_fleet
 from sluice.serving.guided import resolve_tool_format
 from sluice.serving.runtime import ServingRuntime, build_safety
 

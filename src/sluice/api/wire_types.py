@@ -29,3 +29,5 @@ JsonInt = Annotated[int, BeforeValidator(_integral)]
 Count = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(_integral)]  # what the worker protocol carries
 PositiveCount = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), BeforeValidator(_integral)]
+LogprobCount = Annotated[int, Field(ge=0, le=20), BeforeValidator(_integral)]  # alternatives per token (OpenAI's limit)
+ChoiceCount = Annotated[int, Field(ge=1, le=16), BeforeValidator(_integral)]  # n / best_of

@@ -64,8 +64,8 @@ def _prestart_worker(settings) -> None:  # Settings
         return
     if settings.model and not Path(settings.model).expanduser().exists():
         return  # the gateway says so itself, once (the worker would print the same error too)
-    from sluice.routing.default_fleet import fleet_from_settings
-    from sluice.routing.replica_launch import local_replica_count, replica_launch
+    from sluice.routing.fleet_file.default_fleet import fleet_from_settings
+    from sluice.routing.fleet.replica_launch import local_replica_count, replica_launch
     from sluice.worker.spawn import prestart_local_worker
 
     try:

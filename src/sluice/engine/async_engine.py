@@ -9,6 +9,7 @@ Leaving `generate()` early (client disconnect, task cancellation) aborts the req
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import queue
 import threading
@@ -25,6 +26,13 @@ log = logging.getLogger(__name__)
 
 _Sink = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
 
+
+
+class Command(enum.Enum):
+    """What the event loop asks of the engine thread (its queue carries these, nothing else)."""
+
+    ADD = "add"  # payload: a GenerationRequest, with the sink its events go to
+    ABORT = "abort"  # payload: a request id
 
 class AsyncEngine:
     """Runs an LLMEngine on its own thread.
@@ -110,7 +118,7 @@ class AsyncEngine:
             # tokenizer view, ~1 s): off the event loop, so other streams keep flowing
             await asyncio.get_running_loop().run_in_executor(None, self.engine.validate, request)
         events: asyncio.Queue = asyncio.Queue()
-        self._submit("add", request, (asyncio.get_running_loop(), events))
+        self._submit(Command.ADD, request, (asyncio.get_running_loop(), events))
         finished = False
         try:
             while not finished:
@@ -132,13 +140,13 @@ class AsyncEngine:
                 self.abort(request.request_id)
 
     def abort(self, request_id: str) -> None:
-        self._submit("abort", request_id, None)
+        self._submit(Command.ABORT, request_id, None)
 
     def stats(self) -> EngineStats:
         """A snapshot taken after the last step (lock-free for the caller)."""
         return self._stats
 
-    def _submit(self, kind: str, payload: Any, sink: _Sink | None) -> None:
+    def _submit(self, kind: Command, payload: Any, sink: _Sink | None) -> None:
         self._commands.put((kind, payload, sink))
         self._wakeup.set()
 
@@ -182,14 +190,14 @@ class AsyncEngine:
                 kind, payload, sink = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
+            if kind is Command.ADD:
                 try:
                     self.engine.add_request(payload)
                     self._sinks[payload.request_id] = sink
                 except SluiceError as exc:
                     loop, q = sink
                     loop.call_soon_threadsafe(q.put_nowait, exc)
-            elif kind == "abort":
+            elif kind is Command.ABORT:
                 event = self.engine.abort_request(payload)
                 if event is not None:
                     self._deliver([event])

@@ -82,7 +82,7 @@ class EngineConfig:
     batching_window_ratio: float = 0.25
     # torch threads of this engine's forward passes (intra-op: GEMMs and the CPU kernels).
     # 0 = auto: torch's default (one per core) for a worker alone; `sluice serve` gives each of
-    # its local workers an equal share of the cores instead (routing/replica_launch.py), since
+    # its local workers an equal share of the cores instead (routing/fleet/replica_launch.py), since
     # two OpenMP teams spinning on the same cores slow each other down many times over.
     threads: int = 0
     # CPU kernels: decode calls of at least this many rows (and ~1M multiply-adds) split over
@@ -92,6 +92,11 @@ class EngineConfig:
     # 0.66-0.72x (docs/BENCHMARKS.md, "Decode batches on two threads"). For workers that have
     # cores of their own (a Kubernetes worker pod), 32 is the measured cut.
     decode_split_rows: int = 0
+    # CUDA graphs for decode-only steps (engine/decode_graphs.py): captured per batch-size and
+    # block-count bucket on first use, then replayed. Only on a CUDA device (ignored, with a log
+    # line, on the CPU). Off until measured on a GPU (docs/BENCHMARKS.md, "GPU"); an engine
+    # setting only for now (bench/engine_throughput.py --set cuda_graphs=true), not a server flag.
+    cuda_graphs: bool = False
     # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
     # sampling seed raises, so the partial-failure path is exercised deterministically.
     fault_fail_seed: int | None = None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from sluice.engine.config import EngineConfig
+from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_manager import KVCacheManager
 from sluice.engine.kv_memory import GIB, available_memory, kv_bytes_per_block, plan_kv_pool
 from sluice.engine.request import Request
@@ -61,6 +62,12 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, clock)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics))
+        if config.cuda_graphs:
+            if self.model.device.type == "cuda":
+                self.runner.graphs = DecodeGraphs(self.model, self.runner.kv_caches, config.block_size,
+                                                  config.max_num_seqs, -(-self.max_model_len // config.block_size))
+            else:
+                log.info("cuda_graphs is on but the model is on %s: decode steps run eagerly", self.model.device)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(loaded.config.eos_token_ids)
@@ -212,6 +219,10 @@ class LLMEngine:
             event = self._finish(request, reason, detok.take(final=True), token, error=error)
         else:
             event = GenerationEvent(request.request_id, detok.take(), [token], usage=self._usage(request))
+        if request.new_logprob is not None:  # asked for: the runner scored the token
+            event.logprobs, request.new_logprob = [request.new_logprob], None
+        if request.prompt_logprobs is not None:  # with the first token, once (a recompute skips them)
+            event.prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if request.num_output_tokens == 1 and request.first_scheduled_time is not None:
             event.queue_time_s = max(0.0, request.first_scheduled_time - request.arrival_time)
         return event
@@ -278,6 +289,8 @@ class LLMEngine:
                 acc = results[ev.request_id]
                 acc.text += ev.text
                 acc.token_ids.extend(ev.token_ids)
+                acc.logprobs.extend(ev.logprobs)
+                acc.prompt_logprobs = acc.prompt_logprobs or ev.prompt_logprobs
                 acc.finished, acc.finish_reason, acc.stop_sequence = ev.finished, ev.finish_reason, ev.stop_sequence
                 acc.usage, acc.error = ev.usage, ev.error
         return results

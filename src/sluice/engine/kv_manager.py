@@ -72,8 +72,8 @@ class KVCacheManager:
     # -- prefix cache ---------------------------------------------------------------------------
     def find_prefix(self, request: Request) -> PrefixHit:
         """Longest cached prefix of a request that holds no blocks yet."""
-        if not self.enable_prefix_caching:
-            return NO_HIT
+        if not self.enable_prefix_caching or request.prompt_logprobs is not None:
+            return NO_HIT  # prompt logprobs need every prompt position's logits computed
         extend_hashes(request.block_hashes, request.all_token_ids, self.block_size, self._salt(request))
         # The last token is always recomputed: its logits start generation.
         max_blocks = (request.num_tokens - 1) // self.block_size

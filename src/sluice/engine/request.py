@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sluice.types import FinishReason, GenerationRequest, SamplingParams
+from sluice.types import FinishReason, GenerationRequest, SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:  # no torch for whoever only needs the request's shape (routing, config)
     from sluice.models.grammar.matcher import GrammarMatcher
@@ -47,6 +47,11 @@ class Request:
     stop_sequence: str | None = None
     seq_no: int = field(default_factory=lambda: next(_sequence))  # FIFO tie-break, stable across preemption
     grammar: GrammarMatcher | None = None  # constrained decoding: the allowed next tokens
+    # logprobs, when the request asks (SamplingParams.logprobs / prompt_logprobs): the runner
+    # leaves the sampled token's here for the engine's event, and fills the prompt's as its
+    # positions are computed (index i: prompt token i; [0] is None, nothing precedes it)
+    new_logprob: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @classmethod
     def from_generation_request(cls, req: GenerationRequest, seed: int) -> "Request":
@@ -59,6 +64,7 @@ class Request:
             arrival_time=req.arrival_time,
             seed=seed,
             all_token_ids=[*req.prompt_token_ids, *req.resumed_output_ids],
+            prompt_logprobs=None if req.sampling.prompt_logprobs is None else [None],
         )
 
     @property

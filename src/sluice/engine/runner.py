@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_memory import lazy_zeros
 from sluice.engine.request import Request
 from sluice.engine.scheduler import ScheduledChunk, SchedulerOutput
@@ -20,6 +21,7 @@ from sluice.engine.staging import stage
 from sluice.models.attention import AttentionMetadata, PrefillSpan
 from sluice.models.kernels import Numerics
 from sluice.models.llama import LlamaModel
+from sluice.models.logprobs import log_softmax_rows, token_logprobs
 from sluice.models.sampler import sample
 
 
@@ -30,6 +32,9 @@ class ModelInput:
     meta: AttentionMetadata
     logits_indices: torch.Tensor
     sampling: list[ScheduledChunk]  # the chunks whose next token is sampled, in logits order
+    # prompt logprobs: (request, first position) per prefill chunk that asks, in logits order
+    # after the sampling rows; each covers consecutive positions (see _prompt_positions)
+    prompt_spans: list[tuple[Request, int, int]] | None = None
 
 
 class ModelRunner:
@@ -46,6 +51,9 @@ class ModelRunner:
             for _ in range(cfg.num_layers)
         ]
         self.window = cfg.sliding_window
+        # CUDA graphs for decode-only steps (engine/decode_graphs.py); set by the engine when
+        # EngineConfig.cuda_graphs is on and the model is on a CUDA device
+        self.graphs: DecodeGraphs | None = None
 
     # -- input preparation ---------------------------------------------------------------------
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
@@ -81,6 +89,7 @@ class ModelRunner:
             if c.samples:
                 logits_rows.append(row + c.num_tokens - 1)
                 sampling.append(c)
+        spans = self._prompt_spans(prefills, len(decodes), logits_rows)
         meta.slot_mapping = torch.tensor(slot_mapping)
         inp = ModelInput(
             input_ids=torch.tensor(ids),
@@ -88,6 +97,7 @@ class ModelRunner:
             meta=meta,
             logits_indices=torch.tensor(logits_rows, dtype=torch.long),  # long even when empty
             sampling=sampling,
+            prompt_spans=spans,
         )
         if self.model.device.type != "cpu":
             self._stage(inp)
@@ -109,6 +119,36 @@ class ModelRunner:
         for span in masks:
             span.mask = next(moved)
 
+    @staticmethod
+    def _prompt_spans(prefills: list[ScheduledChunk], first_row: int, logits_rows: list[int]) -> list[tuple[Request, int, int]] | None:
+        """Extra logits rows for prompt logprobs: position p's logits score prompt token p + 1,
+        so a chunk over [start, end) scores tokens start+1 .. min(end, P-1). Positions already
+        scored (a recompute after preemption) are skipped. Appended to `logits_rows`."""
+        spans: list[tuple[Request, int, int]] = []
+        row = first_row
+        for c in prefills:
+            r = c.request
+            if r.prompt_logprobs is not None:
+                start = max(c.start, len(r.prompt_logprobs) - 1)
+                end = min(c.end, r.num_prompt_tokens - 1)
+                if end > start:
+                    logits_rows.extend(range(row + start - c.start, row + end - c.start))
+                    spans.append((r, start, end - start))
+            row += c.num_tokens
+        return spans or None
+
+    def _record_prompt_logprobs(self, logits: torch.Tensor, spans: list[tuple[Request, int, int]]) -> None:
+        logprobs = log_softmax_rows(logits)
+        targets: list[int] = []
+        top_n: list[int] = []
+        for r, start, n in spans:
+            targets.extend(r.all_token_ids[start + 1 : start + 1 + n])
+            top_n.extend([r.sampling.prompt_logprobs or 0] * n)
+        scored = iter(token_logprobs(logprobs, targets, top_n))
+        for r, _start, n in spans:
+            assert r.prompt_logprobs is not None
+            r.prompt_logprobs.extend(next(scored) for _ in range(n))
+
     def _decode_tables(self, decodes: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         """Block tables padded with block 0 to the longest context, and the context lengths."""
         ctx = [c.end for c in decodes]
@@ -129,13 +169,27 @@ class ModelRunner:
     # -- execution -----------------------------------------------------------------------------
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
         """Run one forward over the step and sample; returns (request, token) per sampling chunk."""
-        inp = self.prepare(out)
-        logits = self.model.forward(
-            inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
-        )
-        if not inp.sampling:
+        key = self.graphs.bucket(out.chunks) if self.graphs is not None else None
+        logits = None
+        if key is not None:  # a decode-only step that fits a captured bucket: replay its graph
+            assert self.graphs is not None
+            logits = self.graphs.run(out.chunks, key)
+            sampling = out.chunks
+        if logits is None:
+            inp = self.prepare(out)
+            logits = self.model.forward(
+                inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
+            )
+            if inp.prompt_spans:
+                self._record_prompt_logprobs(logits[len(inp.sampling) :], inp.prompt_spans)
+                logits = logits[: len(inp.sampling)]
+            sampling = inp.sampling
+        if not sampling:
             return []
-        reqs = [c.request for c in inp.sampling]
+        reqs = [c.request for c in sampling]
+        # logprobs before sampling: the model's distribution, not the masked one (in place)
+        asking = [i for i, r in enumerate(reqs) if r.sampling.logprobs is not None]
+        logprobs = log_softmax_rows(logits[asking]) if asking else None
         tokens = sample(
             logits,
             [r.sampling for r in reqs],
@@ -143,4 +197,8 @@ class ModelRunner:
             [r.num_output_tokens for r in reqs],
             [r.grammar for r in reqs],
         )
+        if logprobs is not None:
+            scored = token_logprobs(logprobs, [tokens[i] for i in asking], [reqs[i].sampling.logprobs or 0 for i in asking])
+            for i, lp in zip(asking, scored):
+                reqs[i].new_logprob = lp
         return list(zip(reqs, tokens))

@@ -162,7 +162,7 @@ class AdmissionQueue:
         """(estimated tokens queued + estimated tokens in flight) / capacity_tokens.
 
         Gateway-wide (the status page); the exported autoscaling input is per model,
-        `sluice_scaling_signal{model}` (routing/scaling_signal.py), and equals this for a fleet
+        `sluice_scaling_signal{model}` (routing/scaling/signal.py), and equals this for a fleet
         of one model. In-flight work counts as well as queued work, so a fully busy deployment
         with an empty queue reads ~1, not 0 (a queued-only signal would scale a saturated fleet
         down). Above 1 demand exceeds what the
@@ -172,7 +172,7 @@ class AdmissionQueue:
 
     def queued_tokens_from_band(self, band: int) -> int:
         """Estimated tokens waiting in `band` and the bands after it (the autoscaler's batch
-        share: work that may wait for a cold start; scaling_policy.py)."""
+        share: work that may wait for a cold start; scaling/policy.py)."""
         return sum(e.ticket.est_tokens for e in self._waiting if e.ticket.band >= band)
 
     # -- internals --------------------------------------------------------------------------------

@@ -154,13 +154,19 @@ class Gateway:
         use_cache: bool = True,
         deadline_s: float | None = None,
         band: int | None = None,
+        limited: asyncio.Event | None = None,
     ) -> Session:
+        """`limited`: set once the rate limits have admitted the request (what is left is the
+        queue's wait), so a stream opens early only while it queues, never while a limit —
+        or a hung limits store — may still refuse it."""
         decision = Decision(True)
         if self.limiter is not None and principal.limits is not None:
             decision = await self.limiter.acquire(principal.limit_key, principal.limits, input_tokens, max_tokens)
             if not decision.allowed:
                 self.counts["rate_limited" if decision.reason is not LimitReason.STORE_UNAVAILABLE else "overloaded"] += 1
                 raise RateLimited(decision)
+        if limited is not None:
+            limited.set()
         session = Session(self, principal, decision, max_tokens if decision.allowed else 0, produce, key)
         if decision.lease is not None and self.limiter is not None:
             session._renewing = asyncio.ensure_future(_renew_lease(self.limiter, principal.limit_key, decision.lease))

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import uuid
 
-import redis.asyncio as aioredis
 
 from sluice.gateway.limits import BucketState, Decision, LimitReason, Limits
 from sluice.gateway.token_bucket import WINDOW_S, reset_s
+from sluice.redis_client import redis_client
+
+# Every script starts here: Redis' own clock (one clock for every gateway), and the window.
+NOW_AND_WINDOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local window = tonumber(ARGV[1])"""
 
 # KEYS: bucket keys..., concurrency key.  ARGV: window, lease_ttl, max_concurrent (-1 = none),
 # lease id, then (limit, cost) per bucket. Returns {allowed, retry_after, reason, left...}
 # (numbers as strings: Lua numbers would be truncated to integers on the way out).
-ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local window = tonumber(ARGV[1])
+ACQUIRE = NOW_AND_WINDOW + """
 local lease_ttl = tonumber(ARGV[2])
 local max_conc = tonumber(ARGV[3])
 local nb = #KEYS - 1
@@ -74,10 +77,7 @@ return out
 """
 
 # KEYS: output bucket, concurrency key. ARGV: window, limit (-1 = none), refund, lease ('' = none)
-SETTLE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local window = tonumber(ARGV[1])
+SETTLE = NOW_AND_WINDOW + """
 local limit = tonumber(ARGV[2])
 local refund = tonumber(ARGV[3])
 if limit > 0 and refund > 0 then
@@ -111,11 +111,7 @@ class RedisLimiter:
                  max_connections: int = 64):
         # Short timeouts: a limiter that hangs would stall every request behind it. A blocking
         # pool: a burst waits briefly for a connection instead of failing with "too many".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=2.0, socket_timeout=1.0, socket_connect_timeout=1.0,
-            decode_responses=True,
-        )
-        self.redis = aioredis.Redis(connection_pool=pool)
+        self.redis = redis_client(url, max_connections=max_connections)
         self.prefix = prefix
         self.lease_ttl_s = lease_ttl_s
         self.window_s = window_s

@@ -31,6 +31,8 @@ def onednn_available(device: torch.device, dtype: torch.dtype) -> bool:
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        # oneDNN's bf16 prepack refuses CPUs without AVX-512 BW/VL/DQ or AVX-NE-CONVERT
+        and (dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
     )
 
 

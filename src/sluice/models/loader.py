@@ -12,7 +12,7 @@ from sluice.errors import ModelLoadError
 from sluice.models.bundled import default_model_path
 from sluice.models.config import ModelConfig
 from sluice.models.device import resolve_device
-from sluice.models.gguf_loader import load_gguf
+from sluice.models.gguf.loader import load_gguf
 from sluice.models.kernels import KernelChoice, kernel_ops
 from sluice.models.llama import LlamaModel
 from sluice.models.safetensors_loader import load_safetensors_folder

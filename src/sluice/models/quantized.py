@@ -36,7 +36,7 @@ class QuantizedWeight:
 
     @classmethod
     def from_blocks(cls, qtype: QuantType, rows: int, cols: int, raw: np.ndarray) -> "QuantizedWeight":
-        # A writable view is kept as it is (models/gguf_file.py maps the file copy-on-write, and
+        # A writable view is kept as it is (models/gguf/file.py maps the file copy-on-write, and
         # the kernels' packing copies the blocks anyway); a read-only one (gguf's GGUFReader) is
         # copied, so torch.from_numpy can take it.
         data = np.asarray(raw, dtype=np.uint8) if raw.flags.writeable else np.array(raw, dtype=np.uint8, copy=True)

@@ -2,7 +2,7 @@
 
 The HTTP process tokenizes and applies the chat template once and sends token ids to the engine
 worker; it needs the tokenizer, not the weights. Nothing here imports torch (a test checks it):
-reading a GGUF's metadata maps the file and parses its header (models/gguf_file.py), and a
+reading a GGUF's metadata maps the file and parses its header (models/gguf/file.py), and a
 folder's tokenizer is its tokenizer.json, so the gateway starts without torch's ~2 s import and
 ~200 MiB of resident memory.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from sluice.errors import ModelLoadError
 from sluice.models.bundled import default_model_path
 from sluice.models.config import ModelConfig
-from sluice.models.gguf_metadata import file_config, open_gguf, tokenizer
+from sluice.models.gguf.metadata import file_config, open_gguf, tokenizer
 from sluice.models.hf_folder import folder_tokenizer, read_json
 from sluice.models.tokenizer import Tokenizer
 

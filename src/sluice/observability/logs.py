@@ -10,7 +10,7 @@ passed around. The trace ids come from the current OpenTelemetry span, when trac
 
 What never reaches a log: prompt or reply text, API keys, Authorization headers. The code logs
 ids, counts, timings and categories only (safety verdicts log offsets, not text, unless a policy
-opts in with `log_text`); `tests/test_logs.py` checks a whole serve's output for a canary prompt
+opts in with `log_text`); `tests/system/api/test_logs.py` checks a whole serve's output for a canary prompt
 and key.
 """
 

@@ -150,7 +150,7 @@ class ServingMetrics:
         self.gateway_rejected.labels("overloaded").set(gw.counts["overloaded"])
 
     def observe_scaling(self, signals: dict[str, float]) -> None:
-        """model id -> its scaling signal (routing/scaling_signal.py); a model gone since the
+        """model id -> its scaling signal (routing/scaling/signal.py); a model gone since the
         last scrape disappears."""
         self.scaling_signal.clear()
         for model, value in signals.items():

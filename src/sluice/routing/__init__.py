@@ -1,23 +1,22 @@
 """The fleet layer: which model, version and worker serve a request, how that changes, and
-how many workers there should be.
+how many workers there should be. One folder per concept, each importing only those below it
+(tests/unit/test_layering.py checks the floors):
 
-    fleet_schema / fleet_file / toml_lines   the fleet file: schema, loading, line numbers
-    default_fleet                            the fleet of one that today's settings describe
-    registry                                 model ids and aliases → models; checked reloads
-    version_router                           weighted sticky version choice; pins
-    worker_picker / worker_pool              prefix affinity under a load bound; worker states
-    circuit_breaker                          per-worker ejection and recovery
-    quota / quota_memory / quota_redis       per-model token quotas per tier
-    rollout / rollout_health                 gradual shift, automatic rollback, drain
-    rollout_driver                           runs rollouts through the shared state (CAS)
-    routing_state / routing_state_redis      live weights and rollout progress, shared
-    state_follower                           every gateway follows the shared state
-    router                                   the request-time composition of the above
-    scaling_settings                         the one typed source of the autoscaling numbers
-    warm_pool_schedule                       the warm pool's size by time of day
-    scaling_decision / scaling_policy        the autoscaling policy: pure, on an injected clock
-    keda_scaledobject                        the same settings as a Kubernetes KEDA ScaledObject
+    fleet/       the running fleet of one gateway: its workers (members), per-version tokenizers,
+                 local replicas, the local autoscaler, reloads, the operator's status view
+    scaling/     the autoscaling policy (pure, injected clock), its observation of the fleet,
+                 the exported scaling signal, and its Kubernetes form (a KEDA ScaledObject)
+    dispatch/    per request: weighted sticky version choice, prefix-affinity worker choice,
+                 the worker pool, circuit breakers, health polling, retries and migration
+    state/       live weights and rollout progress shared across gateways (memory or Redis),
+                 the follower, rollouts with automatic rollback, which replicas should run
+    quota/       per-model token quotas per tier (memory or Redis Lua)
+    fleet_file/  the fleet file: schema, loading with line numbers, the registry (ids, aliases,
+                 checked reloads), the fleet of one today's settings describe, the typed
+                 autoscaling and breaker numbers
+    errors.py    the fleet layer's errors, used by every floor
 
-Pure components with injected clocks; no HTTP. routing/ imports engine/ (hashing, config) and
-the leaves (types, config, errors), never api/, serving/ or gateway/. docs/FLEET.md, docs/DEPLOY.md.
+Pure components with injected clocks; no HTTP. routing/ imports worker/, engine/ (hashing,
+config), models/ (tokenizers) and the leaves, never api/, serving/ or gateway/; it loads
+without torch. docs/FLEET.md, docs/DEPLOY.md.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
 
 from sluice.gateway.admission import Overloaded
 from sluice.gateway.coalescer import coalesce_key
@@ -44,9 +45,11 @@ async def open_session(
     prompt_len: int,
     max_tokens: int,
     produce: Callable[[], AsyncGenerator[GenerationEvent, None]],
+    limited: asyncio.Event | None = None,
 ) -> Session:
     """`version`: the model version planned for the request; identical requests coalesce only
-    on the same version (a follower must get what its `sluice-model-version` header says)."""
+    on the same version (a follower must get what its `sluice-model-version` header says).
+    `limited`: set once the rate limits have decided (only the queue is left to wait for)."""
     gw = rt.gateway
     assert gw is not None, "the runtime is ready"
     key = None
@@ -56,7 +59,7 @@ async def open_session(
         with tracer().start_as_current_span("gateway.admission") as span:
             session = await gw.open(
                 req.principal, prompt_len, max_tokens, produce,
-                key=key, use_cache=req.use_cache, deadline_s=req.queue_timeout_s, band=req.band,
+                key=key, use_cache=req.use_cache, deadline_s=req.queue_timeout_s, band=req.band, limited=limited,
             )
             span.set_attribute("sluice.session", session.kind.value)
             span.set_attribute("sluice.queue_time_s", session.queue_time_s)
@@ -75,22 +78,30 @@ async def open_session(
     return session
 
 
-async def until_admitted(opening: "asyncio.Future[Session]", disconnected: Disconnected | None, timeout: float | None) -> bool:
+async def until_admitted(opening: "asyncio.Future[Any]", disconnected: Disconnected | None, timeout: float | None,
+                         decided: asyncio.Event | None = None) -> bool:
     """Wait for `opening` at most `timeout` seconds (None: until done); True once it is done.
+    `decided`: the timeout counts only once it is set — a refusal that may still come from
+    the rate limits (a store that hangs until its own timeout) is waited for, so it is a real
+    status, never an in-stream error; only the queue's wait may open a stream early.
 
     A caller that disconnects meanwhile leaves the admission queue at once: the opening is
     cancelled and ClientGone raised (an HTTP server does not cancel a handler whose client left
     before its response started)."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
+    def step() -> float:
+        if deadline is None or (decided is not None and not decided.is_set() and loop.time() >= deadline):
+            return _POLL_S
+        return min(_POLL_S, max(0.0, deadline - loop.time()))
+
     while not opening.done():
-        step = _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - loop.time()))
-        await asyncio.wait({opening}, timeout=step)
+        await asyncio.wait({opening}, timeout=step())
         if opening.done():
             break
         if disconnected is not None and await disconnected():
             opening.cancel()
             raise ClientGone()
-        if deadline is not None and loop.time() >= deadline:
+        if deadline is not None and loop.time() >= deadline and (decided is None or decided.is_set()):
             return False
     return True

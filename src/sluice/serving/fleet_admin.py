@@ -11,7 +11,7 @@
 - `rollback(model)`: `RolloutDriver.abort`, from any gateway; this gateway also adopts the
   rollback, so it finishes even when the gateway that drove the rollout is gone.
 - `reload()`: reread the fleet file (the tiers checked against the gateway's), check it
-  against the running fleet (routing/fleet_reload.py), swap it in and apply it — or change
+  against the running fleet (routing/fleet/reload.py), swap it in and apply it — or change
   nothing and report every problem. One reload at a time.
 
 Refusals are `AdminError`s (a ServingError with the kind that picks the status: NOT_FOUND,
@@ -31,13 +31,12 @@ from pydantic import ValidationError
 
 from sluice.gateway.tiers import load_tiers
 from sluice.routing.errors import FleetFileError, RolloutError, StateConflictError, UnknownModelError
-from sluice.routing.fleet import Fleet
-from sluice.routing.fleet_file import load_fleet
-from sluice.routing.fleet_reload import apply_reload, check_reload
-from sluice.routing.fleet_schema import RolloutSpec
-from sluice.routing.rollout import RolloutPhase
-from sluice.routing.rollout_driver import current_weights
-from sluice.routing.routing_state import ModelRoutingState, VersionState
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.loader import load_fleet
+from sluice.routing.fleet_file.schema import RolloutSpec
+from sluice.routing.state.rollout import RolloutPhase
+from sluice.routing.state.rollout_driver import current_weights
+from sluice.routing.state.routing_state import ModelRoutingState, VersionState
 from sluice.serving.errors import ErrorKind, ServingError
 
 log = logging.getLogger("sluice.fleet")
@@ -158,13 +157,13 @@ class FleetAdmin:
                 new = await asyncio.to_thread(load_fleet, registry.source, known_tiers=tiers)
             except FleetFileError as exc:
                 raise AdminError(ErrorKind.INVALID_REQUEST, str(exc), exc.problems) from None
-            problems = await check_reload(self.fleet, new)
+            problems = await self.fleet.check_reload(new)
             if problems:
                 raise AdminError(ErrorKind.INVALID_REQUEST, "invalid fleet file:\n  " + "\n  ".join(problems), problems)
             result = registry.reload(new)
             if not result.applied:  # cross-checks the loader already ran; kept for completeness
                 raise AdminError(ErrorKind.INVALID_REQUEST, result.error or "invalid fleet file",
                                  (result.error or "").splitlines())
-            changes = await apply_reload(self.fleet)
+            changes = await self.fleet.apply_reload()
         return {"applied": True, "added": list(result.added), "removed": list(result.removed),
                 "changed": list(result.changed), **changes}

@@ -8,16 +8,20 @@ from typing import Any
 
 from sluice.config import Settings
 from sluice.engine.config import EngineConfig
-from sluice.routing.default_fleet import INLINE, fleet_from_settings
-from sluice.routing.fleet import Fleet
-from sluice.routing.registry import Registry
+from sluice.routing.fleet_file.default_fleet import INLINE, fleet_from_settings
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.registry import Registry
 from sluice.worker.engine_client import EngineClient, ModelInfo
+
+# Fleet is named here for the API's start-up code (api/serve_main.py), which holds the started
+# fleet but imports nothing below serving
+__all__ = ["Fleet", "build_registry", "inline_engine", "start_fleet"]
 
 
 def build_registry(settings: Settings, known_tiers: list[str]) -> Registry:
     """Raises FleetFileError naming every problem of a bad fleet file (start-up stops)."""
     if settings.fleet:
-        from sluice.routing.fleet_file import load_fleet
+        from sluice.routing.fleet_file.loader import load_fleet
 
         return Registry(load_fleet(settings.fleet, known_tiers=known_tiers), settings.fleet)
     return Registry(fleet_from_settings(settings))

@@ -1,5 +1,5 @@
 """One generation on the fleet: dispatch (with retries and mid-stream migration, routing/
-failover.py), time it, and account for it.
+dispatch/failover.py), time it, and account for it.
 
 It owns the latency metrics (TTFT, ITL, end to end), settles the plan's quota reservation with
 the tokens actually used, and feeds a rollout's health window with the outcome and TTFT of each
@@ -11,19 +11,17 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import TYPE_CHECKING
 
 from anyio import CancelScope
 
 from sluice.errors import EngineUnavailableError, InvalidRequestError
-from sluice.routing.failover import Attempted, FailoverPolicy, generate_on_fleet
+from sluice.routing.dispatch.failover import Attempted, FailoverPolicy, generate_on_fleet
+from sluice.routing.dispatch.router import RoutePlan
 from sluice.serving.errors import ServingError, invalid, overloaded
+from sluice.serving.planning import Planner
 from sluice.serving.runtime import ServingRuntime
 from sluice.trace_context import tracer
-from sluice.types import FinishReason, GenerationEvent
-
-if TYPE_CHECKING:
-    from sluice.serving.pipeline import Prepared
+from sluice.types import FinishReason, GenerationEvent, GenerationRequest
 
 
 def to_serving_error(exc: InvalidRequestError | EngineUnavailableError) -> ServingError:
@@ -32,14 +30,15 @@ def to_serving_error(exc: InvalidRequestError | EngineUnavailableError) -> Servi
     return overloaded(f"no engine is available: {exc}", retry_after_s=2)
 
 
-async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[GenerationEvent]:
-    """The engine's events for the prepared request; leaving early closes the worker stream
+async def generate(rt: ServingRuntime, planner: Planner, plan: RoutePlan, request: GenerationRequest, route: str,
+                   tier: str) -> AsyncIterator[GenerationEvent]:
+    """The engine's events for the planned request (`route` and `tier` label its metrics);
+    leaving early closes the worker stream
     (an abort: the worker frees the request's KV blocks within a step)."""
-    fleet = prepared.planner.fleet
-    request, route = prepared.generation, prepared.request.route.value
+    fleet = planner.fleet
     routing = fleet.registry.fleet.routing
     policy = FailoverPolicy(routing.max_attempts, routing.max_migrations, migration_wait_s=routing.migration_wait_s)
-    attempted = Attempted(prepared.plan)
+    attempted = Attempted(plan)
     m = rt.metrics
     started = time.perf_counter()
     first: float | None = None
@@ -52,11 +51,11 @@ async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[Ge
     # not the current span: this generator's frames run in its consumer's context, so the span
     # is passed down explicitly (its context reaches the worker in the gRPC metadata)
     span = tracer().start_span("generate", attributes={
-        "sluice.request_id": request.request_id, "sluice.version": prepared.plan.version_header,
+        "sluice.request_id": request.request_id, "sluice.version": plan.version_header,
         "sluice.prompt_tokens": len(request.prompt_token_ids), "sluice.max_tokens": request.sampling.max_tokens})
     try:
-        stream = generate_on_fleet(fleet.router, fleet.handles, prepared.plan, request, request.tenant,
-                                   prepared.planner.replan, policy, attempted, span)
+        stream = generate_on_fleet(fleet.router, fleet.handles, plan, request,
+                                   planner.replan, policy, attempted, span)
         async with aclosing(stream):
             async for event in stream:
                 now = time.perf_counter()
@@ -65,7 +64,7 @@ async def generate(rt: ServingRuntime, prepared: "Prepared") -> AsyncIterator[Ge
                 if event.token_ids:
                     if last is None:
                         first = now
-                        m.ttft.labels(route, attempted.plan.version_header, prepared.request.principal.tier).observe(now - started)
+                        m.ttft.labels(route, attempted.plan.version_header, tier).observe(now - started)
                         m.recent.record("ttft", now - started)
                     else:
                         m.itl.observe((now - last) / len(event.token_ids))

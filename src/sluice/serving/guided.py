@@ -1,6 +1,6 @@
 """A request's tools, tool_choice and output format → the grammar its reply is decoded under.
 
-Wire formats reduce their fields to a `ToolChoice` (models/tools/spec.py) and an
+Wire formats reduce their fields to a `ToolChoice` (tool_types.py) and an
 `OutputFormat`; the tools themselves travel in the `Conversation` (they are part of the
 prompt). Here they become one `GuidedDecoding` spec, checked in full — structure, every schema,
 the grammar library's own compile — before the request is queued, so an unsupported keyword is
@@ -19,7 +19,7 @@ from sluice.errors import InvalidRequestError
 from sluice.models.grammar.compiler import check_guided
 from sluice.models.tools.format import HERMES, ToolFormat, tool_format
 from sluice.models.tools.guidance import json_object_guidance, json_schema_guidance, tool_guidance
-from sluice.models.tools.spec import ToolChoice, ToolChoiceMode
+from sluice.tool_types import ToolChoice, ToolChoiceMode
 from sluice.serving.errors import invalid
 from sluice.serving.prompt import Conversation
 from sluice.types import GuidedDecoding, GuidedKind

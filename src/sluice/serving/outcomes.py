@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.serving.errors import ErrorKind
-from sluice.types import FinishReason, Usage
+from sluice.serving.errors import ErrorKind, ServingError
+from sluice.types import FinishReason, TokenLogprob, Usage
 
 
 @dataclass(slots=True)
@@ -23,6 +23,10 @@ class TextDelta:
 
     text: str
     usage: Usage = field(default_factory=Usage)
+    # when the request asked for logprobs: those of the tokens this text completes (a token is
+    # reported once its text is released), and the prompt's with the first outcome
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)
@@ -33,6 +37,8 @@ class Finished:
     stop_sequence: str | None = None
     usage: Usage = field(default_factory=Usage)
     tool_calls: int = 0  # complete tool calls in the reply (EOS with calls: the "tool_use" stop)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the rest, as on TextDelta
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def called_tools(self) -> bool:
@@ -90,6 +96,11 @@ class Failed:
     kind: ErrorKind
     message: str
     usage: Usage = field(default_factory=Usage)
+    retry_after_s: float | None = None  # when the caller may try again (a refusal's)
+
+    def as_error(self) -> ServingError:
+        """The refusal this failure is when no response has started yet (a real HTTP status)."""
+        return ServingError(self.kind, self.message, retry_after_s=self.retry_after_s if self.retry_after_s is not None else 1.0)
 
 
 ToolPiece = ToolCallStarted | ToolInputDelta | ToolCallDone

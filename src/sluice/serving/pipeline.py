@@ -9,8 +9,12 @@ a worker ready → the plan (model known, pinned version allowed, fallback, the 
 quota: serving/planning.py) with the prompt rendered in that version's tokens (off the event
 loop) and checked against its context window and what the worker protocol can carry → L1 input
 rules → gateway admission (rate limits 429, a full queue 529). With
-`wait_s` set (streams), a request still queued after that long is handed back anyway, so its
-stream can open and ping while it waits; a refusal that comes later is then a `Failed` outcome.
+`wait_s` set (streams), `start` also waits for the first outcome (serving/stages/lookahead.py): the
+engine refusing at once — its worker just died, none left to take the request — is a refusal
+too (529), not a stream that opens and fails. A request still queued, or whose first output is
+not ready, after `wait_s` (the rate limits having decided: only the queue and the engine may
+keep a stream waiting) is handed back anyway, so its stream can open and ping while it waits;
+a failure that comes later is then a `Failed` outcome.
 
 `outcomes()` is a chain of async generators — gateway session → engine generate → safety guard
 (L2–L4) → deadline — each opened with `contextlib.aclosing`, so closing the outermost one
@@ -33,21 +37,23 @@ from sluice.gateway.rate_limit_headers import rate_limit_headers
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.verdict import Verdict
 from sluice.serving.admission import Disconnected, open_session, until_admitted
-from sluice.serving.deadline import with_deadline
+from sluice.serving.stages.deadline import with_deadline
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.generation import generate
 from sluice.serving.guided import parses_calls, resolve_tool_format
-from sluice.serving.guarded_stream import guarded
+from sluice.serving.stages.guarded_stream import guarded
+from sluice.models.tokenizer import Tokenizer
+from sluice.serving.stages.lookahead import Lookahead
 from sluice.models.tools.format import ToolFormat
-from sluice.serving.outcomes import Failed, Final, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
-from sluice.routing.router import RoutePlan
+from sluice.serving.outcomes import Failed, Final, Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
+from sluice.routing.dispatch.router import RoutePlan
 from sluice.serving.planning import Planner
 from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
 from sluice.serving.request import FALLBACK_HEADER, QUOTA_WARNING_HEADER, VERSION_HEADER, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.serving.safety_check import check_input
-from sluice.serving.tool_stream import with_tool_calls
-from sluice.types import GenerationRequest
+from sluice.serving.stages.tool_stream import with_tool_calls
+from sluice.types import GenerationRequest, TokenLogprob
 
 L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
 TOOL_PIECES = (ToolCallStarted, ToolInputDelta, ToolCallDone)
@@ -73,6 +79,12 @@ class Prepared:
         return resolve_tool_format(self.planner.fleet.settings.tool_format)
 
     @property
+    def tokenizer(self) -> Tokenizer:
+        """The serving version's tokenizer (token text for logprobs)."""
+        plan = self.planner.current or self.plan
+        return self.planner.fleet.version(plan.model_id, plan.version).tokenizer
+
+    @property
     def headers(self) -> dict[str, str]:
         """Which version serves the request, and whether a fallback does (docs/FLEET.md): the
         latest plan, so a reply sent after a retry moved to another version names that one (a
@@ -92,11 +104,22 @@ class Collected:
     final: Final
     # the reply in order: text blocks and tool calls (a call cut short by max_tokens included)
     blocks: list[str | ToolCallDone] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked: one per output token
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked: one per prompt token
 
 
 class ServingPipeline:
     def __init__(self, rt: ServingRuntime):
         self.rt = rt
+
+    def tokenizer_of(self, model: str) -> tuple[Tokenizer, int]:
+        """The tokenizer and context window of the model's version that carries the most
+        traffic (what /tokenize and /detokenize use)."""
+        fleet = self.rt.require_fleet()
+        model_id = self.rt.check_model(model)
+        spec = fleet.registry.model(model_id)
+        version = max(spec.versions, key=lambda v: spec.versions[v].traffic)
+        return fleet.version(model_id, version).tokenizer, fleet.max_model_len(model_id, version)
 
     async def count_tokens(self, model: str, conversation: Conversation) -> int:
         """The exact prompt length a generation request with this conversation would use (with
@@ -116,6 +139,8 @@ class ServingPipeline:
         plan, priced = await planner.plan()  # model, version, quota; the prompt in its tokens
         try:
             texts = req.conversation.safety_texts()
+            if isinstance(req.raw_prompt, list):  # token ids: the rules read their text
+                texts = [fleet.version(plan.model_id, plan.version).tokenizer.decode(req.raw_prompt)]
             safety = check_input(rt, req.principal, texts, req.request_id)
         except BaseException:
             await fleet.router.settle(plan, 0)  # the quota reservation goes back
@@ -134,12 +159,15 @@ class ServingPipeline:
         self, prepared: Prepared, wait_s: float | None = None, disconnected: Disconnected | None = None
     ) -> "Generation":
         rt, req, gen = self.rt, prepared.request, prepared.generation
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        limited = asyncio.Event()  # the rate limits have decided: only the queue is left
         opening = asyncio.ensure_future(
             open_session(rt, req, prepared.plan.version_header, len(gen.prompt_token_ids), gen.sampling.max_tokens,
-                         lambda: generate(rt, prepared))
+                         lambda: generate(rt, prepared.planner, prepared.plan, gen, req.route.value, req.principal.tier), limited)
         )
         try:
-            admitted = await until_admitted(opening, disconnected, wait_s)
+            admitted = await until_admitted(opening, disconnected, wait_s, limited)
             if admitted:
                 opening.result()  # a refusal known in time raises here: a real 429 / 529 status
         except BaseException:  # refused, the caller left (ClientGone) or was cancelled: leave the queue now
@@ -148,7 +176,16 @@ class ServingPipeline:
                 await asyncio.wait({opening})  # its clean-up (the queue entry, the lease) has run
                 await prepared.planner.fleet.router.settle(prepared.plan, 0)  # and the quota reservation
             raise
-        return Generation(rt, prepared, opening)
+        generation = Generation(rt, prepared, opening)
+        if admitted and wait_s is not None:
+            # a stream: open it once the engine has answered (its first outcome) or the wait is
+            # over, so a worker that is gone — and no other to take the request — is a 529 too
+            try:
+                await generation.first_outcome(disconnected, max(0.0, began + wait_s - loop.time()))
+            except BaseException:
+                await generation.close()
+                raise
+        return generation
 
 
 class Generation:
@@ -159,6 +196,7 @@ class Generation:
         self.prepared = prepared
         self._opening = opening
         self._closed = False
+        self._outcomes = Lookahead(self._produce())
 
     @property
     def request_id(self) -> str:
@@ -173,41 +211,62 @@ class Generation:
             out.update(rate_limit_headers(self._opening.result().decision))
         return out
 
+    async def first_outcome(self, disconnected: Disconnected | None, wait_s: float) -> None:
+        """Fetch the first outcome ahead, waiting at most `wait_s`: a failure known by then —
+        the engine gone and no other worker to take the request, the engine's own refusal — is
+        raised as the refusal it is (a real 429 / 529 status the SDKs retry)."""
+        first = self._outcomes.fetch_first()
+        if not await until_admitted(first, disconnected, wait_s):
+            return  # still waiting: the response opens, pings flow, a failure later is an error event
+        outcome = first.result()
+        if isinstance(outcome, Failed):
+            raise outcome.as_error()
+
     async def outcomes(self) -> AsyncIterator[Outcome]:
         try:
-            try:
-                session = await self._opening  # admitted already, or still queued
-            except ServingError as exc:  # refused after the caller stopped waiting (a deadline)
-                yield Failed(exc.kind, exc.message)
-                return
-            p = self.prepared
-            stream = with_deadline(self.rt, guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict))
-            fmt = p.tool_format
-            if fmt is not None:  # after the guard: safety reads the calls as the model wrote them
-                stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix)
-            try:
-                async with aclosing(stream) as outcomes:
-                    async for outcome in outcomes:
-                        yield outcome
-                        if not isinstance(outcome, (TextDelta, *TOOL_PIECES)):
-                            return
-            except ServingError as exc:  # the engine went away or refused mid-way
-                yield Failed(exc.kind, exc.message)
-                return
-            yield Failed(ErrorKind.INTERNAL, "the generation ended without a final event")
+            async with aclosing(self._outcomes.items()) as outcomes:
+                async for outcome in outcomes:
+                    yield outcome
         finally:
             await self.close()
+
+    async def _produce(self) -> AsyncIterator[Outcome]:
+        try:
+            session = await self._opening  # admitted already, or still queued
+        except ServingError as exc:  # refused after the caller stopped waiting (a deadline)
+            yield Failed(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
+            return
+        p = self.prepared
+        stream = with_deadline(self.rt, guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict))
+        fmt = p.tool_format
+        if fmt is not None:  # after the guard: safety reads the calls as the model wrote them
+            stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix)
+        try:
+            async with aclosing(stream) as outcomes:
+                async for outcome in outcomes:
+                    yield outcome
+                    if not isinstance(outcome, (TextDelta, *TOOL_PIECES)):
+                        return
+        except ServingError as exc:  # the engine went away or refused mid-way
+            yield Failed(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
+            return
+        yield Failed(ErrorKind.INTERNAL, "the generation ended without a final event")
 
     async def collect(self) -> Collected:
         """The whole reply, bounded by `request_timeout_s` (TIMEOUT past it)."""
         parts: list[str] = []
         blocks: list[str | ToolCallDone] = []
         final: Final | None = None
+        logprobs: list[TokenLogprob] = []
+        prompt_logprobs: list[TokenLogprob | None] | None = None
 
         async def run() -> None:
-            nonlocal final
+            nonlocal final, prompt_logprobs
             async with aclosing(self.outcomes()) as outcomes:
                 async for outcome in outcomes:
+                    if isinstance(outcome, (TextDelta, Finished)):
+                        logprobs.extend(outcome.logprobs)
+                        prompt_logprobs = prompt_logprobs or outcome.prompt_logprobs
                     if isinstance(outcome, TextDelta):
                         parts.append(outcome.text)
                         if blocks and isinstance(blocks[-1], str):
@@ -226,7 +285,7 @@ class Generation:
         finally:
             await self.close()
         assert final is not None  # outcomes() always ends with one
-        return Collected("".join(parts), final, blocks)
+        return Collected("".join(parts), final, blocks, logprobs, prompt_logprobs)
 
     async def close(self) -> None:
         """Leave the queue, or return the admission lease and settle the rate limits."""
@@ -236,6 +295,7 @@ class Generation:
         # shielded: a disconnect cancels the response's scope, and anyio cancellation is
         # level-triggered — every await here would be cancelled and the settlement lost
         with CancelScope(shield=True):
+            await self._outcomes.aclose()  # a first outcome fetched ahead is cancelled, the engine request aborted
             if not self._opening.done():
                 self._opening.cancel()
             elif not self._opening.cancelled() and self._opening.exception() is None:

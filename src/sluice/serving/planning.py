@@ -23,9 +23,9 @@ from sluice.routing.errors import (
     UnknownModelError,
     UnknownVersionError,
 )
-from sluice.routing.fleet import Fleet
-from sluice.routing.router import PlanRequest, RoutePlan
-from sluice.routing.version_router import sticky_key
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.dispatch.router import PlanRequest, RoutePlan
+from sluice.routing.dispatch.version_router import sticky_key
 from sluice.serving.errors import ErrorKind, ServingError, invalid
 from sluice.serving.guided import guided_for, resolve_tool_format
 from sluice.serving.prompt import BuiltPrompt, build_prompt
@@ -101,7 +101,7 @@ class Planner:
         if priced is None:
             priced = await self._price(runtime.tokenizer, self.fleet.max_model_len(model_id, version))
             self._priced[id(runtime.tokenizer)] = priced
-        return len(priced.prompt.token_ids) + priced.generation.sampling.max_tokens
+        return priced.generation.token_cost
 
     async def _price(self, tokenizer: Tokenizer, window: int) -> Priced:
         req = self.request
@@ -111,7 +111,8 @@ class Planner:
                 f"tokens for {req.model}", param="max_tokens",
             )
         fmt = resolve_tool_format(self.fleet.settings.tool_format)
-        prompt = await asyncio.to_thread(build_prompt, req.conversation, tokenizer, fmt)
+        prompt = await asyncio.to_thread(_raw_prompt, req.raw_prompt, tokenizer) if req.raw_prompt is not None else (
+            await asyncio.to_thread(build_prompt, req.conversation, tokenizer, fmt))
         n = len(prompt.token_ids)
         if n >= window:
             raise invalid(f"prompt is too long: {n} tokens > {window - 1} maximum")
@@ -132,3 +133,15 @@ class Planner:
             tenant=req.principal.tenant,
         )
         return Priced(prompt, gen)
+
+
+def _raw_prompt(raw: str | list[int], tokenizer: Tokenizer) -> BuiltPrompt:
+    """A legacy completions prompt: text tokenized without a chat template, or token ids as
+    given (checked against the vocabulary here, before anything is queued)."""
+    ids = tokenizer.encode(raw) if isinstance(raw, str) else list(raw)
+    if not ids:
+        raise invalid("prompt: the prompt is empty: it must contain at least one token", param="prompt")
+    bad = next((t for t in ids if not 0 <= t < tokenizer.vocab_size), None)
+    if bad is not None:
+        raise invalid(f"prompt: token id {bad} is outside the vocabulary (size {tokenizer.vocab_size})", param="prompt")
+    return BuiltPrompt(ids, None)

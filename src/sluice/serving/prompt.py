@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from sluice.models.tokenizer import Tokenizer
 from sluice.models.tools.format import HERMES, ToolFormat
 from sluice.models.tools.render import PART_JOIN, check_tool_pairs, part_text, system_text
-from sluice.models.tools.spec import ChatTurn, Part, Role, ToolResult, ToolSpec
+from sluice.tool_types import ChatTurn, Part, Role, ToolResult, ToolSpec
 
 __all__ = ["BuiltPrompt", "Conversation", "Role", "Turn", "build_prompt"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.gateway.principal import Principal
-from sluice.models.tools.spec import ToolChoice
+from sluice.tool_types import ToolChoice
 from sluice.serving.guided import OutputFormat
 from sluice.serving.prompt import Conversation
 from sluice.types import SamplingParams
@@ -28,6 +28,7 @@ class Route(str, enum.Enum):
 
     MESSAGES = "/v1/messages"
     CHAT_COMPLETIONS = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
     BATCH = "/v1/messages/batches"
 
 
@@ -57,6 +58,9 @@ class ServingRequest:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     output_format: OutputFormat | None = None
     tool_id_prefix: str = "toolu_"  # the wire format's call id shape (OpenAI: "call_")
+    # a raw prompt (OpenAI's legacy completions): text tokenized as is, or token ids used as
+    # they are, with no chat template; `conversation` then only holds its text for the safety rules
+    raw_prompt: str | list[int] | None = None
 
     @property
     def prefill_only(self) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from sluice.config import Settings
+from sluice.config import Settings, StoreKind
 from sluice.gateway.admission import AdmissionQueue
 from sluice.gateway.authenticator import Authenticator, OpenAccess
 from sluice.gateway.factory import build_gateway
@@ -22,13 +22,13 @@ from sluice.gateway.gateway import Gateway
 from sluice.gateway.principal import Principal
 from sluice.gateway.tiers import load_tiers
 from sluice.observability.metrics import ServingMetrics
-from sluice.routing.autoscale_observation import Demand
+from sluice.routing.scaling.observation import Demand
 from sluice.routing.errors import UnknownModelError
-from sluice.routing.fleet import Fleet
+from sluice.routing.fleet.fleet import Fleet
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.policy import load_policy
 from sluice.serving.errors import ErrorKind, ServingError
-from sluice.serving.idempotency import Idempotency, build_idempotency
+from sluice.serving.idempotency.retries import Idempotency, build_idempotency
 from sluice.streaming.replay_log import MemoryReplayLog, RedisReplayLog, ReplayLog
 
 
@@ -45,7 +45,7 @@ def queue_demand(queue: AdmissionQueue, band: int) -> Callable[[], Demand]:
 
 
 def build_replay(settings: Settings) -> ReplayLog:
-    if settings.replay_store == "redis":
+    if settings.replay_store is StoreKind.REDIS:
         return RedisReplayLog(settings.redis_url, settings.replay_ttl_s)
     return MemoryReplayLog(settings.replay_ttl_s, settings.replay_max_bytes)
 
@@ -58,7 +58,7 @@ class ServingRuntime:
     replay_log: InitVar[ReplayLog | None] = None  # default: built from the settings
     replay: ReplayLog = field(init=False)
     idempotency: Idempotency = field(init=False)  # Idempotency-Key claims and kept replies
-    fleet: Fleet | None = None  # the workers, the router, their state (routing/fleet.py)
+    fleet: Fleet | None = None  # the workers, the router, their state (routing/fleet/fleet.py)
     gateway: Gateway | None = None
     safety: dict[str, SafetyPipeline] = field(default_factory=dict)  # "" = default; else per tier
     background_tasks: set[asyncio.Task] = field(default_factory=set)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sluice.streaming.event_log import EventLog, LogGap
+from sluice.redis_client import redis_client
 
 POLL_BLOCK_MS = 1000
 
@@ -106,9 +107,7 @@ class RedisReplayLog:
     """A Redis stream per message (`<prefix>:sse:<id>`) plus a small meta hash; both expire."""
 
     def __init__(self, url: str, ttl_s: float = 600.0, max_events: int = 20_000, prefix: str = "sluice"):
-        import redis.asyncio as aioredis
-
-        self.redis = aioredis.from_url(url, decode_responses=True, socket_connect_timeout=1.0)
+        self.redis = redis_client(url, max_connections=32)
         self.ttl_s, self.max_events, self.prefix = ttl_s, max_events, prefix
 
     def _keys(self, stream_id: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sluice.routing.toml_lines import key_lines, line_of
+from sluice.routing.fleet_file.toml_lines import key_lines, line_of
 from sluice.train.errors import TrainConfigError
 
 BUNDLED = "bundled"

@@ -15,6 +15,7 @@ from sluice.types import (
     GuidedDecoding,
     GuidedKind,
     SamplingParams,
+    TokenLogprob,
     ToolGrammar,
     Usage,
 )
@@ -36,6 +37,10 @@ def request_to_pb(req: GenerationRequest) -> pb.GenerateRequest:
         sampling.seed = s.seed
     if s.guided is not None:
         sampling.guided.CopyFrom(guided_to_pb(s.guided))
+    if s.logprobs is not None:
+        sampling.logprobs = s.logprobs
+    if s.prompt_logprobs is not None:
+        sampling.prompt_logprobs = s.prompt_logprobs
     return pb.GenerateRequest(
         request_id=req.request_id,
         prompt_token_ids=req.prompt_token_ids,
@@ -59,6 +64,8 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerationRequest:
         stop_token_ids=tuple(s.stop_token_ids),
         ignore_eos=s.ignore_eos,
         guided=guided_from_pb(s.guided) if s.HasField("guided") else None,
+        logprobs=s.logprobs if s.HasField("logprobs") else None,
+        prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
     )
     return GenerationRequest(
         request_id=msg.request_id,
@@ -122,7 +129,21 @@ def event_to_pb(ev: GenerationEvent) -> pb.Event:
         out.error = ev.error
     if ev.queue_time_s is not None:
         out.queue_time_s = ev.queue_time_s
+    if ev.logprobs:
+        out.logprobs.extend(logprob_to_pb(lp) for lp in ev.logprobs)
+    if ev.prompt_logprobs is not None:
+        out.has_prompt_logprobs = True
+        out.prompt_logprobs.extend(logprob_to_pb(lp) for lp in ev.prompt_logprobs[1:] if lp is not None)
     return out
+
+
+def logprob_to_pb(lp: TokenLogprob) -> pb.Logprob:
+    return pb.Logprob(token_id=lp.token_id, logprob=lp.logprob, top_ids=[t for t, _ in lp.top],
+                      top_logprobs=[v for _, v in lp.top])
+
+
+def logprob_from_pb(msg: pb.Logprob) -> TokenLogprob:
+    return TokenLogprob(msg.token_id, msg.logprob, tuple(zip(msg.top_ids, msg.top_logprobs)))
 
 
 def event_from_pb(request_id: str, msg: pb.Event) -> GenerationEvent:
@@ -137,6 +158,8 @@ def event_from_pb(request_id: str, msg: pb.Event) -> GenerationEvent:
         usage=Usage(u.prompt_tokens, u.output_tokens, u.cached_tokens),
         error=msg.error if msg.HasField("error") else None,
         queue_time_s=msg.queue_time_s if msg.HasField("queue_time_s") else None,
+        logprobs=[logprob_from_pb(lp) for lp in msg.logprobs],
+        prompt_logprobs=[None, *map(logprob_from_pb, msg.prompt_logprobs)] if msg.has_prompt_logprobs else None,
     )
 
 

@@ -31,7 +31,7 @@ from sluice.types import GenerationEvent
 from sluice.worker.faults import FaultSpec
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
-from sluice.worker.status_codes import status_for
+from sluice.worker.status_codes import REFUSED_TRAILERS, status_for
 
 log = logging.getLogger("sluice.worker")
 
@@ -73,7 +73,7 @@ class EngineServicer(pb_grpc.EngineServicer):
         request_id_var.set(request.request_id)  # this handler's task: its log lines carry the id
         faults = self.faults if not FaultSpec.exempt(request.request_id) else FaultSpec()
         if faults.fail_all:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_all")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_all", trailing_metadata=REFUSED_TRAILERS)
         span = tracer().start_span("worker.generate", context=extract_context(context.invocation_metadata()),
                                    kind=SpanKind.SERVER, attributes={
                                        "sluice.request_id": request.request_id,

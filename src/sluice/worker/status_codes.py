@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import grpc
 
-from sluice.errors import ContextWindowExceededError, EngineUnavailableError, InvalidRequestError, SluiceError
+from sluice.errors import (
+    ContextWindowExceededError,
+    EngineRefusedError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    SluiceError,
+)
 
 ERROR_KIND_KEY = "sluice-error-kind"
 CONTEXT_WINDOW = "context_window"
+# UNAVAILABLE for this request only: the worker is up (a failed call without it — refused
+# connection, broken stream, a worker not ready or draining — says the worker cannot serve now)
+REQUEST_REFUSED = "request_refused"
+REFUSED_TRAILERS = ((ERROR_KIND_KEY, REQUEST_REFUSED),)
 
 
 def status_for(exc: SluiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
@@ -34,5 +45,7 @@ def error_from(exc: grpc.aio.AioRpcError) -> SluiceError:
             return ContextWindowExceededError(exc.details() or "prompt is too long")
         return InvalidRequestError(exc.details() or "invalid request")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return EngineUnavailableError("the engine did not finish before the deadline")
+        return EngineTimeoutError("the engine did not finish before the deadline")
+    if dict(exc.trailing_metadata() or ()).get(ERROR_KIND_KEY) == REQUEST_REFUSED:
+        return EngineRefusedError(f"worker refused the request ({exc.details()})")
     return EngineUnavailableError(f"worker unavailable ({code.name}: {exc.details()})")

@@ -2,7 +2,7 @@
 
 The worker is restarted on the same unix socket address, so the gateway's gRPC channel simply
 reconnects (the client's reconnect backoff is capped at 1 s, channel_options.py). While it is
-down the fleet's health poller (routing/health_poller.py) says so: /ready is 503 and generation
+down the fleet's health poller (routing/dispatch/health_poller.py) says so: /ready is 503 and generation
 requests get 529 with retry-after before any stream opens. After `RestartPolicy.max_restarts` exits within its
 window the supervisor gives up and calls `on_give_up`; `sluice serve` then exits non-zero so
 that its own supervisor (systemd, Kubernetes) restarts the whole process or alerts.
@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from sluice.aio import cancel_and_wait
 from sluice.errors import EngineUnavailableError
 from sluice.worker.grpc_client import GrpcEngineClient
 from sluice.worker.restart_policy import RestartPolicy
@@ -104,11 +105,6 @@ class WorkerSupervisor:
             return True
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         if self.worker is not None:
             await asyncio.to_thread(self.worker.stop)

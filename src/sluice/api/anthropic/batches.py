@@ -21,12 +21,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from sluice.api import openapi_doc as doc
 from sluice.api.anthropic.convert import VERSIONS, describe_validation_error, parse_body, to_serving_request
 from sluice.api.anthropic.prompt import to_conversation
 from sluice.api.anthropic.render import plan_for, render_message
+from sluice.api.anthropic.batch_schema import BatchCreate
 from sluice.api.anthropic.schema import MessagesRequest
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, api_error_for, bad_request
@@ -41,21 +42,9 @@ from sluice.serving.request import Route
 from sluice.serving.runtime import ServingRuntime
 
 log = logging.getLogger("sluice.api")
-MAX_REQUESTS = 100_000
 CUSTOM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PER_BATCH_CONCURRENCY = 4
 EXPIRY_S = 24 * 3600  # Anthropic's: a batch not done within a day expires
-
-
-class BatchItem(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    custom_id: str
-    params: dict[str, Any]
-
-
-class BatchCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    requests: list[BatchItem] = Field(min_length=1, max_length=MAX_REQUESTS)
 
 
 def _iso(t: float | None) -> str | None:

@@ -9,31 +9,36 @@ Decisions (documented in docs/API.md):
   user turn and every tool_result must answer one (400 otherwise, as Anthropic does);
 - the tools are part of the conversation (they are rendered into the prompt and counted);
 - image and document blocks are rejected with a clear 400: the served models read text only;
-- thinking blocks are dropped (earlier reasoning is not replayed to the model);
+- blocks of server tools (server_tool_use, web_search_tool_result, …, container_upload) and the
+  browser toolset's browser_state are a 400 naming the block: none of those tools runs here;
+- thinking blocks are dropped (earlier reasoning is not replayed to the model), and so are
+  tool_reference blocks in a tool result (every tool is in the prompt already);
+- the fields a local model cannot use are ignored: a call's `caller` and `toolset_name`,
+  `citations`, an image's `transformations`;
 - `cache_control` markers are kept per part, so the cached prefix can be located in tokens.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sluice.api.anthropic.tools import tool_specs
 from sluice.errors import InvalidRequestError
-from sluice.models.tools.spec import Part, ToolCall, ToolResult
-from sluice.api.anthropic.schema import (
-    CountTokensRequest,
+from sluice.tool_types import Part, ToolCall, ToolResult
+from sluice.api.anthropic.blocks import (
+    SERVER_TOOL_BLOCKS,
+    BrowserStateBlock,
     DocumentBlock,
     ImageBlock,
-    Message,
-    MessagesRequest,
     RedactedThinkingBlock,
     SearchResultBlock,
     TextBlock,
     ThinkingBlock,
+    ToolReferenceBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
+from sluice.api.anthropic.schema import CountTokensRequest, Message, MessagesRequest
 from sluice.serving.errors import invalid
 from sluice.serving.prompt import Conversation, Role, Turn
 
@@ -61,10 +66,14 @@ def _block_text(block: Any, where: str) -> str | None:
         texts = [_block_text(b, f"{where}.content.{k}") for k, b in enumerate(block.content)]
         return "\n".join(t for t in texts if t)
     if isinstance(block, SearchResultBlock):
-        extra = block.model_extra or {}
-        return str(extra.get("title", "")) + "\n" + json.dumps(extra.get("content", ""))
-    if isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
+        texts = [_block_text(b, f"{where}.content.{k}") or "" for k, b in enumerate(block.content)]
+        return "\n".join([block.title, block.source, *texts])
+    if isinstance(block, (ThinkingBlock, RedactedThinkingBlock, ToolReferenceBlock)):
         return None
+    if isinstance(block, SERVER_TOOL_BLOCKS):
+        raise invalid(f"{where}: {block.type} blocks are not supported: no server tools run here")
+    if isinstance(block, BrowserStateBlock):
+        raise invalid(f"{where}: browser_state blocks are not supported: the browser toolset is not offered here")
     return None
 
 

@@ -25,7 +25,7 @@ from sluice.api.ids import new_id
 from sluice.api.pagination import page
 from sluice.api.sse import event_stream_response, numbered
 from sluice.serving.admission import ClientGone
-from sluice.serving.idempotency import Action
+from sluice.serving.idempotency.retries import Action
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.recorder import detach
@@ -62,9 +62,10 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             return idempotent.replayed(rt, attempt, lambda events: numbered(events, stream_id), resume.ping,
                                        lambda sid, after: resume.follow(rt, sid, after),
                                        resume.resume_point(request, stream_id) if body.stream else 0)
-        # Refusals known at once (rate limits, a full queue) are real 429 / 529 statuses. A stream
-        # still queued after `stream_open_wait_s` is opened while it waits, so pings flow (a
-        # deadline passed later is then an in-stream overloaded_error).
+        # Refusals known before the stream opens (rate limits, a full queue, no engine to take
+        # it) are real 429 / 529 statuses. A stream with no output after `stream_open_wait_s` is
+        # opened while it waits, so pings flow (a deadline passed later is then an in-stream
+        # overloaded_error).
         wait = rt.settings.stream_open_wait_s if body.stream else None
         async with attempt.settles():  # a key whose attempt did not complete is released
             try:

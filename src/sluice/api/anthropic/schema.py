@@ -1,100 +1,27 @@
 """The Anthropic Messages request body as pydantic models (reference §2).
 
-Every documented field is accepted; fields a text-only local model cannot honour (thinking,
-service_tier, …) are accepted and ignored, as the contract allows. Tools, tool_choice and the
+Every documented field is accepted (the content blocks: api/anthropic/blocks.py); fields a
+text-only local model cannot honour (thinking, service_tier, …) are accepted and ignored, as the
+contract allows. Tools, tool_choice and the
 structured-output formats are interpreted (api/anthropic/tools.py). Truly unknown fields are
 rejected with Anthropic's own wording: `<path>: Extra inputs are not permitted`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sluice.api.anthropic.blocks import CacheControl, ContentBlock, TextBlock
+from sluice.api.anthropic.blocks import Strict as _Strict
 from sluice.api.wire_types import Count, Seed
-
-
-class _Strict(BaseModel):
-    # strict: the SDKs send JSON booleans and integers; "stream": "yes" is a 400, not a stream
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Open(BaseModel):
     """Objects whose inner shape we do not interpret (tool schemas, server-tool configs)."""
 
     model_config = ConfigDict(extra="allow")
-
-
-class CacheControl(_Strict):
-    type: Literal["ephemeral"]
-    ttl: Literal["5m", "1h"] | None = None
-
-
-class TextBlock(_Strict):
-    type: Literal["text"]
-    text: str
-    cache_control: CacheControl | None = None
-    citations: list[dict[str, Any]] | None = None
-
-
-class ImageBlock(_Strict):
-    type: Literal["image"]
-    source: dict[str, Any]
-    cache_control: CacheControl | None = None
-
-
-class DocumentBlock(_Strict):
-    type: Literal["document"]
-    source: dict[str, Any]
-    title: str | None = None
-    context: str | None = None
-    citations: dict[str, Any] | None = None
-    cache_control: CacheControl | None = None
-
-
-class SearchResultBlock(_Open):
-    type: Literal["search_result"]
-
-
-class ToolUseBlock(_Strict):
-    type: Literal["tool_use"]
-    id: str
-    name: str
-    input: dict[str, Any]
-    cache_control: CacheControl | None = None
-
-
-class ToolResultBlock(_Strict):
-    type: Literal["tool_result"]
-    tool_use_id: str
-    content: str | list[Annotated[TextBlock | ImageBlock | DocumentBlock | SearchResultBlock, Field(discriminator="type")]] | None = None
-    is_error: bool | None = None
-    cache_control: CacheControl | None = None
-
-
-class ThinkingBlock(_Strict):
-    type: Literal["thinking"]
-    thinking: str
-    signature: str | None = None
-
-
-class RedactedThinkingBlock(_Strict):
-    type: Literal["redacted_thinking"]
-    data: str
-
-
-ContentBlock = Annotated[
-    TextBlock
-    | ImageBlock
-    | DocumentBlock
-    | SearchResultBlock
-    | ToolUseBlock
-    | ToolResultBlock
-    | ThinkingBlock
-    | RedactedThinkingBlock,
-    Field(discriminator="type"),
-]
 
 
 class Message(_Strict):
@@ -117,6 +44,12 @@ class Tool(_Open):
     input_schema: dict[str, Any] | None = None
     strict: bool | None = None
     cache_control: CacheControl | None = None
+    # accepted and ignored: every tool is shown to the model (no deferred loading, no tool
+    # search), every call is the model's own, inputs stream as they are written
+    allowed_callers: list[str] | None = None
+    defer_loading: bool | None = None
+    eager_input_streaming: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
 
 
 class ToolChoice(_Strict):

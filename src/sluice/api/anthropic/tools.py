@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluice.api.anthropic.schema import CountTokensRequest, MessagesRequest, Tool, ToolChoice
-from sluice.models.tools.spec import ToolChoice as Choice
-from sluice.models.tools.spec import ToolChoiceMode, ToolSpec
+from sluice.tool_types import ToolChoice as Choice
+from sluice.tool_types import ToolChoiceMode, ToolSpec
 from sluice.serving.errors import invalid
 from sluice.serving.guided import OutputFormat
 

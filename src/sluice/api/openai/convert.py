@@ -12,7 +12,7 @@ from sluice.api.json_body import json_object
 from sluice.api.openai.schema import ChatCompletionRequest
 from sluice.api.openai.tools import assistant_calls, response_format, tool_choice, tool_specs
 from sluice.errors import InvalidRequestError
-from sluice.models.tools.spec import Part, ToolResult
+from sluice.tool_types import Part, ToolResult
 from sluice.gateway.principal import Principal
 from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
@@ -73,6 +73,8 @@ def to_serving_request(body: ChatCompletionRequest, principal: Principal, reques
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not s for s in stop):
         raise bad_request("stop: stop sequences must be non-empty strings", param="stop")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs: logprobs must be set to true when top_logprobs is used", param="top_logprobs")
     return ServingRequest(
         request_id=request_id,
         route=Route.CHAT_COMPLETIONS,
@@ -86,6 +88,7 @@ def to_serving_request(body: ChatCompletionRequest, principal: Principal, reques
             top_k=body.top_k or 0,
             seed=body.seed,
             stop=tuple(stop),
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         ),
         dedup_body=body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
         queue_timeout_s=queue_timeout(request),

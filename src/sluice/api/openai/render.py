@@ -11,6 +11,8 @@ from typing import Any
 from sse_starlette import ServerSentEvent
 
 from sluice.api.errors import openai_error_type
+from sluice.api.openai.logprobs import chat_content, chat_logprobs
+from sluice.serving.choices import merged
 from sluice.serving.errors import ServingError
 from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
 from sluice.serving.pipeline import Collected, Generation
@@ -54,72 +56,109 @@ def _message(collected: Collected, tools: bool) -> dict[str, Any]:
     return message
 
 
-def render_completion(gen: Generation, collected: Collected) -> dict[str, Any]:
-    """The non-streaming reply; a failure raises the ServingError its kind maps to."""
-    req, final = gen.prepared.request, collected.final
-    if isinstance(final, Failed):
-        raise ServingError(final.kind, final.message, retry_after_s=1.0)
+def _asked(gen: Generation) -> bool:
+    return gen.prepared.generation.sampling.logprobs is not None
+
+
+def _ended_by_eos(final: object) -> bool:
+    return isinstance(final, Finished) and final.reason is FinishReason.EOS
+
+
+def _logprobs(gen: Generation, collected: Collected) -> dict[str, Any] | None:
+    if not _asked(gen):
+        return None
+    return chat_logprobs(collected.logprobs, gen.prepared.tokenizer, _ended_by_eos(collected.final), collected.text)
+
+
+def render_completion(reply_id: str, gens: list[Generation], collected: list[Collected]) -> dict[str, Any]:
+    """The non-streaming reply, one choice per generation (n); a failure raises the
+    ServingError its kind maps to."""
+    req = gens[0].prepared.request
+    for c in collected:
+        if isinstance(c.final, Failed):
+            raise ServingError(c.final.kind, c.final.message, retry_after_s=1.0)
     return {
-        "id": req.request_id,
+        "id": reply_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": req.model,
         "choices": [{
-            "index": 0,
-            "message": _message(collected, gen.prepared.tool_format is not None),
-            "finish_reason": _finish_reason(final),
-            "logprobs": None,
-        }],
-        "usage": usage_object(final.usage),
+            "index": i,
+            "message": _message(c, gen.prepared.tool_format is not None),
+            "finish_reason": _finish_reason(c.final),  # type: ignore[arg-type]
+            "logprobs": _logprobs(gen, c),
+        } for i, (gen, c) in enumerate(zip(gens, collected))],
+        "usage": usage_object(_choices_usage([c.final.usage for c in collected])),
     }
+
+
+def _choices_usage(usages: list[Usage]) -> Usage:
+    """n choices of one prompt: the prompt counted once, every choice's output."""
+    return Usage(usages[0].prompt_tokens, sum(u.output_tokens for u in usages), usages[0].cached_tokens)
 
 
 def error_event(message: str, kind: str) -> ServerSentEvent:
     return ServerSentEvent(data=json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}))
 
 
-async def render_chunks(gen: Generation, include_usage: bool) -> AsyncIterator[ServerSentEvent]:
-    """`data:` chunks, the final one with `finish_reason`, an optional usage chunk, `[DONE]`;
-    a failure after the stream started is an error chunk, then the end."""
-    req = gen.prepared.request
+async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bool) -> AsyncIterator[ServerSentEvent]:
+    """`data:` chunks (n choices: interleaved, each with its index), each choice's last one with
+    `finish_reason`, an optional usage chunk, `[DONE]`; a failure after the stream started is
+    an error chunk, then the end."""
+    req = gens[0].prepared.request
     created = int(time.time())
+    asked = _asked(gens[0])
+    tokenizer = gens[0].prepared.tokenizer if asked else None
 
-    def chunk(delta: dict[str, Any], finish: str | None, usage: Usage | None = None, choices: bool = True) -> ServerSentEvent:
-        body: dict[str, Any] = {"id": req.request_id, "object": "chat.completion.chunk", "created": created, "model": req.model}
-        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}] if choices else []
+    def chunk(index: int, delta: dict[str, Any], finish: str | None, usage: Usage | None = None, choices: bool = True,
+              logprobs: dict[str, Any] | None = None) -> ServerSentEvent:
+        body: dict[str, Any] = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": req.model}
+        body["choices"] = [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}] if choices else []
         if include_usage:
             body["usage"] = None if usage is None else usage_object(usage)
         return ServerSentEvent(data=json.dumps(body, separators=(",", ":"), ensure_ascii=False))
 
     yield ServerSentEvent(comment="ping")  # bytes on the wire at once, before queueing and prefill
-    first = True
-    async with aclosing(gen.outcomes()) as outcomes:
-        async for outcome in outcomes:
+    started = [False] * len(gens)
+    usages: list[Usage | None] = [None] * len(gens)
+    text_bytes = [0] * len(gens)  # per choice: content sent, and the bytes its logprob tokens spell
+    scored_bytes = [0] * len(gens)
+    async with aclosing(merged(gens)) as outcomes:
+        async for i, outcome in outcomes:
             if isinstance(outcome, Failed):
                 yield error_event(outcome.message, openai_error_type(outcome.kind))
                 return
-            if first:
-                first = False
-                yield chunk({"role": "assistant", "content": ""}, None)
+            if not started[i]:
+                started[i] = True
+                yield chunk(i, {"role": "assistant", "content": ""}, None)
             if isinstance(outcome, TextDelta):
                 if outcome.text:
-                    yield chunk({"content": outcome.text}, None)
+                    scored = None
+                    if tokenizer is not None:
+                        scored = {"content": chat_content(outcome.logprobs, tokenizer, False)}
+                        text_bytes[i] += len(outcome.text.encode())
+                        scored_bytes[i] += sum(len(e["bytes"]) for e in scored["content"])
+                    yield chunk(i, {"content": outcome.text}, None, logprobs=scored)
                 continue
             if isinstance(outcome, ToolCallStarted):
                 call = {"index": outcome.index, "id": outcome.id, "type": "function",
                         "function": {"name": outcome.name, "arguments": ""}}
-                yield chunk({"tool_calls": [call]}, None)
+                yield chunk(i, {"tool_calls": [call]}, None)
                 continue
             if isinstance(outcome, ToolInputDelta):
-                yield chunk({"tool_calls": [{"index": outcome.index, "function": {"arguments": outcome.json}}]}, None)
+                yield chunk(i, {"tool_calls": [{"index": outcome.index, "function": {"arguments": outcome.json}}]}, None)
                 continue
             if isinstance(outcome, ToolCallDone):
                 continue
-            yield chunk({}, _finish_reason(outcome))
-            if include_usage:
-                yield chunk({}, None, outcome.usage, choices=False)
-            yield ServerSentEvent(data="[DONE]")
-            return
+            if tokenizer is not None and isinstance(outcome, Finished):  # the tokens whose text came last (or none)
+                rest = chat_content(outcome.logprobs, tokenizer, _ended_by_eos(outcome), max(0, text_bytes[i] - scored_bytes[i]))
+                if rest:
+                    yield chunk(i, {"content": ""}, None, logprobs={"content": rest})
+            yield chunk(i, {}, _finish_reason(outcome))
+            usages[i] = outcome.usage
+    if include_usage:
+        yield chunk(0, {}, None, _choices_usage([u or Usage() for u in usages]), choices=False)
+    yield ServerSentEvent(data="[DONE]")
 
 
 # A keyed stream is recorded in the replay log (its retries replay it): chunks are numbered

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.api.wire_types import Count, JsonInt, PositiveCount, Seed
+from sluice.api.wire_types import Count, JsonInt, LogprobCount, PositiveCount, Seed
 
 
 class _Strict(BaseModel):
@@ -41,7 +41,7 @@ class ChatCompletionRequest(_Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: Count | None = None  # not OpenAI's; vLLM-compatible extension
-    n: JsonInt = Field(1, ge=1, le=1)
+    n: JsonInt = Field(1, ge=1, le=16)  # choices, sharing the prompt's KV blocks
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -50,8 +50,8 @@ class ChatCompletionRequest(_Strict):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
-    top_logprobs: JsonInt | None = None
+    logprobs: bool | None = None  # applied: the model's logprob of each output token
+    top_logprobs: LogprobCount | None = None  # and this many alternatives (needs logprobs)
     user: str | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None

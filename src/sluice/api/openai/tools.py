@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluice.api.anthropic.convert import describe_validation_error
 from sluice.api.errors import bad_request
-from sluice.models.tools.spec import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
+from sluice.tool_types import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from sluice.serving.guided import OutputFormat
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}

@@ -11,18 +11,15 @@ has no casts or views left to dispatch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from sluice.models.attention import AttentionMetadata
 
-if TYPE_CHECKING:
-    from sluice.models.llama import LlamaModel
-
 
 def fused_forward(
-    model: LlamaModel,
+    model: Any,  # the LlamaModel (models/llama.py) that calls this: it imports this module, not back
     input_ids: torch.Tensor,
     positions: torch.Tensor,
     meta: AttentionMetadata,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.errors import InvalidRequestError
-from sluice.models.tools.spec import Role, ToolCall, ToolSpec
+from sluice.tool_types import Role, ToolCall, ToolSpec
 from sluice.types import CallSyntax
 
 HERMES_PREAMBLE = (

@@ -21,7 +21,7 @@ from typing import Any
 
 from sluice.errors import InvalidRequestError
 from sluice.models.tools.format import ToolFormat
-from sluice.models.tools.spec import ToolChoice, ToolChoiceMode, ToolSpec
+from sluice.tool_types import ToolChoice, ToolChoiceMode, ToolSpec
 from sluice.types import GuidedDecoding, GuidedKind, ToolGrammar
 
 

@@ -11,7 +11,15 @@ small scanner tracks strings and nesting to find where it ends; then the closing
 held back only while it could still be the start of a trigger, and whitespace right before a
 call or after the last one is dropped (it belongs to the call layout, not to a text block).
 Without a grammar (or with a model that strays) a body the header pattern does not match is
-buffered to the closing tag and parsed whole; a body that is not a call is given back as text.
+buffered to the closing tag and parsed whole.
+
+Call markup never comes out as text (issue 21): once the trigger is written, what follows is a
+call. A body that is not a call, or a call cut before its name was read, is dropped (there is no
+call to return and its markup is not text); a call cut after its name ends incomplete
+(`ToolCallEnd.complete` False). At the end of a reply that was cut (max_tokens, a stop sequence,
+the context window: `finish(cut=True)`) a held-back possible start of the trigger ("<tool") is
+dropped too: it is the opening of a call that did not fit. After a natural end (EOS) it is text
+the model ended with ("x <").
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.models.tools.format import ToolFormat
-from sluice.models.tools.spec import ToolCall, new_tool_use_id
+from sluice.tool_types import ToolCall, new_tool_use_id
 
 
 @dataclass(slots=True)
@@ -120,18 +128,28 @@ class ToolCallParser:
             pass
         return out
 
-    def finish(self) -> list[Piece]:
-        """The reply ended: release held-back text, close a call that was cut off."""
+    def finish(self, cut: bool = False) -> list[Piece]:
+        """The reply ended: release held-back text, close a call that was cut off. `cut`: the
+        reply was cut short (not the model's own end), so a held-back start of the trigger was
+        the start of a call, not text."""
         out: list[Piece] = []
         call, self._call = self._call, None
         if call is None:
-            self._emit_text(self._buf, out, final=True)
-        elif call.args is None:  # the trigger, then no readable header: that was text
-            self._emit_text(self.fmt.trigger + self._buf, out, final=True)
-        elif not call.ended:
+            text = self._buf
+            if cut:
+                text = text[: len(text) - self._trigger_prefix(text)]
+            self._emit_text(text, out, final=True)
+        elif call.args is not None and not call.ended:
             out.append(self._end(call, complete=False))
+        # else: the trigger, then no readable header (cut before the name, or not a call), or
+        # a finished call's closing tag still arriving: markup, dropped
         self._buf = ""
         return out
+
+    def _trigger_prefix(self, text: str) -> int:
+        """The length of the longest end of `text` that could start the trigger (0: none)."""
+        trigger = self.fmt.trigger
+        return next((k for k in range(min(len(trigger) - 1, len(text)), 0, -1) if trigger.startswith(text[-k:])), 0)
 
     # -- the state machine: each call consumes what it can; True = call again ---------------
     def _step(self, out: list[Piece]) -> bool:
@@ -166,8 +184,7 @@ class ToolCallParser:
         # hold back a possible start of the trigger, and the whitespace before it (it is
         # dropped if a call follows)
         buf = self._buf
-        keep = next((k for k in range(min(len(trigger) - 1, len(buf)), 0, -1) if trigger.startswith(buf[-k:])), 0)
-        cut = len(buf) - keep
+        cut = len(buf) - self._trigger_prefix(buf)
         while cut > 0 and buf[cut - 1].isspace():
             cut -= 1
         if self._after_call and not buf[:cut].strip():
@@ -208,21 +225,20 @@ class ToolCallParser:
         done, end = _match_loose(self._buf, "}" + self.fmt.call_close)
         if not done and end == len(self._buf):
             return False  # the tag is still arriving
-        if done:
-            self._buf = self._buf[end:]
+        self._buf = self._buf[end:]  # as much of the layout as matched (all of it, normally)
         self._call, self._after_call = None, True  # (not our layout: what follows is text)
         return True
 
     def _whole(self, call: _Call, body: str, out: list[Piece]) -> None:
-        """A body the header pattern missed: parse it whole, or give it back as text."""
+        """A body the header pattern missed: parse it whole, or drop it (not a call: there is
+        nothing to return, and call markup is never text)."""
         try:
             obj = json.loads(body.strip().removeprefix(self.fmt.call_open[len(self.fmt.trigger):].strip()))
             name, args = obj[self.fmt.name_key], obj.get(self.fmt.arguments_key, {})
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise TypeError
         except (ValueError, TypeError, KeyError):
-            out.append(TextPiece(self.fmt.trigger + body + self.fmt.call_close.strip()))
-            self._call = None
+            self._call, self._after_call = None, True
             return
         call.id, call.name, call.arguments = self.new_id(), name, json.dumps(args, ensure_ascii=False)
         out.append(ToolCallStart(call.index, call.id, call.name))

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from sluice.errors import InvalidRequestError
 from sluice.models.tools.format import ToolFormat
-from sluice.models.tools.spec import ChatTurn, Part, Role, ToolCall, ToolResult, ToolSpec
+from sluice.tool_types import ChatTurn, Part, Role, ToolCall, ToolResult, ToolSpec
 
 PART_JOIN = "\n\n"
 

@@ -4,18 +4,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "isa.h"
+#include "isa_names.h"
 #include "glue_impl.h"
 
 namespace SLUICE_ISA_NS {
 namespace {  // internal linkage: nothing here may merge with another TU's code
-
-using sluice::AttnArgs;
-using sluice::GemmArgs;
-using sluice::kBlock;
-using sluice::kPanel;
-using sluice::kQ4PanelBlockBytes;
-using sluice::kQ8PanelBlockBytes;
 
 // ---- paged decode attention ------------------------------------------------------------------
 // One task = one chunk of one sequence's context x one KV head: its G query heads share each

@@ -22,17 +22,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "isa.h"
+#include "isa_names.h"
 
 namespace SLUICE_ISA_NS {
 namespace {  // internal linkage: nothing here may merge with another TU's code
-
-using sluice::AttnArgs;
-using sluice::GemmArgs;
-using sluice::kBlock;
-using sluice::kPanel;
-using sluice::kQ4PanelBlockBytes;
-using sluice::kQ8PanelBlockBytes;
 
 // Output: acc[r][j] -> y[r0 + r][16 (p + j) ...] (+ bias), the last panel cut at N.
 template <int MR, int NP>

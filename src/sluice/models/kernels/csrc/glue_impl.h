@@ -4,17 +4,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "isa.h"
+#include "isa_names.h"
 
 namespace SLUICE_ISA_NS {
 namespace {  // internal linkage: nothing here may merge with another TU's code
-
-using sluice::AttnArgs;
-using sluice::GemmArgs;
-using sluice::kBlock;
-using sluice::kPanel;
-using sluice::kQ4PanelBlockBytes;
-using sluice::kQ8PanelBlockBytes;
 
 // ---- elementwise glue ------------------------------------------------------------------------
 // exp on 16 lanes: Cephes' expf (range reduction by ln 2 in two parts, degree-6 polynomial),

@@ -5,19 +5,13 @@
 //   attention_impl.h  paged decode attention and its chunk merge
 // and the unit's table of entry points (isa.h).
 #pragma once
+#include "isa_names.h"
 #include "attention_impl.h"
 #include "gemm_impl.h"
 #include "glue_impl.h"
 
 namespace SLUICE_ISA_NS {
 namespace {  // internal linkage: nothing here may merge with another TU's code
-
-using sluice::AttnArgs;
-using sluice::GemmArgs;
-using sluice::kBlock;
-using sluice::kPanel;
-using sluice::kQ4PanelBlockBytes;
-using sluice::kQ8PanelBlockBytes;
 
 static const sluice::KernelTable kTable = {
     SLUICE_ISA_NAME, kGemmPanelsFor[1] * kPanel, kDirectMaxM, &q4_exact, &q4_fast, &q8_exact, &quantize_q8, &q8_row,

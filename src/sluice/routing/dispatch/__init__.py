@@ -1,0 +1,1 @@
+"""Per request: version choice, worker choice, the worker pool, breakers, health, failover."""

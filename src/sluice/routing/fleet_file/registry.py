@@ -1,0 +1,109 @@
+"""The registry: which models the fleet serves, under which names, with which versions.
+
+One `Registry` per gateway, holding one immutable FleetSpec at a time. Requests resolve the
+model id or alias they name to the model's canonical id; the router asks it for versions and
+the fallback chain. A reload (SIGHUP, the admin API) builds and checks a whole new fleet first
+and swaps it in only if it is valid: an invalid reload leaves the running fleet untouched and
+reports why, so a typo in the file never takes the fleet down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.routing.errors import FleetFileError, UnknownModelError, UnknownVersionError
+from sluice.routing.fleet_file.loader import dotted_path, cross_check, load_fleet
+from sluice.routing.fleet_file.schema import FleetSpec, ModelSpec, VersionSpec
+
+
+@dataclass(slots=True, frozen=True)
+class ReloadResult:
+    applied: bool
+    error: str | None = None  # why a reload was refused (the file's problems, one per line)
+    added: tuple[str, ...] = ()  # model ids new in this fleet
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()  # models whose spec differs (aliases, versions, tiers, ...)
+
+
+class Registry:
+    def __init__(self, fleet: FleetSpec, source: str | Path | None = None):
+        self._fleet = fleet
+        self._names = _names(fleet)
+        self.source = Path(source) if source is not None else None  # the file reload() rereads
+        self.generation = 0  # bumps on every applied reload
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Registry:
+        return cls(load_fleet(path), path)
+
+    @property
+    def fleet(self) -> FleetSpec:
+        return self._fleet
+
+    # -- lookups ----------------------------------------------------------------------------
+    def resolve(self, requested: str) -> str:
+        """The canonical model id for a requested id or alias."""
+        model_id = self._names.get(requested)
+        if model_id is None:
+            raise UnknownModelError(f"model {requested!r} not found; available: {', '.join(self.served_names())}")
+        return model_id
+
+    def model(self, model_id: str) -> ModelSpec:
+        try:
+            return self._fleet.models[model_id]
+        except KeyError:
+            raise UnknownModelError(f"model {model_id!r} not found") from None
+
+    def version(self, model_id: str, version: str) -> VersionSpec:
+        model = self.model(model_id)
+        try:
+            return model.versions[version]
+        except KeyError:
+            raise UnknownVersionError(
+                f"model {model_id!r} has no version {version!r}; versions: {', '.join(model.versions)}"
+            ) from None
+
+    def served_names(self) -> list[str]:
+        """Every id a client may send (ids, then aliases), for /v1/models."""
+        return list(self._names)
+
+    def fallback_chain(self, model_id: str) -> list[str]:
+        """The model, then its fallbacks in order, as canonical ids."""
+        return [model_id, *(self._names[fb] for fb in self.model(model_id).fallbacks)]
+
+    # -- reload -------------------------------------------------------------------------------
+    def reload(self, new: FleetSpec | str | Path | None = None) -> ReloadResult:
+        """Swap in a new fleet (a FleetSpec, a file, or the file this registry came from) if it
+        is valid; otherwise keep the running one and say why."""
+        try:
+            if isinstance(new, FleetSpec):
+                problems = cross_check(new, check_paths=False)
+                if problems:
+                    raise FleetFileError([f"{dotted_path(loc)}: {msg}" for loc, msg in problems])
+                fleet = new
+            else:
+                path = Path(new) if new is not None else self.source
+                if path is None:
+                    return ReloadResult(False, "this fleet was not loaded from a file; nothing to reread")
+                fleet = load_fleet(path)
+        except FleetFileError as exc:
+            return ReloadResult(False, str(exc))
+        old = self._fleet.models
+        result = ReloadResult(
+            True,
+            added=tuple(m for m in fleet.models if m not in old),
+            removed=tuple(m for m in old if m not in fleet.models),
+            changed=tuple(m for m in fleet.models if m in old and old[m] != fleet.models[m]),
+        )
+        self._fleet, self._names = fleet, _names(fleet)
+        self.generation += 1
+        return result
+
+
+def _names(fleet: FleetSpec) -> dict[str, str]:
+    names = {model_id: model_id for model_id in fleet.models}
+    for model_id, model in fleet.models.items():
+        for alias in model.aliases:
+            names.setdefault(alias, model_id)
+    return names

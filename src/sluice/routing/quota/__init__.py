@@ -1,0 +1,1 @@
+"""Per-model token quotas per tier: the rules, a memory store and a Redis store."""

@@ -1,0 +1,1 @@
+"""Live routing state shared across gateways, and the rollouts that move it."""

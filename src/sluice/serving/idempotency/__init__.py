@@ -1,0 +1,1 @@
+"""Idempotent retries: the per-request rules, the key stores (memory, Redis)."""

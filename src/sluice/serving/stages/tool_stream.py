@@ -1,0 +1,52 @@
+"""Guarded text → text and tool-call outcomes, for a reply that may call tools.
+
+It sits after the safety guard (serving/stages/guarded_stream.py), so the stream guard, the
+classifier windows and the post-check read the raw reply, tool calls and their inputs
+included, exactly as the model wrote it; only what they let through is parsed here into
+`ToolCallStarted` / `ToolInputDelta` / `ToolCallDone` (models/tools/parser.py). Call markup is
+never passed on as text: held-back text (a possible start of the call tag) is released at the
+end only when the model ended the reply itself; a reply cut short (max_tokens, a stop sequence,
+the context window) drops it with any call cut before its name. `Finished.tool_calls` counts
+the complete calls, which is what makes the stop a tool-use stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from sluice.models.tools.format import ToolFormat
+from sluice.models.tools.parser import Piece, TextPiece, ToolArgsDelta, ToolCallEnd, ToolCallParser, ToolCallStart
+from sluice.tool_types import new_tool_use_id
+from sluice.serving.outcomes import Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
+from sluice.types import FinishReason, Usage
+
+
+def _outcome(piece: Piece, usage: Usage) -> Outcome:
+    if isinstance(piece, TextPiece):
+        return TextDelta(piece.text, usage)
+    if isinstance(piece, ToolCallStart):
+        return ToolCallStarted(piece.index, piece.id, piece.name, usage)
+    if isinstance(piece, ToolArgsDelta):
+        return ToolInputDelta(piece.index, piece.json, usage)
+    assert isinstance(piece, ToolCallEnd)
+    return ToolCallDone(piece.index, piece.id, piece.name, piece.input, piece.arguments, piece.complete, usage)
+
+
+async def with_tool_calls(outcomes: AsyncIterator[Outcome], fmt: ToolFormat, id_prefix: str) -> AsyncIterator[Outcome]:
+    parser = ToolCallParser(fmt, lambda: new_tool_use_id(id_prefix))
+    complete = 0
+    async with aclosing(outcomes):  # type: ignore[type-var]
+        async for outcome in outcomes:
+            if isinstance(outcome, TextDelta):
+                for piece in parser.feed(outcome.text):
+                    complete += isinstance(piece, ToolCallEnd) and piece.complete
+                    yield _outcome(piece, outcome.usage)
+                continue
+            if isinstance(outcome, Finished):
+                for piece in parser.finish(cut=outcome.reason is not FinishReason.EOS):
+                    complete += isinstance(piece, ToolCallEnd) and piece.complete
+                    yield _outcome(piece, outcome.usage)
+                outcome.tool_calls = complete
+            yield outcome  # a refusal or a failure ends the reply where it is
+            return

@@ -1,0 +1,185 @@
+"""KV pool memory: sizing, lazily touched tensors, and resident blocks bounded by use.
+
+Resident memory is read from /proc/self/status (Linux): page accounting, not timing, so the
+figures are the same on a busy machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import invariant
+
+import tests.unit.engine.test_block_pool as block_pool_tests
+from sluice.engine.block_pool import BlockPool
+from sluice.engine.config import EngineConfig
+from sluice.engine.engine import LLMEngine
+from sluice.engine.kv_manager import KVCacheManager
+from sluice.engine.kv_memory import GIB, PoolSizing, kv_bytes_per_block, lazy_zeros, plan_kv_pool
+from sluice.types import GenerationRequest, SamplingParams
+
+MIB = 2**20
+needs_proc = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="resident memory is read from /proc (Linux)")
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+# -- sizing -----------------------------------------------------------------------------------------
+def no_probe() -> int:
+    raise AssertionError("available memory is read only for automatic sizing")
+
+
+def test_explicit_sizes_win_and_never_probe_memory():
+    per = 1000
+    plan = plan_kv_pool(EngineConfig(num_kv_blocks=10, kv_cache_gib=1.0), per, 4096, no_probe)
+    assert (plan.num_blocks, plan.sized_by) == (10, PoolSizing.BLOCKS)
+    plan = plan_kv_pool(EngineConfig(kv_cache_gib=0.5), per, 4096, no_probe)
+    assert (plan.num_blocks, plan.sized_by) == (GIB // 2 // per, PoolSizing.GIB)
+
+
+def test_auto_size_is_what_max_num_seqs_times_the_context_can_use():
+    config = EngineConfig(block_size=8, max_num_seqs=4)
+    plan = plan_kv_pool(config, 1000, 100, lambda: 10**12)
+    assert plan.sized_by is PoolSizing.SEQS_X_CONTEXT
+    assert plan.num_blocks == 4 * 13 + 1  # ceil(100 / 8) blocks per sequence, plus the null block
+
+
+def test_auto_size_is_capped_at_a_share_of_available_memory():
+    config = EngineConfig(block_size=8, max_num_seqs=64, kv_memory_fraction=0.5)
+    plan = plan_kv_pool(config, 1000, 8192, lambda: 2_000_000)
+    assert (plan.num_blocks, plan.sized_by) == (1000, PoolSizing.MEMORY_SHARE)
+
+
+def test_idle_budget_in_blocks():
+    assert plan_kv_pool(EngineConfig(num_kv_blocks=10, kv_idle_gib=0.001), 1000, 64, no_probe).max_idle_blocks == int(0.001 * GIB) // 1000
+    assert plan_kv_pool(EngineConfig(num_kv_blocks=10, kv_idle_gib=None), 1000, 64, no_probe).max_idle_blocks is None
+
+
+# -- lazily touched tensors ---------------------------------------------------------------------------
+@needs_proc
+def test_lazy_zeros_reads_as_zeros_and_costs_memory_only_where_written():
+    gc.collect()
+    before = rss_bytes()
+    t = lazy_zeros((4, 256 * MIB // 16, 4), torch.float32, torch.device("cpu"))  # 1 GiB
+    assert float(t.abs().max()) == 0.0  # every byte reads as zero (finite: -inf masking relies on it)
+    assert rss_bytes() - before < 64 * MIB  # a full read maps no memory
+    t[:, : 4 * MIB // 16].fill_(1.0)  # write 4 x 4 MiB
+    grown = rss_bytes() - before
+    assert 15 * MIB < grown < 64 * MIB
+    assert float(t.sum()) == 4 * (4 * MIB // 16) * 4
+    del t
+    gc.collect()
+    assert rss_bytes() - before < 8 * MIB  # unmapped with the tensor
+
+
+def test_lazy_zeros_keeps_dtype_and_shape():
+    t = lazy_zeros((2, 3, 5), torch.bfloat16, torch.device("cpu"))
+    assert t.dtype is torch.bfloat16 and t.shape == (2, 3, 5) and not t.any()
+    t[1, 2, 4] = 3.0
+    assert float(t.sum()) == 3.0
+
+
+@needs_proc
+def test_building_an_engine_touches_no_kv_memory(tiny_llama):
+    gc.collect()
+    before = rss_bytes()
+    engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, kv_cache_gib=1.0))
+    per_block = kv_bytes_per_block(tiny_llama.model, 4)
+    assert engine.kv.num_usable_blocks * per_block > 0.99 * GIB
+    assert rss_bytes() - before < 64 * MIB
+    for k, v in engine.runner.kv_caches:
+        assert not k.any() and not v.any()  # zeros everywhere, not only in the null block
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    engine.generate([GenerationRequest(f"r{i}", [3 + i] * 10, params) for i in range(3)])
+    s = engine.stats()
+    assert s.kv_blocks_resident == 3 * 5  # 18 tokens each in blocks of 4, and nothing more
+    assert s.kv_resident_bytes == 15 * per_block
+
+
+# -- resident blocks follow use -----------------------------------------------------------------------
+def test_never_used_blocks_go_out_in_id_order_until_the_idle_budget_is_reached():
+    pool = BlockPool(10, max_idle=2)
+    a = pool.allocate(3)
+    assert [b.block_id for b in a] == [1, 2, 3] and pool.num_resident == 3
+    pool.release(list(reversed(a)))  # 3 used blocks free: over the budget of 2
+    b = pool.allocate(2)
+    assert [x.block_id for x in b] == [3, 2] and pool.num_resident == 3  # reused, oldest free first
+    c = pool.allocate(2)
+    assert [x.block_id for x in c] == [4, 5]  # 1 used block free, under the budget: new memory
+    assert pool.num_resident == 5 and [x.block_id for x in pool.free][-1:] == [1]
+
+
+def test_idle_budget_zero_reuses_before_touching_anything_new():
+    pool = BlockPool(10, max_idle=0)
+    a = pool.allocate(4)
+    pool.release(a)
+    assert [x.block_id for x in pool.allocate(4)] == [1, 2, 3, 4]
+    assert [x.block_id for x in pool.allocate(2)] == [5, 6]  # nothing free to reuse: new memory
+    assert pool.num_resident == 6
+
+
+def test_cached_blocks_survive_while_the_idle_budget_has_room():
+    tokens = list(range(1, 17))
+    kv = KVCacheManager(40, 4, enable_prefix_caching=True, max_idle_blocks=8)
+    first = block_pool_tests.make_request(tokens, "t")
+    assert kv.allocate(first, len(tokens))
+    first.num_computed_tokens = len(tokens)
+    kv.free(first)  # 4 cached blocks free, under the budget of 8
+    other = block_pool_tests.make_request([9] * 12, "t")
+    assert kv.allocate(other, 12)  # takes new memory rather than evicting the cache
+    again = block_pool_tests.make_request(tokens, "t")
+    assert kv.find_prefix(again).num_tokens == 12  # the cached prefix is still there (last token recomputed)
+
+
+class IdleBoundedKVMachine(block_pool_tests.KVMachine):
+    """The KV manager state machine of test_block_pool, with an idle budget: every invariant
+    there still holds, the shadow free list models the budgeted choice exactly, and resident
+    blocks never exceed the peak held + the budget."""
+
+    MAX_IDLE = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        # request ids from a fresh counter per example: the rules pick requests by sorted id, so
+        # ids that depend on earlier examples ("q9" < "q10" flips) make hypothesis replays differ
+        block_pool_tests._ids = itertools.count()
+        self.kv = KVCacheManager(
+            block_pool_tests.NUM_BLOCKS, block_pool_tests.BLOCK, enable_prefix_caching=True, max_idle_blocks=self.MAX_IDLE
+        )
+        self.handed_out: set[int] = set()
+        self.peak_held = 0
+
+    def _take_from_head(self, new_blocks) -> None:
+        for block in new_blocks:
+            never_used = sum(1 for b in self.lru if b not in self.handed_out)  # always the list's head run
+            used_free = len(self.lru) - never_used
+            if never_used and not (used_free and used_free >= self.MAX_IDLE):
+                expected = self.lru[0]
+            else:
+                expected = self.lru[never_used]
+            assert block.block_id == expected
+            self.lru.remove(expected)
+            self.handed_out.add(expected)
+        held = self.kv.num_usable_blocks - self.kv.num_free_blocks
+        self.peak_held = max(self.peak_held, held)
+
+    @invariant()
+    def resident_is_bounded_by_use(self) -> None:
+        assert self.kv.num_resident_blocks == len(self.handed_out)
+        assert self.kv.num_resident_blocks <= self.peak_held + self.MAX_IDLE
+
+
+TestIdleBoundedKVMachine = IdleBoundedKVMachine.TestCase
+TestIdleBoundedKVMachine.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

@@ -1,0 +1,78 @@
+"""The worker pool: who takes requests, what load the picker sees, what a drain waits for."""
+
+from __future__ import annotations
+
+from sluice.routing.dispatch.circuit_breaker import BreakerConfig, BreakerState, Outcome
+from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
+from tests.clock import FakeClock
+
+
+def test_only_warm_closed_workers_under_their_bound_take_requests():
+    pool = WorkerPool(BreakerConfig(consecutive_failures=1), FakeClock(0.0))
+    pool.add("a", "m", "v1", "h:1", status=WorkerStatus.WARM, max_outstanding_tokens=1000)
+    pool.add("b", "m", "v1", "h:2")  # STARTING
+    pool.add("c", "m", "v2", "h:3", status=WorkerStatus.WARM)
+    assert [c.worker_id for c in pool.candidates("m", "v1")] == ["a"]
+    assert not pool.warm("m", "v1") and pool.warm("m", "v2") and not pool.warm("m", "v9")
+    pool.set_status("b", WorkerStatus.WARM)
+    assert pool.warm("m", "v1") and len(pool.candidates("m", "v1")) == 2
+    assert [c.worker_id for c in pool.candidates("m", "v1", exclude={"b"})] == ["a"]
+    pool.report_load("a", 1000)  # at its bound: "its queue over bound"
+    assert [c.worker_id for c in pool.candidates("m", "v1")] == ["b"]
+    pool.set_status("b", WorkerStatus.DRAINING)
+    assert pool.candidates("m", "v1") == [] and pool.begin("b", 1) is None
+    d = pool.begin("c", 1)
+    pool.finish(d, Outcome.FAILURE)
+    assert pool.get("c").breaker.state is BreakerState.OPEN and pool.candidates("m", "v2") == []
+
+
+def test_load_is_the_larger_of_reported_and_dispatched():
+    pool = WorkerPool()
+    pool.add("a", "m", "v", "h:1", status=WorkerStatus.WARM)
+    d1 = pool.begin("a", 300)
+    d2 = pool.begin("a", 200)
+    assert pool.candidates("m", "v")[0].load_tokens == 500  # a burst before the next stats poll
+    pool.report_load("a", 2000)  # other gateways' work shows in the worker's stats
+    assert pool.candidates("m", "v")[0].load_tokens == 2000
+    pool.report_load("a", 0)
+    assert pool.inflight("m", "v") == 2
+    pool.finish(d1, Outcome.SUCCESS)
+    pool.finish(d2, Outcome.SUCCESS)
+    assert pool.candidates("m", "v")[0].load_tokens == 0 and pool.inflight("m", "v") == 0
+    pool.remove("a")
+    pool.finish(d1, Outcome.SUCCESS)  # a finish after removal is harmless
+
+
+def test_failed_health_checks_eject_a_worker():
+    pool = WorkerPool(BreakerConfig(consecutive_failures=2))
+    pool.add("a", "m", "v", "h:1", status=WorkerStatus.WARM)
+    pool.record_health("a", False)
+    pool.record_health("a", False)
+    assert pool.candidates("m", "v") == []
+
+
+def test_remote_workers_follow_the_fleet_file():
+    from sluice.routing.fleet_file.loader import parse_fleet
+
+    def fleet(stable_workers: str, canary_workers: str):
+        return parse_fleet(f"""
+[models.m.versions.stable]
+weights = "bundled"
+traffic = 1
+replicas = 1
+workers = [{stable_workers}]
+[models.m.versions.canary]
+weights = "bundled"
+workers = [{canary_workers}]
+max_outstanding_tokens = 99
+""")
+
+    pool = WorkerPool()
+    pool.add("local-0", "m", "stable", "unix:/tmp/w0", status=WorkerStatus.WARM)  # the supervisor's
+    assert pool.sync_remote(fleet('"h:1", "h:2"', '"h:3"')) == (["h:1", "h:2", "h:3"], [])
+    assert pool.get("h:3").status is WorkerStatus.STARTING and pool.get("h:3").max_outstanding_tokens == 99
+    pool.set_status("h:1", WorkerStatus.WARM)
+    # h:2 moves to the canary, h:3 leaves; h:1 and the local replica are untouched
+    assert pool.sync_remote(fleet('"h:1"', '"h:2"')) == (["h:2"], ["h:2", "h:3"])
+    assert pool.get("h:2").version == "canary" and pool.get("h:1").status is WorkerStatus.WARM
+    assert pool.get("local-0") is not None and pool.get("h:3") is None

@@ -1,0 +1,178 @@
+"""Dependencies point one way (DESIGN.md): a package may import only packages below it, and no
+files import each other in a loop.
+
+    serving:   cli → api → serving → gateway, safety → streaming → routing → observability → worker → engine → models
+    inside routing/:  fleet → scaling → dispatch → state, quota → fleet_file
+    train:     a tower beside serving; it imports models, observability and the leaves; only cli imports it
+    types, config, errors, tool_types, request_context, trace_context, redis_client, aio: leaves anyone may import
+
+Downward edges may skip layers, except from the API: it reaches the engines only through serving
+(it may use serving and the policy layers serving is built on, never routing, worker, engine or
+models directly), so a wire format cannot come to depend on how a request is executed.
+
+Read from the source's own imports (top-level, inside functions and under TYPE_CHECKING alike),
+so a back edge or a cycle fails here the moment it is written."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from tests.paths import ROOT
+
+SRC = ROOT / "src" / "sluice"
+ORDER = ["cli", "api", "serving", "gateway|safety", "streaming", "routing", "observability", "worker", "engine", "models"]
+LEAVES = {"types", "config", "errors", "tool_types", "request_context", "trace_context", "redis_client", "aio", "__init__"}
+RANK = {pkg: i for i, group in enumerate(ORDER) for pkg in group.split("|")}
+# the fleet layer's own floors; `errors` is routing's leaf
+ROUTING_ORDER = ["fleet", "scaling", "dispatch", "state|quota", "fleet_file"]
+ROUTING_RANK = {pkg: i for i, group in enumerate(ROUTING_ORDER) for pkg in group.split("|")}
+# what the API may import besides leaves and itself (DESIGN.md: api → serving → gateway/safety/streaming)
+API_REACHES = {"serving", "gateway", "safety", "streaming", "observability"}
+# Towers beside serving (DESIGN.md, "Three systems, one house"): each may import the packages it
+# names and the leaves; of serving's packages only cli imports a tower.
+TOWERS = {"train": {"models", "observability"}}
+# Pure helpers a tower may use without depending on the package they live in (no state, no
+# sluice imports): the TOML key → line scanner behind every `FILE:LINE: field` message.
+SHARED_MODULES = {"sluice.routing.fleet_file.toml_lines"}
+
+
+def _modules(path: Path) -> set[str]:
+    """The sluice modules `path` imports, dotted (`sluice.routing.fleet.fleet`)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("sluice."):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)  # `from pkg import module`
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("sluice."))
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    return {m.split(".")[1] for m in _modules(path)}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def test_every_package_has_a_place_in_the_order():
+    packages = {p.name for p in SRC.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    placed = set(RANK) | set(TOWERS)
+    assert packages <= placed, f"place these in ORDER or TOWERS: {sorted(packages - placed)}"
+    routing = {p.name for p in (SRC / "routing").iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert routing <= set(ROUTING_RANK), f"place these in ROUTING_ORDER: {sorted(routing - set(ROUTING_RANK))}"
+
+
+def test_no_import_points_up_or_sideways():
+    back_edges = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC)
+        owner = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        if owner in LEAVES and owner != "__init__":  # a leaf imports only other leaves
+            back_edges += [f"{rel} (a leaf) imports sluice.{t}" for t in _imports(path) if t not in LEAVES]
+            continue
+        if owner in TOWERS:
+            allowed = TOWERS[owner] | LEAVES | {owner}
+            back_edges += [f"{rel} (tower {owner}) imports {m}" for m in _modules(path)
+                           if m.split(".")[1] not in allowed and not any(m.startswith(x) for x in SHARED_MODULES)]
+            continue
+        if owner not in RANK:
+            continue
+        for target in _imports(path):
+            if target == owner or target in LEAVES:
+                continue
+            if target in TOWERS:
+                if owner != "cli":
+                    back_edges.append(f"{rel} imports the {target} tower (only cli may)")
+                continue
+            if RANK.get(target, -1) <= RANK[owner]:
+                back_edges.append(f"{rel} imports sluice.{target}")
+    assert not back_edges, "imports against the dependency order:\n" + "\n".join(sorted(back_edges))
+
+
+def test_routing_floors_point_down():
+    back_edges = []
+    for path in (SRC / "routing").rglob("*.py"):
+        rel = path.relative_to(SRC / "routing")
+        if len(rel.parts) < 2:
+            continue  # routing/__init__.py, routing/errors.py: the leaf every floor may use
+        owner = rel.parts[0]
+        for module in _modules(path):
+            parts = module.split(".")
+            if parts[:2] != ["sluice", "routing"] or len(parts) < 3 or parts[2] in ("errors", owner):
+                continue
+            target = parts[2]
+            if ROUTING_RANK.get(target, -1) <= ROUTING_RANK[owner]:
+                back_edges.append(f"routing/{rel} imports {module}")
+    assert not back_edges, "routing/ imports against its floors:\n" + "\n".join(sorted(back_edges))
+
+
+def skips(src: Path, owner: str, allowed: set[str]) -> list[str]:
+    """`owner`'s imports of packages other than itself, the leaves and `allowed`."""
+    return sorted(
+        f"{path.relative_to(src)} imports sluice.{target}"
+        for path in (src / owner).rglob("*.py")
+        for target in _imports(path)
+        if target != owner and target not in LEAVES and target not in allowed
+    )
+
+
+def test_the_api_reaches_below_serving_only_through_it():
+    bad = skips(SRC, "api", API_REACHES)
+    assert not bad, "the API imports below serving (go through serving, or move the type to a leaf):\n" + "\n".join(bad)
+
+
+def test_a_skip_from_the_api_is_caught(tmp_path):
+    (tmp_path / "api").mkdir()
+    (tmp_path / "api" / "a.py").write_text("from sluice.serving.runtime import ServingRuntime\n")
+    (tmp_path / "api" / "b.py").write_text("def f():\n    from sluice.engine.stats import combined\n")
+    (tmp_path / "api" / "c.py").write_text("import sluice.models.tools.parser\n")
+    assert skips(tmp_path, "api", API_REACHES) == ["api/b.py imports sluice.engine", "api/c.py imports sluice.models"]
+
+
+def test_no_import_cycles_between_files():
+    files = {_module_name(p): p for p in SRC.rglob("*.py") if "proto" not in p.parts}
+    graph = {m: {t for t in _modules(p) if t in files and t != m} for m, p in files.items()}
+    # Tarjan's strongly connected components: a component of two or more files is a cycle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    # a package's __init__ that re-exports its modules is not a cycle of concepts
+    cycles = [c for c in cycles if not all(m.endswith("__init__") or any(m == o.rsplit(".", 1)[0] for o in c) for m in c)]
+    assert not cycles, "files that import each other in a loop:\n" + "\n".join(" ↔ ".join(c) for c in cycles)
+
+
+def test_no_folder_holds_more_than_twenty_modules():
+    crowded = {str(d.relative_to(SRC)): n for d in [SRC, *SRC.rglob("*")] if d.is_dir() and "__pycache__" not in d.parts
+               and "proto" not in d.parts and (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 20}
+    assert not crowded, f"split these folders by concept: {crowded}"
