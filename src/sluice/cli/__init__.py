@@ -12,7 +12,7 @@ from sluice.errors import SluiceError
 # Subcommand modules under sluice.cli, in --help order. Each defines register(sub) and sets
 # `func` on its parser; imports of heavy packages (torch, grpc) stay inside the handlers so
 # `sluice --help` is instant.
-SUBCOMMANDS = ["serve", "worker", "keys", "fleet", "generate", "search"]
+SUBCOMMANDS = ["serve", "worker", "keys", "fleet", "generate", "train", "search"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,86 @@
+"""`sluice train run | export`: fine-tune a model on torch.distributed and export it for serving."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# flag dest -> settings field; every flag defaults to None so the file (or the default) decides
+_RUN_FLAGS: list[tuple[str, dict]] = [
+    ("--data", dict(metavar="FILE", help="JSONL: {\"system\"?, \"messages\": [...]} (loss on assistant turns) "
+                                          "or {\"text\": ...} per line")),
+    ("--out", dict(metavar="DIR", help="run folder: checkpoints/, metrics.jsonl, resolved_config.json; "
+                                        "an existing run there is resumed from its newest checkpoint")),
+    ("--model", dict(metavar="MODEL", help="bundled (SmolLM2-135M-Instruct, default), a .gguf file, an HF folder, "
+                                           "or random:<preset> (tiny, smol-135m, llama-1b)")),
+    ("--tokenizer", dict(metavar="MODEL", help="tokenizer of a random:<preset> model (default: bundled)")),
+    ("--nproc", dict(type=int, metavar="N", help="processes (ranks) on this machine (default: 1)")),
+    ("--max-steps", dict(type=int, metavar="N", help="optimizer steps to train to")),
+    ("--checkpoint-every", dict(type=int, metavar="N", help="checkpoint every N steps; 0 = only at the end (default: 0)")),
+    ("--keep-checkpoints", dict(type=int, metavar="K", help="keep the newest K checkpoints (default: 2)")),
+    ("--seq-len", dict(type=int, metavar="N", help="tokens per packed row (default: 512)")),
+    ("--batch-size", dict(type=int, metavar="N", help="rows per optimizer step over all ranks (default: 4)")),
+    ("--micro-batch-size", dict(type=int, metavar="N", help="rows per forward on a rank; 0 = batch / ranks (default: 0)")),
+    ("--lr", dict(type=float, metavar="LR", help="peak learning rate of AdamW (default: 2e-5)")),
+    ("--lr-schedule", dict(choices=["constant", "cosine"], help="after warmup (default: constant)")),
+    ("--warmup-steps", dict(type=int, metavar="N", help="linear warmup steps (default: 0)")),
+    ("--parallel", dict(choices=["ddp", "fsdp"], help="data parallelism: ddp (all-reduce) or fsdp (FSDP2 sharding) (default: ddp)")),
+    ("--compression", dict(choices=["none", "fp16", "bf16", "powersgd", "topk"],
+                           help="DDP gradient compression hook (default: none)")),
+    ("--seed", dict(type=int, help="data order and random init (default: 0)")),
+    ("--max-restarts", dict(type=int, metavar="N", help="torchrun restarts after a crash (default: 3)")),
+    ("--threads", dict(type=int, metavar="N", help="torch threads per rank; 0 = cores / nproc (default: 0)")),
+]
+
+
+def settings_from_args(args: argparse.Namespace):
+    """The run's TrainSettings: --config's file with the flags given on top."""
+    from sluice.train.settings import load_settings
+
+    overrides = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
+                 for flag, _ in _RUN_FLAGS}
+    overrides["skip_bad_lines"] = True if args.skip_bad_lines else None
+    overrides["async_checkpoint"] = False if args.sync_checkpoint else None
+    return load_settings(args.config, overrides)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sluice.train.launch import prepare, run
+
+    settings = settings_from_args(args)
+    if args.prepare_only:
+        meta = prepare(settings)
+        print(f"prepared {settings.run_dir}: {meta['rows']} rows of {meta['seq_len']} tokens; start the workers with "
+              f"torchrun ... -m sluice.train.worker {settings.run_dir}", file=sys.stderr)
+        return 0
+    return run(settings)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from sluice.train.export import export_run
+
+    step, out = export_run(Path(args.run), Path(args.out), args.step)
+    print(f"exported step {step} of {args.run} to {out}", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser("train", help="fine-tune a model (torchrun, DDP / FSDP2) and export it for serving")
+    tsub = train.add_subparsers(dest="train_command", required=True, metavar="SUBCOMMAND")
+    run = tsub.add_parser("run", help="train, or resume the run in --out",
+                          description="Train on one machine with torchrun; every setting may come from --config "
+                                      "(a TOML file with the same names, underscores for dashes); flags override it.")
+    run.add_argument("--config", metavar="FILE", default=None, help="train.toml with any of the settings below")
+    for flag, kw in _RUN_FLAGS:
+        run.add_argument(flag, default=None, **kw)
+    run.add_argument("--skip-bad-lines", action="store_true", help="report bad data lines and train on the rest")
+    run.add_argument("--prepare-only", action="store_true",
+                     help="check the settings, tokenize the data into --out and stop (for torchrun on a cluster)")
+    run.add_argument("--sync-checkpoint", action="store_true", help="write checkpoints in the step, not in the background")
+    run.set_defaults(func=_run)
+    exp = tsub.add_parser("export", help="write a run's checkpoint as an HF folder that sluice serves")
+    exp.add_argument("run", metavar="RUN", help="the run folder (--out of `sluice train run`)")
+    exp.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
+    exp.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest)")
+    exp.set_defaults(func=_export)

@@ -1,0 +1,94 @@
+"""Save and restore the whole training state with torch.distributed.checkpoint (DCP).
+
+The state is {model, optimizer, train: {step}}, taken with DCP's get_state_dict, so the same
+code saves a plain module, a DDP replica or FSDP2 shards, and a checkpoint loads into any world
+size and either wrapping (DCP reshards on load). Nothing else needs saving for an exact resume:
+the data order is a function of (seed, step) (data/sampler.py), the learning rate of the step,
+and the training forward uses no randomness (no dropout in the Llama family).
+
+Asynchronous saves (DCP async_save) copy the state to CPU memory at once and write it from a
+background thread over a process group of their own (a gloo group: the training collectives
+must not share one with a thread). The step goes on while the files are written; the next save,
+the end of the run, or a shutdown waits for the previous one, and rank 0 then publishes it
+(checkpoint/layout.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from sluice.train.checkpoint import layout
+
+log = logging.getLogger("sluice.train.checkpoint")
+
+
+class Checkpointer:
+    def __init__(self, root: Path, keep: int, use_async: bool):
+        self.root = root
+        self.keep = keep
+        self.use_async = use_async
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self._pending: tuple[int, Future] | None = None
+        if self.rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            layout.recover_partials(root, keep)
+        if dist.is_initialized():
+            dist.barrier()
+
+    def save(self, model: torch.nn.Module, optim: torch.optim.Optimizer, step: int, wait: bool = False) -> float:
+        """Start saving the state after `step`; the seconds the training loop was held."""
+        started = time.perf_counter()
+        self.wait()
+        model_sd, optim_sd = get_state_dict(model, optim)
+        state = {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
+        target = layout.partial_dir(self.root, step)
+        if self.use_async and not wait:
+            fut = dcp.async_save(state, checkpoint_id=str(target), process_group=self.group)
+            self._pending = (step, fut)
+        else:
+            dcp.save(state, checkpoint_id=str(target), process_group=self.group)
+            self._publish(step)
+        return time.perf_counter() - started
+
+    def poll(self) -> None:
+        """Publish a background save that has finished (called once per step, never blocks)."""
+        if self._pending is not None and self._pending[1].done():
+            self.wait()
+
+    def wait(self) -> None:
+        if self._pending is None:
+            return
+        step, fut = self._pending
+        self._pending = None
+        fut.result()  # raises if the write failed: a run must not go on believing it is saved
+        self._publish(step)
+
+    def _publish(self, step: int) -> None:
+        # DCP's coordinator (rank 0) writes the metadata after gathering every rank's write
+        # results, so rank 0's save returning means every rank's files are complete
+        if self.rank == 0:
+            final = layout.finalize(self.root, step, self.keep)
+            log.info("checkpoint %s written", final.name)
+
+    def restore(self, model: torch.nn.Module, optim: torch.optim.Optimizer) -> int:
+        """Load the newest complete checkpoint into model and optimizer; its step (0 if none)."""
+        found = layout.latest(self.root)
+        if found is None:
+            return 0
+        step, path = found
+        model_sd, optim_sd = get_state_dict(model, optim)
+        state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
+        dcp.load(state, checkpoint_id=str(path), process_group=self.group)
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if state["train"]["step"] != step:
+            raise RuntimeError(f"{path} holds step {state['train']['step']}, not {step}")
+        return step

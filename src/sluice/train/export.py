@@ -1,0 +1,63 @@
+"""`sluice train export RUN --out DIR`: a run's newest (or a chosen) checkpoint as an HF folder.
+
+One process, no process group: DCP reads a checkpoint written by any number of ranks, DDP or
+FSDP2, into a full unsharded model (resharding on load). The architecture and tokenizer come
+from RUN/model/ (written by rank 0 at the run's start), so the export needs neither the original
+model file nor the data. The folder is written beside the target and renamed into place, so a
+half-written export never looks like a model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+from sluice.train.checkpoint import layout
+from sluice.train.errors import CheckpointError
+
+
+def export_run(run_dir: Path, out: Path, step: int | None = None) -> tuple[int, Path]:
+    root = run_dir / "checkpoints"
+    if step is None:
+        found = layout.latest(root)
+        if found is None:
+            raise CheckpointError(f"{run_dir} has no complete checkpoint (looked in {root})")
+        step, path = found
+    else:
+        path = layout.step_dir(root, step)
+        if not path.is_dir():
+            have = ", ".join(map(str, layout.complete_steps(root))) or "none"
+            raise CheckpointError(f"{run_dir} has no checkpoint of step {step} (complete: {have})")
+    model_dir = run_dir / "model"
+    if not (model_dir / "config.json").exists():
+        raise CheckpointError(f"{model_dir} has no config.json: is {run_dir} a training run folder?")
+    # checked first, imported after: a wrong step or folder is reported without torch's start-up
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from sluice.train.model.hf_files import write_model_folder
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    # the same state-dict function the run saved with: tied weights appear once, under one name
+    state = {"model": get_model_state_dict(module)}
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    except Exception as exc:  # DCP raises CheckpointException with every rank's traceback
+        raise CheckpointError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+    set_model_state_dict(module, state["model"])
+    if config.tie_word_embeddings:
+        module.tie_weights()
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_model_folder(module, tmp, model_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return step, out

@@ -1,0 +1,125 @@
+"""Start a training run: check everything that can be checked in one process, then torchrun.
+
+Before any worker starts: the settings are validated, a run folder that already holds a run is
+checked to be the same run (so `sluice train run` with the same flags resumes it, and a changed
+model or data is refused instead of mixing two runs), and the data is tokenized and packed once
+(bad lines stop here, with their line numbers). Then torchrun (torch.distributed.run) starts
+`nproc` workers with a c10d rendezvous on a free 127.0.0.1 port and restarts the whole group up to
+`max_restarts` times after a crash; the workers resume from the newest checkpoint. SIGTERM and
+SIGINT are passed on to torchrun, whose agent passes them to the workers; the workers checkpoint
+and exit, and the agent's own grace period (30 s) bounds the wait.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from sluice.train.data import dataset
+from sluice.train.errors import TrainConfigError
+from sluice.train.model.source import tokenizer_for
+from sluice.train.settings import TrainSettings, write_resolved
+
+# A resumed run must read the same rows with the same model; these decide that.
+SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed")
+STOPPED_MARKER = "stopped"  # written by the worker (train/worker.py) after a stop signal
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_same_run(settings: TrainSettings, run_dir: Path) -> None:
+    previous = run_dir / "resolved_config.json"
+    if not previous.exists():
+        return
+    old = json.loads(previous.read_text())
+    new = json.loads(settings.model_dump_json())
+    changed = [f for f in SAME_RUN_FIELDS if old.get(f) != new.get(f)]
+    if changed:
+        raise TrainConfigError([
+            f"{run_dir} holds a run with different {', '.join(changed)} "
+            f"({'; '.join(f'{f}: {old.get(f)!r} -> {new.get(f)!r}' for f in changed)}); "
+            "resume it with its own settings or choose another --out"
+        ])
+
+
+def prepare(settings: TrainSettings) -> dict:
+    """Validate the run folder and tokenize the data; the data's summary."""
+    if importlib.util.find_spec("transformers") is None:
+        raise TrainConfigError(["training needs transformers: pip install 'sluice[train]' (or the test extra)"])
+    run_dir = settings.run_dir
+    check_same_run(settings, run_dir)
+    tok, tok_id = tokenizer_for(settings)
+    meta = dataset.prepare(Path(settings.data), tok, tok_id, settings.seq_len, run_dir / "data", settings.skip_bad_lines)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_resolved(settings, run_dir / "resolved_config.json")
+    return meta
+
+
+def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(settings.nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"sluice-{port}",
+        "--max-restarts", str(settings.max_restarts),
+        "-m", "sluice.train.worker", str(settings.run_dir),
+    ]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM torchrun if this launcher dies (even by SIGKILL), so a
+    killed `sluice train run` never leaves a training group running on its own."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux/glibc: the launcher's own handlers still forward
+        pass
+
+
+def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
+    meta = prepare(settings)
+    bad = meta.get("bad_lines") or []
+    print(f"data: {meta['examples']} examples, {meta['rows']} rows of {meta['seq_len']} tokens, "
+          f"{meta['loss_tokens']} trained tokens" + (f", {len(bad)} bad lines skipped" if bad else ""), file=sys.stderr)
+    for problem in bad[:20]:
+        print(f"  skipped {problem}", file=sys.stderr)
+    child_env = dict(os.environ if env is None else env)
+    threads = settings.threads or max(1, (os.cpu_count() or 1) // settings.nproc)
+    child_env.setdefault("OMP_NUM_THREADS", str(threads))
+    # With the rendezvous store shared with the workers (torch's default), a group restarted
+    # after a crash read the dead round's addresses and failed to connect (gloo: connection
+    # refused); with a store of their own per round, restarts (and a growing group) work.
+    child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    marker = settings.run_dir / STOPPED_MARKER
+    proc = subprocess.Popen(torchrun_argv(settings, free_port()), env=child_env, preexec_fn=_die_with_parent)
+    signalled = False
+
+    def forward(signum: int, _frame) -> None:
+        nonlocal signalled
+        signalled = True
+        proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if signalled and marker.exists():
+        step = marker.read_text().strip()
+        print(f"stopped: checkpoint at step {step} in {settings.run_dir}/checkpoints; "
+              "run the same command again to resume", file=sys.stderr)
+        return 0
+    if code != 0:
+        print(f"training failed (torchrun exit code {code}); see the errors above", file=sys.stderr)
+    return code

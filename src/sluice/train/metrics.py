@@ -1,0 +1,61 @@
+"""metrics.jsonl: one JSON line per optimizer step, written by rank 0.
+
+A restarted run resumes at its last checkpoint, so the lines after that step are dropped when
+the file is reopened: the file always holds one line per step, each from the run that owns it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class StepMetrics:
+    step: int
+    loss: float  # mean cross-entropy over the global batch's trained tokens
+    tokens: int  # trained (loss) tokens in the global batch
+    tokens_seen: int  # all tokens in the global batch (including context and padding)
+    lr: float
+    grad_norm: float
+    step_time: float  # seconds, the whole step
+    data_time: float
+    compute_time: float  # forward + backward + optimizer, communication overlapped inside
+    comm_bytes: int  # bytes this rank handed to gradient collectives
+    comm_time: float | None  # seconds until those collectives completed (None: not measurable)
+    checkpoint_time: float  # seconds the step was held by a checkpoint
+    tokens_per_s: float
+    epoch: float
+    world_size: int
+
+
+class MetricsWriter:
+    def __init__(self, path: Path, enabled: bool, resume_step: int):
+        self.enabled = enabled
+        self.path = path
+        if not enabled:
+            return
+        kept: list[str] = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] <= resume_step:
+                        kept.append(line)
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a line cut by a crash
+        path.write_text("".join(k + "\n" for k in kept))
+        self._file = path.open("a")
+
+    def write(self, m: StepMetrics) -> None:
+        if self.enabled:
+            self._file.write(json.dumps(asdict(m)) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._file.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

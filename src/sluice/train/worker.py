@@ -1,0 +1,159 @@
+"""One training process of a torchrun group: `python -m sluice.train.worker RUN_DIR`.
+
+The launcher (train/launch.py) has already validated the settings, written them to
+RUN_DIR/resolved_config.json and tokenized the data into RUN_DIR/data/. Each rank joins the
+process group, builds the model, wraps it (parallel/wrap.py), restores the newest checkpoint if
+there is one, and trains to max_steps. Every step ends with one small all-reduce (the loss sum
+and a stop flag), so a SIGTERM seen by any rank stops all ranks after the same step, with a
+checkpoint, and exit code 0.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from sluice.train import faults
+from sluice.train.checkpoint.checkpointer import Checkpointer
+from sluice.train.data import dataset, sampler
+from sluice.train.launch import STOPPED_MARKER
+from sluice.train.lr import lr_at
+from sluice.train.metrics import MetricsWriter, StepMetrics
+from sluice.train.model.build import build_model
+from sluice.train.model.hf_files import write_tokenizer
+from sluice.train.parallel.wrap import wrap
+from sluice.train.settings import TrainSettings, read_resolved
+from sluice.train.step import forward_backward, gather_rows, trained_tokens
+
+log = logging.getLogger("sluice.train")
+
+
+
+class _StopFlag:
+    def __init__(self) -> None:
+        self.set = False
+        # SIGTERM from torchrun's agent (a spot notice passed on); SIGINT when Ctrl-C reaches the
+        # whole terminal process group: both stop after the step with a checkpoint
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self.set = True  # acted on after the current step, by all ranks together
+
+
+def _threads(settings: TrainSettings, local_world: int) -> int:
+    return settings.threads or max(1, (os.cpu_count() or 1) // local_world)
+
+
+def _progress(enabled: bool, total: int, start: int):
+    """A tqdm bar on rank 0 when stderr is a terminal; logs and pipes get the start/stop lines only."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+
+def run(run_dir: Path) -> int:
+    settings = read_resolved(run_dir / "resolved_config.json")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if settings.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(_threads(settings, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    stop = _StopFlag()
+    data = dataset.load(run_dir / "data")
+    built = build_model(settings)
+    if rank == 0:
+        built.module.config.save_pretrained(str(run_dir / "model"))
+        write_tokenizer(built.tokenizer, run_dir / "model")
+    model = wrap(built.module.to(device), settings.parallel, settings.compression, device)
+    optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
+                              betas=(0.9, 0.95), foreach=True)
+    ckpt = Checkpointer(run_dir / "checkpoints", settings.keep_checkpoints, settings.async_checkpoint)
+    start = ckpt.restore(model.module, optim)
+    if rank == 0:
+        (run_dir / STOPPED_MARKER).unlink(missing_ok=True)
+        print(f"[rank 0] world {world}, {settings.parallel.value}, "
+              + (f"resumed from step {start}" if start else "starting at step 0"), file=sys.stderr, flush=True)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start)
+    bar = _progress(rank == 0, settings.max_steps, start)
+    micro = settings.micro_batch(world)
+    stopped = False
+    for step in range(start + 1, settings.max_steps + 1):
+        faults.at_step_start(rank, step, ckpt.wait)
+        t0 = time.perf_counter()
+        lr = lr_at(step, settings.lr, settings.warmup_steps, settings.max_steps, settings.lr_schedule)
+        for group in optim.param_groups:
+            group["lr"] = lr
+        rows_all = sampler.global_batch(data.rows, settings.seed, step - 1, settings.batch_size)
+        per = settings.batch_size // world
+        mine = rows_all[rank * per : (rank + 1) * per]
+        batch = gather_rows(data, mine, device)
+        global_tokens = trained_tokens(data, rows_all)
+        t1 = time.perf_counter()
+        loss_sum = forward_backward(model.module, model.no_sync, batch, micro, global_tokens, world)
+        norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), settings.grad_clip or float("inf"))
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        reduced = torch.tensor([loss_sum.item(), float(stop.set)], dtype=torch.float64)
+        dist.all_reduce(reduced)
+        t2 = time.perf_counter()
+        ckpt.poll()
+        stopped = reduced[1].item() > 0
+        ckpt_time = 0.0
+        if stopped or step == settings.max_steps:
+            ckpt_time = ckpt.save(model.module, optim, step, wait=True)
+        elif settings.checkpoint_every and step % settings.checkpoint_every == 0:
+            ckpt_time = ckpt.save(model.module, optim, step)
+        comm_bytes, comm_time = model.stats.take()
+        if model.fsdp_bytes_per_micro:
+            comm_bytes = model.fsdp_bytes_per_micro * max(1, per // micro)
+        elapsed = time.perf_counter() - t0
+        norm_value = norm.full_tensor().item() if hasattr(norm, "full_tensor") else float(norm)
+        metrics.write(StepMetrics(
+            step=step, loss=reduced[0].item() / max(1, global_tokens), tokens=global_tokens,
+            tokens_seen=len(rows_all) * settings.seq_len, lr=lr, grad_norm=norm_value, step_time=elapsed,
+            data_time=t1 - t0, compute_time=t2 - t1, comm_bytes=comm_bytes, comm_time=comm_time,
+            checkpoint_time=ckpt_time, tokens_per_s=len(rows_all) * settings.seq_len / elapsed,
+            epoch=sampler.epoch_of(data.rows, step, settings.batch_size), world_size=world,
+        ))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{reduced[0].item() / max(1, global_tokens):.4f}")
+        if stopped:
+            break
+    ckpt.wait()
+    if bar is not None:
+        bar.close()
+    metrics.close()
+    if rank == 0 and stopped:
+        (run_dir / STOPPED_MARKER).write_text(f"{step}\n")
+        print(f"[rank 0] stop signal: checkpoint at step {step} written, exiting", file=sys.stderr, flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def main() -> int:
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a hang explains itself
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if len(sys.argv) != 2:
+        print("usage: python -m sluice.train.worker RUN_DIR (started by `sluice train run`)", file=sys.stderr)
+        return 2
+    return run(Path(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Shared training runs: a tiny random Llama folder, a chat/text data file, and `sluice train run`
+as a real torchrun group (2 processes), each run made once per session and compared by the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tiny_models import write_tiny_model
+
+# Small enough that a step takes well under a second on a busy core; 8 steps of 4 rows of 32
+# tokens cross an epoch boundary of the ~40-row data file.
+STEPS = 8
+COMMON = ["--seq-len", "32", "--batch-size", "4", "--lr", "3e-3", "--max-steps", str(STEPS), "--threads", "1"]
+RUN_TIMEOUT_S = 300  # generous: torchrun + torch + transformers imports on two busy cores
+
+
+def train_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sluice.cli", "train", *args]
+
+
+def run_train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(train_cmd("run", *args), env=full_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, f"sluice train run failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def losses(run: Path) -> list[float]:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(1, len(lines) + 1)), "one line per step, in order"
+    return [m["loss"] for m in lines]
+
+
+def run_in_process(*args: str) -> Path:
+    """`sluice train run` as a world of one inside the test process (torch and transformers are
+    already imported here, which saves a process start on busy cores): the launcher's checks
+    and data preparation, then the very function every torchrun rank runs."""
+    from sluice.cli.train import settings_from_args
+    from sluice.cli import build_parser
+    from sluice.train import launch, worker
+
+    settings = settings_from_args(build_parser().parse_args(["train", "run", *args]))
+    launch.prepare(settings)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port()), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    threads = torch.get_num_threads()
+    os.environ.update(env)
+    try:
+        assert worker.run(settings.run_dir) == 0
+    finally:
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+        torch.set_num_threads(threads)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return settings.run_dir
+
+
+@pytest.fixture(scope="session")
+def train_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("train")
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(train_dir: Path) -> Path:
+    return write_tiny_model(train_dir / "tiny-llama", "llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def chat_data(train_dir: Path) -> Path:
+    path = train_dir / "chat.jsonl"
+    with path.open("w") as f:
+        for i in range(24):
+            f.write(json.dumps({"system": "Answer with a number.", "messages": [
+                {"role": "user", "content": f"What is {i} plus {i}?"},
+                {"role": "assistant", "content": f"{2 * i}"}]}) + "\n")
+            f.write(json.dumps({"text": f"The number {i} is {'even' if i % 2 == 0 else 'odd'}."}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ddp2_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
+    """The reference: 2 ranks, DDP, a checkpoint every 3 steps, uninterrupted."""
+    out = train_dir / "ddp2"
+    run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
+              "--checkpoint-every", "3", *COMMON)
+    return out
+
+
+@pytest.fixture(scope="session")
+def one_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
+    """The same run in one process (world size 1): the reference for data parallelism."""
+    return run_in_process("--data", str(chat_data), "--out", str(train_dir / "one"), "--model", str(tiny_folder),
+                          "--nproc", "1", *COMMON)
