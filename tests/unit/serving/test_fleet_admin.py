@@ -221,7 +221,7 @@ def test_a_reload_adds_and_drains_remote_workers_and_keeps_the_fleet_when_invali
             assert sorted(r["workers_added"]) == ["10.0.0.7:1", "10.0.0.9:1"]
             await h.fleet.poller.poll_once()  # warmed up by the health poller before taking traffic
             assert h.fleet.pool.get("10.0.0.9:1").status is WorkerStatus.WARM
-            assert h.fleet.registry.resolve("other") == "other" and ("other", "a") in h.fleet.versions
+            assert h.fleet.registry.resolve("other") == "other" and ("other", "a") in h.fleet.runtimes.versions
 
             h.write(fleet_text(h.tiny))  # back: the added workers leave (drained first)
             r = await h.admin.reload()
@@ -230,7 +230,7 @@ def test_a_reload_adds_and_drains_remote_workers_and_keeps_the_fleet_when_invali
                 if set(h.fleet.handles) == {"10.0.0.1:1", "10.0.0.2:1"}:
                     break
                 await asyncio.sleep(0.05)
-            assert set(h.fleet.handles) == {"10.0.0.1:1", "10.0.0.2:1"} and ("other", "a") not in h.fleet.versions
+            assert set(h.fleet.handles) == {"10.0.0.1:1", "10.0.0.2:1"} and ("other", "a") not in h.fleet.runtimes.versions
 
     run(go())
 

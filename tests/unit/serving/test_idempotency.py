@@ -164,6 +164,12 @@ def test_a_failed_first_attempt_releases_the_key(tiny):
         async with client(app) as c:
             failed = await c.post("/v1/messages", json=BODY, headers=keyed("k"))
             engine.script = Script()
+            # the abort took the worker out of routing (a lost worker is down until a health
+            # probe finds it ready again): the retry comes once it is back
+            for _ in range(600):
+                if (await c.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
             retried = await c.post("/v1/messages", json=BODY, headers=keyed("k"))
             again = await c.post("/v1/messages", json=BODY, headers=keyed("k"))
         assert failed.status_code == 529 and retried.status_code == 200
