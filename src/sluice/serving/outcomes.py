@@ -11,8 +11,8 @@ so far, so a renderer can report the prompt's usage at the first outcome (Anthro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from sluice.models.tools.parser import ToolArgsDelta, ToolCallEnd, ToolCallStart
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.types import FinishReason, TokenLogprob, Usage
 
@@ -46,35 +46,25 @@ class Finished:
         return self.tool_calls > 0 and self.reason is FinishReason.EOS
 
 
+# The tool-call pieces are the parser's (models/tools/parser.py), each with the usage so far.
 @dataclass(slots=True)
-class ToolCallStarted:
+class ToolCallStarted(ToolCallStart):
     """A tool call begins: the `index`-th call of the reply (0, 1, …), its id and tool name."""
 
-    index: int
-    id: str
-    name: str
     usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(slots=True)
-class ToolInputDelta:
+class ToolInputDelta(ToolArgsDelta):
     """A piece of a call's input JSON; a call's pieces concatenate to `ToolCallDone.arguments`."""
 
-    index: int
-    json: str
     usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(slots=True)
-class ToolCallDone:
+class ToolCallDone(ToolCallEnd):
     """A call's input is complete (`complete` False: the reply was cut inside it, `input` {})."""
 
-    index: int
-    id: str
-    name: str
-    input: dict[str, Any]
-    arguments: str
-    complete: bool = True
     usage: Usage = field(default_factory=Usage)
 
 

@@ -10,13 +10,13 @@ number belongs is an error, never a silent default.
 from __future__ import annotations
 
 import enum
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sluice.toml_lines import key_lines, line_of
+from sluice.toml_config import dotted_path, parse_toml, pydantic_problems, read_text
+from sluice.toml_lines import line_of
 from sluice.train.errors import TrainConfigError
 
 BUNDLED = "bundled"
@@ -126,18 +126,6 @@ def _resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
     return out
 
 
-def _problems(exc: ValidationError) -> list[tuple[tuple[str | int, ...], str]]:
-    found = []
-    for err in exc.errors(include_url=False):
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "missing":
-            msg = "required field is missing"
-        elif err["type"] == "extra_forbidden":
-            msg = f"unknown field (fields: {', '.join(FIELDS)})"
-        found.append((tuple(err["loc"]), msg))
-    return found
-
-
 def load_settings(path: str | Path | None, overrides: dict[str, Any]) -> TrainSettings:
     """The settings of `path` (a train.toml, optional) with `overrides` (flags given) on top.
 
@@ -147,26 +135,18 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any]) -> TrainSe
     lines: dict = {}
     source = "command line"
     if path is not None:
-        p = Path(path).expanduser()
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise TrainConfigError([f"{p}: cannot read the settings file ({exc.strerror or exc})"]) from None
-        try:
-            values = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise TrainConfigError([f"{p}: not valid TOML: {exc}"]) from None
-        values = _resolve_paths(values, p.parent)
-        lines = key_lines(text)
+        text, p = read_text(path, "settings file", TrainConfigError)
         source = str(p)
+        values, lines = parse_toml(text, source, TrainConfigError)
+        values = _resolve_paths(values, p.parent)
     given = {k: v for k, v in overrides.items() if v is not None}
     merged = {**values, **given}
     try:
         return TrainSettings.model_validate(merged)
     except ValidationError as exc:
         problems = []
-        for loc, msg in _problems(exc):
-            field = ".".join(str(x) for x in loc) or "(top level)"
+        for loc, msg in pydantic_problems(exc, unknown_field=f"unknown field (fields: {', '.join(FIELDS)})"):
+            field = dotted_path(loc)
             if loc and loc[0] in given:
                 problems.append(f"--{str(loc[0]).replace('_', '-')}: {msg}")
             elif path is not None and (line := line_of(lines, loc)) is not None:

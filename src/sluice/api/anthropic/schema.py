@@ -72,18 +72,12 @@ class OutputConfig(_Open):
     format: JsonOutputFormat | None = None
 
 
-class MessagesRequest(_Strict):
+class CountTokensRequest(_Strict):
+    """The prompt's fields: what count_tokens reads, and what a Messages request starts from."""
+
     model: str
-    max_tokens: Count
     messages: list[Message]
     system: str | list[TextBlock] | None = None
-    stop_sequences: list[str] | None = None
-    stream: bool = False
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: Count | None = None
-    metadata: Metadata | None = None
-    service_tier: Literal["auto", "standard_only"] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None
@@ -92,27 +86,26 @@ class MessagesRequest(_Strict):
     # the structured-outputs beta spelling (with anthropic-beta: structured-outputs-2025-11-13)
     output_format: JsonOutputFormat | None = None
     # newer (v2) fields: accepted, not interpreted
-    container: Any = None
-    inference_geo: str | None = None
     speed: Literal["standard", "fast"] | None = None
-    diagnostics: dict[str, Any] | None = None
     mcp_servers: list[dict[str, Any]] | None = None
     context_management: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    """The prompt's fields and the generation's."""
+
+    max_tokens: Count
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: Count | None = None
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    # newer (v2) fields: accepted, not interpreted
+    container: Any = None
+    inference_geo: str | None = None
+    diagnostics: dict[str, Any] | None = None
     # sluice extensions
     seed: Seed | None = None  # reproducible sampling (send through extra_body)
     background: bool = False  # keep generating after a disconnect, for resume (issue 6)
-
-
-class CountTokensRequest(_Strict):
-    model: str
-    messages: list[Message]
-    system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = None
-    cache_control: CacheControl | None = None
-    output_config: OutputConfig | None = None
-    output_format: JsonOutputFormat | None = None
-    speed: Literal["standard", "fast"] | None = None
-    mcp_servers: list[dict[str, Any]] | None = None
-    context_management: dict[str, Any] | None = None

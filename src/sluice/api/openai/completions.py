@@ -18,11 +18,11 @@ from sluice.api.errors import bad_request
 from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
 from sluice.api.openai.completions_schema import MAX_CHOICES, CompletionRequest
+from sluice.api.openai.sampling import sampling_params
 from sluice.gateway.principal import Principal
 from sluice.serving.choices import per_choice
 from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
-from sluice.types import SamplingParams
 
 _NOT_IN_KEY = {"stream", "stream_options", "user"}
 
@@ -64,21 +64,10 @@ def to_serving_requests(body: CompletionRequest, principal: Principal, request_i
         raise bad_request("suffix: insertion is not supported (suffix must be null)", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of: only best_of equal to n is supported (choices are not ranked)", param="best_of")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if any(not s for s in stop):
-        raise bad_request("stop: stop sequences must be non-empty strings", param="stop")
     raw = prompts(body)
     if len(raw) * body.n > MAX_CHOICES:
         raise bad_request(f"prompt: {len(raw)} prompts × n {body.n} is more than {MAX_CHOICES} choices", param="prompt")
-    sampling = SamplingParams(
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        seed=body.seed,
-        stop=tuple(stop),
-        logprobs=body.logprobs,
-        prompt_logprobs=body.logprobs if body.echo else None,
-    )
+    sampling = sampling_params(body, logprobs=body.logprobs, prompt_logprobs=body.logprobs if body.echo else None)
     dedup = body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY | {"prompt"})
     out: list[Prompted] = []
     for i, prompt in enumerate(raw):

@@ -9,6 +9,7 @@ from sluice.api.anthropic.convert import describe_validation_error
 from sluice.api.errors import bad_request
 from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
+from sluice.api.openai.sampling import sampling_params
 from sluice.api.openai.schema import ChatCompletionRequest
 from sluice.api.openai.tools import assistant_calls, response_format, tool_choice, tool_specs
 from sluice.errors import InvalidRequestError
@@ -16,7 +17,6 @@ from sluice.tool_types import Part, ToolResult
 from sluice.gateway.principal import Principal
 from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
-from sluice.types import SamplingParams
 
 _ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT,
           "tool": Role.USER}  # a tool result is the user's side of the exchange
@@ -70,9 +70,6 @@ def to_conversation(body: ChatCompletionRequest) -> Conversation:
 
 
 def to_serving_request(body: ChatCompletionRequest, principal: Principal, request_id: str, request: Request) -> ServingRequest:
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if any(not s for s in stop):
-        raise bad_request("stop: stop sequences must be non-empty strings", param="stop")
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs: logprobs must be set to true when top_logprobs is used", param="top_logprobs")
     return ServingRequest(
@@ -82,14 +79,7 @@ def to_serving_request(body: ChatCompletionRequest, principal: Principal, reques
         model=body.model,
         conversation=to_conversation(body),
         max_tokens=body.max_completion_tokens or body.max_tokens,  # None: the rest of the context window
-        sampling=SamplingParams(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
-            seed=body.seed,
-            stop=tuple(stop),
-            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-        ),
+        sampling=sampling_params(body, logprobs=(body.top_logprobs or 0) if body.logprobs else None),
         dedup_body=body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
         queue_timeout_s=queue_timeout(request),
         use_cache=wants_cache(request),

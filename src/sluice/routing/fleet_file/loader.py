@@ -16,26 +16,20 @@ Checks beyond the schema, which need the whole file:
 
 from __future__ import annotations
 
-import tomllib
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from pathlib import Path
-
-from pydantic import ValidationError
 
 from sluice.routing.errors import FleetFileError
 from sluice.routing.fleet_file.schema import AUTOSCALE_TAGS, FleetSpec, WeightsKind
-from sluice.toml_lines import KeyPath, key_lines, line_of
+from sluice.toml_config import dotted_path, parse_toml, read_text, report, validate
+from sluice.toml_lines import KeyPath
 
-_BARE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+__all__ = ["cross_check", "dotted_path", "load_fleet", "parse_fleet"]
 
 
 def load_fleet(path: str | Path, *, check_paths: bool = True, known_tiers: Collection[str] | None = None) -> FleetSpec:
     """Read and check the fleet file at `path`; raises FleetFileError naming every problem."""
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise FleetFileError([f"{p}: cannot read the fleet file ({exc.strerror or exc})"]) from None
+    text, p = read_text(path, "fleet file", FleetFileError)
     return parse_fleet(text, source=str(p), base_dir=p.parent, check_paths=check_paths, known_tiers=known_tiers)
 
 
@@ -47,45 +41,21 @@ def parse_fleet(
     check_paths: bool = True,
     known_tiers: Collection[str] | None = None,
 ) -> FleetSpec:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise FleetFileError([f"{source}: not valid TOML: {exc}"]) from None
-    lines = key_lines(text)
-    try:
-        fleet = FleetSpec.model_validate(data, context={"base_dir": base_dir})
-    except ValidationError as exc:
-        raise FleetFileError(_report(source, lines, _pydantic_problems(exc))) from None
+    data, lines = parse_toml(text, source, FleetFileError)
+    fleet = validate(FleetSpec, data, source=source, lines=lines, error=FleetFileError,
+                     context={"base_dir": base_dir}, fix_loc=_drop_autoscale_branch)
     found = cross_check(fleet, check_paths=check_paths, known_tiers=known_tiers)
     if found:
-        raise FleetFileError(_report(source, lines, found))
+        raise FleetFileError(report(source, lines, found))
     return fleet
 
 
-def _report(source: str, lines: dict[KeyPath, int], found: list[tuple[KeyPath, str]]) -> list[str]:
-    """One line per problem, in file order (problems without a line last)."""
-    located = [(line_of(lines, loc), loc, msg) for loc, msg in found]
-    located.sort(key=lambda t: (t[0] is None, t[0] or 0))
-    return [f"{source}:{line}: {dotted_path(loc)}: {msg}" if line is not None else f"{source}: {dotted_path(loc)}: {msg}"
-            for line, loc, msg in located]
-
-
-def _pydantic_problems(exc: ValidationError) -> list[tuple[KeyPath, str]]:
-    out = []
-    for err in exc.errors(include_url=False):
-        loc = list(err["loc"])
-        for i in range(len(loc) - 1):
-            if loc[i] == "autoscale" and loc[i + 1] in AUTOSCALE_TAGS:
-                del loc[i + 1]  # the union's branch, not a key of the file
-                break
-        msg = err["msg"].removeprefix("Value error, ")
-        if "[key]" in loc:  # a bad table name: pydantic marks the key with "[key]"
-            loc.remove("[key]")
-            msg = f"invalid name: {msg}"
-        if err["type"] == "missing":
-            msg = "required field is missing"
-        out.append((tuple(loc), msg))
-    return out
+def _drop_autoscale_branch(loc: list[str | int]) -> None:
+    """`autoscale.<tag>.field` → `autoscale.field`: the union's branch is not a key of the file."""
+    for i in range(len(loc) - 1):
+        if loc[i] == "autoscale" and loc[i + 1] in AUTOSCALE_TAGS:
+            del loc[i + 1]
+            return
 
 
 def cross_check(
@@ -162,14 +132,3 @@ def _weights_problem(kind: WeightsKind, path: Path) -> str | None:
     if not (path / "config.json").is_file():
         return f"{path} has no config.json (an HF model folder needs config.json + *.safetensors)"
     return None
-
-
-def dotted_path(loc: Sequence[str | int]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            key = part if part and set(part) <= _BARE else '"' + part.replace('"', '\\"') + '"'
-            out += ("." if out else "") + key
-    return out or "(top level)"

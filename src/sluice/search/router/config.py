@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import enum
 import re
-import tomllib
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from sluice.toml_lines import KeyPath, key_lines, line_of
+from sluice.toml_config import parse_toml, read_text, report, validate
+from sluice.toml_lines import KeyPath
 from sluice.search.errors import SearchConfigError
 from sluice.search.index.schema import FIELD_NAME
 
@@ -183,38 +183,14 @@ def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:
 
 
 def parse_config(text: str, source: str = "<search config>") -> SearchConfig:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SearchConfigError([f"{source}: not valid TOML: {exc}"]) from None
-    lines = key_lines(text)
-    try:
-        cfg = SearchConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors(include_url=False):
-            msg = "required field is missing" if err["type"] == "missing" else err["msg"].removeprefix("Value error, ")
-            problems.append((tuple(err["loc"]), msg))
-        raise SearchConfigError(_report(source, lines, problems)) from None
+    data, lines = parse_toml(text, source, SearchConfigError)
+    cfg = validate(SearchConfig, data, source=source, lines=lines, error=SearchConfigError)
     found = cross_check(cfg)
     if found:
-        raise SearchConfigError(_report(source, lines, found))
+        raise SearchConfigError(report(source, lines, found))
     return cfg
 
 
 def load_config(path: str | Path) -> SearchConfig:
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise SearchConfigError([f"{p}: cannot read the search config ({exc.strerror or exc})"]) from None
+    text, p = read_text(path, "search config", SearchConfigError)
     return parse_config(text, str(p))
-
-
-def _report(source: str, lines: dict[KeyPath, int], found: list[tuple[KeyPath, str]]) -> list[str]:
-    out = []
-    for loc, msg in sorted(found, key=lambda f: line_of(lines, f[0]) or 1 << 30):
-        line = line_of(lines, loc)
-        dotted = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
-        out.append(f"{source}:{line}: {dotted}: {msg}" if line is not None else f"{source}: {dotted}: {msg}")
-    return out
