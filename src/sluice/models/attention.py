@@ -172,14 +172,19 @@ class TorchPagedAttention:
             out[span.start : span.end] = prefill_attention(q[span.start : span.end], k_cache, v_cache, span, self.scale)
         return out
 
+    def _gather(self, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode rows' K and V out of the paged cache, [kv heads, rows, context, head dim]."""
+        b, ctx = slots.shape
+        flat = slots.view(-1)
+        shape = (self.num_kv_heads, b, ctx, self.head_dim)
+        return k_cache.index_select(1, flat).view(shape), v_cache.index_select(1, flat).view(shape)
+
     def _decode(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
         layout = meta.derived
         assert isinstance(layout, _DecodeLayout), "prepare(meta) was not called for this step"
-        b, ctx = layout.slots.shape
+        b = layout.slots.shape[0]
         kvh, d = self.num_kv_heads, self.head_dim
-        flat = layout.slots.view(-1)
-        kd = k_cache.index_select(1, flat).view(kvh, b, ctx, d)
-        vd = v_cache.index_select(1, flat).view(kvh, b, ctx, d)
+        kd, vd = self._gather(layout.slots, k_cache, v_cache)
         # head h uses kv head h // group, so [b, H, d] -> [kvh, b, group, d]
         qd = q.view(b, kvh, self.group, d).transpose(0, 1)
         scores = torch.matmul(qd, kd.transpose(-1, -2)).float().mul_(self.scale)  # [kvh, b, group, ctx]

@@ -52,11 +52,9 @@ class SdpaPagedAttention(TorchPagedAttention):
     def _decode(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
         layout = meta.derived
         assert isinstance(layout, _SdpaLayout), "prepare(meta) was not called for this step"
-        b, ctx = layout.slots.shape
+        b = layout.slots.shape[0]
         kvh, d = self.num_kv_heads, self.head_dim
-        flat = layout.slots.view(-1)
-        kd = k_cache.index_select(1, flat).view(kvh, b, ctx, d).transpose(0, 1)  # [b, kvh, ctx, d]
-        vd = v_cache.index_select(1, flat).view(kvh, b, ctx, d).transpose(0, 1)
+        kd, vd = (t.transpose(0, 1) for t in self._gather(layout.slots, k_cache, v_cache))  # [b, kvh, ctx, d]
         qd = q.view(b, kvh, self.group, d)  # head h = kv head h // group: the group is the query length
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=layout.mask, scale=self.scale)
         return o.reshape(b, self.num_heads, d)
