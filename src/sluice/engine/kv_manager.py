@@ -16,6 +16,13 @@ from sluice.engine.hashing import extend_hashes
 from sluice.engine.request import Request
 
 
+def prefix_namespace(tenant: str, share_across_tenants: bool = False) -> str:
+    """The namespace a request's cached prefix blocks are hashed in: its tenant's own, so one
+    tenant never hits (or times) another's prompt, unless the version shares prefixes across
+    tenants. The router's prefix affinity hashes in the same namespace (routing/dispatch)."""
+    return "" if share_across_tenants else tenant
+
+
 @dataclass(slots=True)
 class PrefixHit:
     blocks: list[KVBlock]
@@ -67,7 +74,7 @@ class KVCacheManager:
         return len(self.tables.get(request.request_id, ()))
 
     def _salt(self, request: Request) -> str:
-        return "" if self.share_across_tenants else request.tenant
+        return prefix_namespace(request.tenant, self.share_across_tenants)
 
     # -- prefix cache ---------------------------------------------------------------------------
     def find_prefix(self, request: Request) -> PrefixHit:

@@ -9,7 +9,8 @@ import pytest
 
 from sluice.engine.hashing import block_hash
 from sluice.routing.errors import ModelUnavailableError
-from sluice.routing.dispatch.worker_picker import Candidate, PickReason, WorkerPicker, affinity_key, prefix_salt
+from sluice.engine.kv_manager import prefix_namespace as prefix_salt
+from sluice.routing.dispatch.worker_picker import Candidate, PickReason, WorkerPicker, affinity_key
 from tests.clock import FakeClock
 
 BS = 8

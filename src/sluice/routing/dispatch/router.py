@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from sluice.engine.config import EngineConfig
+from sluice.engine.kv_manager import prefix_namespace
 from sluice.routing.dispatch.circuit_breaker import Outcome
 from sluice.routing.errors import ModelUnavailableError, QuotaExceededError, VersionUnavailableError
 from sluice.routing.fleet_file.schema import TokenQuotaSpec, VersionSpec, WorkerChoice
@@ -47,7 +48,7 @@ from sluice.routing.quota.semantics import QuotaDecision, QuotaStatus, QuotaStor
 from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.routing_state import RoutingSnapshot, VersionState, effective_weights
 from sluice.routing.dispatch.version_router import choose_version, resolve_pin, version_header
-from sluice.routing.dispatch.worker_picker import Candidate, Pick, PickReason, WorkerPicker, affinity_key, prefix_salt
+from sluice.routing.dispatch.worker_picker import Candidate, Pick, PickReason, WorkerPicker, affinity_key
 from sluice.routing.dispatch.worker_pool import Dispatch, WorkerPool
 from sluice.types import GenerationRequest
 
@@ -96,6 +97,7 @@ class FleetRouter:
         self.quota = quota
         self.state = state  # the follower's latest snapshot (default: no live state)
         self.engine_defaults = engine_defaults or EngineConfig()
+        self._engines: dict[tuple[str, str], tuple[VersionSpec, EngineConfig]] = {}
         self.quota_errors = 0
         self._last_warning = 0.0
         self._turns: dict[str, int] = {}  # version header -> next round-robin turn
@@ -137,11 +139,11 @@ class FleetRouter:
         """A worker of the plan's version (prefix affinity under the load bound), its breaker
         permit taken and its load counted at the request's token cost; None when no worker of
         the version can take it now."""
-        spec = self.registry.version(plan.model_id, plan.version)
         fleet = self.registry.fleet.routing
         picker = self._picker(plan.model_id, plan.version)
-        key = affinity_key(request.prompt_token_ids, self._block_size(spec), fleet.affinity_key_blocks,
-                           prefix_salt(request.tenant, self._shares_prefix(spec)))
+        engine = self.engine_config(plan.model_id, plan.version)
+        key = affinity_key(request.prompt_token_ids, engine.block_size, fleet.affinity_key_blocks,
+                           prefix_namespace(request.tenant, engine.share_prefix_across_tenants))
         tried = set(exclude)
         while cands := self.pool.candidates(plan.model_id, plan.version, tried):
             if fleet.worker_choice is WorkerChoice.ROUND_ROBIN:
@@ -253,9 +255,13 @@ class FleetRouter:
             log.warning("quota store unavailable (%s: %s); admitting without quota", type(exc).__name__, exc)
 
     # -- engine settings that shape the affinity key ------------------------------------------
-    def _block_size(self, spec: VersionSpec) -> int:
-        return spec.engine.block_size or self.engine_defaults.block_size
-
-    def _shares_prefix(self, spec: VersionSpec) -> bool:
-        s = spec.engine.share_prefix_across_tenants
-        return self.engine_defaults.share_prefix_across_tenants if s is None else s
+    def engine_config(self, model_id: str, version: str) -> EngineConfig:
+        """The version's engine settings as its workers run them (the fleet file's overrides on
+        the server's defaults: `EngineSettings.apply`, the one place that merges them), kept
+        until a reload gives the version a new spec (building one costs ~0.2 ms)."""
+        spec = self.registry.version(model_id, version)
+        cached = self._engines.get((model_id, version))
+        if cached is None or cached[0] is not spec:
+            cached = (spec, spec.engine.apply(self.engine_defaults))
+            self._engines[(model_id, version)] = cached
+        return cached[1]

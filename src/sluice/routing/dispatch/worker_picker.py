@@ -90,11 +90,6 @@ class _Group:
     last_used: float = 0.0
 
 
-def prefix_salt(tenant: str, share_across_tenants: bool = False) -> str:
-    """The namespace the engine's prefix cache uses (kv_manager: tenant unless shared)."""
-    return "" if share_across_tenants else tenant
-
-
 def affinity_key(prompt_token_ids: Sequence[int], block_size: int, key_blocks: int, salt: str) -> bytes | None:
     """The chain hash of the prompt's first `key_blocks` full blocks (fewer if the prompt is
     shorter), or None when it has no full block."""

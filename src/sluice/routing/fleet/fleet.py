@@ -156,8 +156,7 @@ class Fleet:
 
     def block_size(self, model_id: str, version: str) -> int:
         """The version's KV block size (prompt-cache accounting is in whole blocks)."""
-        spec = self.registry.version(model_id, version)
-        return spec.engine.block_size or EngineConfig.from_settings(self.settings).block_size
+        return self.router.engine_config(model_id, version).block_size
 
     async def fresh_stats(self, timeout_s: float = 2.0) -> dict[tuple[str, str], list[EngineStats]]:
         """(model, <model>/<version>) -> the statistics its workers answered now (a scrape shows
