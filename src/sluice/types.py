@@ -6,6 +6,7 @@ The API layer turns wire formats into a `GenerationRequest`; the engine answers 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import re
@@ -115,29 +116,44 @@ class GuidedDecoding:
 
 
 @dataclass(slots=True, frozen=True)
-class SamplingParams:
-    """How to pick tokens and when to stop.
+class Sampling:
+    """How to pick tokens, as the client chose it: what a request carries from the API to
+    planning. The budget and the grammar depend on the version that serves it (its context
+    window, its tool format), so they join in SamplingParams when the request is planned.
 
     temperature 0 is greedy. top_k 0 and top_p 1.0 switch those filters off. A seed makes
     sampling reproducible: the random draw for output position i depends only on (seed, i),
     so a request gives the same tokens alone, in a batch, or after a preemption.
     """
 
-    max_tokens: int = 256
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    guided: GuidedDecoding | None = None  # grammar-constrained decoding (JSON, tool calls)
     # Log-probabilities (computed only when asked): None = off; n = the chosen token's logprob
     # plus the n most likely alternatives (0..MAX_LOGPROBS). `logprobs` covers each output token,
     # `prompt_logprobs` each prompt token after the first (a request that asks for them is not
     # served from the prefix cache: every prompt position's logits must be computed).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams(Sampling):
+    """How to pick tokens and when to stop: the client's Sampling with the budget and the
+    grammar the planned version gives it (`SamplingParams.of`), as the engine runs it."""
+
+    max_tokens: int = 256  # the engine-level default; served requests get theirs from planning
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    guided: GuidedDecoding | None = None  # grammar-constrained decoding (JSON, tool calls)
+
+    @classmethod
+    def of(cls, choice: Sampling, *, max_tokens: int, guided: GuidedDecoding | None = None) -> SamplingParams:
+        """The client's choices with the budget and grammar planning resolved for a version."""
+        chosen = {f.name: getattr(choice, f.name) for f in dataclasses.fields(Sampling)}
+        return cls(**chosen, max_tokens=max_tokens, guided=guided)
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field. Also bounds every value to what

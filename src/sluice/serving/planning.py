@@ -31,7 +31,7 @@ from sluice.serving.guided import guided_for, resolve_tool_format
 from sluice.serving.prompt import BuiltPrompt, build_prompt
 from sluice.serving.request import ServingRequest
 from sluice.trace_context import tracer
-from sluice.types import GenerationRequest
+from sluice.types import GenerationRequest, SamplingParams
 
 
 @dataclass(slots=True)
@@ -120,7 +120,7 @@ class Planner:
         max_tokens = window - n if req.max_tokens is None else max(1, req.max_tokens)
         # the grammar is checked in full here (off the loop: a large schema compiles for a while)
         guided = await asyncio.to_thread(guided_for, req.conversation, req.tool_choice, req.output_format, fmt)
-        sampling = dataclasses.replace(req.sampling, max_tokens=max_tokens, guided=guided)
+        sampling = SamplingParams.of(req.sampling, max_tokens=max_tokens, guided=guided)
         try:
             sampling.validate()  # what the engine would refuse later, refused now (before any stream)
         except InvalidRequestError as exc:

@@ -14,7 +14,7 @@ from sluice.gateway.principal import Principal
 from sluice.tool_types import ToolChoice
 from sluice.serving.guided import OutputFormat
 from sluice.serving.prompt import Conversation
-from sluice.types import SamplingParams
+from sluice.types import Sampling
 
 
 # response headers (docs/FLEET.md); VERSION_HEADER is also the request header that pins a version
@@ -42,7 +42,7 @@ class ServingRequest:
     # max_tokens None = the rest of the context window (OpenAI's default); 0 = prefill only
     # (Anthropic's cache warm-up: the prompt is computed, nothing is returned)
     max_tokens: int | None
-    sampling: SamplingParams = field(default_factory=SamplingParams)  # its max_tokens is set by the pipeline
+    sampling: Sampling = field(default_factory=Sampling)  # budget and grammar join at planning (SamplingParams.of)
     # the canonical body for coalescing identical requests (None: never coalesce); fields that
     # do not change the reply are already left out by the wire format
     dedup_body: dict[str, Any] | None = None

@@ -21,7 +21,7 @@ from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
-from sluice.types import FinishReason, SamplingParams
+from sluice.types import FinishReason, Sampling
 from tests.fake_engine import FakeEngine, Script
 
 MODEL = "fake-model"
@@ -51,7 +51,7 @@ def request(text: str = "hi", max_tokens: int | None = 8, **kw) -> ServingReques
     return ServingRequest(
         request_id=kw.pop("request_id", "msg_1"), route=Route.MESSAGES, principal=kw.pop("principal", Principal()),
         model=MODEL, conversation=Conversation([Turn(Role.USER, [text])]), max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=kw.pop("temperature", 1.0)), **kw,
+        sampling=Sampling(temperature=kw.pop("temperature", 1.0)), **kw,
     )
 
 
@@ -140,7 +140,7 @@ def test_refusals_before_the_stream_are_serving_errors(tokenizer):
             await pipeline.start(request(text="x" * 2000))  # over the fake's 256-token window
         assert "prompt is too long" in info.value.message
         bad = request()
-        bad.sampling = SamplingParams(top_k=2**31)  # what the worker protocol cannot carry
+        bad.sampling = Sampling(top_k=2**31)  # what the worker protocol cannot carry
         with pytest.raises(ServingError, match="top_k"):
             await pipeline.start(bad)
         other = request()

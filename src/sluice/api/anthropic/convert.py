@@ -16,7 +16,7 @@ from sluice.api.json_body import json_object
 from sluice.config import Settings
 from sluice.gateway.principal import Principal
 from sluice.serving.request import Route, ServingRequest
-from sluice.types import SamplingParams
+from sluice.types import Sampling
 
 VERSIONS = ("2023-06-01", "2026-10-21")
 # body fields that do not change the reply: left out of the coalescing key
@@ -59,13 +59,13 @@ def api_version(request: Request, settings: Settings) -> str:
     return version
 
 
-def sampling_of(body: MessagesRequest, version: str, settings: Settings) -> SamplingParams:
+def sampling_of(body: MessagesRequest, version: str, settings: Settings) -> Sampling:
     given = [f for f in ("temperature", "top_p", "top_k") if getattr(body, f) is not None]
     if given and version == "2026-10-21" and settings.strict_sampling_params:
         raise bad_request(f"{given[0]}: is not supported with anthropic-version 2026-10-21")
     if any(not s for s in body.stop_sequences or ()):
         raise bad_request("stop_sequences: each stop sequence must be a non-empty string")
-    return SamplingParams(
+    return Sampling(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_k=body.top_k or 0,
         top_p=1.0 if body.top_p is None else body.top_p,

@@ -18,7 +18,7 @@ from sluice.api.errors import bad_request
 from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
 from sluice.api.openai.completions_schema import MAX_CHOICES, CompletionRequest
-from sluice.api.openai.sampling import sampling_params
+from sluice.api.openai.sampling import sampling_of
 from sluice.gateway.principal import Principal
 from sluice.serving.choices import per_choice
 from sluice.serving.prompt import Conversation, Role, Turn
@@ -67,7 +67,7 @@ def to_serving_requests(body: CompletionRequest, principal: Principal, request_i
     raw = prompts(body)
     if len(raw) * body.n > MAX_CHOICES:
         raise bad_request(f"prompt: {len(raw)} prompts × n {body.n} is more than {MAX_CHOICES} choices", param="prompt")
-    sampling = sampling_params(body, logprobs=body.logprobs, prompt_logprobs=body.logprobs if body.echo else None)
+    sampling = sampling_of(body, logprobs=body.logprobs, prompt_logprobs=body.logprobs if body.echo else None)
     dedup = body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY | {"prompt"})
     out: list[Prompted] = []
     for i, prompt in enumerate(raw):

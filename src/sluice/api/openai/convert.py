@@ -9,7 +9,7 @@ from sluice.api.anthropic.convert import describe_validation_error
 from sluice.api.errors import bad_request
 from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
-from sluice.api.openai.sampling import sampling_params
+from sluice.api.openai.sampling import sampling_of
 from sluice.api.openai.schema import ChatCompletionRequest
 from sluice.api.openai.tools import assistant_calls, response_format, tool_choice, tool_specs
 from sluice.errors import InvalidRequestError
@@ -79,7 +79,7 @@ def to_serving_request(body: ChatCompletionRequest, principal: Principal, reques
         model=body.model,
         conversation=to_conversation(body),
         max_tokens=body.max_completion_tokens or body.max_tokens,  # None: the rest of the context window
-        sampling=sampling_params(body, logprobs=(body.top_logprobs or 0) if body.logprobs else None),
+        sampling=sampling_of(body, logprobs=(body.top_logprobs or 0) if body.logprobs else None),
         dedup_body=body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
         queue_timeout_s=queue_timeout(request),
         use_cache=wants_cache(request),
