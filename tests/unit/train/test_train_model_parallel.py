@@ -1,0 +1,63 @@
+"""Model parallelism without processes: which settings combine, how layers split into stages,
+the ideal pipeline bubble, the pipeline's targets, and the tensor-parallel divisibility check."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sluice.train.errors import TrainConfigError
+from sluice.train.parallel.pipeline import bubble_fraction, split_layers, targets
+from sluice.train.parallel.tensor import check_divisible
+from sluice.train.settings import Parallel, PipelineSchedule, load_settings
+
+BASE = {"data": "d", "out": "o", "max_steps": 1}
+
+
+def test_model_parallel_settings_and_their_data_parallel_size():
+    tp = load_settings(None, {**BASE, "nproc": 2, "parallel": "tp", "batch_size": 3})
+    assert tp.parallel is Parallel.TP and tp.data_parallel_size(2) == 1 and tp.micro_batch(2) == 3
+    pp = load_settings(None, {**BASE, "nproc": 2, "parallel": "pp", "pp_schedule": "1f1b", "micro_batch_size": 1})
+    assert pp.pp_schedule is PipelineSchedule.ONE_F_ONE_B and pp.data_parallel_size(2) == 1
+    both = load_settings(None, {**BASE, "nproc": 4, "parallel": "fsdp_tp", "batch_size": 2})
+    assert both.tensor_parallel_size(4) == 2 and both.data_parallel_size(4) == 2
+
+
+@pytest.mark.parametrize("values, named", [
+    ({"parallel": "tp", "compression": "fp16"}, "compression fp16 is a DDP communication hook"),
+    ({"parallel": "tp", "tp_size": 2}, "tp_size applies to parallel = fsdp_tp only"),
+    ({"parallel": "pp", "nproc": 1}, "parallel = pp needs nproc >= 2"),
+    ({"parallel": "fsdp_tp", "nproc": 2}, "parallel = fsdp_tp needs nproc (2) to be a multiple of tp_size (2)"),
+    ({"parallel": "ddp", "pp_schedule": "1f1b"}, "pp_schedule applies to parallel = pp only"),
+    ({"parallel": "fsdp_tp", "nproc": 4, "batch_size": 3}, "data-parallel ranks (nproc / tp_size = 2)"),
+])
+def test_unsupported_combinations_are_refused_naming_the_setting(values, named):
+    with pytest.raises(TrainConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        load_settings(None, {**BASE, "nproc": 2, **values})
+
+
+def test_layers_split_into_contiguous_stages():
+    assert split_layers(3, 2) == [range(0, 2), range(2, 3)]
+    assert split_layers(30, 4) == [range(0, 8), range(8, 16), range(16, 23), range(23, 30)]
+    with pytest.raises(TrainConfigError, match="at least 4 decoder layers"):
+        split_layers(3, 4)
+
+
+def test_ideal_bubble_shrinks_with_micro_batches():
+    assert bubble_fraction(2, 1) == pytest.approx(0.5)
+    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert bubble_fraction(2, 16) < bubble_fraction(2, 4) < bubble_fraction(2, 2)
+
+
+def test_pipeline_targets_align_with_the_logits():
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    mask = torch.tensor([[False, False, True, True]])
+    assert targets(tokens, mask).tolist() == [[-100, 7, 8, -100]]
+
+
+def test_tensor_parallel_needs_divisible_heads():
+    check_divisible(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, intermediate_size=160), 2)
+    with pytest.raises(TrainConfigError, match=r"num_key_value_heads \(3\)"):
+        check_divisible(SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536), 2)
