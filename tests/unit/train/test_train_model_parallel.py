@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from sluice.train.errors import TrainConfigError
-from sluice.train.parallel.pipeline import bubble_fraction, split_layers, targets
-from sluice.train.parallel.tensor import check_divisible
+from sluice.train.parallel.fit import bubble_fraction, check_divisible, split_layers
+from sluice.train.parallel.pipeline import targets
 from sluice.train.settings import Parallel, PipelineSchedule, load_settings
 
 BASE = {"data": "d", "out": "o", "max_steps": 1}
@@ -61,3 +61,18 @@ def test_tensor_parallel_needs_divisible_heads():
     check_divisible(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, intermediate_size=160), 2)
     with pytest.raises(TrainConfigError, match=r"num_key_value_heads \(3\)"):
         check_divisible(SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536), 2)
+
+
+@pytest.mark.parametrize("values, named", [
+    ({"model": "random:smol-135m", "parallel": "tp"}, r"parallel: tensor parallelism over 2 ranks needs num_attention_heads \(9\)"),
+    ({"model": "random:tiny", "parallel": "pp", "nproc": 3, "batch_size": 3}, "needs at least 3 decoder layers"),
+    ({"model": "random:tiny", "parallel": "pp", "pp_schedule": "1f1b", "micro_batch_size": 4},
+     r"pp_schedule: 1f1b needs at least as many micro-batches as stages \(1 < 2\)"),
+])
+def test_the_launcher_refuses_a_model_that_does_not_fit_before_any_worker(values, named):
+    from sluice.train.parallel.fit import check_fits
+
+    settings = load_settings(None, {**BASE, "nproc": 2, **values})
+    with pytest.raises(TrainConfigError, match=named):
+        check_fits(settings)
+    check_fits(load_settings(None, {**BASE, "nproc": 3, "model": "random:smol-135m", "parallel": "tp", "batch_size": 3}))

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from sluice.train.parallel import pipeline
 from sluice.train.parallel.clip import clip_grad_norm
+from sluice.train.parallel.fit import pipeline_micro_batches
 from sluice.train.parallel.comm_stats import CommStats
 from sluice.train.parallel.tensor import apply_tensor_parallel
 from sluice.train.parallel.wrap import Wrapped, wrap
@@ -56,8 +57,7 @@ def _fsdp_tensor(module: torch.nn.Module, device: torch.device, tp: int) -> Wrap
 
 
 def _pipeline(module: torch.nn.Module, settings: TrainSettings, device: torch.device) -> Wrapped:
-    micro = settings.micro_batch_size or 1
-    pipe = pipeline.build(module, device, pipeline.Schedule(settings.pp_schedule.value), settings.batch_size // micro)
+    pipe = pipeline.build(module, device, settings.pp_schedule, pipeline_micro_batches(settings))
 
     def step(batch, global_tokens: int) -> torch.Tensor:
         return pipeline.train_step(pipe, batch.tokens, batch.mask, global_tokens)

@@ -22,39 +22,14 @@ gradients by the number of micro-batches (`scale_grads=False`).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from sluice.train.errors import TrainConfigError
-
-
-class Schedule(str, enum.Enum):
-    GPIPE = "gpipe"  # all forwards, then all backwards: activations of m micro-batches held
-    ONE_F_ONE_B = "1f1b"  # forwards and backwards interleaved: at most p micro-batches in flight
-
-
-def split_layers(n_layers: int, stages: int) -> list[range]:
-    """Contiguous layer ranges per stage; the first stages take the remainder (the last stage
-    also carries the LM head, often the largest matrix)."""
-    if stages > n_layers:
-        raise TrainConfigError([f"parallel: pipeline over {stages} ranks needs at least {stages} decoder layers "
-                                f"(the model has {n_layers}); use fewer processes"])
-    base, extra = divmod(n_layers, stages)
-    out, start = [], 0
-    for s in range(stages):
-        size = base + (1 if s < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """The idle share of a GPipe / 1F1B step with equal stages: (p − 1) / (m + p − 1)."""
-    return (stages - 1) / (micro_batches + stages - 1)
+from sluice.train.parallel.fit import check_schedule, split_layers
+from sluice.train.settings import PipelineSchedule
 
 
 class StageModule(torch.nn.Module):
@@ -112,13 +87,11 @@ class Pipeline:
     scale: float = 1.0
 
 
-def build(full: torch.nn.Module, device: torch.device, schedule: Schedule, micro_batches: int) -> Pipeline:
+def build(full: torch.nn.Module, device: torch.device, schedule: PipelineSchedule, micro_batches: int) -> Pipeline:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    if schedule is Schedule.ONE_F_ONE_B and micro_batches < world:
-        raise TrainConfigError([f"pp_schedule: 1f1b needs at least as many micro-batches as stages "
-                                f"({micro_batches} < {world}); lower micro_batch_size or use gpipe"])
+    check_schedule(schedule, micro_batches, world)  # the world may differ from nproc after a restart
     ranges = split_layers(full.config.num_hidden_layers, world)
     stage_mod = StageModule(full, ranges[rank], rank == 0, rank == world - 1).to(device)
     full.model.layers = torch.nn.ModuleList()  # the other stages' layers: freed with the last reference
@@ -133,7 +106,7 @@ def build(full: torch.nn.Module, device: torch.device, schedule: Schedule, micro
         return loss_sum * pipe.scale
 
     stage = PipelineStage(stage_mod, rank, world, device)
-    cls = ScheduleGPipe if schedule is Schedule.GPIPE else Schedule1F1B
+    cls = ScheduleGPipe if schedule is PipelineSchedule.GPIPE else Schedule1F1B
     pipe.schedule = cls(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
     return pipe
 

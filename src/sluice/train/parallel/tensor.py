@@ -23,21 +23,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from sluice.train.errors import TrainConfigError
-
-
-def check_divisible(config, degree: int, setting: str = "parallel") -> None:
-    """Heads, KV heads and the MLP width must split evenly over the tensor-parallel ranks."""
-    problems = []
-    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-        value = getattr(config, name)
-        if value % degree:
-            problems.append(f"{name} ({value})")
-    if problems:
-        raise TrainConfigError([
-            f"{setting}: tensor parallelism over {degree} ranks needs {', '.join(problems)} "
-            f"divisible by {degree}; choose another nproc / tp_size or another parallel mode"
-        ])
+from sluice.train.parallel.fit import check_divisible
 
 
 LAYER_PLAN_NAMES = {
