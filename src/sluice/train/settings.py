@@ -26,7 +26,7 @@ RANDOM_PREFIX = "random:"
 class Parallel(str, enum.Enum):
     DDP = "ddp"  # DistributedDataParallel: replicated parameters, gradients all-reduced
     FSDP = "fsdp"  # FSDP2 fully_shard: parameters, gradients and optimizer state sharded
-    # --- model parallelism (train/parallel/tensor.py, pipeline.py, tensor_fsdp.py) ---
+    # --- model parallelism (train/parallel/tensor.py, pipeline.py, modes.py) ---
     TP = "tp"  # tensor parallel over every rank: attention heads and MLP split (DTensor)
     PP = "pp"  # pipeline parallel: one stage of decoder layers per rank (GPipe or 1F1B)
     FSDP_TP = "fsdp_tp"  # 2-D mesh: FSDP2 over nproc / tp_size groups of tp_size tensor-parallel ranks
@@ -143,7 +143,7 @@ class TrainSettings(BaseModel):
         if p in (Parallel.TP, Parallel.PP) and self.nproc < 2:
             raise ValueError(f"parallel = {p.value} needs nproc >= 2 (one process trains the whole model: use ddp)")
         if p is Parallel.FSDP_TP:
-            tp = self.tp_size or 2
+            tp = self.tensor_parallel_size(self.nproc)
             if self.nproc % tp or self.nproc // tp < 2:
                 raise ValueError(f"parallel = fsdp_tp needs nproc ({self.nproc}) to be a multiple of tp_size ({tp}) "
                                  f"with at least 2 groups (nproc >= {2 * tp})")

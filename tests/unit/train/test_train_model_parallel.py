@@ -64,7 +64,8 @@ def test_tensor_parallel_needs_divisible_heads():
 
 
 @pytest.mark.parametrize("values, named", [
-    ({"model": "random:smol-135m", "parallel": "tp"}, r"parallel: tensor parallelism over 2 ranks needs num_attention_heads \(9\)"),
+    ({"model": "random:smol-135m", "parallel": "tp"},
+     r"parallel: tensor parallelism over 2 ranks needs num_attention_heads \(9\)"),
     ({"model": "random:tiny", "parallel": "pp", "nproc": 3, "batch_size": 3}, "needs at least 3 decoder layers"),
     ({"model": "random:tiny", "parallel": "pp", "pp_schedule": "1f1b", "micro_batch_size": 4},
      r"pp_schedule: 1f1b needs at least as many micro-batches as stages \(1 < 2\)"),
@@ -75,4 +76,5 @@ def test_the_launcher_refuses_a_model_that_does_not_fit_before_any_worker(values
     settings = load_settings(None, {**BASE, "nproc": 2, **values})
     with pytest.raises(TrainConfigError, match=named):
         check_fits(settings)
-    check_fits(load_settings(None, {**BASE, "nproc": 3, "model": "random:smol-135m", "parallel": "tp", "batch_size": 3}))
+    fits = {**BASE, "nproc": 3, "model": "random:smol-135m", "parallel": "tp", "batch_size": 3}
+    check_fits(load_settings(None, fits))  # 9 heads, 3 KV heads, 1536 wide: 3 ranks divide them

@@ -14,7 +14,7 @@ and computes the same gradients for them, so they need no synchronisation. They 
 modules), because torch 2.13's foreach kernels refuse a list that mixes DTensor and plain
 tensors: AdamW(foreach=True) failed with "got mixed torch.Tensor and DTensor" on gloo/CPU.
 With every parameter a DTensor the optimizer is unchanged, and FSDP2 can shard the result
-on a 2-D mesh (parallel/tensor_fsdp.py). Gradient clipping is parallel/clip.py's, which weighs
+on a 2-D mesh (fsdp_tp, parallel/modes.py). Gradient clipping is parallel/clip.py's, which weighs
 each gradient by how many ranks hold it.
 """
 
@@ -43,7 +43,8 @@ def _layer_plan() -> dict:
     # colwise outputs stay local shards (the next op is per-head attention / the elementwise
     # SiLU·up product); rowwise inputs are those local shards and outputs are all-reduced
     # (Replicate) back into plain tensors for the residual stream
-    return {name: ColwiseParallel() if kind == "colwise" else RowwiseParallel() for name, kind in LAYER_PLAN_NAMES.items()}
+    return {name: ColwiseParallel() if kind == "colwise" else RowwiseParallel()
+            for name, kind in LAYER_PLAN_NAMES.items()}
 
 
 def _to_replicate(_module, inputs, mesh: DeviceMesh):
