@@ -78,3 +78,19 @@ def test_the_launcher_refuses_a_model_that_does_not_fit_before_any_worker(values
         check_fits(settings)
     fits = {**BASE, "nproc": 3, "model": "random:smol-135m", "parallel": "tp", "batch_size": 3}
     check_fits(load_settings(None, fits))  # 9 heads, 3 KV heads, 1536 wide: 3 ranks divide them
+
+
+def test_a_pipeline_refuses_rows_longer_than_a_sliding_window(tmp_path):
+    import json
+
+    from sluice.train.parallel.fit import check_fits
+
+    folder = tmp_path / "mistral"
+    folder.mkdir()
+    folder.joinpath("config.json").write_text(json.dumps({
+        "model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 160, "num_hidden_layers": 2, "vocab_size": 259, "sliding_window": 24}))
+    settings = load_settings(None, {**BASE, "nproc": 2, "model": str(folder), "parallel": "pp", "seq_len": 32})
+    with pytest.raises(TrainConfigError, match=r"seq_len: rows of 32 tokens exceed the model's sliding window \(24\)"):
+        check_fits(settings)
+    check_fits(load_settings(None, {**BASE, "nproc": 2, "model": str(folder), "parallel": "pp", "seq_len": 24}))

@@ -70,18 +70,22 @@ def model_shape(settings: TrainSettings) -> SimpleNamespace:
 
         cfg = dict(PRESETS[settings.model.removeprefix(RANDOM_PREFIX)])
     else:
+        # sluice's own reading of the model (the one serving uses): heads, widths, window
+        from sluice.models.config import ModelConfig
+
         path = model_path(settings.model)
         if path.is_dir():
-            cfg = json.loads((path / "config.json").read_text())
+            c = ModelConfig.from_hf_dict(json.loads((path / "config.json").read_text()))
         else:
             from sluice.models.gguf.metadata import file_config, open_gguf
 
             c = file_config(open_gguf(path))
-            cfg = dict(num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-                       intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers)
+        cfg = dict(num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+                   intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
+                   sliding_window=c.sliding_window)
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    return SimpleNamespace(**{k: cfg[k] for k in ("num_attention_heads", "num_key_value_heads",
-                                                   "intermediate_size", "num_hidden_layers")})
+    return SimpleNamespace(sliding_window=cfg.get("sliding_window"), **{
+        k: cfg[k] for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers")})
 
 
 def check_fits(settings: TrainSettings) -> None:
@@ -91,6 +95,10 @@ def check_fits(settings: TrainSettings) -> None:
     shape = model_shape(settings)
     if p is Parallel.PP:
         split_layers(shape.num_hidden_layers, settings.nproc)
+        if shape.sliding_window is not None and settings.seq_len > shape.sliding_window:
+            raise TrainConfigError([f"seq_len: rows of {settings.seq_len} tokens exceed the model's sliding window "
+                                    f"({shape.sliding_window}), which pipeline stages do not apply; use "
+                                    f"seq_len <= {shape.sliding_window} or another parallel mode"])
         check_schedule(settings.pp_schedule, pipeline_micro_batches(settings), settings.nproc)
         return
     check_divisible(shape, settings.tensor_parallel_size(settings.nproc))

@@ -41,6 +41,9 @@ class StageModule(torch.nn.Module):
         super().__init__()
         self.first, self.last = first, last
         self.tied = bool(full.config.tie_word_embeddings)
+        # Mistral / Qwen2 sliding windows live in the full model's mask, which a stage does not
+        # build: rows longer than the window are refused (launch checks seq_len first, fit.py)
+        self.window = getattr(full.config, "sliding_window", None)
         self.model = torch.nn.Module()
         inner = full.model
         if first or (last and self.tied):
@@ -54,6 +57,9 @@ class StageModule(torch.nn.Module):
                 self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.window is not None and x.shape[1] > self.window:
+            raise RuntimeError(f"pipeline stages attend causally without a sliding window: rows of "
+                               f"{x.shape[1]} tokens exceed the model's window of {self.window}")
         h = self.model.embed_tokens(x) if self.first else x
         positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
         rope = self.model.rotary_emb(h, position_ids=positions)
