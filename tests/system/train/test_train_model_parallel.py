@@ -32,10 +32,13 @@ def _args(out: Path, chat_data: Path, tiny_folder: Path, *extra: str) -> list[st
 def test_tensor_parallel_then_1f1b_pipeline_resume_equal_one_process(train_dir, tiny_folder, chat_data, one_run):
     out = train_dir / "tp-then-pp"
     half = STEPS // 2
-    proc = run_train(*_args(out, chat_data, tiny_folder, "--parallel", "tp", "--max-steps", str(half)))
+    # an asynchronous checkpoint of DTensor shards at step 2, the final (synchronous) one at 4
+    proc = run_train(*_args(out, chat_data, tiny_folder, "--parallel", "tp", "--max-steps", str(half),
+                            "--checkpoint-every", "2"))
     assert "world 2, tp, starting at step 0" in proc.stderr
     assert losses(out) == pytest.approx(losses(one_run)[:half], rel=REL_TOL)
     assert _norms(out) == pytest.approx(_norms(one_run)[:half], rel=REL_TOL), "gradients equal too"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
     proc = run_train(*_args(out, chat_data, tiny_folder, "--parallel", "pp", "--pp-schedule", "1f1b",
                             "--micro-batch-size", "1"))
     assert f"world 2, pp, resumed from step {half}" in proc.stderr
