@@ -21,7 +21,8 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--keep-checkpoints", dict(type=int, metavar="K", help="keep the newest K checkpoints (default: 2)")),
     ("--seq-len", dict(type=int, metavar="N", help="tokens per packed row (default: 512)")),
     ("--batch-size", dict(type=int, metavar="N", help="rows per optimizer step over all ranks (default: 4)")),
-    ("--micro-batch-size", dict(type=int, metavar="N", help="rows per forward on a rank; 0 = batch / ranks (default: 0)")),
+    ("--micro-batch-size", dict(type=int, metavar="N", help="rows per forward on a rank; 0 = batch / data-parallel ranks "
+                                                           "(pp: 0 = 1 row per micro-batch) (default: 0)")),
     ("--lr", dict(type=float, metavar="LR", help="peak learning rate of AdamW (default: 2e-5)")),
     ("--lr-schedule", dict(choices=["constant", "cosine"], help="after warmup (default: constant)")),
     ("--warmup-steps", dict(type=int, metavar="N", help="linear warmup steps (default: 0)")),

@@ -70,7 +70,7 @@ class TrainSettings(BaseModel):
     async_checkpoint: bool = True  # write in the background; the next checkpoint waits for it
     seq_len: int = Field(512, ge=8, le=131072)
     batch_size: int = Field(4, ge=1)  # sequences per optimizer step, over all ranks (global batch)
-    micro_batch_size: int = Field(0, ge=0)  # sequences per forward on a rank; 0 = batch / ranks
+    micro_batch_size: int = Field(0, ge=0)  # sequences per forward on a rank; 0 = batch / ranks (pp: 1)
     lr: float = Field(2e-5, gt=0)
     lr_schedule: LrSchedule = Field(LrSchedule.CONSTANT, strict=False)
     warmup_steps: int = Field(0, ge=0)
