@@ -44,4 +44,7 @@ def test_tensor_parallel_then_1f1b_pipeline_resume_equal_one_process(train_dir, 
     assert f"world 2, pp, resumed from step {half}" in proc.stderr
     assert losses(out) == pytest.approx(losses(one_run), rel=REL_TOL)
     assert _norms(out) == pytest.approx(_norms(one_run), rel=REL_TOL)
+    # rank 0, the first stage, sends each step's hidden states: 4 rows x 32 tokens x 64 wide x fp32
+    pp_steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][half:]
+    assert {m["comm_bytes"] for m in pp_steps} == {4 * 32 * 64 * 4}
 

@@ -59,10 +59,13 @@ def _fsdp_tensor(module: torch.nn.Module, device: torch.device, tp: int) -> Wrap
 def _pipeline(module: torch.nn.Module, settings: TrainSettings, device: torch.device) -> Wrapped:
     pipe = pipeline.build(module, device, settings.pp_schedule, pipeline_micro_batches(settings))
 
+    stats = CommStats(timed=False)
+
     def step(batch, global_tokens: int) -> torch.Tensor:
+        stats.bytes += pipeline.sent_bytes(pipe, *batch.tokens.shape)  # metrics.jsonl's comm_bytes
         return pipeline.train_step(pipe, batch.tokens, batch.mask, global_tokens)
 
-    return Wrapped(pipe.stage, module, CommStats(timed=False), nullcontext, dp_rank=0, dp_size=1, loss_copies=1,
+    return Wrapped(pipe.stage, module, stats, nullcontext, dp_rank=0, dp_size=1, loss_copies=1,
                    train_step=step, clip=_clip(pipe.stage, 1, pipe.stage.shared_copies()))
 
 

@@ -41,6 +41,7 @@ class StageModule(torch.nn.Module):
         super().__init__()
         self.first, self.last = first, last
         self.tied = bool(full.config.tie_word_embeddings)
+        self.hidden = int(full.config.hidden_size)  # the width of what passes between stages
         # Mistral / Qwen2 sliding windows live in the full model's mask, which a stage does not
         # build: rows longer than the window are refused (launch checks seq_len first, fit.py)
         self.window = getattr(full.config, "sliding_window", None)
@@ -115,6 +116,18 @@ def build(full: torch.nn.Module, device: torch.device, schedule: PipelineSchedul
     cls = ScheduleGPipe if schedule is PipelineSchedule.GPIPE else Schedule1F1B
     pipe.schedule = cls(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
     return pipe
+
+
+def sent_bytes(pipe: Pipeline, rows: int, seq_len: int) -> int:
+    """Bytes this stage sends in one step: the hidden states of every micro-batch forward (all
+    but the last stage), their gradients backward (all but the first), and the tied gradient."""
+    elem = next(pipe.stage.parameters()).element_size()
+    activations = rows * seq_len * pipe.stage.hidden * elem
+    out = activations * ((not pipe.stage.last) + (not pipe.stage.first))
+    weight = pipe.stage.tied_weight()
+    if weight is not None and pipe.tied_group is not None:
+        out += weight.numel() * weight.element_size()
+    return out
 
 
 def targets(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
