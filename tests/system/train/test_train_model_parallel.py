@@ -38,6 +38,9 @@ def test_tensor_parallel_then_1f1b_pipeline_resume_equal_one_process(train_dir, 
     assert "world 2, tp, starting at step 0" in proc.stderr
     assert losses(out) == pytest.approx(losses(one_run)[:half], rel=REL_TOL)
     assert _norms(out) == pytest.approx(_norms(one_run)[:half], rel=REL_TOL), "gradients equal too"
+    # 7 all-reduces of the hidden states per layer (3) and step: 4 rows x 32 tokens x 64 wide x fp32
+    tp_steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {m["comm_bytes"] for m in tp_steps} == {7 * 3 * 4 * 32 * 64 * 4}
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
     proc = run_train(*_args(out, chat_data, tiny_folder, "--parallel", "pp", "--pp-schedule", "1f1b",
                             "--micro-batch-size", "1"))

@@ -19,7 +19,7 @@ from sluice.train.parallel import pipeline
 from sluice.train.parallel.clip import clip_grad_norm
 from sluice.train.parallel.fit import pipeline_micro_batches
 from sluice.train.parallel.comm_stats import CommStats
-from sluice.train.parallel.tensor import apply_tensor_parallel
+from sluice.train.parallel.tensor import apply_tensor_parallel, count_traffic
 from sluice.train.parallel.wrap import Wrapped, wrap
 from sluice.train.settings import Parallel, TrainSettings
 
@@ -36,7 +36,9 @@ def _tensor(module: torch.nn.Module, device: torch.device) -> Wrapped:
 
     world = dist.get_world_size()
     apply_tensor_parallel(module, init_device_mesh(device.type, (world,), mesh_dim_names=("tp",)))
-    return Wrapped(module, module, CommStats(timed=False), nullcontext, dp_rank=0, dp_size=1,
+    stats = CommStats(timed=False)
+    count_traffic(module, stats)
+    return Wrapped(module, module, stats, nullcontext, dp_rank=0, dp_size=1,
                    loss_copies=world, clip=_clip(module, world))
 
 
@@ -52,7 +54,13 @@ def _fsdp_tensor(module: torch.nn.Module, device: torch.device, tp: int) -> Wrap
     for layer in module.model.layers:
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(module, mesh=mesh["dp"])
-    return Wrapped(module, module, CommStats(timed=False), nullcontext, dp_rank=mesh["dp"].get_local_rank(),
+    stats = CommStats(timed=False)
+    # FSDP2 per forward, as parallel/wrap.py estimates it: all-gather forward and backward and
+    # reduce-scatter of what this tensor-parallel rank holds, 3·(dp−1)/dp of its unsharded bytes
+    dp = world // tp
+    local = sum(p.to_local().numel() * p.element_size() for p in module.parameters())
+    count_traffic(module, stats, extra_per_forward=int(3 * local * (dp - 1)))
+    return Wrapped(module, module, stats, nullcontext, dp_rank=mesh["dp"].get_local_rank(),
                    dp_size=world // tp, loss_copies=tp, clip=_clip(module, world))
 
 

@@ -84,3 +84,23 @@ def apply_tensor_parallel(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         module.lm_head.register_forward_pre_hook(lambda mod, inputs: _to_replicate(mod, inputs, tp_mesh))
         module.lm_head.register_forward_hook(lambda mod, inputs, out: _to_local(mod, out, tp_mesh))
         module.lm_head.weight = module.model.embed_tokens.weight
+
+
+# All-reduces per decoder layer and forward + backward, each of the hidden states' size: 2 in the
+# forward (o and down outputs) and 5 in the backward (the input gradient of each colwise
+# projection, q, k, v, gate, up, is reduced on its own: counted on gloo with torch 2.13; Megatron
+# fuses q/k/v and gate/up, which would make it 2).
+ALL_REDUCES_PER_LAYER = 7
+
+
+def count_traffic(module: torch.nn.Module, stats, extra_per_forward: int = 0) -> None:
+    """Add the tensor-parallel all-reduce bytes of each forward (and its backward) to `stats`
+    (metrics.jsonl's comm_bytes), plus `extra_per_forward` (FSDP2's gathers under fsdp_tp)."""
+    per_token = ALL_REDUCES_PER_LAYER * len(module.model.layers) * module.config.hidden_size
+    elem = module.model.embed_tokens.weight.element_size()
+
+    def hook(_mod, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        stats.bytes += per_token * elem * ids.numel() + extra_per_forward
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
