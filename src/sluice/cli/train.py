@@ -21,11 +21,18 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--keep-checkpoints", dict(type=int, metavar="K", help="keep the newest K checkpoints (default: 2)")),
     ("--seq-len", dict(type=int, metavar="N", help="tokens per packed row (default: 512)")),
     ("--batch-size", dict(type=int, metavar="N", help="rows per optimizer step over all ranks (default: 4)")),
-    ("--micro-batch-size", dict(type=int, metavar="N", help="rows per forward on a rank; 0 = batch / ranks (default: 0)")),
+    ("--micro-batch-size", dict(type=int, metavar="N", help="rows per forward on a rank; 0 = batch / data-parallel ranks "
+                                                           "(pp: 0 = 1 row per micro-batch) (default: 0)")),
     ("--lr", dict(type=float, metavar="LR", help="peak learning rate of AdamW (default: 2e-5)")),
     ("--lr-schedule", dict(choices=["constant", "cosine"], help="after warmup (default: constant)")),
     ("--warmup-steps", dict(type=int, metavar="N", help="linear warmup steps (default: 0)")),
-    ("--parallel", dict(choices=["ddp", "fsdp"], help="data parallelism: ddp (all-reduce) or fsdp (FSDP2 sharding) (default: ddp)")),
+    ("--parallel", dict(choices=["ddp", "fsdp", "tp", "pp", "fsdp_tp"],
+                        help="ddp (all-reduce) or fsdp (FSDP2 sharding): data parallel; tp: tensor parallel over "
+                             "every rank; pp: pipeline, a stage of layers per rank; fsdp_tp: FSDP2 x tensor parallel "
+                             "(default: ddp)")),
+    ("--tp-size", dict(type=int, metavar="N", help="fsdp_tp: ranks per tensor-parallel group (default: 2)")),
+    ("--pp-schedule", dict(choices=["gpipe", "1f1b"], help="pp: pipeline schedule (default: gpipe); micro-batches "
+                                                          "are --micro-batch-size rows (default: 1)")),
     ("--compression", dict(choices=["none", "fp16", "bf16", "powersgd", "topk"],
                            help="DDP gradient compression hook (default: none)")),
     ("--seed", dict(type=int, help="data order and random init (default: 0)")),
@@ -66,7 +73,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    train = sub.add_parser("train", help="fine-tune a model (torchrun, DDP / FSDP2) and export it for serving")
+    train = sub.add_parser("train", help="fine-tune a model (torchrun: DDP, FSDP2, tensor / pipeline parallel) and export it for serving")
     tsub = train.add_subparsers(dest="train_command", required=True, metavar="SUBCOMMAND")
     run = tsub.add_parser("run", help="train, or resume the run in --out",
                           description="Train on one machine with torchrun; every setting may come from --config "

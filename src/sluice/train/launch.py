@@ -24,6 +24,7 @@ from pathlib import Path
 from sluice.train.data import dataset
 from sluice.train.errors import TrainConfigError
 from sluice.train.model.source import tokenizer_for
+from sluice.train.parallel.fit import check_fits
 from sluice.train.settings import TrainSettings, write_resolved
 
 # A resumed run must read the same rows with the same model; these decide that.
@@ -58,6 +59,7 @@ def prepare(settings: TrainSettings) -> dict:
         raise TrainConfigError(["training needs transformers: pip install 'sluice[train]' (or the test extra)"])
     run_dir = settings.run_dir
     check_same_run(settings, run_dir)
+    check_fits(settings)  # model-parallel modes: heads / layers / micro-batches against the ranks
     tok, tok_id = tokenizer_for(settings)
     meta = dataset.prepare(Path(settings.data), tok, tok_id, settings.seq_len, run_dir / "data", settings.skip_bad_lines)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,17 @@ RANDOM_PREFIX = "random:"
 class Parallel(str, enum.Enum):
     DDP = "ddp"  # DistributedDataParallel: replicated parameters, gradients all-reduced
     FSDP = "fsdp"  # FSDP2 fully_shard: parameters, gradients and optimizer state sharded
+    # --- model parallelism (train/parallel/tensor.py, pipeline.py, modes.py) ---
+    TP = "tp"  # tensor parallel over every rank: attention heads and MLP split (DTensor)
+    PP = "pp"  # pipeline parallel: one stage of decoder layers per rank (GPipe or 1F1B)
+    FSDP_TP = "fsdp_tp"  # 2-D mesh: FSDP2 over nproc / tp_size groups of tp_size tensor-parallel ranks
+
+
+class PipelineSchedule(str, enum.Enum):
+    """How a pipeline orders its micro-batches (parallel = pp)."""
+
+    GPIPE = "gpipe"  # all forwards, then all backwards
+    ONE_F_ONE_B = "1f1b"  # one forward, one backward in the steady state: fewer activations held
 
 
 class LrSchedule(str, enum.Enum):
@@ -59,7 +70,7 @@ class TrainSettings(BaseModel):
     async_checkpoint: bool = True  # write in the background; the next checkpoint waits for it
     seq_len: int = Field(512, ge=8, le=131072)
     batch_size: int = Field(4, ge=1)  # sequences per optimizer step, over all ranks (global batch)
-    micro_batch_size: int = Field(0, ge=0)  # sequences per forward on a rank; 0 = batch / ranks
+    micro_batch_size: int = Field(0, ge=0)  # sequences per forward on a rank; 0 = batch / ranks (pp: 1)
     lr: float = Field(2e-5, gt=0)
     lr_schedule: LrSchedule = Field(LrSchedule.CONSTANT, strict=False)
     warmup_steps: int = Field(0, ge=0)
@@ -67,6 +78,10 @@ class TrainSettings(BaseModel):
     grad_clip: float = Field(1.0, ge=0)  # max global gradient norm; 0 = off
     parallel: Parallel = Field(Parallel.DDP, strict=False)
     compression: Compression = Field(Compression.NONE, strict=False)
+    # --- model parallelism: the tensor-parallel degree of fsdp_tp (0: 2), the pipeline schedule;
+    # a pipeline's micro-batches are micro_batch_size rows each (0: one row each) ---
+    tp_size: int = Field(0, ge=0)
+    pp_schedule: PipelineSchedule = Field(PipelineSchedule.GPIPE, strict=False)
     seed: int = 0
     max_restarts: int = Field(3, ge=0)  # torchrun restarts the group this often after a crash
     skip_bad_lines: bool = False  # report bad data lines and go on, instead of stopping
@@ -87,20 +102,57 @@ class TrainSettings(BaseModel):
 
     @model_validator(mode="after")
     def _batch(self) -> TrainSettings:
-        if self.batch_size % self.nproc:
-            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of nproc ({self.nproc})")
-        if self.micro_batch_size and (self.batch_size // self.nproc) % self.micro_batch_size:
+        self._check_model_parallel()
+        dp = self.data_parallel_size(self.nproc)
+        if self.batch_size % dp:
+            ranks = f"nproc ({dp})" if dp == self.nproc else f"the data-parallel ranks (nproc / tp_size = {dp})"
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of {ranks}")
+        if self.micro_batch_size and (self.batch_size // dp) % self.micro_batch_size:
             raise ValueError(
-                f"batch_size / nproc ({self.batch_size // self.nproc}) must be a multiple of "
+                f"batch_size / data-parallel ranks ({self.batch_size // dp}) must be a multiple of "
                 f"micro_batch_size ({self.micro_batch_size})"
             )
         if self.dtype == "bfloat16" and self.device != "cuda":
             raise ValueError("dtype bfloat16 trains on CUDA only; on the CPU use float32")
         return self
 
+    # --- model parallelism (tp, pp, fsdp_tp): which settings combine, and the data-parallel size ---
+    def tensor_parallel_size(self, world_size: int) -> int:
+        """Ranks that split each layer: all of them (tp), tp_size (fsdp_tp, default 2), else 1."""
+        if self.parallel is Parallel.TP:
+            return world_size
+        if self.parallel is Parallel.FSDP_TP:
+            return self.tp_size or 2
+        return 1
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """Ranks that train on different rows of the global batch (a pipeline's stages share them)."""
+        if self.parallel is Parallel.PP:
+            return 1
+        return max(1, world_size // self.tensor_parallel_size(world_size))
+
+    def _check_model_parallel(self) -> None:
+        """Combinations torch does not compose here, refused naming the setting (docs/TRAINING.md)."""
+        p = self.parallel
+        if self.compression is not Compression.NONE and p in (Parallel.TP, Parallel.PP, Parallel.FSDP_TP):
+            raise ValueError(f"compression {self.compression.value} is a DDP communication hook; "
+                             f"parallel = {p.value} has no DDP: set compression = none or parallel = ddp")
+        if self.tp_size and p is not Parallel.FSDP_TP:
+            raise ValueError(f"tp_size applies to parallel = fsdp_tp only (parallel = {p.value}"
+                             + (": tp uses every rank)" if p is Parallel.TP else ")"))
+        if p in (Parallel.TP, Parallel.PP) and self.nproc < 2:
+            raise ValueError(f"parallel = {p.value} needs nproc >= 2 (one process trains the whole model: use ddp)")
+        if p is Parallel.FSDP_TP:
+            tp = self.tensor_parallel_size(self.nproc)
+            if self.nproc % tp or self.nproc // tp < 2:
+                raise ValueError(f"parallel = fsdp_tp needs nproc ({self.nproc}) to be a multiple of tp_size ({tp}) "
+                                 f"with at least 2 groups (nproc >= {2 * tp})")
+        if p is not Parallel.PP and self.pp_schedule is not PipelineSchedule.GPIPE:
+            raise ValueError(f"pp_schedule applies to parallel = pp only (parallel = {p.value})")
+
     def micro_batch(self, world_size: int) -> int:
         """Sequences per forward on one rank of `world_size` (the global batch stays fixed)."""
-        per_rank = self.batch_size // world_size
+        per_rank = self.batch_size // self.data_parallel_size(world_size)
         return self.micro_batch_size if self.micro_batch_size and per_rank % self.micro_batch_size == 0 else per_rank
 
     @property

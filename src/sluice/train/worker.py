@@ -30,7 +30,7 @@ from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model
 from sluice.train.model.hf_files import write_tokenizer
-from sluice.train.parallel.wrap import wrap
+from sluice.train.parallel.modes import wrap_model
 from sluice.train.settings import TrainSettings, read_resolved
 from sluice.train.step import forward_backward, gather_rows, trained_tokens
 
@@ -78,7 +78,8 @@ def run(run_dir: Path) -> int:
     if rank == 0:
         built.module.config.save_pretrained(str(run_dir / "model"))
         write_tokenizer(built.tokenizer, run_dir / "model")
-    model = wrap(built.module.to(device), settings.parallel, settings.compression, device)
+    model = wrap_model(built.module.to(device), settings, device)  # ddp, fsdp, tp, pp, fsdp_tp
+    del built  # a pipeline stage keeps only its own layers: let the rest go
     optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                               betas=(0.9, 0.95), foreach=True)
     ckpt = Checkpointer(run_dir / "checkpoints", settings.keep_checkpoints, settings.async_checkpoint)
@@ -89,6 +90,7 @@ def run(run_dir: Path) -> int:
               + (f"resumed from step {start}" if start else "starting at step 0"), file=sys.stderr, flush=True)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start)
     bar = _progress(rank == 0, settings.max_steps, start)
+    dp_rank, dp_size = model.data_share()  # tensor / pipeline ranks share rows
     micro = settings.micro_batch(world)
     stopped = False
     for step in range(start + 1, settings.max_steps + 1):
@@ -98,16 +100,22 @@ def run(run_dir: Path) -> int:
         for group in optim.param_groups:
             group["lr"] = lr
         rows_all = sampler.global_batch(data.rows, settings.seed, step - 1, settings.batch_size)
-        per = settings.batch_size // world
-        mine = rows_all[rank * per : (rank + 1) * per]
+        per = settings.batch_size // dp_size
+        mine = rows_all[dp_rank * per : (dp_rank + 1) * per]
         batch = gather_rows(data, mine, device)
         global_tokens = trained_tokens(data, rows_all)
         t1 = time.perf_counter()
-        loss_sum = forward_backward(model.module, model.no_sync, batch, micro, global_tokens, world)
-        norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), settings.grad_clip or float("inf"))
+        if model.train_step is not None:  # a pipeline schedule
+            loss_sum = model.train_step(batch, global_tokens)
+        else:
+            loss_sum = forward_backward(model.module, model.no_sync, batch, micro, global_tokens, dp_size)
+        if model.clip is not None:  # parameters split over ranks in ways torch's clip does not know
+            norm = model.clip(settings.grad_clip or float("inf"))
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), settings.grad_clip or float("inf"))
         optim.step()
         optim.zero_grad(set_to_none=True)
-        reduced = torch.tensor([loss_sum.item(), float(stop.set)], dtype=torch.float64)
+        reduced = torch.tensor([loss_sum.item() / model.loss_copies, float(stop.set)], dtype=torch.float64)
         dist.all_reduce(reduced)
         t2 = time.perf_counter()
         ckpt.poll()

@@ -29,6 +29,19 @@ class Wrapped:
     # a context for micro-batches that must not synchronise gradients yet (accumulation)
     no_sync: Callable[[], AbstractContextManager]
     fsdp_bytes_per_micro: int = 0  # FSDP2: gathered + reduced bytes per micro-batch (analytic)
+    # --- set by the model-parallel modes (parallel/modes.py); data parallelism keeps the defaults ---
+    dp_rank: int | None = None  # which share of the global batch this rank trains on (None: its rank)
+    dp_size: int | None = None  # how many shares (None: the world size)
+    loss_copies: int = 1  # ranks that report the same rows' loss (a tensor-parallel group)
+    # replaces step.forward_backward: (batch, global trained tokens) -> summed loss (a pipeline)
+    train_step: Callable | None = None
+    clip: Callable[[float], torch.Tensor] | None = None  # max_norm -> norm; None: torch's clip_grad_norm_
+
+    def data_share(self) -> tuple[int, int]:
+        """(this rank's share, number of shares) of the global batch."""
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return (rank if self.dp_rank is None else self.dp_rank), (world if self.dp_size is None else self.dp_size)
 
 
 def _param_bytes(module: torch.nn.Module) -> int:
