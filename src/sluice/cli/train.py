@@ -25,12 +25,25 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--lr", dict(type=float, metavar="LR", help="peak learning rate of AdamW (default: 2e-5)")),
     ("--lr-schedule", dict(choices=["constant", "cosine"], help="after warmup (default: constant)")),
     ("--warmup-steps", dict(type=int, metavar="N", help="linear warmup steps (default: 0)")),
-    ("--parallel", dict(choices=["ddp", "fsdp"], help="data parallelism: ddp (all-reduce) or fsdp (FSDP2 sharding) (default: ddp)")),
+    ("--parallel", dict(choices=["ddp", "fsdp", "ep"], help="ddp (all-reduce), fsdp (FSDP2 sharding), or ep (a MoE "
+                                                             "model's experts sharded over ranks, the rest DDP) (default: ddp)")),
     ("--compression", dict(choices=["none", "fp16", "bf16", "powersgd", "topk"],
                            help="DDP gradient compression hook (default: none)")),
     ("--seed", dict(type=int, help="data order and random init (default: 0)")),
     ("--max-restarts", dict(type=int, metavar="N", help="torchrun restarts after a crash (default: 3)")),
     ("--threads", dict(type=int, metavar="N", help="torch threads per rank; 0 = cores / nproc (default: 0)")),
+    # --- h-moe: mixture of experts, elastic launch, object storage ---
+    ("--moe-experts", dict(type=int, metavar="E", help="train a mixture-of-experts variant with E experts per layer "
+                                                       "(random experts, or upcycled from the dense model) (default: 0, dense)")),
+    ("--moe-top-k", dict(type=int, metavar="K", help="experts per token (default: 2)")),
+    ("--moe-aux-loss", dict(type=float, metavar="C", help="load-balancing loss coefficient (default: 0.01)")),
+    ("--nnodes", dict(metavar="N|MIN:MAX", help="machines (torchrun agents) in the job; MIN:MAX is elastic: "
+                                                "machines may leave and join, the run resumes at each change (default: 1)")),
+    ("--rdzv-endpoint", dict(metavar="HOST:PORT", help="where every machine's agent meets; required with several "
+                                                       "machines (default: a free local port)")),
+    ("--checkpoint-store", dict(metavar="s3://BUCKET/PREFIX", help="write checkpoints to S3-compatible object storage "
+                                                                   "instead of RUN/checkpoints")),
+    ("--s3-endpoint", dict(metavar="URL", help="the S3-compatible endpoint of --checkpoint-store (default: AWS)")),
 ]
 
 

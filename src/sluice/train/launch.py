@@ -27,7 +27,7 @@ from sluice.train.model.source import tokenizer_for
 from sluice.train.settings import TrainSettings, write_resolved
 
 # A resumed run must read the same rows with the same model; these decide that.
-SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed")
+SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed", "moe_experts", "moe_top_k")
 STOPPED_MARKER = "stopped"  # written by the worker (train/worker.py) after a stop signal
 
 
@@ -41,7 +41,8 @@ def check_same_run(settings: TrainSettings, run_dir: Path) -> None:
     previous = run_dir / "resolved_config.json"
     if not previous.exists():
         return
-    old = json.loads(previous.read_text())
+    # a field added after the run was made counts as its default there
+    old = {**json.loads(TrainSettings.model_construct().model_dump_json()), **json.loads(previous.read_text())}
     new = json.loads(settings.model_dump_json())
     changed = [f for f in SAME_RUN_FIELDS if old.get(f) != new.get(f)]
     if changed:

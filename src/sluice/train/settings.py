@@ -26,6 +26,7 @@ RANDOM_PREFIX = "random:"
 class Parallel(str, enum.Enum):
     DDP = "ddp"  # DistributedDataParallel: replicated parameters, gradients all-reduced
     FSDP = "fsdp"  # FSDP2 fully_shard: parameters, gradients and optimizer state sharded
+    EP = "ep"  # expert parallel: MoE experts sharded over ranks (all_to_all), the rest as DDP
 
 
 class LrSchedule(str, enum.Enum):
@@ -73,6 +74,18 @@ class TrainSettings(BaseModel):
     threads: int = Field(0, ge=0)  # torch threads per rank; 0 = the machine's cores / nproc
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$")  # bfloat16: CUDA only
     device: str = Field("cpu", pattern="^(cpu|cuda)$")
+    # --- mixture of experts, elastic launch, object storage (h-moe) ---
+    # MoE feed-forward (train/model/moe.py): experts per layer; 0 = the dense model as loaded
+    moe_experts: int = Field(0, ge=0, le=256)
+    moe_top_k: int = Field(2, ge=1)  # experts each token is sent to
+    moe_aux_loss: float = Field(0.01, ge=0)  # sequence-wise load-balancing loss coefficient
+    # torchrun --nnodes: "N", or "MIN:MAX" for an elastic job that machines join and leave
+    nnodes: str = Field("1", pattern=r"^[1-9][0-9]*(:[1-9][0-9]*)?$")
+    rdzv_endpoint: str = ""  # HOST:PORT every node's agent meets at; "" = a free local port (one node)
+    # where checkpoints go: "" = RUN/checkpoints, or "s3://bucket/prefix" (train/checkpoint/object_store.py)
+    checkpoint_store: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?)?$")
+    s3_endpoint: str = ""  # an S3-compatible endpoint URL; "" = AWS's (credentials: the AWS_* variables)
+    # --- end h-moe ---
 
     @field_validator("model")
     @classmethod
@@ -96,7 +109,19 @@ class TrainSettings(BaseModel):
             )
         if self.dtype == "bfloat16" and self.device != "cuda":
             raise ValueError("dtype bfloat16 trains on CUDA only; on the CPU use float32")
+        if self.moe_experts and self.moe_top_k > self.moe_experts:
+            raise ValueError(f"moe_top_k ({self.moe_top_k}) must not exceed moe_experts ({self.moe_experts})")
+        if self.parallel is Parallel.EP and not self.moe_experts:
+            raise ValueError("parallel = ep shards the experts of a MoE model: set moe_experts")
+        if self.parallel is Parallel.EP and self.moe_experts % self.nproc:
+            raise ValueError(f"moe_experts ({self.moe_experts}) must be a multiple of nproc ({self.nproc}) for parallel = ep")
         return self
+
+    @property
+    def elastic(self) -> bool:
+        """nnodes is a range: the world size may change between the group's restarts."""
+        lo, _, hi = self.nnodes.partition(":")
+        return bool(hi) and hi != lo
 
     def micro_batch(self, world_size: int) -> int:
         """Sequences per forward on one rank of `world_size` (the global batch stays fixed)."""

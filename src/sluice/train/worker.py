@@ -30,7 +30,7 @@ from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model
 from sluice.train.model.hf_files import write_tokenizer
-from sluice.train.parallel.wrap import wrap
+from sluice.train.parallel.wrap import clip_grad_norm, wrap
 from sluice.train.settings import TrainSettings, read_resolved
 from sluice.train.step import forward_backward, gather_rows, trained_tokens
 
@@ -104,7 +104,7 @@ def run(run_dir: Path) -> int:
         global_tokens = trained_tokens(data, rows_all)
         t1 = time.perf_counter()
         loss_sum = forward_backward(model.module, model.no_sync, batch, micro, global_tokens, world)
-        norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), settings.grad_clip or float("inf"))
+        norm = clip_grad_norm(model, settings.grad_clip)
         optim.step()
         optim.zero_grad(set_to_none=True)
         reduced = torch.tensor([loss_sum.item(), float(stop.set)], dtype=torch.float64)

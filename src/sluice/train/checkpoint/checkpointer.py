@@ -26,6 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from sluice.train.checkpoint import layout
+from sluice.train.parallel.expert import global_views, local_views
 
 log = logging.getLogger("sluice.train.checkpoint")
 
@@ -49,6 +50,7 @@ class Checkpointer:
         started = time.perf_counter()
         self.wait()
         model_sd, optim_sd = get_state_dict(model, optim)
+        global_views(model, model_sd, optim_sd)  # expert-parallel shards saved as parts of one tensor
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
         target = layout.partial_dir(self.root, step)
         if self.use_async and not wait:
@@ -86,8 +88,10 @@ class Checkpointer:
             return 0
         step, path = found
         model_sd, optim_sd = get_state_dict(model, optim)
+        global_views(model, model_sd, optim_sd)
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
         dcp.load(state, checkpoint_id=str(path), process_group=self.group)
+        state = local_views(state)
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if state["train"]["step"] != step:
             raise RuntimeError(f"{path} holds step {state['train']['step']}, not {step}")

@@ -29,6 +29,16 @@ class Wrapped:
     # a context for micro-batches that must not synchronise gradients yet (accumulation)
     no_sync: Callable[[], AbstractContextManager]
     fsdp_bytes_per_micro: int = 0  # FSDP2: gathered + reduced bytes per micro-batch (analytic)
+    # clips the gradients to a global norm and returns it, where torch's clip_grad_norm_ would not
+    # see the whole model (expert parallelism: each rank holds other experts' gradients)
+    clip: Callable[[float], torch.Tensor] | None = None
+
+
+def clip_grad_norm(model: Wrapped, max_norm: float) -> torch.Tensor:
+    """Clip the gradients to `max_norm` (0: measure only); the global norm before clipping."""
+    if model.clip is not None:
+        return model.clip(max_norm)
+    return torch.nn.utils.clip_grad_norm_(model.module.parameters(), max_norm or float("inf"))
 
 
 def _param_bytes(module: torch.nn.Module) -> int:
@@ -40,6 +50,10 @@ def wrap(module: torch.nn.Module, parallel: Parallel, compression: Compression, 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return Wrapped(module, module, stats, nullcontext)
     world = dist.get_world_size()
+    if parallel is Parallel.EP:
+        from sluice.train.parallel.expert import wrap_expert_parallel
+
+        return wrap_expert_parallel(module, compression, device, stats)
     if parallel is Parallel.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
