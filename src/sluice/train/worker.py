@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from sluice.train import faults
 from sluice.train.checkpoint.checkpointer import Checkpointer
+from sluice.train.checkpoint.store import open_store
 from sluice.train.data import dataset, sampler
 from sluice.train.launch import STOPPED_MARKER
 from sluice.train.lr import lr_at
@@ -81,7 +82,8 @@ def run(run_dir: Path) -> int:
     model = wrap(built.module.to(device), settings.parallel, settings.compression, device)
     optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                               betas=(0.9, 0.95), foreach=True)
-    ckpt = Checkpointer(run_dir / "checkpoints", settings.keep_checkpoints, settings.async_checkpoint)
+    store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
+    ckpt = Checkpointer(store, settings.keep_checkpoints, settings.async_checkpoint)
     start = ckpt.restore(model.module, optim)
     if rank == 0:
         (run_dir / STOPPED_MARKER).unlink(missing_ok=True)
