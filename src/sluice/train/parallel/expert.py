@@ -18,6 +18,7 @@ them into any world size, one process included.
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -141,13 +142,13 @@ def local_views(state: dict) -> dict:
             for k, v in state.items()}
 
 
-def wrap_expert_parallel(module: nn.Module, compression, device: torch.device, stats: CommStats):
-    """Shard the experts, DDP the rest; a Wrapped (parallel/wrap.py) with the matching clip."""
+def wrap_expert_parallel(module: nn.Module, compression, device: torch.device,
+                         stats: CommStats) -> tuple[nn.Module, Callable[[float], torch.Tensor]]:
+    """Shard the experts, DDP the rest: the DDP module and the matching gradient clip."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from sluice.train.parallel.compression import register_hook
-    from sluice.train.parallel.wrap import Wrapped
 
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
@@ -156,4 +157,4 @@ def wrap_expert_parallel(module: nn.Module, compression, device: torch.device, s
     DDP._set_params_and_buffers_to_ignore_for_model(module, expert_names(module))
     ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
     register_hook(ddp, compression, stats)  # the dense gradients (the all_to_all traffic is not counted)
-    return Wrapped(ddp, module, stats, ddp.no_sync, clip=partial(clip_grad_norm, module, shards, group))
+    return ddp, partial(clip_grad_norm, module, shards, group)

@@ -53,7 +53,8 @@ def wrap(module: torch.nn.Module, parallel: Parallel, compression: Compression, 
     if parallel is Parallel.EP:
         from sluice.train.parallel.expert import wrap_expert_parallel
 
-        return wrap_expert_parallel(module, compression, device, stats)
+        ddp, clip = wrap_expert_parallel(module, compression, device, stats)
+        return Wrapped(ddp, module, stats, ddp.no_sync, clip=clip)
     if parallel is Parallel.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
