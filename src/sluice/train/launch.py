@@ -66,11 +66,22 @@ def prepare(settings: TrainSettings) -> dict:
     return meta
 
 
+# An elastic job (nnodes MIN:MAX) starts 3 s after MIN machines met (others may still come), and
+# counts a machine gone after 3 missed 2-second heartbeats (torch's defaults: 30 s and 3 × 5 s).
+ELASTIC_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3"
+
+
 def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:
+    """torchrun for this machine's `nproc` ranks. With several machines (or an elastic range)
+    every machine runs the same command with the same rdzv_endpoint; the first one there hosts
+    the rendezvous store. Machines joining or leaving restart the group, which resumes from the
+    newest checkpoint on the new world size (torchrun does not count that as a failure)."""
+    endpoint = settings.rdzv_endpoint or f"127.0.0.1:{port}"
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", str(settings.nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"sluice-{port}",
+        "--nnodes", settings.nnodes, "--nproc-per-node", str(settings.nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"sluice-{endpoint.rpartition(':')[2]}",
+        *(["--rdzv-conf", ELASTIC_RDZV_CONF] if settings.elastic else []),
         "--max-restarts", str(settings.max_restarts),
         "-m", "sluice.train.worker", str(settings.run_dir),
     ]

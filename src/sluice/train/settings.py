@@ -10,6 +10,7 @@ number belongs is an error, never a silent default.
 from __future__ import annotations
 
 import enum
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,8 @@ class TrainSettings(BaseModel):
             raise ValueError("dtype bfloat16 trains on CUDA only; on the CPU use float32")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
             raise ValueError(f"moe_top_k ({self.moe_top_k}) must not exceed moe_experts ({self.moe_experts})")
+        if self.nnodes != "1" and not self.rdzv_endpoint:
+            raise ValueError(f"nnodes {self.nnodes}: every machine must meet at the same rdzv_endpoint (HOST:PORT)")
         if self.parallel is Parallel.EP and not self.moe_experts:
             raise ValueError("parallel = ep shards the experts of a MoE model: set moe_experts")
         if self.parallel is Parallel.EP and self.moe_experts % self.nproc:
@@ -204,7 +207,10 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any]) -> TrainSe
 
 
 def write_resolved(settings: TrainSettings, path: Path) -> None:
-    path.write_text(settings.model_dump_json(indent=2) + "\n")
+    # whole or not at all: another machine's launcher (an elastic job) may rewrite it while ranks read it
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(settings.model_dump_json(indent=2) + "\n")
+    tmp.replace(path)
 
 
 def read_resolved(path: Path) -> TrainSettings:

@@ -72,6 +72,8 @@ def run(run_dir: Path) -> int:
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if settings.batch_size % world:  # an elastic job may come back with any number of ranks
+        raise SystemExit(f"batch_size ({settings.batch_size}) must be a multiple of the world size ({world})")
     torch.set_num_threads(_threads(settings, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     stop = _StopFlag()
     data = dataset.load(run_dir / "data")
@@ -88,6 +90,7 @@ def run(run_dir: Path) -> int:
     if rank == 0:
         (run_dir / STOPPED_MARKER).unlink(missing_ok=True)
         print(f"[rank 0] world {world}, {settings.parallel.value}, "
+              f"{settings.batch_size // world // settings.micro_batch(world)} micro-batches per step, "
               + (f"resumed from step {start}" if start else "starting at step 0"), file=sys.stderr, flush=True)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start)
     bar = _progress(rank == 0, settings.max_steps, start)
@@ -95,6 +98,7 @@ def run(run_dir: Path) -> int:
     stopped = False
     for step in range(start + 1, settings.max_steps + 1):
         faults.at_step_start(rank, step, ckpt.wait)
+        faults.hold(step, world, lambda: stop.set, ckpt.wait)
         t0 = time.perf_counter()
         lr = lr_at(step, settings.lr, settings.warmup_steps, settings.max_steps, settings.lr_schedule)
         for group in optim.param_groups:
