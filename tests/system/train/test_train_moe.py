@@ -51,6 +51,8 @@ def test_a_moe_run_on_two_expert_parallel_ranks_equals_one_process(train_dir, ti
     assert losses(ep) == pytest.approx(ref, rel=REL_TOL)
     norms = [[json.loads(x)["grad_norm"] for x in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, ep)]
     assert norms[1] == pytest.approx(norms[0], rel=REL_TOL)  # the global gradient, every step
+    first = json.loads((ep / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["world_size"] == 2 and first["comm_bytes"] > 0  # dense gradients + the tokens sent
 
     # the expert-parallel checkpoint (two shards of every expert stack) exports as one Mixtral folder
     import torch

@@ -30,9 +30,11 @@ from sluice.train.parallel.comm_stats import CommStats
 
 
 class AllToAllDispatch:
-    def __init__(self, group: dist.ProcessGroup, world: int):
+    def __init__(self, group: dist.ProcessGroup, world: int, stats: CommStats | None = None):
         self.group = group
         self.world = world
+        self.rank = dist.get_rank(group)
+        self.stats = stats  # counts the token bytes this rank sends to other ranks
 
     def __call__(self, xs: torch.Tensor, counts: torch.Tensor, run_local: RunLocal) -> torch.Tensor:
         world = self.world
@@ -49,6 +51,9 @@ class AllToAllDispatch:
         order = _expert_major(recv_counts)
         out = run_local(arrived[order], recv_counts.sum(0).tolist())
         back = out[torch.argsort(order)]
+        if self.stats is not None:  # rows out and outputs back, and the same again in backward
+            rows = sum(send) - send[self.rank] + sum(recv) - recv[self.rank]
+            self.stats.bytes += 2 * rows * xs.shape[1] * xs.element_size()
         return _wait(all_to_all_single_autograd(back.contiguous(), send, recv, self.group))
 
 
@@ -72,7 +77,7 @@ def expert_names(module: nn.Module) -> list[str]:
     return [f"{name}.experts.{p}" for name, _ in blocks(module) for p in ("gate_up_proj", "down_proj")]
 
 
-def shard_experts(module: nn.Module, group: dist.ProcessGroup, mesh) -> list[nn.Parameter]:
+def shard_experts(module: nn.Module, group: dist.ProcessGroup, mesh, stats: CommStats | None = None) -> list[nn.Parameter]:
     """Keep this rank's E/W experts of every MoE layer and route tokens with all_to_all; the
     model must be the same on every rank beforehand (it is built from the seed). Returns the
     shards' parameters."""
@@ -90,7 +95,7 @@ def shard_experts(module: nn.Module, group: dist.ProcessGroup, mesh) -> list[nn.
             setattr(experts, name, shard)
             shards.append(shard)
         experts.mesh = mesh
-        block.dispatch = AllToAllDispatch(group, world)
+        block.dispatch = AllToAllDispatch(group, world, stats)
     return shards
 
 
@@ -153,8 +158,8 @@ def wrap_expert_parallel(module: nn.Module, compression, device: torch.device,
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
     group = dist.new_group()  # the dispatch's own group: its collectives never queue behind DDP's buckets
-    shards = shard_experts(module, group, mesh)
+    shards = shard_experts(module, group, mesh, stats)
     DDP._set_params_and_buffers_to_ignore_for_model(module, expert_names(module))
     ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
-    register_hook(ddp, compression, stats)  # the dense gradients (the all_to_all traffic is not counted)
+    register_hook(ddp, compression, stats)  # the dense gradients; the dispatch adds its token bytes
     return ddp, partial(clip_grad_norm, module, shards, group)
