@@ -26,10 +26,10 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--lr", dict(type=float, metavar="LR", help="peak learning rate of AdamW (default: 2e-5)")),
     ("--lr-schedule", dict(choices=["constant", "cosine"], help="after warmup (default: constant)")),
     ("--warmup-steps", dict(type=int, metavar="N", help="linear warmup steps (default: 0)")),
-    ("--parallel", dict(choices=["ddp", "fsdp", "tp", "pp", "fsdp_tp"],
+    ("--parallel", dict(choices=["ddp", "fsdp", "tp", "pp", "fsdp_tp", "ep"],
                         help="ddp (all-reduce) or fsdp (FSDP2 sharding): data parallel; tp: tensor parallel over "
                              "every rank; pp: pipeline, a stage of layers per rank; fsdp_tp: FSDP2 x tensor parallel "
-                             "(default: ddp)")),
+                             "(default: ddp); ep: a MoE model's experts sharded over ranks, the rest DDP")),
     ("--tp-size", dict(type=int, metavar="N", help="fsdp_tp: ranks per tensor-parallel group (default: 2)")),
     ("--pp-schedule", dict(choices=["gpipe", "1f1b"], help="pp: pipeline schedule (default: gpipe); micro-batches "
                                                           "are --micro-batch-size rows (default: 1)")),
@@ -38,6 +38,18 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--seed", dict(type=int, help="data order and random init (default: 0)")),
     ("--max-restarts", dict(type=int, metavar="N", help="torchrun restarts after a crash (default: 3)")),
     ("--threads", dict(type=int, metavar="N", help="torch threads per rank; 0 = cores / nproc (default: 0)")),
+    # --- h-moe: mixture of experts, elastic launch, object storage ---
+    ("--moe-experts", dict(type=int, metavar="E", help="train a mixture-of-experts variant with E experts per layer "
+                                                       "(random experts, or upcycled from the dense model) (default: 0, dense)")),
+    ("--moe-top-k", dict(type=int, metavar="K", help="experts per token (default: 2)")),
+    ("--moe-aux-loss", dict(type=float, metavar="C", help="load-balancing loss coefficient (default: 0.01)")),
+    ("--nnodes", dict(metavar="N|MIN:MAX", help="machines (torchrun agents) in the job; MIN:MAX is elastic: "
+                                                "machines may leave and join, the run resumes at each change (default: 1)")),
+    ("--rdzv-endpoint", dict(metavar="HOST:PORT", help="where every machine's agent meets; required with several "
+                                                       "machines (default: a free local port)")),
+    ("--checkpoint-store", dict(metavar="s3://BUCKET/PREFIX", help="write checkpoints to S3-compatible object storage "
+                                                                   "instead of RUN/checkpoints")),
+    ("--s3-endpoint", dict(metavar="URL", help="the S3-compatible endpoint of --checkpoint-store (default: AWS)")),
 ]
 
 

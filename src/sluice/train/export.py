@@ -9,26 +9,35 @@ half-written export never looks like a model.
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
 
-from sluice.train.checkpoint import layout
+from sluice.train.checkpoint.store import CheckpointStore, open_store
 from sluice.train.errors import CheckpointError
 
 
+def _store_of(run_dir: Path) -> CheckpointStore:
+    """The run's checkpoint store, as its resolved settings name it (a folder or s3://)."""
+    try:
+        saved = json.loads((run_dir / "resolved_config.json").read_text())
+    except (OSError, ValueError):
+        saved = {}
+    return open_store(run_dir, saved.get("checkpoint_store") or "", saved.get("s3_endpoint") or "")
+
+
 def export_run(run_dir: Path, out: Path, step: int | None = None) -> tuple[int, Path]:
-    root = run_dir / "checkpoints"
+    store = _store_of(run_dir)
+    steps = store.complete_steps()
     if step is None:
-        found = layout.latest(root)
-        if found is None:
-            raise CheckpointError(f"{run_dir} has no complete checkpoint (looked in {root})")
-        step, path = found
-    else:
-        path = layout.step_dir(root, step)
-        if not path.is_dir():
-            have = ", ".join(map(str, layout.complete_steps(root))) or "none"
-            raise CheckpointError(f"{run_dir} has no checkpoint of step {step} (complete: {have})")
+        if not steps:
+            raise CheckpointError(f"{run_dir} has no complete checkpoint (looked in {store.describe()})")
+        step = steps[-1]
+    elif step not in steps:
+        have = ", ".join(map(str, steps)) or "none"
+        raise CheckpointError(f"{run_dir} has no checkpoint of step {step} (complete: {have})")
+    path = f"{store.describe()} step {step}"
     model_dir = run_dir / "model"
     if not (model_dir / "config.json").exists():
         raise CheckpointError(f"{model_dir} has no config.json: is {run_dir} a training run folder?")
@@ -48,7 +57,7 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> tuple[int, 
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=str(path), no_dist=True)
+            dcp.load(state, storage_reader=store.reader(step), no_dist=True)
     except Exception as exc:  # DCP raises CheckpointException with every rank's traceback
         raise CheckpointError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
     set_model_state_dict(module, state["model"])

@@ -28,7 +28,7 @@ from sluice.train.parallel.fit import check_fits
 from sluice.train.settings import TrainSettings, write_resolved
 
 # A resumed run must read the same rows with the same model; these decide that.
-SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed")
+SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed", "moe_experts", "moe_top_k")
 STOPPED_MARKER = "stopped"  # written by the worker (train/worker.py) after a stop signal
 
 
@@ -42,7 +42,8 @@ def check_same_run(settings: TrainSettings, run_dir: Path) -> None:
     previous = run_dir / "resolved_config.json"
     if not previous.exists():
         return
-    old = json.loads(previous.read_text())
+    # a field added after the run was made counts as its default there
+    old = {**json.loads(TrainSettings.model_construct().model_dump_json()), **json.loads(previous.read_text())}
     new = json.loads(settings.model_dump_json())
     changed = [f for f in SAME_RUN_FIELDS if old.get(f) != new.get(f)]
     if changed:
@@ -67,11 +68,22 @@ def prepare(settings: TrainSettings) -> dict:
     return meta
 
 
+# An elastic job (nnodes MIN:MAX) starts 3 s after MIN machines met (others may still come), and
+# counts a machine gone after 3 missed 2-second heartbeats (torch's defaults: 30 s and 3 × 5 s).
+ELASTIC_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3"
+
+
 def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:
+    """torchrun for this machine's `nproc` ranks. With several machines (or an elastic range)
+    every machine runs the same command with the same rdzv_endpoint; the first one there hosts
+    the rendezvous store. Machines joining or leaving restart the group, which resumes from the
+    newest checkpoint on the new world size (torchrun does not count that as a failure)."""
+    endpoint = settings.rdzv_endpoint or f"127.0.0.1:{port}"
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", str(settings.nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"sluice-{port}",
+        "--nnodes", settings.nnodes, "--nproc-per-node", str(settings.nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"sluice-{endpoint.rpartition(':')[2]}",
+        *(["--rdzv-conf", ELASTIC_RDZV_CONF] if settings.elastic else []),
         "--max-restarts", str(settings.max_restarts),
         "-m", "sluice.train.worker", str(settings.run_dir),
     ]

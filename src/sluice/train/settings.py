@@ -10,6 +10,7 @@ number belongs is an error, never a silent default.
 from __future__ import annotations
 
 import enum
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ class Parallel(str, enum.Enum):
     TP = "tp"  # tensor parallel over every rank: attention heads and MLP split (DTensor)
     PP = "pp"  # pipeline parallel: one stage of decoder layers per rank (GPipe or 1F1B)
     FSDP_TP = "fsdp_tp"  # 2-D mesh: FSDP2 over nproc / tp_size groups of tp_size tensor-parallel ranks
+    # --- expert parallelism (train/parallel/expert.py) ---
+    EP = "ep"  # expert parallel: MoE experts sharded over ranks (all_to_all), the rest as DDP
 
 
 class PipelineSchedule(str, enum.Enum):
@@ -88,6 +91,18 @@ class TrainSettings(BaseModel):
     threads: int = Field(0, ge=0)  # torch threads per rank; 0 = the machine's cores / nproc
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$")  # bfloat16: CUDA only
     device: str = Field("cpu", pattern="^(cpu|cuda)$")
+    # --- mixture of experts, elastic launch, object storage (h-moe) ---
+    # MoE feed-forward (train/model/moe.py): experts per layer; 0 = the dense model as loaded
+    moe_experts: int = Field(0, ge=0, le=256)
+    moe_top_k: int = Field(2, ge=1)  # experts each token is sent to
+    moe_aux_loss: float = Field(0.01, ge=0)  # sequence-wise load-balancing loss coefficient
+    # torchrun --nnodes: "N", or "MIN:MAX" for an elastic job that machines join and leave
+    nnodes: str = Field("1", pattern=r"^[1-9][0-9]*(:[1-9][0-9]*)?$")
+    rdzv_endpoint: str = ""  # HOST:PORT every node's agent meets at; "" = a free local port (one node)
+    # where checkpoints go: "" = RUN/checkpoints, or "s3://bucket/prefix" (train/checkpoint/object_store.py)
+    checkpoint_store: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?)?$")
+    s3_endpoint: str = ""  # an S3-compatible endpoint URL; "" = AWS's (credentials: the AWS_* variables)
+    # --- end h-moe ---
 
     @field_validator("model")
     @classmethod
@@ -114,6 +129,14 @@ class TrainSettings(BaseModel):
             )
         if self.dtype == "bfloat16" and self.device != "cuda":
             raise ValueError("dtype bfloat16 trains on CUDA only; on the CPU use float32")
+        if self.moe_experts and self.moe_top_k > self.moe_experts:
+            raise ValueError(f"moe_top_k ({self.moe_top_k}) must not exceed moe_experts ({self.moe_experts})")
+        if self.nnodes != "1" and not self.rdzv_endpoint:
+            raise ValueError(f"nnodes {self.nnodes}: every machine must meet at the same rdzv_endpoint (HOST:PORT)")
+        if self.parallel is Parallel.EP and not self.moe_experts:
+            raise ValueError("parallel = ep shards the experts of a MoE model: set moe_experts")
+        if self.parallel is Parallel.EP and self.moe_experts % self.nproc:
+            raise ValueError(f"moe_experts ({self.moe_experts}) must be a multiple of nproc ({self.nproc}) for parallel = ep")
         return self
 
     # --- model parallelism (tp, pp, fsdp_tp): which settings combine, and the data-parallel size ---
@@ -140,6 +163,9 @@ class TrainSettings(BaseModel):
         if self.tp_size and p is not Parallel.FSDP_TP:
             raise ValueError(f"tp_size applies to parallel = fsdp_tp only (parallel = {p.value}"
                              + (": tp uses every rank)" if p is Parallel.TP else ")"))
+        if self.moe_experts and p in (Parallel.TP, Parallel.PP, Parallel.FSDP_TP):
+            raise ValueError(f"moe_experts: a mixture-of-experts model trains with parallel = ddp, fsdp or ep, "
+                             f"not {p.value} (its layer plans split dense MLPs)")
         if p in (Parallel.TP, Parallel.PP) and self.nproc < 2:
             raise ValueError(f"parallel = {p.value} needs nproc >= 2 (one process trains the whole model: use ddp)")
         if p is Parallel.FSDP_TP:
@@ -149,6 +175,12 @@ class TrainSettings(BaseModel):
                                  f"with at least 2 groups (nproc >= {2 * tp})")
         if p is not Parallel.PP and self.pp_schedule is not PipelineSchedule.GPIPE:
             raise ValueError(f"pp_schedule applies to parallel = pp only (parallel = {p.value})")
+
+    @property
+    def elastic(self) -> bool:
+        """nnodes is a range: the world size may change between the group's restarts."""
+        lo, _, hi = self.nnodes.partition(":")
+        return bool(hi) and hi != lo
 
     def micro_batch(self, world_size: int) -> int:
         """Sequences per forward on one rank of `world_size` (the global batch stays fixed)."""
@@ -211,7 +243,10 @@ def load_settings(path: str | Path | None, overrides: dict[str, Any]) -> TrainSe
 
 
 def write_resolved(settings: TrainSettings, path: Path) -> None:
-    path.write_text(settings.model_dump_json(indent=2) + "\n")
+    # whole or not at all: another machine's launcher (an elastic job) may rewrite it while ranks read it
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(settings.model_dump_json(indent=2) + "\n")
+    tmp.replace(path)
 
 
 def read_resolved(path: Path) -> TrainSettings:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from sluice.train.data.dataset import PackedData
+from sluice.train.model.moe import take_aux_loss
 
 
 @dataclass(slots=True)
@@ -53,6 +54,9 @@ def forward_backward(module, no_sync, batch: Batch, micro: int, global_tokens: i
         ctx = torch.enable_grad() if last else no_sync()
         with ctx:
             loss_sum = summed_loss(module, part)
-            (loss_sum * scale).backward()
+            objective = loss_sum * scale
+            if (aux := take_aux_loss(module)) is not None:  # MoE load balancing: a mean over global rows
+                objective = objective + aux / n  # (n rows here of n · world; DDP's average divides by world)
+            objective.backward()
         total += loss_sum.detach().double().cpu()
     return total

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from sluice.train import faults
 from sluice.train.checkpoint.checkpointer import Checkpointer
+from sluice.train.checkpoint.store import open_store
 from sluice.train.data import dataset, sampler
 from sluice.train.launch import STOPPED_MARKER
 from sluice.train.lr import lr_at
@@ -31,6 +32,7 @@ from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model
 from sluice.train.model.hf_files import write_tokenizer
 from sluice.train.parallel.modes import wrap_model
+from sluice.train.parallel.wrap import clip_grad_norm
 from sluice.train.settings import TrainSettings, read_resolved
 from sluice.train.step import forward_backward, gather_rows, trained_tokens
 
@@ -71,6 +73,8 @@ def run(run_dir: Path) -> int:
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if settings.batch_size % world:  # an elastic job may come back with any number of ranks
+        raise SystemExit(f"batch_size ({settings.batch_size}) must be a multiple of the world size ({world})")
     torch.set_num_threads(_threads(settings, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     stop = _StopFlag()
     data = dataset.load(run_dir / "data")
@@ -82,11 +86,13 @@ def run(run_dir: Path) -> int:
     del built  # a pipeline stage keeps only its own layers: let the rest go
     optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                               betas=(0.9, 0.95), foreach=True)
-    ckpt = Checkpointer(run_dir / "checkpoints", settings.keep_checkpoints, settings.async_checkpoint)
+    store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
+    ckpt = Checkpointer(store, settings.keep_checkpoints, settings.async_checkpoint)
     start = ckpt.restore(model.module, optim)
     if rank == 0:
         (run_dir / STOPPED_MARKER).unlink(missing_ok=True)
         print(f"[rank 0] world {world}, {settings.parallel.value}, "
+              f"{settings.batch_size // world // settings.micro_batch(world)} micro-batches per step, "
               + (f"resumed from step {start}" if start else "starting at step 0"), file=sys.stderr, flush=True)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start)
     bar = _progress(rank == 0, settings.max_steps, start)
@@ -95,6 +101,7 @@ def run(run_dir: Path) -> int:
     stopped = False
     for step in range(start + 1, settings.max_steps + 1):
         faults.at_step_start(rank, step, ckpt.wait)
+        faults.hold(step, world, lambda: stop.set, ckpt.wait)
         t0 = time.perf_counter()
         lr = lr_at(step, settings.lr, settings.warmup_steps, settings.max_steps, settings.lr_schedule)
         for group in optim.param_groups:
@@ -109,10 +116,7 @@ def run(run_dir: Path) -> int:
             loss_sum = model.train_step(batch, global_tokens)
         else:
             loss_sum = forward_backward(model.module, model.no_sync, batch, micro, global_tokens, dp_size)
-        if model.clip is not None:  # parameters split over ranks in ways torch's clip does not know
-            norm = model.clip(settings.grad_clip or float("inf"))
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), settings.grad_clip or float("inf"))
+        norm = clip_grad_norm(model, settings.grad_clip)  # sluice's own where parameters are split over ranks
         optim.step()
         optim.zero_grad(set_to_none=True)
         reduced = torch.tensor([loss_sum.item() / model.loss_copies, float(stop.set)], dtype=torch.float64)

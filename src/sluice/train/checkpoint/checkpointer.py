@@ -25,22 +25,23 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from sluice.train.checkpoint import layout
+from sluice.train.checkpoint.store import CheckpointStore, LocalStore
+from sluice.train.parallel.expert import global_views, local_views
 
 log = logging.getLogger("sluice.train.checkpoint")
 
 
 class Checkpointer:
-    def __init__(self, root: Path, keep: int, use_async: bool):
-        self.root = root
+    def __init__(self, root: Path | CheckpointStore, keep: int, use_async: bool):
+        # a folder (RUN/checkpoints) or any store (checkpoint/store.py: a folder or S3)
+        self.store: CheckpointStore = LocalStore(root) if isinstance(root, Path) else root
         self.keep = keep
         self.use_async = use_async
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._pending: tuple[int, Future] | None = None
         if self.rank == 0:
-            root.mkdir(parents=True, exist_ok=True)
-            layout.recover_partials(root, keep)
+            self.store.prepare(keep)
         if dist.is_initialized():
             dist.barrier()
 
@@ -49,13 +50,14 @@ class Checkpointer:
         started = time.perf_counter()
         self.wait()
         model_sd, optim_sd = get_state_dict(model, optim)
+        global_views(model, model_sd, optim_sd)  # expert-parallel shards saved as parts of one tensor
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
-        target = layout.partial_dir(self.root, step)
+        writer = self.store.writer(step)
         if self.use_async and not wait:
-            fut = dcp.async_save(state, checkpoint_id=str(target), process_group=self.group)
+            fut = dcp.async_save(state, storage_writer=writer, process_group=self.group)
             self._pending = (step, fut)
         else:
-            dcp.save(state, checkpoint_id=str(target), process_group=self.group)
+            dcp.save(state, storage_writer=writer, process_group=self.group)
             self._publish(step)
         return time.perf_counter() - started
 
@@ -76,19 +78,20 @@ class Checkpointer:
         # DCP's coordinator (rank 0) writes the metadata after gathering every rank's write
         # results, so rank 0's save returning means every rank's files are complete
         if self.rank == 0:
-            final = layout.finalize(self.root, step, self.keep)
-            log.info("checkpoint %s written", final.name)
+            log.info("checkpoint %s written", self.store.publish(step, self.keep))
 
     def restore(self, model: torch.nn.Module, optim: torch.optim.Optimizer) -> int:
         """Load the newest complete checkpoint into model and optimizer; its step (0 if none)."""
-        found = layout.latest(self.root)
-        if found is None:
+        steps = self.store.complete_steps()
+        if not steps:
             return 0
-        step, path = found
+        step = steps[-1]
         model_sd, optim_sd = get_state_dict(model, optim)
+        global_views(model, model_sd, optim_sd)
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
-        dcp.load(state, checkpoint_id=str(path), process_group=self.group)
+        dcp.load(state, storage_reader=self.store.reader(step), process_group=self.group)
+        state = local_views(state)
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if state["train"]["step"] != step:
-            raise RuntimeError(f"{path} holds step {state['train']['step']}, not {step}")
+            raise RuntimeError(f"{self.store.describe()} step {step} holds step {state['train']['step']}, not {step}")
         return step

@@ -95,6 +95,11 @@ def build_model(settings: TrainSettings) -> TrainableModel:
         else:
             raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder")
         source = str(path)
+    if settings.moe_experts:  # a mixture-of-experts variant (model/moe.py): random experts, or upcycled
+        from sluice.train.model.moe import make_moe
+
+        module = make_moe(module, settings.moe_experts, settings.moe_top_k, settings.moe_aux_loss, settings.seed,
+                          upcycle=not settings.is_random)
     module.config.use_cache = False
     if settings.dtype == "bfloat16":
         module = module.to(torch.bfloat16)

@@ -35,13 +35,22 @@ class Wrapped:
     loss_copies: int = 1  # ranks that report the same rows' loss (a tensor-parallel group)
     # replaces step.forward_backward: (batch, global trained tokens) -> summed loss (a pipeline)
     train_step: Callable | None = None
-    clip: Callable[[float], torch.Tensor] | None = None  # max_norm -> norm; None: torch's clip_grad_norm_
+    # clips the gradients to a global norm and returns it, where torch's clip_grad_norm_ would not
+    # see the whole model (a pipeline stage, tensor-parallel shards, expert-parallel experts)
+    clip: Callable[[float], torch.Tensor] | None = None  # max_norm -> norm
 
     def data_share(self) -> tuple[int, int]:
         """(this rank's share, number of shares) of the global batch."""
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
         return (rank if self.dp_rank is None else self.dp_rank), (world if self.dp_size is None else self.dp_size)
+
+
+def clip_grad_norm(model: Wrapped, max_norm: float) -> torch.Tensor:
+    """Clip the gradients to `max_norm` (0: measure only); the global norm before clipping."""
+    if model.clip is not None:
+        return model.clip(max_norm)
+    return torch.nn.utils.clip_grad_norm_(model.module.parameters(), max_norm or float("inf"))
 
 
 def _param_bytes(module: torch.nn.Module) -> int:
@@ -53,6 +62,11 @@ def wrap(module: torch.nn.Module, parallel: Parallel, compression: Compression, 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return Wrapped(module, module, stats, nullcontext)
     world = dist.get_world_size()
+    if parallel is Parallel.EP:
+        from sluice.train.parallel.expert import wrap_expert_parallel
+
+        ddp, clip = wrap_expert_parallel(module, compression, device, stats)
+        return Wrapped(ddp, module, stats, ddp.no_sync, clip=clip)
     if parallel is Parallel.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
 

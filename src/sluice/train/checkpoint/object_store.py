@@ -1,0 +1,173 @@
+"""Checkpoints in S3-compatible object storage (`checkpoint_store = "s3://bucket/prefix"`).
+
+boto3 is the client (the search tier's cold archive uses it too; any S3-compatible endpoint
+through `s3_endpoint`, credentials from the usual AWS_* variables). DCP's storage hooks carry
+it: the writer is DCP's FileSystemWriter on a local staging folder that, in `write_data`,
+uploads each rank's files as they are written (inside DCP's background thread when the save is
+asynchronous) and, in the coordinator's `finish` — which DCP runs only after every rank's
+`write_data` returned — uploads `.metadata` last. The reader downloads `.metadata`, then only
+the files its ranks' read plans name, and lets FileSystemReader read them.
+
+Atomic without rename: `s3://bucket/prefix/step-00000050/` counts as a checkpoint only once its
+`.metadata` object exists, and each object appears whole or not at all, so a crash mid-write
+leaves a step without `.metadata`: never loaded, and deleted at the next start (rank 0). Keep-K
+and clean-up delete `.metadata` first, so a half-deleted step never looks complete either.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.futures import Future
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.storage import WriteResult
+
+from sluice.train.errors import CheckpointError
+
+METADATA = ".metadata"
+_STEP = re.compile(r"step-(\d{8})")
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` → ("bucket", "some/prefix") (no slashes at the ends)."""
+    if not url.startswith("s3://"):
+        raise CheckpointError(f"checkpoint_store {url!r} is not an s3:// URL")
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    return bucket, prefix.strip("/")
+
+
+def make_client(endpoint: str):
+    try:
+        import boto3
+    except ImportError:
+        raise CheckpointError("checkpoints in object storage need boto3: pip install 'sluice[train]'") from None
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return boto3.client("s3", endpoint_url=endpoint or None, region_name=region)
+
+
+class S3Store:
+    def __init__(self, url: str, endpoint: str = "", client=None):
+        self.url = url.rstrip("/")
+        self.bucket, self.prefix = parse_url(url)
+        self.client = client or make_client(endpoint)
+
+    def describe(self) -> str:
+        return self.url
+
+    def _key(self, step: int, name: str = "") -> str:
+        return "/".join(filter(None, (self.prefix, f"step-{step:08d}", name)))
+
+    def _objects(self) -> dict[int, list[str]]:
+        """Every object under the prefix, by the step folder it is in."""
+        found: dict[int, list[str]] = {}
+        root = f"{self.prefix}/" if self.prefix else ""
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root):
+            for obj in page.get("Contents", []):
+                head = obj["Key"][len(root):].split("/", 1)[0]
+                if m := _STEP.fullmatch(head):
+                    found.setdefault(int(m.group(1)), []).append(obj["Key"])
+        return found
+
+    def complete_steps(self) -> list[int]:
+        return sorted(step for step, keys in self._objects().items() if self._key(step, METADATA) in keys)
+
+    def delete_step(self, step: int, keys: list[str] | None = None) -> None:
+        keys = self._objects().get(step, []) if keys is None else keys
+        marker = self._key(step, METADATA)
+        if marker in keys:  # first: from here on the step is no longer complete
+            self.client.delete_object(Bucket=self.bucket, Key=marker)
+        rest = [k for k in keys if k != marker]
+        for i in range(0, len(rest), 1000):
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in rest[i : i + 1000]]})
+
+    def prepare(self, keep: int) -> None:
+        try:
+            objects = self._objects()
+        except Exception as exc:  # botocore's errors: no bucket, no credentials, no endpoint
+            raise CheckpointError(f"cannot list {self.url}: {exc}") from None
+        for step, keys in objects.items():
+            if self._key(step, METADATA) not in keys:
+                self.delete_step(step, keys)  # half-written by a crash
+        self._prune(keep)
+
+    def _prune(self, keep: int) -> None:
+        for step in self.complete_steps()[:-keep]:
+            self.delete_step(step)
+
+    def writer(self, step: int) -> S3Writer:
+        return S3Writer(self, step)
+
+    def publish(self, step: int, keep: int) -> str:
+        self._prune(keep)
+        return self._key(step)
+
+    def reader(self, step: int) -> S3Reader:
+        return S3Reader(self, step)
+
+    def upload(self, local: Path, step: int, name: str) -> None:
+        self.client.upload_file(str(local), self.bucket, self._key(step, name))
+
+    def download(self, step: int, name: str, local: Path) -> None:
+        self.client.download_file(self.bucket, self._key(step, name), str(local))
+
+
+class S3Writer(FileSystemWriter):
+    """DCP's file writer on a staging folder, uploading each file once written, `.metadata` last."""
+
+    def __init__(self, store: S3Store, step: int):
+        self.store, self.step = store, step
+        self.staging = Path(tempfile.mkdtemp(prefix=f"sluice-ckpt-{step}-"))
+        super().__init__(self.staging, sync_files=False)  # the upload, not the staging copy, must last
+
+    def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+        # the coordinator, before any rank writes: a leftover of this step (an earlier attempt)
+        # must not mix with the new files
+        self.store.delete_step(self.step)
+        return super().prepare_global_plan(plans)
+
+    def write_data(self, plan, planner) -> Future[list[WriteResult]]:
+        results = super().write_data(plan, planner).wait()
+        try:
+            for name in sorted({r.storage_data.relative_path for r in results}):
+                self.store.upload(self.staging / name, self.step, name)
+        finally:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(results)
+        return done
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        self.staging.mkdir(parents=True, exist_ok=True)
+        try:
+            super().finish(metadata, results)
+            self.store.upload(self.staging / METADATA, self.step, METADATA)  # the step is complete from here
+        finally:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+
+class S3Reader(FileSystemReader):
+    """DCP's file reader on a local cache of the files this rank's read plan needs."""
+
+    def __init__(self, store: S3Store, step: int):
+        self.store, self.step = store, step
+        self.cache = Path(tempfile.mkdtemp(prefix=f"sluice-ckpt-{step}-"))
+        super().__init__(self.cache)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        self.store.download(self.step, METADATA, self.cache / METADATA)
+        return super().read_metadata(*args, **kwargs)
+
+    def read_data(self, plan, planner) -> Future[None]:
+        try:
+            for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
+                if not (self.cache / name).exists():
+                    self.store.download(self.step, name, self.cache / name)
+            return super().read_data(plan, planner)
+        finally:
+            shutil.rmtree(self.cache, ignore_errors=True)
