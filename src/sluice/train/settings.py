@@ -73,6 +73,10 @@ class TrainSettings(BaseModel):
     threads: int = Field(0, ge=0)  # torch threads per rank; 0 = the machine's cores / nproc
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$")  # bfloat16: CUDA only
     device: str = Field("cpu", pattern="^(cpu|cuda)$")
+    # -- observability (train/observe/): sinks besides metrics.jsonl, and the MFU's peak --
+    tensorboard: bool = False  # event files in RUN_DIR/tensorboard (needs the tensorboard package)
+    prometheus_textfile: str | None = None  # a node-exporter textfile, rewritten after every step
+    peak_flops: float = Field(0.0, ge=0)  # per rank, FLOP/s, for the MFU; 0 = measured at start
 
     @field_validator("model")
     @classmethod
@@ -113,7 +117,7 @@ class TrainSettings(BaseModel):
 
 
 FIELDS = tuple(TrainSettings.model_fields)
-PATH_FIELDS = ("data", "out", "model", "tokenizer")
+PATH_FIELDS = ("data", "out", "model", "tokenizer", "prometheus_textfile")
 
 
 def _resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:

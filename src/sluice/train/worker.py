@@ -30,6 +30,9 @@ from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model
 from sluice.train.model.hf_files import write_tokenizer
+from sluice.train.observe.flops import matmul_params, measure_peak_flops, mfu, step_flops
+from sluice.train.observe.sinks import open_sinks
+from sluice.train.observe.step_split import split_step
 from sluice.train.parallel.wrap import wrap
 from sluice.train.settings import TrainSettings, read_resolved
 from sluice.train.step import forward_backward, gather_rows, trained_tokens
@@ -78,6 +81,12 @@ def run(run_dir: Path) -> int:
     if rank == 0:
         built.module.config.save_pretrained(str(run_dir / "model"))
         write_tokenizer(built.tokenizer, run_dir / "model")
+    # -- observability: N of the 6·N·D rule (before FSDP2 shards the parameters), the peak --
+    params = matmul_params(built.module)
+    peak = settings.peak_flops or measure_peak_flops(device, getattr(torch, settings.dtype))
+    if rank == 0:
+        print(f"[rank 0] MFU: {params:,} matmul parameters, peak {peak / 1e12:.3g} TFLOP/s per rank "
+              f"({'configured' if settings.peak_flops else 'measured'})", file=sys.stderr, flush=True)
     model = wrap(built.module.to(device), settings.parallel, settings.compression, device)
     optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                               betas=(0.9, 0.95), foreach=True)
@@ -87,7 +96,8 @@ def run(run_dir: Path) -> int:
         (run_dir / STOPPED_MARKER).unlink(missing_ok=True)
         print(f"[rank 0] world {world}, {settings.parallel.value}, "
               + (f"resumed from step {start}" if start else "starting at step 0"), file=sys.stderr, flush=True)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start)
+    sinks = open_sinks(settings.tensorboard, settings.prometheus_textfile, run_dir) if rank == 0 else []
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start, sinks)
     bar = _progress(rank == 0, settings.max_steps, start)
     micro = settings.micro_batch(world)
     stopped = False
@@ -108,8 +118,10 @@ def run(run_dir: Path) -> int:
         optim.step()
         optim.zero_grad(set_to_none=True)
         reduced = torch.tensor([loss_sum.item(), float(stop.set)], dtype=torch.float64)
+        t_reduce = time.perf_counter()
         dist.all_reduce(reduced)
         t2 = time.perf_counter()
+        comm_wait = model.stats.take_wait() + (t2 - t_reduce)
         ckpt.poll()
         stopped = reduced[1].item() > 0
         ckpt_time = 0.0
@@ -122,11 +134,14 @@ def run(run_dir: Path) -> int:
             comm_bytes = model.fsdp_bytes_per_micro * max(1, per // micro)
         elapsed = time.perf_counter() - t0
         norm_value = norm.full_tensor().item() if hasattr(norm, "full_tensor") else float(norm)
+        seen = len(rows_all) * settings.seq_len
+        split = split_step(elapsed, data=t1 - t0, train=t2 - t1, comm_wait=comm_wait, checkpoint=ckpt_time)
         metrics.write(StepMetrics(
             step=step, loss=reduced[0].item() / max(1, global_tokens), tokens=global_tokens,
-            tokens_seen=len(rows_all) * settings.seq_len, lr=lr, grad_norm=norm_value, step_time=elapsed,
-            data_time=t1 - t0, compute_time=t2 - t1, comm_bytes=comm_bytes, comm_time=comm_time,
-            checkpoint_time=ckpt_time, tokens_per_s=len(rows_all) * settings.seq_len / elapsed,
+            tokens_seen=seen, lr=lr, grad_norm=norm_value, step_time=elapsed,
+            data_time=split.data, compute_time=split.compute, comm_wait_time=split.comm,
+            checkpoint_time=split.checkpoint, other_time=split.other, comm_bytes=comm_bytes, comm_time=comm_time,
+            tokens_per_s=seen / elapsed, mfu=mfu(step_flops(params, seen), elapsed, peak, world),
             epoch=sampler.epoch_of(data.rows, step, settings.batch_size), world_size=world,
         ))
         if bar is not None:

@@ -93,10 +93,11 @@ def chat_data(train_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def ddp2_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
-    """The reference: 2 ranks, DDP, a checkpoint every 3 steps, uninterrupted."""
+    """The reference: 2 ranks, DDP, a checkpoint every 3 steps, uninterrupted; its metrics also go
+    to a Prometheus textfile."""
     out = train_dir / "ddp2"
     run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-              "--checkpoint-every", "3", *COMMON)
+              "--checkpoint-every", "3", "--prometheus-textfile", str(train_dir / "prom" / "ddp2.prom"), *COMMON)
     return out
 
 
