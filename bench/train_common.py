@@ -65,3 +65,27 @@ def steady(lines: list[dict], warmup: int) -> list[dict]:
 
 def median(lines: list[dict], key: str) -> float:
     return statistics.median(x[key] for x in lines)
+
+
+def sluice_in_process(*argv: str) -> list[dict]:
+    """`sluice train run ARGV` as a world of one inside this process: the launcher's checks and
+    data preparation, then the very function every torchrun rank runs (no process start, so
+    configurations can alternate in rounds under the same machine load). Its metrics lines."""
+    import signal
+
+    from sluice.cli import build_parser
+    from sluice.cli.train import settings_from_args
+    from sluice.train import launch, worker
+
+    settings = settings_from_args(build_parser().parse_args(["train", "run", *argv]))
+    launch.prepare(settings)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port()), "RANK": "0",
+                       "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if worker.run(settings.run_dir) != 0:
+            raise SystemExit("the training loop failed")
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    return [json.loads(x) for x in (settings.run_dir / "metrics.jsonl").read_text().splitlines()]
