@@ -67,11 +67,13 @@ def median(lines: list[dict], key: str) -> float:
     return statistics.median(x[key] for x in lines)
 
 
-def sluice_in_process(*argv: str) -> list[dict]:
+def sluice_in_process(*argv: str, cpu: list[float] | None = None) -> list[dict]:
     """`sluice train run ARGV` as a world of one inside this process: the launcher's checks and
     data preparation, then the very function every torchrun rank runs (no process start, so
-    configurations can alternate in rounds under the same machine load). Its metrics lines."""
+    configurations can alternate in rounds under the same machine load). Its metrics lines;
+    the CPU seconds of the training function (all threads) are appended to `cpu`."""
     import signal
+    import time
 
     from sluice.cli import build_parser
     from sluice.cli.train import settings_from_args
@@ -82,9 +84,12 @@ def sluice_in_process(*argv: str) -> list[dict]:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port()), "RANK": "0",
                        "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    started = time.process_time()
     try:
         if worker.run(settings.run_dir) != 0:
             raise SystemExit("the training loop failed")
+        if cpu is not None:
+            cpu.append(time.process_time() - started)
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)

@@ -12,7 +12,10 @@ on 8 rows × 128 tokens per step with AdamW and gradient clipping, one torch thr
   torchrun rank runs; bench/train_common.py); plain and sluice alternate in `--rounds` rounds
   so that they share the machine's load, and each keeps its best round;
 - DDP 2 / FSDP2 2: `--nproc 2` on the same global batch, a core each: scaling efficiency =
-  tokens/s ÷ (2 × one process's), 1.0 ideal.
+  tokens/s ÷ (2 × one process's), 1.0 ideal. On a machine whose cores are taken by other work,
+  the second process gets no second core and the wall figure measures the machine; the CPU
+  figure (one process's CPU seconds per step ÷ 2 × a rank's, from `cpu_time`) is the work the
+  data-parallel machinery adds, whatever the load.
 One thread per process: on a machine whose cores are busy with other work, two OpenMP threads
 in one process stall each other at every barrier (measured here: 7× slower than two processes
 of one thread at a load average of 9 on 2 cores), which would measure the machine, not sluice.
@@ -41,7 +44,7 @@ FSDP2 = "sluice train, FSDP2 2 processes"
 
 
 def plain_loop(model_dir: str, steps: int, threads: int, seed: int = 0) -> list[float]:
-    """Seconds per step of a plain transformers training loop (run in its own process)."""
+    """Seconds per step of a plain transformers training loop."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -76,6 +79,7 @@ def main() -> int:
     per_round: dict[str, list[float]] = {PLAIN: [], ONE: []}
     mfus: list[float] = []
     results: dict[str, float] = {}
+    cpu: dict[str, float] = {}  # rank 0's CPU seconds per step (metrics.jsonl's cpu_time), median
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         model = write_model(tmp_path / "model")
@@ -88,22 +92,27 @@ def main() -> int:
                                       "--nproc", "1", *common)[args.warmup:]
             per_round[ONE].append(BATCH * SEQ / median(lines, "step_time"))
             mfus.append(median(lines, "mfu"))
+            cpu.setdefault(ONE, median(lines, "cpu_time"))
         results[PLAIN], results[ONE] = max(per_round[PLAIN]), max(per_round[ONE])
         # two processes: torchrun groups, once each
         for name, flags in [(DDP2, []), (FSDP2, ["--parallel", "fsdp"])]:
             lines = steady(sluice_train(data, tmp_path / name.split(",")[1].strip().replace(" ", "-"), model,
                                         *common, "--nproc", "2", *flags), args.warmup)
             results[name] = BATCH * SEQ / median(lines, "step_time")
+            cpu[name] = median(lines, "cpu_time")
     one, plain = results[ONE], results[PLAIN]
     print(f"random Llama ~0.7 M parameters, {BATCH} x {SEQ} tokens per step, {args.steps} steps (median after "
           f"{args.warmup}; one process: best of {args.rounds} alternating rounds), 1 thread per process, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
-    print("| configuration | tokens/s | vs plain loop | scaling efficiency vs sluice 1 process |")
-    print("|---|---:|---:|---:|")
+    print("| configuration | tokens/s | vs plain loop | scaling efficiency (wall) | CPU per step per rank (ms) "
+          "| scaling efficiency (CPU) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, tps in results.items():
         procs = 2 if name in (DDP2, FSDP2) else 1
         eff = "–" if name == PLAIN else f"{tps / (procs * one):.2f}"
-        print(f"| {name} | {tps:,.0f} | {tps / plain:.2f}x | {eff} |")
+        c = f"{cpu[name] * 1e3:.0f}" if name in cpu else "–"
+        c_eff = f"{cpu[ONE] / (procs * cpu[name]):.2f}" if name in cpu else "–"
+        print(f"| {name} | {tps:,.0f} | {tps / plain:.2f}x | {eff} | {c} | {c_eff} |")
     rounds = "; ".join(f"{a:,.0f} vs {b:,.0f}" for a, b in zip(per_round[ONE], per_round[PLAIN]))
     print(f"\nrounds (sluice vs plain, tokens/s): {rounds}")
     print(f"sluice 1 process MFU (against the measured matmul peak): {statistics.median(mfus):.1%}")

@@ -30,6 +30,9 @@ class StepMetrics:
     comm_bytes: int  # bytes this rank handed to gradient collectives
     comm_time: float | None  # seconds until those collectives completed, overlapped (None: not measurable)
     tokens_per_s: float
+    # CPU seconds rank 0's process used in the step (all its threads): well below step_time,
+    # the rank waited (for a peer, the disk, or cores taken by other processes)
+    cpu_time: float
     mfu: float | None  # 6·N·tokens_seen / (step_time · world_size · peak per rank) (train/observe/flops.py)
     epoch: float
     world_size: int

@@ -103,7 +103,7 @@ def run(run_dir: Path) -> int:
     stopped = False
     for step in range(start + 1, settings.max_steps + 1):
         faults.at_step_start(rank, step, ckpt.wait)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         lr = lr_at(step, settings.lr, settings.warmup_steps, settings.max_steps, settings.lr_schedule)
         for group in optim.param_groups:
             group["lr"] = lr
@@ -141,7 +141,8 @@ def run(run_dir: Path) -> int:
             tokens_seen=seen, lr=lr, grad_norm=norm_value, step_time=elapsed,
             data_time=split.data, compute_time=split.compute, comm_wait_time=split.comm,
             checkpoint_time=split.checkpoint, other_time=split.other, comm_bytes=comm_bytes, comm_time=comm_time,
-            tokens_per_s=seen / elapsed, mfu=mfu(step_flops(params, seen), elapsed, peak, world),
+            tokens_per_s=seen / elapsed, cpu_time=time.process_time() - cpu0,
+            mfu=mfu(step_flops(params, seen), elapsed, peak, world),
             epoch=sampler.epoch_of(data.rows, step, settings.batch_size), world_size=world,
         ))
         if bar is not None:

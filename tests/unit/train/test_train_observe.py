@@ -21,7 +21,7 @@ from sluice.train.settings import load_settings
 def _metrics(step: int = 3, **kw) -> StepMetrics:
     base = dict(step=step, loss=2.5, tokens=100, tokens_seen=128, lr=1e-3, grad_norm=0.7, step_time=2.0,
                 data_time=0.1, compute_time=1.2, comm_wait_time=0.4, checkpoint_time=0.2, other_time=0.1,
-                comm_bytes=4096, comm_time=None, tokens_per_s=64.0, mfu=0.25, epoch=0.5, world_size=2)
+                comm_bytes=4096, comm_time=None, tokens_per_s=64.0, cpu_time=1.9, mfu=0.25, epoch=0.5, world_size=2)
     return StepMetrics(**{**base, **kw})
 
 

@@ -46,8 +46,10 @@ def mfu(flops: float, seconds: float, peak_per_rank: float, world_size: int) -> 
     return flops / (seconds * peak_per_rank * world_size)
 
 
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 5) -> float:
-    """The best FLOP/s of `repeats` square matmuls of `size` (2·n³ FLOPs each) on `device`."""
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, repeats: int = 20) -> float:
+    """The best FLOP/s of `repeats` square matmuls of `size` (2·n³ FLOPs each) on `device`: the
+    best, not the mean, so that a busy machine's interruptions do not lower the peak (about
+    0.1 s on a CPU core)."""
     cuda = device.type == "cuda"
     n = size or (8192 if cuda else 512)
     inner = 10 if cuda else 1  # a GPU matmul takes about a millisecond: time several per sync
