@@ -20,7 +20,9 @@ One thread per process: on a machine whose cores are busy with other work, two O
 in one process stall each other at every barrier (measured here: 7× slower than two processes
 of one thread at a load average of 9 on 2 cores), which would measure the machine, not sluice.
 tokens/s = all tokens of the global batch / median step time after `--warmup` steps; process
-start-up is not in the figures.
+start-up is not in the figures. CPU per step (process time, all threads) is printed beside: on a
+loaded machine the wall time says how much CPU the process was given, the CPU time how much
+work the step is.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ DDP2 = "sluice train, DDP 2 processes"
 FSDP2 = "sluice train, FSDP2 2 processes"
 
 
-def plain_loop(model_dir: str, steps: int, threads: int, seed: int = 0) -> list[float]:
-    """Seconds per step of a plain transformers training loop."""
+def plain_loop(model_dir: str, steps: int, threads: int, seed: int = 0) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds per step of a plain transformers training loop."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -53,9 +55,9 @@ def plain_loop(model_dir: str, steps: int, threads: int, seed: int = 0) -> list[
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").train()
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), foreach=True)
     vocab = model.config.vocab_size
-    times = []
+    times, cpus = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         ids = torch.randint(0, vocab, (BATCH, SEQ))
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
@@ -64,7 +66,8 @@ def plain_loop(model_dir: str, steps: int, threads: int, seed: int = 0) -> list[
         optim.zero_grad(set_to_none=True)
         loss.item()
         times.append(time.perf_counter() - t0)
-    return times
+        cpus.append(time.process_time() - c0)
+    return times, cpus
 
 
 def main() -> int:
@@ -80,20 +83,23 @@ def main() -> int:
     mfus: list[float] = []
     results: dict[str, float] = {}
     cpu: dict[str, float] = {}  # rank 0's CPU seconds per step (metrics.jsonl's cpu_time), median
+    cpu_rounds: dict[str, list[float]] = {PLAIN: [], ONE: []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         model = write_model(tmp_path / "model")
         data = write_data(tmp_path / "data.jsonl")
         # one process: the plain loop and sluice's loop alternate in rounds, in this process
         for r in range(args.rounds):
-            times = plain_loop(str(model), args.steps, threads)[args.warmup:]
-            per_round[PLAIN].append(BATCH * SEQ / statistics.median(times))
+            times, cpus = plain_loop(str(model), args.steps, threads)
+            per_round[PLAIN].append(BATCH * SEQ / statistics.median(times[args.warmup:]))
+            cpu_rounds[PLAIN].append(statistics.median(cpus[args.warmup:]))
             lines = sluice_in_process("--data", str(data), "--out", str(tmp_path / f"one-{r}"), "--model", str(model),
                                       "--nproc", "1", *common)[args.warmup:]
             per_round[ONE].append(BATCH * SEQ / median(lines, "step_time"))
             mfus.append(median(lines, "mfu"))
-            cpu.setdefault(ONE, median(lines, "cpu_time"))
+            cpu_rounds[ONE].append(median(lines, "cpu_time"))
         results[PLAIN], results[ONE] = max(per_round[PLAIN]), max(per_round[ONE])
+        cpu[PLAIN], cpu[ONE] = min(cpu_rounds[PLAIN]), min(cpu_rounds[ONE])
         # two processes: torchrun groups, once each
         for name, flags in [(DDP2, []), (FSDP2, ["--parallel", "fsdp"])]:
             lines = steady(sluice_train(data, tmp_path / name.split(",")[1].strip().replace(" ", "-"), model,
@@ -110,11 +116,13 @@ def main() -> int:
     for name, tps in results.items():
         procs = 2 if name in (DDP2, FSDP2) else 1
         eff = "–" if name == PLAIN else f"{tps / (procs * one):.2f}"
-        c = f"{cpu[name] * 1e3:.0f}" if name in cpu else "–"
-        c_eff = f"{cpu[ONE] / (procs * cpu[name]):.2f}" if name in cpu else "–"
+        c = f"{cpu[name] * 1e3:.0f}"
+        c_eff = "–" if name == PLAIN else f"{cpu[ONE] / (procs * cpu[name]):.2f}"
         print(f"| {name} | {tps:,.0f} | {tps / plain:.2f}x | {eff} | {c} | {c_eff} |")
     rounds = "; ".join(f"{a:,.0f} vs {b:,.0f}" for a, b in zip(per_round[ONE], per_round[PLAIN]))
-    print(f"\nrounds (sluice vs plain, tokens/s): {rounds}")
+    cpu_r = "; ".join(f"{a * 1e3:.0f} vs {b * 1e3:.0f}" for a, b in zip(cpu_rounds[ONE], cpu_rounds[PLAIN]))
+    print(f"\nrounds, sluice vs plain: tokens/s {rounds}; CPU ms per step {cpu_r}")
+    print(f"sluice 1 process vs plain loop in CPU per step: {cpu[PLAIN] / cpu[ONE]:.2f}x the throughput")
     print(f"sluice 1 process MFU (against the measured matmul peak): {statistics.median(mfus):.1%}")
     return 0
 
