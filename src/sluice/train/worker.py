@@ -96,7 +96,7 @@ def run(run_dir: Path) -> int:
         (run_dir / STOPPED_MARKER).unlink(missing_ok=True)
         print(f"[rank 0] world {world}, {settings.parallel.value}, "
               + (f"resumed from step {start}" if start else "starting at step 0"), file=sys.stderr, flush=True)
-    sinks = open_sinks(settings.tensorboard, settings.prometheus_textfile, run_dir) if rank == 0 else []
+    sinks = open_sinks(settings.tensorboard, settings.prometheus_textfile, run_dir, start) if rank == 0 else []
     metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start, sinks)
     bar = _progress(rank == 0, settings.max_steps, start)
     micro = settings.micro_batch(world)

@@ -105,6 +105,13 @@ def test_metrics_writer_feeds_tensorboard(tmp_path: Path):
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 2.0), (2, 1.0)]
     assert "train/mfu" in acc.Tags()["scalars"] and "train/comm_time" not in acc.Tags()["scalars"]  # None: skipped
+    # resumed from step 1: step 2 is written again and TensorBoard keeps the new value only
+    resumed = TensorBoardSink(run / "tensorboard", resume_step=1)
+    resumed.write(_metrics(step=2, loss=0.5))
+    resumed.close()
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 2.0), (2, 0.5)]
 
 
 def test_observability_settings(tmp_path: Path):

@@ -2,8 +2,9 @@
 Prometheus textfile, each when the settings ask for it.
 
 - TensorBoard (`tensorboard = true`): `RUN_DIR/tensorboard/`, one scalar per numeric field
-  under `train/`, at the step (a resumed run writes the steps after its checkpoint again;
-  TensorBoard shows the newest value of a step). Needs the `tensorboard` package.
+  under `train/`, at the step. A resumed run writes the steps after its checkpoint again and
+  tells TensorBoard to purge the older values of those steps (`purge_step`), as metrics.jsonl
+  drops its lines. Needs the `tensorboard` package.
 - Prometheus (`prometheus_textfile = PATH`): gauges in the text exposition format, rewritten
   atomically (a temporary file renamed over it) after every step, for node-exporter's textfile
   collector: no server in the training process and nothing to push to. A training job is
@@ -68,12 +69,12 @@ class PrometheusTextfile:
 
 
 class TensorBoardSink:
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, resume_step: int = 0):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # torch's writer needs the tensorboard package
             raise TrainConfigError(["tensorboard = true needs the tensorboard package: pip install 'sluice[train]'"]) from None
-        self._writer = SummaryWriter(log_dir=str(log_dir))
+        self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=resume_step + 1 if resume_step else None)
 
     def write(self, m: StepMetrics) -> None:
         for field, value in asdict(m).items():
@@ -85,11 +86,11 @@ class TensorBoardSink:
         self._writer.close()
 
 
-def open_sinks(tensorboard: bool, prometheus_textfile: str | None, run_dir: Path) -> list[MetricSink]:
+def open_sinks(tensorboard: bool, prometheus_textfile: str | None, run_dir: Path, resume_step: int = 0) -> list[MetricSink]:
     """The sinks the settings ask for (rank 0 only: one writer per run)."""
     sinks: list[MetricSink] = []
     if tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        sinks.append(TensorBoardSink(run_dir / "tensorboard", resume_step))
     if prometheus_textfile:
         sinks.append(PrometheusTextfile(Path(prometheus_textfile), run_dir.resolve().name))
     return sinks
