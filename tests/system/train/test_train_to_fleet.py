@@ -60,10 +60,10 @@ def _reference(folder: Path) -> tuple[str, int]:
     """transformers' greedy continuation of PROMPT on `folder`, rendered with the same template."""
     from transformers import AutoModelForCausalLM
 
-    from sluice.models.loader import load_model
+    from sluice.models.tokenizer_loader import load_tokenizer
     from tests.reference import hf_greedy
 
-    tok = load_model(folder, progress=False).tokenizer
+    tok, _ = load_tokenizer(folder)  # the gateway's own loader: the prompt it renders
     prompt = tok.encode_chat([{"role": "user", "content": PROMPT}])
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     ref = hf_greedy(hf, prompt, MAX_TOKENS, eos=tok.eos_token_ids)
