@@ -50,6 +50,10 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--checkpoint-store", dict(metavar="s3://BUCKET/PREFIX", help="write checkpoints to S3-compatible object storage "
                                                                    "instead of RUN/checkpoints")),
     ("--s3-endpoint", dict(metavar="URL", help="the S3-compatible endpoint of --checkpoint-store (default: AWS)")),
+    ("--prometheus-textfile", dict(metavar="PATH", help="also write each step's metrics there in Prometheus' text "
+                                                        "format (node-exporter's textfile collector)")),
+    ("--peak-flops", dict(type=float, metavar="FLOPS", help="per-rank peak FLOP/s for the MFU estimate; "
+                                                            "0 = measure a matmul at start (default: 0)")),
 ]
 
 
@@ -61,6 +65,7 @@ def settings_from_args(args: argparse.Namespace):
                  for flag, _ in _RUN_FLAGS}
     overrides["skip_bad_lines"] = True if args.skip_bad_lines else None
     overrides["async_checkpoint"] = False if args.sync_checkpoint else None
+    overrides["tensorboard"] = True if args.tensorboard else None
     return load_settings(args.config, overrides)
 
 
@@ -97,6 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--prepare-only", action="store_true",
                      help="check the settings, tokenize the data into --out and stop (for torchrun on a cluster)")
     run.add_argument("--sync-checkpoint", action="store_true", help="write checkpoints in the step, not in the background")
+    run.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUT/tensorboard")
     run.set_defaults(func=_run)
     exp = tsub.add_parser("export", help="write a run's checkpoint as an HF folder that sluice serves")
     exp.add_argument("run", metavar="RUN", help="the run folder (--out of `sluice train run`)")

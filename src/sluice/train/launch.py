@@ -58,6 +58,8 @@ def prepare(settings: TrainSettings) -> dict:
     """Validate the run folder and tokenize the data; the data's summary."""
     if importlib.util.find_spec("transformers") is None:
         raise TrainConfigError(["training needs transformers: pip install 'sluice[train]' (or the test extra)"])
+    if settings.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise TrainConfigError(["tensorboard = true needs the tensorboard package: pip install 'sluice[train]'"])
     run_dir = settings.run_dir
     check_same_run(settings, run_dir)
     check_fits(settings)  # model-parallel modes: heads / layers / micro-batches against the ranks

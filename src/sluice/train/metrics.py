@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol, Sequence
 
 
 @dataclass(slots=True)
@@ -20,20 +21,35 @@ class StepMetrics:
     lr: float
     grad_norm: float
     step_time: float  # seconds, the whole step
+    # the step time's split (train/observe/step_split.py): the five parts add up to step_time
     data_time: float
-    compute_time: float  # forward + backward + optimizer, communication overlapped inside
-    comm_bytes: int  # bytes this rank handed to gradient collectives
-    comm_time: float | None  # seconds until those collectives completed (None: not measurable)
+    compute_time: float  # forward + backward + optimizer, less the communication waited for
+    comm_wait_time: float  # communication the step waited for (not hidden behind compute)
     checkpoint_time: float  # seconds the step was held by a checkpoint
+    other_time: float  # the rest (bookkeeping)
+    comm_bytes: int  # bytes this rank handed to gradient collectives
+    comm_time: float | None  # seconds until those collectives completed, overlapped (None: not measurable)
     tokens_per_s: float
+    # CPU seconds rank 0's process used in the step (all its threads): well below step_time,
+    # the rank waited (for a peer, the disk, or cores taken by other processes)
+    cpu_time: float
+    mfu: float | None  # 6·N·tokens_seen / (step_time · world_size · peak per rank) (train/observe/flops.py)
     epoch: float
     world_size: int
 
 
+class MetricSink(Protocol):
+    """Another destination for each step's metrics (train/observe/sinks.py: TensorBoard, Prometheus)."""
+
+    def write(self, m: StepMetrics) -> None: ...
+    def close(self) -> None: ...
+
+
 class MetricsWriter:
-    def __init__(self, path: Path, enabled: bool, resume_step: int):
+    def __init__(self, path: Path, enabled: bool, resume_step: int, sinks: Sequence[MetricSink] = ()):
         self.enabled = enabled
         self.path = path
+        self.sinks = list(sinks)  # TensorBoard, a Prometheus textfile (train/observe/sinks.py)
         if not enabled:
             return
         kept: list[str] = []
@@ -51,10 +67,14 @@ class MetricsWriter:
         if self.enabled:
             self._file.write(json.dumps(asdict(m)) + "\n")
             self._file.flush()
+            for sink in self.sinks:
+                sink.write(m)
 
     def close(self) -> None:
         if self.enabled:
             self._file.close()
+            for sink in self.sinks:
+                sink.close()
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -103,6 +103,10 @@ class TrainSettings(BaseModel):
     checkpoint_store: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?)?$")
     s3_endpoint: str = ""  # an S3-compatible endpoint URL; "" = AWS's (credentials: the AWS_* variables)
     # --- end h-moe ---
+    # -- observability (train/observe/): sinks besides metrics.jsonl, and the MFU's peak --
+    tensorboard: bool = False  # event files in RUN_DIR/tensorboard (needs the tensorboard package)
+    prometheus_textfile: str | None = None  # a node-exporter textfile, rewritten after every step
+    peak_flops: float = Field(0.0, ge=0)  # per rank, FLOP/s, for the MFU; 0 = measured at start
 
     @field_validator("model")
     @classmethod
@@ -197,7 +201,7 @@ class TrainSettings(BaseModel):
 
 
 FIELDS = tuple(TrainSettings.model_fields)
-PATH_FIELDS = ("data", "out", "model", "tokenizer")
+PATH_FIELDS = ("data", "out", "model", "tokenizer", "prometheus_textfile")
 
 
 def _resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:

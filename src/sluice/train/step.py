@@ -39,8 +39,11 @@ def trained_tokens(data: PackedData, rows: list[int]) -> int:
 
 def summed_loss(module: torch.nn.Module, batch: Batch) -> torch.Tensor:
     logits = module(input_ids=batch.tokens, use_cache=False).logits
-    targets = batch.tokens[:, 1:].masked_fill(~batch.mask[:, 1:], -100)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+    # shift the targets, not the logits: logits[:, :-1] is not contiguous, and flattening it
+    # copied the whole [rows, seq, vocab] tensor (and its gradient) every micro-batch; the last
+    # position's target is padding (-100), outside the loss
+    targets = F.pad(batch.tokens[:, 1:].masked_fill(~batch.mask[:, 1:], -100), (0, 1), value=-100)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
 
 
 def forward_backward(module, no_sync, batch: Batch, micro: int, global_tokens: int, world: int) -> torch.Tensor:

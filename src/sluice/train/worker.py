@@ -33,6 +33,9 @@ from sluice.train.model.build import build_model
 from sluice.train.model.hf_files import write_tokenizer
 from sluice.train.parallel.modes import wrap_model
 from sluice.train.parallel.wrap import clip_grad_norm
+from sluice.train.observe.flops import matmul_params, measure_peak_flops, mfu, step_flops
+from sluice.train.observe.sinks import open_sinks
+from sluice.train.observe.step_split import split_step
 from sluice.train.settings import TrainSettings, read_resolved
 from sluice.train.step import forward_backward, gather_rows, trained_tokens
 
@@ -82,7 +85,13 @@ def run(run_dir: Path) -> int:
     if rank == 0:
         built.module.config.save_pretrained(str(run_dir / "model"))
         write_tokenizer(built.tokenizer, run_dir / "model")
-    model = wrap_model(built.module.to(device), settings, device)  # ddp, fsdp, tp, pp, fsdp_tp
+    # -- observability: N of the 6·N·D rule (before FSDP2 shards the parameters), the peak --
+    params = matmul_params(built.module)
+    peak = settings.peak_flops or measure_peak_flops(device, getattr(torch, settings.dtype))
+    if rank == 0:
+        print(f"[rank 0] MFU: {params:,} matmul parameters, peak {peak / 1e12:.3g} TFLOP/s per rank "
+              f"({'configured' if settings.peak_flops else 'measured'})", file=sys.stderr, flush=True)
+    model = wrap_model(built.module.to(device), settings, device)  # ddp, fsdp, tp, pp, fsdp_tp, ep
     del built  # a pipeline stage keeps only its own layers: let the rest go
     optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                               betas=(0.9, 0.95), foreach=True)
@@ -94,7 +103,8 @@ def run(run_dir: Path) -> int:
         print(f"[rank 0] world {world}, {settings.parallel.value}, "
               f"{settings.batch_size // world // settings.micro_batch(world)} micro-batches per step, "
               + (f"resumed from step {start}" if start else "starting at step 0"), file=sys.stderr, flush=True)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start)
+    sinks = open_sinks(settings.tensorboard, settings.prometheus_textfile, run_dir, start) if rank == 0 else []
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start, sinks)
     bar = _progress(rank == 0, settings.max_steps, start)
     dp_rank, dp_size = model.data_share()  # tensor / pipeline ranks share rows
     micro = settings.micro_batch(world)
@@ -102,7 +112,7 @@ def run(run_dir: Path) -> int:
     for step in range(start + 1, settings.max_steps + 1):
         faults.at_step_start(rank, step, ckpt.wait)
         faults.hold(step, world, lambda: stop.set, ckpt.wait)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         lr = lr_at(step, settings.lr, settings.warmup_steps, settings.max_steps, settings.lr_schedule)
         for group in optim.param_groups:
             group["lr"] = lr
@@ -120,8 +130,11 @@ def run(run_dir: Path) -> int:
         optim.step()
         optim.zero_grad(set_to_none=True)
         reduced = torch.tensor([loss_sum.item() / model.loss_copies, float(stop.set)], dtype=torch.float64)
-        dist.all_reduce(reduced)
+        t_reduce = time.perf_counter()
+        if world > 1:  # one process has nothing to agree with (a gloo call costs ~1-5 ms)
+            dist.all_reduce(reduced)
         t2 = time.perf_counter()
+        comm_wait = model.stats.take_wait() + (t2 - t_reduce)
         ckpt.poll()
         stopped = reduced[1].item() > 0
         ckpt_time = 0.0
@@ -134,11 +147,15 @@ def run(run_dir: Path) -> int:
             comm_bytes = model.fsdp_bytes_per_micro * max(1, per // micro)
         elapsed = time.perf_counter() - t0
         norm_value = norm.full_tensor().item() if hasattr(norm, "full_tensor") else float(norm)
+        seen = len(rows_all) * settings.seq_len
+        split = split_step(elapsed, data=t1 - t0, train=t2 - t1, comm_wait=comm_wait, checkpoint=ckpt_time)
         metrics.write(StepMetrics(
             step=step, loss=reduced[0].item() / max(1, global_tokens), tokens=global_tokens,
-            tokens_seen=len(rows_all) * settings.seq_len, lr=lr, grad_norm=norm_value, step_time=elapsed,
-            data_time=t1 - t0, compute_time=t2 - t1, comm_bytes=comm_bytes, comm_time=comm_time,
-            checkpoint_time=ckpt_time, tokens_per_s=len(rows_all) * settings.seq_len / elapsed,
+            tokens_seen=seen, lr=lr, grad_norm=norm_value, step_time=elapsed,
+            data_time=split.data, compute_time=split.compute, comm_wait_time=split.comm,
+            checkpoint_time=split.checkpoint, other_time=split.other, comm_bytes=comm_bytes, comm_time=comm_time,
+            tokens_per_s=seen / elapsed, cpu_time=time.process_time() - cpu0,
+            mfu=mfu(step_flops(params, seen), elapsed, peak, world),
             epoch=sampler.epoch_of(data.rows, step, settings.batch_size), world_size=world,
         ))
         if bar is not None:

@@ -93,10 +93,11 @@ def chat_data(train_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def ddp2_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
-    """The reference: 2 ranks, DDP, a checkpoint every 3 steps, uninterrupted."""
+    """The reference: 2 ranks, DDP, a checkpoint every 3 steps, uninterrupted; its metrics also go
+    to a Prometheus textfile."""
     out = train_dir / "ddp2"
     run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-              "--checkpoint-every", "3", *COMMON)
+              "--checkpoint-every", "3", "--prometheus-textfile", str(train_dir / "prom" / "ddp2.prom"), *COMMON)
     return out
 
 
@@ -105,3 +106,14 @@ def one_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """The same run in one process (world size 1): the reference for data parallelism."""
     return run_in_process("--data", str(chat_data), "--out", str(train_dir / "one"), "--model", str(tiny_folder),
                           "--nproc", "1", *COMMON)
+
+
+@pytest.fixture(scope="session")
+def exported(train_dir: Path, ddp2_run: Path) -> Path:
+    """`sluice train export` of the 2-rank DDP run (shared by the export and the fleet tests)."""
+    out = train_dir / "exports" / "r1"
+    proc = subprocess.run(train_cmd("export", str(ddp2_run), "--out", str(out)), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"exported step {STEPS}" in proc.stderr
+    return out

@@ -76,7 +76,7 @@ def test_metrics_after_the_resumed_step_are_dropped(tmp_path: Path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 6)) + '{"step": 6, "lo')
     w = MetricsWriter(path, True, resume_step=3)
-    w.write(StepMetrics(4, 0.5, 1, 1, 0.1, 1.0, 0.1, 0.0, 0.1, 0, None, 0.0, 10.0, 0.1, 2))
+    w.write(StepMetrics(4, 0.5, 1, 1, 0.1, 1.0, 0.1, 0.0, 0.1, 0.0, 0.0, 0.0, 0, None, 10.0, 0.1, None, 0.1, 2))
     w.close()
     assert [m["step"] for m in read_metrics(path)] == [1, 2, 3, 4]
 

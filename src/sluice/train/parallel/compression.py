@@ -28,7 +28,7 @@ POWERSGD_RANK = 2
 def _timed(stats: CommStats, fut: torch.futures.Future, started: float, finish) -> torch.futures.Future:
     def done(f: torch.futures.Future) -> torch.Tensor:
         out = finish(f.value())
-        stats.seconds += time.perf_counter() - started
+        stats.record(started, time.perf_counter())
         return out
 
     return fut.then(done)
