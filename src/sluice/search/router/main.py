@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from pathlib import Path
 
 from sluice.search.router.config import LOCAL, SearchConfig
@@ -62,18 +63,25 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
             await asyncio.sleep(0.25)
 
     tasks: list[asyncio.Task] = []
-    tracker = HotShardTracker(HotShardPolicy(hot_at=cfg.search.hot_at, cool_at=cfg.search.cool_at))
+    c = cfg.search
+    tracker = HotShardTracker(HotShardPolicy(hot_at=c.hot_at, cool_at=c.cool_at, hot_for=c.hot_for,
+                                             cool_for=c.cool_for, max_added=c.hot_max_added))
 
     async def hot_shards() -> None:
         last = {s.name: s.index_busy_s for s in rt.topo.shards}
+        then = time.monotonic()
         while True:
             await asyncio.sleep(cfg.search.hot_interval_s)
+            now = time.monotonic()
+            interval, then = now - then, now  # the measured one: a busy loop may wake late
             loads = {}
             for s in rt.topo.shards:
                 if s.cold_url is None:
                     serving = sum(1 for r in s.replicas if r.serving)
-                    loads[s.name] = utilization(s.index_busy_s - last[s.name], cfg.search.hot_interval_s, serving)
+                    loads[s.name] = utilization(s.index_busy_s - last[s.name], interval, serving)
                     last[s.name] = s.index_busy_s
+            rt.extra_status["hot_shards"] = {n: {"utilization": round(u, 4), "added": tracker.added(n)}
+                                             for n, u in loads.items()}
             for name, change in tracker.evaluate(loads):
                 shard = next(s for s in rt.topo.shards if s.name == name)
                 if change is Change.ADD:

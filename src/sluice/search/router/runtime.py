@@ -52,7 +52,8 @@ class RouterRuntime:
         self.searcher = Searcher(self.topo, self.client, self.metrics, self.cache, Analyzer(schema_of(cfg)),
                                  s.stats, s.shard_deadline_ms / 1000, self.cold)
         self.writer = Writer(self.topo, self.http, self.metrics)
-        self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s)
+        self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s,
+                                   s.log_compact_every, s.log_keep_max)
         self.auth = SearchAuth(s.api_keys, s.ingest_keys)
         self.started = time.time()
         self._tasks: list[asyncio.Task] = []
@@ -66,6 +67,7 @@ class RouterRuntime:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.poller.stop()
         await self.http.aclose()
 
     def not_ready_reason(self) -> str | None:
@@ -88,7 +90,8 @@ class RouterRuntime:
                 "p50_ms": _ms(s.latency.quantile(0.5)), "p95_ms": _ms(s.latency.quantile(0.95)),
                 "index_p95_ms": _ms(s.index_latency.quantile(0.95)),
                 "replicas": [{"name": r.name, "url": r.url, "local": r.local, "up": r.reachable,
-                              "applied_seq": r.applied_seq, "in_flight": r.in_flight,
+                              "applied_seq": r.applied_seq, "log_base": r.log_base, "in_flight": r.in_flight,
+                              "serving": r.serving, "added": r.added,
                               "ewma_ms": round(r.ewma_s * 1000, 3),
                               "freshness_s": round(s.freshness_s(r, now), 3)} for r in s.replicas],
             } for s in self.topo.shards],

@@ -2,8 +2,12 @@
 
     GET  /health, /ready, /metrics, /v1/shard/status
     POST /v1/shard/append    {"seq", "ops", "ts"}  → {"applied_seq"}; 409 {"last_seq"} on a gap
-    GET  /v1/shard/log?after=N&limit=M            → {"entries", "last_seq"} (peers catch up from it)
-    POST /v1/shard/catch_up  {"peer": URL}          → copy missing entries from a peer, apply them
+    GET  /v1/shard/log?after=N&limit=M            → {"entries", "last_seq"} (peers catch up from it);
+                                                      410 {"log_base"} when entries after N were compacted
+    POST /v1/shard/catch_up  {"peer": URL}          → copy missing entries (or the index) from a peer
+    GET  /v1/shard/snapshot                        → a tar of a consistent copy of the index
+                                                      (header x-sluice-applied-seq: its entry)
+    POST /v1/shard/compact   {"upto": N}            → drop log entries ≤ N that are in a durable index
     POST /v1/shard/stats     {"terms"}              → this shard's collection statistics (phase 1)
     POST /v1/shard/search    {"tree", "top_k", "stats"} → hits scored with the given global
                                                       statistics, or this shard's own when null
@@ -14,12 +18,16 @@ writes and catch-up run in the thread pool so a slow fsync or peer does not stal
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.background import BackgroundTask
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sluice.search.errors import DocumentError, QuerySyntaxError
@@ -27,7 +35,8 @@ from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.query_tree import check_tree
 from sluice.search.index.shard_index import MAX_TOP_K
 from sluice.search.shard.replica import Replica
-from sluice.search.shard.write_log import LogGapError
+from sluice.search.shard import snapshot
+from sluice.search.shard.write_log import LogCompactedError, LogGapError
 
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -98,9 +107,40 @@ def create_shard_app(replica: Replica) -> FastAPI:
         return JSONResponse({"applied_seq": applied_seq})
 
     @app.get("/v1/shard/log")
-    async def read_log(after: int = 0, limit: int = 500) -> dict[str, Any]:
-        entries = await run_in_threadpool(replica.log.read, max(0, after), max(1, min(limit, 5000)))
-        return {"entries": entries, "last_seq": replica.log.last_seq}
+    async def read_log(after: int = 0, limit: int = 500) -> JSONResponse:
+        try:
+            entries = await run_in_threadpool(replica.log.read, max(0, after), max(1, min(limit, 5000)))
+        except LogCompactedError as exc:
+            return _error(410, f"{exc}; copy this replica's index (/v1/shard/snapshot)", log_base=exc.base)
+        return JSONResponse({"entries": entries, "last_seq": replica.log.last_seq})
+
+    @app.get("/v1/shard/snapshot")
+    async def get_snapshot() -> FileResponse:
+        tmp = Path(tempfile.mkdtemp(prefix="snapshot-", dir=replica.data_dir))
+
+        def make() -> int:
+            seq = replica.write_snapshot(tmp / "index")
+            snapshot.pack(tmp / "index", tmp / "index.tar")
+            return seq
+
+        t0 = time.perf_counter()
+        try:
+            seq = await run_in_threadpool(make)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        latency.labels("snapshot").observe(time.perf_counter() - t0)
+        return FileResponse(tmp / "index.tar", media_type="application/x-tar",
+                            headers={"x-sluice-applied-seq": str(seq)},
+                            background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))
+
+    @app.post("/v1/shard/compact")
+    async def compact(request: Request) -> dict[str, Any]:
+        upto = (await body(request)).get("upto")
+        if not isinstance(upto, int) or upto < 0:
+            raise DocumentError("upto must be an integer >= 0")
+        dropped = await run_in_threadpool(replica.compact, upto)
+        return {"dropped": dropped, "log_base": replica.log.base, "logged_seq": replica.log.last_seq}
 
     @app.post("/v1/shard/catch_up")
     async def catch_up(request: Request) -> JSONResponse:
