@@ -79,3 +79,13 @@ def test_a_replica_installs_a_peer_snapshot_and_continues_the_log(tmp_path):
     assert not fresh.install_snapshot(tmp_path / "snap.tar")  # not ahead of it any more
     reopened = Replica(tmp_path / "fresh", fsync=False, memory=True)
     assert (reopened.applied_seq, reopened.index.doc_count()) == (31, 29)
+
+
+def test_the_compaction_point_waits_for_every_replica_but_not_forever():
+    from sluice.search.router.compaction import compaction_point, should_compact
+
+    assert compaction_point([40, 35], head=40, keep_max=100) == 35
+    assert compaction_point([40, 0], head=40, keep_max=100) == 0  # a new replica holds it back
+    assert compaction_point([500, 3], head=500, keep_max=100) == 400  # ... but not past keep_max
+    assert should_compact(35, log_base=20, every=10) and not should_compact(35, log_base=30, every=10)
+    assert not should_compact(10**6, log_base=0, every=0)  # 0: never
