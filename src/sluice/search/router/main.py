@@ -46,6 +46,7 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
     import uvicorn
 
     from sluice.search.router.app import create_router_app
+    from sluice.search.router.fast_http.search_path import SearchFastPath
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per shard request otherwise
@@ -121,5 +122,5 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
         sup.stop_all()
 
     _say(f"listening on http://{host}:{port} (search API at /v1/search, docs at /docs)")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(SearchFastPath(app, rt), host=host, port=port, log_level="warning", access_log=False)
     return 0

@@ -36,6 +36,7 @@ from sluice.search.index.query_tree import check_tree
 from sluice.search.index.shard_index import MAX_TOP_K
 from sluice.search.shard.replica import Replica
 from sluice.search.shard import snapshot
+from sluice.search.shard.query_path import QueryPath
 from sluice.search.shard.write_log import LogCompactedError, LogGapError
 
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -45,7 +46,7 @@ def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": {"message": message, **extra}}, status_code=status)
 
 
-def create_shard_app(replica: Replica) -> FastAPI:
+def create_shard_app(replica: Replica) -> QueryPath:
     app = FastAPI(title="sluice search shard", version="1", docs_url=None, redoc_url=None)
     reg = CollectorRegistry()
     latency = Histogram("sluice_search_shard_op_seconds", "Time in the index per operation", ["op"],
@@ -154,9 +155,9 @@ def create_shard_app(replica: Replica) -> FastAPI:
             return _error(502, f"catch-up from {peer} failed: {type(exc).__name__}: {exc}"[:500])
         return JSONResponse({"applied_seq": applied_seq})
 
-    @app.post("/v1/shard/stats")
-    async def stats(request: Request) -> dict[str, Any]:
-        terms = (await body(request)).get("terms")
+    # the query path: plain ASGI in front of FastAPI (query_path.py)
+    def stats(data: dict[str, Any]) -> dict[str, Any]:
+        terms = data.get("terms")
         if not isinstance(terms, list) or len(terms) > 1024 or not all(isinstance(t, str) for t in terms):
             raise DocumentError("terms must be a list of at most 1024 strings")
         t0 = time.perf_counter()
@@ -164,9 +165,7 @@ def create_shard_app(replica: Replica) -> FastAPI:
         latency.labels("stats").observe(time.perf_counter() - t0)
         return {**st.to_json(), "applied_seq": seq}
 
-    @app.post("/v1/shard/search")
-    async def search(request: Request) -> dict[str, Any]:
-        data = await body(request)
+    def search(data: dict[str, Any]) -> dict[str, Any]:
         tree = data.get("tree")
         tree = None if tree is None else check_tree(tree)
         top_k = data.get("top_k", 10)
@@ -180,4 +179,6 @@ def create_shard_app(replica: Replica) -> FastAPI:
         latency.labels("search").observe(took)
         return {"hits": [h.to_json() for h in hits], "applied_seq": seq, "index_s": took}
 
-    return app
+    return QueryPath(app, {"/v1/shard/stats": stats, "/v1/shard/search": search},
+                     lambda kind: errors.labels(kind).inc())
+
