@@ -25,7 +25,7 @@ from tests.system.search.cluster import HTTP, ingest, search, start_router, stat
 CONFIG = """[search]
 sharding = "content"
 content_field = "section"
-shard_deadline_ms = 3000
+shard_deadline_ms = 2000
 cache_entries = 0
 hot_shards = true
 hot_interval_s = 0.5
@@ -95,7 +95,7 @@ def test_a_hot_shard_gets_a_warm_replica_that_serves_and_leaves_when_cool(tmp_pa
         shard_status = HTTP.get(added["url"] + "/v1/shard/status").json()
         assert shard_status["snapshots_installed"] == 1  # warm: a copy of the peer's index, not its log replayed
         assert shard_status["doc_count"] == 300
-        wait_for(lambda: _served_by(router.url, added["name"]) >= 5, 120, "queries answered by the added replica")
+        wait_for(lambda: _served_by(router.url, added["name"]) >= 2, 120, "queries answered by the added replica")
         stop.set()
         for t in threads:
             t.join(60)
