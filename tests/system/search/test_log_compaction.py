@@ -4,6 +4,7 @@ comes back by copying its peer's index, then the log after it, with every docume
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +16,11 @@ from tests.system.search.cluster import ingest, restart, search, start_router, s
 
 def _shard_status(url: str) -> dict:
     return httpx.get(url + "/v1/shard/status", timeout=10).json()
+
+
+def _log_entries(url: str) -> float:
+    m = re.search(r'sluice_search_replica_log_entries\{replica="s/0",shard="s"\} (\S+)', httpx.get(url + "/metrics").text)
+    return float(m.group(1)) if m else -1.0
 
 
 def test_logs_are_compacted_and_a_replica_too_far_behind_copies_its_peer(tmp_path: Path):
@@ -29,6 +35,7 @@ def test_logs_are_compacted_and_a_replica_too_far_behind_copies_its_peer(tmp_pat
         wait_for(lambda: all(_shard_status(r.url)["log_base"] >= 8 for r in reps), 60, "both logs compacted")
         st = _shard_status(reps[0].url)
         assert st["logged_seq"] == 12 and st["doc_count"] == 120
+        wait_for(lambda: 0 <= _log_entries(router.url) <= 4, 30, "the compacted log's size in the metrics")
 
         down = reps[1]
         down.kill9()

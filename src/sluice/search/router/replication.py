@@ -62,6 +62,7 @@ class HealthPoller:
                 r.applied_seq = int(st["applied_seq"])
                 r.log_base = int(st.get("log_base", 0))
                 logged[r.url] = int(st["logged_seq"])
+                self.metrics.log_entries.labels(shard.name, r.name).set(logged[r.url] - r.log_base)
             else:
                 if r.reachable:
                     log.warning("replica %s is not answering", r.name)
