@@ -19,22 +19,16 @@ from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from sluice.search.errors import DocumentError, QuerySyntaxError
 from sluice.search.index.schema import check_id
 from sluice.search.router.bulk import plan_bulk
 from sluice.search.router.runtime import RouterRuntime
+from sluice.search.router.search_request import SearchRequest
 
 MAX_BULK_BYTES = 64 << 20
 STATUS_PAGE = Path_(__file__).with_name("static") / "status.html"
-
-
-class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    query: str = Field(..., description="Query text (docs/SEARCH.md: words, \"phrases\", +must -not, AND/OR/NOT, "
-                                        "field:word)", max_length=2048)
-    top_k: int = Field(10, ge=0, description="How many hits (at most the configured max_top_k)")
 
 
 class SearchHit(BaseModel):

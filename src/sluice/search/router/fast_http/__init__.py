@@ -1,1 +1,1 @@
-"""The query path's HTTP, lean: the client to shards and the search route in front of FastAPI."""
+"""The query path's search route as plain ASGI in front of FastAPI (the shard client is router/shard_http.py)."""

@@ -3,8 +3,9 @@
 Measured under one load, FastAPI's handling of a search (routing, the request model, dependency
 solving, the response class) cost the router about as much CPU as the whole two-phase fan-out
 over 2 shards. So a plain ASGI layer answers the common case itself: a JSON object with exactly
-`query` (a string up to 2,048 characters) and optionally `top_k` (an integer from 0 to
-max_top_k), and a permitted key. Anything else — a missing or extra field, a wrong type, a bound
+`query` (a string up to MAX_QUERY_CHARS) and optionally `top_k` (an integer from MIN_TOP_K to
+max_top_k), and a permitted key — the request model's own bounds, imported from
+router/search_request.py. Anything else — a missing or extra field, a wrong type, a bound
 crossed, a refused key — is handed to the FastAPI route unchanged (the body replayed), so every
 error keeps the one shape and message the API documents; the only error answered here is a
 query syntax error, in the same shape the app gives it.
@@ -20,10 +21,10 @@ from starlette.requests import Request
 
 from sluice.search.errors import QuerySyntaxError
 from sluice.search.router.runtime import RouterRuntime
+from sluice.search.router.search_request import DEFAULT_TOP_K, MAX_QUERY_CHARS, MIN_TOP_K, SEARCH_FIELDS
 
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
-MAX_QUERY_CHARS = 2048  # the request model's bound (app.py)
 MAX_FAST_BODY = 64 << 10
 
 
@@ -60,12 +61,12 @@ class SearchFastPath:
             data = json.loads(body)
         except ValueError:
             return None
-        if not isinstance(data, dict) or not set(data) <= {"query", "top_k"}:
+        if not isinstance(data, dict) or not set(data) <= SEARCH_FIELDS:
             return None
-        query, top_k = data.get("query"), data.get("top_k", 10)
+        query, top_k = data.get("query"), data.get("top_k", DEFAULT_TOP_K)
         if not isinstance(query, str) or len(query) > MAX_QUERY_CHARS:
             return None
-        if type(top_k) is not int or not 0 <= top_k <= self.rt.cfg.search.max_top_k:
+        if type(top_k) is not int or not MIN_TOP_K <= top_k <= self.rt.cfg.search.max_top_k:
             return None
         if not self.rt.auth.may_search(Request(scope)):
             return None
