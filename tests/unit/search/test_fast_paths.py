@@ -21,7 +21,7 @@ def _router(extra: str = "") -> TestClient:
     cfg = parse_config(f'[search]\nmax_top_k = 50\n{extra}[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
     rt = RouterRuntime(cfg, [["http://127.0.0.1:9"]])
     return TestClient(SearchFastPath(create_router_app(rt), rt))  # its own loop per request: the
-    # shard client opens a session in each (shard_http.py)
+    # shard client opens a session in each (fast_http/shard_http.py)
 
 
 def test_a_well_formed_search_is_answered_and_errors_keep_their_shapes():
@@ -59,7 +59,7 @@ def test_the_shard_query_path_answers_json_and_refuses_bad_bodies():
 
 
 def test_the_shard_client_reports_an_unreachable_replica():
-    from sluice.search.router.shard_http import ShardHttp, ShardHttpError
+    from sluice.search.router.fast_http.shard_http import ShardHttp, ShardHttpError
 
     async def go() -> None:
         http = ShardHttp()
@@ -79,7 +79,7 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
     event set only at the end, so the timeout and the cancellation are deterministic)."""
     from aiohttp import web
 
-    from sluice.search.router.shard_http import ShardHttp, ShardHttpError, ShardHttpTimeout
+    from sluice.search.router.fast_http.shard_http import ShardHttp, ShardHttpError, ShardHttpTimeout
 
     async def go() -> None:
         arrived, release, transports = asyncio.Event(), asyncio.Event(), []

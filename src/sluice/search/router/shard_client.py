@@ -21,7 +21,7 @@ from typing import Any
 from sluice.search.router.replica_picker import pick_replica
 from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.search_metrics import SearchMetrics
-from sluice.search.router.shard_http import ShardHttp, ShardHttpError, ShardHttpTimeout
+from sluice.search.router.fast_http.shard_http import ShardHttp, ShardHttpError, ShardHttpTimeout
 from sluice.search.router.topology import ShardRuntime
 
 

@@ -1,1 +1,1 @@
-"""The query path's search route as plain ASGI in front of FastAPI (the shard client is router/shard_http.py)."""
+"""The query path's HTTP: the shard client (aiohttp) and the search route as plain ASGI in front of FastAPI."""
