@@ -10,7 +10,11 @@ the result cache is off, and every router's shards are local replica processes:
 - `N shards`: `sluice search serve` with N local shards, global statistics (two phases);
 - `2 shards, local stats`: one phase, per-shard statistics (what phase 1 costs);
 - `2×2 hedge on/off`: 2 shards × 2 replicas, hedging after the shard's p95 or not (p99).
-Also: ingest documents/s through the router (bulk of 500, fsync'd write log).
+Also: ingest documents/s through the router (bulk of 500, fsync'd write log), and the CPU time
+each configuration's processes spent per query (router, and the shard replicas together, from
+/proc): on a shared, loaded machine wall-clock latency is mostly scheduling delay, CPU time much
+less so. Queries are sent by a raw keep-alive socket client, so the figures are the service's
+cost, not a Python HTTP client's (httpx's own sync client costs ~1 ms a request here).
 
     PYTHONPATH=src .venv/bin/python bench/search_latency.py [--docs 4000] [--queries 300] [--json out.json]
 """
@@ -64,11 +68,45 @@ def library(docs, queries) -> dict:
         idx.search(resolve(q, idx.analyzer), 10)
     lat = []
     t0 = time.perf_counter()
+    c0 = time.process_time()
     for q in queries:
         s = time.perf_counter()
         idx.search(resolve(q, idx.analyzer), 10)
         lat.append(time.perf_counter() - s)
-    return summary(lat, time.perf_counter() - t0)
+    out = summary(lat, time.perf_counter() - t0)
+    out["cpu_ms_per_query"] = round((time.process_time() - c0) / len(queries) * 1000, 3)
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class RawClient:
+    """One keep-alive HTTP/1.1 connection, JSON POSTs only (content-length answers)."""
+
+    def __init__(self, url: str):
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def post(self, path: str, obj: dict) -> dict:
+        body = json.dumps(obj).encode()
+        self.sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(65536)
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        n = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        while len(self.buf) < n:
+            self.buf += self.sock.recv(65536)
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return json.loads(data)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def router(tmp: Path, name: str, shards: int, replicas: int = 1, stats: str = "global", hedge: bool = True):
@@ -103,19 +141,26 @@ def ingest(http: httpx.Client, url: str, docs) -> float:
     return len(docs) / (time.perf_counter() - t0)
 
 
-def measure(http: httpx.Client, url: str, queries) -> dict:
+def measure(http: httpx.Client, url: str, queries, router_pid: int) -> dict:
+    client = RawClient(url)
     for q in queries[:50]:
-        http.post(url + "/v1/search", json={"query": q, "top_k": 10})
+        client.post("/v1/search", {"query": q, "top_k": 10})
+    shard_pids = list(http.get(url + "/v1/search/status").json()["local_pids"].values())
+    cpu0 = cpu_s(router_pid), sum(cpu_s(p) for p in shard_pids)
     lat = []
     partial = 0
     t0 = time.perf_counter()
     for q in queries:
         s = time.perf_counter()
-        r = http.post(url + "/v1/search", json={"query": q, "top_k": 10})
+        r = client.post("/v1/search", {"query": q, "top_k": 10})
         lat.append(time.perf_counter() - s)
-        partial += r.json()["partial"]
+        partial += r["partial"]
     out = summary(lat, time.perf_counter() - t0)
+    cpu1 = cpu_s(router_pid), sum(cpu_s(p) for p in shard_pids)
+    client.close()
     out["partial"] = partial
+    out["router_cpu_ms_per_query"] = round((cpu1[0] - cpu0[0]) / len(queries) * 1000, 3)
+    out["shards_cpu_ms_per_query"] = round((cpu1[1] - cpu0[1]) / len(queries) * 1000, 3)
     return out
 
 
@@ -138,7 +183,7 @@ def main() -> int:
             p, url = router(Path(d), name.replace(" ", "_").replace(",", ""), shards, reps, stats, hedge)
             try:
                 rate = ingest(http, url, docs)
-                res = measure(http, url, queries)
+                res = measure(http, url, queries, p.pid)
                 res["ingest_docs_per_s"] = round(rate)
                 res["added_p50_ms"] = round(res["p50_ms"] - results["library"]["p50_ms"], 3)
                 results[name] = res

@@ -52,8 +52,9 @@ class SearchProc:
                 self.process.wait(10)
 
 
-def _spawn(args: list[str], log_path: Path, url: str, ready_path: str) -> SearchProc:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+def _spawn(args: list[str], log_path: Path, url: str, ready_path: str,
+           extra_env: dict[str, str] | None = None) -> SearchProc:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")} | (extra_env or {})
     with open(log_path, "ab") as out:
         p = subprocess.Popen([sys.executable, "-m", "sluice.cli", "search", *args], stdout=out,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
@@ -83,14 +84,15 @@ def restart(proc: SearchProc) -> SearchProc:
     return _spawn(proc.args, proc.log_path, proc.url, "/health" if proc.args[0] == "shard" else "/ready")
 
 
-def start_router(tmp: Path, config: str | None = None, name: str = "router") -> SearchProc:
+def start_router(tmp: Path, config: str | None = None, name: str = "router",
+                 env: dict[str, str] | None = None) -> SearchProc:
     port = free_port()
     args = ["serve", "--port", str(port), "--data", str(tmp / f"{name}-data")]
     if config is not None:
         cfg = tmp / f"{name}.toml"
         cfg.write_text(config)
         args += ["--config", str(cfg)]
-    return _spawn(args, tmp / f"{name}.log", f"http://127.0.0.1:{port}", "/ready")
+    return _spawn(args, tmp / f"{name}.log", f"http://127.0.0.1:{port}", "/ready", env)
 
 
 def ingest(url: str, docs: list[dict[str, Any]], batch: int = 500, key: str | None = None) -> None:

@@ -27,7 +27,8 @@ MAX_TOP_K = 1000
 
 class ShardIndex:
     def __init__(self, path: Path | None, schema: Schema | None = None, params: Bm25Params | None = None):
-        """`path` None: an in-memory database (tests, the library-alone benchmark)."""
+        """`path` None: an in-memory database (the hot tier, tests, the library-alone benchmark)."""
+        self.path = path
         if path is None:
             self.db = xapian.WritableDatabase("", xapian.DB_BACKEND_INMEMORY)
         else:
@@ -35,12 +36,14 @@ class ShardIndex:
             self.db = xapian.WritableDatabase(str(path), xapian.DB_CREATE_OR_OPEN)
         self.analyzer = Analyzer(schema)
         self.params = params or Bm25Params()
+        self.last_matches = 0  # of the last search (the simulated cost: shard/replica.py)
 
     @classmethod
     def read_only(cls, db: xapian.Database, schema: Schema | None = None,
                   params: Bm25Params | None = None) -> "ShardIndex":
         """An index over an opened read-only database (the cold tier's archives); apply() fails."""
         self = cls.__new__(cls)
+        self.path, self.last_matches = None, 0
         self.db, self.analyzer, self.params = db, Analyzer(schema), params or Bm25Params()
         return self
 
@@ -82,7 +85,9 @@ class ShardIndex:
         enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
         enquire.set_query(build_query(tree, w.term_factor))
         out = []
-        for m in enquire.get_mset(0, top_k):
+        mset = enquire.get_mset(0, top_k)
+        self.last_matches = mset.get_matches_estimated()
+        for m in mset:
             data = json.loads(m.document.get_data())
             out.append(Hit(data["id"], m.weight, data.get("fields", {})))
         return out

@@ -19,22 +19,16 @@ from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from sluice.search.errors import DocumentError, QuerySyntaxError
 from sluice.search.index.schema import check_id
 from sluice.search.router.bulk import plan_bulk
 from sluice.search.router.runtime import RouterRuntime
+from sluice.search.router.search_request import SearchRequest
 
 MAX_BULK_BYTES = 64 << 20
 STATUS_PAGE = Path_(__file__).with_name("static") / "status.html"
-
-
-class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    query: str = Field(..., description="Query text (docs/SEARCH.md: words, \"phrases\", +must -not, AND/OR/NOT, "
-                                        "field:word)", max_length=2048)
-    top_k: int = Field(10, ge=0, description="How many hits (at most the configured max_top_k)")
 
 
 class SearchHit(BaseModel):
@@ -118,7 +112,9 @@ def create_router_app(rt: RouterRuntime) -> FastAPI:
         if req.top_k > rt.cfg.search.max_top_k:
             return _err(400, "invalid_request_error", f"top_k is at most {rt.cfg.search.max_top_k}")
         result = await rt.searcher.search(req.query, req.top_k)
-        return result.to_json()
+        # a Response as is: FastAPI would otherwise re-validate it against SearchResponse (the
+        # model documents it), which cost as much router CPU as a shard round trip
+        return JSONResponse(result.to_json())
 
     @app.post("/v1/search/documents", response_model=BulkResponse,
               openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {

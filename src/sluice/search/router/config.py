@@ -17,6 +17,11 @@
     hot_interval_s = 2.0
     hot_at = 0.7                 # index utilization per replica that adds a replica ...
     cool_at = 0.3                # ... and that removes an added one (must be < hot_at)
+    hot_for = 3                  # consecutive hot evaluations before a replica is added
+    cool_for = 10                # consecutive cool evaluations before an added one is removed
+    hot_max_added = 2            # added replicas per shard at most
+    log_compact_every = 10000    # compact a replica's write log once this many entries can go (0: never)
+    log_keep_max = 1000000       # entries kept for a lagging replica; one further behind copies an index
 
     [[shards]]
     name = "s0"
@@ -110,6 +115,11 @@ class SearchSettings(_Strict):
     hot_interval_s: float = Field(2.0, gt=0)
     hot_at: float = Field(0.7, gt=0, le=1)  # utilization per replica that adds one (hot_shards.py)
     cool_at: float = Field(0.3, ge=0, lt=1)  # ... that removes an added one
+    hot_for: int = Field(3, ge=1, le=1000)  # consecutive evaluations (hysteresis: hot_shards.py)
+    cool_for: int = Field(10, ge=1, le=1000)
+    hot_max_added: int = Field(2, ge=1, le=16)
+    log_compact_every: int = Field(10_000, ge=0)  # droppable entries before a compaction (0: never)
+    log_keep_max: int = Field(1_000_000, ge=1)  # a replica further behind copies a peer's index
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=False)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from pathlib import Path
 
 from sluice.search.router.config import LOCAL, SearchConfig
@@ -45,6 +46,7 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
     import uvicorn
 
     from sluice.search.router.app import create_router_app
+    from sluice.search.router.fast_http.search_path import SearchFastPath
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per shard request otherwise
@@ -62,18 +64,25 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
             await asyncio.sleep(0.25)
 
     tasks: list[asyncio.Task] = []
-    tracker = HotShardTracker(HotShardPolicy(hot_at=cfg.search.hot_at, cool_at=cfg.search.cool_at))
+    c = cfg.search
+    tracker = HotShardTracker(HotShardPolicy(hot_at=c.hot_at, cool_at=c.cool_at, hot_for=c.hot_for,
+                                             cool_for=c.cool_for, max_added=c.hot_max_added))
 
     async def hot_shards() -> None:
         last = {s.name: s.index_busy_s for s in rt.topo.shards}
+        then = time.monotonic()
         while True:
             await asyncio.sleep(cfg.search.hot_interval_s)
+            now = time.monotonic()
+            interval, then = now - then, now  # the measured one: a busy loop may wake late
             loads = {}
             for s in rt.topo.shards:
                 if s.cold_url is None:
                     serving = sum(1 for r in s.replicas if r.serving)
-                    loads[s.name] = utilization(s.index_busy_s - last[s.name], cfg.search.hot_interval_s, serving)
+                    loads[s.name] = utilization(s.index_busy_s - last[s.name], interval, serving)
                     last[s.name] = s.index_busy_s
+            rt.extra_status["hot_shards"] = {n: {"utilization": round(u, 4), "added": tracker.added(n)}
+                                             for n, u in loads.items()}
             for name, change in tracker.evaluate(loads):
                 shard = next(s for s in rt.topo.shards if s.name == name)
                 if change is Change.ADD:
@@ -113,5 +122,5 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
         sup.stop_all()
 
     _say(f"listening on http://{host}:{port} (search API at /v1/search, docs at /docs)")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(SearchFastPath(app, rt), host=host, port=port, log_level="warning", access_log=False)
     return 0

@@ -3,9 +3,12 @@ up to date from a peer; keep the replica gauges (up, applied entry, freshness) c
 
 A replica that does not answer is marked down (replica choice skips it). One that answers again
 is marked up and, if behind the shard's head, told to catch up from the most advanced peer
-(POST /v1/shard/catch_up): it copies the missing log entries and applies them in order. The
-poll also learns writes made through another router (the head is the longest log seen), which
-moves the result cache's revision.
+(POST /v1/shard/catch_up): it copies the missing log entries and applies them in order (or a
+peer's index first, when it is empty or the entries it lacks were compacted away). Catch-ups
+and compactions run beside the poll, one at a time per replica, so a long copy never delays
+the health of the others. The poll also learns writes made through another router (the head is
+the longest log seen), which moves the result cache's revision, and tells replicas when their
+logs may be compacted (compaction.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 
 import httpx
 
+from sluice.search.router.compaction import compaction_point, should_compact
 from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.topology import ShardRuntime, Topology
@@ -24,9 +28,19 @@ log = logging.getLogger("sluice.search.router")
 
 
 class HealthPoller:
-    def __init__(self, topo: Topology, http: httpx.AsyncClient, metrics: SearchMetrics, interval_s: float = 0.5):
+    def __init__(self, topo: Topology, http: httpx.AsyncClient, metrics: SearchMetrics, interval_s: float = 0.5,
+                 compact_every: int = 0, keep_max: int = 1_000_000):
         self.topo, self.http, self.metrics, self.interval_s = topo, http, metrics, interval_s
+        self.compact_every, self.keep_max = compact_every, keep_max
         self.polls = 0
+        self._jobs: dict[str, asyncio.Task] = {}  # replica url → its catch-up or compaction
+
+    def _job(self, r: ReplicaState, coro) -> None:
+        """Run a replica's catch-up or compaction beside the poll, one at a time per replica."""
+        if r.url in self._jobs and not self._jobs[r.url].done():
+            coro.close()
+            return
+        self._jobs[r.url] = asyncio.create_task(coro)
 
     async def _status(self, r: ReplicaState) -> dict | None:
         try:
@@ -46,7 +60,9 @@ class HealthPoller:
                     log.info("replica %s is up (applied %s)", r.name, st["applied_seq"])
                 r.reachable, r.down_until, r.failures = True, 0.0, 0
                 r.applied_seq = int(st["applied_seq"])
+                r.log_base = int(st.get("log_base", 0))
                 logged[r.url] = int(st["logged_seq"])
+                self.metrics.log_entries.labels(shard.name, r.name).set(logged[r.url] - r.log_base)
             else:
                 if r.reachable:
                     log.warning("replica %s is not answering", r.name)
@@ -63,7 +79,12 @@ class HealthPoller:
         best = max((r for r in shard.replicas if r.url in logged), key=lambda r: logged[r.url], default=None)
         laggards = [r for r in shard.replicas if r.url in logged and best is not None
                     and r is not best and logged[r.url] < logged[best.url]]
-        await asyncio.gather(*(self._catch_up(shard, r, best) for r in laggards))
+        for r in laggards:
+            self._job(r, self._catch_up(shard, r, best))
+        point = compaction_point([r.applied_seq for r in shard.replicas], shard.head_seq, self.keep_max)
+        for r in shard.replicas:
+            if r.url in logged and r not in laggards and should_compact(point, r.log_base, self.compact_every):
+                self._job(r, self._compact(shard, r, point))
         now = time.time()
         for r in shard.replicas:
             if not r.serving and r.reachable and r.applied_seq >= shard.head_seq:
@@ -74,12 +95,26 @@ class HealthPoller:
 
     async def _catch_up(self, shard: ShardRuntime, r: ReplicaState, peer: ReplicaState) -> None:
         try:
-            resp = await self.http.post(r.url + "/v1/shard/catch_up", json={"peer": peer.url}, timeout=30.0)
+            resp = await self.http.post(r.url + "/v1/shard/catch_up", json={"peer": peer.url}, timeout=600.0)
             if resp.status_code == 200:
                 r.applied_seq = int(resp.json()["applied_seq"])
                 log.info("replica %s caught up from %s to entry %d", r.name, peer.name, r.applied_seq)
         except (httpx.HTTPError, ValueError):
             pass  # next poll tries again
+
+    async def _compact(self, shard: ShardRuntime, r: ReplicaState, upto: int) -> None:
+        try:
+            resp = await self.http.post(r.url + "/v1/shard/compact", json={"upto": upto}, timeout=120.0)
+            if resp.status_code == 200:
+                r.log_base = int(resp.json()["log_base"])
+                log.info("replica %s compacted its write log through entry %d", r.name, r.log_base)
+        except (httpx.HTTPError, ValueError):
+            pass  # next poll tries again
+
+    async def stop(self) -> None:
+        for t in self._jobs.values():
+            t.cancel()
+        await asyncio.gather(*self._jobs.values(), return_exceptions=True)
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self.poll_shard(s) for s in self.topo.shards if s.cold_url is None))

@@ -20,6 +20,7 @@ from sluice.search.router.result_cache import ResultCache
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.searcher import Searcher
 from sluice.search.router.shard_client import ShardClient
+from sluice.search.router.fast_http.shard_http import ShardHttp
 from sluice.search.router.topology import Topology
 from sluice.search.router.writer import Writer
 from sluice.search.tiers.archive import S3Location, download
@@ -43,7 +44,8 @@ class RouterRuntime:
                                              limits=httpx.Limits(max_connections=512, max_keepalive_connections=256))
         self.http = httpx.AsyncClient(transport=transport, timeout=cfg.search.shard_deadline_ms / 1000)
         s = cfg.search
-        self.client = ShardClient(self.http, self.metrics, s.hedge, s.hedge_min_ms / 1000)
+        self.shard_http = ShardHttp()  # the query path's client (aiohttp, fast_http/shard_http.py); httpx for the rest
+        self.client = ShardClient(self.shard_http, self.metrics, s.hedge, s.hedge_min_ms / 1000)
         self.cache = ResultCache(s.cache_entries)
         self.cold = None
         if any(sh.archive for sh in cfg.shards):
@@ -52,7 +54,8 @@ class RouterRuntime:
         self.searcher = Searcher(self.topo, self.client, self.metrics, self.cache, Analyzer(schema_of(cfg)),
                                  s.stats, s.shard_deadline_ms / 1000, self.cold)
         self.writer = Writer(self.topo, self.http, self.metrics)
-        self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s)
+        self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s,
+                                   s.log_compact_every, s.log_keep_max)
         self.auth = SearchAuth(s.api_keys, s.ingest_keys)
         self.started = time.time()
         self._tasks: list[asyncio.Task] = []
@@ -66,7 +69,9 @@ class RouterRuntime:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.poller.stop()
         await self.http.aclose()
+        await self.shard_http.aclose()
 
     def not_ready_reason(self) -> str | None:
         if self.poller.polls == 0:
@@ -88,7 +93,8 @@ class RouterRuntime:
                 "p50_ms": _ms(s.latency.quantile(0.5)), "p95_ms": _ms(s.latency.quantile(0.95)),
                 "index_p95_ms": _ms(s.index_latency.quantile(0.95)),
                 "replicas": [{"name": r.name, "url": r.url, "local": r.local, "up": r.reachable,
-                              "applied_seq": r.applied_seq, "in_flight": r.in_flight,
+                              "applied_seq": r.applied_seq, "log_base": r.log_base, "in_flight": r.in_flight,
+                              "serving": r.serving, "added": r.added,
                               "ewma_ms": round(r.ewma_s * 1000, 3),
                               "freshness_s": round(s.freshness_s(r, now), 3)} for r in s.replicas],
             } for s in self.topo.shards],

@@ -39,6 +39,8 @@ class SearchMetrics:
                                 ["shard", "replica"], registry=r)
         self.applied_seq = Gauge("sluice_search_replica_applied_seq", "Last write-log entry the replica applied",
                                  ["shard", "replica"], registry=r)
+        self.log_entries = Gauge("sluice_search_replica_log_entries",
+                                 "Entries in the replica's write log (after compaction)", ["shard", "replica"], registry=r)
         self.head_seq = Gauge("sluice_search_shard_head_seq", "Newest acknowledged write-log entry", ["shard"],
                               registry=r)
         self.documents = Counter("sluice_search_documents_written", "Documents upserted or deleted",

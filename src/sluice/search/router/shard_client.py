@@ -18,11 +18,10 @@ import random
 import time
 from typing import Any
 
-import httpx
-
 from sluice.search.router.replica_picker import pick_replica
 from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.search_metrics import SearchMetrics
+from sluice.search.router.fast_http.shard_http import ShardHttp, ShardHttpError, ShardHttpTimeout
 from sluice.search.router.topology import ShardRuntime
 
 
@@ -39,7 +38,7 @@ class ShardCallError(Exception):
 
 
 class ShardClient:
-    def __init__(self, http: httpx.AsyncClient, metrics: SearchMetrics, hedge: bool, hedge_min_s: float,
+    def __init__(self, http: ShardHttp, metrics: SearchMetrics, hedge: bool, hedge_min_s: float,
                  rng: random.Random | None = None):
         self.http = http
         self.metrics = metrics
@@ -53,22 +52,21 @@ class ShardClient:
         t0 = time.perf_counter()
         ok = False
         try:
-            resp = await self.http.post(r.url + path, json=payload, timeout=max(0.001, timeout_s))
-            if 400 <= resp.status_code < 500:
+            status, data = await self.http.post_json(r.url + path, payload, timeout_s)
+            if 400 <= status < 500:
                 ok = True  # the replica is fine; the request is not
-                msg = resp.json().get("error", {}).get("message", resp.text[:300])
-                raise ShardCallError(shard.name, Failure.BAD_QUERY, msg, resp.status_code)
-            if resp.status_code >= 500:
-                raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"replica {r.name} answered {resp.status_code}")
+                msg = str(data.get("error", {}).get("message", f"replica answered {status}"))[:300]
+                raise ShardCallError(shard.name, Failure.BAD_QUERY, msg, status)
+            if status >= 500:
+                raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"replica {r.name} answered {status}")
             ok = True
-            data = resp.json()
             if "applied_seq" in data:
                 r.applied_seq = max(r.applied_seq, int(data["applied_seq"]))
             return r, data
-        except httpx.TimeoutException:
+        except ShardHttpTimeout:
             raise ShardCallError(shard.name, Failure.TIMEOUT, f"replica {r.name} timed out") from None
-        except httpx.HTTPError as exc:
-            raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"replica {r.name}: {type(exc).__name__}") from None
+        except ShardHttpError as exc:
+            raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"replica {r.name}: {exc}") from None
         finally:
             r.in_flight -= 1
             elapsed = time.perf_counter() - t0

@@ -6,11 +6,20 @@ repaired on start: entries the log has and the index has not applied are replaye
 
 One lock serializes the index (Xapian objects are not thread-safe); queries take ~1 ms, and a
 replica is scaled by adding replicas, not threads.
+
+Compaction (`compact`, told by the router once every replica of the shard has applied an
+entry): log entries up to it are dropped once they are in a durable index — a disk replica's
+own committed database, or, for a memory replica, a snapshot written to disk first
+(shard/snapshot.py). A replica that needs entries a peer has dropped, or starts empty, or is
+more than SNAPSHOT_AFTER entries behind, copies the peer's index snapshot and then the log
+after it (`catch_up`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import socket
 import threading
 import time
@@ -18,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import xapian
 
 from sluice.search.errors import DocumentError
 from sluice.search.index.bm25 import CollectionStats
@@ -25,9 +35,16 @@ from sluice.search.index.hits import Hit
 from sluice.search.index.query_tree import Tree
 from sluice.search.index.schema import Schema, check_id, parse_document
 from sluice.search.index.shard_index import ShardIndex
+from sluice.search.shard import snapshot
 from sluice.search.shard.write_log import WriteLog
 
 log = logging.getLogger("sluice.search.shard")
+
+SNAPSHOT_AFTER = 10_000  # entries behind a peer: copy its index rather than replay its log
+# Tests and benchmarks: every search also spends this many µs per matching document inside the
+# index lock, as a shard holding far more documents would in its posting lists. Content sharding
+# plus a skewed query mix then loads one shard deterministically (tests/system/search).
+SIMULATED_COST_ENV = "SLUICE_SEARCH_SIMULATED_COST_US"
 
 
 def check_ops(ops: Any) -> list[dict[str, Any]]:
@@ -51,17 +68,37 @@ class Replica:
         """`memory`: the hot tier — the index lives in memory (Xapian's in-memory backend), rebuilt
         from the write log at every start; the log on disk stays the durable copy."""
         self.data_dir = data_dir
+        self.schema = schema
+        self.memory = memory
         self.log = WriteLog(data_dir / "write.log", fsync=fsync)
-        self.index = ShardIndex(None if memory else data_dir / "index", schema)
+        self._index_dir = data_dir / ("snapshot" if memory else "index")  # memory: the durable snapshot
+        snapshot.recover_dir(self._index_dir)
+        for leftover in [*data_dir.glob("snapshot-*"), data_dir / "incoming", data_dir / "snapshot.new"]:
+            shutil.rmtree(leftover, ignore_errors=True)  # a crash while serving or taking a snapshot
+        self.index = self._open_index()
         self._lock = threading.Lock()
         self.last_apply_ts = 0.0  # when the newest applied entry was sequenced (router clock)
+        self.snapshots_installed = 0
+        self.simulated_cost_s = float(os.environ.get(SIMULATED_COST_ENV) or 0) / 1e6
         self.replayed = self._replay()
+
+    def _open_index(self) -> ShardIndex:
+        if not self.memory:
+            return ShardIndex(self._index_dir, self.schema)
+        index = ShardIndex(None, self.schema)
+        if self._index_dir.exists():
+            snapshot.copy_documents(xapian.Database(str(self._index_dir)), index.db)
+        return index
 
     def _replay(self) -> int:
         applied = self.index.applied_seq
+        if applied < self.log.base:
+            raise RuntimeError(f"{self.data_dir}: the index is at entry {applied} but the write log was compacted "
+                               f"through {self.log.base}; the index was lost — delete this folder and let the "
+                               f"router copy a peer's index into it")
         if applied > self.log.last_seq:
-            raise RuntimeError(f"{self.data_dir}: the index applied entry {applied} but the write log ends at "
-                               f"{self.log.last_seq}; the log was truncated or replaced")
+            # an installed snapshot whose log reset a crash interrupted: the index has it all
+            self.log.reset(applied)
         n = 0
         while applied < self.log.last_seq:
             for entry in self.log.read(applied):
@@ -94,12 +131,24 @@ class Replica:
             return self.index.applied_seq
 
     def catch_up(self, peer_url: str, max_entries: int = 20000, timeout_s: float = 10.0) -> int:
-        """Copy the entries this replica lacks from a peer's log, in order, and apply them."""
+        """Bring this replica up to a peer: its index snapshot first when this one is empty, too
+        far behind, or lacks entries the peer compacted away; then the peer's log, in order."""
         nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         with httpx.Client(base_url=peer_url.rstrip("/"), timeout=timeout_s, transport=nodelay) as http:
-            copied = 0
+            st = http.get("/v1/shard/status")
+            st.raise_for_status()
+            peer = st.json()
+            mine = self.log.last_seq
+            if mine < int(peer.get("log_base", 0)) or (peer["applied_seq"] > 0 and (
+                    self.applied_seq == 0 or peer["applied_seq"] - mine > SNAPSHOT_AFTER)):
+                self._copy_snapshot(http)
+            copied = snapshots = 0
             while copied < max_entries:
                 r = http.get("/v1/shard/log", params={"after": self.log.last_seq, "limit": 500})
+                if r.status_code == 410 and snapshots < 3:  # compacted meanwhile: its index again
+                    snapshots += 1
+                    self._copy_snapshot(http)
+                    continue
                 r.raise_for_status()
                 entries = r.json()["entries"]
                 if not entries:
@@ -109,15 +158,73 @@ class Replica:
                     copied += 1
         return self.applied_seq
 
+    def _copy_snapshot(self, http: httpx.Client) -> None:
+        tar = self.data_dir / "incoming.tar"
+        with http.stream("GET", "/v1/shard/snapshot", timeout=600) as r:
+            r.raise_for_status()
+            with open(tar, "wb") as f:
+                for chunk in r.iter_bytes(1 << 20):
+                    f.write(chunk)
+        try:
+            self.install_snapshot(tar)
+        finally:
+            tar.unlink(missing_ok=True)
+
+    def install_snapshot(self, tar: Path) -> bool:
+        """Replace this replica's index by a peer's snapshot (when it is ahead of this log);
+        the log starts over after the snapshot's entry."""
+        incoming = snapshot.unpack(tar, self.data_dir / "incoming")
+        seq = snapshot.applied_seq_of(incoming)
+        with self._lock:
+            if seq <= self.log.last_seq:
+                shutil.rmtree(incoming.parent, ignore_errors=True)
+                return False  # this replica got there by itself meanwhile
+            if self.index.path is not None:
+                self.index.close()
+            snapshot.replace_dir(incoming, self._index_dir)
+            self.log.reset(seq)  # after the swap: a crash between the two is repaired by _replay
+            self.index = self._open_index()
+            self.snapshots_installed += 1
+        shutil.rmtree(incoming.parent, ignore_errors=True)
+        log.info("installed a peer's index snapshot at entry %d", seq)
+        return True
+
+    def write_snapshot(self, dest: Path) -> int:
+        """A consistent copy of this index at `dest`; returns its entry (shard/snapshot.py)."""
+        if self.index.path is not None:
+            return snapshot.write_snapshot(self.index.db, self.index.path, dest)
+        with self._lock:
+            return snapshot.write_snapshot(self.index.db, None, dest)
+
+    def compact(self, upto: int) -> int:
+        """Drop log entries ≤ upto that are in a durable index; returns how many were dropped."""
+        with self._lock:
+            upto = min(upto, self.index.applied_seq)
+            if upto <= self.log.base:
+                return 0
+            if self.memory:  # its index is in memory: make it durable on disk first
+                tmp = self.data_dir / "snapshot.new"
+                shutil.rmtree(tmp, ignore_errors=True)
+                snapshot.write_snapshot(self.index.db, None, tmp)
+                snapshot.replace_dir(tmp, self._index_dir)
+            dropped = self.log.drop_through(upto)
+        log.info("write log compacted through entry %d (%d entries dropped)", upto, dropped)
+        return dropped
+
     def stats(self, terms: list[str]) -> tuple[CollectionStats, int]:
         with self._lock:
             return self.index.stats(terms), self.index.applied_seq
 
     def search(self, tree: Tree | None, top_k: int, stats: CollectionStats | None) -> tuple[list[Hit], int]:
         with self._lock:
-            return self.index.search(tree, top_k, stats), self.index.applied_seq
+            hits = self.index.search(tree, top_k, stats)
+            if self.simulated_cost_s:
+                time.sleep(self.simulated_cost_s * self.index.last_matches)
+            return hits, self.index.applied_seq
 
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {"applied_seq": self.index.applied_seq, "logged_seq": self.log.last_seq,
+                    "log_base": self.log.base, "log_bytes": self.log.size_bytes,
+                    "snapshots_installed": self.snapshots_installed,
                     "doc_count": self.index.doc_count(), "last_apply_ts": self.last_apply_ts}

@@ -2,8 +2,12 @@
 
     GET  /health, /ready, /metrics, /v1/shard/status
     POST /v1/shard/append    {"seq", "ops", "ts"}  → {"applied_seq"}; 409 {"last_seq"} on a gap
-    GET  /v1/shard/log?after=N&limit=M            → {"entries", "last_seq"} (peers catch up from it)
-    POST /v1/shard/catch_up  {"peer": URL}          → copy missing entries from a peer, apply them
+    GET  /v1/shard/log?after=N&limit=M            → {"entries", "last_seq"} (peers catch up from it);
+                                                      410 {"log_base"} when entries after N were compacted
+    POST /v1/shard/catch_up  {"peer": URL}          → copy missing entries (or the index) from a peer
+    GET  /v1/shard/snapshot                        → a tar of a consistent copy of the index
+                                                      (header x-sluice-applied-seq: its entry)
+    POST /v1/shard/compact   {"upto": N}            → drop log entries ≤ N that are in a durable index
     POST /v1/shard/stats     {"terms"}              → this shard's collection statistics (phase 1)
     POST /v1/shard/search    {"tree", "top_k", "stats"} → hits scored with the given global
                                                       statistics, or this shard's own when null
@@ -14,12 +18,16 @@ writes and catch-up run in the thread pool so a slow fsync or peer does not stal
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.background import BackgroundTask
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sluice.search.errors import DocumentError, QuerySyntaxError
@@ -27,7 +35,9 @@ from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.query_tree import check_tree
 from sluice.search.index.shard_index import MAX_TOP_K
 from sluice.search.shard.replica import Replica
-from sluice.search.shard.write_log import LogGapError
+from sluice.search.shard import snapshot
+from sluice.search.shard.query_path import QueryPath
+from sluice.search.shard.write_log import LogCompactedError, LogGapError
 
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -36,7 +46,7 @@ def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": {"message": message, **extra}}, status_code=status)
 
 
-def create_shard_app(replica: Replica) -> FastAPI:
+def create_shard_app(replica: Replica) -> QueryPath:
     app = FastAPI(title="sluice search shard", version="1", docs_url=None, redoc_url=None)
     reg = CollectorRegistry()
     latency = Histogram("sluice_search_shard_op_seconds", "Time in the index per operation", ["op"],
@@ -98,9 +108,40 @@ def create_shard_app(replica: Replica) -> FastAPI:
         return JSONResponse({"applied_seq": applied_seq})
 
     @app.get("/v1/shard/log")
-    async def read_log(after: int = 0, limit: int = 500) -> dict[str, Any]:
-        entries = await run_in_threadpool(replica.log.read, max(0, after), max(1, min(limit, 5000)))
-        return {"entries": entries, "last_seq": replica.log.last_seq}
+    async def read_log(after: int = 0, limit: int = 500) -> JSONResponse:
+        try:
+            entries = await run_in_threadpool(replica.log.read, max(0, after), max(1, min(limit, 5000)))
+        except LogCompactedError as exc:
+            return _error(410, f"{exc}; copy this replica's index (/v1/shard/snapshot)", log_base=exc.base)
+        return JSONResponse({"entries": entries, "last_seq": replica.log.last_seq})
+
+    @app.get("/v1/shard/snapshot")
+    async def get_snapshot() -> FileResponse:
+        tmp = Path(tempfile.mkdtemp(prefix="snapshot-", dir=replica.data_dir))
+
+        def make() -> int:
+            seq = replica.write_snapshot(tmp / "index")
+            snapshot.pack(tmp / "index", tmp / "index.tar")
+            return seq
+
+        t0 = time.perf_counter()
+        try:
+            seq = await run_in_threadpool(make)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        latency.labels("snapshot").observe(time.perf_counter() - t0)
+        return FileResponse(tmp / "index.tar", media_type="application/x-tar",
+                            headers={"x-sluice-applied-seq": str(seq)},
+                            background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))
+
+    @app.post("/v1/shard/compact")
+    async def compact(request: Request) -> dict[str, Any]:
+        upto = (await body(request)).get("upto")
+        if not isinstance(upto, int) or upto < 0:
+            raise DocumentError("upto must be an integer >= 0")
+        dropped = await run_in_threadpool(replica.compact, upto)
+        return {"dropped": dropped, "log_base": replica.log.base, "logged_seq": replica.log.last_seq}
 
     @app.post("/v1/shard/catch_up")
     async def catch_up(request: Request) -> JSONResponse:
@@ -114,9 +155,9 @@ def create_shard_app(replica: Replica) -> FastAPI:
             return _error(502, f"catch-up from {peer} failed: {type(exc).__name__}: {exc}"[:500])
         return JSONResponse({"applied_seq": applied_seq})
 
-    @app.post("/v1/shard/stats")
-    async def stats(request: Request) -> dict[str, Any]:
-        terms = (await body(request)).get("terms")
+    # the query path: plain ASGI in front of FastAPI (query_path.py)
+    def stats(data: dict[str, Any]) -> dict[str, Any]:
+        terms = data.get("terms")
         if not isinstance(terms, list) or len(terms) > 1024 or not all(isinstance(t, str) for t in terms):
             raise DocumentError("terms must be a list of at most 1024 strings")
         t0 = time.perf_counter()
@@ -124,9 +165,7 @@ def create_shard_app(replica: Replica) -> FastAPI:
         latency.labels("stats").observe(time.perf_counter() - t0)
         return {**st.to_json(), "applied_seq": seq}
 
-    @app.post("/v1/shard/search")
-    async def search(request: Request) -> dict[str, Any]:
-        data = await body(request)
+    def search(data: dict[str, Any]) -> dict[str, Any]:
         tree = data.get("tree")
         tree = None if tree is None else check_tree(tree)
         top_k = data.get("top_k", 10)
@@ -140,4 +179,6 @@ def create_shard_app(replica: Replica) -> FastAPI:
         latency.labels("search").observe(took)
         return {"hits": [h.to_json() for h in hits], "applied_seq": seq, "index_s": took}
 
-    return app
+    return QueryPath(app, {"/v1/shard/stats": stats, "/v1/shard/search": search},
+                     lambda kind: errors.labels(kind).inc())
+
