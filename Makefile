@@ -10,6 +10,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sluice-installed
 PYTEST_ARGS ?=
+# the suite's files spread over one pytest worker per core (pytest-xdist; a file stays on one
+# worker, so its module fixtures start once): most tests wait on processes they started, so the
+# cores overlap that waiting. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= auto
 HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
@@ -73,7 +77,7 @@ deploy-generate: install
 	$(BIN)/python -m deploy.generate
 
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # a longer, randomized pass of the schema-driven fuzz test (make test runs a bounded one)
 FUZZ_EXAMPLES ?= 500

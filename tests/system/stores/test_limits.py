@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -21,6 +23,13 @@ from tests.server_process import free_port
 
 def _key() -> str:
     return "k-" + uuid.uuid4().hex[:8]
+
+
+def _exact(admitted: int, elapsed_s: float, rpm: int = 50) -> bool:
+    """The full bucket and no more, plus what it refilled (continuously, rpm per minute) while
+    the burst ran: on a loaded machine a burst can take seconds, so refill is counted, not
+    assumed away."""
+    return rpm <= admitted <= rpm + math.ceil(elapsed_s * rpm / 60)
 
 
 async def _burst(limiter, key: str, limits: Limits, n: int) -> int:
@@ -40,7 +49,9 @@ def test_redis_exact_under_concurrency(redis_server):
         finally:
             await limiter.close()
 
-    assert asyncio.run(run()) == 50
+    t0 = time.monotonic()
+    admitted = asyncio.run(run())
+    assert _exact(admitted, time.monotonic() - t0), admitted
 
 
 _CHILD = """
@@ -58,9 +69,10 @@ asyncio.run(main())
 
 def test_redis_shared_by_two_processes(redis_server):
     key = _key()
+    t0 = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, redis_server.url, key], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     admitted = [int(p.communicate(timeout=60)[0].strip()) for p in procs]
-    assert sum(admitted) == 50, admitted
+    assert _exact(sum(admitted), time.monotonic() - t0), admitted
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
