@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sluice.search.errors import QuerySyntaxError
@@ -91,13 +92,7 @@ class Searcher:
             answers = await asyncio.gather(*(self._one(s, "/v1/shard/stats", {"terms": terms}, deadline, "stats", None)
                                              for s in shards), return_exceptions=True)
             glob = CollectionStats()
-            for s, a in zip(shards, answers):
-                if isinstance(a, ShardCallError):
-                    failed[s.name] = a.failure.value
-                    continue
-                if isinstance(a, BaseException):
-                    raise a
-                replica, data = a
+            for s, (replica, data) in _answered(shards, answers, failed):
                 chosen[s.position] = replica
                 glob.add(CollectionStats.from_json(data))
             if not failed:
@@ -107,12 +102,7 @@ class Searcher:
         answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search", chosen[s.position])
                                          for s in live), return_exceptions=True)
         per_shard: list[list[Hit]] = []
-        for s, a in zip(live, answers):
-            if isinstance(a, ShardCallError):
-                failed[s.name] = a.failure.value
-                continue
-            if isinstance(a, BaseException):
-                raise a
+        for s, a in _answered(live, answers, failed):
             per_shard.append([Hit.from_json(h) for h in a[1]["hits"]])
             if isinstance(a[1].get("index_s"), (int, float)):
                 s.index_latency.add(float(a[1]["index_s"]))
@@ -158,3 +148,15 @@ class Searcher:
             raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"cold shard: {type(exc).__name__}: {exc}"[:300]) from None
         self.metrics.shard_latency.labels(shard.name, phase).observe(time.perf_counter() - t0)
         return None, out
+
+
+def _answered(shards: Sequence[ShardRuntime], answers: Sequence[Any], failed: dict[str, str]) -> Iterator[tuple[ShardRuntime, Any]]:
+    """Each shard with its answer, in order; a shard whose call failed (timeout, unavailable) is
+    recorded in `failed` — the result says partial — and any other error is raised."""
+    for s, a in zip(shards, answers):
+        if isinstance(a, ShardCallError):
+            failed[s.name] = a.failure.value
+            continue
+        if isinstance(a, BaseException):
+            raise a
+        yield s, a
