@@ -6,6 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+# the closed vocabularies (pydantic only: no torch is imported to print --help)
+from sluice.train.settings import Compression, LrSchedule, Parallel, PipelineSchedule
+
 # flag dest -> settings field; every flag defaults to None so the file (or the default) decides
 _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--data", dict(metavar="FILE", help="JSONL: {\"system\"?, \"messages\": [...]} (loss on assistant turns) "
@@ -24,21 +27,21 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--micro-batch-size", dict(type=int, metavar="N", help="rows per forward on a rank; 0 = batch / data-parallel ranks "
                                                            "(pp: 0 = 1 row per micro-batch) (default: 0)")),
     ("--lr", dict(type=float, metavar="LR", help="peak learning rate of AdamW (default: 2e-5)")),
-    ("--lr-schedule", dict(choices=["constant", "cosine"], help="after warmup (default: constant)")),
+    ("--lr-schedule", dict(choices=[s.value for s in LrSchedule], help="after warmup (default: constant)")),
     ("--warmup-steps", dict(type=int, metavar="N", help="linear warmup steps (default: 0)")),
-    ("--parallel", dict(choices=["ddp", "fsdp", "tp", "pp", "fsdp_tp", "ep"],
+    ("--parallel", dict(choices=[p.value for p in Parallel],
                         help="ddp (all-reduce) or fsdp (FSDP2 sharding): data parallel; tp: tensor parallel over "
-                             "every rank; pp: pipeline, a stage of layers per rank; fsdp_tp: FSDP2 x tensor parallel "
-                             "(default: ddp); ep: a MoE model's experts sharded over ranks, the rest DDP")),
+                             "every rank; pp: pipeline, a stage of layers per rank; fsdp_tp: FSDP2 x tensor parallel; "
+                             "ep: a MoE model's experts sharded over ranks, the rest DDP (default: ddp)")),
     ("--tp-size", dict(type=int, metavar="N", help="fsdp_tp: ranks per tensor-parallel group (default: 2)")),
-    ("--pp-schedule", dict(choices=["gpipe", "1f1b"], help="pp: pipeline schedule (default: gpipe); micro-batches "
+    ("--pp-schedule", dict(choices=[p.value for p in PipelineSchedule], help="pp: pipeline schedule (default: gpipe); micro-batches "
                                                           "are --micro-batch-size rows (default: 1)")),
-    ("--compression", dict(choices=["none", "fp16", "bf16", "powersgd", "topk"],
+    ("--compression", dict(choices=[c.value for c in Compression],
                            help="DDP gradient compression hook (default: none)")),
     ("--seed", dict(type=int, help="data order and random init (default: 0)")),
     ("--max-restarts", dict(type=int, metavar="N", help="torchrun restarts after a crash (default: 3)")),
     ("--threads", dict(type=int, metavar="N", help="torch threads per rank; 0 = cores / nproc (default: 0)")),
-    # --- h-moe: mixture of experts, elastic launch, object storage ---
+    # mixture of experts, elastic launch, object storage
     ("--moe-experts", dict(type=int, metavar="E", help="train a mixture-of-experts variant with E experts per layer "
                                                        "(random experts, or upcycled from the dense model) (default: 0, dense)")),
     ("--moe-top-k", dict(type=int, metavar="K", help="experts per token (default: 2)")),

@@ -91,7 +91,7 @@ class TrainSettings(BaseModel):
     threads: int = Field(0, ge=0)  # torch threads per rank; 0 = the machine's cores / nproc
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$")  # bfloat16: CUDA only
     device: str = Field("cpu", pattern="^(cpu|cuda)$")
-    # --- mixture of experts, elastic launch, object storage (h-moe) ---
+    # -- mixture of experts, elastic launch, object storage --
     # MoE feed-forward (train/model/moe.py): experts per layer; 0 = the dense model as loaded
     moe_experts: int = Field(0, ge=0, le=256)
     moe_top_k: int = Field(2, ge=1)  # experts each token is sent to
@@ -102,7 +102,6 @@ class TrainSettings(BaseModel):
     # where checkpoints go: "" = RUN/checkpoints, or "s3://bucket/prefix" (train/checkpoint/object_store.py)
     checkpoint_store: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?)?$")
     s3_endpoint: str = ""  # an S3-compatible endpoint URL; "" = AWS's (credentials: the AWS_* variables)
-    # --- end h-moe ---
     # -- observability (train/observe/): sinks besides metrics.jsonl, and the MFU's peak --
     tensorboard: bool = False  # event files in RUN_DIR/tensorboard (needs the tensorboard package)
     prometheus_textfile: str | None = None  # a node-exporter textfile, rewritten after every step
