@@ -98,16 +98,16 @@ def run(run_dir: Path) -> int:
     store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
     ckpt = Checkpointer(store, settings.keep_checkpoints, settings.async_checkpoint)
     start = ckpt.restore(model.module, optim)
+    dp_rank, dp_size = model.data_share()  # tensor / pipeline ranks share rows
+    micro = settings.micro_batch(world)
     if rank == 0:
         (run_dir / STOPPED_MARKER).unlink(missing_ok=True)
         print(f"[rank 0] world {world}, {settings.parallel.value}, "
-              f"{settings.batch_size // world // settings.micro_batch(world)} micro-batches per step, "
-              + (f"resumed from step {start}" if start else "starting at step 0"), file=sys.stderr, flush=True)
+              + (f"resumed from step {start}" if start else "starting at step 0")
+              + f", {settings.batch_size // dp_size // micro} micro-batches per step", file=sys.stderr, flush=True)
     sinks = open_sinks(settings.tensorboard, settings.prometheus_textfile, run_dir, start) if rank == 0 else []
     metrics = MetricsWriter(run_dir / "metrics.jsonl", rank == 0, start, sinks)
     bar = _progress(rank == 0, settings.max_steps, start)
-    dp_rank, dp_size = model.data_share()  # tensor / pipeline ranks share rows
-    micro = settings.micro_batch(world)
     stopped = False
     for step in range(start + 1, settings.max_steps + 1):
         faults.at_step_start(rank, step, ckpt.wait)

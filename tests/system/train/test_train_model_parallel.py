@@ -6,7 +6,7 @@ resumes in another (DCP reshards DTensor shards into pipeline stages).
 Lean on purpose (each torchrun start costs 20-50 s on busy cores): the tensor-parallel run trains
 steps 1-4, the 1F1B pipeline resumes its checkpoint for steps 5-8. GPipe runs the same stages and
 loss with another order of micro-batches; bench/train_pipeline.py checks its losses equal 1F1B's
-(and one process's) on every run, and FSDP2 x TP (4 ranks) was checked by hand (docs/TRAINING.md)."""
+(and one process's) on every run. FSDP2 x TP runs 4 ranks for 2 steps."""
 
 from __future__ import annotations
 
@@ -51,3 +51,16 @@ def test_tensor_parallel_then_1f1b_pipeline_resume_equal_one_process(train_dir, 
     pp_steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][half:]
     assert {m["comm_bytes"] for m in pp_steps} == {4 * 32 * 64 * 4}
 
+
+
+def test_fsdp2_times_tensor_parallel_on_a_2x2_mesh_equals_one_process(train_dir, tiny_folder, chat_data, one_run):
+    """The supported composition (docs/TRAINING.md): FSDP2 over 2 groups of 2 tensor-parallel
+    ranks. Two steps: four processes are the suite's largest group, and the first steps already
+    exercise every collective (all-gather, reduce-scatter, the tensor-parallel all-reduces)."""
+    out = train_dir / "fsdp-tp"
+    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "4", *COMMON,
+            "--parallel", "fsdp_tp", "--tp-size", "2", "--max-steps", "2"]
+    proc = run_train(*args)
+    assert "world 4, fsdp_tp, starting at step 0" in proc.stderr
+    assert losses(out) == pytest.approx(losses(one_run)[:2], rel=REL_TOL)
+    assert _norms(out) == pytest.approx(_norms(one_run)[:2], rel=REL_TOL), "gradients equal too"
