@@ -9,27 +9,22 @@ from pathlib import Path
 from sluice.cli.common import DTYPE_CHOICES, DTYPE_HELP, add_engine_args, engine_setting_values
 
 
+# flags whose value is the setting of the same name
+_SAME_NAME = ("host", "port", "api_key", "model", "served_model_name", "dtype", "worker", "fleet", "log_level",
+              "log_format")
+# flags that name seconds without the unit the settings carry
+_SECONDS = ("ping_interval", "send_timeout", "max_stream_duration", "shutdown_grace")
+
+
 def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazily)
     from sluice.config import load_settings
 
     return load_settings(
         args.config,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        model=args.model,
-        served_model_name=args.served_model_name,
-        dtype=args.dtype,
-        worker=args.worker,
-        fleet=args.fleet,
+        **{name: getattr(args, name) for name in _SAME_NAME},
+        **{f"{name}_s": getattr(args, name) for name in _SECONDS},
         autoscale=True if args.autoscale else None,
         **engine_setting_values(args),
-        ping_interval_s=args.ping_interval,
-        send_timeout_s=args.send_timeout,
-        max_stream_duration_s=args.max_stream_duration,
-        shutdown_grace_s=args.shutdown_grace,
-        log_level=args.log_level,
-        log_format=args.log_format,
     )
 
 
