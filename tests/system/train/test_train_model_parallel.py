@@ -4,9 +4,8 @@ give, step by step, the loss and the gradient norm of one process on the same gl
 resumes in another (DCP reshards DTensor shards into pipeline stages).
 
 Lean on purpose (each torchrun start costs 20-50 s on busy cores): the tensor-parallel run trains
-steps 1-4, the 1F1B pipeline resumes its checkpoint for steps 5-8. GPipe runs the same stages and
-loss with another order of micro-batches; bench/train_pipeline.py checks its losses equal 1F1B's
-(and one process's) on every run. FSDP2 x TP runs 4 ranks for 2 steps."""
+steps 1-4, a 1F1B pipeline resumes its checkpoint for steps 5-6, a GPipe pipeline (2 micro-batches
+of 2 rows) resumes that for steps 7-8. FSDP2 x TP runs 4 ranks for 2 steps."""
 
 from __future__ import annotations
 
@@ -42,9 +41,15 @@ def test_tensor_parallel_then_1f1b_pipeline_resume_equal_one_process(train_dir, 
     tp_steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert {m["comm_bytes"] for m in tp_steps} == {7 * 3 * 4 * 32 * 64 * 4}
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+    three = half + 2  # 1F1B for two steps, then GPipe resumes 1F1B's checkpoint for the last two
     proc = run_train(*_args(out, chat_data, tiny_folder, "--parallel", "pp", "--pp-schedule", "1f1b",
-                            "--micro-batch-size", "1"))
+                            "--micro-batch-size", "1", "--max-steps", str(three), "--checkpoint-every", "2"))
     assert f"world 2, pp, resumed from step {half}" in proc.stderr
+    assert losses(out) == pytest.approx(losses(one_run)[:three], rel=REL_TOL)
+    assert _norms(out) == pytest.approx(_norms(one_run)[:three], rel=REL_TOL)
+    proc = run_train(*_args(out, chat_data, tiny_folder, "--parallel", "pp", "--pp-schedule", "gpipe",
+                            "--micro-batch-size", "2"))
+    assert f"world 2, pp, resumed from step {three}, 2 micro-batches per step" in proc.stderr
     assert losses(out) == pytest.approx(losses(one_run), rel=REL_TOL)
     assert _norms(out) == pytest.approx(_norms(one_run), rel=REL_TOL)
     # rank 0, the first stage, sends each step's hidden states: 4 rows x 32 tokens x 64 wide x fp32

@@ -23,13 +23,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from sluice.train.checkpoint.store import CheckpointStore, LocalStore
 from sluice.train.parallel.expert import global_views, local_views
 
 log = logging.getLogger("sluice.train.checkpoint")
 
+
+# The optimizer's state keyed by parameter name (`state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`),
+# not by group index: a pipeline stage's ranks hold different parameters, and DCP keeps one copy
+# of a key all ranks write, so an index-keyed `param_groups.0.params` saved by one stage would
+# be read back by the other (a pipeline checkpoint would not resume as a pipeline).
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 class Checkpointer:
     def __init__(self, root: Path | CheckpointStore, keep: int, use_async: bool):
@@ -49,7 +55,7 @@ class Checkpointer:
         """Start saving the state after `step`; the seconds the training loop was held."""
         started = time.perf_counter()
         self.wait()
-        model_sd, optim_sd = get_state_dict(model, optim)
+        model_sd, optim_sd = get_state_dict(model, optim, options=_OPTIONS)
         global_views(model, model_sd, optim_sd)  # expert-parallel shards saved as parts of one tensor
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
         writer = self.store.writer(step)
@@ -86,12 +92,12 @@ class Checkpointer:
         if not steps:
             return 0
         step = steps[-1]
-        model_sd, optim_sd = get_state_dict(model, optim)
+        model_sd, optim_sd = get_state_dict(model, optim, options=_OPTIONS)
         global_views(model, model_sd, optim_sd)
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
         dcp.load(state, storage_reader=self.store.reader(step), process_group=self.group)
         state = local_views(state)
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
         if state["train"]["step"] != step:
             raise RuntimeError(f"{self.store.describe()} step {step} holds step {state['train']['step']}, not {step}")
         return step

@@ -133,10 +133,10 @@ def global_views(module: nn.Module, model_sd: dict, optim_sd: dict) -> None:
         for p in ("gate_up_proj", "down_proj"):
             fqn = f"{key}.experts.{p}"
             model_sd[fqn] = DTensor.from_local(model_sd[fqn], mesh, [Shard(0)], run_check=False)
-            state = optim_sd.get("state", {}).get(fqn, {})
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    state[k] = DTensor.from_local(v, mesh, [Shard(0)], run_check=False)
+            prefix = f"state.{fqn}."  # the checkpointer's flat optimizer keys (state.<fqn>.<moment>)
+            for k, v in optim_sd.items():
+                if k.startswith(prefix) and isinstance(v, torch.Tensor) and v.dim() > 0:
+                    optim_sd[k] = DTensor.from_local(v, mesh, [Shard(0)], run_check=False)
 
 
 def local_views(state: dict) -> dict:
