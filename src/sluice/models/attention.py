@@ -93,6 +93,8 @@ class _DecodeLayout:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+    if k.dtype != k_cache.dtype:  # the opt-in 16-bit cache (EngineConfig.kv_cache_dtype)
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
 
@@ -103,6 +105,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     qp = q.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
     kp = k_cache.index_select(1, span.slots).unsqueeze(0)  # [1, KVH, ctx, D]
     vp = v_cache.index_select(1, span.slots).unsqueeze(0)
+    if kp.dtype != q.dtype:  # a 16-bit cache: widen what was read
+        kp, vp = kp.to(q.dtype), vp.to(q.dtype)
     o = F.scaled_dot_product_attention(
         qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=True
     )
@@ -180,6 +184,8 @@ class TorchPagedAttention:
         flat = layout.slots.view(-1)
         kd = k_cache.index_select(1, flat).view(kvh, b, ctx, d)
         vd = v_cache.index_select(1, flat).view(kvh, b, ctx, d)
+        if kd.dtype != q.dtype:  # a 16-bit cache: widen what was read
+            kd, vd = kd.to(q.dtype), vd.to(q.dtype)
         # head h uses kv head h // group, so [b, H, d] -> [kvh, b, group, d]
         qd = q.view(b, kvh, self.group, d).transpose(0, 1)
         scores = torch.matmul(qd, kd.transpose(-1, -2)).float().mul_(self.scale)  # [kvh, b, group, ctx]

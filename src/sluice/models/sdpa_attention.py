@@ -57,6 +57,8 @@ class SdpaPagedAttention(TorchPagedAttention):
         flat = layout.slots.view(-1)
         kd = k_cache.index_select(1, flat).view(kvh, b, ctx, d).transpose(0, 1)  # [b, kvh, ctx, d]
         vd = v_cache.index_select(1, flat).view(kvh, b, ctx, d).transpose(0, 1)
+        if kd.dtype != q.dtype:  # a 16-bit cache under a wider model dtype: widen what was read
+            kd, vd = kd.to(q.dtype), vd.to(q.dtype)
         qd = q.view(b, kvh, self.group, d)  # head h = kv head h // group: the group is the query length
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=layout.mask, scale=self.scale)
         return o.reshape(b, self.num_heads, d)

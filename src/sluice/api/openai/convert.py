@@ -86,6 +86,7 @@ def to_serving_request(body: ChatCompletionRequest, principal: Principal, reques
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0,
+            ignore_eos=body.ignore_eos,
             seed=body.seed,
             stop=tuple(stop),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
