@@ -49,6 +49,16 @@ def cpu_of(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+def thread_cpu(proc: psutil.Process) -> dict[int, float]:
+    return {t.id: t.user_time + t.system_time for t in proc.threads()}
+
+
+def split_worker(before: dict[int, float], after: dict[int, float]) -> tuple[float, float]:
+    """(the busiest thread's CPU: the engine's, every other thread's) between two snapshots."""
+    deltas = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
+    return (deltas[0], sum(deltas[1:])) if deltas else (0.0, 0.0)
+
+
 class InProcess:
     """The bundled model loaded here behind an AsyncEngine, as a worker runs it: the model is
     loaded and stepped on the engine's thread (one OpenMP pool). The forward, execute and step
@@ -169,7 +179,9 @@ def main() -> None:
         wproc, gproc, me = psutil.Process(worker.process.pid), psutil.Process(gateway.process.pid), psutil.Process()
         local = InProcess(args.threads)
         samples: dict[str, list[float]] = {k: [] for k in (*LAYERS, "step_cpu")}
-        cpu = {"grpc": {"worker": 0.0, "client": 0.0}, "http": {"worker": 0.0, "gateway": 0.0, "client": 0.0}}
+        cpu = {"grpc": {"worker": 0.0, "worker_engine_thread": 0.0, "worker_other_threads": 0.0, "client": 0.0},
+               "http": {"worker": 0.0, "worker_engine_thread": 0.0, "worker_other_threads": 0.0, "gateway": 0.0,
+                        "client": 0.0}}
         tokens_out = {"grpc": 0, "http": 0}
         # warm-up: one short stream per layer (first-call costs: prefix cache, JIT, connections)
         local.round(8)
@@ -182,13 +194,16 @@ def main() -> None:
                     for k, v in local.round(args.tokens).items():
                         samples[k] += v
                 else:
-                    w0, g0, c0 = cpu_of(wproc), cpu_of(gproc), cpu_of(me)
+                    w0, g0, c0, t0 = cpu_of(wproc), cpu_of(gproc), cpu_of(me), thread_cpu(wproc)
                     if layer == "grpc":
                         got = asyncio.run(grpc_round(address, local.prompt_ids, args.tokens, r + 1))
                     else:
                         got = asyncio.run(http_round(gateway.base_url, args.tokens))
                     samples[layer] += got
                     cpu[layer]["worker"] += cpu_of(wproc) - w0
+                    engine_s, other_s = split_worker(t0, thread_cpu(wproc))
+                    cpu[layer]["worker_engine_thread"] += engine_s
+                    cpu[layer]["worker_other_threads"] += other_s
                     cpu[layer]["client"] += cpu_of(me) - c0
                     if layer == "http":
                         cpu[layer]["gateway"] += cpu_of(gproc) - g0

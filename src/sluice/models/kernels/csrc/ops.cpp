@@ -525,14 +525,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_helper_spin_us", [](int64_t us) { helper_pool().set_spin_us(us); },
         "how long an idle helper waits for the next call before it sleeps (benchmarks)");
   m.def("supports_head_dim", &supports_head_dim);
-  m.def("pack_q4_1", &pack_q4_1);
-  m.def("pack_q8_0", &pack_q8_0);
+  // The compute entry points run without the GIL (arguments are converted before, the result
+  // after): as torch's own ops do. The engine thread spends most of a forward inside them, and a
+  // worker's gRPC and asyncio threads need the GIL to send each step's tokens; holding it here
+  // made them wait for the interpreter's 5 ms switch interval and then stall the engine while
+  // they ran, serially, on a machine whose second core was free (docs/BENCHMARKS.md, "Where a
+  // served token's time goes").
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("pack_q4_1", &pack_q4_1, nogil);
+  m.def("pack_q8_0", &pack_q8_0, nogil);
   m.def("linear_q4", &linear_q4, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"),
-        py::arg("fast"));
-  m.def("linear_q8", &linear_q8, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"));
-  m.def("embed_q8", &embed_q8);
-  m.def("add_rms_norm", &add_rms_norm, py::arg("h"), py::arg("delta"), py::arg("w"), py::arg("eps"));
-  m.def("silu_mul", &silu_mul);
-  m.def("rope_and_cache", &rope_and_cache);
-  m.def("paged_decode", &paged_decode);
+        py::arg("fast"), nogil);
+  m.def("linear_q8", &linear_q8, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"), nogil);
+  m.def("embed_q8", &embed_q8, nogil);
+  m.def("add_rms_norm", &add_rms_norm, py::arg("h"), py::arg("delta"), py::arg("w"), py::arg("eps"), nogil);
+  m.def("silu_mul", &silu_mul, nogil);
+  m.def("rope_and_cache", &rope_and_cache, nogil);
+  m.def("paged_decode", &paged_decode, nogil);
 }
