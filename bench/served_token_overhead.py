@@ -169,6 +169,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64, help="output tokens per stream (default: 64)")
     p.add_argument("--rounds", type=int, default=3, help="rounds; each measures every layer once (default: 3)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in this process (default: torch's)")
+    p.add_argument("--idle-s", type=float, default=5.0, help="idle window measuring background CPU (default: 5)")
     args = p.parse_args()
 
     address = f"127.0.0.1:{free_port()}"
@@ -187,6 +188,13 @@ def main() -> None:
         local.round(8)
         asyncio.run(grpc_round(address, local.prompt_ids, 8, 0))
         asyncio.run(http_round(gateway.base_url, 8))
+        # background CPU (health polls, fleet ticks, metrics) per second while idle: subtracted
+        # from the served layers' figures, which would otherwise grow as tokens come slower
+        w0, g0, t0 = cpu_of(wproc), cpu_of(gproc), time.perf_counter()
+        time.sleep(args.idle_s)
+        idle_s = time.perf_counter() - t0
+        idle = {"worker": (cpu_of(wproc) - w0) / idle_s, "gateway": (cpu_of(gproc) - g0) / idle_s}
+        walls = {"grpc": 0.0, "http": 0.0}
         order = ["local", "grpc", "http"]
         for r in range(args.rounds):
             for layer in order if r % 2 == 0 else order[::-1]:
@@ -195,11 +203,13 @@ def main() -> None:
                         samples[k] += v
                 else:
                     w0, g0, c0, t0 = cpu_of(wproc), cpu_of(gproc), cpu_of(me), thread_cpu(wproc)
+                    began = time.perf_counter()
                     if layer == "grpc":
                         got = asyncio.run(grpc_round(address, local.prompt_ids, args.tokens, r + 1))
                     else:
                         got = asyncio.run(http_round(gateway.base_url, args.tokens))
                     samples[layer] += got
+                    walls[layer] += time.perf_counter() - began
                     cpu[layer]["worker"] += cpu_of(wproc) - w0
                     engine_s, other_s = split_worker(t0, thread_cpu(wproc))
                     cpu[layer]["worker_engine_thread"] += engine_s
@@ -226,8 +236,12 @@ def main() -> None:
         print(f"{layer:8s} {v:9.2f} {v - prev if layer != 'forward' else v:7.2f}", file=sys.stderr)
         prev = v
     res["step_cpu_ms"] = ms(samples["step_cpu"])
+    res["idle_cpu_share"] = idle
     for layer, per in cpu.items():
         for who, total in per.items():
+            background = idle.get(who, idle["worker"] if who == "worker_other_threads" else 0.0) * walls[layer]
+            if who in ("worker", "gateway", "worker_other_threads"):
+                total = max(0.0, total - background)
             res[f"{layer}_{who}_cpu_ms_per_token"] = 1000 * total / max(1, tokens_out[layer])
     print(f"engine step CPU (thread) {res['step_cpu_ms']:.2f} ms/token", file=sys.stderr)
     for layer in cpu:
