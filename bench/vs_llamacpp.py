@@ -87,9 +87,10 @@ class LlamaCpp:
 
 async def one_stream(c: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int) -> dict[str, float]:
     body = {"model": model, "max_tokens": max_tokens, "stream": True, "temperature": 0, "ignore_eos": True,
+            "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": f"Write a long story about {SUBJECTS[i % len(SUBJECTS)]} ({i})."}]}
     t0 = time.perf_counter()
-    stamps: list[float] = []
+    first = last = None
     usage_tokens = None
     async with aconnect_sse(c, "POST", url + "/v1/chat/completions", json=body) as es:
         async for sse in es.aiter_sse():
@@ -99,14 +100,16 @@ async def one_stream(c: httpx.AsyncClient, url: str, model: str, i: int, max_tok
             if chunk.get("usage"):
                 usage_tokens = chunk["usage"].get("completion_tokens")
             for choice in chunk.get("choices", []):
-                if (choice.get("delta") or {}).get("content"):
-                    stamps.append(time.perf_counter())
+                delta = choice.get("delta") or {}
+                if delta.get("content") is not None or choice.get("finish_reason"):
+                    last = time.perf_counter()  # any output, even a token whose text is empty
+                    if first is None and delta.get("content"):
+                        first = last
     tokens = usage_tokens or max_tokens
-    decode = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else float("nan")
-    # per-stream decode in tokens: chunks may carry several tokens (sluice's speculation); scale by tokens/chunks
-    if stamps and tokens and len(stamps) > 1:
-        decode *= (tokens - 1) / (len(stamps) - 1)
-    return {"ttft": stamps[0] - t0 if stamps else float("nan"), "decode": decode, "tokens": tokens}
+    # per-stream decode: the tokens after the first over the time from the first text to the
+    # last output chunk (tokens from `usage`, so chunks of several tokens count right)
+    decode = (tokens - 1) / (last - first) if first is not None and last is not None and last > first else float("nan")
+    return {"ttft": first - t0 if first is not None else float("nan"), "decode": decode, "tokens": tokens}
 
 
 async def level(url: str, model: str, streams: int, max_tokens: int, offset: int) -> dict[str, float]:
