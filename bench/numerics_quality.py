@@ -7,6 +7,7 @@ the correctness reference):
   torch    sluice's portable path (fp32 weights)
   exact    the CPU kernels, numerics = exact (the default)
   fast     the CPU kernels, numerics = fast
+  exact+kv16 / fast+kv16   the same with the opt-in 16-bit K/V cache (kv_cache_dtype = float16)
 
 * greedy agreement: --prompts chat prompts (default 24) x --tokens (default 128) greedy tokens
   (EOS ignored, all prompts in one engine batch); per prompt, the tokens before the first one
@@ -61,12 +62,12 @@ def chat_prompts(tokenizer, n: int) -> list[list[int]]:  # noqa: ANN001
             for i in range(n)]
 
 
-def sluice_greedy(loaded, numerics: str, prompts: list[list[int]], tokens: int) -> list[list[int]]:  # noqa: ANN001
+def sluice_greedy(loaded, numerics: str, prompts: list[list[int]], tokens: int, kv: str = "auto") -> list[list[int]]:  # noqa: ANN001
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
     from sluice.types import GenerationRequest, SamplingParams
 
-    engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=2048, numerics=numerics))
+    engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=2048, numerics=numerics, kv_cache_dtype=kv))
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     reqs = [GenerationRequest(f"q{i}", p, params) for i, p in enumerate(prompts)]
     out = engine.generate(reqs)
@@ -84,15 +85,17 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def sluice_perplexity(loaded, numerics: str, ids: list[int]) -> float:  # noqa: ANN001
+def sluice_perplexity(loaded, numerics: str, ids: list[int], kv: str = "auto") -> float:  # noqa: ANN001
+    from sluice.engine.kv_memory import kv_cache_dtype
     from sluice.models.attention import AttentionMetadata, PrefillSpan
     from sluice.models.kernels import Numerics
 
     m = loaded.model
     cfg = m.config
     n = len(ids)
-    caches = [(torch.zeros(cfg.num_kv_heads, n, cfg.head_dim), torch.zeros(cfg.num_kv_heads, n, cfg.head_dim))
-              for _ in range(cfg.num_layers)]
+    dtype = kv_cache_dtype(kv, m.dtype)
+    caches = [(torch.zeros(cfg.num_kv_heads, n, cfg.head_dim, dtype=dtype),
+               torch.zeros(cfg.num_kv_heads, n, cfg.head_dim, dtype=dtype)) for _ in range(cfg.num_layers)]
     slots = torch.arange(n)
     meta = AttentionMetadata(slot_mapping=slots, prefills=[PrefillSpan(0, n, slots, None)], block_size=1)
     logits = m.forward(torch.tensor(ids), torch.arange(n), meta, caches, torch.arange(n - 1), numerics=Numerics(numerics))
@@ -115,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--modes", default="torch,exact,fast,exact+kv16,fast+kv16",
+                   help="comma-separated (default: all five)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     import transformers
@@ -128,8 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     on_kernels = load_model(progress=False, kernels="auto")
     if not on_kernels.model.uses_kernels:
         raise SystemExit("the kernels are unavailable on this machine; the fast numerics need them")
-    modes = {"torch": (load_model(progress=False, kernels="torch"), "exact"), "exact": (on_kernels, "exact"),
-             "fast": (on_kernels, "fast")}
+    wanted = args.modes.split(",")
+    modes = {"exact": (on_kernels, "exact", "auto"), "fast": (on_kernels, "fast", "auto"),
+             "exact+kv16": (on_kernels, "exact", "float16"), "fast+kv16": (on_kernels, "fast", "float16")}
+    if "torch" in wanted:
+        modes["torch"] = (load_model(progress=False, kernels="torch"), "exact", "auto")
+    modes = {name: modes[name] for name in wanted}
     prompts = chat_prompts(on_kernels.tokenizer, args.prompts)
     text_ids = on_kernels.tokenizer.encode(TEXT)
     print(f"{len(prompts)} prompts x {args.tokens} tokens; perplexity text: {len(text_ids)} tokens", file=sys.stderr)
@@ -137,14 +146,14 @@ def main(argv: list[str] | None = None) -> None:
     reference = [hf_greedy(hf, pr, args.tokens) for pr in prompts]
     print(f"transformers greedy: {time.perf_counter() - t:.0f} s", file=sys.stderr)
     result: dict = {"transformers": {"perplexity": hf_perplexity(hf, text_ids)}}
-    for name, (loaded, numerics) in modes.items():
-        got = sluice_greedy(loaded, numerics, prompts, args.tokens)
+    for name, (loaded, numerics, kv) in modes.items():
+        got = sluice_greedy(loaded, numerics, prompts, args.tokens, kv)
         prefixes = [common_prefix(r, g) for r, g in zip(reference, got)]
         result[name] = {
             "equal_token_share": sum(prefixes) / (len(prompts) * args.tokens),
             "prompts_equal_to_the_end": sum(pf == args.tokens for pf in prefixes),
             "first_difference_median": sorted(prefixes)[len(prefixes) // 2],
-            "perplexity": sluice_perplexity(loaded, numerics, text_ids),
+            "perplexity": sluice_perplexity(loaded, numerics, text_ids, kv),
         }
     print(f"\n{'mode':<14}{'equal tokens':>14}{'prompts equal':>15}{'perplexity':>12}", file=sys.stderr)
     for name, r in result.items():

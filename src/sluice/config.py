@@ -100,6 +100,7 @@ class Settings(BaseSettings):
     # portable fp32 path. exact / fast: see docs/ENGINE.md ("Numerics").
     kernels: Literal["auto", "torch"] = "auto"
     numerics: Literal["exact", "fast"] = "exact"
+    kv_cache_dtype: Literal["auto", "float16"] = "auto"  # float16: the opt-in 16-bit K/V cache (not exact)
     batching_window: Literal["flush", "hold", "adaptive"] = "flush"  # docs/ENGINE.md
     batching_window_ms: float = Field(100.0, ge=0)
     # torch threads per worker; None/0 = auto (the cores shared equally by serve's local workers)

@@ -131,6 +131,7 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # generate max_tokens whatever EOS says (benchmarks; vLLM's extension)
     # Log-probabilities (computed only when asked): None = off; n = the chosen token's logprob
     # plus the n most likely alternatives (0..MAX_LOGPROBS). `logprobs` covers each output token,
     # `prompt_logprobs` each prompt token after the first (a request that asks for them is not
@@ -146,7 +147,6 @@ class SamplingParams(Sampling):
 
     max_tokens: int = 256  # the engine-level default; served requests get theirs from planning
     stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
     guided: GuidedDecoding | None = None  # grammar-constrained decoding (JSON, tool calls)
 
     @classmethod

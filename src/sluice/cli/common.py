@@ -36,6 +36,11 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
         help="exact: fp32 arithmetic, greedy output equals transformers; fast: int8 activations x 4-bit "
         "weights as llama.cpp computes, faster and slightly different (default: exact)",
     )
+    p.add_argument(
+        "--kv-cache-dtype", choices=["auto", "float16"], default=None,
+        help="auto: K/V cached in the model's dtype (fp32 on the CPU: exact); float16: half the KV memory and "
+        "faster decode at long context, not exact, for use with --numerics fast (default: auto)",
+    )
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -102,6 +107,7 @@ def engine_setting_values(args: argparse.Namespace) -> dict[str, object]:
         "enable_prefix_caching": False if args.no_prefix_caching else None,
         "kernels": args.kernels,
         "numerics": args.numerics,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "device": args.device,
         "batching_window": args.batching_window,
         "batching_window_ms": args.batching_window_ms,

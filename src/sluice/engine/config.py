@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sluice.config import DEVICE_NAMES, Settings, is_device_name
 from sluice.engine.batching_window import BatchingWindow
 from sluice.engine.policy import ADMISSION_POLICIES, POLICIES, AdmissionPolicy, SchedulingPolicy
-from sluice.models.kernels import KernelChoice, Numerics
+from sluice.models.kernels import KernelChoice, KVCacheDtype, Numerics
 
 # The settings an engine takes from the server's Settings (same names on both sides). The one
 # mapping: `sluice serve` (inline or spawning a worker), `sluice worker` and the worker flags all
@@ -29,6 +29,7 @@ ENGINE_SETTINGS = (
     "threads",
     "decode_split_rows",
     "speculative_tokens",
+    "kv_cache_dtype",
 )
 
 # One source for the defaults other modules report before an engine exists (EngineStats).
@@ -69,6 +70,10 @@ class EngineConfig:
     # exact: fp32 arithmetic (greedy output equals transformers'); fast: int8 activations x
     # 4-bit weights as llama.cpp computes (CPU kernels only; see docs/ENGINE.md)
     numerics: str = "exact"
+    # auto: K/V stored in the model's dtype (fp32 on the CPU: exact); float16: half the KV memory
+    # and half the attention's reads at long context, not exact (models/kernels KVCacheDtype;
+    # the deviation is in docs/BENCHMARKS.md, "16-bit K/V cache"). Opt-in, for fast numerics.
+    kv_cache_dtype: str = "auto"
     # auto: the CPU kernels when they build; torch: the portable path. Read by whoever loads the
     # model for this engine (load_model(kernels=...)), carried here so that one mapping
     # (Settings -> EngineConfig -> a worker's --engine-config) brings it everywhere.
@@ -130,6 +135,8 @@ class EngineConfig:
             raise ValueError("watermark must be in [0, 1)")
         if self.numerics not in tuple(Numerics):
             raise ValueError(f"numerics must be one of {', '.join(Numerics)}")
+        if self.kv_cache_dtype not in tuple(KVCacheDtype):
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KVCacheDtype)}")
         if self.kernels not in tuple(KernelChoice):
             raise ValueError(f"kernels must be one of {', '.join(KernelChoice)}")
         if not is_device_name(self.device):

@@ -19,7 +19,7 @@ import torch
 from sluice.engine.config import EngineConfig
 from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_manager import KVCacheManager
-from sluice.engine.kv_memory import GIB, available_memory, kv_bytes_per_block, plan_kv_pool
+from sluice.engine.kv_memory import GIB, available_memory, kv_bytes_per_block, kv_cache_dtype, plan_kv_pool
 from sluice.engine.request import Request
 from sluice.engine.runner import ModelRunner
 from sluice.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
@@ -47,8 +47,10 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
         context = config.max_model_len or loaded.config.max_position
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.model.dtype)
         plan = plan_kv_pool(
-            config, kv_bytes_per_block(self.model, config.block_size), context, lambda: available_memory(self.model.device)
+            config, kv_bytes_per_block(self.model, config.block_size, kv_dtype), context,
+            lambda: available_memory(self.model.device),
         )
         num_blocks = plan.num_blocks
         self.max_model_len = min(context, (num_blocks - 1) * config.block_size)
@@ -62,7 +64,7 @@ class LLMEngine:
             num_blocks, config.block_size, config.enable_prefix_caching, config.share_prefix_across_tenants, plan.max_idle_blocks
         )
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, clock)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics))
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics), kv_dtype)
         if config.cuda_graphs:
             if self.model.device.type == "cuda":
                 self.runner.graphs = DecodeGraphs(self.model, self.runner.kv_caches, config.block_size,

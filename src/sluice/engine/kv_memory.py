@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from sluice.engine.config import EngineConfig
+from sluice.models.kernels import KVCacheDtype
 from sluice.models.llama import LlamaModel
 
 GIB = 2**30
@@ -53,9 +54,16 @@ class KVPoolPlan:
         return self.num_blocks * self.bytes_per_block
 
 
-def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
+def kv_bytes_per_block(model: LlamaModel, block_size: int, kv_dtype: torch.dtype | None = None) -> int:
+    """`kv_dtype`: what the cache stores (default: the model's dtype)."""
     cfg = model.config
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * block_size * model.dtype.itemsize  # K and V
+    itemsize = (kv_dtype or model.dtype).itemsize
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * block_size * itemsize  # K and V
+
+
+def kv_cache_dtype(choice: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the KV cache stores for EngineConfig.kv_cache_dtype (one place)."""
+    return torch.float16 if KVCacheDtype(choice) is KVCacheDtype.FLOAT16 else model_dtype
 
 
 def plan_kv_pool(

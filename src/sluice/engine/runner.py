@@ -41,7 +41,10 @@ class ModelInput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, numerics: Numerics = Numerics.EXACT):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, numerics: Numerics = Numerics.EXACT,
+                 kv_dtype: torch.dtype | None = None):
+        """`kv_dtype`: what the KV cache stores (default: the model's dtype; float16 is the
+        opt-in 16-bit cache: the attention backends widen what they read to the model's dtype)."""
         self.model = model
         self.block_size = block_size
         self.numerics = Numerics(numerics)
@@ -49,8 +52,9 @@ class ModelRunner:
         shape = (cfg.num_kv_heads, num_blocks * block_size, cfg.head_dim)
         # zeros, not empty: decode attention reads unwritten slots under a -inf mask, so they must
         # be finite. lazy_zeros costs no memory until a slot is written (engine/kv_memory.py).
+        dtype = kv_dtype or model.dtype
         self.kv_caches = [
-            (lazy_zeros(shape, model.dtype, model.device), lazy_zeros(shape, model.dtype, model.device))
+            (lazy_zeros(shape, dtype, model.device), lazy_zeros(shape, dtype, model.device))
             for _ in range(cfg.num_layers)
         ]
         self.window = cfg.sliding_window

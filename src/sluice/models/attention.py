@@ -93,6 +93,8 @@ class _DecodeLayout:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+    if k.dtype != k_cache.dtype:  # the opt-in 16-bit cache (EngineConfig.kv_cache_dtype)
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
 
@@ -103,6 +105,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     qp = q.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
     kp = k_cache.index_select(1, span.slots).unsqueeze(0)  # [1, KVH, ctx, D]
     vp = v_cache.index_select(1, span.slots).unsqueeze(0)
+    if kp.dtype != q.dtype:  # a 16-bit cache: widen what was read
+        kp, vp = kp.to(q.dtype), vp.to(q.dtype)
     o = F.scaled_dot_product_attention(
         qp, kp, vp, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=True
     )
@@ -172,19 +176,22 @@ class TorchPagedAttention:
             out[span.start : span.end] = prefill_attention(q[span.start : span.end], k_cache, v_cache, span, self.scale)
         return out
 
-    def _gather(self, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decode rows' K and V out of the paged cache, [kv heads, rows, context, head dim]."""
+    def _gather(self, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode rows' K and V out of the paged cache, [kv heads, rows, context, head dim], in
+        the query's dtype (a 16-bit cache is widened after the gather: only what is read)."""
         b, ctx = slots.shape
         flat = slots.view(-1)
         shape = (self.num_kv_heads, b, ctx, self.head_dim)
-        return k_cache.index_select(1, flat).view(shape), v_cache.index_select(1, flat).view(shape)
+        kd, vd = k_cache.index_select(1, flat).view(shape), v_cache.index_select(1, flat).view(shape)
+        return (kd, vd) if kd.dtype == dtype else (kd.to(dtype), vd.to(dtype))
 
     def _decode(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
         layout = meta.derived
         assert isinstance(layout, _DecodeLayout), "prepare(meta) was not called for this step"
         b = layout.slots.shape[0]
         kvh, d = self.num_kv_heads, self.head_dim
-        kd, vd = self._gather(layout.slots, k_cache, v_cache)
+        kd, vd = self._gather(layout.slots, k_cache, v_cache, q.dtype)
         # head h uses kv head h // group, so [b, H, d] -> [kvh, b, group, d]
         qd = q.view(b, kvh, self.group, d).transpose(0, 1)
         scores = torch.matmul(qd, kd.transpose(-1, -2)).float().mul_(self.scale)  # [kvh, b, group, ctx]

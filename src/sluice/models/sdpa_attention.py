@@ -54,7 +54,7 @@ class SdpaPagedAttention(TorchPagedAttention):
         assert isinstance(layout, _SdpaLayout), "prepare(meta) was not called for this step"
         b = layout.slots.shape[0]
         kvh, d = self.num_kv_heads, self.head_dim
-        kd, vd = (t.transpose(0, 1) for t in self._gather(layout.slots, k_cache, v_cache))  # [b, kvh, ctx, d]
+        kd, vd = (t.transpose(0, 1) for t in self._gather(layout.slots, k_cache, v_cache, q.dtype))  # [b, kvh, ctx, d]
         qd = q.view(b, kvh, self.group, d)  # head h = kv head h // group: the group is the query length
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=layout.mask, scale=self.scale)
         return o.reshape(b, self.num_heads, d)

@@ -305,6 +305,50 @@ def test_fused_norm_silu_and_rope_match_the_torch_ops(ops):
     assert torch.equal(v_cache[:, slots].transpose(0, 1), v_ref)
 
 
+def test_the_16_bit_cache_is_the_fp32_cache_rounded_once(ops):
+    # The opt-in float16 K/V cache (kv_cache_dtype): rope_and_cache rounds each K/V value to fp16
+    # once, and the attention widens it back exactly, so a 16-bit cache gives bit for bit what
+    # the fp32 kernel gives on the rounded values, on every ISA; the torch backend agrees.
+    from sluice.models.kernels.paged_attention import KernelPagedAttention
+    from sluice.models.rope import RotaryTable
+
+    heads, kvh, d, bs = 9, 3, 64, 8
+    g = torch.Generator().manual_seed(11)
+    rope = RotaryTable(d, 512, 10000.0, None)
+    lens = [1, 9, 300]
+    qkv = torch.randn(sum(lens), (heads + 2 * kvh) * d, generator=g)
+    positions = torch.cat([torch.arange(n) for n in lens])
+    blocks = [-(-n // bs) for n in lens]
+    perm = (torch.randperm(sum(blocks), generator=g) + 1).tolist()
+    tables, used = [], 0
+    for nb in blocks:
+        tables.append(perm[used : used + nb])
+        used += nb
+    slots = torch.tensor([tables[i][p // bs] * bs + p % bs for i, n in enumerate(lens) for p in range(n)])
+    num_slots = (sum(blocks) + 1) * bs
+    k32, v32 = torch.zeros(kvh, num_slots, d), torch.zeros(kvh, num_slots, d)
+    k16, v16 = torch.zeros(kvh, num_slots, d, dtype=torch.half), torch.zeros(kvh, num_slots, d, dtype=torch.half)
+    ops.rope_and_cache(qkv.clone(), positions, rope.cos, rope.sin, slots, k32, v32, heads, kvh, d)
+    ops.rope_and_cache(qkv, positions, rope.cos, rope.sin, slots, k16, v16, heads, kvh, d)
+    assert torch.equal(k16, k32.half()) and torch.equal(v16, v32.half())  # round to nearest even, once
+    width = max(blocks)
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=len(lens), block_size=bs,
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        context_lens=torch.tensor(lens, dtype=torch.int32),
+    )
+    q = qkv[torch.tensor(lens).cumsum(0) - 1]  # each sequence's last position decodes
+    kernel = KernelPagedAttention(ops, heads, kvh, d, None)
+    kernel.prepare(meta)
+    expected = kernel.attend(q, k16.float(), v16.float(), meta)
+    for isa in ops.available_isas():
+        ops.set_isa(isa)
+        assert torch.equal(kernel.attend(q, k16, v16, meta), expected)
+    ref_backend = TorchPagedAttention(heads, kvh, d, None)
+    ref_backend.prepare(meta)
+    torch.testing.assert_close(ref_backend.attend(q, k16, v16, meta), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_bundled_model_keeps_its_weights_quantized(ops, bundled, bundled_torch):
     from sluice.models.loader import default_model_path
 

@@ -1,4 +1,4 @@
-"""The sampling fields both OpenAI endpoints share (temperature, top_p, top_k, seed, stop), read one way.
+"""The sampling fields both OpenAI endpoints share (temperature, top_p, top_k, seed, stop, ignore_eos), read one way.
 
 Chat completions and legacy completions carry the same five fields with the same defaults
 (OpenAI's: temperature 1, top_p 1; top_k is vLLM's extension, 0 = off); their Sampling is
@@ -19,6 +19,7 @@ class SamplingFields(Protocol):
     top_k: int | None
     seed: int | None
     stop: str | list[str] | None
+    ignore_eos: bool
 
 
 def sampling_of(body: SamplingFields, *, logprobs: int | None, prompt_logprobs: int | None = None) -> Sampling:
@@ -32,6 +33,7 @@ def sampling_of(body: SamplingFields, *, logprobs: int | None, prompt_logprobs: 
         top_k=body.top_k or 0,
         seed=body.seed,
         stop=tuple(stop),
+        ignore_eos=body.ignore_eos,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
     )

@@ -41,6 +41,7 @@ class ChatCompletionRequest(_Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: Count | None = None  # not OpenAI's; vLLM-compatible extension
+    ignore_eos: bool = False  # not OpenAI's; vLLM / llama.cpp extension: generate max_tokens whatever EOS says
     n: JsonInt = Field(1, ge=1, le=16)  # choices, sharing the prompt's KV blocks
     stop: str | list[str] | None = None
     stream: bool = False

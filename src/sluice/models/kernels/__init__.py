@@ -29,6 +29,15 @@ class Numerics(StrEnum):
     FAST = "fast"  # int8 activations x 4-bit weights, as llama.cpp computes (opt-in)
 
 
+class KVCacheDtype(StrEnum):
+    """How the KV cache stores K and V. AUTO: the model's dtype (fp32 on the CPU: exact).
+    FLOAT16: IEEE half, as llama.cpp's default cache: half the memory and the attention's reads,
+    not exact (each K/V value rounded to 11 significant bits); opt-in, meant with fast numerics."""
+
+    AUTO = "auto"
+    FLOAT16 = "float16"
+
+
 _lock = threading.Lock()
 _state: dict[str, ModuleType | None] = {}
 

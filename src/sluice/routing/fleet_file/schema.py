@@ -23,7 +23,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StringConstra
 from sluice.config import DEVICE_NAMES, is_device_name
 from sluice.engine.batching_window import BatchingWindow
 from sluice.engine.config import EngineConfig
-from sluice.models.kernels import KernelChoice, Numerics
+from sluice.models.kernels import KernelChoice, KVCacheDtype, Numerics
 from sluice.routing.fleet_file.autoscale_spec import AutoscalingSpec, VersionAutoscaleSpec, merge_version_tables
 from sluice.routing.fleet_file.breaker_settings import BreakerConfig
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
@@ -115,6 +115,7 @@ class EngineSettings(_Strict):
     device: str | None = None  # auto | cpu | cuda | cuda:N
     kernels: KernelChoice | None = Field(None, strict=False)
     numerics: Numerics | None = Field(None, strict=False)
+    kv_cache_dtype: KVCacheDtype | None = Field(None, strict=False)
     batching_window: BatchingWindow | None = Field(None, strict=False)
     batching_window_ms: float | None = Field(None, ge=0)
 

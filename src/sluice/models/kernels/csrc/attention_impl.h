@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "isa_names.h"
 #include "glue_impl.h"
@@ -15,7 +16,14 @@ namespace {  // internal linkage: nothing here may merge with another TU's code
 // K/V row read, straight from the paged cache through the block table (no gathered copy).
 // Per query head: s = (q . k) * scale; e = exp(s - max over the chunk); l = sum e;
 // o = sum e * v. One chunk: out = o * (1 / l). Several: attn_merge rescales and adds them.
-template <int ND>
+// One K or V row's panel i: fp32, or fp16 widened exactly to fp32 (the 16-bit K/V cache).
+template <bool HALF>
+static inline F16 kv_load(const void* row, int i) {
+  if constexpr (HALF) return fload_half(static_cast<const uint16_t*>(row) + i * kPanel);
+  else return fload(static_cast<const float*>(row) + i * kPanel);
+}
+
+template <int ND, bool HALF>
 static void decode_task(const AttnArgs& a, int64_t index) {
   const sluice::AttnTask task = a.tasks[index];
   const int64_t G = a.heads / a.kv_heads, D = ND * kPanel;
@@ -25,8 +33,10 @@ static void decode_task(const AttnArgs& a, int64_t index) {
   const int64_t start = first + (int64_t)task.chunk * sluice::kAttnChunk;
   const int64_t n = imin(sluice::kAttnChunk, len - start);
   const int32_t* table = a.block_tables + b * a.max_blocks;
-  const float* kbase = a.k_cache + kh * a.num_slots * D;
-  const float* vbase = a.v_cache + kh * a.num_slots * D;
+  // element offsets into the caches (their element size is HALF's: fp16 or fp32)
+  using Elem = typename std::conditional<HALF, uint16_t, float>::type;
+  const Elem* kbase = static_cast<const Elem*>(a.k_cache) + kh * a.num_slots * D;
+  const Elem* vbase = static_cast<const Elem*>(a.v_cache) + kh * a.num_slots * D;
   float* sc = a.scratch + index * G * sluice::kAttnChunk;
   float mx[16], total[16];
   for (int64_t g = 0; g < G; ++g) {
@@ -36,9 +46,9 @@ static void decode_task(const AttnArgs& a, int64_t index) {
     float* s = sc + g * sluice::kAttnChunk;
     for (int64_t t = 0; t < n; ++t) {
       const int64_t pos = start + t;
-      const float* kp = kbase + ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
-      F16 acc = fmul(qv[0], fload(kp));
-      for (int i = 1; i < ND; ++i) acc = ffma(qv[i], fload(kp + i * kPanel), acc);
+      const Elem* kp = kbase + ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
+      F16 acc = fmul(qv[0], kv_load<HALF>(kp, 0));
+      for (int i = 1; i < ND; ++i) acc = ffma(qv[i], kv_load<HALF>(kp, i), acc);
       s[t] = fhsum(acc) * a.scale;
     }
     // exp(s - max) in place, through the vector exp (the tail padded)
@@ -75,9 +85,9 @@ static void decode_task(const AttnArgs& a, int64_t index) {
     for (int i = 0; i < ND; ++i) o[i] = fzero();
     for (int64_t t = 0; t < n; ++t) {
       const int64_t pos = start + t;
-      const float* vp = vbase + ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
+      const Elem* vp = vbase + ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
       const F16 e = fset(s[t]);
-      for (int i = 0; i < ND; ++i) o[i] = ffma(e, fload(vp + i * kPanel), o[i]);
+      for (int i = 0; i < ND; ++i) o[i] = ffma(e, kv_load<HALF>(vp, i), o[i]);
     }
     if (task.num_chunks == 1) {
       const F16 inv = fset(1.0f / total[g]);
@@ -94,14 +104,15 @@ static void decode_task(const AttnArgs& a, int64_t index) {
 
 static void paged_decode(const AttnArgs& a, int64_t t0, int64_t t1) {
   void (*fn)(const AttnArgs&, int64_t) = nullptr;
+  const bool h = a.kv_half != 0;
   switch (a.head_dim / kPanel) {
-    case 1: fn = &decode_task<1>; break;
-    case 2: fn = &decode_task<2>; break;
-    case 3: fn = &decode_task<3>; break;
-    case 4: fn = &decode_task<4>; break;
-    case 5: fn = &decode_task<5>; break;
-    case 6: fn = &decode_task<6>; break;
-    case 8: fn = &decode_task<8>; break;
+    case 1: fn = h ? &decode_task<1, true> : &decode_task<1, false>; break;
+    case 2: fn = h ? &decode_task<2, true> : &decode_task<2, false>; break;
+    case 3: fn = h ? &decode_task<3, true> : &decode_task<3, false>; break;
+    case 4: fn = h ? &decode_task<4, true> : &decode_task<4, false>; break;
+    case 5: fn = h ? &decode_task<5, true> : &decode_task<5, false>; break;
+    case 6: fn = h ? &decode_task<6, true> : &decode_task<6, false>; break;
+    case 8: fn = h ? &decode_task<8, true> : &decode_task<8, false>; break;
     default: return;  // the glue only calls for supported head dims (supports_head_dim)
   }
   for (int64_t t = t0; t < t1; ++t) fn(a, t);

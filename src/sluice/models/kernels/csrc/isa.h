@@ -48,8 +48,9 @@ struct AttnTask {
 struct AttnArgs {
   const float* q;            // [B, H, D] with row stride q_stride (floats) per token
   int64_t q_stride;
-  const float* k_cache;      // [KVH, S, D]
-  const float* v_cache;
+  const void* k_cache;       // [KVH, S, D] float32, or IEEE fp16 (uint16) when kv_half
+  const void* v_cache;
+  int32_t kv_half;           // 1: the caches hold fp16 (the opt-in 16-bit K/V cache)
   int64_t num_slots;
   const int32_t* block_tables;  // [B, max_blocks]
   int64_t max_blocks;

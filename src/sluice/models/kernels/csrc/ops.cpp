@@ -371,8 +371,9 @@ void rope_and_cache(torch::Tensor& qkv, const torch::Tensor& positions, const to
               "rope_and_cache: cos/sin [max_position, D/2]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.size(0) == kv_heads &&
                   k_cache.size(2) == D && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == torch::kFloat32,
-              "rope_and_cache: caches [KVH, slots, D] float32");
+                  k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (k_cache.scalar_type() == torch::kFloat32 || k_cache.scalar_type() == torch::kHalf),
+              "rope_and_cache: caches [KVH, slots, D] float32 or float16");
   const int64_t S = k_cache.size(1), maxpos = cos.size(0);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
@@ -383,8 +384,11 @@ void rope_and_cache(torch::Tensor& qkv, const torch::Tensor& positions, const to
   float* base = qkv.data_ptr<float>();
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
+  const bool half_kv = k_cache.scalar_type() == torch::kHalf;
+  float* kc = half_kv ? nullptr : k_cache.data_ptr<float>();
+  float* vc = half_kv ? nullptr : v_cache.data_ptr<float>();
+  at::Half* kh16 = half_kv ? k_cache.data_ptr<at::Half>() : nullptr;
+  at::Half* vh16 = half_kv ? v_cache.data_ptr<at::Half>() : nullptr;
   parallel_rows(T, T * W, 0, T, 16, 1, [&](int64_t t0, int64_t t1, int64_t) {
     for (int64_t i = t0; i < t1; ++i) {
       float* row = base + i * W;
@@ -399,8 +403,19 @@ void rope_and_cache(torch::Tensor& qkv, const torch::Tensor& positions, const to
         }
       }
       for (int64_t h = 0; h < kv_heads; ++h) {
-        std::memcpy(kc + (h * S + slots[i]) * D, row + (heads + h) * D, D * sizeof(float));
-        std::memcpy(vc + (h * S + slots[i]) * D, row + (heads + kv_heads + h) * D, D * sizeof(float));
+        const float* k = row + (heads + h) * D;
+        const float* v = row + (heads + kv_heads + h) * D;
+        if (half_kv) {  // the 16-bit cache: round to nearest even (c10::Half), not exact
+          at::Half* kd = kh16 + (h * S + slots[i]) * D;
+          at::Half* vd = vh16 + (h * S + slots[i]) * D;
+          for (int64_t j = 0; j < D; ++j) {
+            kd[j] = at::Half(k[j]);
+            vd[j] = at::Half(v[j]);
+          }
+        } else {
+          std::memcpy(kc + (h * S + slots[i]) * D, k, D * sizeof(float));
+          std::memcpy(vc + (h * S + slots[i]) * D, v, D * sizeof(float));
+        }
       }
     }
   });
@@ -424,8 +439,9 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
                   out.scalar_type() == torch::kFloat32,
               "paged_decode: out [>=B, H*D] contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.size(0) == kv_heads && k_cache.scalar_type() == torch::kFloat32,
-              "paged_decode: caches [KVH, slots, D] float32");
+                  k_cache.size(0) == kv_heads && k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (k_cache.scalar_type() == torch::kFloat32 || k_cache.scalar_type() == torch::kHalf),
+              "paged_decode: caches [KVH, slots, D] float32 or float16");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous() && block_tables.dim() == 2,
               "paged_decode: block_tables [B, max_blocks] int32");
   TORCH_CHECK(context_lens.scalar_type() == torch::kInt32 && context_lens.is_contiguous() && context_lens.numel() == B,
@@ -467,8 +483,9 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   }
   a.q = q.data_ptr<float>();
   a.q_stride = q.stride(0);
-  a.k_cache = k_cache.data_ptr<float>();
-  a.v_cache = v_cache.data_ptr<float>();
+  a.k_cache = k_cache.data_ptr();
+  a.v_cache = v_cache.data_ptr();
+  a.kv_half = k_cache.scalar_type() == torch::kHalf ? 1 : 0;
   a.num_slots = S;
   a.block_tables = tab;
   a.max_blocks = MB;
@@ -508,14 +525,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_helper_spin_us", [](int64_t us) { helper_pool().set_spin_us(us); },
         "how long an idle helper waits for the next call before it sleeps (benchmarks)");
   m.def("supports_head_dim", &supports_head_dim);
-  m.def("pack_q4_1", &pack_q4_1);
-  m.def("pack_q8_0", &pack_q8_0);
+  // The compute entry points run without the GIL (arguments are converted before, the result
+  // after): as torch's own ops do. The engine thread spends most of a forward inside them, and a
+  // worker's gRPC and asyncio threads need the GIL to send each step's tokens; holding it here
+  // made them wait for the interpreter's 5 ms switch interval and then stall the engine while
+  // they ran, serially, on a machine whose second core was free (docs/BENCHMARKS.md, "Where a
+  // served token's time goes").
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("pack_q4_1", &pack_q4_1, nogil);
+  m.def("pack_q8_0", &pack_q8_0, nogil);
   m.def("linear_q4", &linear_q4, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"),
-        py::arg("fast"));
-  m.def("linear_q8", &linear_q8, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"));
-  m.def("embed_q8", &embed_q8);
-  m.def("add_rms_norm", &add_rms_norm, py::arg("h"), py::arg("delta"), py::arg("w"), py::arg("eps"));
-  m.def("silu_mul", &silu_mul);
-  m.def("rope_and_cache", &rope_and_cache);
-  m.def("paged_decode", &paged_decode);
+        py::arg("fast"), nogil);
+  m.def("linear_q8", &linear_q8, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"), nogil);
+  m.def("embed_q8", &embed_q8, nogil);
+  m.def("add_rms_norm", &add_rms_norm, py::arg("h"), py::arg("delta"), py::arg("w"), py::arg("eps"), nogil);
+  m.def("silu_mul", &silu_mul, nogil);
+  m.def("rope_and_cache", &rope_and_cache, nogil);
+  m.def("paged_decode", &paged_decode, nogil);
 }
