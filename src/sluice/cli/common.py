@@ -93,25 +93,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 
+# add_engine_args' flags whose value is the setting of the same name
+_ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "kv_idle_gib", "max_model_len",
+                    "scheduling_policy", "admission_policy", "kernels", "numerics", "kv_cache_dtype", "device",
+                    "batching_window", "batching_window_ms", "threads", "decode_split_rows", "speculative_tokens")
+
+
 def engine_setting_values(args: argparse.Namespace) -> dict[str, object]:
     """The settings `add_engine_args` flags give, by setting name (None = not given: the
     file, the environment or the default decides). One mapping for `serve` and `worker`."""
-    return {
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "kv_cache_gib": args.kv_cache_gib,
-        "kv_idle_gib": args.kv_idle_gib,
-        "max_model_len": args.max_model_len,
-        "scheduling_policy": args.scheduling_policy,
-        "admission_policy": args.admission_policy,
-        "enable_prefix_caching": False if args.no_prefix_caching else None,
-        "kernels": args.kernels,
-        "numerics": args.numerics,
-        "kv_cache_dtype": args.kv_cache_dtype,
-        "device": args.device,
-        "batching_window": args.batching_window,
-        "batching_window_ms": args.batching_window_ms,
-        "threads": args.threads,
-        "decode_split_rows": args.decode_split_rows,
-        "speculative_tokens": args.speculative_tokens,
-    }
+    values: dict[str, object] = {name: getattr(args, name) for name in _ENGINE_SETTINGS}
+    values["enable_prefix_caching"] = False if args.no_prefix_caching else None  # the flag turns it off
+    return values
