@@ -89,7 +89,6 @@ def test_the_prometheus_textfile_parses_and_is_replaced_whole(tmp_path: Path):
 
 
 def test_metrics_writer_feeds_tensorboard(tmp_path: Path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
