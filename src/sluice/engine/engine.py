@@ -25,6 +25,7 @@ from sluice.engine.runner import ModelRunner
 from sluice.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from sluice.engine.speculative import Speculator, accepted_tokens
 from sluice.engine.stats import EngineStats
+from sluice.engine.stop_rules import stop_reason
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
 from sluice.models.detokenizer import IncrementalDetokenizer
 from sluice.models.kernels import Numerics, set_decode_split
@@ -246,24 +247,8 @@ class LLMEngine:
     def _append_token(self, request: Request, token: int) -> GenerationEvent:
         request.all_token_ids.append(token)
         self._stats.output_tokens += 1
-        sampling = request.sampling
         detok = self.detokenizers[request.request_id]
-        reason: FinishReason | None = None
-        if token in sampling.stop_token_ids:
-            reason = FinishReason.STOP_SEQUENCE
-        elif token in self.eos_ids and not sampling.ignore_eos:
-            reason = FinishReason.EOS
-        else:
-            detok.add_token(token)
-            if detok.stop_matched is not None:
-                reason = FinishReason.STOP_SEQUENCE
-        error = None
-        if reason is None and request.grammar is not None:
-            reason, error = self._advance_grammar(request, token)
-        if reason is None and request.num_output_tokens >= sampling.max_tokens:
-            reason = FinishReason.LENGTH
-        if reason is None and request.num_tokens >= self.max_model_len:
-            reason = FinishReason.CONTEXT
+        reason, error = stop_reason(request, token, detok, self.eos_ids, self.max_model_len)
         if reason is not None:
             event = self._finish(request, reason, detok.take(final=True), token, error=error)
         else:
@@ -275,17 +260,6 @@ class LLMEngine:
         if request.num_output_tokens == 1 and request.first_scheduled_time is not None:
             event.queue_time_s = max(0.0, request.first_scheduled_time - request.arrival_time)
         return event
-
-    @staticmethod
-    def _advance_grammar(request: Request, token: int) -> tuple[FinishReason | None, str | None]:
-        """Advance the request's grammar by its new token: the reply ends (EOS) the moment the
-        grammar is complete, so nothing (not even a forced end-of-sequence) costs a step."""
-        grammar = request.grammar
-        assert grammar is not None
-        if not grammar.accept(token):
-            log.error("request %s: sampled token %d is outside its grammar", request.request_id, token)
-            return FinishReason.ERROR, f"constrained decoding: {grammar.error or 'token rejected'}"
-        return (FinishReason.EOS, None) if grammar.is_stopped else (None, None)
 
     def _finish(
         self, request: Request, reason: FinishReason, text: str, token: int | None = None, error: str | None = None
