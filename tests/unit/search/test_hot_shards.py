@@ -1,8 +1,10 @@
 from __future__ import annotations
 
-from sluice.search.router.hot_shards import Change, HotShardPolicy, HotShardTracker, utilization
+from sluice.search.router.config import SearchSettings
+from sluice.search.router.hot_shards import Change, HotShardTracker, utilization
 
-POLICY = HotShardPolicy(hot_at=0.7, cool_at=0.3, hot_for=3, cool_for=4, max_added=1, cooldown=2)
+POLICY = SearchSettings(hot_at=0.7, cool_at=0.3, hot_for=3, cool_for=4, hot_max_added=1)  # the router's own settings
+COOLDOWN = 2
 
 
 def _run(tracker, loads, times):
@@ -13,7 +15,7 @@ def _run(tracker, loads, times):
 
 
 def test_a_busy_shard_gets_one_replica_after_a_streak_and_loses_it_when_cool():
-    t = HotShardTracker(POLICY)
+    t = HotShardTracker(POLICY, COOLDOWN)
     hot = {"a": 0.9, "b": 0.1}
     assert _run(t, hot, 2) == []  # not yet: the streak is 3
     assert _run(t, hot, 1) == [("a", Change.ADD)]
@@ -26,7 +28,7 @@ def test_a_busy_shard_gets_one_replica_after_a_streak_and_loses_it_when_cool():
 
 
 def test_hysteresis_a_middling_load_changes_nothing_and_resets_streaks():
-    t = HotShardTracker(POLICY)
+    t = HotShardTracker(POLICY, COOLDOWN)
     seq = [{"a": 0.9}] * 2 + [{"a": 0.5}] + [{"a": 0.9}] * 2
     assert [c for loads in seq for c in t.evaluate(loads)] == []
 

@@ -8,7 +8,7 @@ version compared round-trip p95s; on a loaded 2-core machine a 3,000 vs 1 docume
 not show). Content sharding plus a skewed query mix makes one shard's utilization climb.
 Hysteresis keeps it from flapping:
 - hot: utilization ≥ `hot_at` in `hot_for` consecutive evaluations → add one replica (at most
-  `max_added` per shard, then `cooldown` evaluations before the next change to that shard);
+  `hot_max_added` per shard, then `cooldown` evaluations before the next change to that shard);
 - cool: ≤ `cool_at` in `cool_for` consecutive evaluations → remove one replica it added;
 - in between: nothing changes, and both streaks restart.
 Only replicas this policy added are removed; the configured ones stay. Pure logic (no clock, no
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Protocol
 
 
 class Change(str, enum.Enum):
@@ -26,14 +27,18 @@ class Change(str, enum.Enum):
     REMOVE = "remove"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class HotShardPolicy:
-    hot_at: float = 0.7
-    cool_at: float = 0.3
-    hot_for: int = 3
-    cool_for: int = 10
-    max_added: int = 2
-    cooldown: int = 5
+class HotShardPolicy(Protocol):
+    """The thresholds, read from the router's settings (`SearchSettings`: hot_at, cool_at,
+    hot_for, cool_for, hot_max_added; their defaults and bounds live there, once)."""
+
+    hot_at: float
+    cool_at: float
+    hot_for: int
+    cool_for: int
+    hot_max_added: int
+
+
+COOLDOWN = 5  # evaluations after a change before the next one to the same shard
 
 
 @dataclasses.dataclass(slots=True)
@@ -50,8 +55,9 @@ def utilization(busy_s: float, interval_s: float, replicas: int) -> float:
 
 
 class HotShardTracker:
-    def __init__(self, policy: HotShardPolicy | None = None):
-        self.policy = policy or HotShardPolicy()
+    def __init__(self, policy: HotShardPolicy, cooldown: int = COOLDOWN):
+        self.policy = policy
+        self.cooldown = cooldown
         self._tracks: dict[str, _ShardTrack] = {}
 
     def added(self, shard: str) -> int:
@@ -73,12 +79,12 @@ class HotShardTracker:
                 t.hot_streak = t.cool_streak = 0
             if t.quiet > 0:
                 continue
-            if t.hot_streak >= p.hot_for and t.added < p.max_added:
+            if t.hot_streak >= p.hot_for and t.added < p.hot_max_added:
                 t.added += 1
-                t.hot_streak, t.quiet = 0, p.cooldown
+                t.hot_streak, t.quiet = 0, self.cooldown
                 out.append((shard, Change.ADD))
             elif t.cool_streak >= p.cool_for and t.added > 0:
                 t.added -= 1
-                t.cool_streak, t.quiet = 0, p.cooldown
+                t.cool_streak, t.quiet = 0, self.cooldown
                 out.append((shard, Change.REMOVE))
         return out

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from sluice.search.router.config import LOCAL, SearchConfig
-from sluice.search.router.hot_shards import Change, HotShardPolicy, HotShardTracker, utilization
+from sluice.search.router.hot_shards import Change, HotShardTracker, utilization
 from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.runtime import RouterRuntime, schema_of
 from sluice.search.router.supervisor import Supervisor
@@ -65,8 +65,7 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
 
     tasks: list[asyncio.Task] = []
     c = cfg.search
-    tracker = HotShardTracker(HotShardPolicy(hot_at=c.hot_at, cool_at=c.cool_at, hot_for=c.hot_for,
-                                             cool_for=c.cool_for, max_added=c.hot_max_added))
+    tracker = HotShardTracker(c)  # the thresholds are the settings' (hot_at, cool_at, hot_for, …)
 
     async def hot_shards() -> None:
         last = {s.name: s.index_busy_s for s in rt.topo.shards}
