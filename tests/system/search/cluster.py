@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,3 +122,16 @@ def wait_for(cond, timeout: float = 60.0, what: str = "condition") -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def query_load(url: str, queries: list[str], results: list, stop: threading.Event) -> None:
+    """A client thread's loop: the queries in turn until `stop`, each outcome recorded as
+    (status or the transport error's name, the answer's `partial`)."""
+    i = 0
+    while not stop.is_set():
+        try:
+            r = search(url, queries[i % len(queries)])
+            results.append((r.status_code, r.json().get("partial")))
+        except httpx.HTTPError as exc:
+            results.append((type(exc).__name__, None))
+        i += 1

@@ -17,10 +17,9 @@ import re
 import threading
 from pathlib import Path
 
-import httpx
 
 from sluice.search import corpus
-from tests.system.search.cluster import HTTP, ingest, search, start_router, status, wait_for
+from tests.system.search.cluster import HTTP, ingest, query_load, search, start_router, status, wait_for
 
 CONFIG = """[search]
 sharding = "content"
@@ -59,17 +58,6 @@ def _shard(url: str, name: str) -> dict:
     return next(s for s in status(url)["shards"] if s["name"] == name)
 
 
-def _load(url: str, queries: list[str], results: list, stop: threading.Event) -> None:
-    i = 0
-    while not stop.is_set():
-        try:
-            r = search(url, queries[i % len(queries)])
-            results.append((r.status_code, r.json().get("partial")))
-        except httpx.HTTPError as exc:
-            results.append((type(exc).__name__, None))
-        i += 1
-
-
 def _served_by(url: str, replica: str) -> int:
     m = re.search(rf'sluice_search_replica_request_seconds_count\{{phase="search",replica="{re.escape(replica)}",'
                   rf'shard="hot"\}} (\S+)', HTTP.get(url + "/metrics").text)
@@ -85,7 +73,7 @@ def test_a_hot_shard_gets_a_warm_replica_that_serves_and_leaves_when_cool(tmp_pa
         docs = _docs()
         ingest(router.url, docs)
         queries = [f"buzzword {q}" for q in corpus.queries(docs, 100)]  # skewed: all of them hit `hot`
-        threads = [threading.Thread(target=_load, args=(router.url, queries[k::4], results, stop)) for k in range(4)]
+        threads = [threading.Thread(target=query_load, args=(router.url, queries[k::4], results, stop)) for k in range(4)]
         for t in threads:
             t.start()
         wait_for(lambda: len(_shard(router.url, "hot")["replicas"]) == 2, 120, "a replica added to the hot shard")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from sluice.search import corpus
-from tests.system.search.cluster import ingest, restart, search, start_router, start_shard, status, wait_for
+from tests.system.search.cluster import ingest, query_load, restart, search, start_router, start_shard, status, wait_for
 
 N_DOCS = 600
 
@@ -50,22 +50,11 @@ def _caught_up(cluster, shard: str) -> bool:
     return all(r["up"] and r["applied_seq"] == s["head_seq"] for r in s["replicas"])
 
 
-def _load(url: str, queries: list[str], results: list, stop: threading.Event) -> None:
-    i = 0
-    while not stop.is_set():
-        try:
-            r = search(url, queries[i % len(queries)])
-            results.append((r.status_code, r.json().get("partial")))
-        except httpx.HTTPError as exc:
-            results.append((type(exc).__name__, None))
-        i += 1
-
-
 def _under_load(cluster, fault, n_after: int = 60):
     """Run 2 query loops; apply `fault` after 20 answers; stop n_after answers later."""
     results: list = []
     stop = threading.Event()
-    threads = [threading.Thread(target=_load, args=(cluster["router"].url, cluster["queries"][k::2], results, stop))
+    threads = [threading.Thread(target=query_load, args=(cluster["router"].url, cluster["queries"][k::2], results, stop))
                for k in range(2)]
     for t in threads:
         t.start()
