@@ -16,6 +16,7 @@ from sluice.search.index.hits import merge
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
+from sluice.search.router.topology import hash_shard
 from tests.system.search.cluster import ingest, search, start_router, status
 
 N_DOCS, N_QUERIES = 1500, 200
@@ -86,5 +87,34 @@ def test_three_shards_rank_and_score_like_one_index(kind, docs, reference, tmp_p
                 assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0), q
             with_hits += bool(want)
         assert with_hits >= 150
+        if kind == "hash":
+            _writes_to_one_shard_refresh_its_statistics(router.url, docs, queries)
     finally:
         router.stop()
+
+
+def _writes_to_one_shard_refresh_its_statistics(url, docs, queries):
+    """The router now knows most query terms' statistics at every shard's entry (phase 1 is
+    skipped for them). Copies of documents written to shard "a" alone change its counts and
+    the frequencies of their terms: the next answers must be scored with the new statistics
+    (those of one index holding every document, copies included), not the cached ones."""
+    before = status(url)
+    assert before["cache"]["stats_hits"] > 0
+    copies = [{**d, "id": f"copy-{i}"} for i, d in enumerate(docs[::5]) if hash_shard(f"copy-{i}", 3) == 0]
+    ingest(url, copies)
+    after = status(url)
+    heads = [(s["head_seq"], t["head_seq"]) for s, t in zip(before["shards"], after["shards"])]
+    assert heads[0][1] > heads[0][0] and all(a == b for a, b in heads[1:]), heads  # only shard a moved
+    one = ShardIndex(None)
+    for seq, d in enumerate(docs + copies, 1):
+        src = parse_document(d)
+        one.apply(seq, [{"op": "upsert", "id": src.doc_id, "fields": src.fields}])
+    changed = 0
+    for q in queries[:100]:
+        got = search(url, q).json()
+        want = merge([one.search(resolve(q, one.analyzer), 10)], 10)
+        assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
+        for g, w in zip(got["hits"], want):
+            assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0), q
+        changed += any(h["id"].startswith("copy-") for h in got["hits"])
+    assert changed >= 10  # the copies matter to these queries

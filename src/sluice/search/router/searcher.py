@@ -1,10 +1,12 @@
 """One search across the shards: resolve → (phase 1: statistics) → phase 2: top-k → merge.
 
-Phase 1 (skipped when every term's statistics are known at this revision: stats_cache.py) asks
-one replica of every shard for its document count, total length and the document
-frequency of each query term; their sums are the global statistics. Phase 2 sends the resolved
-query and those statistics to the same replicas (so both phases see one revision when nothing
-is being written), and each shard scores with them (index/bm25.py): merged scores equal one
+Phase 1 asks one replica of each shard for what the router does not already know at that
+shard's newest entry (stats_cache.py: its document count, total length and the document
+frequency of each query term); the sums over the shards are the global statistics. A query
+whose terms are all known at every shard's entry skips phase 1, and one shard needs none (its
+own statistics are the global ones). Phase 2 sends the resolved
+query and those statistics to every shard (to the replica that answered its phase 1, if it was
+asked: both phases see one revision when nothing is being written), and each shard scores with them (index/bm25.py): merged scores equal one
 index holding every document. `stats = "local"` skips phase 1 (one round trip; each shard
 scores with its own statistics, cheaper and inexact on skewed shards).
 
@@ -84,19 +86,9 @@ class Searcher:
         failed: dict[str, str] = {}
         chosen: dict[int, ReplicaState | None] = {s.position: None for s in shards}
         glob: CollectionStats | None = None
-        terms = terms_of(tree)
-        revision = key[2]
-        if tree is not None and self.stats_mode is StatsMode.GLOBAL:
-            glob = self.stats_cache.lookup(revision, terms)
-        if tree is not None and self.stats_mode is StatsMode.GLOBAL and glob is None:
-            answers = await asyncio.gather(*(self._one(s, "/v1/shard/stats", {"terms": terms}, deadline, "stats", None)
-                                             for s in shards), return_exceptions=True)
-            glob = CollectionStats()
-            for s, (replica, data) in _answered(shards, answers, failed):
-                chosen[s.position] = replica
-                glob.add(CollectionStats.from_json(data))
-            if not failed:
-                self.stats_cache.store(revision, glob)
+        if tree is not None and self.stats_mode is StatsMode.GLOBAL and len(shards) > 1:
+            # one shard's own statistics are the global ones: phase 1 only from 2 shards up
+            glob = await self._global_stats(shards, terms_of(tree), key[2], deadline, chosen, failed)
         live = [s for s in shards if s.name not in failed]
         payload = {"tree": tree, "top_k": top_k, "stats": None if glob is None else glob.to_json()}
         answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search", chosen[s.position])
@@ -115,6 +107,36 @@ class Searcher:
             self.cache.put(key, result)
         self.metrics.query_latency.labels("partial" if result.partial else "complete").observe(time.perf_counter() - t0)
         return result
+
+    async def _global_stats(self, shards: Sequence[ShardRuntime], terms: list[str], revision: tuple[int, ...],
+                            deadline: float, chosen: dict[int, ReplicaState | None],
+                            failed: dict[str, str]) -> CollectionStats:
+        """Phase 1: the sum of every shard's statistics for `terms`, asking only the shards whose
+        statistics the cache lacks, and only for what it lacks (stats_cache.py)."""
+        glob = CollectionStats()
+        ask: list[tuple[ShardRuntime, CollectionStats | None, list[str]]] = []
+        for s in shards:
+            known, unknown = self.stats_cache.lookup(s.position, revision[s.position], terms)
+            if known is not None and not unknown:
+                glob.add(known)
+            else:
+                ask.append((s, known, unknown))
+        if not ask:
+            return glob
+        asked = [s for s, _, _ in ask]
+        answers = await asyncio.gather(*(self._one(s, "/v1/shard/stats", {"terms": unknown}, deadline, "stats", None)
+                                         for s, _, unknown in ask), return_exceptions=True)
+        known_of = {s.position: known for s, known, _ in ask}
+        for s, (replica, data) in _answered(asked, answers, failed):
+            chosen[s.position] = replica
+            got = CollectionStats.from_json(data)
+            seq = data.get("applied_seq")
+            self.stats_cache.store(s.position, revision[s.position], seq if isinstance(seq, int) else -1, got)
+            known = known_of[s.position]
+            if known is not None:  # the rest of this shard's terms came from the cache
+                got.term_freqs = {**known.term_freqs, **got.term_freqs}
+            glob.add(got)
+        return glob
 
     async def _one(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float, phase: str,
                    prefer: ReplicaState | None) -> tuple[ReplicaState, dict[str, Any]]:
