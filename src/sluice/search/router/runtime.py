@@ -44,7 +44,7 @@ class RouterRuntime:
                                              limits=httpx.Limits(max_connections=512, max_keepalive_connections=256))
         self.http = httpx.AsyncClient(transport=transport, timeout=cfg.search.shard_deadline_ms / 1000)
         s = cfg.search
-        self.shard_http = ShardHttp()  # the query path's client (aiohttp, fast_http/shard_http.py); httpx for the rest
+        self.shard_http = ShardHttp()  # the query path's client (fast_http/shard_http.py); httpx for the rest
         self.client = ShardClient(self.shard_http, self.metrics, s.hedge, s.hedge_min_ms / 1000)
         self.cache = ResultCache(s.cache_entries)
         self.cold = None

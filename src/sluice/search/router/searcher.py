@@ -75,11 +75,11 @@ class Searcher:
             raise
         key = (cache_key(tree), top_k, self.topo.revision())
         cached = self.cache.get(key)
-        self.metrics.cache.labels("hit" if cached is not None else "miss").inc()
+        self.metrics.child(self.metrics.cache, "hit" if cached is not None else "miss").inc()
         self.metrics.cache_hit_ratio.set(self.cache.hit_ratio)
         if cached is not None:
             res = dataclasses.replace(cached, cached=True, took_ms=(time.perf_counter() - t0) * 1000)
-            self.metrics.query_latency.labels("cached").observe(time.perf_counter() - t0)
+            self.metrics.child(self.metrics.query_latency, "cached").observe(time.perf_counter() - t0)
             return res
         shards = self.topo.shards
         deadline = t0 + self.deadline_s
@@ -105,7 +105,7 @@ class Searcher:
             self.metrics.partial.inc()
         else:
             self.cache.put(key, result)
-        self.metrics.query_latency.labels("partial" if result.partial else "complete").observe(time.perf_counter() - t0)
+        self.metrics.child(self.metrics.query_latency, "partial" if result.partial else "complete").observe(time.perf_counter() - t0)
         return result
 
     async def _global_stats(self, shards: Sequence[ShardRuntime], terms: list[str], revision: tuple[int, ...],
@@ -151,7 +151,7 @@ class Searcher:
                 raise QuerySyntaxError(0, exc.message) from None
             self.metrics.errors.labels(exc.failure.value).inc()
             raise
-        self.metrics.shard_latency.labels(shard.name, phase).observe(time.perf_counter() - t0)
+        self.metrics.child(self.metrics.shard_latency, shard.name, phase).observe(time.perf_counter() - t0)
         return out
 
     async def _cold(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float,
@@ -168,7 +168,7 @@ class Searcher:
         except Exception as exc:  # the object store is down or the archive is missing
             self.metrics.errors.labels(Failure.UNAVAILABLE.value).inc()
             raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"cold shard: {type(exc).__name__}: {exc}"[:300]) from None
-        self.metrics.shard_latency.labels(shard.name, phase).observe(time.perf_counter() - t0)
+        self.metrics.child(self.metrics.shard_latency, shard.name, phase).observe(time.perf_counter() - t0)
         return None, out
 
 

@@ -1,1 +1,1 @@
-"""The query path's HTTP: the shard client (aiohttp) and the search route as plain ASGI in front of FastAPI."""
+"""The query path's HTTP: the shard client (asyncio + httptools) and the search route as plain ASGI in front of FastAPI."""
