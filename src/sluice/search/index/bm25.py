@@ -101,3 +101,34 @@ def global_weighting(p: Bm25Params, glob: CollectionStats, local: CollectionStat
         if ltf > 0:
             factors[term] = common * idf(max(glob.doc_count, local.doc_count), max(gtf, ltf)) / idf(local.doc_count, ltf)
     return ShardWeighting(k1, p.k3, b, p.min_normlen * r, factors)
+
+
+# One-round search (router/one_round.py): a shard scores the terms whose global frequency the
+# router does not know yet with its own frequency in its place, and reports each such term's
+# part of every hit's score, so that the router can correct the scores once the shards' answers
+# give the global frequencies.
+
+def leaf_weight(w: ShardWeighting, n_local: int, ltf: int, term: str) -> float:
+    """Xapian BM25Weight's termweight for one leaf of `term` on this shard (wqf 1): the idf over
+    the shard's own statistics times the leaf's OP_SCALE_WEIGHT factor (query_builder.py)."""
+    f = w.term_factor.get(term)
+    tw = idf(n_local, ltf) * (1.0 if f is None else f)
+    if w.k3 != 0:
+        tw *= (w.k3 + 1) / (w.k3 + 1)  # Xapian's (k3+1)·wqf/(k3+wqf) with wqf 1
+    return tw
+
+
+def leaf_part(w: ShardWeighting, termweight: float, wdf: int, length: int, len_factor: float) -> float:
+    """Xapian BM25Weight::get_sumpart (k2 = 0): one leaf's part of a document's score."""
+    normlen = max(length * len_factor, w.min_normlen)
+    denom = w.k1 * (normlen * w.b + (1 - w.b)) + wdf
+    return 0.0 if denom == 0 else termweight * (wdf * (w.k1 + 1) / denom)
+
+
+def one_round_factor(n_glob: int, n_local: int, ltf: int, gtf: int) -> float:
+    """What a term's part of a shard's score, computed with the shard's own frequency `ltf` in
+    place of the global one (global_weighting() without it), is multiplied by to become exact
+    once the global frequency `gtf` is known. At most 1: gtf ≥ ltf, and the idf falls as the
+    frequency rises — so no document's exact score exceeds the score the shard ranked it by."""
+    n = max(n_glob, n_local)
+    return idf(n, max(gtf, ltf)) / idf(n, ltf)

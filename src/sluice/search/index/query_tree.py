@@ -93,6 +93,30 @@ def terms_of(tree: Tree | None) -> list[str]:
     return sorted(found)
 
 
+def scored_leaves(tree: Tree | None) -> dict[str, int] | None:
+    """How many times each term adds its weight to a matching document's score — every term
+    leaf except under AND_NOT's excluded side (Xapian weights only the left side) — or None
+    when the tree has a phrase or `all` (a phrase's terms add weight only where the phrase
+    matches: not known from the terms alone). What a one-round search corrects (bm25.py)."""
+    if tree is None:
+        return None
+    counts: dict[str, int] = {}
+
+    def walk(t: Tree, scored: bool) -> bool:
+        op = t[0]
+        if op == "term":
+            if scored:
+                counts[t[1]] = counts.get(t[1], 0) + 1
+            return True
+        if op in ("phrase", "all"):
+            return False
+        if op == "and_not":
+            return walk(t[1][0], scored) and walk(t[1][1], False)
+        return all(walk(c, scored) for c in t[1])
+
+    return counts if walk(tree, True) else None
+
+
 def cache_key(tree: Tree | None) -> str:
     return json.dumps(tree, separators=(",", ":"), ensure_ascii=False)
 

@@ -15,7 +15,8 @@ from typing import Any
 import xapian
 
 from sluice.search.index.analyzer import ID_SLOT, Analyzer, id_term
-from sluice.search.index.bm25 import Bm25Params, CollectionStats, global_weighting, local_weighting
+from sluice.search.index.bm25 import (Bm25Params, CollectionStats, ShardWeighting, global_weighting, leaf_part,
+                                      leaf_weight, local_weighting)
 from sluice.search.index.hits import Hit
 from sluice.search.index.query_builder import build_query
 from sluice.search.index.query_tree import Tree, terms_of
@@ -73,9 +74,45 @@ class ShardIndex:
     def search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None = None) -> list[Hit]:
         """The top_k hits, scored with `global_stats` when given (exact across shards), else with
         this shard's own statistics."""
+        return self._search(tree, top_k, global_stats)[0]
+
+    def search_with_parts(self, tree: Tree, top_k: int, global_stats: CollectionStats, unknown: list[str],
+                          scored: dict[str, int]) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
+        """A one-round search (router/one_round.py): `global_stats` lacks the frequencies of the
+        `unknown` terms, which are scored with this shard's own in their place. Also returns this
+        shard's frequency of each unknown term and, per hit, each unknown term's part of its
+        score (`scored`: how many leaves of each term add weight, query_tree.scored_leaves)."""
+        local = {t: self.db.get_termfreq(t) for t in unknown}
+        hits, w, docids = self._search(tree, top_k, global_stats)
+        parts: list[dict[str, float]] = [{} for _ in hits]
+        if not hits:
+            return hits, local, parts
+        db = self.db
+        avlen = db.get_avlength()
+        len_factor = 1 / avlen if avlen and w.b != 0 and w.k1 != 0 else 0.0
+        by_docid = sorted(range(len(hits)), key=docids.__getitem__)
+        n_local = db.get_doccount()
+        for t in unknown:
+            if not scored.get(t) or not local[t]:
+                continue  # adds no weight here
+            tw = leaf_weight(w, n_local, local[t], t) * scored[t]
+            postings = db.postlist(t)
+            for i in by_docid:
+                did = docids[i]
+                try:
+                    item = postings.skip_to(did)
+                except StopIteration:
+                    break
+                if item.docid == did:
+                    parts[i][t] = leaf_part(w, tw, item.wdf, item.doclength, len_factor)
+        return hits, local, parts
+
+    def _search(self, tree: Tree | None, top_k: int,
+                global_stats: CollectionStats | None) -> tuple[list[Hit], ShardWeighting, list[int]]:
+        """The hits, the weighting they were scored with, and their Xapian document ids."""
         top_k = max(0, min(top_k, MAX_TOP_K))
         if tree is None or top_k == 0:
-            return []
+            return [], local_weighting(self.params), []
         if global_stats is None:
             w = local_weighting(self.params)
         else:
@@ -84,13 +121,14 @@ class ShardIndex:
         enquire.set_weighting_scheme(xapian.BM25Weight(w.k1, 0, w.k3, w.b, w.min_normlen))
         enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
         enquire.set_query(build_query(tree, w.term_factor))
-        out = []
+        out, docids = [], []
         mset = enquire.get_mset(0, top_k)
         self.last_matches = mset.get_matches_estimated()
         for m in mset:
             data = json.loads(m.document.get_data())
             out.append(Hit(data["id"], m.weight, data.get("fields", {})))
-        return out
+            docids.append(m.docid)
+        return out, w, docids
 
     def doc_count(self) -> int:
         return self.db.get_doccount()

@@ -87,7 +87,8 @@ class RouterRuntime:
             "stats": self.cfg.search.stats.value,
             "auth": self.auth.mode,
             "cache": {"entries": len(self.cache), "hit_ratio": round(self.cache.hit_ratio, 4),
-                      "stats_hits": self.searcher.stats_cache.hits, "stats_misses": self.searcher.stats_cache.misses},
+                      "stats_hits": self.searcher.stats_cache.hits, "stats_misses": self.searcher.stats_cache.misses,
+                      "one_round": dict(self.searcher.one_round)},
             "shards": [{
                 "name": s.name, "head_seq": s.head_seq,
                 "p50_ms": _ms(s.latency.quantile(0.5)), "p95_ms": _ms(s.latency.quantile(0.95)),

@@ -26,9 +26,10 @@ from sluice.search.errors import QuerySyntaxError
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.hits import Hit, merge
-from sluice.search.index.query_tree import cache_key, resolve, terms_of
+from sluice.search.index.query_tree import Tree, cache_key, resolve, scored_leaves, terms_of
 from sluice.search.router.config import StatsMode
 from sluice.search.router.replica_state import ReplicaState
+from sluice.search.router.one_round import ShardAnswer, exact_top_k
 from sluice.search.router.result_cache import ResultCache
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.shard_client import Failure, ShardCallError, ShardClient
@@ -64,6 +65,7 @@ class Searcher:
         self.stats_mode = stats_mode
         self.deadline_s = deadline_s
         self.stats_cache = StatsCache()
+        self.one_round = {"answered": 0, "second_round": 0}  # one_round.py's outcomes
         self.cold = cold
 
     async def search(self, query: str, top_k: int) -> SearchResult:
@@ -86,20 +88,24 @@ class Searcher:
         failed: dict[str, str] = {}
         chosen: dict[int, ReplicaState | None] = {s.position: None for s in shards}
         glob: CollectionStats | None = None
+        merged: list[Hit] | None = None
         if tree is not None and self.stats_mode is StatsMode.GLOBAL and len(shards) > 1:
             # one shard's own statistics are the global ones: phase 1 only from 2 shards up
-            glob = await self._global_stats(shards, terms_of(tree), key[2], deadline, chosen, failed)
-        live = [s for s in shards if s.name not in failed]
-        payload = {"tree": tree, "top_k": top_k, "stats": None if glob is None else glob.to_json()}
-        answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search", chosen[s.position])
-                                         for s in live), return_exceptions=True)
-        per_shard: list[list[Hit]] = []
-        for s, a in _answered(live, answers, failed):
-            per_shard.append([Hit.from_json(h) for h in a[1]["hits"]])
-            if isinstance(a[1].get("index_s"), (int, float)):
-                s.index_latency.add(float(a[1]["index_s"]))
-                s.index_busy_s += float(a[1]["index_s"])  # the hot-shard signal (hot_shards.py)
-        result = SearchResult(merge(per_shard, top_k), len(shards), len(shards) - len(failed), failed)
+            merged = await self._one_round(shards, tree, top_k, key[2], deadline, chosen, failed)
+            if merged is None:
+                live = [s for s in shards if s.name not in failed]
+                glob = await self._global_stats(live, terms_of(tree), key[2], deadline, chosen, failed)
+        if merged is None:
+            live = [s for s in shards if s.name not in failed]
+            payload = {"tree": tree, "top_k": top_k, "stats": None if glob is None else glob.to_json()}
+            answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search",
+                                                       chosen[s.position]) for s in live), return_exceptions=True)
+            per_shard: list[list[Hit]] = []
+            for s, a in _answered(live, answers, failed):
+                per_shard.append([Hit.from_json(h) for h in a[1]["hits"]])
+                _note_index_time(s, a[1])
+            merged = merge(per_shard, top_k)
+        result = SearchResult(merged, len(shards), len(shards) - len(failed), failed)
         result.took_ms = (time.perf_counter() - t0) * 1000
         if result.partial:
             self.metrics.partial.inc()
@@ -107,6 +113,58 @@ class Searcher:
             self.cache.put(key, result)
         self.metrics.child(self.metrics.query_latency, "partial" if result.partial else "complete").observe(time.perf_counter() - t0)
         return result
+
+    async def _one_round(self, shards: Sequence[ShardRuntime], tree: Tree, top_k: int, revision: tuple[int, ...],
+                         deadline: float, chosen: dict[int, ReplicaState | None],
+                         failed: dict[str, str]) -> list[Hit] | None:
+        """The exact top_k in one round trip although some terms' statistics are new
+        (one_round.py), or None: then phase 1 (for what is still unknown) and phase 2. Tried
+        when every shard's counts are known at its entry and some term's frequency is not."""
+        scored = scored_leaves(tree)
+        if top_k == 0 or scored is None or any(s.cold_url is not None for s in shards):
+            return None
+        terms = terms_of(tree)
+        known: dict[int, CollectionStats] = {}
+        unknown: set[str] = set()
+        for s in shards:
+            k, u = self.stats_cache.lookup(s.position, revision[s.position], terms, count=False)
+            if k is None:
+                return None  # this shard's entry moved: its counts are new too
+            known[s.position] = k
+            unknown.update(u)
+        if not unknown:
+            return None  # every statistic is known: phase 2 alone is exact
+        ks = known.values()
+        glob = CollectionStats(sum(k.doc_count for k in ks), sum(k.total_length for k in ks),
+                               {t: sum(k.term_freqs[t] for k in ks) for t in terms if t not in unknown})
+        payload = {"tree": tree, "top_k": top_k, "stats": glob.to_json(), "unknown": sorted(unknown)}
+        answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search", None)
+                                         for s in shards), return_exceptions=True)
+        got: list[ShardAnswer] = []
+        for s, (replica, data) in _answered(shards, answers, failed):
+            chosen[s.position] = replica
+            _note_index_time(s, data)
+            k = known[s.position]
+            try:
+                if data.get("applied_seq") != revision[s.position]:
+                    raise ValueError("the shard's entry moved")
+                freqs = CollectionStats.from_json({"doc_count": k.doc_count, "total_length": k.total_length,
+                                                   "term_freqs": data["term_freqs"]})
+                if not unknown <= freqs.term_freqs.keys():
+                    raise ValueError("a frequency missing")
+                got.append(ShardAnswer([Hit.from_json(h) for h in data["hits"]], list(data["parts"]),
+                                       freqs.term_freqs, k.doc_count))
+            except (KeyError, TypeError, ValueError):
+                continue  # not usable: the second round will ask again
+            self.stats_cache.store(s.position, revision[s.position], revision[s.position], freqs)
+        merged = None
+        if not failed and len(got) == len(shards):
+            try:
+                merged = exact_top_k(got, glob.doc_count, top_k, [t for t, n in scored.items() if n])
+            except (KeyError, TypeError, ValueError):
+                merged = None
+        self.one_round["answered" if merged is not None else "second_round"] += 1
+        return merged
 
     async def _global_stats(self, shards: Sequence[ShardRuntime], terms: list[str], revision: tuple[int, ...],
                             deadline: float, chosen: dict[int, ReplicaState | None],
@@ -170,6 +228,12 @@ class Searcher:
             raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"cold shard: {type(exc).__name__}: {exc}"[:300]) from None
         self.metrics.child(self.metrics.shard_latency, shard.name, phase).observe(time.perf_counter() - t0)
         return None, out
+
+
+def _note_index_time(s: ShardRuntime, data: dict[str, Any]) -> None:
+    if isinstance(data.get("index_s"), (int, float)):
+        s.index_latency.add(float(data["index_s"]))
+        s.index_busy_s += float(data["index_s"])  # the hot-shard signal (hot_shards.py)
 
 
 def _answered(shards: Sequence[ShardRuntime], answers: Sequence[Any], failed: dict[str, str]) -> Iterator[tuple[ShardRuntime, Any]]:

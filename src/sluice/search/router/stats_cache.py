@@ -40,13 +40,14 @@ class StatsCache:
         self.hits = 0  # shard lookups answered from memory (no phase 1 request to that shard)
         self.misses = 0
 
-    def lookup(self, shard: int, head_seq: int, terms: list[str]) -> tuple[CollectionStats | None, list[str]]:
+    def lookup(self, shard: int, head_seq: int, terms: list[str],
+               count: bool = True) -> tuple[CollectionStats | None, list[str]]:
         """What is known of this shard at entry `head_seq` — its counts and the known terms'
         frequencies, or None when its entry moved — and the terms it must be asked about (every
         term when its entry moved; none when the cache answers the whole query)."""
         entry = self._shards.get(shard)
         if entry is None or entry.seq != head_seq:
-            self.misses += 1
+            self.misses += count
             return None, list(terms)
         freqs = entry.freqs
         known, unknown = {}, []
@@ -58,9 +59,9 @@ class StatsCache:
                 known[t] = f
                 freqs.move_to_end(t)
         if unknown:
-            self.misses += 1
+            self.misses += count
         else:
-            self.hits += 1
+            self.hits += count
         return CollectionStats(entry.doc_count, entry.total_length, known), unknown
 
     def store(self, shard: int, head_seq: int, applied_seq: int, stats: CollectionStats) -> bool:

@@ -222,6 +222,15 @@ class Replica:
                 time.sleep(self.simulated_cost_s * self.index.last_matches)
             return hits, self.index.applied_seq
 
+    def search_with_parts(self, tree: Tree, top_k: int, stats: CollectionStats, unknown: list[str],
+                          scored: dict[str, int]) -> tuple[list[Hit], dict[str, int], list[dict[str, float]], int]:
+        """A one-round search (ShardIndex.search_with_parts), and the entry it saw."""
+        with self._lock:
+            hits, freqs, parts = self.index.search_with_parts(tree, top_k, stats, unknown, scored)
+            if self.simulated_cost_s:
+                time.sleep(self.simulated_cost_s * self.index.last_matches)
+            return hits, freqs, parts, self.index.applied_seq
+
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {"applied_seq": self.index.applied_seq, "logged_seq": self.log.last_seq,

@@ -10,7 +10,9 @@
     POST /v1/shard/compact   {"upto": N}            → drop log entries ≤ N that are in a durable index
     POST /v1/shard/stats     {"terms"}              → this shard's collection statistics (phase 1)
     POST /v1/shard/search    {"tree", "top_k", "stats"} → hits scored with the given global
-                                                      statistics, or this shard's own when null
+                                                      statistics, or this shard's own when null;
+                             with "unknown": [terms]  → also "term_freqs" and per-hit "parts" of
+                                                      those terms (a one-round search)
 
 Queries run on the event loop thread (a Xapian call is ~1 ms and holds the index lock anyway);
 writes and catch-up run in the thread pool so a slow fsync or peer does not stall /health.
@@ -32,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from sluice.search.errors import DocumentError, QuerySyntaxError
 from sluice.search.index.bm25 import CollectionStats
-from sluice.search.index.query_tree import check_tree
+from sluice.search.index.query_tree import check_tree, scored_leaves
 from sluice.search.index.shard_index import MAX_TOP_K
 from sluice.search.shard.replica import Replica
 from sluice.search.shard import snapshot
@@ -173,11 +175,21 @@ def create_shard_app(replica: Replica) -> QueryPath:
             raise DocumentError(f"top_k must be an integer from 0 to {MAX_TOP_K}")
         st = data.get("stats")
         glob = None if st is None else CollectionStats.from_json(st)
+        unknown = data.get("unknown")
         t0 = time.perf_counter()
-        hits, seq = replica.search(tree, top_k, glob)
+        if unknown is None:
+            hits, seq = replica.search(tree, top_k, glob)
+            extra: dict[str, Any] = {}
+        else:  # a one-round search (router/one_round.py)
+            scored = scored_leaves(tree)
+            if (glob is None or scored is None or not isinstance(unknown, list) or len(unknown) > 1024
+                    or not all(isinstance(t, str) for t in unknown)):
+                raise DocumentError("unknown needs global stats, a tree without phrases and at most 1024 terms")
+            hits, freqs, parts, seq = replica.search_with_parts(tree, top_k, glob, unknown, scored)
+            extra = {"term_freqs": freqs, "parts": parts}
         took = time.perf_counter() - t0
         latency.labels("search").observe(took)
-        return {"hits": [h.to_json() for h in hits], "applied_seq": seq, "index_s": took}
+        return {"hits": [h.to_json() for h in hits], "applied_seq": seq, "index_s": took, **extra}
 
     return QueryPath(app, {"/v1/shard/stats": stats, "/v1/shard/search": search},
                      lambda kind: errors.labels(kind).inc())
