@@ -134,6 +134,8 @@ def main() -> int:
             out["passes"].append(res)
             print(json.dumps(res), flush=True)
         out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+        for n, (p, u) in routers.items():  # the statistics cache's and one-round search's counts, where reported
+            out[f"{n}_cache"] = http.get(u + "/v1/search/status").json().get("cache")
         print(json.dumps(out, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))

@@ -88,7 +88,7 @@ def test_three_shards_rank_and_score_like_one_index(kind, docs, reference, tmp_p
             with_hits += bool(want)
         assert with_hits >= 150
         # most queries met new terms once the shards' counts were known: one round trip
-        # (router/one_round.py) answered many of them, the checks above covering both paths
+        # (router/global_stats/one_round.py) answered many of them, the checks above covering both paths
         one_round = status(router.url)["cache"]["one_round"]
         assert one_round["answered"] >= 50 and one_round["second_round"] >= 1, one_round
         if kind == "hash":

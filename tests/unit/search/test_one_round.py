@@ -1,4 +1,4 @@
-"""One-round search (router/one_round.py) at the library level: shards score the terms whose
+"""One-round search (router/global_stats/one_round.py) at the library level: shards score the terms whose
 global frequency the router does not know with their own, report those terms' parts of each
 hit's score, and the corrected merge equals one index holding every document — or says that a
 second round is needed, never a wrong top-k."""
@@ -15,9 +15,9 @@ from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_tree import resolve, scored_leaves, terms_of
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
-from sluice.search.router.one_round import ShardAnswer, exact_top_k
+from sluice.search.router.global_stats.one_round import ShardAnswer, exact_top_k
 
-N_DOCS, N_QUERIES = 2000, 200
+N_DOCS, N_QUERIES = 1200, 150
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_the_corrected_merge_equals_one_index_or_asks_for_a_second_round(indexes
         for g, w in zip(got, want):
             assert g.score == pytest.approx(w.score, rel=1e-9, abs=0), q
         checked += 1
-    assert checked >= 100 and second <= checked, (checked, second)
+    assert checked >= 70 and second <= checked, (checked, second)
 
 
 def test_a_document_left_out_that_could_rank_is_caught():

@@ -78,7 +78,7 @@ class ShardIndex:
 
     def search_with_parts(self, tree: Tree, top_k: int, global_stats: CollectionStats, unknown: list[str],
                           scored: dict[str, int]) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
-        """A one-round search (router/one_round.py): `global_stats` lacks the frequencies of the
+        """A one-round search (router/global_stats/one_round.py): `global_stats` lacks the frequencies of the
         `unknown` terms, which are scored with this shard's own in their place. Also returns this
         shard's frequency of each unknown term and, per hit, each unknown term's part of its
         score (`scored`: how many leaves of each term add weight, query_tree.scored_leaves)."""

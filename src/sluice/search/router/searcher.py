@@ -1,14 +1,17 @@
 """One search across the shards: resolve → (phase 1: statistics) → phase 2: top-k → merge.
 
 Phase 1 asks one replica of each shard for what the router does not already know at that
-shard's newest entry (stats_cache.py: its document count, total length and the document
-frequency of each query term); the sums over the shards are the global statistics. A query
-whose terms are all known at every shard's entry skips phase 1, and one shard needs none (its
-own statistics are the global ones). Phase 2 sends the resolved
-query and those statistics to every shard (to the replica that answered its phase 1, if it was
-asked: both phases see one revision when nothing is being written), and each shard scores with them (index/bm25.py): merged scores equal one
-index holding every document. `stats = "local"` skips phase 1 (one round trip; each shard
-scores with its own statistics, cheaper and inexact on skewed shards).
+shard's newest entry (global_stats/stats_cache.py: its document count, total length and the
+document frequency of each query term); the sums over the shards are the global statistics.
+Phase 2 sends the resolved query and those statistics to every shard (to the replica that
+answered its phase 1, if it was asked: both phases see one revision when nothing is being
+written), and each shard scores with them (index/bm25.py): merged scores equal one index
+holding every document. Phase 1 is skipped when every term is known at every shard's entry,
+with one shard (its own statistics are the global ones), and — when only some terms' frequencies
+are new — by the one-round search (global_stats/one_round.py: the shards score those terms with
+their own frequencies and report their parts; the router corrects and verifies, or asks a
+second round). `stats = "local"` skips phase 1 (one round trip; each shard scores with its
+own statistics, cheaper and inexact on skewed shards).
 
 A shard that misses its deadline or has no replica left is reported, never hidden: `partial`
 is true and `shards_answered` < `shards`. Every phase of every shard shares one deadline.
@@ -29,11 +32,11 @@ from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_tree import Tree, cache_key, resolve, scored_leaves, terms_of
 from sluice.search.router.config import StatsMode
 from sluice.search.router.replica_state import ReplicaState
-from sluice.search.router.one_round import ShardAnswer, exact_top_k
+from sluice.search.router.global_stats.one_round import ShardAnswer, exact_top_k
 from sluice.search.router.result_cache import ResultCache
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.shard_client import Failure, ShardCallError, ShardClient
-from sluice.search.router.stats_cache import StatsCache
+from sluice.search.router.global_stats.stats_cache import StatsCache
 from sluice.search.tiers.cold_tier import ColdTier
 from sluice.search.router.topology import ShardRuntime, Topology
 
@@ -65,7 +68,7 @@ class Searcher:
         self.stats_mode = stats_mode
         self.deadline_s = deadline_s
         self.stats_cache = StatsCache()
-        self.one_round = {"answered": 0, "second_round": 0}  # one_round.py's outcomes
+        self.one_round = {"answered": 0, "second_round": 0}  # global_stats/one_round.py's outcomes
         self.cold = cold
 
     async def search(self, query: str, top_k: int) -> SearchResult:

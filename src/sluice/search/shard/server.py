@@ -180,7 +180,7 @@ def create_shard_app(replica: Replica) -> QueryPath:
         if unknown is None:
             hits, seq = replica.search(tree, top_k, glob)
             extra: dict[str, Any] = {}
-        else:  # a one-round search (router/one_round.py)
+        else:  # a one-round search (router/global_stats/one_round.py)
             scored = scored_leaves(tree)
             if (glob is None or scored is None or not isinstance(unknown, list) or len(unknown) > 1024
                     or not all(isinstance(t, str) for t in unknown)):
