@@ -150,3 +150,57 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
             await runner.cleanup()
 
     asyncio.run(go())
+
+
+def test_the_shard_answers_its_query_requests_inside_uvicorns_protocol(tmp_path):
+    """A real uvicorn server in this process on 127.0.0.1, with the shard's protocol
+    (shard/query_protocol.py): query requests answered by it on one keep-alive connection,
+    errors in the shard's shape, and every other route still through FastAPI."""
+    import socket
+
+    import uvicorn
+
+    from sluice.search.router.fast_http.shard_http import ShardHttp
+    from sluice.search.shard.query_protocol import query_protocol_for
+    from sluice.search.shard.replica import Replica
+    from sluice.search.shard.server import create_shard_app
+
+    replica = Replica(tmp_path, fsync=False)
+    replica.append(1, [{"op": "upsert", "id": "d1", "fields": {"title": "alpha beta"}}], None)
+    app = create_shard_app(replica)
+    protocol = query_protocol_for(app)
+    assert protocol is not None  # the installed uvicorn is the one it was written against
+    answered: list[bytes] = []
+
+    class Counting(protocol):  # type: ignore[misc, valid-type]
+        def on_message_complete(self) -> None:
+            if self._query is not None:
+                answered.append(self.url)
+            super().on_message_complete()
+
+    async def go() -> None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=Counting, lifespan="off"))
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        http = ShardHttp()
+        try:
+            status, st = await http.post_json(base + "/v1/shard/stats", {"terms": ["alpha", "zzz"]}, 10)
+            assert status == 200 and st["term_freqs"] == {"alpha": 1, "zzz": 0} and st["applied_seq"] == 1
+            status, got = await http.post_json(base + "/v1/shard/search", {"tree": ["term", "alpha"], "top_k": 5}, 10)
+            assert status == 200 and [h["id"] for h in got["hits"]] == ["d1"]
+            status, bad = await http.post_json(base + "/v1/shard/search", {"tree": ["nope"]}, 10)
+            assert status == 400 and "malformed" in bad["error"]["message"]
+            # not a query request: FastAPI answers, in the shard's error shape
+            status, bad = await http.post_json(base + "/v1/shard/compact", {"upto": -1}, 10)
+            assert status == 400 and "upto" in bad["error"]["message"]
+            assert answered == [b"/v1/shard/stats", b"/v1/shard/search", b"/v1/shard/search"]
+        finally:
+            await http.aclose()
+            server.should_exit = True
+            await task
+
+    asyncio.run(go())

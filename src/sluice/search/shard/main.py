@@ -26,6 +26,7 @@ def run_shard(listen: str, data_dir: str, schema_json: str | None = None, fsync:
               memory: bool = False) -> int:
     import uvicorn
 
+    from sluice.search.shard.query_protocol import uvicorn_http_option
     from sluice.search.shard.server import create_shard_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -35,6 +36,6 @@ def run_shard(listen: str, data_dir: str, schema_json: str | None = None, fsync:
     print(f"sluice search shard: {data_dir} at entry {replica.applied_seq} "
           f"({replica.index.doc_count()} documents), listening on {host}:{port}", file=sys.stderr, flush=True)
     app = create_shard_app(replica)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, **uvicorn_http_option(app))
     replica.index.close()
     return 0

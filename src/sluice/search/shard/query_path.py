@@ -41,6 +41,13 @@ class QueryPath:
             if len(body) > MAX_BODY_BYTES:
                 await _answer(send, 413, {"error": {"message": "request body too large"}})
                 return
+        status, payload = self.answer(handler, body)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    def answer(self, handler: Handler, body: bytes) -> tuple[int, bytes]:
+        """One query request's body → (status, the JSON answer); shared with query_protocol.py."""
         try:
             data = json.loads(body)
             if not isinstance(data, dict):
@@ -55,7 +62,7 @@ class QueryPath:
         except (ValueError, TypeError, KeyError) as exc:  # malformed JSON or fields of the wrong shape
             self.on_error("bad_request")
             status, out = 400, {"error": {"message": f"invalid request: {exc}"[:500]}}
-        await _answer(send, status, out)
+        return status, json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 async def _answer(send: Callable[[dict], Awaitable[None]], status: int, out: dict[str, Any]) -> None:
