@@ -155,8 +155,10 @@ class Searcher:
                                                    "term_freqs": data["term_freqs"]})
                 if not unknown <= freqs.term_freqs.keys():
                     raise ValueError("a frequency missing")
-                got.append(ShardAnswer([Hit.from_json(h) for h in data["hits"]], list(data["parts"]),
-                                       freqs.term_freqs, k.doc_count))
+                hits, parts = [Hit.from_json(h) for h in data["hits"]], list(data["parts"])
+                if len(parts) != len(hits) or not all(isinstance(p, dict) for p in parts):
+                    raise ValueError("parts do not match the hits")
+                got.append(ShardAnswer(hits, parts, freqs.term_freqs, k.doc_count))
             except (KeyError, TypeError, ValueError):
                 continue  # not usable: the second round will ask again
             self.stats_cache.store(s.position, revision[s.position], revision[s.position], freqs)
