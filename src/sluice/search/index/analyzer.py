@@ -18,6 +18,7 @@ from sluice.search.index.schema import Schema, SourceDocument
 ID_PREFIX = "Q"
 ID_SLOT = 0  # the id as a value: the tie-break of equal scores (merge.py), the same on every shard
 LANGUAGE = "english"
+QUERY_TERMS_KEPT = 100_000
 
 
 def field_prefix(name: str) -> str:
@@ -41,6 +42,7 @@ class Analyzer:
     def __init__(self, schema: Schema | None = None):
         self.schema = schema or Schema()
         self._tg = _generator()
+        self._query_terms: dict[str, tuple[str, ...]] = {}
 
     def document(self, src: SourceDocument) -> xapian.Document:
         doc = xapian.Document()
@@ -62,7 +64,18 @@ class Analyzer:
         return doc
 
     def query_terms(self, text: str) -> list[str]:
-        """The terms, in order, that indexing `text` would produce (without a field prefix)."""
+        """The terms, in order, that indexing `text` would produce (without a field prefix).
+        Remembered per text (up to QUERY_TERMS_KEPT, then started afresh): through Xapian's
+        Python bindings one word costs ~35 µs, on the router's path of every query, and query
+        words repeat (Zipf)."""
+        got = self._query_terms.get(text)
+        if got is None:
+            if len(self._query_terms) >= QUERY_TERMS_KEPT:
+                self._query_terms.clear()
+            got = self._query_terms[text] = tuple(self._index_query(text))
+        return list(got)
+
+    def _index_query(self, text: str) -> list[str]:
         doc = xapian.Document()
         self._tg.set_document(doc)
         self._tg.index_text(text)
