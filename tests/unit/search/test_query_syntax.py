@@ -45,3 +45,19 @@ def test_resolution_stems_prefixes_and_normalizes():
 def test_malformed_trees_from_the_wire_are_refused(bad):
     with pytest.raises(QuerySyntaxError):
         check_tree(bad)
+
+
+def test_a_plain_words_terms_are_the_term_generators():
+    """The analyzer's shortcut for one ASCII word (its stem) gives what Xapian's TermGenerator
+    gives, over the corpus's vocabulary and a few edge cases."""
+    import re
+
+    from sluice.search import corpus
+    from sluice.search.index.analyzer import Analyzer
+
+    a = Analyzer()
+    words = {"I", "a", "Running", "NETWORKS", "x" * 60, "generously", "cats"}
+    for d in corpus.documents(500):
+        words.update(re.findall(r"[A-Za-z]+", d.get("title", "") + " " + d.get("body", "")))
+    assert all(a._index_query(w) == a._generated(w) for w in words)
+    assert a._index_query("e-mail") == a._generated("e-mail") == ["e", "mail"]

@@ -4,12 +4,15 @@ Every word is lower-cased and stemmed (English Snowball, `STEM_ALL`: only stemme
 positions, so phrases match on stems as bare words do). A field's terms carry the prefix
 `X<NAME>:` (the colon keeps `a1`+`bc` apart from `a`+`1bc`); the default fields are indexed a
 second time without a prefix. A query's words go through the very same TermGenerator
-(`query_terms`), so the tokenizer's rules (apostrophes, hyphens, CJK) are never re-implemented.
+(`query_terms`), so the tokenizer's rules (apostrophes, hyphens, CJK) are never re-implemented;
+the one shortcut is a plain ASCII word, whose term is its stem (a test holds it to the
+TermGenerator's answer).
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import xapian
 
@@ -19,6 +22,7 @@ ID_PREFIX = "Q"
 ID_SLOT = 0  # the id as a value: the tie-break of equal scores (merge.py), the same on every shard
 LANGUAGE = "english"
 QUERY_TERMS_KEPT = 100_000
+_PLAIN_WORD = re.compile(r"[A-Za-z]{1,60}")  # well under the TermGenerator's word length limit (64)
 
 
 def field_prefix(name: str) -> str:
@@ -42,6 +46,7 @@ class Analyzer:
     def __init__(self, schema: Schema | None = None):
         self.schema = schema or Schema()
         self._tg = _generator()
+        self._stem = xapian.Stem(LANGUAGE)
         self._query_terms: dict[str, tuple[str, ...]] = {}
 
     def document(self, src: SourceDocument) -> xapian.Document:
@@ -76,6 +81,13 @@ class Analyzer:
         return list(got)
 
     def _index_query(self, text: str) -> list[str]:
+        if _PLAIN_WORD.fullmatch(text):
+            # one ASCII word: the TermGenerator's term is its stem, ~1 µs instead of ~35 (a test
+            # compares the two on the corpus's vocabulary); anything else goes through it
+            return [self._stem(text.lower()).decode()]
+        return self._generated(text)
+
+    def _generated(self, text: str) -> list[str]:
         doc = xapian.Document()
         self._tg.set_document(doc)
         self._tg.index_text(text)
