@@ -146,8 +146,8 @@ class ServingMetrics:
         self.queue_depth.set(q.depth)
         self.queued_tokens.set(q.queued_tokens)
         self.inflight_requests.set(q.inflight)
-        self.gateway_rejected.labels("rate_limited").set(gw.counts["rate_limited"])
-        self.gateway_rejected.labels("overloaded").set(gw.counts["overloaded"])
+        for outcome in ("rate_limited", "overloaded"):  # gateway.Outcome, a str enum (no import up)
+            self.gateway_rejected.labels(outcome).set(gw.counts[outcome])
 
     def observe_scaling(self, signals: dict[str, float]) -> None:
         """model id -> its scaling signal (routing/scaling/signal.py); a model gone since the
