@@ -26,7 +26,7 @@ def encode_text(text: str) -> str:
 
 def decode_text(data: str, where: str) -> str:
     try:
-        return base64.urlsafe_b64decode(data.encode("ascii")).decode()
+        return base64.b64decode(data.encode("ascii"), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeError, ValueError):
         raise invalid(f"{where}: not a search result this server returned (send encrypted_content back unchanged)") from None
 

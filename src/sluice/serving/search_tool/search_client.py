@@ -51,12 +51,14 @@ def _refusal(status: int, body: Any) -> SearchToolError:
     return SearchToolError.QUERY_TOO_LONG if bounded else SearchToolError.INVALID_INPUT
 
 
-async def search(service: SearchServiceSpec, query: str) -> list[SearchResult] | SearchToolError:
-    """The service's top hits for `query`, or why there are none."""
+async def search(
+    service: SearchServiceSpec, query: str, transport: httpx.AsyncBaseTransport | None = None
+) -> list[SearchResult] | SearchToolError:
+    """The service's top hits for `query`, or why there are none (`transport`: tests')."""
     key = service.api_key()
     headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
-        async with asyncio.timeout(service.timeout_s), httpx.AsyncClient(timeout=service.timeout_s) as client:
+        async with asyncio.timeout(service.timeout_s), httpx.AsyncClient(timeout=service.timeout_s, transport=transport) as client:
             r = await client.post(f"{service.url}/v1/search", json={"query": query, "top_k": service.top_k}, headers=headers)
     except (TimeoutError, httpx.TimeoutException):  # the whole call, however the time went
         log.warning("search tool: the search service did not answer within %.1fs", service.timeout_s)

@@ -123,7 +123,8 @@ class SearchRounds:
                 yield result
             self.spent = _plus(self.spent, final.usage)
             client_calls = final.tool_calls - len(server)
-            left = None if req.max_tokens is None else req.max_tokens - self.spent.output_tokens
+            budget = self.req.max_tokens  # the whole reply's, all rounds together
+            left = None if budget is None else budget - self.spent.output_tokens
             out_of_tokens = left is not None and left <= 0
             if client_calls or out_of_tokens or round_no == self.max_uses:
                 reason = FinishReason.LENGTH if out_of_tokens and not client_calls else FinishReason.EOS
