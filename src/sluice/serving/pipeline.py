@@ -248,7 +248,9 @@ class Generation:
         if fmt is not None:  # after the guard: safety reads the calls as the model wrote them
             stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix, p.request.server_tool_names)
         if p.search_service is not None:  # the search tool's calls run here, then the next round generates
-            stream = SearchRounds(p.request, p.search_service, self._next_round, session.close).outcomes(stream)
+            rounds = SearchRounds(p.request, p.search_service, self._next_round, session.close,
+                                  lambda result: self.rt.metrics.search_tool_calls.labels(result).inc())
+            stream = rounds.outcomes(stream)
         try:
             async with aclosing(stream) as outcomes:
                 async for outcome in outcomes:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.fleet_process import ADMIN, admin, local_version
-from tests.server_process import MODEL, start_server
+from tests.server_process import MODEL, metric, start_server
 from tests.system.search.cluster import ingest, start_router
 
 pytestmark = pytest.mark.slow
@@ -135,6 +135,8 @@ def test_a_stopped_search_service_is_an_error_result_and_no_service_a_400(cluste
         assert call.type == "server_tool_use" and result.tool_use_id == call.id
         assert result.content.type == "web_search_tool_result_error" and result.content.error_code == "unavailable"
         assert reply.usage.server_tool_use.web_search_requests == 0
+    assert metric(server.base_url, 'sluice_search_tool_calls_total{result="unavailable"}') == 2
+    assert metric(server.base_url, 'sluice_search_tool_calls_total{result="ok"}') >= 3  # the earlier tests'
     fleet.write_text(_fleet(None))
     assert admin(server, "POST", "/admin/fleet/reload").status_code == 200
     with pytest.raises(anthropic.BadRequestError) as exc:

@@ -91,7 +91,11 @@ def _round(*calls: str, text: str = "", out: int = 10, client: int = 0):
     return gen()
 
 
+COUNTED: list[str] = []  # the metric's labels, per call, of the latest _run
+
+
 def _run(req: ServingRequest, rounds: list, monkeypatch, fail_search: bool = False):
+    COUNTED.clear()
     queries: list[str] = []
     started: list[ServingRequest] = []
     ended: list[bool] = []
@@ -111,7 +115,7 @@ def _run(req: ServingRequest, rounds: list, monkeypatch, fail_search: bool = Fal
         ended.append(True)
 
     async def collect():
-        return [o async for o in SearchRounds(req, SERVICE, next_round, end_first).outcomes(rounds.pop(0))]
+        return [o async for o in SearchRounds(req, SERVICE, next_round, end_first, COUNTED.append).outcomes(rounds.pop(0))]
 
     monkeypatch.setattr(tool_loop, "search", fake_search)
     return asyncio.run(collect()), queries, started, ended
@@ -141,6 +145,7 @@ def test_searches_are_bounded_by_max_uses_and_rounds_end_paused(monkeypatch):
     assert [r.error for r in results] == [None, SearchToolError.MAX_USES_EXCEEDED, SearchToolError.MAX_USES_EXCEEDED]
     final = out[-1]
     assert len(started) == 1 and isinstance(final, Finished) and final.paused and final.server_tool_uses == 1
+    assert COUNTED == ["ok", "max_uses_exceeded", "max_uses_exceeded"]
 
 
 def test_the_fleet_caps_a_requests_max_uses(monkeypatch):

@@ -35,6 +35,7 @@ from sluice.tool_types import Part, Role, ToolCall, ToolChoice, ToolChoiceMode, 
 from sluice.types import FinishReason, Usage
 
 NextRound = Callable[[ServingRequest], Awaitable[AsyncIterator[Outcome]]]
+Count = Callable[[str], None]  # one call's result: "ok" or its error code (the metric's label)
 
 
 def attached_service(service: SearchServiceSpec | None, req: ServingRequest) -> SearchServiceSpec | None:
@@ -78,16 +79,21 @@ def continued(conv: Conversation, reply: list[str | ToolCallDone], results: list
 
 class SearchRounds:
     def __init__(self, req: ServingRequest, service: SearchServiceSpec, next_round: NextRound,
-                 end_first_round: Callable[[], Awaitable[None]]):
+                 end_first_round: Callable[[], Awaitable[None]], count: Count = lambda result: None):
         assert req.search_tool is not None
         self.req, self.service = req, service
-        self.next_round, self.end_first_round = next_round, end_first_round
+        self.next_round, self.end_first_round, self.count = next_round, end_first_round, count
         self.max_uses = min(req.search_tool.max_uses or service.max_uses, service.max_uses)
         self.uses = 0  # searches run (a call past max_uses runs none)
         self.answered = 0  # searches the service answered: usage.server_tool_use
         self.spent = Usage()  # the finished rounds' usage
 
     async def _run(self, call: ToolCallDone, usage: Usage) -> ServerToolResult:
+        result = await self._search(call, usage)
+        self.count(result.error.value if result.error is not None else "ok")
+        return result
+
+    async def _search(self, call: ToolCallDone, usage: Usage) -> ServerToolResult:
         if self.uses >= self.max_uses:
             return ServerToolResult(call.id, error=SearchToolError.MAX_USES_EXCEEDED, usage=usage)
         self.uses += 1
@@ -118,6 +124,8 @@ class SearchRounds:
             if not isinstance(final, Finished) or not final.called_tools or not server:
                 yield _with_usage(final, self.spent, self.answered)
                 return
+            if round_no == 0:
+                await self.end_first_round()  # its admission lease and rate-limit settlement: not held while searching
             results = [await self._run(call, final.usage) for call in server]
             for result in results:
                 yield result
@@ -131,8 +139,6 @@ class SearchRounds:
                 yield Finished(reason, usage=self.spent, tool_calls=client_calls, server_tool_uses=self.answered,
                                paused=not client_calls and not out_of_tokens)
                 return
-            if round_no == 0:
-                await self.end_first_round()  # its admission lease and rate-limit settlement, before the next
             choice = ToolChoice(ToolChoiceMode.AUTO, None, req.tool_choice.disable_parallel)
             req = dataclasses.replace(req, request_id=f"{self.req.request_id}-{round_no + 1}", max_tokens=left,
                                       conversation=continued(req.conversation, reply, results), tool_choice=choice,
