@@ -77,7 +77,7 @@ def _request(max_tokens: int | None = 100, max_uses: int | None = None) -> Servi
                           tool_choice=ToolChoice(ToolChoiceMode.TOOL, "web_search"), search_tool=SearchToolUse("web_search", max_uses))
 
 
-def _round(*calls: str, text: str = "", out: int = 10, client: int = 0):
+def _round(*calls: str, text: str = "", out: int = 10, client: int = 0, reason: FinishReason = FinishReason.EOS):
     async def gen():
         usage = Usage(20, out, 5)
         if text:
@@ -87,7 +87,7 @@ def _round(*calls: str, text: str = "", out: int = 10, client: int = 0):
             yield ToolCallDone(i, f"srvtoolu_{q}", "web_search", {"query": q}, json.dumps({"query": q}), True, usage, True)
         for j in range(client):
             yield ToolCallDone(len(calls) + j, f"toolu_{j}", "get", {}, "{}", True, usage)
-        yield Finished(FinishReason.EOS, usage=usage, tool_calls=len(calls) + client)
+        yield Finished(reason, usage=usage, tool_calls=len(calls) + client)
     return gen()
 
 
@@ -164,6 +164,12 @@ def test_a_client_call_hands_the_turn_back(monkeypatch):
 def test_the_token_budget_spans_rounds(monkeypatch):
     out, _, started, _ = _run(_request(max_tokens=10), [_round("a", out=10)], monkeypatch)
     assert not started and out[-1].reason is FinishReason.LENGTH and not out[-1].paused
+
+
+def test_a_round_cut_after_its_call_still_answers_it(monkeypatch):
+    out, queries, started, _ = _run(_request(), [_round("a", reason=FinishReason.STOP_SEQUENCE)], monkeypatch)
+    assert queries == ["a"] and not started and isinstance(out[-2], ServerToolResult)
+    assert out[-1].reason is FinishReason.STOP_SEQUENCE and out[-1].server_tool_uses == 1 and not out[-1].called_tools
 
 
 def test_failed_searches_are_results_and_not_counted(monkeypatch):

@@ -121,7 +121,7 @@ class SearchRounds:
             if final is None:
                 final = Failed(ErrorKind.INTERNAL, "a search tool round ended without a final event")
             server = [c for c in reply if isinstance(c, ToolCallDone) and c.complete and c.server]
-            if not isinstance(final, Finished) or not final.called_tools or not server:
+            if not isinstance(final, Finished) or not server:
                 yield _with_usage(final, self.spent, self.answered)
                 return
             if round_no == 0:
@@ -129,8 +129,12 @@ class SearchRounds:
             results = [await self._run(call, final.usage) for call in server]
             for result in results:
                 yield result
-            self.spent = _plus(self.spent, final.usage)
             client_calls = final.tool_calls - len(server)
+            if not final.called_tools:  # cut after its calls (max_tokens, a stop sequence): every call has its result
+                final.tool_calls = client_calls
+                yield _with_usage(final, self.spent, self.answered)
+                return
+            self.spent = _plus(self.spent, final.usage)
             budget = self.req.max_tokens  # the whole reply's, all rounds together
             left = None if budget is None else budget - self.spent.output_tokens
             out_of_tokens = left is not None and left <= 0
