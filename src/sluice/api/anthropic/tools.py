@@ -63,7 +63,9 @@ def search_tool(tools: Sequence[Tool] | None) -> SearchToolUse | None:
 
 def tool_specs(tools: Sequence[Tool] | None) -> list[ToolSpec]:
     """Every tool the model is offered: the client tools, and the search tool as one (in the
-    order declared)."""
+    order declared); the search tool is checked here too, so count_tokens refuses what
+    /v1/messages refuses."""
+    search_tool(tools)
     out: list[ToolSpec] = []
     for i, tool in enumerate(tools or ()):
         where = f"tools.{i}"
