@@ -55,6 +55,10 @@ class ServingMetrics:
         self.safety_verdicts = Counter(
             "sluice_safety_verdicts", "Safety verdicts (blocks and kills) by layer and category", ["layer", "category"], registry=r
         )
+        # the Messages API search tool (serving/search_tool/): "ok" or the error result's code
+        self.search_tool_calls = Counter(
+            "sluice_search_tool_calls", "Search tool calls run by the gateway, by result", ["result"], registry=r
+        )
         # gateway
         self.gateway_requests = Counter(
             "sluice_gateway_requests", "Admitted requests by how they were served (engine, coalesced, cached)", ["kind"], registry=r
