@@ -6,7 +6,10 @@ Starts `sluice serve` (default settings plus any --serve-arg) on a free 127.0.0.
 for /ready, and reads /proc/PID/smaps_rollup of every process in its tree (the gateway and its
 worker): RSS (pages mapped), PSS (each shared page divided among the processes mapping it: the
 figure that sums without counting shared libraries twice), and the anonymous part (heap,
-tensors, KV: the process's own). Measured idle, then after each of --waves waves of --streams
+tensors, KV: the process's own). PSS also divides pages with processes outside the tree (another
+torch process on the machine halves libtorch's share), so it varies with what else runs; as
+root, "unique" counts the tree's resident physical pages once each (/proc/PID/pagemap frame
+numbers): the memory the serve tree holds, whatever else runs. Measured idle, then after each of --waves waves of --streams
 concurrent streaming requests (max_tokens --max-tokens, temperature 0), after --settle seconds.
 With --breakdown, each process's mappings grouped (shared libraries by name, the model file,
 the anonymous heap, thread stacks) show where the pages are. Stops the server by its PID (and
@@ -28,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from array import array
 from collections import defaultdict
 from pathlib import Path
 
@@ -58,6 +62,41 @@ def rollup(pid: int) -> dict[str, int]:
     except OSError:
         pass
     return out
+
+
+_PRESENT = 1 << 63
+_PFN = (1 << 55) - 1
+
+
+def frames(pid: int) -> set[int] | None:
+    """Physical frame numbers of the process's resident pages; None without the right to read
+    them (frame numbers read as 0 unless root)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    out: set[int] = set()
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        with open(f"/proc/{pid}/pagemap", "rb") as pm:
+            for line in maps:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if "[vsyscall]" in line:
+                    continue
+                pm.seek(lo // page * 8)
+                entries = array("Q")
+                entries.frombytes(pm.read((hi - lo) // page * 8))
+                out.update(e & _PFN for e in entries if e & _PRESENT)
+    except OSError:
+        return None
+    return None if out == {0} else out
+
+
+def unique_bytes(pids: list[int]) -> int | None:
+    seen: set[int] = set()
+    for pid in pids:
+        f = frames(pid)
+        if f is None:
+            return None
+        seen |= f
+    return len(seen) * os.sysconf("SC_PAGE_SIZE")
 
 
 def tree(pid: int) -> list[int]:
@@ -145,16 +184,22 @@ class Server:
             time.sleep(0.1)
         raise RuntimeError(f"not ready after {timeout}s:\n{self.log_path.read_text()}")
 
-    def memory(self) -> dict[str, dict[str, int]]:
-        """Per process of the tree (keyed "role pid") plus "total"."""
+    def memory(self, unique: bool = False) -> dict[str, dict[str, int]]:
+        """Per process of the tree (keyed "role pid") plus "total" (with `unique`: its resident
+        physical pages counted once, when readable)."""
         out: dict[str, dict[str, int]] = {}
         total = dict.fromkeys(ROLLUP_KEYS.values(), 0)
-        for pid in tree(self.proc.pid):
+        pids = tree(self.proc.pid)
+        for pid in pids:
             self.seen.add(pid)
             m = rollup(pid)
             out[f"{comm(pid)} {pid}"] = m
             for k, v in m.items():
                 total[k] += v
+        if unique:
+            u = unique_bytes(pids)
+            if u is not None:
+                total["unique"] = u
         out["total"] = total
         return out
 
@@ -199,6 +244,7 @@ async def wave(server: Server, streams: int, max_tokens: int, offset: int) -> di
 
 def describe(m: dict[str, dict[str, int]]) -> str:
     return "  ".join(f"{k}: RSS {v['rss'] / MIB:.0f} PSS {v['pss'] / MIB:.0f} anon {v['anon'] / MIB:.0f}"
+                     + (f" unique {v['unique'] / MIB:.0f}" if "unique" in v else "")
                      for k, v in m.items()) + " MiB"
 
 
@@ -226,14 +272,14 @@ def main() -> None:
     try:
         server.wait_ready()
         time.sleep(args.settle)
-        result["idle"] = server.memory()
+        result["idle"] = server.memory(unique=True)
         log(f"idle: {describe(result['idle'])}")
         if args.breakdown:
             result["idle_breakdown"] = show_breakdown(server, "idle")
         for w in range(args.waves):
             r = asyncio.run(wave(server, args.streams, args.max_tokens, offset=w * args.streams))
             time.sleep(args.settle)
-            r["after"] = server.memory()
+            r["after"] = server.memory(unique=True)
             result["waves"].append(r)
             pk = r["peak_total"]
             log(f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors, "
