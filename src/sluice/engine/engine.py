@@ -292,7 +292,8 @@ class LLMEngine:
         the engine has sat idle): a request arriving after pays page faults, not a wrong answer.
         Returns the KV bytes released."""
         released = 0
-        span = self.kv.shrink()
+        # device memory is not given back (the pool is one allocation there): keep its cache
+        span = self.kv.shrink() if self.model.device.type == "cpu" else None
         if span is not None:
             released = self.runner.release_kv(*span)
         trim_heap()
