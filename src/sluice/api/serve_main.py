@@ -81,7 +81,7 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
             fleet.on_give_up = give_up
             rt.mark_ready(fleet, fleet.capacity()[0])
             # the tokenizers' build and the safety pipelines' peak left freed heap behind
-            # (~10-20 MiB resident, docs/BENCHMARKS.md "Serve memory"): give it back once
+            # (docs/BENCHMARKS.md, "Serve memory"): give it back once
             trim_heap()
             rt.keep_task(follow_capacity(rt, fleet, settings.health_check_interval_s))
             workers = ", ".join(f"{h.model_id}/{h.version}@{h.worker_id}" for h in fleet.handles.values())

@@ -252,3 +252,47 @@ TestIdleBoundedKVMachine = IdleBoundedKVMachine.TestCase
 TestIdleBoundedKVMachine.settings = settings(
     max_examples=150, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def test_the_async_loop_releases_memory_once_idle(tiny_llama):
+    """Wired: once idle after a burst, the loop calls release_idle_memory (idle_release_s=0: as
+    soon as it is idle, no clock in the test) and the pool is back to the budget."""
+    import asyncio
+    import threading
+
+    from sluice.engine.async_engine import AsyncEngine
+
+    inner = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=200, kv_idle_gib=0))
+    calls: list[int] = []
+    released = threading.Event()
+    real = inner.release_idle_memory
+
+    def spy() -> int:
+        calls.append(inner.stats().kv_blocks_resident)
+        out = real()
+        released.set()
+        return out
+
+    inner.release_idle_memory = spy  # type: ignore[method-assign]
+    engine = AsyncEngine(inner, idle_release_s=0).start()
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def burst() -> None:
+        async def one(i: int) -> None:
+            async for _ in engine.generate(GenerationRequest(f"s{i}", [3 + i] * 10, params)):
+                pass
+        await asyncio.gather(*(one(i) for i in range(3)))
+
+    try:
+        assert released.wait(60)  # the load's own release, before any request
+        released.clear()
+        asyncio.run(burst())
+        for _ in range(60):  # a bounded wait: each round ends at a release (or after 1 s)
+            if engine.stats().kv_blocks_resident == 0:
+                break
+            released.wait(1)
+            released.clear()
+        assert engine.stats().kv_blocks_resident == 0  # kv_idle_gib 0: all of it went back
+        assert max(calls[1:]) > 0  # released after the burst, with blocks resident then
+    finally:
+        engine.shutdown()

@@ -6,7 +6,7 @@ the bundled model's start-up (in the gateway, which reads only the tokenizer, an
 worker). Here the metadata is parsed once with `struct` straight into the values
 `ReaderField.contents()` returns (the same keys, types and values: tests/test_gguf_file.py
 compares the two on the bundled file), and each tensor is one `np.frombuffer` view over the
-mapping, made when its `data` is first read: nothing is copied and no weight byte is
+mapping, made when its `data` is read: nothing is copied and no weight byte is
 reinterpreted, so what the loaders build from it is bit-identical to what they built from
 GGUFReader.
 
