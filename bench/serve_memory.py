@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Resident memory of `sluice serve` with the bundled model: RSS and PSS per process, idle and
-after concurrent streams.
+"""Resident memory of `sluice serve` with the bundled model: RSS, PSS and unique pages per
+process, idle and after concurrent streams.
 
 Starts `sluice serve` (default settings plus any --serve-arg) on a free 127.0.0.1 port, waits
 for /ready, and reads /proc/PID/smaps_rollup of every process in its tree (the gateway and its
@@ -9,11 +9,12 @@ figure that sums without counting shared libraries twice), and the anonymous par
 tensors, KV: the process's own). PSS also divides pages with processes outside the tree (another
 torch process on the machine halves libtorch's share), so it varies with what else runs; as
 root, "unique" counts the tree's resident physical pages once each (/proc/PID/pagemap frame
-numbers): the memory the serve tree holds, whatever else runs. Measured idle, then after each of --waves waves of --streams
-concurrent streaming requests (max_tokens --max-tokens, temperature 0), after --settle seconds.
-With --breakdown, each process's mappings grouped (shared libraries by name, the model file,
-the anonymous heap, thread stacks) show where the pages are. Stops the server by its PID (and
-any child still alive by its PID).
+numbers): the memory the serve tree holds, whatever else runs. Measured idle, then after each
+of --waves waves of --streams concurrent streaming requests (max_tokens --max-tokens,
+temperature 0), each time --settle seconds after (the engine gives memory back after 1 s idle).
+With --breakdown, each process's mappings grouped (shared libraries by name, the model file, the
+anonymous memory, the heap) show where the pages are. Stops the server by its PID (and any child
+still alive by its PID).
 
     .venv/bin/python bench/serve_memory.py                     # 1 wave of 32 streams
     .venv/bin/python bench/serve_memory.py --waves 2 --breakdown

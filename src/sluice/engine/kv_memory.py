@@ -28,6 +28,7 @@ import enum
 import math
 import mmap
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +152,9 @@ def _libc_madvise() -> Callable[[int, int, int], int] | None:
     return fn
 
 
-_madvise = _libc_madvise() if hasattr(mmap, "MAP_ANONYMOUS") else None
+# Linux only: there MADV_DONTNEED frees a private anonymous page at once and it reads as zeros
+# afterwards; elsewhere the advice may leave the old contents (and the memory) in place
+_madvise = _libc_madvise() if sys.platform.startswith("linux") else None
 
 
 def release_slots(cache: torch.Tensor, first: int, end: int) -> int:
