@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serve_load import Recorder, http_stream  # noqa: E402  (the same streaming client)
-from tests.server_process import free_port  # noqa: E402
+from tests.server_process import free_port, metric  # noqa: E402
 
 MIB = 2**20
 ROLLUP_KEYS = {"Rss": "rss", "Pss": "pss", "Anonymous": "anon", "Pss_Anon": "pss_anon"}
@@ -243,6 +243,14 @@ async def wave(server: Server, streams: int, max_tokens: int, offset: int) -> di
     return {"peak_total": peak, "output_tokens": rec.tokens, "errors": rec.errors, "wall_s": wall}
 
 
+def kv_resident(url: str) -> float | None:
+    """The engine's count of KV memory written and still resident (bytes), if it reports it."""
+    try:
+        return metric(url, "sluice_engine_kv_resident_bytes")
+    except (KeyError, httpx.HTTPError):
+        return None
+
+
 def describe(m: dict[str, dict[str, int]]) -> str:
     return "  ".join(f"{k}: RSS {v['rss'] / MIB:.0f} PSS {v['pss'] / MIB:.0f} anon {v['anon'] / MIB:.0f}"
                      + (f" unique {v['unique'] / MIB:.0f}" if "unique" in v else "")
@@ -274,6 +282,7 @@ def main() -> None:
         server.wait_ready()
         time.sleep(args.settle)
         result["idle"] = server.memory(unique=True)
+        result["idle_kv_resident_bytes"] = kv_resident(server.url)
         log(f"idle: {describe(result['idle'])}")
         if args.breakdown:
             result["idle_breakdown"] = show_breakdown(server, "idle")
@@ -281,11 +290,12 @@ def main() -> None:
             r = asyncio.run(wave(server, args.streams, args.max_tokens, offset=w * args.streams))
             time.sleep(args.settle)
             r["after"] = server.memory(unique=True)
+            r["kv_resident_bytes"] = kv = kv_resident(server.url)
             result["waves"].append(r)
             pk = r["peak_total"]
             log(f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors, "
                 f"{r['wall_s']:.1f} s): peak total RSS {pk['rss'] / MIB:.0f} PSS {pk['pss'] / MIB:.0f} MiB; "
-                f"after: {describe(r['after'])}")
+                f"after: {describe(r['after'])}" + ("" if kv is None else f"; KV resident {kv / MIB:.0f} MiB"))
         if args.breakdown and args.waves:
             result["after_breakdown"] = show_breakdown(server, "after")
     finally:
