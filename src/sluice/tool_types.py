@@ -76,3 +76,58 @@ class ChatTurn:
 
     role: Role
     parts: list[Part] = field(default_factory=list)
+
+
+# -- the search server tool (docs/SEARCH.md "The Messages API search tool") -------------------
+# The model sees it as a client tool with this one-field input, so its calls are decoded under
+# the same grammar as any tool's; the gateway runs them itself against the fleet's search
+# service. The query is bounded by the grammar (the search router refuses longer ones anyway).
+SEARCH_QUERY_MAX_CHARS = 256
+SEARCH_TOOL_DESCRIPTION = (
+    "Search the documents of this service's search index. Input: a short keyword query. "
+    "Returns the best matching documents, each with its title, source and text."
+)
+
+
+def search_tool_spec(name: str) -> ToolSpec:
+    """The tool the model is offered for a declared search server tool (strict: the input is
+    always exactly `{"query": <non-empty string>}`)."""
+    schema = {
+        "type": "object",
+        "properties": {"query": {"type": "string", "minLength": 1, "maxLength": SEARCH_QUERY_MAX_CHARS}},
+        "required": ["query"],
+        "additionalProperties": False,
+    }
+    return ToolSpec(name, schema, SEARCH_TOOL_DESCRIPTION, strict=True)
+
+
+@dataclass(slots=True, frozen=True)
+class SearchToolUse:
+    """A request's search server tool: the name the model calls it by, and how many searches
+    the request may run (None: the fleet's `search.max_uses`)."""
+
+    name: str
+    max_uses: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class SearchResult:
+    """One document a search returned, as the model reads it (a `search_result` block)."""
+
+    source: str
+    title: str
+    text: str
+
+    def render(self) -> str:
+        """The one spelling of a search result in a prompt: title, source, text on their own lines."""
+        return "\n".join(p for p in (self.title, self.source, self.text) if p)
+
+
+def search_tool_result(tool_use_id: str, results: list[SearchResult], error_code: str | None = None) -> ToolResult:
+    """A search tool call's result as the model reads it: its search results one after another
+    (the same text a client's `tool_result` of `search_result` blocks reads as), or the error."""
+    if error_code is not None:
+        return ToolResult(tool_use_id, f"search error: {error_code}", is_error=True)
+    if not results:
+        return ToolResult(tool_use_id, "no results")
+    return ToolResult(tool_use_id, "\n\n".join(r.render() for r in results))

@@ -185,6 +185,13 @@ class SamplingParams(Sampling):
         return self.temperature == 0.0 or self.top_k == 1
 
 
+def token_cost(prompt_tokens: int, max_tokens: int) -> int:
+    """The tokens a request can occupy, prompt + max_tokens: the one estimate the quota
+    reservation, the admission queue, the worker's load accounting and the engine's context
+    bound count it at."""
+    return prompt_tokens + max_tokens
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """One request as every layer below the API sees it: token ids in, events out.
@@ -209,9 +216,8 @@ class GenerationRequest:
 
     @property
     def token_cost(self) -> int:
-        """The tokens this request can occupy, prompt + max_tokens: the one estimate the quota
-        reservation, the worker's load accounting and the admission queue count it at."""
-        return len(self.prompt_token_ids) + self.sampling.max_tokens
+        """This request's `token_cost`."""
+        return token_cost(len(self.prompt_token_ids), self.sampling.max_tokens)
 
 
 @dataclass(slots=True)

@@ -57,6 +57,11 @@ class CacheCreation(_Doc):
     ephemeral_1h_input_tokens: int
 
 
+class ServerToolUsage(_Doc):
+    web_search_requests: int  # the search tool's searches the search service answered
+    web_fetch_requests: int  # always 0: no web fetch tool runs here
+
+
 class MessageUsage(_Doc):
     input_tokens: int
     output_tokens: int
@@ -64,11 +69,42 @@ class MessageUsage(_Doc):
     cache_read_input_tokens: int
     cache_creation: CacheCreation
     service_tier: Literal["standard", "priority", "batch"]
+    server_tool_use: ServerToolUsage | None = None  # when the request declares the search tool
 
 
 class OutputText(_Doc):
     type: Literal["text"]
     text: str
+
+
+class OutputToolUse(_Doc):
+    """A client tool call (`tool_use`) or a search tool call (`server_tool_use`, docs/SEARCH.md)."""
+
+    type: Literal["tool_use", "server_tool_use"]
+    id: str
+    name: str
+    input: dict[str, object]
+
+
+class SearchHit(_Doc):
+    type: Literal["web_search_result"]
+    url: str
+    title: str
+    encrypted_content: str  # the hit's text, base64 (not encrypted; send it back unchanged)
+    page_age: str | None
+
+
+class SearchError(_Doc):
+    type: Literal["web_search_tool_result_error"]
+    error_code: str
+
+
+class OutputSearchResult(_Doc):
+    """The search tool's result for the `server_tool_use` block with this `tool_use_id`."""
+
+    type: Literal["web_search_tool_result"]
+    tool_use_id: str
+    content: list[SearchHit] | SearchError
 
 
 class StopDetails(_Doc):
@@ -84,8 +120,9 @@ class MessageObject(_Doc):
     type: Literal["message"]
     role: Literal["assistant"]
     model: str
-    content: list[OutputText]
-    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "refusal", "model_context_window_exceeded"]
+    content: list[OutputText | OutputToolUse | OutputSearchResult]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal",
+                         "model_context_window_exceeded"]
     stop_sequence: str | None
     usage: MessageUsage
     stop_details: StopDetails | None = None

@@ -21,6 +21,7 @@ from sluice.config import Settings
 from sluice.errors import InvalidRequestError
 from sluice.gateway.factory import build_authenticator
 from sluice.gateway.tiers import load_tiers
+from sluice.heap import trim_heap
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.fleet_setup import Fleet, build_registry, start_fleet
 from sluice.serving.guided import resolve_tool_format
@@ -79,6 +80,9 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
                 rt.safety = await safety
             fleet.on_give_up = give_up
             rt.mark_ready(fleet, fleet.capacity()[0])
+            # the tokenizers' build and the safety pipelines' peak left freed heap behind
+            # (docs/BENCHMARKS.md, "Serve memory"): give it back once
+            trim_heap()
             rt.keep_task(follow_capacity(rt, fleet, settings.health_check_interval_s))
             workers = ", ".join(f"{h.model_id}/{h.version}@{h.worker_id}" for h in fleet.handles.values())
             _say(

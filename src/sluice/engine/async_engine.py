@@ -25,7 +25,10 @@ from sluice.types import GenerationEvent, GenerationRequest
 log = logging.getLogger(__name__)
 
 _Sink = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
-
+# How long the engine sits idle before it gives back what the last burst left resident
+# (LLMEngine.release_idle_memory). Long enough that back-to-back requests (one user chatting,
+# a client's next call) never pay for it, short enough that memory after a burst is soon low.
+IDLE_RELEASE_S = 1.0
 
 
 class Command(enum.Enum):
@@ -50,14 +53,17 @@ class AsyncEngine:
         engine: LLMEngine | None = None,
         factory: Callable[[], LLMEngine] | None = None,
         before_step: Callable[[], None] | None = None,
+        idle_release_s: float | None = IDLE_RELEASE_S,
     ):
         """`before_step` runs on the engine thread before every step (the worker's step_delay_s
-        fault injection: a slow accelerator); None in production."""
+        fault injection: a slow accelerator); None in production. `idle_release_s`: idle seconds
+        before the engine releases memory (None: never)."""
         if (engine is None) == (factory is None):
             raise ValueError("pass exactly one of engine or factory")
         self._engine: LLMEngine | None = engine  # set on the engine thread when a factory builds it
         self._factory = factory
         self._before_step = before_step
+        self._idle_release_s = idle_release_s
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         self._commands: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
@@ -162,10 +168,12 @@ class AsyncEngine:
                 return
             finally:
                 self._loaded.set()
+        release_due = True  # the load's own leftovers (the weights' staging, the tokenizer build)
         try:
             while not self._stopping:
                 self._drain_commands()
                 if self.engine.has_unfinished():
+                    release_due = True
                     if self._before_step is not None:
                         self._before_step()
                     events = self.engine.step()
@@ -176,7 +184,11 @@ class AsyncEngine:
                     self._deliver(events)
                 else:
                     self._stats = self.engine.stats()
-                    self._wakeup.wait()
+                    timeout = self._idle_release_s if release_due else None
+                    if not self._wakeup.wait(timeout) and release_due:  # idle that long: give memory back
+                        self.engine.release_idle_memory()
+                        self._stats = self.engine.stats()
+                        release_due = False
                     self._wakeup.clear()
             self._abort_all()
         except BaseException as exc:  # the loop itself broke: fail every stream, loudly

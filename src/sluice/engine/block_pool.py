@@ -16,6 +16,14 @@ never-used block is handed out only while fewer than `max_idle` used blocks sit 
 the oldest used free block (right behind the never-used run) is taken. Resident blocks thus
 never exceed the peak number held at once + max_idle, and the prefix cache of finished requests
 lives in those max_idle blocks. max_idle=None: never-used first, always (the cache keeps all).
+
+That bounds what a burst leaves behind by its peak, not by the budget: after 32 streams every
+block they held stays resident. `shrink()` (the engine calls it when it has sat idle) turns the
+top of the resident range back into never-used blocks: every block from the returned id up is
+free, their cache entries are dropped, and the caller releases their memory (the runner's
+`release_kv`). It lowers the watermark to just above the highest held block, or to where
+max_idle used free blocks remain below it, whichever is higher. Ids, not recency, decide which
+cache entries survive: the memory of a range of block ids is contiguous, their recency is not.
 """
 
 from __future__ import annotations
@@ -56,6 +64,15 @@ class FreeBlockQueue:
         block.prev_free = last
         block.next_free = self._tail
         self._tail.prev_free = block
+        self.num_free += 1
+
+    def appendleft(self, block: KVBlock) -> None:
+        first = self._head.next_free
+        assert first is not None
+        self._head.next_free = block
+        block.prev_free = self._head
+        block.next_free = first
+        first.prev_free = block
         self.num_free += 1
 
     def remove(self, block: KVBlock) -> None:
@@ -172,6 +189,34 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free.append(block)
+
+    def shrink(self) -> int | None:
+        """Return the free top of the resident range to never-used; the first id returned, or
+        None if nothing is. Blocks [returned, old num_resident + 1) then hold no data anyone
+        reads again (their cache entries are gone), so their memory can be released."""
+        if self.max_idle is None:
+            return None
+        top = self._next_unused
+        # the watermark: above the highest held block, and with at most max_idle used free blocks
+        # below it (walking down from the top, stop at a held block or when the rest fit)
+        used_free = self.free.num_free - self.num_never_used
+        low = top
+        while low > 1 and used_free > self.max_idle:
+            block = self.blocks[low - 1]
+            if block.ref_cnt:
+                break
+            low -= 1
+            used_free -= 1
+        if low == top:
+            return None
+        for block_id in range(top - 1, low - 1, -1):  # to the head in id order, before the never-used run
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                self._evict(block)
+            self.free.remove(block)
+            self.free.appendleft(block)
+        self._next_unused = low
+        return low
 
     def lookup(self, block_hash: bytes) -> KVBlock | None:
         return self.cached.get(block_hash)

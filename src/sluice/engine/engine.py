@@ -27,6 +27,7 @@ from sluice.engine.speculative import Speculator, accepted_tokens
 from sluice.engine.stats import EngineStats
 from sluice.engine.stop_rules import stop_reason
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
+from sluice.heap import trim_heap
 from sluice.models.detokenizer import IncrementalDetokenizer
 from sluice.models.kernels import Numerics, set_decode_split
 from sluice.models.grammar.compiler import GrammarCompiler
@@ -284,6 +285,20 @@ class LLMEngine:
         return Usage(request.num_prompt_tokens, request.num_output_tokens, max(0, request.num_cached_tokens))
 
     # -- introspection -------------------------------------------------------------------------
+    def release_idle_memory(self) -> int:
+        """Give back what the last burst left resident beyond the idle budget: KV blocks above
+        the held ones and `kv_idle_gib` (BlockPool.shrink), then the C heap's free pages
+        (activations, detokenizer state). For when no request runs (the async loop calls it once
+        the engine has sat idle): a request arriving after pays page faults, not a wrong answer.
+        Returns the KV bytes released."""
+        released = 0
+        # device memory is not given back (the pool is one allocation there): keep its cache
+        span = self.kv.shrink() if self.model.device.type == "cpu" else None
+        if span is not None:
+            released = self.runner.release_kv(*span)
+        trim_heap()
+        return released
+
     def stats(self) -> EngineStats:
         s = self._stats
         s.num_running = len(self.scheduler.running)

@@ -160,5 +160,11 @@ class KVCacheManager:
     def block_ids(self, request: Request) -> list[int]:
         return [b.block_id for b in self.tables.get(request.request_id, ())]
 
+    def shrink(self) -> tuple[int, int] | None:
+        """Block ids [first, end) whose memory may be released (BlockPool.shrink), or None."""
+        end = self.pool.num_resident + 1
+        first = self.pool.shrink()
+        return None if first is None else (first, end)
+
     def reset_prefix_cache(self) -> int:
         return self.pool.reset_cache()

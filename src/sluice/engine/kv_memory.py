@@ -14,14 +14,21 @@ with -inf. The mask only works if those values are finite (0 × NaN is NaN in th
 product), so the pool must start as zeros everywhere, not just in the null block; untouched
 anonymous pages read as zeros for free. On CUDA there is no lazy touch; zero-filling device
 memory is fast.
+
+Memory a burst touched goes back the same way: `release_slots` drops the pages of a range of
+slots (madvise MADV_DONTNEED: the kernel frees them, and they read as zeros again, as if never
+written), once the block pool has turned those blocks back into never-used ones (BlockPool.shrink).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import enum
 import math
 import mmap
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,3 +136,42 @@ def lazy_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -
         # with transparent huge pages on "always", one written slot would make 2 MiB resident
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return torch.frombuffer(buf, dtype=dtype).view(tuple(shape))  # the tensor keeps `buf` alive
+
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4  # the same on every Linux architecture; mmap.MADV_DONTNEED where Python has it
+
+
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    fn = ctypes.CDLL(name, use_errno=True).madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# Linux only: there MADV_DONTNEED frees a private anonymous page at once and it reads as zeros
+# afterwards; elsewhere the advice may leave the old contents (and the memory) in place
+_madvise = _libc_madvise() if sys.platform.startswith("linux") else None
+
+
+def release_slots(cache: torch.Tensor, first: int, end: int) -> int:
+    """Drop the resident pages of slots [first, end) of a lazily zeroed KV tensor shaped (heads,
+    slots, head_dim): they read as zeros afterwards. Only whole pages inside the range go (a page
+    shared with slot first - 1 stays), so what other slots hold is never touched; the range's end
+    is rounded up, as the caller guarantees slots from `end` on are unwritten. Returns the bytes
+    released (on CUDA, or without madvise: 0)."""
+    if cache.device.type != "cpu" or _madvise is None or end <= first or cache.dim() != 3:
+        return 0
+    row = cache.stride(1) * cache.element_size()  # bytes per slot in one head's plane
+    plane = cache.stride(0) * cache.element_size()
+    released = 0
+    for head in range(cache.shape[0]):
+        base = cache.data_ptr() + head * plane
+        lo = -(-(base + first * row) // _PAGE) * _PAGE
+        hi = min(-(-(base + end * row) // _PAGE) * _PAGE, base + plane - (base + plane) % _PAGE)
+        if hi > lo and _madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
+            released += hi - lo
+    return released

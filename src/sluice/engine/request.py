@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sluice.types import FinishReason, GenerationRequest, SamplingParams, TokenLogprob
+from sluice.types import FinishReason, GenerationRequest, SamplingParams, TokenLogprob, token_cost
 
 if TYPE_CHECKING:  # no torch for whoever only needs the request's shape (routing, config)
     from sluice.engine.speculative import SpecState
@@ -90,4 +90,4 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     def max_total_tokens(self) -> int:
-        return self.num_prompt_tokens + self.sampling.max_tokens
+        return token_cost(self.num_prompt_tokens, self.sampling.max_tokens)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from sluice.engine.decode_graphs import DecodeGraphs
-from sluice.engine.kv_memory import lazy_zeros
+from sluice.engine.kv_memory import lazy_zeros, release_slots
 from sluice.engine.request import Request
 from sluice.engine.scheduler import ScheduledChunk, SchedulerOutput
 from sluice.engine.staging import stage
@@ -61,6 +61,12 @@ class ModelRunner:
         # CUDA graphs for decode-only steps (engine/decode_graphs.py); set by the engine when
         # EngineConfig.cuda_graphs is on and the model is on a CUDA device
         self.graphs: DecodeGraphs | None = None
+
+    def release_kv(self, first_block: int, end_block: int) -> int:
+        """Free the memory of blocks [first_block, end_block) (never-used again: BlockPool.shrink);
+        the bytes released."""
+        bs = self.block_size
+        return sum(release_slots(t, first_block * bs, end_block * bs) for kv in self.kv_caches for t in kv)
 
     # -- input preparation ---------------------------------------------------------------------
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:

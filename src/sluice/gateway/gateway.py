@@ -23,7 +23,7 @@ from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.limiter import GuardedLimiter
 from sluice.gateway.limits import Decision, LimitReason
 from sluice.gateway.principal import Principal
-from sluice.types import GenerationEvent
+from sluice.types import GenerationEvent, token_cost
 
 Producer = Callable[[], AsyncGenerator[GenerationEvent, None]]
 
@@ -34,6 +34,17 @@ class SessionKind(str, enum.Enum):
     ENGINE = "engine"
     COALESCED = "coalesced"
     CACHED = "cached"
+
+
+class Outcome(str, enum.Enum):
+    """What `Gateway.open` did with a request: served it (one of the session kinds) or refused
+    it. The keys of `Gateway.counts`, exported as metrics."""
+
+    ENGINE = "engine"
+    COALESCED = "coalesced"
+    CACHED = "cached"
+    RATE_LIMITED = "rate_limited"
+    OVERLOADED = "overloaded"
 
 
 class RateLimited(Exception):
@@ -125,7 +136,7 @@ class Gateway:
         )
         if not leader:
             session.kind = SessionKind.COALESCED
-            self.counts["coalesced"] += 1
+            self.counts[Outcome.COALESCED] += 1
             if lease is not None:
                 lease.release()
 
@@ -142,7 +153,7 @@ class Gateway:
         self.coalescer = coalescer
         self.cache = cache
         self._clock = clock
-        self.counts = {"engine": 0, "coalesced": 0, "cached": 0, "rate_limited": 0, "overloaded": 0}
+        self.counts: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
 
     async def open(
         self,
@@ -163,7 +174,7 @@ class Gateway:
         if self.limiter is not None and principal.limits is not None:
             decision = await self.limiter.acquire(principal.limit_key, principal.limits, input_tokens, max_tokens)
             if not decision.allowed:
-                self.counts["rate_limited" if decision.reason is not LimitReason.STORE_UNAVAILABLE else "overloaded"] += 1
+                self.counts[Outcome.RATE_LIMITED if decision.reason is not LimitReason.STORE_UNAVAILABLE else Outcome.OVERLOADED] += 1
                 raise RateLimited(decision)
         if limited is not None:
             limited.set()
@@ -175,13 +186,13 @@ class Gateway:
                 session.cached = self.cache.get(key)
                 if session.cached is not None:
                     session.kind = SessionKind.CACHED
-                    self.counts["cached"] += 1
+                    self.counts[Outcome.CACHED] += 1
                     return session
             if key is not None and self.coalescer is not None and self.coalescer.has(key):
                 self._join(session, key, None)  # rides an existing generation: needs no engine capacity
                 return session
             wait = principal.queue_deadline_s if deadline_s is None else min(deadline_s, principal.queue_deadline_s)
-            ticket = Ticket(principal.priority if band is None else band, input_tokens + max_tokens, self._clock() + wait, principal.tenant)
+            ticket = Ticket(principal.priority if band is None else band, token_cost(input_tokens, max_tokens), self._clock() + wait, principal.tenant)
             lease = await self.admission.acquire(ticket)
             session.queue_time_s = lease.waited_s
             if key is not None and self.coalescer is not None:
@@ -191,13 +202,13 @@ class Gateway:
                 else:  # lead a new flight; its lease lives as long as the generation, not this client
                     self._join(session, key, lease)
                     session.kind = SessionKind.ENGINE
-                    self.counts["engine"] += 1
+                    self.counts[Outcome.ENGINE] += 1
             else:
                 session.lease = lease
-                self.counts["engine"] += 1
+                self.counts[Outcome.ENGINE] += 1
             return session
         except Overloaded:
-            self.counts["overloaded"] += 1
+            self.counts[Outcome.OVERLOADED] += 1
             await session.close()
             raise
         except BaseException:

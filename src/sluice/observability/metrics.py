@@ -55,6 +55,10 @@ class ServingMetrics:
         self.safety_verdicts = Counter(
             "sluice_safety_verdicts", "Safety verdicts (blocks and kills) by layer and category", ["layer", "category"], registry=r
         )
+        # the Messages API search tool (serving/search_tool/): "ok" or the error result's code
+        self.search_tool_calls = Counter(
+            "sluice_search_tool_calls", "Search tool calls run by the gateway, by result", ["result"], registry=r
+        )
         # gateway
         self.gateway_requests = Counter(
             "sluice_gateway_requests", "Admitted requests by how they were served (engine, coalesced, cached)", ["kind"], registry=r
@@ -146,8 +150,8 @@ class ServingMetrics:
         self.queue_depth.set(q.depth)
         self.queued_tokens.set(q.queued_tokens)
         self.inflight_requests.set(q.inflight)
-        self.gateway_rejected.labels("rate_limited").set(gw.counts["rate_limited"])
-        self.gateway_rejected.labels("overloaded").set(gw.counts["overloaded"])
+        for outcome in ("rate_limited", "overloaded"):  # gateway.Outcome, a str enum (no import up)
+            self.gateway_rejected.labels(outcome).set(gw.counts[outcome])
 
     def observe_scaling(self, signals: dict[str, float]) -> None:
         """model id -> its scaling signal (routing/scaling/signal.py); a model gone since the

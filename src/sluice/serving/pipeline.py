@@ -45,7 +45,8 @@ from sluice.serving.stages.guarded_stream import guarded
 from sluice.models.tokenizer import Tokenizer
 from sluice.serving.stages.lookahead import Lookahead
 from sluice.models.tools.format import ToolFormat
-from sluice.serving.outcomes import Failed, Final, Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
+from sluice.serving.outcomes import (Failed, Final, Finished, Outcome, ServerToolResult, TextDelta, ToolCallDone, ToolCallStarted,
+                                     ToolInputDelta)
 from sluice.routing.dispatch.router import RoutePlan
 from sluice.serving.planning import Planner
 from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
@@ -53,10 +54,12 @@ from sluice.serving.request import FALLBACK_HEADER, QUOTA_WARNING_HEADER, VERSIO
 from sluice.serving.runtime import ServingRuntime
 from sluice.serving.safety_check import check_input
 from sluice.serving.stages.tool_stream import with_tool_calls
+from sluice.routing.fleet_file.search_service import SearchServiceSpec
+from sluice.serving.search_tool.tool_loop import SearchRounds, attached_service
 from sluice.types import GenerationRequest, TokenLogprob
 
 L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
-TOOL_PIECES = (ToolCallStarted, ToolInputDelta, ToolCallDone)
+TOOL_PIECES = (ToolCallStarted, ToolInputDelta, ToolCallDone, ServerToolResult)
 
 
 @dataclass(slots=True)
@@ -70,6 +73,7 @@ class Prepared:
     prompt: BuiltPrompt
     safety: SafetyPipeline | None
     input_text: str  # what L2 classifies
+    search_service: SearchServiceSpec | None = None  # where the search server tool's calls run
 
     @property
     def tool_format(self) -> ToolFormat | None:
@@ -102,8 +106,9 @@ class Prepared:
 class Collected:
     text: str  # the reply's text blocks, joined
     final: Final
-    # the reply in order: text blocks and tool calls (a call cut short by max_tokens included)
-    blocks: list[str | ToolCallDone] = field(default_factory=list)
+    # the reply in order: text blocks, tool calls (a call cut short by max_tokens included) and
+    # the search server tool's results
+    blocks: list[str | ToolCallDone | ServerToolResult] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked: one per output token
     prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked: one per prompt token
 
@@ -135,6 +140,7 @@ class ServingPipeline:
     async def prepare(self, req: ServingRequest) -> Prepared:
         rt = self.rt
         fleet = rt.require_ready()
+        service = attached_service(fleet.registry.fleet.search, req)  # read once: a reload mid-request changes nothing
         planner = Planner(fleet, req)
         plan, priced = await planner.plan()  # model, version, quota; the prompt in its tokens
         try:
@@ -145,7 +151,7 @@ class ServingPipeline:
         except BaseException:
             await fleet.router.settle(plan, 0)  # the quota reservation goes back
             raise
-        return Prepared(req, planner, plan, priced.generation, priced.prompt, safety, "\n".join(texts)[-L2_INPUT_CHARS:])
+        return Prepared(req, planner, plan, priced.generation, priced.prompt, safety, "\n".join(texts)[-L2_INPUT_CHARS:], service)
 
     async def start(
         self, req: ServingRequest, wait_s: float | None = None, disconnected: Disconnected | None = None
@@ -240,7 +246,11 @@ class Generation:
         stream = with_deadline(self.rt, guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict))
         fmt = p.tool_format
         if fmt is not None:  # after the guard: safety reads the calls as the model wrote them
-            stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix)
+            stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix, p.request.server_tool_names)
+        if p.search_service is not None:  # the search tool's calls run here, then the next round generates
+            rounds = SearchRounds(p.request, p.search_service, self._next_round, session.close,
+                                  lambda result: self.rt.metrics.search_tool_calls.labels(result).inc())
+            stream = rounds.outcomes(stream)
         try:
             async with aclosing(stream) as outcomes:
                 async for outcome in outcomes:
@@ -252,10 +262,14 @@ class Generation:
             return
         yield Failed(ErrorKind.INTERNAL, "the generation ended without a final event")
 
+    async def _next_round(self, req: ServingRequest) -> AsyncIterator[Outcome]:
+        """A search tool round after the first: a request of its own through the whole pipeline."""
+        return (await ServingPipeline(self.rt).start(req)).outcomes()
+
     async def collect(self) -> Collected:
         """The whole reply, bounded by `request_timeout_s` (TIMEOUT past it)."""
         parts: list[str] = []
-        blocks: list[str | ToolCallDone] = []
+        blocks: list[str | ToolCallDone | ServerToolResult] = []
         final: Final | None = None
         logprobs: list[TokenLogprob] = []
         prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -273,7 +287,7 @@ class Generation:
                             blocks[-1] += outcome.text
                         else:
                             blocks.append(outcome.text)
-                    elif isinstance(outcome, ToolCallDone):
+                    elif isinstance(outcome, (ToolCallDone, ServerToolResult)):
                         blocks.append(outcome)
                     elif not isinstance(outcome, TOOL_PIECES):
                         final = outcome

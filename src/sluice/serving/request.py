@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.gateway.principal import Principal
-from sluice.tool_types import ToolChoice
+from sluice.tool_types import SearchToolUse, ToolChoice
 from sluice.serving.guided import OutputFormat
 from sluice.serving.prompt import Conversation
 from sluice.types import Sampling
@@ -58,6 +58,9 @@ class ServingRequest:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     output_format: OutputFormat | None = None
     tool_id_prefix: str = "toolu_"  # the wire format's call id shape (OpenAI: "call_")
+    # the search server tool, when the request declares it (its tool spec is in the
+    # conversation's tools; the gateway runs its calls: serving/search_tool/)
+    search_tool: SearchToolUse | None = None
     # a raw prompt (OpenAI's legacy completions): text tokenized as is, or token ids used as
     # they are, with no chat template; `conversation` then only holds its text for the safety rules
     raw_prompt: str | list[int] | None = None
@@ -65,3 +68,8 @@ class ServingRequest:
     @property
     def prefill_only(self) -> bool:
         return self.max_tokens == 0
+
+    @property
+    def server_tool_names(self) -> frozenset[str]:
+        """The tools whose calls the gateway runs (not returned to the client to run)."""
+        return frozenset() if self.search_tool is None else frozenset({self.search_tool.name})

@@ -110,27 +110,39 @@ def test_every_client_block_type_round_trips(client, passing, streamed):
 
 
 def _server_tool_blocks() -> list[Any]:
+    """The blocks of the server tools that do not run here (web search's are read: below)."""
     def error(kind: str) -> dict[str, str]:  # each result type's own error object
         return {"type": f"{kind}_error", "error_code": "unavailable"}
 
-    results = [(t.WebSearchToolResultBlock, "web_search_tool_result"), (t.WebFetchToolResultBlock, "web_fetch_tool_result"),
+    results = [(t.WebFetchToolResultBlock, "web_fetch_tool_result"),
                (t.CodeExecutionToolResultBlock, "code_execution_tool_result"),
                (t.BashCodeExecutionToolResultBlock, "bash_code_execution_tool_result"),
                (t.TextEditorCodeExecutionToolResultBlock, "text_editor_code_execution_tool_result"),
                (t.ToolSearchToolResultBlock, "tool_search_tool_result")]
     return [
-        t.ServerToolUseBlock(type="server_tool_use", id="srvtoolu_1", name="web_search", input={"query": "paris weather"},
-                             caller=t.DirectCaller(type="direct")),
         *(cls.construct(type=kind, tool_use_id="srvtoolu_1", content=error(kind)) for cls, kind in results),
         t.ContainerUploadBlock(type="container_upload", file_id="file_1"),
     ]
 
 
+def _web_search_pair() -> list[Any]:
+    """A search tool call and its result, as the SDK parsed them from a reply (the search tool:
+    docs/SEARCH.md); sent back, they are the conversation's call and result."""
+    call = t.ServerToolUseBlock(type="server_tool_use", id="srvtoolu_1", name="web_search", input={"query": "paris weather"},
+                                caller=t.DirectCaller(type="direct"))
+    hit = t.WebSearchResultBlock(type="web_search_result", url="sluice-search:paris", title="Paris weather",
+                                 encrypted_content="UmFpbi4=", page_age=None)  # base64 of "Rain."
+    return [call, t.WebSearchToolResultBlock(type="web_search_tool_result", tool_use_id="srvtoolu_1", content=[hit])]
+
+
 @pytest.mark.parametrize("passing", PASSING)
-def test_server_tool_blocks_are_refused_by_name_not_as_unknown_fields(client, passing):
+def test_web_search_blocks_are_read_and_other_server_tool_blocks_refused_by_name(client, passing):
+    history = [*ASK, {"role": "assistant", "content": [PASSING[passing](b) for b in _web_search_pair()]},
+               {"role": "user", "content": "go on"}]
+    assert client.messages.create(model=MODEL, max_tokens=2, messages=history).content
     for block in _server_tool_blocks():
         history = [*ASK, {"role": "assistant", "content": [PASSING[passing](block)]}, {"role": "user", "content": "go on"}]
         with pytest.raises(anthropic.BadRequestError) as info:
             client.messages.create(model=MODEL, max_tokens=4, messages=history)
         message = info.value.body["error"]["message"]
-        assert message == f"messages.1.content.0: {block.type} blocks are not supported: no server tools run here"
+        assert message == f"messages.1.content.0: {block.type} blocks are not supported: no server tool but 'web_search' runs here"

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import invariant
+from hypothesis.stateful import invariant, rule
 
 import tests.unit.engine.test_block_pool as block_pool_tests
 from sluice.engine.block_pool import BlockPool
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.engine.kv_manager import KVCacheManager
-from sluice.engine.kv_memory import GIB, PoolSizing, kv_bytes_per_block, lazy_zeros, plan_kv_pool
+from sluice.engine.kv_memory import GIB, PoolSizing, kv_bytes_per_block, lazy_zeros, plan_kv_pool, release_slots
 from sluice.types import GenerationRequest, SamplingParams
 
 MIB = 2**20
@@ -106,6 +106,55 @@ def test_building_an_engine_touches_no_kv_memory(tiny_llama):
     assert s.kv_resident_bytes == 15 * per_block
 
 
+@needs_proc
+def test_released_slots_read_as_zeros_and_leave_memory():
+    t = lazy_zeros((2, 4096, 256), torch.float32, torch.device("cpu"))  # 2 planes of 4 MiB, 1 KiB a slot
+    t.fill_(1.0)
+    gc.collect()
+    before = rss_bytes()
+    released = release_slots(t, 3, 4096)  # slot 3 shares its page with slots 0-2: that page stays
+    assert released == 2 * (4 * MIB - 4096)
+    assert before - rss_bytes() > 7 * MIB
+    assert float(t[:, :4].sum()) == 2 * 4 * 256  # the kept page's slots are intact
+    assert float(t[:, 4:].abs().max()) == 0.0  # the rest reads as zeros, as if never written
+    t[:, 100].fill_(2.0)  # and takes writes again
+    assert float(t.sum()) == 2 * 4 * 256 + 2 * 2 * 256
+
+
+def test_release_idle_memory_returns_kv_above_the_budget_and_outputs_stay_the_same(tiny_llama):
+    engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=200, kv_idle_gib=0))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    def run(tag: str) -> list[list[int]]:
+        out = engine.generate([GenerationRequest(f"{tag}{i}", [3 + i] * 10, params) for i in range(3)])
+        return [out[f"{tag}{i}"].token_ids for i in range(3)]
+
+    first = run("a")
+    assert engine.stats().kv_blocks_resident == 15
+    per_block = kv_bytes_per_block(tiny_llama.model, 4)
+    released = engine.release_idle_memory()
+    assert engine.stats().kv_blocks_resident == 0  # kv_idle_gib 0: nothing kept for the cache
+    assert 0 < released <= 15 * per_block  # whole pages only
+    assert run("b") == first  # the same prompts after the release: the same greedy tokens
+    assert engine.release_idle_memory() >= 0 and engine.stats().kv_blocks_resident == 0
+
+
+def test_shrink_keeps_the_idle_budget_and_stops_at_a_held_block():
+    kv = KVCacheManager(40, 4, enable_prefix_caching=False, max_idle_blocks=2)
+    reqs = [block_pool_tests.make_request([5] * 8, "t") for _ in range(5)]
+    for r in reqs:
+        assert kv.allocate(r, 8)  # 2 blocks each: ids 1-10
+    assert kv.num_resident_blocks == 10
+    for r in reqs[:2] + reqs[3:]:
+        kv.free(r)  # request 2 (blocks 5, 6) still runs
+    assert kv.shrink() == (7, 11)  # down to the held block 6; 4 free used blocks remain below it
+    assert kv.num_resident_blocks == 6
+    kv.free(reqs[2])
+    assert kv.shrink() == (3, 7)  # now down to the budget: blocks 1-2 stay for the cache
+    assert kv.num_resident_blocks == 2 and kv.shrink() is None
+    assert KVCacheManager(40, 4, max_idle_blocks=None).shrink() is None  # no budget: the cache keeps all
+
+
 # -- resident blocks follow use -----------------------------------------------------------------------
 def test_never_used_blocks_go_out_in_id_order_until_the_idle_budget_is_reached():
     pool = BlockPool(10, max_idle=2)
@@ -173,6 +222,26 @@ class IdleBoundedKVMachine(block_pool_tests.KVMachine):
         held = self.kv.num_usable_blocks - self.kv.num_free_blocks
         self.peak_held = max(self.peak_held, held)
 
+    @rule()
+    def shrink(self) -> None:
+        """The engine sat idle: the free top of the resident range becomes never-used again."""
+        held = {b.block_id for t in self.kv.tables.values() for b in t}
+        top = self.kv.num_resident_blocks + 1
+        span = self.kv.shrink()
+        if span is not None:
+            first, end = span
+            assert end == top and first < end
+            released = set(range(first, end))
+            assert not released & held  # only free blocks go
+            self.lru = sorted(released) + [b for b in self.lru if b not in released]  # the never-used head run, in id order
+            self.handed_out -= released
+            for key in [k for k in self.slots if k[0] in released]:
+                del self.slots[key]  # their memory reads as zeros: a prefix hit on them would fail admit's check
+        resident = self.kv.num_resident_blocks
+        used_free = resident - len(held)
+        # at most the budget stays free below the watermark, unless a held block pins it higher
+        assert used_free <= self.MAX_IDLE or resident in held
+
     @invariant()
     def resident_is_bounded_by_use(self) -> None:
         assert self.kv.num_resident_blocks == len(self.handed_out)
@@ -183,3 +252,47 @@ TestIdleBoundedKVMachine = IdleBoundedKVMachine.TestCase
 TestIdleBoundedKVMachine.settings = settings(
     max_examples=150, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def test_the_async_loop_releases_memory_once_idle(tiny_llama):
+    """Wired: once idle after a burst, the loop calls release_idle_memory (idle_release_s=0: as
+    soon as it is idle, no clock in the test) and the pool is back to the budget."""
+    import asyncio
+    import threading
+
+    from sluice.engine.async_engine import AsyncEngine
+
+    inner = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=200, kv_idle_gib=0))
+    calls: list[int] = []
+    released = threading.Event()
+    real = inner.release_idle_memory
+
+    def spy() -> int:
+        calls.append(inner.stats().kv_blocks_resident)
+        out = real()
+        released.set()
+        return out
+
+    inner.release_idle_memory = spy  # type: ignore[method-assign]
+    engine = AsyncEngine(inner, idle_release_s=0).start()
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def burst() -> None:
+        async def one(i: int) -> None:
+            async for _ in engine.generate(GenerationRequest(f"s{i}", [3 + i] * 10, params)):
+                pass
+        await asyncio.gather(*(one(i) for i in range(3)))
+
+    try:
+        assert released.wait(60)  # the load's own release, before any request
+        released.clear()
+        asyncio.run(burst())
+        for _ in range(60):  # a bounded wait: each round ends at a release (or after 1 s)
+            if engine.stats().kv_blocks_resident == 0:
+                break
+            released.wait(1)
+            released.clear()
+        assert engine.stats().kv_blocks_resident == 0  # kv_idle_gib 0: all of it went back
+        assert max(calls[1:]) > 0  # released after the burst, with blocks resident then
+    finally:
+        engine.shutdown()

@@ -99,6 +99,19 @@ def test_value_rules():
     assert found[0].startswith("fleet.toml:9: models.m.tiers.free.quota.period:")
 
 
+def test_the_search_service_table(monkeypatch):
+    monkeypatch.setenv("FLEET_SEARCH_KEY", "k1")
+    fleet = parse_fleet(MINIMAL + '[search]\nurl = "http://search:8500/"\napi_key_env = "FLEET_SEARCH_KEY"\nmax_uses = 2\n')
+    assert fleet.search is not None and fleet.search.url == "http://search:8500" and fleet.search.api_key() == "k1"
+    assert fleet.search.max_uses == 2 and fleet.search.timeout_s == 5.0 and parse_fleet(MINIMAL).search is None
+    found = problems(MINIMAL + '[search]\nurl = "search:8500"\napi_key_env = "UNSET_SEARCH_KEY_VAR"\ntimeout_s = 0\nkey = "x"\n')
+    assert found[0].startswith("fleet.toml:9: search.url:") and "http(s)://HOST[:PORT]" in found[0]
+    assert found[1].startswith("fleet.toml:10: search.api_key_env:") and "UNSET_SEARCH_KEY_VAR" in found[1] and "not set" in found[1]
+    assert found[2].startswith("fleet.toml:11: search.timeout_s:") and "greater than 0" in found[2]
+    assert found[3] == "fleet.toml:12: search.key: Extra inputs are not permitted"  # a key is never written in the file
+    assert problems("[search]\ntop_k = 5\n" + MINIMAL)[0] == "fleet.toml:1: search.url: required field is missing"
+
+
 def test_bad_names():
     found = problems(MINIMAL.replace("versions.v1]", "versions.\"v 1\"]"))
     assert found[0].startswith('fleet.toml:4: models.m.versions."v 1": invalid name')

@@ -8,8 +8,10 @@ tests/unit/api/test_anthropic_sdk_fields.py, so a field a newer SDK sends (as `c
 caught there. A field nobody documents is still refused (`<path>: Extra inputs are not
 permitted`). What a block's fields mean is decided by the converter (api/anthropic/prompt.py):
 fields a local model cannot use (`caller`, `toolset_name`, `citations`, `transformations`, …)
-are accepted and ignored, as `thinking` is; block types that belong to server tools, none of
-which run here, are refused there with a 400 that names them.
+are accepted and ignored, as `thinking` is; the web search tool's blocks (`server_tool_use`
+named `web_search`, `web_search_tool_result`) are its calls and results (the search tool,
+docs/SEARCH.md); block types that belong to other server tools, none of which run here, are
+refused there with a 400 that names them.
 
 Only the blocks' own keys are checked: the inner shape of payloads sluice never reads (image and
 document sources, citations, server-tool results) is taken as it comes.
@@ -127,7 +129,8 @@ class RedactedThinkingBlock(Strict):
 
 
 # -- blocks of server tools (web search and fetch, code execution, tool search, containers):
-# accepted as documented, refused by the converter (none of those tools runs here)
+# accepted as documented; the converter reads web search's (our search tool) and refuses the
+# others (none of those tools runs here)
 class ServerToolUseBlock(Strict):
     type: Literal["server_tool_use"]
     id: str
@@ -143,8 +146,26 @@ class _ServerToolResult(Strict):
     cache_control: CacheControl | None = None
 
 
-class WebSearchToolResultBlock(_ServerToolResult):
+class WebSearchResult(Strict):
+    """One hit of the search tool; `encrypted_content` carries its text (api/anthropic/search_blocks.py)."""
+
+    type: Literal["web_search_result"]
+    url: str
+    title: str
+    encrypted_content: str
+    page_age: str | None = None
+
+
+class WebSearchToolError(Strict):
+    type: Literal["web_search_tool_result_error"]
+    error_code: str
+
+
+class WebSearchToolResultBlock(Strict):
     type: Literal["web_search_tool_result"]
+    tool_use_id: str
+    content: list[WebSearchResult] | WebSearchToolError
+    cache_control: CacheControl | None = None
     caller: Caller | None = None
 
 

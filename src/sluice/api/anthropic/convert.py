@@ -9,7 +9,7 @@ from starlette.requests import Request
 
 from sluice.api.anthropic.prompt import to_conversation
 from sluice.api.anthropic.schema import MessagesRequest
-from sluice.api.anthropic.tools import output_format, tool_choice
+from sluice.api.anthropic.tools import output_format, search_tool, tool_choice
 from sluice.api.errors import bad_request
 from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
@@ -85,6 +85,7 @@ def to_serving_request(
     request: Request | None = None, route: Route = Route.MESSAGES,
 ) -> ServingRequest:
     """`request`: the HTTP request, for the queue-timeout and cache headers (None for batch items)."""
+    search = search_tool(body.tools)
     return ServingRequest(
         request_id=request_id,
         route=route,
@@ -93,7 +94,8 @@ def to_serving_request(
         conversation=to_conversation(body),
         max_tokens=body.max_tokens,
         sampling=sampling_of(body, version, settings),
-        dedup_body=body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
+        # a reply that runs searches depends on the index's state: never shared nor cached
+        dedup_body=None if search is not None else body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
         queue_timeout_s=queue_timeout(request) if request is not None else None,
         use_cache=wants_cache(request) if request is not None else True,
         affinity_user=body.metadata.user_id if body.metadata is not None else None,
@@ -101,4 +103,5 @@ def to_serving_request(
         tool_choice=tool_choice(body.tool_choice),
         output_format=output_format(body, betas(request)),
         tool_id_prefix="toolu_",
+        search_tool=search,
     )

@@ -9,8 +9,12 @@ Decisions (documented in docs/API.md):
   user turn and every tool_result must answer one (400 otherwise, as Anthropic does);
 - the tools are part of the conversation (they are rendered into the prompt and counted);
 - image and document blocks are rejected with a clear 400: the served models read text only;
-- blocks of server tools (server_tool_use, web_search_tool_result, …, container_upload) and the
-  browser toolset's browser_state are a 400 naming the block: none of those tools runs here;
+- the search tool's blocks are its calls and results: a `server_tool_use` named `web_search` is
+  a call, a `web_search_tool_result` (in the assistant turn, where the reply put it) is its
+  result, moved to a user turn of its own right after the call (where the tool format puts a
+  result: the model reads the conversation as it read it when the search ran);
+- blocks of other server tools (web_fetch_tool_result, …, container_upload) and the browser
+  toolset's browser_state are a 400 naming the block: none of those tools runs here;
 - thinking blocks are dropped (earlier reasoning is not replayed to the model), and so are
   tool_reference blocks in a tool result (every tool is in the prompt already);
 - the fields a local model cannot use are ignored: a call's `caller` and `toolset_name`,
@@ -22,9 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.api.anthropic.tools import tool_specs
+from sluice.api.anthropic.search_blocks import history_result
+from sluice.api.anthropic.tools import SEARCH_TOOL_NAME, tool_specs
 from sluice.errors import InvalidRequestError
-from sluice.tool_types import Part, ToolCall, ToolResult
+from sluice.tool_types import Part, SearchResult, ToolCall, ToolResult
 from sluice.api.anthropic.blocks import (
     SERVER_TOOL_BLOCKS,
     BrowserStateBlock,
@@ -32,11 +37,13 @@ from sluice.api.anthropic.blocks import (
     ImageBlock,
     RedactedThinkingBlock,
     SearchResultBlock,
+    ServerToolUseBlock,
     TextBlock,
     ThinkingBlock,
     ToolReferenceBlock,
     ToolResultBlock,
     ToolUseBlock,
+    WebSearchToolResultBlock,
 )
 from sluice.api.anthropic.schema import CountTokensRequest, Message, MessagesRequest
 from sluice.serving.errors import invalid
@@ -50,6 +57,10 @@ def _block_part(block: Any, where: str) -> Part | None:
         return ToolCall(block.id, block.name, block.input)
     if isinstance(block, ToolResultBlock):
         return ToolResult(block.tool_use_id, _block_text(block, where) or "", bool(block.is_error))
+    if isinstance(block, ServerToolUseBlock) and block.name == SEARCH_TOOL_NAME:
+        return ToolCall(block.id, block.name, block.input)
+    if isinstance(block, WebSearchToolResultBlock):
+        return history_result(block, where)
     return _block_text(block, where)
 
 
@@ -67,11 +78,13 @@ def _block_text(block: Any, where: str) -> str | None:
         return "\n".join(t for t in texts if t)
     if isinstance(block, SearchResultBlock):
         texts = [_block_text(b, f"{where}.content.{k}") or "" for k, b in enumerate(block.content)]
-        return "\n".join([block.title, block.source, *texts])
+        return SearchResult(block.source, block.title, "\n".join(texts)).render()
     if isinstance(block, (ThinkingBlock, RedactedThinkingBlock, ToolReferenceBlock)):
         return None
+    if isinstance(block, ServerToolUseBlock):
+        raise invalid(f"{where}: server_tool_use of {block.name!r} is not supported: the only server tool here is {SEARCH_TOOL_NAME!r}")
     if isinstance(block, SERVER_TOOL_BLOCKS):
-        raise invalid(f"{where}: {block.type} blocks are not supported: no server tools run here")
+        raise invalid(f"{where}: {block.type} blocks are not supported: no server tool but {SEARCH_TOOL_NAME!r} runs here")
     if isinstance(block, BrowserStateBlock):
         raise invalid(f"{where}: browser_state blocks are not supported: the browser toolset is not offered here")
     return None
@@ -81,28 +94,34 @@ def _turns(messages: list[Message]) -> list[Turn]:
     if not messages:
         raise invalid("messages: at least one message is required")
     turns: list[Turn] = []
+
+    def add(role: Role, part: Part, marked: bool) -> None:  # consecutive same-role parts: one turn
+        if turns and turns[-1].role is role:
+            turns[-1].parts.append(part)
+            turns[-1].marked.append(marked)
+        else:
+            turns.append(Turn(role, [part], [marked]))
+
     last = len(messages) - 1
     for i, msg in enumerate(messages):
         where = f"messages.{i}.content"
+        role = Role(msg.role)
         if isinstance(msg.content, str):
             if msg.content == "" and not (i == last and msg.role == "assistant"):
                 raise invalid(f"{where}: text content blocks must be non-empty")
-            parts, marked = [msg.content], [False]  # type: ignore[assignment]
-        else:
-            if not msg.content and not (i == last and msg.role == "assistant"):
-                raise invalid(f"{where}: content must not be an empty list")
-            parts, marked = [], []
-            for j, block in enumerate(msg.content):
-                part = _block_part(block, f"{where}.{j}")
-                if part is not None:
-                    parts.append(part)
-                    marked.append(getattr(block, "cache_control", None) is not None)
-        role = Role(msg.role)
-        if turns and turns[-1].role is role:
-            turns[-1].parts.extend(parts)
-            turns[-1].marked.extend(marked)
-        else:
-            turns.append(Turn(role, parts, marked))
+            add(role, msg.content, False)
+            continue
+        if not msg.content and not (i == last and msg.role == "assistant"):
+            raise invalid(f"{where}: content must not be an empty list")
+        before = (len(turns), len(turns[-1].parts) if turns else 0)
+        for j, block in enumerate(msg.content):
+            part = _block_part(block, f"{where}.{j}")
+            if part is not None:
+                # a search result answers the call before it: a user turn of its own
+                add(Role.USER if isinstance(block, WebSearchToolResultBlock) else role, part,
+                    getattr(block, "cache_control", None) is not None)
+        if before == (len(turns), len(turns[-1].parts) if turns else 0) and not (turns and turns[-1].role is role):
+            turns.append(Turn(role, []))  # nothing to read (thinking only, an empty prefill): the turn stays
     return turns
 
 

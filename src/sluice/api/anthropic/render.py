@@ -12,9 +12,11 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.api.anthropic.search_blocks import result_block
 from sluice.api.errors import anthropic_error_type
 from sluice.serving.errors import ServingError
-from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
+from sluice.serving.outcomes import (Failed, Finished, Refused, ServerToolResult, TextDelta, ToolCallDone, ToolCallStarted,
+                                     ToolInputDelta)
 from sluice.serving.pipeline import Collected, Generation
 from sluice.streaming.replay_log import ReplayEvent
 from sluice.types import FinishReason, Usage
@@ -41,8 +43,10 @@ class UsagePlan:
     cache_breakpoint: int | None
     block_size: int
     prefill_only: bool = False  # max_tokens 0: warm the cache, report no output
+    search_tool: bool = False  # the request declared the search tool: usage carries server_tool_use
 
-    def usage(self, u: Usage) -> dict[str, Any]:
+    def usage(self, u: Usage, searches: int = 0) -> dict[str, Any]:
+        """`searches`: the search tool's searches the service answered (the final usage's)."""
         read = min(u.cached_tokens, u.prompt_tokens)
         creation = 0
         if self.cache_breakpoint and self.block_size:
@@ -55,13 +59,13 @@ class UsagePlan:
             "cache_creation": {"ephemeral_5m_input_tokens": creation, "ephemeral_1h_input_tokens": 0},
             "output_tokens": 0 if self.prefill_only else u.output_tokens,
             "service_tier": "standard",
-        }
+        } | ({"server_tool_use": {"web_search_requests": searches, "web_fetch_requests": 0}} if self.search_tool else {})
 
 
 def plan_for(gen: Generation) -> UsagePlan:
     p = gen.prepared
     block_size = p.planner.fleet.block_size(p.plan.model_id, p.plan.version)
-    return UsagePlan(p.prompt.cache_breakpoint, block_size, p.request.prefill_only)
+    return UsagePlan(p.prompt.cache_breakpoint, block_size, p.request.prefill_only, p.request.search_tool is not None)
 
 
 def stop_details(r: Refused) -> dict[str, Any]:
@@ -69,19 +73,23 @@ def stop_details(r: Refused) -> dict[str, Any]:
 
 
 def stop_reason(final: Finished) -> str:
+    if final.paused:
+        return "pause_turn"
     return "tool_use" if final.called_tools else STOP_REASONS[final.reason]
 
 
-def content_blocks(blocks: list[str | ToolCallDone]) -> list[dict[str, Any]]:
-    """A tool-using reply's content: its text runs and calls in order (a reply with neither is
-    one empty text block, as a plain reply is)."""
+def content_blocks(blocks: list[str | ToolCallDone | ServerToolResult]) -> list[dict[str, Any]]:
+    """A tool-using reply's content: its text runs, calls and search results in order (a reply
+    with none of them is one empty text block, as a plain reply is)."""
     out: list[dict[str, Any]] = []
     for b in blocks:
         if isinstance(b, str):
             if b:
                 out.append({"type": "text", "text": b})
+        elif isinstance(b, ServerToolResult):
+            out.append(result_block(b))
         else:
-            out.append({"type": "tool_use", "id": b.id, "name": b.name, "input": b.input})
+            out.append({"type": "server_tool_use" if b.server else "tool_use", "id": b.id, "name": b.name, "input": b.input})
     return out or [{"type": "text", "text": ""}]
 
 
@@ -115,7 +123,8 @@ def render_message(gen: Generation, collected: Collected, plan: UsagePlan) -> di
     text: str | None | list[dict[str, Any]] = None if plan.prefill_only else collected.text
     if gen.prepared.tool_format is not None:
         text = content_blocks(collected.blocks)
-    return message_object(req.request_id, req.model, text, stop_reason(final), final.stop_sequence, plan.usage(final.usage))
+    return message_object(req.request_id, req.model, text, stop_reason(final), final.stop_sequence,
+                          plan.usage(final.usage, final.server_tool_uses))
 
 
 class EventWriter:
@@ -197,7 +206,12 @@ async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None
                         yield event
                 continue
             if isinstance(outcome, ToolCallStarted):
-                for event in [*blocks.stop(), blocks.start({"type": "tool_use", "id": outcome.id, "name": outcome.name, "input": {}})]:
+                kind = "server_tool_use" if outcome.server else "tool_use"
+                for event in [*blocks.stop(), blocks.start({"type": kind, "id": outcome.id, "name": outcome.name, "input": {}})]:
+                    yield event
+                continue
+            if isinstance(outcome, ServerToolResult):  # whole in its start event, as Anthropic sends it
+                for event in [*blocks.stop(), blocks.start(result_block(outcome)), *blocks.stop()]:
                     yield event
                 continue
             if isinstance(outcome, ToolInputDelta):
@@ -215,6 +229,7 @@ async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None
             else:
                 assert isinstance(outcome, Finished)
                 delta = {"stop_reason": stop_reason(outcome), "stop_sequence": outcome.stop_sequence}
-            yield w.event("message_delta", {"delta": delta, "usage": plan.usage(outcome.usage)})
+            searches = outcome.server_tool_uses if isinstance(outcome, Finished) else 0
+            yield w.event("message_delta", {"delta": delta, "usage": plan.usage(outcome.usage, searches)})
             yield w.event("message_stop", {})
             return

@@ -2,7 +2,12 @@
 
 - A client tool is `{name, description?, input_schema, strict?, cache_control?}` (`type`
   absent or "custom"); any other field is refused the way Anthropic refuses unknown fields.
-  Server tools (a versioned `type`, e.g. web_search_20250305) are refused: none run here.
+- The web search server tool (`web_search_20250305` and its later versions, name `web_search`)
+  is sluice's search server tool: the gateway runs its calls against the fleet's own search
+  service (docs/SEARCH.md), not the web. The model is offered it as a tool with input
+  `{"query": string}` (tool_types.search_tool_spec). Its options that need the web
+  (`allowed_domains`, `blocked_domains`, `user_location`) are a 400; `max_uses` bounds the
+  searches. Other server tools are refused: none run here.
 - `tool_choice` `{type: auto|any|tool|none, name?, disable_parallel_tool_use?}`; without it,
   `auto` (Anthropic's default when tools are given).
 - Structured outputs: the generally available `output_config.format`, or the beta spelling
@@ -16,19 +21,60 @@ from collections.abc import Sequence
 
 from sluice.api.anthropic.schema import CountTokensRequest, MessagesRequest, Tool, ToolChoice
 from sluice.tool_types import ToolChoice as Choice
-from sluice.tool_types import ToolChoiceMode, ToolSpec
+from sluice.tool_types import SearchToolUse, ToolChoiceMode, ToolSpec, search_tool_spec
 from sluice.serving.errors import invalid
 from sluice.serving.guided import OutputFormat
 
 STRUCTURED_OUTPUTS_BETA = "structured-outputs-2025-11-13"
 
 
+SEARCH_TOOL_TYPES = ("web_search_20250305", "web_search_20260209", "web_search_20260318")
+SEARCH_TOOL_NAME = "web_search"  # the only name those types allow (the SDK's Literal)
+_WEB_ONLY = ("allowed_domains", "blocked_domains", "user_location")  # filters our index cannot apply
+_SEARCH_IGNORED = ("defer_loading", "strict", "response_inclusion")  # no effect here
+
+
+def search_tool(tools: Sequence[Tool] | None) -> SearchToolUse | None:
+    """The declared search server tool, checked (None: the request declares none)."""
+    found = [(i, t) for i, t in enumerate(tools or ()) if t.type in SEARCH_TOOL_TYPES]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise invalid(f"tools.{found[1][0]}: the web search tool is declared twice")
+    i, tool = found[0]
+    where = f"tools.{i}"
+    if tool.name != SEARCH_TOOL_NAME:
+        raise invalid(f"{where}.name: Input should be '{SEARCH_TOOL_NAME}'")
+    extra = dict(tool.model_extra or {})
+    for key in _WEB_ONLY:
+        if extra.pop(key, None) is not None:
+            raise invalid(f"{where}.{key}: not supported: this server's search tool searches its own index, not the web")
+    if tool.allowed_callers not in (None, ["direct"]):
+        raise invalid(f"{where}.allowed_callers: only 'direct' is supported (no code execution runs here)")
+    max_uses = extra.pop("max_uses", None)
+    if max_uses is not None and (not isinstance(max_uses, int) or isinstance(max_uses, bool) or max_uses < 1):
+        raise invalid(f"{where}.max_uses: Input should be an integer greater than or equal to 1")
+    unknown = sorted(k for k in extra if k not in _SEARCH_IGNORED)
+    if unknown or tool.input_schema is not None or tool.description is not None:
+        key = unknown[0] if unknown else "input_schema" if tool.input_schema is not None else "description"
+        raise invalid(f"{where}.{key}: Extra inputs are not permitted")
+    return SearchToolUse(tool.name, max_uses)
+
+
 def tool_specs(tools: Sequence[Tool] | None) -> list[ToolSpec]:
+    """Every tool the model is offered: the client tools, and the search tool as one (in the
+    order declared); the search tool is checked here too, so count_tokens refuses what
+    /v1/messages refuses."""
+    search_tool(tools)
     out: list[ToolSpec] = []
     for i, tool in enumerate(tools or ()):
         where = f"tools.{i}"
+        if tool.type in SEARCH_TOOL_TYPES:
+            out.append(search_tool_spec(tool.name))
+            continue
         if tool.type not in (None, "custom"):
-            raise invalid(f"{where}.type: server tool {tool.type!r} is not supported; only client tools (with an input_schema) are")
+            raise invalid(f"{where}.type: server tool {tool.type!r} is not supported; only client tools (with an input_schema) "
+                          f"and the search tool ({SEARCH_TOOL_TYPES[0]}) are")
         extra = sorted(tool.model_extra or {})
         if extra:
             raise invalid(f"{where}.{extra[0]}: Extra inputs are not permitted")

@@ -6,24 +6,28 @@ the bundled model's start-up (in the gateway, which reads only the tokenizer, an
 worker). Here the metadata is parsed once with `struct` straight into the values
 `ReaderField.contents()` returns (the same keys, types and values: tests/test_gguf_file.py
 compares the two on the bundled file), and each tensor is one `np.frombuffer` view over the
-mapping: nothing is copied and no weight byte is reinterpreted, so what the loaders build from
-it is bit-identical to what they built from GGUFReader.
+mapping, made when its `data` is read: nothing is copied and no weight byte is
+reinterpreted, so what the loaders build from it is bit-identical to what they built from
+GGUFReader.
 
 The mapping is private copy-on-write (ACCESS_COPY), so the views are writable (torch.from_numpy
-takes them without a warning) while the file itself is never written. numpy only: the gateway
-reads tokenizers with this and must not import torch.
+takes them without a warning) while the file itself is never written. The gateway reads
+tokenizers with this and must not import torch, nor numpy (~15 MiB resident): the header is
+parsed with `struct` alone, and numpy is imported only when a tensor's data is read.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 MAGIC = 0x46554747  # b"GGUF" read as a little-endian uint32
 SUPPORTED_VERSIONS = (2, 3)
@@ -92,12 +96,26 @@ class GgufTensor:
     type_id: int  # the ggml type id (gguf.constants.GGMLQuantizationType's value)
     type_name: str  # "Q4_1", "F32", ...
     dims: tuple[int, ...]  # ggml order: dims[0] is the innermost (columns)
-    data: np.ndarray  # float types: typed, shaped reversed(dims); quantized: uint8 [..., bytes per row]
+    # where `data` lies: the mapping, the numpy item type ("<f4"; "u1" for block bytes), the
+    # item count, the byte offset and the array's shape
+    _buf: mmap.mmap
+    _item: str
+    _count: int
+    _offset: int
+    _data_shape: tuple[int, ...]
 
     @property
     def shape(self) -> tuple[int, ...]:
         """numpy / torch order (rows first)."""
         return tuple(reversed(self.dims))
+
+    @property
+    def data(self) -> np.ndarray:
+        """Float types: typed, shaped reversed(dims); quantized: uint8 [..., bytes per row]. A new
+        view of the mapping each time (no copy)."""
+        import numpy as np
+
+        return np.frombuffer(self._buf, np.dtype(self._item), self._count, self._offset).reshape(self._data_shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,11 +183,12 @@ def _array(cur: _Cursor) -> list[Any]:
     item = cur.scalar("I")
     count = cur.scalar("Q")
     code = _SCALAR_CODES.get(item)  # type: ignore[call-overload]
-    if code is not None:  # numbers: one view, one tolist (python ints/floats/bools, like contents())
-        dtype = np.dtype(cur.order + code)
-        cur.need(count * dtype.itemsize)
-        values = np.frombuffer(cur.buf, dtype, count, cur.pos).tolist()
-        cur.pos += count * dtype.itemsize
+    if code is not None:  # numbers: one unpack (python ints/floats/bools, like contents())
+        fmt = f"{cur.order}{count}{code}"
+        size = struct.calcsize(fmt)
+        cur.need(size)
+        values = list(struct.unpack_from(fmt, cur.buf, cur.pos))
+        cur.pos += size
         return values
     if item == ValueType.STRING:
         out = []
@@ -247,20 +266,19 @@ def _tensors(buf: mmap.mmap, infos: list[tuple[str, tuple[int, ...], int, int]],
             raise GgufFormatError(f"duplicate tensor {name}")
         names.add(name)
         type_name, block, block_bytes, item = _type_info(type_id)
-        elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        elements = math.prod(dims)
         shape = tuple(reversed(dims))
         if item is not None:
-            dtype = np.dtype(order + item)
+            dtype, itemsize = order + item, int(item[1:])
             count = elements
         else:  # block bytes, one row of blocks per row (GGUFReader's quant_shape_to_byte_shape)
             if shape[-1] % block:
                 raise GgufFormatError(f"tensor {name}: {shape[-1]} columns is not a multiple of {type_name}'s block {block}")
-            dtype = np.dtype(np.uint8)
+            dtype, itemsize = "u1", 1
             count = elements // block * block_bytes
             shape = (*shape[:-1], shape[-1] // block * block_bytes)
         at = start + offset
-        if at + count * dtype.itemsize > len(buf):
+        if at + count * itemsize > len(buf):
             raise GgufFormatError(f"tensor {name} extends past the end of the file (truncated?)")
-        data = np.frombuffer(buf, dtype, count, at).reshape(shape)
-        tensors.append(GgufTensor(name, type_id, type_name, dims, data))
+        tensors.append(GgufTensor(name, type_id, type_name, dims, buf, dtype, count, at, shape))
     return tensors

@@ -30,10 +30,17 @@ from sluice.models.grammar.matcher import GrammarMatcher
 from sluice.models.grammar.schema_check import check_schema
 from sluice.types import GuidedDecoding, GuidedKind
 
-try:  # the engine runs without it; a constrained request then gets a clear error
-    import llguidance
-except ImportError:  # pragma: no cover - llguidance is a declared dependency
-    llguidance = None  # type: ignore[assignment]
+
+
+def _library() -> Any:
+    """llguidance, imported on the first constrained request: the gateway imports this module
+    (to check a request's schema before routing it) and most processes never constrain, so
+    the library's ~8 MiB resident is paid only by those that do."""
+    try:
+        import llguidance
+    except ImportError:  # pragma: no cover - llguidance is a declared dependency
+        raise InvalidRequestError("constrained decoding is not available: the llguidance package is not installed") from None
+    return llguidance
 
 
 def _parse(text: str, where: str) -> Any:
@@ -49,14 +56,9 @@ def _parse(text: str, where: str) -> Any:
     return schema
 
 
-def _require_library() -> None:
-    if llguidance is None:
-        raise InvalidRequestError("constrained decoding is not available: the llguidance package is not installed")
-
-
 def _grammar_error(grammar: str, tokenizer: Any | None) -> str:
     """The library's complaint about `grammar` ("" if none); it never raises for user errors."""
-    return llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+    return _library().LLMatcher.validate_grammar(grammar, tokenizer)
 
 
 def _json_grammar(schema: Any) -> str:
@@ -67,7 +69,7 @@ def grammar_text(spec: GuidedDecoding, tokenizer: Any | None = None) -> str:
     """The grammar for `spec`, after the schema checks; raises InvalidRequestError naming the
     unsupported keyword or the library's objection. No tokenizer is needed (the HTTP process
     may call it through `check_guided` to refuse a request before it is routed)."""
-    _require_library()
+    _library()
     if spec.kind is GuidedKind.JSON_OBJECT:
         return _json_grammar(ANY_OBJECT)
     if spec.kind is GuidedKind.JSON_SCHEMA:
@@ -135,7 +137,7 @@ class GrammarCompiler:
     def _llg_tokenizer(self) -> Any:
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                self._tokenizer = llguidance.LLTokenizer(self._backend.to_str(), n_vocab=self.vocab_size, eos_token=self._eos)
+                self._tokenizer = _library().LLTokenizer(self._backend.to_str(), n_vocab=self.vocab_size, eos_token=self._eos)
             return self._tokenizer
 
     def _template(self, spec: GuidedDecoding) -> Any:
@@ -148,10 +150,10 @@ class GrammarCompiler:
         # Compile outside the cache lock: a long compile (the library releases the GIL while
         # it builds) must not hold up the engine thread's cache hits. Two threads compiling the
         # same new spec at once both succeed; one result is kept.
-        _require_library()
+        _library()
         started = time.perf_counter()
         tokenizer = self._llg_tokenizer()
-        template = llguidance.LLMatcher(tokenizer, grammar_text(spec, tokenizer), log_level=0)
+        template = _library().LLMatcher(tokenizer, grammar_text(spec, tokenizer), log_level=0)
         if template.is_error():
             raise InvalidRequestError(f"constrained decoding: {template.get_error()}")
         with self._lock:

@@ -27,6 +27,7 @@ from sluice.models.kernels import KernelChoice, KVCacheDtype, Numerics
 from sluice.routing.fleet_file.autoscale_spec import AutoscalingSpec, VersionAutoscaleSpec, merge_version_tables
 from sluice.routing.fleet_file.breaker_settings import BreakerConfig
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
+from sluice.routing.fleet_file.search_service import SearchServiceSpec
 from sluice.worker.faults import FaultSpec
 
 BUNDLED = "bundled"
@@ -270,6 +271,7 @@ class FleetSpec(_Strict):
     routing: RoutingSpec = RoutingSpec()
     rollout: RolloutSpec = RolloutSpec()
     autoscaling: AutoscalingSpec | None = None  # defaults of the autoscaled versions (fleet_file/autoscale_spec.py)
+    search: SearchServiceSpec | None = None  # the search service the search server tool uses (fleet_file/search_service.py)
     models: dict[ModelId, ModelSpec] = Field(min_length=1)
 
     @model_validator(mode="before")

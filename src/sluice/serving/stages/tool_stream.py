@@ -12,7 +12,7 @@ the complete calls, which is what makes the stop a tool-use stop.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import aclosing
 
 from sluice.models.tools.format import ToolFormat
@@ -22,19 +22,38 @@ from sluice.serving.outcomes import Finished, Outcome, TextDelta, ToolCallDone, 
 from sluice.types import FinishReason, Usage
 
 
-def _outcome(piece: Piece, usage: Usage) -> Outcome:
-    if isinstance(piece, TextPiece):
-        return TextDelta(piece.text, usage)
-    if isinstance(piece, ToolCallStart):
-        return ToolCallStarted(piece.index, piece.id, piece.name, usage)
-    if isinstance(piece, ToolArgsDelta):
-        return ToolInputDelta(piece.index, piece.json, usage)
-    assert isinstance(piece, ToolCallEnd)
-    return ToolCallDone(piece.index, piece.id, piece.name, piece.input, piece.arguments, piece.complete, usage)
+SERVER_TOOL_ID_PREFIX = "srvtoolu_"
 
 
-async def with_tool_calls(outcomes: AsyncIterator[Outcome], fmt: ToolFormat, id_prefix: str) -> AsyncIterator[Outcome]:
+class _Outcomes:
+    """Parser pieces → outcomes; a server tool's call gets its own id (the parser names a call
+    only after its id is drawn)."""
+
+    def __init__(self, server_names: Collection[str]):
+        self.server_names = server_names
+        self.server_ids: dict[int, str] = {}  # call index -> its srvtoolu_ id
+
+    def __call__(self, piece: Piece, usage: Usage) -> Outcome:
+        if isinstance(piece, TextPiece):
+            return TextDelta(piece.text, usage)
+        if isinstance(piece, ToolCallStart):
+            if piece.name in self.server_names:
+                self.server_ids[piece.index] = new_tool_use_id(SERVER_TOOL_ID_PREFIX)
+            call_id = self.server_ids.get(piece.index, piece.id)
+            return ToolCallStarted(piece.index, call_id, piece.name, usage, piece.index in self.server_ids)
+        if isinstance(piece, ToolArgsDelta):
+            return ToolInputDelta(piece.index, piece.json, usage)
+        assert isinstance(piece, ToolCallEnd)
+        call_id = self.server_ids.get(piece.index, piece.id)
+        return ToolCallDone(piece.index, call_id, piece.name, piece.input, piece.arguments, piece.complete, usage,
+                            piece.index in self.server_ids)
+
+
+async def with_tool_calls(
+    outcomes: AsyncIterator[Outcome], fmt: ToolFormat, id_prefix: str, server_names: Collection[str] = ()
+) -> AsyncIterator[Outcome]:
     parser = ToolCallParser(fmt, lambda: new_tool_use_id(id_prefix))
+    _outcome = _Outcomes(server_names)
     complete = 0
     async with aclosing(outcomes):  # type: ignore[type-var]
         async for outcome in outcomes:

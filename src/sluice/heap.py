@@ -1,0 +1,36 @@
+"""Give memory the C heap holds but no longer uses back to the operating system.
+
+glibc's malloc keeps freed memory for reuse: the main heap shrinks only from its top, and the
+memory of a thread's arena only on its own later frees. After a one-off peak (a model load, the
+gateway's tokenizer build, a burst of 32 streams in the engine) tens of MiB sit resident unused.
+`malloc_trim(0)` walks every arena and releases whole free pages (madvise) anywhere in them.
+Callers do it at quiet moments only (after start-up; when the engine has sat idle), never per
+step: the pages come back as page faults when used again. A no-op where malloc is not glibc's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from typing import Callable
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name).malloc_trim
+    except AttributeError:  # musl and other C libraries without it
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_TRIM = _malloc_trim()
+
+
+def trim_heap() -> bool:
+    """Release the C heap's free pages; True if some memory was returned."""
+    return bool(_TRIM(0)) if _TRIM is not None else False

@@ -1,0 +1,80 @@
+"""One search tool call → the fleet's search service (`POST /v1/search`) → its results.
+
+Serving never imports the search package: the service is reached over HTTP only, with the
+fleet's own key (`[search].api_key_env`), never a client's, so a tenant reaches the index only
+through this tool and only as the fleet allows. Every failure — the service down, slower than
+`timeout_s` (connect to answer), answering an error, answering nonsense — becomes a
+`SearchToolError` the model and the client read as the call's result; nothing here raises into
+the request. Logs name the failure, never the query (it is prompt text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from sluice.routing.fleet_file.search_service import SearchServiceSpec
+from sluice.serving.search_tool.search_error import SearchToolError
+from sluice.tool_types import SearchResult
+
+log = logging.getLogger(__name__)
+SOURCE_SCHEME = "sluice-search:"  # a hit's source when its document has no `url` field
+TITLE_FIELD, URL_FIELD = "title", "url"
+
+
+def hit_result(hit: dict[str, Any], max_chars: int) -> SearchResult:
+    """A hit `{id, score, fields}` as the model reads it: its `title` field (else its id), its
+    `url` field (else `sluice-search:<id>`), and its other text fields in stored order, joined
+    by newlines and cut to `max_chars`."""
+    doc_id = str(hit.get("id", ""))
+    fields = hit.get("fields") if isinstance(hit.get("fields"), dict) else {}
+    title = fields.get(TITLE_FIELD)
+    url = fields.get(URL_FIELD)
+    texts = [str(v) for k, v in fields.items() if k not in (TITLE_FIELD, URL_FIELD) and isinstance(v, (str, int, float))]
+    return SearchResult(
+        source=url if isinstance(url, str) and url else SOURCE_SCHEME + doc_id,
+        title=title if isinstance(title, str) and title else doc_id,
+        text="\n".join(t for t in texts if t)[:max_chars],
+    )
+
+
+def _refusal(status: int, body: Any) -> SearchToolError:
+    if status == 429:
+        return SearchToolError.TOO_MANY_REQUESTS
+    if status != 400:
+        return SearchToolError.UNAVAILABLE  # 5xx, or 401/403: our key is the fleet's problem, not the model's
+    message = str((body.get("error") or {}).get("message", "")) if isinstance(body, dict) else ""
+    bounded = any(w in message for w in ("at most", "too long", "too many"))
+    return SearchToolError.QUERY_TOO_LONG if bounded else SearchToolError.INVALID_INPUT
+
+
+async def search(
+    service: SearchServiceSpec, query: str, transport: httpx.AsyncBaseTransport | None = None
+) -> list[SearchResult] | SearchToolError:
+    """The service's top hits for `query`, or why there are none (`transport`: tests')."""
+    key = service.api_key()
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    try:
+        async with asyncio.timeout(service.timeout_s), httpx.AsyncClient(timeout=service.timeout_s, transport=transport) as client:
+            r = await client.post(f"{service.url}/v1/search", json={"query": query, "top_k": service.top_k}, headers=headers)
+    except (TimeoutError, httpx.TimeoutException):  # the whole call, however the time went
+        log.warning("search tool: the search service did not answer within %.1fs", service.timeout_s)
+        return SearchToolError.UNAVAILABLE
+    except httpx.HTTPError as exc:
+        log.warning("search tool: the search service is unreachable (%s)", type(exc).__name__)
+        return SearchToolError.UNAVAILABLE
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if r.status_code != 200:
+        log.warning("search tool: the search service answered %d", r.status_code)
+        return _refusal(r.status_code, body)
+    hits = body.get("hits") if isinstance(body, dict) else None
+    if not isinstance(hits, list):
+        log.warning("search tool: the search service's answer has no hits list")
+        return SearchToolError.UNAVAILABLE
+    return [hit_result(h, service.max_result_chars) for h in hits if isinstance(h, dict)]
