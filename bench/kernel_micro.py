@@ -82,13 +82,16 @@ def attention(ops) -> list[dict]:  # noqa: ANN001
         blocks = b * nb + 1
         k_cache, v_cache = torch.randn(kvh, blocks * bs, d), torch.randn(kvh, blocks * bs, d)
         table = (torch.randperm(blocks - 1) + 1)[: b * nb].view(b, nb).int().contiguous()
-        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=b, block_size=bs,
-                                 block_tables=table, context_lens=torch.full((b,), ctx, dtype=torch.int32))
+        # one metadata per backend: prepare() keeps each backend's own per-step layout in it
+        metas = [AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=b, block_size=bs,
+                                   block_tables=table, context_lens=torch.full((b,), ctx, dtype=torch.int32))
+                 for _ in range(2)]
         q = torch.randn(b, (heads + 2 * kvh) * d)
         ref, kern = TorchPagedAttention(heads, kvh, d), KernelPagedAttention(ops, heads, kvh, d)
-        ref.prepare(meta)
-        t = best_cpu(lambda: ref.attend(q, k_cache, v_cache, meta), 20)
-        k = best_cpu(lambda: kern.attend(q, k_cache, v_cache, meta), 20)
+        ref.prepare(metas[0])
+        kern.prepare(metas[1])
+        t = best_cpu(lambda: ref.attend(q, k_cache, v_cache, metas[0]), 20)
+        k = best_cpu(lambda: kern.attend(q, k_cache, v_cache, metas[1]), 20)
         out.append({"batch": b, "context": ctx, "torch_ms": 1e3 * t, "kernel_ms": 1e3 * k, "ratio": t / k})
         print(f"attention batch {b} x {ctx}: torch {1e3 * t:.3f} ms, kernel {1e3 * k:.3f} ms ({t / k:.1f}x)", file=sys.stderr)
     return out

@@ -52,6 +52,11 @@ def kernel_ops(choice: KernelChoice | str = KernelChoice.AUTO) -> ModuleType | N
         return _state["ops"]
 
 
+def loaded_ops() -> ModuleType | None:
+    """The extension module if this process has loaded it already (never builds or loads it)."""
+    return _state.get("ops")
+
+
 # calls of at least this many multiply-adds split with decode_split_rows (csrc/ops.cpp split_call:
 # a large decode batch's linears and attention, not its glue)
 DECODE_SPLIT_MIN_WORK = 1 << 20
