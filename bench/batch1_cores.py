@@ -6,9 +6,10 @@ request per context length, stepped with torch at --threads threads while the sp
 switched between steps (process-wide kernel settings), so every mode sees the same moments of
 the shared machine:
 
-  serial     every decode call on the engine's thread (attention split off, linears serial)
-  attention  decode attention split over the helper pool by work (set_attn_split_work: the default)
-  all        that, and the linears of a 1-row step too (set_split_cut(1, 1M): decode_split_rows = 1)
+  serial     every decode call on the engine's thread (the default)
+  attention  decode attention split over the helper pool by work (set_attn_split_work, at the
+             threshold decode_split_rows turns on), the linears serial
+  all        that, and the linears of a 1-row step too (decode_split_rows = 1)
 
 Per context and mode: the median step's wall time and process CPU time (every thread's), the
 tok/s the wall time gives, and the wall ratio to `serial` over paired steps. Ends with one JSON
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
-    from sluice.models.kernels import kernel_ops
+    from sluice.models.kernels import ATTN_SPLIT_MIN_WORK, DECODE_SPLIT_MIN_WORK, kernel_ops
     from sluice.models.loader import load_model
     from sluice.types import GenerationRequest, SamplingParams
 
@@ -52,8 +53,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the CPU kernels are unavailable here")
     engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0))
     default_attn, default_cut = ops.attn_split_work(), ops.split_cut()
-    modes = {"serial": (NEVER, default_cut), "attention": (default_attn, default_cut),
-             "all": (default_attn, [1, 1 << 20])}
+    modes = {"serial": (NEVER, default_cut), "attention": (ATTN_SPLIT_MIN_WORK, default_cut),
+             "all": (ATTN_SPLIT_MIN_WORK, [1, DECODE_SPLIT_MIN_WORK])}
     text = loaded.tokenizer.encode(SENTENCE * 200)
     result: dict = {"threads": args.threads, "steps": args.steps}
     print(f"{'context':>7} {'mode':>9} {'wall ms':>8} {'CPU ms':>7} {'tok/s':>6} {'wall/serial':>11} {'helper chunks':>13}", file=sys.stderr)

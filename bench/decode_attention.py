@@ -13,9 +13,8 @@ alternating round by round so a burst of other work on the shared machine lands 
 * `engine`: a real decode step of the bundled model (exact numerics, the default fp32 K/V cache),
   one request whose prompt has --contexts tokens; the median step's wall and process CPU time.
 
-Each at every --threads count (torch threads, which the kernels' helper pool follows): with 1
-the CPU time is the work regardless of the machine's load; with 2 the wall time shows what a
-second core gives when it is free, and the CPU time what it costs.
+Each at every --threads count (torch threads; default 1, where the CPU time is the work
+regardless of the machine's load). bench/batch1_cores.py measures the helper pool's split.
 
 The ratios after / before over the rounds' medians are the figures to quote.
 
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=40, help="kernel: forwards' worth of calls per context (default: 40)")
     p.add_argument("--steps", type=int, default=24, help="engine: decode steps per context (default: 24)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float16"), help="kernel: the cache's dtype")
-    p.add_argument("--threads", default="1,2", help="torch threads to measure at (default: 1,2)")
+    p.add_argument("--threads", default="1", help="torch threads to measure at, comma-separated (default: 1)")
     p.add_argument("--kernel-only", action="store_true", help="skip the engine decode steps")
     p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

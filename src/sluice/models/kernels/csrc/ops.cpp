@@ -130,8 +130,6 @@ int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int
 //   large decode batch's linears and attention, not its glue).
 // The split never changes a result (tests/test_kernels.py: 1/2/3 threads bit for bit).
 constexpr int64_t kAlwaysSplitRows = 64;
-// decode attention: the default of g_attn_split_work below (measured: docs/BENCHMARKS.md, "Decode attention")
-constexpr int64_t kDefaultAttnSplitWork = int64_t(1) << 19;
 std::atomic<int64_t> g_split_min_rows{kAlwaysSplitRows + 1};
 std::atomic<int64_t> g_split_min_work{int64_t(1) << 20};
 
@@ -151,12 +149,14 @@ std::vector<int64_t> set_split_cut(int64_t min_rows, int64_t min_work) {
 std::vector<int64_t> split_cut() { return {g_split_min_rows.load(), g_split_min_work.load()}; }
 
 // Decode attention splits its tasks over the helper pool from this many multiply-adds per call
-// (every context position, for every query head, q.k and p.v), at any batch size: one stream at
-// long context is hundreds of microseconds of attention per layer, bound by memory bandwidth,
-// which a second core adds to, while the wake-up of a helper costs microseconds; a helper that
-// gets no core in time costs only its wake-up (helper_pool.h). The linears of a small batch stay
-// on the calling thread (split_call above). 0 = always, a huge value = never.
-std::atomic<int64_t> g_attn_split_work{kDefaultAttnSplitWork};
+// (every context position, for every query head, q.k and p.v), at any batch size. Off by default
+// (INT64_MAX); decode_split_rows turns it on at 512K (models/kernels/__init__.py: ~455 context
+// tokens of the bundled model, one stream included), for a worker with cores of its own: one
+// stream at long context is hundreds of microseconds of attention per layer, bound by memory
+// bandwidth, which a second core adds to. On the shared 2-core machine its second core was never
+// free in time: the helper ran its chunks on the core the caller shared (wall = CPU time) and a
+// step took 1.02-1.05x as long (docs/BENCHMARKS.md, "Decode attention at long context").
+std::atomic<int64_t> g_attn_split_work{INT64_MAX};
 
 int64_t set_attn_split_work(int64_t work) {
   TORCH_CHECK(work >= 0, "set_attn_split_work: work >= 0");
