@@ -160,8 +160,10 @@ def test_one_stream_at_long_context_splits_its_attention_over_the_helper_pool(op
         assert ops.attn_split_work() == ATTN_SPLIT_MIN_WORK < 1368 * 9 * 64 * 2
         torch.set_num_threads(2)
         chunks = ops.helper_chunks()
-        for _ in range(20):  # a helper may miss a call (no core in time); over several it joins
+        for i in range(2000):  # a helper joins a call only if it gets a core in time: over many, it does
             assert torch.equal(single(), expected[0]) and torch.equal(short(), expected[1])
+            if i >= 10 and ops.helper_chunks() > chunks:
+                break
         assert ops.helper_chunks() > chunks, "no call ran on a helper"
         ops.set_attn_split_work(0)  # every call splits, the short one too
         for _ in range(20):
