@@ -85,13 +85,22 @@ class LlamaCpp:
                 self.proc.kill()
 
 
+# --context: a text put before the request (one sentence is ~33 tokens of the bundled tokenizer;
+# the prompt's real length is reported from `usage`)
+SENTENCE = ("The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
+            "in a leather book while ships passed in the night. ")
+CONTEXT = {"text": ""}
+
+
 async def one_stream(c: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int) -> dict[str, float]:
     body = {"model": model, "max_tokens": max_tokens, "stream": True, "temperature": 0, "ignore_eos": True,
             "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": f"Write a long story about {SUBJECTS[i % len(SUBJECTS)]} ({i})."}]}
+            "messages": [{"role": "user", "content": CONTEXT["text"]
+                          + f"Write a long story about {SUBJECTS[i % len(SUBJECTS)]} ({i})."}]}
     t0 = time.perf_counter()
     first = last = None
     usage_tokens = None
+    prompt_tokens = float("nan")
     async with aconnect_sse(c, "POST", url + "/v1/chat/completions", json=body) as es:
         async for sse in es.aiter_sse():
             if sse.data == "[DONE]":
@@ -99,6 +108,7 @@ async def one_stream(c: httpx.AsyncClient, url: str, model: str, i: int, max_tok
             chunk = json.loads(sse.data)
             if chunk.get("usage"):
                 usage_tokens = chunk["usage"].get("completion_tokens")
+                prompt_tokens = chunk["usage"].get("prompt_tokens", prompt_tokens)
             for choice in chunk.get("choices", []):
                 delta = choice.get("delta") or {}
                 if delta.get("content") is not None or choice.get("finish_reason"):
@@ -109,7 +119,8 @@ async def one_stream(c: httpx.AsyncClient, url: str, model: str, i: int, max_tok
     # per-stream decode: the tokens after the first over the time from the first text to the
     # last output chunk (tokens from `usage`, so chunks of several tokens count right)
     decode = (tokens - 1) / (last - first) if first is not None and last is not None and last > first else float("nan")
-    return {"ttft": first - t0 if first is not None else float("nan"), "decode": decode, "tokens": tokens}
+    return {"ttft": first - t0 if first is not None else float("nan"), "decode": decode, "tokens": tokens,
+            "prompt_tokens": prompt_tokens}
 
 
 async def level(url: str, model: str, streams: int, max_tokens: int, offset: int) -> dict[str, float]:
@@ -126,7 +137,8 @@ async def level(url: str, model: str, streams: int, max_tokens: int, offset: int
         wall = time.perf_counter() - t0
     return {"ttft_p50_ms": 1000 * statistics.median(r["ttft"] for r in results),
             "per_stream_tok_s": statistics.median(r["decode"] for r in results),
-            "aggregate_tok_s": sum(r["tokens"] for r in results) / wall}
+            "aggregate_tok_s": sum(r["tokens"] for r in results) / wall,
+            "prompt_tokens": statistics.median(r["prompt_tokens"] for r in results)}
 
 
 def main() -> None:
@@ -139,8 +151,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds; the lead alternates (default: 2)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (default: 128)")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default: 2, the cores here)")
+    p.add_argument("--context", type=int, default=0, metavar="TOKENS",
+                   help="put ~TOKENS tokens of text before each request (decode at long context; default: 0)")
     p.add_argument("--sluice-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
     args = p.parse_args()
+    CONTEXT["text"] = SENTENCE * round(args.context / 33)
     from sluice.models.loader import default_model_path
 
     gguf = args.gguf or default_model_path()
@@ -161,14 +176,15 @@ def main() -> None:
                     res = asyncio.run(level(*sides[name], lv, args.max_tokens, 100 * r))
                     figures[name][lv].append(res)
                     print(f"round {r + 1} {name:9s} x{lv:<3d} TTFT {res['ttft_p50_ms']:7.1f} ms  per stream "
-                          f"{res['per_stream_tok_s']:6.1f} tok/s  aggregate {res['aggregate_tok_s']:6.1f} tok/s",
+                          f"{res['per_stream_tok_s']:6.1f} tok/s  aggregate {res['aggregate_tok_s']:6.1f} tok/s  "
+                          f"prompt {res['prompt_tokens']:.0f} tokens",
                           file=sys.stderr, flush=True)
         out: dict = {"llama_cpp": llama.kind, "gguf": gguf.name, "max_tokens": args.max_tokens, "rounds": args.rounds,
                      "load": os.getloadavg()}
         print(f"\nllama.cpp side: {llama.kind}", file=sys.stderr)
         print(f"{'level':>6} {'metric':>18} {'sluice':>9} {'llama.cpp':>10} {'ratio':>7}", file=sys.stderr)
         for lv in levels:
-            for metric in ("ttft_p50_ms", "per_stream_tok_s", "aggregate_tok_s"):
+            for metric in ("ttft_p50_ms", "per_stream_tok_s", "aggregate_tok_s", "prompt_tokens"):
                 a = statistics.median(x[metric] for x in figures["sluice"][lv])
                 b = statistics.median(x[metric] for x in figures["llama.cpp"][lv])
                 per_round = [x[metric] / y[metric] for x, y in zip(figures["sluice"][lv], figures["llama.cpp"][lv])]

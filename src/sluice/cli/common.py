@@ -82,8 +82,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--decode-split-rows", type=int, default=None, metavar="N",
-        help="CPU kernels: split decode batches of at least N rows over the worker's threads; for workers "
-        "with cores of their own, 32 measured best (default 0 = off)",
+        help="CPU kernels: split decode batches of at least N rows, and decode attention at long context "
+        "(one stream from ~455 context tokens of the bundled model), over the worker's threads; for workers "
+        "with cores of their own, 32 measured best; 1 also splits a single stream's linears (default 0 = off)",
     )
     g.add_argument(
         "--speculative-tokens", type=int, default=None, metavar="K",

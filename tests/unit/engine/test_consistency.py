@@ -126,7 +126,7 @@ def test_decode_split_over_two_threads_gives_the_same_tokens(loaded, path):
     """`decode_split_rows` (off by default) splits a large decode batch's linears and attention
     over the kernels' helper pool: the same 32 requests give exactly the same tokens with it as
     without, and the engine sets the cut it asks for (and resets it when a later engine does not)."""
-    from sluice.models.kernels import kernel_ops
+    from sluice.models.kernels import ATTN_SPLIT_MIN_WORK, kernel_ops
 
     reqs = [GenerationRequest(f"o{i}", _prompt(loaded, t), GREEDY) for i, t in enumerate(OTHERS[:31])]
     reqs.append(GenerationRequest("s", _prompt(loaded, TARGET), SEEDED))
@@ -138,6 +138,8 @@ def test_decode_split_over_two_threads_gives_the_same_tokens(loaded, path):
             ops = kernel_ops() if path == "kernels" else None
             if ops is not None:
                 assert ops.split_cut() == ([32, 1 << 20] if rows else [65, 1 << 20])
+                # and decode attention at long context, at any batch size (off with the rest)
+                assert ops.attn_split_work() == (ATTN_SPLIT_MIN_WORK if rows else (1 << 63) - 1)
             out[rows] = _run(engine, reqs)
         assert out[32] == out[0]
     finally:

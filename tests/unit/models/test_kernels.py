@@ -142,6 +142,38 @@ def test_decode_batches_split_over_the_helper_pool_with_the_same_results(ops, gg
         ops.set_split_cut(*cut)
 
 
+def test_one_stream_at_long_context_splits_its_attention_over_the_helper_pool(ops):
+    # With decode_split_rows on (set_decode_split), decode attention splits by work at any batch
+    # size (from ~455 context tokens of the bundled model): one stream's long context runs on a
+    # second core when one is free, with the same result bit for bit; a short one stays on the
+    # caller. Off by default (measured: docs/BENCHMARKS.md).
+    from sluice.models.kernels import ATTN_SPLIT_MIN_WORK, set_decode_split
+
+    before, cut, rows = torch.get_num_threads(), ops.attn_split_work(), ops.split_cut()
+    assert cut == (1 << 63) - 1, "off by default"
+    single = _attention_case(ops, batch=1, lens=[1368])
+    short = _attention_case(ops, batch=1, lens=[70])
+    try:
+        torch.set_num_threads(1)
+        expected = single(), short()
+        set_decode_split(32)
+        assert ops.attn_split_work() == ATTN_SPLIT_MIN_WORK < 1368 * 9 * 64 * 2
+        torch.set_num_threads(2)
+        chunks = ops.helper_chunks()
+        for i in range(2000):  # a helper joins a call only if it gets a core in time: over many, it does
+            assert torch.equal(single(), expected[0]) and torch.equal(short(), expected[1])
+            if i >= 10 and ops.helper_chunks() > chunks:
+                break
+        assert ops.helper_chunks() > chunks, "no call ran on a helper"
+        ops.set_attn_split_work(0)  # every call splits, the short one too
+        for _ in range(20):
+            assert torch.equal(single(), expected[0]) and torch.equal(short(), expected[1])
+    finally:
+        torch.set_num_threads(before)
+        ops.set_attn_split_work(cut)
+        ops.set_split_cut(*rows)
+
+
 @pytest.mark.parametrize("name,rows", WEIGHTS[:2])
 def test_exact_mode_is_as_accurate_as_an_fp32_matmul_and_fast_mode_is_close(ops, gguf_tensors, name, rows):
     w = _weight(gguf_tensors, name, rows)
@@ -162,13 +194,14 @@ def _random_cache(kvh: int, blocks: int, bs: int, d: int, seed: int):
     return torch.randn(kvh, blocks * bs, d, generator=g), torch.randn(kvh, blocks * bs, d, generator=g)
 
 
-def _attention_case(ops, batch: int):
+def _attention_case(ops, batch: int, lens: list[int] | None = None):
     """A decode batch through KernelPagedAttention over scattered blocks, as a callable."""
     from sluice.models.kernels.paged_attention import KernelPagedAttention
 
     heads, kvh, d, bs = 9, 3, 64, 8
     g = torch.Generator().manual_seed(9)
-    lens = torch.randint(1, 300, (batch,), generator=g).tolist()  # > 128: merged chunks too
+    if lens is None:
+        lens = torch.randint(1, 300, (batch,), generator=g).tolist()  # > 128: merged chunks too
     blocks = [-(-n // bs) for n in lens]
     k_cache, v_cache = _random_cache(kvh, sum(blocks) + 1, bs, d, seed=10)
     perm = (torch.randperm(sum(blocks), generator=g) + 1).tolist()

@@ -61,11 +61,17 @@ def loaded_ops() -> ModuleType | None:
 # a large decode batch's linears and attention, not its glue)
 DECODE_SPLIT_MIN_WORK = 1 << 20
 _NO_DECODE_SPLIT = 65  # csrc/ops.cpp: above the 64 rows that always stay with their caller
+# with decode_split_rows, decode attention calls of at least this many multiply-adds split too,
+# at any batch size (csrc/ops.cpp set_attn_split_work): one stream from ~455 context tokens of the
+# bundled model (9 heads x 64 x 2 per token)
+ATTN_SPLIT_MIN_WORK = 1 << 19
+_NO_ATTN_SPLIT = (1 << 63) - 1
 
 
 def set_decode_split(min_rows: int, choice: KernelChoice | str = KernelChoice.AUTO) -> None:
-    """Decode calls of >= `min_rows` rows split over the helper pool; 0 = none (the default).
-    Process-wide (one engine per worker). Loads the extension only to turn the split on."""
+    """Decode calls of >= `min_rows` rows split over the helper pool, and decode attention of
+    >= ATTN_SPLIT_MIN_WORK multiply-adds at any batch size; 0 = none (the default). Process-wide
+    (one engine per worker). Loads the extension only to turn the split on."""
     if min_rows:
         ops = kernel_ops(choice)
     else:
@@ -73,6 +79,7 @@ def set_decode_split(min_rows: int, choice: KernelChoice | str = KernelChoice.AU
             ops = _state.get("ops")  # off and never loaded: nothing to reset
     if ops is not None:
         ops.set_split_cut(min_rows or _NO_DECODE_SPLIT, DECODE_SPLIT_MIN_WORK)
+        ops.set_attn_split_work(ATTN_SPLIT_MIN_WORK if min_rows else _NO_ATTN_SPLIT)
 
 
 def _load() -> ModuleType | None:

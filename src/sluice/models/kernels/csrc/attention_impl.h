@@ -16,11 +16,61 @@ namespace {  // internal linkage: nothing here may merge with another TU's code
 // K/V row read, straight from the paged cache through the block table (no gathered copy).
 // Per query head: s = (q . k) * scale; e = exp(s - max over the chunk); l = sum e;
 // o = sum e * v. One chunk: out = o * (1 / l). Several: attn_merge rescales and adds them.
+//
+// The context is walked in groups of kGroup positions. A group's K rows are read from memory once
+// for all G query heads (the other heads find them in L1), and the group's 8 scores per head come
+// out of one transposed reduction (hsum8) instead of 8 horizontal sums. hsum8 adds in fhsum's
+// tree, and o accumulates position by position as before, so the result is bit for bit what the
+// one-position-at-a-time kernel gave (checked on every head dim, fp32 and fp16 caches, windows).
+// Measured (docs/BENCHMARKS.md): with K/V in L2 the two cost about the same — the kernel is bound
+// by its loads and multiply-adds, not the sums — and at long context by memory bandwidth; the
+// gain is at long context, from K read once per group instead of once per head.
+// Each position's K/V row address is computed once per chunk (the block-table division was made
+// once per query head and pass). With a group's work for all heads between one block's loads and
+// the next's, fewer blocks are in flight than when one head's light loop ran ahead, which cost
+// ~7 % on blocks scattered through the cache: the K rows kPrefetchGroups groups ahead are
+// prefetched by hand (measured: contiguous blocks unchanged, scattered ones 0.92x; prefetching
+// V during the K pass too was slower on contiguous blocks and in L2).
+constexpr int64_t kGroup = 8;
+constexpr int64_t kPrefetchGroups = 2;
+static_assert(sluice::kAttnChunk % kGroup == 0, "a chunk is whole groups");
+
 // One K or V row's panel i: fp32, or fp16 widened exactly to fp32 (the 16-bit K/V cache).
 template <bool HALF>
 static inline F16 kv_load(const void* row, int i) {
   if constexpr (HALF) return fload_half(static_cast<const uint16_t*>(row) + i * kPanel);
   else return fload(static_cast<const float*>(row) + i * kPanel);
+}
+
+// out[p] = (the fhsum of the vector whose fhalf is s[p]) * scale, p = 0..7: fhsum's remaining
+// levels (128-bit halves, then pairs, then neighbours) for 8 vectors at once.
+static inline void hsum8(const __m256 s[8], float scale, float* out) {
+  __m256 v[4];
+  for (int j = 0; j < 4; ++j)
+    v[j] = _mm256_add_ps(_mm256_permute2f128_ps(s[2 * j], s[2 * j + 1], 0x20),
+                         _mm256_permute2f128_ps(s[2 * j], s[2 * j + 1], 0x31));  // [p's 4 | p+1's 4]
+  __m256 w[2];
+  for (int j = 0; j < 2; ++j) {
+    const __m256d a = _mm256_castps_pd(v[2 * j]), b = _mm256_castps_pd(v[2 * j + 1]);
+    w[j] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+  }
+  const __m256 h = _mm256_hadd_ps(w[0], w[1]);  // positions 0 2 4 6 | 1 3 5 7
+  const __m256 r = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_ps(out, _mm256_mul_ps(r, _mm256_set1_ps(scale)));
+}
+
+template <int ND, bool HALF>
+static inline F16 qdot(const F16* qv, const void* row) {
+  F16 acc = fmul(qv[0], kv_load<HALF>(row, 0));
+  for (int i = 1; i < ND; ++i) acc = ffma(qv[i], kv_load<HALF>(row, i), acc);
+  return acc;
+}
+
+template <int ND, bool HALF>
+static inline void prefetch_rows(const void* const* rows, int64_t count) {
+  constexpr int64_t kBytes = ND * kPanel * (HALF ? 2 : 4);
+  for (int64_t r = 0; r < count; ++r)
+    for (int64_t b = 0; b < kBytes; b += 64) __builtin_prefetch(static_cast<const char*>(rows[r]) + b, 0, 3);
 }
 
 template <int ND, bool HALF>
@@ -33,24 +83,42 @@ static void decode_task(const AttnArgs& a, int64_t index) {
   const int64_t start = first + (int64_t)task.chunk * sluice::kAttnChunk;
   const int64_t n = imin(sluice::kAttnChunk, len - start);
   const int32_t* table = a.block_tables + b * a.max_blocks;
-  // element offsets into the caches (their element size is HALF's: fp16 or fp32)
+  // the chunk's K and V rows (their element size is HALF's: fp16 or fp32)
   using Elem = typename std::conditional<HALF, uint16_t, float>::type;
   const Elem* kbase = static_cast<const Elem*>(a.k_cache) + kh * a.num_slots * D;
   const Elem* vbase = static_cast<const Elem*>(a.v_cache) + kh * a.num_slots * D;
+  const void* krow[sluice::kAttnChunk];
+  const void* vrow[sluice::kAttnChunk];
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = start + t;
+    const int64_t off = ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
+    krow[t] = kbase + off;
+    vrow[t] = vbase + off;
+  }
   float* sc = a.scratch + index * G * sluice::kAttnChunk;
-  float mx[16], total[16];
+  const int64_t full = n / kGroup * kGroup;
+  prefetch_rows<ND, HALF>(krow, imin(n, kPrefetchGroups * kGroup));
+  for (int64_t t0 = 0; t0 < full; t0 += kGroup) {
+    const int64_t ahead = t0 + kPrefetchGroups * kGroup;
+    if (ahead < n) prefetch_rows<ND, HALF>(krow + ahead, imin(kGroup, n - ahead));
+    for (int64_t g = 0; g < G; ++g) {
+      const float* q = a.q + b * a.q_stride + (kh * G + g) * D;
+      F16 qv[ND];
+      for (int i = 0; i < ND; ++i) qv[i] = fload(q + i * kPanel);
+      __m256 s8[kGroup];
+      for (int p = 0; p < kGroup; ++p) s8[p] = fhalf(qdot<ND, HALF>(qv, krow[t0 + p]));
+      hsum8(s8, a.scale, sc + g * sluice::kAttnChunk + t0);
+    }
+  }
   for (int64_t g = 0; g < G; ++g) {
     const float* q = a.q + b * a.q_stride + (kh * G + g) * D;
     F16 qv[ND];
     for (int i = 0; i < ND; ++i) qv[i] = fload(q + i * kPanel);
+    for (int64_t t = full; t < n; ++t) sc[g * sluice::kAttnChunk + t] = fhsum(qdot<ND, HALF>(qv, krow[t])) * a.scale;
+  }
+  float mx[16], total[16];
+  for (int64_t g = 0; g < G; ++g) {
     float* s = sc + g * sluice::kAttnChunk;
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = start + t;
-      const Elem* kp = kbase + ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
-      F16 acc = fmul(qv[0], kv_load<HALF>(kp, 0));
-      for (int i = 1; i < ND; ++i) acc = ffma(qv[i], kv_load<HALF>(kp, i), acc);
-      s[t] = fhsum(acc) * a.scale;
-    }
     // exp(s - max) in place, through the vector exp (the tail padded)
     const int64_t V = n / kPanel * kPanel;
     float m = -INFINITY;
@@ -84,10 +152,8 @@ static void decode_task(const AttnArgs& a, int64_t index) {
     F16 o[ND];
     for (int i = 0; i < ND; ++i) o[i] = fzero();
     for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = start + t;
-      const Elem* vp = vbase + ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
       const F16 e = fset(s[t]);
-      for (int i = 0; i < ND; ++i) o[i] = ffma(e, kv_load<HALF>(vp, i), o[i]);
+      for (int i = 0; i < ND; ++i) o[i] = ffma(e, kv_load<HALF>(vrow[t], i), o[i]);
     }
     if (task.num_chunks == 1) {
       const F16 inv = fset(1.0f / total[g]);

@@ -150,6 +150,21 @@ std::vector<int64_t> set_split_cut(int64_t min_rows, int64_t min_work) {
 
 std::vector<int64_t> split_cut() { return {g_split_min_rows.load(), g_split_min_work.load()}; }
 
+// Decode attention splits its tasks over the helper pool from this many multiply-adds per call
+// (every context position, for every query head, q.k and p.v), at any batch size. Off by default
+// (INT64_MAX); decode_split_rows turns it on at 512K (models/kernels/__init__.py: ~455 context
+// tokens of the bundled model, one stream included), for a worker with cores of its own: one
+// stream at long context is hundreds of microseconds of attention per layer, bound by memory
+// bandwidth, which a second core adds to. On the shared 2-core machine its second core was never
+// free in time: the helper ran its chunks on the core the caller shared (wall = CPU time) and a
+// step took 1.02-1.05x as long (docs/BENCHMARKS.md, "Decode attention at long context").
+std::atomic<int64_t> g_attn_split_work{INT64_MAX};
+
+int64_t set_attn_split_work(int64_t work) {
+  TORCH_CHECK(work >= 0, "set_attn_split_work: work >= 0");
+  return g_attn_split_work.exchange(work);
+}
+
 HelperPool& helper_pool() {
   static HelperPool* pool = new HelperPool();  // never destroyed: its helpers are detached
   return *pool;
@@ -159,14 +174,16 @@ HelperPool& helper_pool() {
 // at::parallel_for (torch's OpenMP team, `grain` items per task at least; slot = OpenMP thread),
 // split_call ones on the helper pool (chunks of at least `grain` items, rounded up to `align`,
 // ~4 per thread so that a late helper still finds work), the rest on the calling thread (slot 0).
+// `pool`: a call of at most kAlwaysSplitRows rows that splits on the helper pool whatever the cut.
 template <class F>
-void parallel_rows(int64_t rows, int64_t work, int64_t begin, int64_t end, int64_t grain, int64_t align, const F& f) {
+void parallel_rows(int64_t rows, int64_t work, int64_t begin, int64_t end, int64_t grain, int64_t align, const F& f,
+                   bool pool = false) {
   const int64_t n = end - begin;
   if (n <= 0) return;
   const int threads = at::get_num_threads();
   if (rows > kAlwaysSplitRows) {
     at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { f(b, e, (int64_t)at::get_thread_num()); });
-  } else if (threads > 1 && split_call(rows, work) && !at::in_parallel_region()) {
+  } else if (threads > 1 && (pool || split_call(rows, work)) && !at::in_parallel_region()) {
     int64_t chunk = std::max<int64_t>(grain, (n + 4 * threads - 1) / (4 * threads));
     chunk = (chunk + align - 1) / align * align;
     auto trampoline = [](const void* ctx, int64_t b, int64_t e, int slot) {
@@ -550,7 +567,8 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
   a.tasks = tasks.data();
   a.chunk_base = chunk_base.data();
   a.scratch = scratch.data_ptr<float>();
-  parallel_rows(B, work, 0, T, 1, 1, [&](int64_t t0, int64_t t1, int64_t) { t.paged_decode(a, t0, t1); });
+  parallel_rows(B, work, 0, T, 1, 1, [&](int64_t t0, int64_t t1, int64_t) { t.paged_decode(a, t0, t1); },
+                work >= g_attn_split_work.load(std::memory_order_relaxed));
   if (merge)
     parallel_rows(B, chunks * heads * D, 0, B * kv_heads, 1, 1,
                   [&](int64_t p0, int64_t p1, int64_t) { t.attn_merge(a, p0, p1); });
@@ -571,6 +589,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_split_cut", &set_split_cut, py::arg("min_rows"), py::arg("min_work"),
         "calls of at most 64 rows split over threads from min_rows rows and min_work multiply-adds; returns the old pair");
   m.def("split_cut", &split_cut, "(min_rows, min_work) of calls of at most 64 rows");
+  m.def("set_attn_split_work", &set_attn_split_work, py::arg("work"),
+        "decode attention calls of at least this many multiply-adds split over the helper pool; returns the old value");
+  m.def("attn_split_work", [] { return g_attn_split_work.load(); }, "see set_attn_split_work");
   m.def("helper_chunks", [] { return helper_pool().helper_chunks(); }, "chunks the helper pool's threads have run");
   m.def("set_helper_spin_us", [](int64_t us) { helper_pool().set_spin_us(us); },
         "how long an idle helper waits for the next call before it sleeps (benchmarks)");

@@ -49,6 +49,8 @@ static inline float fhsum(F16 a) {
   __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
   return _mm_cvtss_f32(s1);
 }
+// fhsum's first level alone: lane i + lane i + 8 (hsum8 in attention_impl.h finishes 8 at once)
+static inline __m256 fhalf(F16 a) { return _mm256_add_ps(a.lo, a.hi); }
 static inline float fhmax(F16 a) {
   __m256 s8 = _mm256_max_ps(a.lo, a.hi);
   __m128 s4 = _mm_max_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));

@@ -46,6 +46,8 @@ static inline float fhsum(F16 a) {
   __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
   return _mm_cvtss_f32(s1);
 }
+// fhsum's first level alone: lane i + lane i + 8 (hsum8 in attention_impl.h finishes 8 at once)
+static inline __m256 fhalf(F16 a) { return _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1)); }
 static inline float fhmax(F16 a) { return _mm512_reduce_max_ps(a.v); }  // max is exact in any order
 
 static inline I16 iload(const void* p) { return {_mm512_loadu_si512(p)}; }
