@@ -6,19 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sluice.models.kernels import kernel_ops
 from sluice.models.sampler import argmax_rows, sample
 from sluice.types import SamplingParams
-from tests.cpu import has_avx2
-
-
-@pytest.fixture(scope="module")
-def ops():
-    if not has_avx2():
-        pytest.skip("the CPU lacks AVX2/FMA/F16C, so the kernels cannot run here")
-    mod = kernel_ops()
-    assert mod is not None, "the kernels failed to build or load on a CPU with AVX2 (see the log)"
-    return mod
 
 
 def _rows() -> list[torch.Tensor]:

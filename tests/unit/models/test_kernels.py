@@ -16,17 +16,6 @@ import torch
 from sluice.models.attention import AttentionMetadata, TorchPagedAttention
 from sluice.models.kernels import KernelChoice, kernel_ops
 from sluice.models.quantized import QuantizedWeight, QuantType
-from tests.cpu import has_avx2
-
-
-@pytest.fixture(scope="module")
-def ops():
-    if not has_avx2():
-        pytest.skip("the CPU lacks AVX2/FMA/F16C, so the kernels cannot run here")
-    mod = kernel_ops()
-    assert mod is not None, "the kernels failed to build or load on a CPU with AVX2 (see the log)"
-    yield mod
-    mod.set_isa("auto")
 
 
 @pytest.fixture(scope="module")
