@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from sluice.train.data import dataset
+from sluice.parent_death import die_with_parent
 from sluice.train.errors import TrainConfigError
 from sluice.train.model.source import tokenizer_for
 from sluice.train.parallel.fit import check_fits
@@ -91,17 +92,6 @@ def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:
     ]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM torchrun if this launcher dies (even by SIGKILL), so a
-    killed `sluice train run` never leaves a training group running on its own."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux/glibc: the launcher's own handlers still forward
-        pass
-
-
 def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     meta = prepare(settings)
     bad = meta.get("bad_lines") or []
@@ -117,7 +107,7 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     # refused); with a store of their own per round, restarts (and a growing group) work.
     child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     marker = settings.run_dir / STOPPED_MARKER
-    proc = subprocess.Popen(torchrun_argv(settings, free_port()), env=child_env, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(torchrun_argv(settings, free_port()), env=child_env, preexec_fn=die_with_parent())
     signalled = False
 
     def forward(signum: int, _frame) -> None:

@@ -24,7 +24,6 @@ import asyncio
 import codecs
 import dataclasses
 import json
-import ctypes
 import logging
 import os
 import shutil
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from sluice.engine.config import EngineConfig
 from sluice.errors import EngineUnavailableError
+from sluice.parent_death import die_with_parent
 
 if TYPE_CHECKING:
     from sluice.worker.grpc_client import GrpcEngineClient
@@ -59,18 +59,6 @@ def engine_argv(config: EngineConfig, faults: str | None = None) -> list[str]:
     if faults:
         argv += ["--fault-injection", faults]
     return argv
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Runs in the child before exec. Note: the signal fires when the *thread* that forked
-    exits, so start workers from a long-lived thread (the event loop's)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 class _StderrTee:
@@ -169,7 +157,7 @@ _prestarted: dict[tuple[str | None, str, tuple[str, ...]], LocalWorker] = {}
 
 def prestart_local_worker(model: str | None, dtype: str, engine_args: Sequence[str] = ()) -> LocalWorker:
     """Start the worker a later `start_local_worker(model, dtype, engine_args)` will ask for, now.
-    Call it from the thread that will run the event loop (see _die_with_parent)."""
+    Call it from the thread that will run the event loop (see sluice/parent_death.py)."""
     key = (model, dtype, tuple(engine_args))
     if key not in _prestarted:
         _prestarted[key] = _launch(model, dtype, engine_args, tempfile.mkdtemp(prefix="sluice-worker-"), echo=False)
@@ -212,13 +200,12 @@ def _launch(model: str | None, dtype: str, engine_args: Sequence[str], socket_di
     argv += list(engine_args)
     if model:
         argv += ["--model", str(model)]
-    parent = os.getpid()
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=(lambda: _die_with_parent(parent)) if sys.platform == "linux" else None,
+        preexec_fn=die_with_parent(),
     )
     return LocalWorker(process, address, socket_dir, _StderrTee(process.stderr, echo))
 

@@ -21,18 +21,9 @@ import time
 from pathlib import Path
 
 from sluice.search.index.schema import Schema
+from sluice.parent_death import die_with_parent
 
 log = logging.getLogger("sluice.search.router")
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the replica gets SIGTERM if the router dies (kill -9 included), never orphaned."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -98,7 +89,7 @@ class Supervisor:
         cmd = [sys.executable, "-m", "sluice.cli", "search", "shard", "--listen", f"127.0.0.1:{r.port}",
                "--data", str(r.data_dir), "--schema", json.dumps(self.schema.to_json())]
         r.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True, preexec_fn=_die_with_parent)
+                                  start_new_session=True, preexec_fn=die_with_parent())
         out.close()
         r.started_at = time.monotonic()
 
