@@ -1,49 +1,53 @@
 """A child process that dies with the process that started it (Linux: PR_SET_PDEATHSIG).
 
-Workers, search replicas and torchrun groups are started with `subprocess.Popen(...,
-preexec_fn=die_with_parent())`, so a parent killed by SIGKILL never leaves them running on their
-own. The function that runs in the child, between fork and exec, must not load a library,
-import a module or take a lock another thread of the parent may have held at the fork: each did
-happen (a child of a multi-threaded test process crashed in `ctypes.CDLL` there). So libc's
-`prctl` is resolved here, once, in the parent, and the child only calls it.
+Workers, search replicas and torchrun groups are started as `[*tied_to_this_process(), *argv]`:
+a small Python program (this module's `main`) sets PR_SET_PDEATHSIG to SIGTERM, checks that
+its parent is still the one that started it, and execs the real command, which keeps the
+setting (it survives exec). So a parent killed by SIGKILL never leaves them running alone.
 
-The signal fires when the *thread* that forked exits, not the process: start children from a
-long-lived thread (the event loop's).
+Why not `subprocess.Popen(preexec_fn=...)`, which this replaced: a `preexec_fn` forces a plain
+fork of the whole parent and runs the at-fork handlers and Python code in the child before the
+exec. In a parent with gRPC, torch and many threads that crashed a child once in CI (a
+segfault between fork and exec during a fleet test). Without `preexec_fn`, subprocess can use
+vfork and runs no Python in the child; the price is one small interpreter start (~20 ms) per
+child, which starts a model or an index anyway.
+
+The signal fires when the *thread* that started the child exits, not the process: start
+children from a long-lived thread (the event loop's).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
-from typing import Callable
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _prctl() -> Callable[..., int] | None:
+def tied_to_this_process() -> list[str]:
+    """The argv prefix that makes the command after it die with this process (empty where the
+    platform has no PR_SET_PDEATHSIG: the caller's own stop handling is all there is)."""
     if not sys.platform.startswith("linux"):
-        return None
+        return []
+    return [sys.executable, "-m", "sluice.parent_death", str(os.getpid()), "--"]
+
+
+def main(argv: list[str]) -> None:
+    """`python -m sluice.parent_death PARENT_PID -- COMMAND...`"""
+    if len(argv) < 3 or argv[1] != "--":
+        sys.exit("usage: python -m sluice.parent_death PARENT_PID -- COMMAND [ARG...]")
+    parent, command = int(argv[0]), argv[2:]
+    import ctypes
+
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # the C library the interpreter runs on
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
-        return None
+        pass  # not glibc's prctl: run the command untied
+    if os.getppid() != parent:  # the parent died before the setting took effect
+        sys.exit(1)
+    os.execvp(command[0], command)
 
 
-_PRCTL = _prctl()
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` that makes the child get SIGTERM when this process dies (and exit at once
-    if this process died before that took effect); None where the platform has no such call."""
-    if _PRCTL is None:
-        return None
-    prctl, parent = _PRCTL, os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from sluice.train.data import dataset
-from sluice.parent_death import die_with_parent
+from sluice.parent_death import tied_to_this_process
 from sluice.train.errors import TrainConfigError
 from sluice.train.model.source import tokenizer_for
 from sluice.train.parallel.fit import check_fits
@@ -107,7 +107,7 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     # refused); with a store of their own per round, restarts (and a growing group) work.
     child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     marker = settings.run_dir / STOPPED_MARKER
-    proc = subprocess.Popen(torchrun_argv(settings, free_port()), env=child_env, preexec_fn=die_with_parent())
+    proc = subprocess.Popen(tied_to_this_process() + torchrun_argv(settings, free_port()), env=child_env)
     signalled = False
 
     def forward(signum: int, _frame) -> None:

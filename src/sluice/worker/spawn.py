@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from sluice.engine.config import EngineConfig
 from sluice.errors import EngineUnavailableError
-from sluice.parent_death import die_with_parent
+from sluice.parent_death import tied_to_this_process
 
 if TYPE_CHECKING:
     from sluice.worker.grpc_client import GrpcEngineClient
@@ -201,11 +201,10 @@ def _launch(model: str | None, dtype: str, engine_args: Sequence[str], socket_di
     if model:
         argv += ["--model", str(model)]
     process = subprocess.Popen(
-        argv,
+        tied_to_this_process() + argv,
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=die_with_parent(),
     )
     return LocalWorker(process, address, socket_dir, _StderrTee(process.stderr, echo))
 

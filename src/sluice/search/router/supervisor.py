@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from sluice.search.index.schema import Schema
-from sluice.parent_death import die_with_parent
+from sluice.parent_death import tied_to_this_process
 
 log = logging.getLogger("sluice.search.router")
 
@@ -88,8 +88,8 @@ class Supervisor:
         out = open(self.log_dir / f"{r.name.replace('/', '-')}.log", "ab")
         cmd = [sys.executable, "-m", "sluice.cli", "search", "shard", "--listen", f"127.0.0.1:{r.port}",
                "--data", str(r.data_dir), "--schema", json.dumps(self.schema.to_json())]
-        r.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True, preexec_fn=die_with_parent())
+        r.proc = subprocess.Popen(tied_to_this_process() + cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
         out.close()
         r.started_at = time.monotonic()
 
