@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """One stream on one core or two: decode steps with and without the kernels' helper pool.
 
-One engine (the bundled model, CPU kernels, exact numerics, speculation off), one greedy
+One engine (the bundled model, CPU kernels, exact numerics unless NUMERICS=fast is in the
+environment, speculation off), one greedy
 request per context length, stepped with torch at --threads threads while the split rules are
 switched between steps (process-wide kernel settings), so every mode sees the same moments of
 the shared machine:
 
-  serial     every decode call on the engine's thread (the default)
+  serial     every decode call on the engine's thread (decode_split_rows = 0)
   attention  decode attention split over the helper pool by work (set_attn_split_work, at the
              threshold decode_split_rows turns on), the linears serial
-  all        that, and the linears of a 1-row step too (decode_split_rows = 1)
+  all        that, and the linears of a 1-row step too (decode_split_rows = 1, the default)
 
 Per context and mode: the median step's wall time and process CPU time (every thread's), the
 tok/s the wall time gives, and the wall ratio to `serial` over paired steps. Ends with one JSON
@@ -51,9 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_model(progress=False)
     if ops is None or not loaded.model.uses_kernels:
         raise SystemExit("the CPU kernels are unavailable here")
-    engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0))
+    engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0, numerics=os.environ.get("NUMERICS", "exact")))
     default_attn, default_cut = ops.attn_split_work(), ops.split_cut()
-    modes = {"serial": (NEVER, default_cut), "attention": (ATTN_SPLIT_MIN_WORK, default_cut),
+    serial_cut = [65, DECODE_SPLIT_MIN_WORK]  # csrc/ops.cpp: above the 64 rows a decode call can have
+    modes = {"serial": (NEVER, serial_cut), "attention": (ATTN_SPLIT_MIN_WORK, serial_cut),
              "all": (ATTN_SPLIT_MIN_WORK, [1, DECODE_SPLIT_MIN_WORK])}
     text = loaded.tokenizer.encode(SENTENCE * 200)
     result: dict = {"threads": args.threads, "steps": args.steps}

@@ -18,6 +18,7 @@ ratios sluice / llama.cpp. Ends with one JSON line.
 
     PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-server /path/to/llama-server [--rounds 3]
     PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-python /path/to/venv/bin/python
+    PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-server PATH --levels 1 --workload quote --max-tokens 80
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.server_process import MODEL, free_port, start_server  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402  (bench/workloads.py, beside this script)
 
 SUBJECTS = ["the sea", "a mountain", "bread", "trains", "owls", "rain", "chess", "a library", "copper", "tea",
             "bridges", "the moon", "gardens", "violins", "deserts", "bees"]
@@ -89,14 +91,14 @@ class LlamaCpp:
 # the prompt's real length is reported from `usage`)
 SENTENCE = ("The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
             "in a leather book while ships passed in the night. ")
-CONTEXT = {"text": ""}
+CONTEXT = {"text": "", "workload": ""}
 
 
 async def one_stream(c: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int) -> dict[str, float]:
     body = {"model": model, "max_tokens": max_tokens, "stream": True, "temperature": 0, "ignore_eos": True,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": CONTEXT["text"]
-                          + f"Write a long story about {SUBJECTS[i % len(SUBJECTS)]} ({i})."}]}
+                          + (CONTEXT["workload"] or f"Write a long story about {SUBJECTS[i % len(SUBJECTS)]} ({i}).")}]}
     t0 = time.perf_counter()
     first = last = None
     usage_tokens = None
@@ -153,9 +155,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default: 2, the cores here)")
     p.add_argument("--context", type=int, default=0, metavar="TOKENS",
                    help="put ~TOKENS tokens of text before each request (decode at long context; default: 0)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default=None,
+                   help="one prompt of bench/workloads.py for every request (repetitive work: quote, edit, code, json; "
+                   "default: a different story per request)")
     p.add_argument("--sluice-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
     args = p.parse_args()
     CONTEXT["text"] = SENTENCE * round(args.context / 33)
+    CONTEXT["workload"] = WORKLOADS[args.workload] if args.workload else ""
     from sluice.models.loader import default_model_path
 
     gguf = args.gguf or default_model_path()

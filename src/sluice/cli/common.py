@@ -82,9 +82,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--decode-split-rows", type=int, default=None, metavar="N",
-        help="CPU kernels: split decode batches of at least N rows, and decode attention at long context "
-        "(one stream from ~455 context tokens of the bundled model), over the worker's threads; for workers "
-        "with cores of their own, 32 measured best; 1 also splits a single stream's linears (default 0 = off)",
+        help="CPU kernels: split decode calls of batches of at least N rows, and decode attention, over the "
+        "worker's threads when a core is free (the pool rests while the other cores are busy); 0 = every "
+        "decode call on the engine's thread (default 1: one stream included)",
     )
     g.add_argument(
         "--speculative-tokens", type=int, default=None, metavar="K",

@@ -94,13 +94,14 @@ class EngineConfig:
     # its local workers an equal share of the cores instead (routing/fleet/replica_launch.py), since
     # two OpenMP teams spinning on the same cores slow each other down many times over.
     threads: int = 0
-    # CPU kernels: decode calls of at least this many rows (and ~1M multiply-adds) split over
-    # the worker's threads on the kernels' helper pool; 0 = every decode call on the engine's
-    # thread. Off by default: on a machine whose cores the gateway and the clients share, served
-    # throughput at 32 streams was 0.92-1.03x with it; with a free core a 32-64-row step took
-    # 0.66-0.72x (docs/BENCHMARKS.md, "Decode batches on two threads"). For workers that have
-    # cores of their own (a Kubernetes worker pod), 32 is the measured cut.
-    decode_split_rows: int = 0
+    # CPU kernels: decode calls of at least this many rows (and 64K multiply-adds) split over the
+    # worker's threads on the kernels' helper pool; 0 = every decode call on the engine's thread.
+    # On by default from one row (one stream's linears included) since the pool keeps its helpers
+    # spinning through a decode step and rests whenever they do not get a core (csrc/helper_pool.h):
+    # served on 2 cores beside the gateway, 1 stream 0.55 -> 0.84x llama.cpp's tok/s and 32 streams
+    # 1.20 -> 1.65x, and with the other core taken a step stayed at 1.00x of serial
+    # (docs/BENCHMARKS.md, "The second core, by default"). A worker with one thread has no helpers.
+    decode_split_rows: int = 1
     # CUDA graphs for decode-only steps (engine/decode_graphs.py): captured per batch-size and
     # block-count bucket on first use, then replayed. Only on a CUDA device (ignored, with a log
     # line, on the CPU). Off until measured on a GPU (docs/BENCHMARKS.md, "GPU"); an engine

@@ -123,12 +123,12 @@ def test_a_resumed_generation_continues_exactly(bundled, hf_bundled, alone, spli
 
 @pytest.mark.slow
 def test_decode_split_over_two_threads_gives_the_same_tokens(loaded, path):
-    """`decode_split_rows` (off by default) splits a large decode batch's linears and attention
-    over the kernels' helper pool: the same 32 requests give exactly the same tokens with it as
-    without, and the engine sets the cut it asks for (and resets it when a later engine does not)."""
-    from sluice.models.kernels import ATTN_SPLIT_MIN_WORK, kernel_ops
+    """`decode_split_rows` (1 by default) splits decode calls' linears and attention over the
+    kernels' helper pool: the same 32 requests give exactly the same tokens with it as without
+    (0), and the engine sets the cut it asks for (and resets it when a later engine does not)."""
+    from sluice.models.kernels import ATTN_SPLIT_MIN_WORK, DECODE_SPLIT_MIN_WORK, kernel_ops
 
-    # the split cuts the kernels' calls of 32 rows and more; the torch path has no helper pool, so
+    # the split cuts the kernels' calls of every decode batch; the torch path has no helper pool, so
     # there the setting must only leave the tokens alone, which a batch of 4 shows (32 took ~50 s)
     n = 32 if path == "kernels" else 4
     reqs = [GenerationRequest(f"o{i}", _prompt(loaded, t), GREEDY) for i, t in enumerate(OTHERS[: n - 1])]
@@ -136,15 +136,15 @@ def test_decode_split_over_two_threads_gives_the_same_tokens(loaded, path):
     before = torch.get_num_threads()
     try:
         out = {}
-        for rows in (0, 32):
+        for rows in (0, 1):
             engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=1024, threads=2, decode_split_rows=rows))
             ops = kernel_ops() if path == "kernels" else None
             if ops is not None:
-                assert ops.split_cut() == ([32, 1 << 20] if rows else [65, 1 << 20])
+                assert ops.split_cut() == [1 if rows else 65, DECODE_SPLIT_MIN_WORK]
                 # and decode attention at long context, at any batch size (off with the rest)
                 assert ops.attn_split_work() == (ATTN_SPLIT_MIN_WORK if rows else (1 << 63) - 1)
             out[rows] = _run(engine, reqs)
-        assert out[32] == out[0]
+        assert out[1] == out[0]
     finally:
         torch.set_num_threads(before)
         LLMEngine(loaded, EngineConfig(num_kv_blocks=16))  # back to the default cut for later tests

@@ -57,20 +57,23 @@ def loaded_ops() -> ModuleType | None:
     return _state.get("ops")
 
 
-# calls of at least this many multiply-adds split with decode_split_rows (csrc/ops.cpp split_call:
-# a large decode batch's linears and attention, not its glue)
-DECODE_SPLIT_MIN_WORK = 1 << 20
+# calls of at least this many multiply-adds split with decode_split_rows (csrc/ops.cpp split_call):
+# every linear of one stream of the bundled model (the smallest, o, is 332K), not the glue. With the
+# helpers spinning through a step (csrc/helper_pool.h set_hot), 64K beat 256K and 1M at one stream
+# (one step 0.64x / 0.66-0.71x / 0.80-0.83x of serial: docs/BENCHMARKS.md, "The second core, by default")
+DECODE_SPLIT_MIN_WORK = 1 << 16
 _NO_DECODE_SPLIT = 65  # csrc/ops.cpp: above the 64 rows that always stay with their caller
 # with decode_split_rows, decode attention calls of at least this many multiply-adds split too,
-# at any batch size (csrc/ops.cpp set_attn_split_work): one stream from ~455 context tokens of the
-# bundled model (9 heads x 64 x 2 per token)
-ATTN_SPLIT_MIN_WORK = 1 << 19
+# at any batch size (csrc/ops.cpp set_attn_split_work): one stream from ~28 context tokens of the
+# bundled model (9 heads x 64 x 2 per token); at 400 tokens a step took 0.63x of serial with it
+# against 0.68x with the old 512K cut (helpers spinning through the step)
+ATTN_SPLIT_MIN_WORK = 1 << 15
 _NO_ATTN_SPLIT = (1 << 63) - 1
 
 
 def set_decode_split(min_rows: int, choice: KernelChoice | str = KernelChoice.AUTO) -> None:
     """Decode calls of >= `min_rows` rows split over the helper pool, and decode attention of
-    >= ATTN_SPLIT_MIN_WORK multiply-adds at any batch size; 0 = none (the default). Process-wide
+    >= ATTN_SPLIT_MIN_WORK multiply-adds at any batch size; 0 = none. Process-wide
     (one engine per worker). Loads the extension only to turn the split on."""
     if min_rows:
         ops = kernel_ops(choice)

@@ -34,16 +34,25 @@ def fused_forward(
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     cos, sin = model.rope_cos, model.rope_sin
     attention = model.attention
-    h = model.embed_rows(input_ids)  # [T, hidden], updated in place by the residual adds
-    delta = None
-    for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
-        x = ops.add_rms_norm(h, delta, layer.input_norm, eps)
-        qkv = layer.qkv(x, fast)
-        ops.rope_and_cache(qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, heads, kv_heads, head_dim)
-        attn = attention.attend(qkv, k_cache, v_cache, meta)
-        x = ops.add_rms_norm(h, layer.o(attn, fast), layer.post_norm, eps)
-        delta = layer.down(ops.silu_mul(layer.gate_up(x, fast)), fast)
-    # only the rows whose logits are sampled need the last residual, norm and LM head
-    rows = h[logits_indices]
-    x = ops.add_rms_norm(rows, None if delta is None else delta[logits_indices], model.norm, eps)
-    return model.lm_head(x)
+    # a decode-sized step (csrc/ops.cpp: at most 64 rows stay off OpenMP): the helper pool's idle
+    # helpers spin through it instead of sleeping between its ~150 split calls
+    hot = input_ids.shape[0] <= 64
+    if hot:
+        ops.set_pool_hot(True)
+    try:
+        h = model.embed_rows(input_ids)  # [T, hidden], updated in place by the residual adds
+        delta = None
+        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
+            x = ops.add_rms_norm(h, delta, layer.input_norm, eps)
+            qkv = layer.qkv(x, fast)
+            ops.rope_and_cache(qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, heads, kv_heads, head_dim)
+            attn = attention.attend(qkv, k_cache, v_cache, meta)
+            x = ops.add_rms_norm(h, layer.o(attn, fast), layer.post_norm, eps)
+            delta = layer.down(ops.silu_mul(layer.gate_up(x, fast)), fast)
+        # only the rows whose logits are sampled need the last residual, norm and LM head
+        rows = h[logits_indices]
+        x = ops.add_rms_norm(rows, None if delta is None else delta[logits_indices], model.norm, eps)
+        return model.lm_head(x)
+    finally:
+        if hot:
+            ops.set_pool_hot(False)

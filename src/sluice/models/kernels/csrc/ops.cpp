@@ -121,15 +121,15 @@ int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int
 // * every call over more than kAlwaysSplitRows rows (prefill steps): at::parallel_for, whose
 //   OpenMP barrier waits for a thread that has no core yet; prefill's regions of milliseconds lose
 //   little to that and gain up to the thread count (issue 14: TTFT under concurrency);
-// * by default nothing else: decode batches (max_num_seqs defaults to 64) run on the calling
-//   thread. On OpenMP threads a decode step took 4-13x as long (single stream 13 -> 66 ms per
-//   token). On the helper pool (helper_pool.h, which never waits for a helper that did not start)
-//   a 32- or 64-row decode step took 0.66-0.72x the serial one's wall time when the second core
-//   was free, but served throughput at 32 streams was 0.92-1.0x and the worker's CPU per token
-//   up to 1.13x: under serving load the second core is the gateway's and the client's. So the
-//   pool is off (min_rows 65) until a machine with spare cores shows it pays;
-//   set_split_cut(32, 1 << 20) turns it on for calls of >= 32 rows and >= 1M multiply-adds (a
-//   large decode batch's linears and attention, not its glue).
+// * decode calls (at most 64 rows: max_num_seqs defaults to 64) never on OpenMP: there a decode
+//   step took 4-13x as long (single stream 13 -> 66 ms per token), each region's barrier waiting
+//   for a thread without a core. They split on the helper pool (helper_pool.h: never waits for a
+//   helper that did not start, keeps its helpers spinning through a decode step, rests while they
+//   get no core) from the cut set_split_cut(min_rows, min_work) gives; the engine sets it from
+//   decode_split_rows (models/kernels/__init__.py: 1 row and 64K multiply-adds by default, every
+//   linear of one stream; 65 = none split). Served on 2 cores beside the gateway: one stream's
+//   step 0.64x of serial, 32 streams 1.65x llama.cpp's throughput instead of 1.20x
+//   (docs/BENCHMARKS.md, "The second core, by default").
 // The split never changes a result (tests/test_kernels.py: 1/2/3 threads bit for bit).
 constexpr int64_t kAlwaysSplitRows = 64;
 std::atomic<int64_t> g_split_min_rows{kAlwaysSplitRows + 1};
@@ -151,13 +151,12 @@ std::vector<int64_t> set_split_cut(int64_t min_rows, int64_t min_work) {
 std::vector<int64_t> split_cut() { return {g_split_min_rows.load(), g_split_min_work.load()}; }
 
 // Decode attention splits its tasks over the helper pool from this many multiply-adds per call
-// (every context position, for every query head, q.k and p.v), at any batch size. Off by default
-// (INT64_MAX); decode_split_rows turns it on at 512K (models/kernels/__init__.py: ~455 context
-// tokens of the bundled model, one stream included), for a worker with cores of its own: one
-// stream at long context is hundreds of microseconds of attention per layer, bound by memory
-// bandwidth, which a second core adds to. On the shared 2-core machine its second core was never
-// free in time: the helper ran its chunks on the core the caller shared (wall = CPU time) and a
-// step took 1.02-1.05x as long (docs/BENCHMARKS.md, "Decode attention at long context").
+// (every context position, for every query head, q.k and p.v), at any batch size. INT64_MAX here
+// (off); decode_split_rows turns it on at 32K (models/kernels/__init__.py: ~28 context tokens of
+// the bundled model, one stream included): one stream at long context is hundreds of microseconds
+// of attention per layer, bound by memory bandwidth, which a second core adds to. Before the pool
+// rested on a busy machine, its helper ran its chunks on the core the caller shared (wall = CPU
+// time) and a step took 1.02-1.05x as long (docs/BENCHMARKS.md, "Decode attention at long context").
 std::atomic<int64_t> g_attn_split_work{INT64_MAX};
 
 int64_t set_attn_split_work(int64_t work) {
@@ -272,10 +271,12 @@ GemmArgs gemm_args(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor
 using GemmFn = void (*)(const GemmArgs&, int64_t, int64_t, float*);
 
 void run_panels(const GemmArgs& a, GemmFn fn, int64_t scratch_per_k, int64_t direct_max_m) {
-  // Split the output panels evenly across threads, each task at least ~128K multiply-adds
-  // (at M = 1 and K = 576: 15 panels, ~90 KB of Q4_1 weights) so that waking a thread pays off.
+  // Split the output panels evenly across threads, each task at least ~32K multiply-adds (at
+  // M = 1 and K = 576: 4 panels, ~22 KB of Q4_1 weights). With the helpers spinning through a
+  // decode step a chunk needs no wake-up to pay for: one stream's step took 0.64x of serial at
+  // 32K against 0.69x at 128K (exact; fast numerics 0.73x against 0.80x).
   const int64_t panels = panels_of(a.N);
-  const int64_t grain = std::max<int64_t>(1, (131072 + a.M * a.K * kPanel - 1) / (a.M * a.K * kPanel));
+  const int64_t grain = std::max<int64_t>(1, (32768 + a.M * a.K * kPanel - 1) / (a.M * a.K * kPanel));
   torch::Tensor scratch;
   float* base = nullptr;
   const int64_t per_thread = a.K * scratch_per_k;
@@ -595,6 +596,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("helper_chunks", [] { return helper_pool().helper_chunks(); }, "chunks the helper pool's threads have run");
   m.def("set_helper_spin_us", [](int64_t us) { helper_pool().set_spin_us(us); },
         "how long an idle helper waits for the next call before it sleeps (benchmarks)");
+  m.def("set_pool_hot", [](bool hot) { helper_pool().set_hot(hot); }, py::arg("hot"),
+        "between True and False (a decode step's forward) idle helpers spin for the next call");
+  m.def("pool_rested_calls", [] { return helper_pool().rested_calls(); },
+        "calls run serially because the helpers did not get a core (the pool's guard)");
+  m.def("set_helpers_away", [](bool away) { helper_pool().set_away(away); }, py::arg("away"),
+        "tests: the helpers join no call, as when other work holds every other core");
+  m.def("set_pool_guard", [](bool on) { helper_pool().set_guard(on); }, py::arg("on"),
+        "tests: the pool's rest-while-helpers-get-no-core guard on (default) or off, reset either way");
+  m.def("pool_guard_shape", [] { return std::vector<int64_t>{HelperPool::kWindow, HelperPool::kMinRest, HelperPool::kMaxRest}; },
+        "(window, first rest, longest rest) of the guard, in calls");
   m.def("supports_head_dim", &supports_head_dim);
   // The compute entry points run without the GIL (arguments are converted before, the result
   // after): as torch's own ops do. The engine thread spends most of a forward inside them, and a
