@@ -98,8 +98,8 @@ class EngineConfig:
     # worker's threads on the kernels' helper pool; 0 = every decode call on the engine's thread.
     # On by default from one row (one stream's linears included) since the pool keeps its helpers
     # spinning through a decode step and rests whenever they do not get a core (csrc/helper_pool.h):
-    # served on 2 cores beside the gateway, 1 stream 0.55 -> 0.84x llama.cpp's tok/s and 32 streams
-    # 1.20 -> 1.65x, and with the other core taken a step stayed at 1.00x of serial
+    # served on 2 cores beside the gateway, 1 stream 0.55 -> 0.82-0.85x llama.cpp's tok/s and 32 streams
+    # 1.20 -> 1.70x, and with the other core taken a step stayed at 1.00x of serial
     # (docs/BENCHMARKS.md, "The second core, by default"). A worker with one thread has no helpers.
     decode_split_rows: int = 1
     # CUDA graphs for decode-only steps (engine/decode_graphs.py): captured per batch-size and

@@ -128,7 +128,7 @@ int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int
 //   get no core) from the cut set_split_cut(min_rows, min_work) gives; the engine sets it from
 //   decode_split_rows (models/kernels/__init__.py: 1 row and 64K multiply-adds by default, every
 //   linear of one stream; 65 = none split). Served on 2 cores beside the gateway: one stream's
-//   step 0.64x of serial, 32 streams 1.65x llama.cpp's throughput instead of 1.20x
+//   step 0.64x of serial, 32 streams 1.70x llama.cpp's throughput instead of 1.20x
 //   (docs/BENCHMARKS.md, "The second core, by default").
 // The split never changes a result (tests/test_kernels.py: 1/2/3 threads bit for bit).
 constexpr int64_t kAlwaysSplitRows = 64;
