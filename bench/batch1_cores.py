@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the CPU kernels are unavailable here")
     engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0, numerics=os.environ.get("NUMERICS", "exact")))
     default_attn, default_cut = ops.attn_split_work(), ops.split_cut()
-    serial_cut = [65, DECODE_SPLIT_MIN_WORK]  # csrc/ops.cpp: above the 64 rows a decode call can have
+    serial_cut = [ops.DECODE_MAX_ROWS + 1, DECODE_SPLIT_MIN_WORK]  # above every decode-sized call
     modes = {"serial": (NEVER, serial_cut), "attention": (ATTN_SPLIT_MIN_WORK, serial_cut),
              "all": (ATTN_SPLIT_MIN_WORK, [1, DECODE_SPLIT_MIN_WORK])}
     text = loaded.tokenizer.encode(SENTENCE * 200)

@@ -62,7 +62,6 @@ def loaded_ops() -> ModuleType | None:
 # helpers spinning through a step (csrc/helper_pool.h set_hot), 64K beat 256K and 1M at one stream
 # (one step 0.64x / 0.66-0.71x / 0.80-0.83x of serial: docs/BENCHMARKS.md, "The second core, by default")
 DECODE_SPLIT_MIN_WORK = 1 << 16
-_NO_DECODE_SPLIT = 65  # csrc/ops.cpp: above the 64 rows that always stay with their caller
 # with decode_split_rows, decode attention calls of at least this many multiply-adds split too,
 # at any batch size (csrc/ops.cpp set_attn_split_work): one stream from ~28 context tokens of the
 # bundled model (9 heads x 64 x 2 per token); at 400 tokens a step took 0.63x of serial with it
@@ -81,7 +80,8 @@ def set_decode_split(min_rows: int, choice: KernelChoice | str = KernelChoice.AU
         with _lock:
             ops = _state.get("ops")  # off and never loaded: nothing to reset
     if ops is not None:
-        ops.set_split_cut(min_rows or _NO_DECODE_SPLIT, DECODE_SPLIT_MIN_WORK)
+        # min_rows 0: a cut above every decode-sized call (csrc/ops.cpp DECODE_MAX_ROWS)
+        ops.set_split_cut(min_rows or ops.DECODE_MAX_ROWS + 1, DECODE_SPLIT_MIN_WORK)
         ops.set_attn_split_work(ATTN_SPLIT_MIN_WORK if min_rows else _NO_ATTN_SPLIT)
 
 

@@ -34,9 +34,9 @@ def fused_forward(
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     cos, sin = model.rope_cos, model.rope_sin
     attention = model.attention
-    # a decode-sized step (csrc/ops.cpp: at most 64 rows stay off OpenMP): the helper pool's idle
-    # helpers spin through it instead of sleeping between its ~150 split calls
-    hot = input_ids.shape[0] <= 64
+    # a decode-sized step (never on OpenMP): the helper pool's idle helpers spin through it instead
+    # of sleeping between its ~150-300 split calls
+    hot = input_ids.shape[0] <= ops.DECODE_MAX_ROWS
     if hot:
         ops.set_pool_hot(True)
     try:

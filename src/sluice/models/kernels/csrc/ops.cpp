@@ -583,6 +583,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const char* env = std::getenv("SLUICE_KERNEL_ISA");
   g_table = pick(env && *env ? env : "auto");
   m.doc() = "sluice CPU kernels: exact quantized linears, paged decode attention, fused glue";
+  // calls of at most this many rows are decode-sized: never on OpenMP (split_call)
+  m.attr("DECODE_MAX_ROWS") = py::int_(kAlwaysSplitRows);
   m.def("isa", &isa, "the ISA in use ('none' when the CPU lacks AVX2)");
   m.def("set_isa", &set_isa, "use 'avx2', 'avx512', 'avx512-vnni' or 'auto'; returns the one chosen");
   m.def("available_isas", &available_isas);
