@@ -61,6 +61,25 @@ def test_identity_returns_the_dequantized_weights_bit_for_bit_on_every_isa(ops, 
         assert torch.equal(got, expected), f"{isa}: max diff {(got - expected).abs().max().item()}"
 
 
+def test_q4_1s_d_times_q_is_exact_in_fp32_so_one_fma_is_ggufs_two_roundings():
+    """gemm_impl.h dequantizes Q4_1 with one fma(d, q, m); gguf's numpy code rounds d*q, then
+    adds m. They agree bit for bit because d*q is exact in fp32 for every finite fp16 d and every
+    q in 0..15 (at most 11 + 4 significant bits): checked here over all of them. The sum with m
+    then rounds once either way; the sample below checks that too (float64 holds d*q + m exactly)."""
+    d = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    d = d[np.isfinite(d)].astype(np.float32)
+    for q in range(16):
+        product32 = d * np.float32(q)
+        assert np.array_equal(product32.astype(np.float64), d.astype(np.float64) * q), f"d*{q} rounds in fp32"
+    rng = np.random.default_rng(0)
+    dd = rng.choice(d, 200_000)
+    mm = rng.choice(d, 200_000)
+    qq = rng.integers(0, 16, 200_000).astype(np.float32)
+    two_roundings = (dd * qq) + mm  # numpy float32: round(round(d*q) + m)
+    one_fma = (dd.astype(np.float64) * qq + mm.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(two_roundings.view(np.uint32), one_fma.view(np.uint32))
+
+
 @pytest.mark.parametrize("name,rows", WEIGHTS)
 def test_results_are_batch_invariant_and_the_same_on_every_isa(ops, gguf_tensors, name, rows):
     w = _weight(gguf_tensors, name, rows)

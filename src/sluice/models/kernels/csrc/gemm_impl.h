@@ -10,7 +10,10 @@
 //   * x = e_k returns w[n][k] bit for bit (the identity check),
 //   * AVX2 and AVX-512 give bit-identical results.
 // The TUs are built with -ffp-contract=off so that the compiler fuses no multiply and add the
-// source keeps apart (d*q + m must round twice, like gguf's numpy code).
+// source keeps apart. Q4_1's d*q + m is one fma, and that is still gguf's two roundings: d is an
+// fp16 (11 significant bits) and q an integer 0..15 (4 bits), so d*q has at most 15 significant
+// bits and is exact in fp32; round(d*q + m) = round(round(d*q) + m) (test_kernels.py checks
+// every (d, q, m) pattern class against the two-step form, bit for bit).
 //
 // Small M (<= kDirectRows) dequantizes on the fly for each register block; larger M dequantizes
 // a group of panels once into an L2 scratch and runs a plain fp32 GEMM micro-kernel over it.
@@ -71,9 +74,10 @@ static inline void add_chunk(F16 (&out)[MR][NP], F16 (&acc)[MR][NP], bool first)
 #define SLUICE_Q4_EACH_K(STEP) \
   STEP(0, 0) STEP(1, 8) STEP(2, 16) STEP(3, 24) STEP(4, 4) STEP(5, 12) STEP(6, 20) STEP(7, 28)
 
+// one fma: d*q is exact in fp32 (see the top of this file), so this is gguf's d*q + m bit for bit
 template <int S>
 static inline F16 q4_weight(F16 d, F16 m, I16 wv) {
-  return fadd(fmul(d, nibble_to_f(isrl<S>(wv))), m);
+  return ffma(d, nibble_to_f(isrl<S>(wv)), m);
 }
 
 // ---- exact Q4_1, small M: dequantize per register block ------------------------------------
