@@ -35,6 +35,8 @@ class HelperPool {
  public:
   // the guard's window and rests, in split calls (see tally)
   static constexpr int64_t kWindow = 64, kMinRest = 512, kMaxRest = 32768;
+  // how long a call's caller spins for the helpers still running its last chunks before it sleeps
+  static constexpr int64_t kWaitSpinUs = 200;
 
   // f(ctx, begin, end, slot): slot 0 is the calling thread, 1..helpers the helpers
   using Fn = void (*)(const void* ctx, int64_t begin, int64_t end, int slot);
@@ -68,9 +70,18 @@ class HelperPool {
     const int64_t before = helper_chunks_.load(std::memory_order_relaxed);
     claim(0);
     {
-      std::unique_lock<std::mutex> lk(mu_);
+      std::lock_guard<std::mutex> lk(mu_);
       open_ = false;
-      done_.wait(lk, [&] { return joined_ == 0; });
+    }
+    // The helpers still in the call are running, mid-chunk (a few microseconds of work): wait
+    // for them spinning, yielding (a preempted helper may share this core), and sleep on done_
+    // only if that takes long. Sleeping at once cost each call a futex wake-up, ~10 us on this
+    // machine: one stream's 1-row linears split 0.64-0.77x of serial, against 0.5x ideal.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kWaitSpinUs);
+    while (joined_.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < until) sched_yield();
+    if (joined_.load(std::memory_order_acquire) != 0) {
+      std::unique_lock<std::mutex> lk(mu_);
+      done_.wait(lk, [&] { return joined_.load(std::memory_order_acquire) == 0; });
     }
     tally((n + chunk - 1) / chunk, helper_chunks_.load(std::memory_order_relaxed) - before);
     busy_.store(false, std::memory_order_release);
@@ -177,11 +188,11 @@ class HelperPool {
       wake_.wait(lk, [&] { return generation_ != seen; });
       seen = generation_;
       if (!open_ || slot > wanted_ || away_.load(std::memory_order_relaxed)) continue;
-      ++joined_;
+      joined_.fetch_add(1, std::memory_order_relaxed);
       lk.unlock();
       claim(slot);
-      lk.lock();
-      if (--joined_ == 0 && !open_) done_.notify_one();
+      lk.lock();  // so that a caller between its check and done_.wait cannot miss the notify
+      if (joined_.fetch_sub(1, std::memory_order_release) == 1 && !open_) done_.notify_one();
     }
   }
 
@@ -195,7 +206,9 @@ class HelperPool {
   // guarded by mu_ (and stable while a call is open, so joined helpers read them unlocked)
   uint64_t generation_ = 0;
   bool open_ = false;
-  int wanted_ = 0, joined_ = 0;
+  int wanted_ = 0;
+  // helpers in the open or closing call: changed under mu_, read by the caller's spin without it
+  std::atomic<int> joined_{0};
   Fn fn_ = nullptr;
   const void* ctx_ = nullptr;
   int64_t n_ = 0, chunk_ = 1;
