@@ -13,6 +13,7 @@ write, SiLU·mul, paged decode attention, quantized linears), chosen at construc
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -113,6 +114,11 @@ class LlamaModel:
             self.lm_head = self.embed_packed if self.embed_packed is not None else linear(self.embed, None)
         else:
             self.lm_head = linear(head, None)  # type: ignore[arg-type]
+        if self.ops is not None:  # the kernel path's packed weights, on huge pages where the OS allows
+            from sluice.models.kernels.packed_linear import PackedLinear
+            from sluice.models.kernels.weight_region import gather_on_huge_pages
+
+            gather_on_huge_pages(lin for lin in self.linears() if isinstance(lin, PackedLinear))
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.inter = config.intermediate_size
@@ -140,10 +146,13 @@ class LlamaModel:
     def uses_kernels(self) -> bool:
         return self.ops is not None
 
+    def linears(self) -> list[Any]:
+        """The LM head and every layer's linears (PackedLinear on the kernel path)."""
+        return [self.lm_head] + [getattr(l, n) for l in self.layers for n in ("qkv", "o", "gate_up", "down")]
+
     def weight_bytes(self) -> int:
         """Memory held by the weights (packed blocks or fp32 tensors), the KV cache excluded."""
-        linears = [self.lm_head] + [getattr(l, n) for l in self.layers for n in ("qkv", "o", "gate_up", "down")]
-        total = sum(lin.nbytes for lin in {id(x): x for x in linears}.values())
+        total = sum(lin.nbytes for lin in {id(x): x for x in self.linears()}.values())
         tensors = [self.norm] + [t for l in self.layers for t in (l.input_norm, l.post_norm)]
         if self.embed is not None:  # the torch path's lookup table (its LM head packs a copy)
             tensors.append(self.embed)

@@ -442,6 +442,48 @@ def test_bundled_model_keeps_its_weights_quantized(ops, bundled, bundled_torch):
     assert bundled_torch.model.weight_bytes() > 5 * size  # fp32, dequantized at load
 
 
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "absent"
+    return text.split("[", 1)[1].split("]", 1)[0]
+
+
+def _huge_kib_under(start: int, end: int) -> int:
+    """AnonHugePages of this process's mappings that overlap [start, end), from /proc/self/smaps."""
+    kib, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo < end and start < hi
+        elif inside and head == "AnonHugePages:":
+            kib += int(line.split()[1])
+    return kib
+
+
+def test_the_packed_weights_share_one_region_on_huge_pages(ops, bundled):
+    """models/kernels/weight_region.py: every packed weight is a 64-byte-aligned view into one
+    region starting on a 2 MiB boundary, which gets huge pages wherever THP is not `never`."""
+    from sluice.models.kernels.packed_linear import PackedLinear
+    from sluice.models.kernels.weight_region import HUGE_PAGE
+
+    model = bundled.model
+    packed = list({id(x): x for x in model.linears() if isinstance(x, PackedLinear)}.values())
+    assert len(packed) == 1 + 4 * len(model.layers)
+    storages = {lin.packed.untyped_storage().data_ptr() for lin in packed}
+    assert len(storages) == 1, "the packed weights are not in one region"
+    ptrs = sorted((lin.packed.data_ptr(), lin.packed.numel()) for lin in packed)
+    assert all(p % 64 == 0 and lin_ok for p, lin_ok in ((p, n > 0) for p, n in ptrs))
+    assert ptrs[0][0] % HUGE_PAGE == 0
+    assert all(a + n <= b for (a, n), (b, _) in zip(ptrs, ptrs[1:])), "views overlap"
+    start, end = ptrs[0][0], ptrs[-1][0] + ptrs[-1][1]
+    if _thp_mode() in ("always", "madvise"):
+        # most of the ~96 MB; a busy host may not have every huge page free at load time
+        assert _huge_kib_under(start, end) * 1024 >= (end - start) // 2
+
+
 def test_a_failed_build_falls_back_to_torch_with_one_log_line(monkeypatch, caplog):
     import sluice.models.kernels as kernels
     from sluice.models.kernels import build
