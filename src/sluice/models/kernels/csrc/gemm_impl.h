@@ -76,8 +76,8 @@ static inline void add_chunk(F16 (&out)[MR][NP], F16 (&acc)[MR][NP], bool first)
 
 // one fma: d*q is exact in fp32 (see the top of this file), so this is gguf's d*q + m bit for bit
 template <int S>
-static inline F16 q4_weight(F16 d, F16 m, I16 wv) {
-  return ffma(d, nibble_to_f(isrl<S>(wv)), m);
+static inline F16 q4_weight(F16 d, F16 m, const Q4Nibbles& nb) {
+  return ffma(d, q4_value<S>(nb), m);
 }
 
 // ---- exact Q4_1, small M: dequantize per register block ------------------------------------
@@ -98,8 +98,8 @@ static void q4_direct(const GemmArgs& a, int64_t r0, int64_t p) {
       m[j] = fload_half(reinterpret_cast<const uint16_t*>(wp[j] + off + 32));
     }
     for (int g = 0; g < 4; ++g) {
-      I16 wv[NP];
-      for (int j = 0; j < NP; ++j) wv[j] = iload(wp[j] + off + 64 + g * 64);
+      Q4Nibbles wv[NP];
+      for (int j = 0; j < NP; ++j) wv[j] = q4_nibbles(iload(wp[j] + off + 64 + g * 64));
       const int64_t k0 = kb * kBlock + 8 * g;
 #define SLUICE_STEP(J, S)                                                                \
   for (int j = 0; j < NP; ++j) {                                                         \
@@ -124,7 +124,7 @@ static void q4_convert(const GemmArgs& a, int64_t p, int np, float* wc) {
       const F16 d = fload_half(reinterpret_cast<const uint16_t*>(blk));
       const F16 m = fload_half(reinterpret_cast<const uint16_t*>(blk + 32));
       for (int g = 0; g < 4; ++g) {
-        const I16 wv = iload(blk + 64 + g * 64);
+        const Q4Nibbles wv = q4_nibbles(iload(blk + 64 + g * 64));
         float* dst = wc + ((kb * kBlock + 8 * g) * np + j) * kPanel;
 #define SLUICE_STEP(J, S) fstore(dst + J * np * kPanel, q4_weight<S>(d, m, wv));
         SLUICE_Q4_EACH_K(SLUICE_STEP)

@@ -79,6 +79,28 @@ static inline F16 nibble_to_f(I16 a) {
   const __m256i m = _mm256_set1_epi32(15);
   return {_mm256_cvtepi32_ps(_mm256_and_si256(a.lo, m)), _mm256_cvtepi32_ps(_mm256_and_si256(a.hi, m))};
 }
+// Q4_1's nibbles of one group (see isa.h): byte i of each lane word holds k = i (low nibble) and
+// k = 4 + i (high). Split once into the low and high nibbles, a k's value is then one byte
+// shuffle (vpshufb: byte i of each lane to byte 0, zeros above) and a convert: 2 operations per
+// k where a shift, a mask and the convert took 3.
+struct Q4Nibbles {
+  I16 lo, hi;
+};
+static inline Q4Nibbles q4_nibbles(I16 w) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {{_mm256_and_si256(w.lo, m), _mm256_and_si256(w.hi, m)},
+          {_mm256_and_si256(_mm256_srli_epi32(w.lo, 4), m), _mm256_and_si256(_mm256_srli_epi32(w.hi, 4), m)}};
+}
+// S: the nibble's bit offset in the lane word (0, 8, 16, 24 low nibbles; 4, 12, 20, 28 high)
+template <int S>
+static inline F16 q4_value(const Q4Nibbles& n) {
+  constexpr int i = S / 8;
+  const I16& src = (S % 8 == 0) ? n.lo : n.hi;
+  const char z = (char)0x80;
+  const __m256i ctl = _mm256_setr_epi8(i, z, z, z, 4 + i, z, z, z, 8 + i, z, z, z, 12 + i, z, z, z,
+                                       i, z, z, z, 4 + i, z, z, z, 8 + i, z, z, z, 12 + i, z, z, z);
+  return {_mm256_cvtepi32_ps(_mm256_shuffle_epi8(src.lo, ctl)), _mm256_cvtepi32_ps(_mm256_shuffle_epi8(src.hi, ctl))};
+}
 static inline F16 sbytes_to_f(const int8_t* p) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};

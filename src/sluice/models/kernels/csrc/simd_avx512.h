@@ -67,6 +67,15 @@ static inline F16 nibble_to_f(I16 a) {
   const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   return {_mm512_permutexvar_ps(a.v, table)};
 }
+// Q4_1's nibbles of one group, kept as loaded: a k's value is a shift and the table lookup
+struct Q4Nibbles {
+  I16 w;
+};
+static inline Q4Nibbles q4_nibbles(I16 w) { return {w}; }
+template <int S>
+static inline F16 q4_value(const Q4Nibbles& n) {
+  return nibble_to_f(isrl<S>(n.w));
+}
 // 16 signed bytes -> floats
 static inline F16 sbytes_to_f(const int8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
