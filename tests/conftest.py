@@ -26,6 +26,15 @@ if os.environ.get("CI"):
 _DEFAULT = httpx._config.DEFAULT_TIMEOUT_CONFIG
 _DEFAULT.connect = _DEFAULT.read = _DEFAULT.write = _DEFAULT.pool = 120.0
 
+# The same for connecting the Redis clients this process opens (sluice/redis_client.py reads it
+# at each call): the product's 1 s connect timeout flags a sick store in production, but on a busy
+# CI machine the event loop itself can go a second without the CPU, and 20 concurrent claims once
+# failed connecting (test_concurrent_claims_have_exactly_one_winner[redis], TimeoutError). No test
+# relies on a connect timing out (the Redis-down tests see a refused connection).
+import sluice.redis_client as _redis_client  # noqa: E402
+
+_redis_client.CONNECT_TIMEOUT_S = 60.0
+
 
 @pytest.fixture(scope="session")
 def bundled():
