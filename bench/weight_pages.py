@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         ms = {}
         for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
             out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(args.threads),
-                                  "--steps", str(args.steps)], check=True, capture_output=True, text=True,
-                                 env=os.environ)
+                                  "--steps", str(args.steps)], check=True, capture_output=True, text=True)
             ms[mode] = json.loads(out.stdout.strip().splitlines()[-1])["step_ms"]
         ratios.append(ms["on"] / ms["off"])
         print(f"pair {i + 1}: huge pages {ms['on']:.2f} ms, 4 KiB pages {ms['off']:.2f} ms, ratio {ratios[-1]:.3f}",

@@ -475,7 +475,7 @@ def test_the_packed_weights_share_one_region_on_huge_pages(ops, bundled):
     storages = {lin.packed.untyped_storage().data_ptr() for lin in packed}
     assert len(storages) == 1, "the packed weights are not in one region"
     ptrs = sorted((lin.packed.data_ptr(), lin.packed.numel()) for lin in packed)
-    assert all(p % 64 == 0 and lin_ok for p, lin_ok in ((p, n > 0) for p, n in ptrs))
+    assert all(p % 64 == 0 and n > 0 for p, n in ptrs)
     assert ptrs[0][0] % HUGE_PAGE == 0
     assert all(a + n <= b for (a, n), (b, _) in zip(ptrs, ptrs[1:])), "views overlap"
     start, end = ptrs[0][0], ptrs[-1][0] + ptrs[-1][1]

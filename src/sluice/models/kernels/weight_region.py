@@ -6,9 +6,8 @@ a page walk per step. Gathered into one region that asks for transparent huge pa
 (`madvise(MADV_HUGEPAGE)`: the default THP mode, `madvise`, gives them only to regions that ask),
 the same weights span ~48 pages: one stream's step took 0.95x the time on one core and 0.93x on
 two (bench/weight_pages.py: medians of four alternating pairs of processes; docs/BENCHMARKS.md,
-"Weights on huge pages"). Where
-the kernel gives no huge pages (THP `never`) the region is ordinary memory and nothing else
-changes.
+"Weights on huge pages"). Where the kernel gives no huge pages (THP `never`) the region is
+ordinary memory and nothing else changes.
 
 Each weight keeps its own contiguous, 64-byte-aligned tensor (a view into the region), so the
 kernels see no difference; the region lives as long as the views (they hold the mmap).
@@ -41,10 +40,9 @@ def gather_on_huge_pages(linears: Iterable[PackedLinear]) -> int:
     total = sum(_aligned(lin.packed.numel(), ALIGN) for lin in unique)
     if total == 0:
         return 0
-    # an anonymous mapping is page-aligned, not huge-page-aligned: map one huge page more and
-    # start at the first 2 MiB boundary inside it
-    # private: a shared anonymous mapping is shmem, whose huge pages a separate setting (shmem_enabled,
-    # usually `never`) governs
+    # An anonymous mapping is page-aligned, not huge-page-aligned: map one huge page more and start
+    # at the first 2 MiB boundary inside it. Private: a shared anonymous mapping is shmem, whose huge
+    # pages a separate setting (shmem_enabled, usually `never`) governs.
     region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         region.madvise(mmap.MADV_HUGEPAGE)

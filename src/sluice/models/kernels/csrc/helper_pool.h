@@ -76,7 +76,7 @@ class HelperPool {
     // The helpers still in the call are running, mid-chunk (a few microseconds of work): wait
     // for them spinning, yielding (a preempted helper may share this core), and sleep on done_
     // only if that takes long. Sleeping at once cost each call a futex wake-up, ~10 us on this
-    // machine: one stream's 1-row linears split 0.64-0.77x of serial, against 0.5x ideal.
+    // machine (bench/batch1_cores.py: one stream's step 0.645 -> 0.61x of serial with the spin).
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kWaitSpinUs);
     while (joined_.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < until) sched_yield();
     if (joined_.load(std::memory_order_acquire) != 0) {
