@@ -71,9 +71,11 @@ def prepare(settings: TrainSettings) -> dict:
     return meta
 
 
-# An elastic job (nnodes MIN:MAX) starts 3 s after MIN machines met (others may still come), and
-# counts a machine gone after 3 missed 2-second heartbeats (torch's defaults: 30 s and 3 × 5 s).
-ELASTIC_RDZV_CONF = "last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3"
+# An elastic job (nnodes MIN:MAX) starts 3 s after MIN machines met (others may still come;
+# torch's default waits 30 s), and counts a machine gone after torch's default 3 missed 5-second
+# heartbeats (3 x 2 s before: little margin on a loaded host, where a live agent whose heartbeat
+# falls that far behind is removed from the rendezvous as dead).
+ELASTIC_RDZV_CONF = "last_call_timeout=3"
 
 
 def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:

@@ -25,9 +25,15 @@ def _wait_for(predicate, what: str, procs) -> None:
     deadline = time.monotonic() + WAIT_S
     while not predicate():
         for p in procs:
-            assert p.poll() is None, f"an agent exited early ({p.returncode}) waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            assert p.poll() is None, f"an agent exited early ({p.returncode}) waiting for {what}:\n{_tail(p)}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + "\n".join(_tail(p) for p in procs)
         time.sleep(0.2)
+
+
+def _tail(p: subprocess.Popen) -> str:
+    """The end of an agent's log, so that a failure says why the agent stopped."""
+    log = getattr(p, "log_path", None)
+    return f"--- {log.name} ---\n{log.read_text()[-6000:]}" if log and log.exists() else ""
 
 
 def _listening(port: int) -> bool:
@@ -76,6 +82,7 @@ def test_a_machine_leaves_and_one_joins_and_the_run_goes_on(train_dir, tiny_fold
     def agent(name: str) -> subprocess.Popen:
         log = open(tmp_path / f"{name}.log", "w")
         p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p.log_path = tmp_path / f"{name}.log"  # type: ignore[attr-defined]
         procs.append(p)
         return p
 
