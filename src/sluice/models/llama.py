@@ -141,6 +141,12 @@ class LlamaModel:
                 attention = TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
                                                 config.sliding_window)
         self.attention = attention
+        # the kernel path's layers in one extension call per step (models/kernels/fused_forward.py)
+        self.stack: Any = None
+        if self.ops is not None:
+            from sluice.models.kernels.fused_forward import build_decoder_stack
+
+            self.stack = build_decoder_stack(self)
 
     @property
     def uses_kernels(self) -> bool:

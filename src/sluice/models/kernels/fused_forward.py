@@ -7,6 +7,12 @@ linear, RoPE of q and k fused with the K/V cache write (in place in the qkv rows
 fused gate/up linear, SiLU·mul, the down linear. At batch 1 the torch path spent 11-15 ms per
 token on dispatching its ~2,400 ops (no-op casts, views, separate q/k RoPE, norms); this path
 has no casts or views left to dispatch.
+
+When one paged_decode call attends every row (every decode step, and steps whose prefill chunks
+are short), the layers run inside the extension instead (`ops.DecoderStack`, csrc/decoder_stack.h):
+the same calls in the same order, made from C++, so the same bits without the ~270 Python-level
+calls and GIL hand-offs per step. Steps with a long prefill chunk keep the loop below, whose
+attention goes through SDPA for that chunk.
 """
 
 from __future__ import annotations
@@ -16,6 +22,29 @@ from typing import Any
 import torch
 
 from sluice.models.attention import AttentionMetadata
+from sluice.models.kernels.paged_attention import KernelPagedAttention
+
+
+def build_decoder_stack(model: Any) -> Any | None:
+    """The extension's DecoderStack over the model's layers, or None when a layer's linear is
+    not a PackedLinear (weights not in Q4_1 / Q8_0 blocks) or the attention is not the kernel's."""
+    from sluice.models.kernels.packed_linear import PackedLinear
+    from sluice.models.quantized import QuantType
+
+    ops, cfg, attention = model.ops, model.config, model.attention
+    if ops is None or not isinstance(attention, KernelPagedAttention):
+        return None
+    names = ("qkv", "o", "gate_up", "down")
+    if not all(isinstance(getattr(layer, n), PackedLinear) for layer in model.layers for n in names):
+        return None
+    stack = ops.DecoderStack(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, attention.scale,
+                             attention.window, model.rope_cos, model.rope_sin)
+    for layer in model.layers:
+        lins = [getattr(layer, n) for n in names]
+        stack.add_layer(layer.input_norm, layer.post_norm, [x.packed for x in lins], [x.bias for x in lins],
+                        [x.out_features for x in lins], [x.in_features for x in lins],
+                        [x.qtype is QuantType.Q4_1 for x in lins])
+    return stack
 
 
 def fused_forward(
@@ -42,13 +71,21 @@ def fused_forward(
     try:
         h = model.embed_rows(input_ids)  # [T, hidden], updated in place by the residual adds
         delta = None
-        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
-            x = ops.add_rms_norm(h, delta, layer.input_norm, eps)
-            qkv = layer.qkv(x, fast)
-            ops.rope_and_cache(qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, heads, kv_heads, head_dim)
-            attn = attention.attend(qkv, k_cache, v_cache, meta)
-            x = ops.add_rms_norm(h, layer.o(attn, fast), layer.post_norm, eps)
-            delta = layer.down(ops.silu_mul(layer.gate_up(x, fast)), fast)
+        # the stack serves the attention it was built with (a test may swap in another backend)
+        use_stack = model.stack is not None and isinstance(attention, KernelPagedAttention)
+        tables = attention.one_call_tables(meta) if use_stack else None
+        if tables is not None:
+            delta = model.stack.forward(h, positions, meta.slot_mapping, kv_caches, tables[0], tables[1],
+                                        meta.block_size, fast)
+        else:
+            for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
+                x = ops.add_rms_norm(h, delta, layer.input_norm, eps)
+                qkv = layer.qkv(x, fast)
+                ops.rope_and_cache(qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, heads, kv_heads,
+                                   head_dim)
+                attn = attention.attend(qkv, k_cache, v_cache, meta)
+                x = ops.add_rms_norm(h, layer.o(attn, fast), layer.post_norm, eps)
+                delta = layer.down(ops.silu_mul(layer.gate_up(x, fast)), fast)
         # only the rows whose logits are sampled need the last residual, norm and LM head
         rows = h[logits_indices]
         x = ops.add_rms_norm(rows, None if delta is None else delta[logits_indices], model.norm, eps)

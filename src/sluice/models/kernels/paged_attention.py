@@ -63,6 +63,17 @@ class KernelPagedAttention:
             prefill_lens = torch.cat([meta.context_lens, prefill_lens])
         meta.derived = (prefill_tables.contiguous(), prefill_lens.contiguous())
 
+    def one_call_tables(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(block tables, context lengths) when one paged_decode call attends every row of the
+        step (decodes only, or decodes and short prefills: see prepare); None when a prefill
+        chunk goes through SDPA. The same choice `attend` makes, for fused_forward's one-call stack."""
+        if meta.derived is not None:
+            return meta.derived  # type: ignore[return-value]
+        if meta.prefills or not meta.num_decodes:
+            return None
+        assert meta.block_tables is not None and meta.context_lens is not None
+        return meta.block_tables, meta.context_lens
+
     def forward(self, q, k, v, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
         write_kv(k, v, k_cache, v_cache, meta)
         T = q.shape[0]

@@ -575,6 +575,9 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
                   [&](int64_t p0, int64_t p1, int64_t) { t.attn_merge(a, p0, p1); });
 }
 
+// ---- every decoder layer of a step in one call (uses the ops above) ----------------------------
+#include "decoder_stack.h"
+
 }  // namespace
 }  // namespace sluice
 
@@ -627,4 +630,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "torch.argmax(x, dim=-1) for [R, V] float32 rows", nogil);
   m.def("rope_and_cache", &rope_and_cache, nogil);
   m.def("paged_decode", &paged_decode, nogil);
+  py::class_<DecoderStack>(m, "DecoderStack", "every decoder layer of a step in one call (decoder_stack.h)")
+      .def(py::init<int64_t, int64_t, int64_t, double, double, int64_t, torch::Tensor, torch::Tensor>(),
+           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"),
+           py::arg("window"), py::arg("cos"), py::arg("sin"))
+      .def("add_layer", &DecoderStack::add_layer, py::arg("input_norm"), py::arg("post_norm"), py::arg("packed"),
+           py::arg("biases"), py::arg("n"), py::arg("k"), py::arg("q4"))
+      .def_property_readonly("num_layers", &DecoderStack::num_layers)
+      .def("forward", &DecoderStack::forward, py::arg("h"), py::arg("positions"), py::arg("slot_mapping"),
+           py::arg("kv_caches"), py::arg("tables"), py::arg("lens"), py::arg("block_size"), py::arg("fast"), nogil);
 }
