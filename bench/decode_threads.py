@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
+
+from paired_steps import compare_levels
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,7 +42,6 @@ def main(argv: list[str] | None = None) -> None:
     from sluice.engine.engine import LLMEngine
     from sluice.models.kernels import kernel_ops
     from sluice.models.loader import load_model
-    from sluice.types import GenerationRequest, SamplingParams
 
     ops = kernel_ops()
     if ops is None:
@@ -52,36 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_model(progress=False)
     engine = LLMEngine(loaded, EngineConfig())
     tok = loaded.tokenizer
-    result, n = {"threads": args.threads, "default_cut": list(default)}, 0
-    print(f"{'streams':>7} {'serial wall':>11} {'pool wall':>9} {'serial CPU':>10} {'pool CPU':>8} {'pool/serial wall (paired)':>26}")
-    for k in args.streams:
-        engine.kv.reset_prefix_cache()
-        params = SamplingParams(max_tokens=2 * args.steps + 16, temperature=0.0, ignore_eos=True)
-        for i in range(k):
-            n += 1
-            ids = tok.encode(f"Tell me about topic number {i} and why it matters to people, with examples.")
-            engine.add_request(GenerationRequest(f"r{n}", ids, params))
-        for _ in range(4):  # the prefill and a few decodes on the default cut, dropped
-            engine.step()
-        wall: dict[str, list[float]] = {c: [] for c in cuts}
-        cpu: dict[str, list[float]] = {c: [] for c in cuts}
-        for s in range(args.steps):
-            for name in cuts if s % 2 == 0 else list(cuts)[::-1]:
-                ops.set_split_cut(*cuts[name])
-                c0, w0 = time.process_time(), time.perf_counter()
-                engine.step()
-                wall[name].append(1000 * (time.perf_counter() - w0))
-                cpu[name].append(1000 * (time.process_time() - c0))
-        ops.set_split_cut(*default)
-        for request_id in list(engine.requests):  # done measuring: free the batch
-            engine.abort_request(request_id)
-        while engine.has_unfinished():
-            engine.step()
-        med = {f"{name}_{what}": statistics.median(v[name]) for what, v in (("wall_ms", wall), ("cpu_ms", cpu)) for name in cuts}
-        med["ratio_wall"] = statistics.median(a / b for a, b in zip(wall["pool"], wall["serial"]))
-        result[f"x{k}"] = med
-        print(f"{k:>7} {med['serial_wall_ms']:11.2f} {med['pool_wall_ms']:9.2f} {med['serial_cpu_ms']:10.2f} "
-              f"{med['pool_cpu_ms']:8.2f} {med['ratio_wall']:26.3f}", flush=True)
+    result: dict = {"threads": args.threads, "default_cut": list(default)}
+    sides = {name: (lambda cut=cut: ops.set_split_cut(*cut)) for name, cut in cuts.items()}
+    result.update(compare_levels(engine, tok, args.streams, args.steps, sides, "pool", "serial",
+                                 restore=lambda: ops.set_split_cut(*default)))
     result["load"] = os.getloadavg()
     print(f"load average {result['load']}", file=sys.stderr)
     print(json.dumps(result))
