@@ -66,7 +66,7 @@ class KernelPagedAttention:
     def one_call_tables(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(block tables, context lengths) when one paged_decode call attends every row of the
         step (decodes only, or decodes and short prefills: see prepare); None when a prefill
-        chunk goes through SDPA. The same choice `attend` makes, for fused_forward's one-call stack."""
+        chunk goes through SDPA. `attend` and fused_forward's one-call stack both decide by it."""
         if meta.derived is not None:
             return meta.derived  # type: ignore[return-value]
         if meta.prefills or not meta.num_decodes:
@@ -83,8 +83,9 @@ class KernelPagedAttention:
                meta: AttentionMetadata) -> torch.Tensor:
         T, width = q.shape[0], self.num_heads * self.head_dim
         out = torch.empty(T, width, dtype=q.dtype)
-        if meta.derived is not None:  # every row in one call (see prepare)
-            tables, lens = meta.derived
+        one_call = self.one_call_tables(meta)
+        if one_call is not None:  # every row in one call (see prepare)
+            tables, lens = one_call
             self.ops.paged_decode(q, k_cache, v_cache, tables, lens, meta.block_size, self.num_heads,
                                   self.num_kv_heads, self.scale, self.window, out)
             return out

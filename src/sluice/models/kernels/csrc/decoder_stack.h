@@ -4,8 +4,9 @@
 // Why: that loop makes ~9 calls per layer (~270 for the bundled model's 30 layers). Each costs
 // the interpreter's dispatch, pybind's argument conversion, and a release and re-acquire of the
 // GIL, which a worker's gRPC and asyncio threads also want (docs/BENCHMARKS.md, "Where a served
-// token's time goes"). At one stream, where a step is ~9 ms, that was ~0.75 ms of it. Here the
-// layers' weights are bound once at load and a step passes only what changes per step.
+// token's time goes"). Here the layers' weights are bound once at load and a step passes only
+// what changes per step: one stream's step took 0.957x the loop's time (bench/decoder_stack.py,
+// docs/BENCHMARKS.md "Every layer in one extension call").
 //
 // Included by ops.cpp inside its namespace, after the ops it calls (linear_q4, linear_q8,
 // add_rms_norm, silu_mul, rope_and_cache, paged_decode): it adds no op of its own.
