@@ -9,6 +9,7 @@ logits are compared with torch.equal.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sluice.engine.config import EngineConfig
@@ -73,8 +74,6 @@ def test_the_stack_gives_the_per_layer_loops_bits_and_the_loop_keeps_long_prefil
 
 
 def test_the_stack_refuses_caches_that_do_not_match_its_layers(bundled):
-    import pytest
-
     model = bundled.model
     h = torch.zeros(1, model.config.hidden_size)
     ids = torch.zeros(1, dtype=torch.long)
