@@ -87,8 +87,8 @@ def instrument(clock: Clock) -> None:
             gu = tm("linear:gate_up", layer.gate_up, x, fast)
             act = tm("glue", ops.silu_mul, gu)
             delta = tm("linear:down", layer.down, act, fast)
-        rows = tm("glue", lambda: h[logits_indices])
-        d = None if delta is None else tm("glue", lambda: delta[logits_indices])
+        rows = tm("glue", lambda: h.index_select(0, logits_indices))
+        d = None if delta is None else tm("glue", lambda: delta.index_select(0, logits_indices))
         x = tm("glue", ops.add_rms_norm, rows, d, model.norm, eps)
         return tm("linear:head", model.lm_head, x)
 
@@ -98,8 +98,9 @@ def instrument(clock: Clock) -> None:
     runner_mod.ModelRunner.prepare = lambda self, out: clock.time("prepare", prepare, self, out)
 
 
-def decode_steps(engine, clock: Clock, streams: int, steps: int) -> list[dict]:  # noqa: ANN001
-    """Steps until every request decodes, then records `steps` decode steps' parts."""
+def decode_steps(engine, clock: Clock, streams: int, steps: int, basis: str) -> list[dict]:  # noqa: ANN001
+    """Steps until every request decodes, then records `steps` decode steps' parts, in thread CPU
+    time (basis "cpu") or wall time ("wall")."""
     rows = []
     while engine.has_unfinished() and len(rows) < steps:
         clock.reset()
@@ -110,9 +111,10 @@ def decode_steps(engine, clock: Clock, streams: int, steps: int) -> list[dict]: 
         if not (s.last_step_tokens == s.last_step_seqs == streams):
             continue
         row = {"cpu_ms": 1e3 * cpu, "wall_ms": 1e3 * wall}
+        parts = clock.cpu if basis == "cpu" else clock.wall
         for p in PARTS[:-1]:
-            row[p] = 1e3 * clock.cpu.get(p, 0.0)
-        row["engine"] = row["cpu_ms"] - sum(row[p] for p in PARTS[:-1])
+            row[p] = 1e3 * parts.get(p, 0.0)
+        row["engine"] = row[f"{basis}_ms"] - sum(row[p] for p in PARTS[:-1])
         rows.append(row)
     return rows
 
@@ -158,9 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-tokens", type=int, default=48)
     p.add_argument("--reps", type=int, default=7, help="repetitions of each isolated linear (best of)")
     p.add_argument("--skip-linears", action="store_true")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1). Above 1 the decode calls split over the kernels' helper pool "
+                   "(the engine's default cut) and the parts are given in wall time, which then is what they cost")
     p.add_argument("--json", help="write every figure here")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     sys.path.insert(0, "bench")
     from engine_throughput import prompts, submit
 
@@ -175,16 +180,18 @@ def main(argv: list[str] | None = None) -> None:
     model = engine.runner.model
     assert model.ops is not None, "the CPU kernels are not in use: nothing to break down"
     submit(engine, prompts(loaded.tokenizer, args.streams), max(args.out_tokens, args.steps + 8))
-    rows = decode_steps(engine, clock, args.streams, args.steps)
+    basis = "cpu" if args.threads == 1 else "wall"
+    rows = decode_steps(engine, clock, args.streams, args.steps, basis)
     while engine.has_unfinished():
         engine.step()
-    print(f"decode steps at {args.streams} streams: {len(rows)} recorded, 1 thread, load average "
+    print(f"decode steps at {args.streams} streams: {len(rows)} recorded, {args.threads} thread(s), parts in {basis} "
+          f"time, load average "
           f"{' '.join(f'{x:.1f}' for x in __import__('os').getloadavg())}")
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    total = med["cpu_ms"]
+    total = med[f"{basis}_ms"]
     print(f"step: CPU {total:.1f} ms median (min {min(r['cpu_ms'] for r in rows):.1f}), wall {med['wall_ms']:.1f} ms; "
-          f"aggregate {args.streams * 1000 / total:.0f} tok/s per busy core")
-    print(f"{'part':16s} {'CPU ms':>8s} {'share':>6s}   (median over steps; min-max)")
+          f"{args.streams * 1000 / total:.0f} tok/s per {'busy core' if basis == 'cpu' else 'second'}")
+    print(f"{'part':16s} {basis + ' ms':>8s} {'share':>6s}   (median over steps; min-max)")
     for part in PARTS:
         vals = [r[part] for r in rows]
         print(f"{part:16s} {med[part]:8.2f} {100 * med[part] / total:5.1f}%   ({min(vals):.2f}-{max(vals):.2f})")

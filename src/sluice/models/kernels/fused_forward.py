@@ -86,9 +86,13 @@ def fused_forward(
                 attn = attention.attend(qkv, k_cache, v_cache, meta)
                 x = ops.add_rms_norm(h, layer.o(attn, fast), layer.post_norm, eps)
                 delta = layer.down(ops.silu_mul(layer.gate_up(x, fast)), fast)
-        # only the rows whose logits are sampled need the last residual, norm and LM head
-        rows = h[logits_indices]
-        x = ops.add_rms_norm(rows, None if delta is None else delta[logits_indices], model.norm, eps)
+        # only the rows whose logits are sampled need the last residual, norm and LM head. Gathered
+        # with index_select, not h[logits_indices]: advanced indexing runs an OpenMP region even at
+        # 32 rows, whose thread then spins on the second core for milliseconds after it, against the
+        # helper running half of the LM head (a 32-row head 16.6 instead of 12.2 ms in the step;
+        # docs/BENCHMARKS.md, "No OpenMP in a decode step").
+        rows = h.index_select(0, logits_indices)
+        x = ops.add_rms_norm(rows, None if delta is None else delta.index_select(0, logits_indices), model.norm, eps)
         return model.lm_head(x)
     finally:
         if hot:
