@@ -11,6 +11,9 @@ from sluice.cli.common import add_kernel_args, add_model_args
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from sluice.openmp_wait import sleep_when_idle
+
+    sleep_when_idle()  # before torch loads (openmp_wait.py)
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
     from sluice.models.loader import load_model

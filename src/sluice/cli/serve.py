@@ -35,6 +35,10 @@ def _run(args: argparse.Namespace) -> int:
     # handlers are not needed and would log "Other threads are currently calling into gRPC,
     # skipping fork() handlers" on every restart. Set before grpc is imported.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+    # before torch loads (an inline worker's engine runs in this process); workers inherit it
+    from sluice.openmp_wait import sleep_when_idle
+
+    sleep_when_idle()
 
     settings = _settings_from_args(args)
     # the local workers serve spawns trace (and log) the same way: they read these from the env

@@ -19,6 +19,9 @@ def _run(args: argparse.Namespace) -> int:
     # run_worker replaces these handlers with its own once its event loop runs.
     import signal
 
+    from sluice.openmp_wait import sleep_when_idle
+
+    sleep_when_idle()  # before torch loads (openmp_wait.py)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     signal.signal(signal.SIGINT, _exit_cleanly)
     signal.signal(signal.SIGUSR1, _exit_cleanly)  # a drain before anything runs: nothing to wait for
