@@ -28,7 +28,11 @@ import statistics
 import sys
 import time
 
-import torch
+from sluice.openmp_wait import sleep_when_idle
+
+sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (sluice/openmp_wait.py)
+
+import torch  # noqa: E402  (after sleep_when_idle)
 
 SENTENCE = ("The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
             "in a leather book while ships passed in the night. ")

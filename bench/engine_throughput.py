@@ -59,7 +59,11 @@ import statistics
 import sys
 import time
 
-import torch
+from sluice.openmp_wait import sleep_when_idle
+
+sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (sluice/openmp_wait.py)
+
+import torch  # noqa: E402  (after sleep_when_idle)
 from tqdm import tqdm
 
 from sluice.engine.config import EngineConfig

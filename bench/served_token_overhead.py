@@ -35,6 +35,10 @@ import httpx
 import psutil
 from httpx_sse import aconnect_sse
 
+from sluice.openmp_wait import sleep_when_idle
+
+sleep_when_idle()  # the in-process layers run torch's OpenMP as the worker does (sluice/openmp_wait.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 

@@ -33,7 +33,11 @@ import sys
 import time
 from collections.abc import Callable
 
-import torch
+from sluice.openmp_wait import sleep_when_idle
+
+sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (sluice/openmp_wait.py)
+
+import torch  # noqa: E402  (after sleep_when_idle)
 
 PARTS = ("linear:qkv", "linear:o", "linear:gate_up", "linear:down", "linear:head", "attention", "rope+cache",
          "glue", "sampling", "prepare", "engine")
