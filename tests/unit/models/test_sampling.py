@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sluice.models.sampler import mix_seed, sample, sample_row
+from sluice.models.sampler import _nucleus, mix_seed, sample, sample_row
 from sluice.types import SamplingParams
 
 
@@ -53,6 +53,32 @@ def test_top_p_keeps_the_smallest_nucleus():
     p = SamplingParams(temperature=1.0, top_p=0.8)
     draws = {sample_row(logits, p, 3, pos) for pos in range(300)}
     assert draws == {0, 1}
+
+
+def _full_sort_nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    p_sorted, idx = probs.sort(descending=True, stable=True)
+    keep = (p_sorted.cumsum(0) - p_sorted) < top_p
+    keep[0] = True
+    return p_sorted[keep], idx[keep]
+
+
+def test_the_nucleus_equals_a_full_sorts_for_any_distribution():
+    """The nucleus sorts only the tokens above a cutoff; it must keep the same tokens in the same
+    order (equal probabilities by token id) as a full sort: peaked and flat distributions, a
+    vocabulary's worth of ties, and top_p from 0.5 to just below 1."""
+    g = torch.Generator().manual_seed(5)
+    cases = 0
+    for vocab in (7, 1000, 49152):
+        for scale in (0.05, 1.0, 4.0, 12.0):  # from nearly flat (most tokens candidates) to peaked
+            logits = torch.randn(vocab, generator=g) * scale
+            for ties in (False, True):
+                row = (logits * 2).round() / 2 if ties else logits  # many equal probabilities
+                probs = torch.softmax(row, -1)
+                for top_p in (0.5, 0.9, 0.95, 0.999, 0.9999999):
+                    got, want = _nucleus(probs, top_p), _full_sort_nucleus(probs, top_p)
+                    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (vocab, scale, ties, top_p)
+                    cases += 1
+    assert cases == 3 * 4 * 2 * 5
 
 
 def test_temperature_sampling_follows_the_distribution():
