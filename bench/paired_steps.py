@@ -1,5 +1,5 @@
-"""Shared by the engine A/B benchmarks (bench/decode_threads.py, bench/decoder_stack.py): K
-greedy requests on one engine, then decode steps alternating between two or more sides (each
+"""Shared by the engine A/B benchmarks (bench/decode_threads.py, bench/decoder_stack.py,
+bench/sampling_cost.py): K requests (greedy unless given other sampling) on one engine, then decode steps alternating between two or more sides (each
 side a function that switches the engine to it), the lead swapping every step so that a burst
 of other work on the shared machine lands on all alike; the contexts grow by one token per step
 on every side."""
@@ -12,13 +12,14 @@ from typing import Any, Callable
 
 
 def paired_decode_steps(engine: Any, tok: Any, k: int, steps: int, sides: dict[str, Callable[[], None]],
-                        first_id: int = 0) -> dict[str, dict[str, list[float]]]:
+                        first_id: int = 0, sampling: dict[str, float] | None = None) -> dict[str, dict[str, list[float]]]:
     """Per side, the wall and process-CPU milliseconds of each of its `steps` decode steps over a
-    batch of `k` requests (aborted afterwards). Request ids start after `first_id`."""
+    batch of `k` requests (aborted afterwards). Request ids start after `first_id`; `sampling`:
+    SamplingParams fields (temperature, top_p, ...; default greedy)."""
     from sluice.types import GenerationRequest, SamplingParams
 
     engine.kv.reset_prefix_cache()
-    params = SamplingParams(max_tokens=2 * steps + 16, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=2 * steps + 16, ignore_eos=True, **(sampling or {"temperature": 0.0}))
     for i in range(k):
         ids = tok.encode(f"Tell me about topic number {i} and why it matters to people, with examples.")
         engine.add_request(GenerationRequest(f"r{first_id + i + 1}", ids, params))

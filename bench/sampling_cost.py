@@ -2,13 +2,12 @@
 """What sampling at a temperature costs a decode step, and the nucleus (top-p) against the way
 it was found before (the top 1,024 by topk, then a full sort if their mass fell short).
 
-One engine (bundled model, CPU kernels, default EngineConfig, 2 torch threads, torch's OpenMP
-passive as in a worker) runs K requests per level on real chat prompts, EOS ignored, at
-temperature --temperature and top_p --top-p; once all K decode, its steps alternate between
-the current `sampler._nucleus` and the previous one (kept below as the baseline), the lead
-swapping every step. Per level: the median step wall time and the median time of the step's
-`sample` call under each, and the paired ratio of the step times. The last stdout line is one
-JSON object.
+One engine (bundled model, CPU kernels, speculation off, 2 torch threads, torch's OpenMP passive
+as in a worker) runs K requests per level at temperature --temperature and top_p --top-p, EOS
+ignored; its decode steps alternate between the current `sampler._nucleus` and the previous one
+(kept below as the baseline), the lead swapping every step (bench/paired_steps.py). Per level:
+the median step wall time under each, the paired ratio of the step times, and the median time
+of the step's `sample` call under each. The last stdout line is one JSON object.
 
     PYTHONPATH=src .venv/bin/python bench/sampling_cost.py --streams 1 8 32 --steps 24
 """
@@ -25,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_throughput import prompts  # noqa: E402  (sets torch's OpenMP passive before torch loads)
+import engine_throughput  # noqa: E402, F401  (sets torch's OpenMP passive before torch loads)
+from paired_steps import medians, paired_decode_steps  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -34,7 +34,6 @@ import sluice.models.sampler as sampler  # noqa: E402
 from sluice.engine.config import EngineConfig  # noqa: E402
 from sluice.engine.engine import LLMEngine  # noqa: E402
 from sluice.models.loader import load_model  # noqa: E402
-from sluice.types import GenerationRequest, SamplingParams  # noqa: E402
 
 
 def topk_nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +59,11 @@ def main() -> None:
     torch.set_num_threads(2)
     loaded = load_model(progress=False)
     engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0))
+
+    # each step's `sample` call, timed under the side the step runs (none while warming up)
     current = sampler._nucleus
-    sample_s: list[float] = []
+    active: list[str | None] = [None]
+    sample_ms: dict[str, list[float]] = {"current": [], "topk": []}
     real_sample = runner_mod.sample
 
     def timed_sample(*a, **k):  # noqa: ANN002, ANN003, ANN202
@@ -69,40 +71,33 @@ def main() -> None:
         try:
             return real_sample(*a, **k)
         finally:
-            sample_s.append(time.perf_counter() - t)
+            if active[0] is not None:
+                sample_ms[active[0]].append(1e3 * (time.perf_counter() - t))
+
+    def side(name: str, nucleus):  # noqa: ANN001, ANN202
+        def switch() -> None:
+            active[0] = name
+            sampler._nucleus = nucleus
+        return switch
 
     runner_mod.sample = timed_sample
+    sides = {"current": side("current", current), "topk": side("topk", topk_nucleus)}
+    sampling = {"temperature": args.temperature, "top_p": args.top_p}
     out: dict = {"params": vars(args)}
-    serial = 0
-    for n in args.streams:
-        engine.kv.reset_prefix_cache()
-        params = SamplingParams(max_tokens=args.steps * 2 + 8, temperature=args.temperature, top_p=args.top_p,
-                                ignore_eos=True)
-        for ids in prompts(loaded.tokenizer, n):
-            serial += 1
-            engine.add_request(GenerationRequest(f"r{serial}", ids, params))
-        rows: dict[str, list[tuple[float, float]]] = {"current": [], "topk": []}
-        i = 0
-        while engine.has_unfinished():
-            side = "current" if i % 2 == 0 else "topk"
-            sampler._nucleus = current if side == "current" else topk_nucleus
-            sample_s.clear()
-            t = time.perf_counter()
-            engine.step()
-            wall = time.perf_counter() - t
-            stats = engine.stats()
-            if stats.last_step_tokens == stats.last_step_seqs == n and sample_s:
-                rows[side].append((wall, sample_s[0]))
-            i += 1
+    first_id = 0
+    for k in args.streams:
+        for times in sample_ms.values():
+            times.clear()
+        steps = paired_decode_steps(engine, loaded.tokenizer, k, args.steps, sides, first_id, sampling)
+        first_id += k
+        active[0] = None
         sampler._nucleus = current
-        pairs = list(zip(rows["current"], rows["topk"]))
-        level = {side: {"step_ms": 1e3 * statistics.median(w for w, _ in r), "sample_ms": 1e3 * statistics.median(s for _, s in r)}
-                 for side, r in rows.items()}
-        level["step_ratio"] = statistics.median(c[0] / b[0] for c, b in pairs)
-        out[f"x{n}"] = level
-        print(f"x{n:<3d} step {level['topk']['step_ms']:7.2f} -> {level['current']['step_ms']:7.2f} ms "
-              f"(paired {level['step_ratio']:.3f}); sample {level['topk']['sample_ms']:6.2f} -> "
-              f"{level['current']['sample_ms']:6.2f} ms", file=sys.stderr, flush=True)
+        level = medians(steps, "current", "topk")
+        level.update({f"{name}_sample_ms": statistics.median(v[: args.steps]) for name, v in sample_ms.items()})
+        out[f"x{k}"] = level
+        print(f"x{k:<3d} step {level['topk_wall_ms']:7.2f} -> {level['current_wall_ms']:7.2f} ms "
+              f"(paired {level['ratio_wall']:.3f}); sample {level['topk_sample_ms']:6.2f} -> "
+              f"{level['current_sample_ms']:6.2f} ms", file=sys.stderr, flush=True)
     out["load"] = os.getloadavg()
     print(json.dumps(out))
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from sluice.openmp_wait import PASSIVE, VARIABLE, sleep_when_idle
+from tests.openmp_display import gomp_spin_count
 
 
 def test_passive_is_set_when_unset_and_a_users_choice_is_kept():
@@ -28,15 +29,12 @@ def test_too_late_once_torch_is_loaded():
 
 
 def _spin_count(code: str) -> str:
-    """libgomp's spin count in a fresh interpreter that runs `code` (OMP_DISPLAY_ENV=verbose
-    prints it when torch loads libgomp; 300000 by default, 0 when passive)."""
+    """libgomp's spin count in a fresh interpreter that runs `code`."""
     env = {k: v for k, v in os.environ.items() if k not in (VARIABLE, "GOMP_SPINCOUNT")}
     env.update(OMP_DISPLAY_ENV="verbose", PYTHONPATH=os.pathsep.join(sys.path))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    lines = [line for line in run.stderr.splitlines() if "GOMP_SPINCOUNT" in line]
-    assert lines, f"libgomp printed no GOMP_SPINCOUNT:\n{run.stderr[-2000:]}"
-    return lines[0].split("=", 1)[1].strip().strip("'")
+    return gomp_spin_count(run.stderr)
 
 
 def test_torchs_openmp_threads_do_not_spin_after_it():
