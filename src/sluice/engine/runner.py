@@ -202,7 +202,8 @@ class ModelRunner:
         if logits is None:
             inp = self.prepare(out)
             logits = self.model.forward(
-                inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics
+                inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics,
+                argmax_rows=_argmax_only(inp.sampling),
             )
             if inp.prompt_spans:
                 self._record_prompt_logprobs(logits[len(inp.sampling) :], inp.prompt_spans)
@@ -226,3 +227,11 @@ class ModelRunner:
             for i, lp in zip(asking, scored):
                 reqs[i].new_logprob = lp
         return list(zip(reqs, tokens))
+
+
+def _argmax_only(sampling: list[ScheduledChunk]) -> torch.Tensor | None:
+    """The sampled rows whose logits serve only their argmax (greedy, no logprobs, no grammar
+    mask): the model may return them with just the logits that argmax needs."""
+    rows = [i for i, c in enumerate(sampling)
+            if c.request.sampling.greedy and c.request.sampling.logprobs is None and c.request.grammar is None]
+    return torch.tensor(rows, dtype=torch.int64) if rows else None

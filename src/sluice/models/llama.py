@@ -185,13 +185,17 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_indices: torch.Tensor,  # [N] rows whose next-token logits are needed
         numerics: Numerics = Numerics.EXACT,
+        argmax_rows: torch.Tensor | None = None,  # [R] int64: rows of the N whose argmax is all that is used
     ) -> torch.Tensor:  # [N, vocab] fp32
+        """The logits of the `logits_indices` rows. A row listed in `argmax_rows` may come back
+        with only the logits its argmax needs (the rest -inf; the kernels' greedy head), so it
+        must not be used for anything but its argmax; the torch path returns every row whole."""
         self.attention.prepare(meta)
         if self.ops is not None:
             from sluice.models.kernels.fused_forward import fused_forward
 
             return fused_forward(self, input_ids, positions, meta, kv_caches, logits_indices,
-                                 numerics is Numerics.FAST)
+                                 numerics is Numerics.FAST, argmax_rows)
         return self._torch_forward(input_ids, positions, meta, kv_caches, logits_indices)
 
     def _torch_forward(self, input_ids, positions, meta, kv_caches, logits_indices):  # type: ignore[no-untyped-def]

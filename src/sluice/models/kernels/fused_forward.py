@@ -55,6 +55,7 @@ def fused_forward(
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     logits_indices: torch.Tensor,
     fast: bool,
+    argmax_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     ops = model.ops
     assert ops is not None
@@ -93,6 +94,8 @@ def fused_forward(
         # docs/BENCHMARKS.md, "No OpenMP in a decode step").
         rows = h.index_select(0, logits_indices)
         x = ops.add_rms_norm(rows, None if delta is None else delta.index_select(0, logits_indices), model.norm, eps)
+        if argmax_rows is not None and hasattr(model.lm_head, "argmax_logits"):
+            return model.lm_head.argmax_logits(x, argmax_rows)
         return model.lm_head(x)
     finally:
         if hot:

@@ -18,7 +18,7 @@ SUPPORTED = (QuantType.Q4_1, QuantType.Q8_0)
 
 
 class PackedLinear:
-    __slots__ = ("ops", "qtype", "packed", "out_features", "in_features", "bias")
+    __slots__ = ("ops", "qtype", "packed", "out_features", "in_features", "bias", "_argmax_bounds")
 
     def __init__(self, ops: ModuleType, weight: QuantizedWeight, bias: torch.Tensor | None = None):
         if weight.qtype not in SUPPORTED:
@@ -30,6 +30,7 @@ class PackedLinear:
         pack = ops.pack_q4_1 if weight.qtype is QuantType.Q4_1 else ops.pack_q8_0
         self.packed = pack(raw, self.out_features, self.in_features)
         self.bias = None if bias is None else bias.float().contiguous()
+        self._argmax_bounds: torch.Tensor | None = None  # built on the first argmax_logits (4 bytes per row)
 
     @property
     def nbytes(self) -> int:
@@ -39,6 +40,17 @@ class PackedLinear:
         if self.qtype is QuantType.Q4_1:
             return self.ops.linear_q4(x, self.packed, self.out_features, self.in_features, self.bias, fast)
         return self.ops.linear_q8(x, self.packed, self.out_features, self.in_features, self.bias)
+
+    def argmax_logits(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """self(x), except that the rows listed in `rows` (int64) keep only what their argmax
+        needs: the exact logits of the tokens that can be the maximum, -inf elsewhere, so that
+        row's argmax is the full row's (csrc/greedy_head.h proves it). For the LM head of greedy
+        rows: a Q8_0 head without a bias; any other linear answers self(x)."""
+        if self.qtype is not QuantType.Q8_0 or self.bias is not None or rows.numel() == 0:
+            return self(x)
+        if self._argmax_bounds is None:
+            self._argmax_bounds = self.ops.q8_row_bounds(self.packed, self.out_features, self.in_features)
+        return self.ops.linear_q8_argmax(x, self.packed, self.out_features, self.in_features, self._argmax_bounds, rows)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of W (the embedding lookup of a tied Q8_0 table), dequantized exactly."""

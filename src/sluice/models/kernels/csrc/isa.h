@@ -89,6 +89,17 @@ struct KernelTable {
   // (sequence, KV head) pairs p0..p1
   void (*paged_decode)(const AttnArgs&, int64_t t0, int64_t t1);
   void (*attn_merge)(const AttnArgs&, int64_t p0, int64_t p1);
+  // the greedy LM head (greedy_head.h). Rows r0..r1: per 32-block d = amax / 127, q = round(x / d),
+  // xd = d (NaN: compute the row exactly)
+  void (*quantize_rows_i8)(const float* x, int64_t ldx, int64_t K, int8_t* xq, float* xd, int64_t r0, int64_t r1);
+  // approximate logits of a packed Q8_0 matrix from those int8 rows (GemmArgs xq, xd); scratch:
+  // approx_scratch_per_k * K floats per thread
+  int64_t approx_scratch_per_k;
+  void (*q8_approx)(const GemmArgs&, int64_t p0, int64_t p1, float* scratch);
+  // one row's candidates: ids n with !(y[n] + c wt[n] < max(y - c wt)), ascending; -1 past cap
+  int64_t (*head_select)(const float* y, const float* wt, float c, int64_t N, int32_t* idx, int64_t cap);
+  // token n's exact logit x . w[n], the same bits as q8_exact's
+  float (*q8_dot)(const uint8_t* w, int64_t K, int64_t n, const float* x);
 };
 
 const KernelTable* avx2_table();

@@ -2,6 +2,7 @@
 // vector operations of the simd header that the unit includes first:
 //   gemm_impl.h       exact and int8 linears over the packed GGUF blocks, activation quantization
 //   glue_impl.h       exp, RMSNorm (+ residual add), SiLU x mul
+//   greedy_head_impl.h  the greedy LM head's filter: int8 activations, approximate logits, candidates
 //   attention_impl.h  paged decode attention and its chunk merge
 // and the unit's table of entry points (isa.h).
 #pragma once
@@ -9,13 +10,14 @@
 #include "attention_impl.h"
 #include "gemm_impl.h"
 #include "glue_impl.h"
+#include "greedy_head_impl.h"
 
 namespace SLUICE_ISA_NS {
 namespace {  // internal linkage: nothing here may merge with another TU's code
 
 static const sluice::KernelTable kTable = {
     SLUICE_ISA_NAME, kGemmPanelsFor[1] * kPanel, kDirectMaxM, &q4_exact, &q4_fast, &q8_exact, &quantize_q8, &q8_row,
-    &add_rms_norm,   &silu_mul, &paged_decode, &attn_merge,
+    &add_rms_norm,   &silu_mul, &paged_decode, &attn_merge, &quantize_rows_i8, kApproxScratchPerK, &q8_approx, &head_select, &q8_dot,
 };
 
 }  // namespace

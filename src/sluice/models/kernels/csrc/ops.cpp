@@ -577,6 +577,7 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
 
 // ---- every decoder layer of a step in one call (uses the ops above) ----------------------------
 #include "decoder_stack.h"
+#include "greedy_head.h"
 
 }  // namespace
 }  // namespace sluice
@@ -624,6 +625,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q4", &linear_q4, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"),
         py::arg("fast"), nogil);
   m.def("linear_q8", &linear_q8, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"), py::arg("bias"), nogil);
+  m.def("linear_q8_argmax", &linear_q8_argmax, py::arg("x"), py::arg("w"), py::arg("n"), py::arg("k"),
+        py::arg("bounds"), py::arg("rows"),
+        "linear_q8 whose `rows` keep only their argmax: the exact logits where the maximum can be, -inf elsewhere",
+        nogil);
+  m.def("q8_row_bounds", &q8_row_bounds, py::arg("w"), py::arg("n"), py::arg("k"),
+        "per token of a packed Q8_0 matrix, max over its blocks of |d| * sum |q| (linear_q8_argmax's bounds)", nogil);
   m.def("embed_q8", &embed_q8, nogil);
   m.def("add_rms_norm", &add_rms_norm, py::arg("h"), py::arg("delta"), py::arg("w"), py::arg("eps"), nogil);
   m.def("silu_mul", &silu_mul, nogil);

@@ -64,6 +64,11 @@ static inline I16 iload(const void* p) {
   return {_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1)};
 }
 static inline I16 iset(int32_t a) { return {_mm256_set1_epi32(a), _mm256_set1_epi32(a)}; }
+static inline void istore(void* p, I16 a) {
+  __m256i* q = reinterpret_cast<__m256i*>(p);
+  _mm256_storeu_si256(q, a.lo);
+  _mm256_storeu_si256(q + 1, a.hi);
+}
 static inline I16 izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
 static inline I16 iand(I16 a, I16 b) { return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)}; }
 static inline I16 iadd(I16 a, I16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
@@ -106,7 +111,8 @@ static inline F16 sbytes_to_f(const int8_t* p) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
 }
 static inline I16 dot_u8s8(I16 acc, I16 u, I16 s) {
-  // u <= 15 here, so the 16-bit pair sums cannot saturate
+  // vpmaddubsw saturates its 16-bit pair sums; they stay below 2^15 for both callers: Q4 nibbles
+  // (u <= 15, |s| <= 128) and the greedy head (u = |q| <= 128, |s| <= 127: 2 * 128 * 127 = 32512)
   const __m256i one = _mm256_set1_epi16(1);
   return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(u.lo, s.lo), one)),
           _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(u.hi, s.hi), one))};
@@ -125,10 +131,33 @@ static inline void istore_i8(int8_t* p, I16 a) {
   const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
 }
+// The Q8_0 panel's 4 k rows of 16 signed bytes at p (k .. k+3, see isa.h) as 16 lanes of 4 bytes,
+// k ascending (dot_u8s8's lanes).
+static inline I16 q8_k4_lanes(const uint8_t* p) {
+  const __m128i* v = reinterpret_cast<const __m128i*>(p);
+  const __m128i r0 = _mm_loadu_si128(v), r1 = _mm_loadu_si128(v + 1), r2 = _mm_loadu_si128(v + 2),
+                r3 = _mm_loadu_si128(v + 3);
+  const __m128i a0 = _mm_unpacklo_epi8(r0, r1), a1 = _mm_unpackhi_epi8(r0, r1);  // (k, k+1) per lane
+  const __m128i b0 = _mm_unpacklo_epi8(r2, r3), b1 = _mm_unpackhi_epi8(r2, r3);  // (k+2, k+3)
+  return {_mm256_set_m128i(_mm_unpackhi_epi16(a0, b0), _mm_unpacklo_epi16(a0, b0)),
+          _mm256_set_m128i(_mm_unpackhi_epi16(a1, b1), _mm_unpacklo_epi16(a1, b1))};
+}
+// bytes: |a| (as unsigned: |-128| = 128), and a * sign(b) (0 where b is 0)
+static inline I16 iabs8(I16 a) { return {_mm256_abs_epi8(a.lo), _mm256_abs_epi8(a.hi)}; }
+static inline I16 isign8(I16 a, I16 b) { return {_mm256_sign_epi8(a.lo, b.lo), _mm256_sign_epi8(a.hi, b.hi)}; }
+// bit i set where !(a[i] < b[i]): also where either is NaN
+static inline uint32_t fnot_less_mask(F16 a, F16 b) {
+  const uint32_t lo = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_NLT_UQ));
+  const uint32_t hi = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_NLT_UQ));
+  return lo | (hi << 8);
+}
 // 16 vector registers: half the AVX-512 blocks
 constexpr int kMaxRows = 4;
 constexpr int kPanelsFor[5] = {0, 2, 2, 1, 1};
 constexpr int64_t kDirectMaxM = 8;
+// rows per block of the greedy head's approximation (4 measured faster than 2 or 3 at 32 rows,
+// though the accumulators then spill)
+constexpr int kApproxRows = 4;
 constexpr int kGemmRows = 6;
 constexpr int kGemmPanelsFor[7] = {0, 2, 2, 2, 1, 1, 1};
 }  // namespace SLUICE_ISA_NS

@@ -52,6 +52,7 @@ static inline float fhmax(F16 a) { return _mm512_reduce_max_ps(a.v); }  // max i
 
 static inline I16 iload(const void* p) { return {_mm512_loadu_si512(p)}; }
 static inline I16 iset(int32_t a) { return {_mm512_set1_epi32(a)}; }
+static inline void istore(void* p, I16 a) { _mm512_storeu_si512(p, a.v); }
 static inline I16 izero() { return {_mm512_setzero_si512()}; }
 static inline I16 iand(I16 a, I16 b) { return {_mm512_and_si512(a.v, b.v)}; }
 static inline I16 iadd(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
@@ -85,7 +86,8 @@ static inline I16 dot_u8s8(I16 acc, I16 u, I16 s) {
 #if defined(__AVX512VNNI__)
   return {_mm512_dpbusd_epi32(acc.v, u.v, s.v)};
 #else
-  // u <= 15 here, so the 16-bit pair sums (<= 2 * 15 * 128) cannot saturate
+  // the 16-bit pair sums stay below 2^15: Q4 nibbles (u <= 15, |s| <= 128) and the greedy
+  // head (u = |q| <= 128, |s| <= 127: 2 * 128 * 127 = 32512)
   const __m512i pairs = _mm512_maddubs_epi16(u.v, s.v);
   return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
 #endif
@@ -100,6 +102,26 @@ static inline F16 i_as_f(I16 a) { return {_mm512_castsi512_ps(a.v)}; }
 static inline void istore_i8(int8_t* p, I16 a) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a.v));
 }
+// The Q8_0 panel's 4 k rows of 16 signed bytes at p (k .. k+3, see isa.h) as 16 lanes of 4 bytes,
+// k ascending (dot_u8s8's lanes). The same byte moves as simd_avx2.h's, the two halves then joined.
+static inline I16 q8_k4_lanes(const uint8_t* p) {
+  const __m128i* v = reinterpret_cast<const __m128i*>(p);
+  const __m128i r0 = _mm_loadu_si128(v), r1 = _mm_loadu_si128(v + 1), r2 = _mm_loadu_si128(v + 2),
+                r3 = _mm_loadu_si128(v + 3);
+  const __m128i a0 = _mm_unpacklo_epi8(r0, r1), a1 = _mm_unpackhi_epi8(r0, r1);  // (k, k+1) per lane
+  const __m128i b0 = _mm_unpacklo_epi8(r2, r3), b1 = _mm_unpackhi_epi8(r2, r3);  // (k+2, k+3)
+  const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(a0, b0), _mm_unpacklo_epi16(a0, b0));
+  const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(a1, b1), _mm_unpacklo_epi16(a1, b1));
+  return {_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)};
+}
+// bytes: |a| (as unsigned: |-128| = 128), and a * sign(b) (0 where b is 0; AVX-512 has no vpsignb:
+// a negated where b < 0, and where b is 0 the product with |b| = 0 is 0 anyway)
+static inline I16 iabs8(I16 a) { return {_mm512_abs_epi8(a.v)}; }
+static inline I16 isign8(I16 a, I16 b) {
+  return {_mm512_mask_sub_epi8(a.v, _mm512_movepi8_mask(b.v), _mm512_setzero_si512(), a.v)};
+}
+// bit i set where !(a[i] < b[i]): also where either is NaN
+static inline uint32_t fnot_less_mask(F16 a, F16 b) { return (uint32_t)_mm512_cmp_ps_mask(a.v, b.v, _CMP_NLT_UQ); }
 // register-block shapes: rows x panels per register block (32 vector registers)
 // small M: register blocks of up to 8 rows, dequantizing on the fly; up to kDirectMaxM rows
 // in all (measured: beyond it dequantizing once into a scratch and a plain GEMM wins)
@@ -107,6 +129,8 @@ constexpr int kMaxRows = 8;
 constexpr int kPanelsFor[9] = {0, 4, 4, 4, 2, 2, 2, 2, 2};
 constexpr int64_t kDirectMaxM = 16;
 // the fp32 micro-kernel over dequantized panels: up to 6 rows x 4 panels (24 accumulators)
+// rows per block of the greedy head's approximation: 8 accumulators + 8 partial sums of 32 registers
+constexpr int kApproxRows = 8;
 constexpr int kGemmRows = 6;
 constexpr int kGemmPanelsFor[7] = {0, 4, 4, 4, 4, 4, 4};
 }  // namespace SLUICE_ISA_NS
