@@ -119,6 +119,8 @@ class LlamaModel:
             from sluice.models.kernels.weight_region import gather_on_huge_pages
 
             gather_on_huge_pages(lin for lin in self.linears() if isinstance(lin, PackedLinear))
+            if isinstance(self.lm_head, PackedLinear):  # the greedy head's bounds now, not on the first request
+                self.lm_head.prepare_argmax()
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.inter = config.intermediate_size
