@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "q8_lanes.h"
+
 namespace SLUICE_ISA_NS {
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -131,16 +133,11 @@ static inline void istore_i8(int8_t* p, I16 a) {
   const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
 }
-// The Q8_0 panel's 4 k rows of 16 signed bytes at p (k .. k+3, see isa.h) as 16 lanes of 4 bytes,
-// k ascending (dot_u8s8's lanes).
+// The Q8_0 panel's 4 k rows at p as 16 lanes of 4 bytes (q8_lanes.h)
 static inline I16 q8_k4_lanes(const uint8_t* p) {
-  const __m128i* v = reinterpret_cast<const __m128i*>(p);
-  const __m128i r0 = _mm_loadu_si128(v), r1 = _mm_loadu_si128(v + 1), r2 = _mm_loadu_si128(v + 2),
-                r3 = _mm_loadu_si128(v + 3);
-  const __m128i a0 = _mm_unpacklo_epi8(r0, r1), a1 = _mm_unpackhi_epi8(r0, r1);  // (k, k+1) per lane
-  const __m128i b0 = _mm_unpacklo_epi8(r2, r3), b1 = _mm_unpackhi_epi8(r2, r3);  // (k+2, k+3)
-  return {_mm256_set_m128i(_mm_unpackhi_epi16(a0, b0), _mm_unpacklo_epi16(a0, b0)),
-          _mm256_set_m128i(_mm_unpackhi_epi16(a1, b1), _mm_unpacklo_epi16(a1, b1))};
+  I16 r;
+  q8_k4_halves(p, &r.lo, &r.hi);
+  return r;
 }
 // bytes: |a| (as unsigned: |-128| = 128), and a * sign(b) (0 where b is 0)
 static inline I16 iabs8(I16 a) { return {_mm256_abs_epi8(a.lo), _mm256_abs_epi8(a.hi)}; }

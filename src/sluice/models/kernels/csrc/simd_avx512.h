@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "q8_lanes.h"
+
 namespace SLUICE_ISA_NS {
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -102,16 +104,10 @@ static inline F16 i_as_f(I16 a) { return {_mm512_castsi512_ps(a.v)}; }
 static inline void istore_i8(int8_t* p, I16 a) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a.v));
 }
-// The Q8_0 panel's 4 k rows of 16 signed bytes at p (k .. k+3, see isa.h) as 16 lanes of 4 bytes,
-// k ascending (dot_u8s8's lanes). The same byte moves as simd_avx2.h's, the two halves then joined.
+// The Q8_0 panel's 4 k rows at p as 16 lanes of 4 bytes (q8_lanes.h: the AVX2 halves, joined)
 static inline I16 q8_k4_lanes(const uint8_t* p) {
-  const __m128i* v = reinterpret_cast<const __m128i*>(p);
-  const __m128i r0 = _mm_loadu_si128(v), r1 = _mm_loadu_si128(v + 1), r2 = _mm_loadu_si128(v + 2),
-                r3 = _mm_loadu_si128(v + 3);
-  const __m128i a0 = _mm_unpacklo_epi8(r0, r1), a1 = _mm_unpackhi_epi8(r0, r1);  // (k, k+1) per lane
-  const __m128i b0 = _mm_unpacklo_epi8(r2, r3), b1 = _mm_unpackhi_epi8(r2, r3);  // (k+2, k+3)
-  const __m256i lo = _mm256_set_m128i(_mm_unpackhi_epi16(a0, b0), _mm_unpacklo_epi16(a0, b0));
-  const __m256i hi = _mm256_set_m128i(_mm_unpackhi_epi16(a1, b1), _mm_unpacklo_epi16(a1, b1));
+  __m256i lo, hi;
+  q8_k4_halves(p, &lo, &hi);
   return {_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)};
 }
 // bytes: |a| (as unsigned: |-128| = 128), and a * sign(b) (0 where b is 0; AVX-512 has no vpsignb:
