@@ -9,37 +9,42 @@ import pytest
 import sluice.engine.runner as runner
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
-from sluice.models.kernels.packed_linear import PackedLinear
 from sluice.types import GenerationRequest, SamplingParams
 from tests.cpu import has_avx2
 
 PROMPTS = ["Describe how rain forms.", "List three uses of copper.", "Write a haiku about owls.",
-           "What is a prime number?", "Explain what a library does.", "Say hello in French."]
+           "What is a prime number?", "Explain what a library does.", "Say hello in French.",
+           "Name two rivers.", "Why is the sky blue?", "Count to five.", "What do bees make?",
+           "Describe a violin.", "What is chess?", "Give a tip for sleep.", "Define gravity."]
+GREEDY = 12  # the other two rows need every logit: few enough for the greedy head to take the step
 
 
 def _requests(loaded) -> list[GenerationRequest]:
     ids = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    reqs = [GenerationRequest(f"g{i}", p, greedy) for i, p in enumerate(ids[:4])]
-    reqs.append(GenerationRequest("lp", ids[4], SamplingParams(max_tokens=24, temperature=0.0, logprobs=3, ignore_eos=True)))
-    reqs.append(GenerationRequest("s", ids[5], SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True)))
+    reqs = [GenerationRequest(f"g{i}", p, greedy) for i, p in enumerate(ids[:GREEDY])]
+    reqs.append(GenerationRequest("lp", ids[GREEDY], SamplingParams(max_tokens=24, temperature=0.0, logprobs=3,
+                                                                    ignore_eos=True)))
+    reqs.append(GenerationRequest("s", ids[GREEDY + 1], SamplingParams(max_tokens=24, temperature=0.8, seed=7,
+                                                                       ignore_eos=True)))
     return reqs
 
 
 def test_greedy_rows_through_the_greedy_head_give_the_full_heads_tokens(bundled, monkeypatch):
     if not has_avx2() or bundled.model.ops is None:
         pytest.skip("the CPU kernels are not in use here")
-    calls: list[int] = []
-    real = PackedLinear.argmax_logits
+    ops = bundled.model.ops
+    calls: list[tuple[int, int]] = []  # (rows, argmax rows) of each greedy-head call
+    real = ops.linear_q8_argmax
 
-    def counting(self, x, rows):  # noqa: ANN001, ANN202
-        calls.append(rows.numel())
-        return real(self, x, rows)
+    def counting(x, w, n, k, bounds, rows):  # noqa: ANN001, ANN202
+        calls.append((x.shape[0], rows.numel()))
+        return real(x, w, n, k, bounds, rows)
 
-    monkeypatch.setattr(PackedLinear, "argmax_logits", counting)
-    config = EngineConfig(num_kv_blocks=256, speculative_tokens=0)
+    monkeypatch.setattr(ops, "linear_q8_argmax", counting)
+    config = EngineConfig(num_kv_blocks=512, speculative_tokens=0)
     got = LLMEngine(bundled, config).generate(_requests(bundled))
-    assert calls and max(calls) >= 4  # the greedy rows went through it, the others did not
+    assert (GREEDY + 2, GREEDY) in calls  # mixed steps went through it, the two full rows exact
     monkeypatch.setattr(runner, "_argmax_only", lambda sampling: None)  # every row through the full head
     calls.clear()
     want = LLMEngine(bundled, config).generate(_requests(bundled))

@@ -41,9 +41,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check(lin: PackedLinear, x: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """Compares linear_q8_argmax with the exact head; returns the candidates per argmax row."""
+    """Compares linear_q8_argmax (the op itself: PackedLinear.argmax_logits sends a call with
+    many full rows to the full head) with the exact head; returns the candidates per argmax row."""
     full = lin(x)
-    got = lin.argmax_logits(x, torch.tensor(rows, dtype=torch.int64))
+    bounds = lin.prepare_argmax()
+    got = lin.ops.linear_q8_argmax(x, lin.packed, lin.out_features, lin.in_features, bounds,
+                                   torch.tensor(rows, dtype=torch.int64))
     assert got.shape == full.shape
     others = [r for r in range(x.shape[0]) if r not in rows]
     assert torch.equal(_bits(got[others]), _bits(full[others])), "a row outside `rows` is not the exact head's"
@@ -130,4 +133,12 @@ def test_only_a_q8_0_head_without_bias_takes_the_argmax_path(ops, head):
     assert torch.equal(biased.argmax_logits(x, torch.tensor([0, 1])), biased(x))
     assert torch.equal(lin.argmax_logits(x, torch.tensor([], dtype=torch.int64)), lin(x))
     with pytest.raises(RuntimeError, match="out of range"):
-        lin.argmax_logits(x, torch.tensor([2]))
+        ops.linear_q8_argmax(x, lin.packed, w.rows, w.cols, lin.prepare_argmax(), torch.tensor([2]))
+
+
+def test_a_call_with_many_full_rows_takes_the_full_head(ops, head):
+    lin, w = head
+    x = torch.randn(14, w.cols, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(lin.argmax_logits(x, torch.arange(6)), lin(x))  # 8 full rows for 6 argmax rows: full
+    got = lin.argmax_logits(x, torch.arange(12))  # 2 full rows for 12: the greedy head
+    assert torch.isneginf(got[:12]).any() and torch.equal(got[12:], lin(x)[12:])
