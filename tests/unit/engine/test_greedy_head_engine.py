@@ -31,8 +31,9 @@ def _requests(loaded) -> list[GenerationRequest]:
 
 
 def test_greedy_rows_through_the_greedy_head_give_the_full_heads_tokens(bundled, monkeypatch):
-    if not has_avx2() or bundled.model.ops is None:
-        pytest.skip("the CPU kernels are not in use here")
+    if not has_avx2():  # as tests/unit/models/conftest.py's `ops`
+        pytest.skip("the CPU lacks AVX2/FMA/F16C, so the kernels cannot run here")
+    assert bundled.model.ops is not None, "the kernels failed to build or load on a CPU with AVX2 (see the log)"
     ops = bundled.model.ops
     calls: list[tuple[int, int]] = []  # (rows, argmax rows) of each greedy-head call
     real = ops.linear_q8_argmax
