@@ -76,10 +76,10 @@ torch::Tensor linear_q8_argmax(const torch::Tensor& x, const torch::Tensor& w, i
     TORCH_CHECK(r >= 0 && r < M, "linear_q8_argmax: row ", r, " out of range");
     pick[r] = 1;
   }
-  std::vector<int64_t> argmax_rows_, full_rows;
-  for (int64_t r = 0; r < M; ++r) (pick[r] ? argmax_rows_ : full_rows).push_back(r);
+  std::vector<int64_t> greedy_rows, full_rows;
+  for (int64_t r = 0; r < M; ++r) (pick[r] ? greedy_rows : full_rows).push_back(r);
   const c10::optional<torch::Tensor> no_bias;
-  if (argmax_rows_.empty()) return linear_q8(x, w, N, K, no_bias);
+  if (greedy_rows.empty()) return linear_q8(x, w, N, K, no_bias);
   torch::Tensor y = torch::empty({M, N}, x.options());
   // rows moved with memcpy, not index_select / index_copy_: no ATen op that might open an OpenMP
   // region in a decode step (fused_forward.py says why)
@@ -94,9 +94,9 @@ torch::Tensor linear_q8_argmax(const torch::Tensor& x, const torch::Tensor& w, i
       std::memcpy(y.data_ptr<float>() + which[i] * N, src.data_ptr<float>() + i * N, N * sizeof(float));
   };
   if (!full_rows.empty()) scatter(full_rows, linear_q8(gather(full_rows), w, N, K, no_bias));  // the others exact
-  const int64_t R = (int64_t)argmax_rows_.size();
+  const int64_t R = (int64_t)greedy_rows.size();
   const bool all = R == M;
-  const torch::Tensor xa = all ? x : gather(argmax_rows_);
+  const torch::Tensor xa = all ? x : gather(greedy_rows);
   torch::Tensor ya = all ? y : torch::empty({R, N}, x.options());  // the approximation, then the rows
   torch::Tensor xq = torch::empty({R, K}, torch::kInt8);
   torch::Tensor xd = torch::empty({R, KB}, torch::kFloat32);
@@ -133,6 +133,6 @@ torch::Tensor linear_q8_argmax(const torch::Tensor& x, const torch::Tensor& w, i
       for (int64_t i = 0; i < count; ++i) yr[cand[i]] = vals[i];
     }
   }, /*pool=*/true);
-  if (!all) scatter(argmax_rows_, ya);
+  if (!all) scatter(greedy_rows, ya);
   return y;
 }
