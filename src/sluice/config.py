@@ -92,6 +92,9 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int = Field(512, ge=1)
     kv_cache_gib: float | None = Field(None, gt=0)  # None: max_num_seqs x context, within memory
     kv_idle_gib: float = Field(0.0625, ge=0)  # KV memory kept resident for finished requests' cache
+    # the cache's second tier: at rest the KV given back goes to a file here (docs/ENGINE.md)
+    kv_spill_gib: float = Field(1.0, ge=0)  # 0 = off
+    kv_spill_dir: str | None = None  # None: the system's temporary directory
     max_model_len: int | None = Field(None, ge=2)
     scheduling_policy: Literal["fcfs", "priority"] = "priority"
     admission_policy: Literal["optimistic", "reserve"] = "optimistic"

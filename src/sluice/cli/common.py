@@ -59,6 +59,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--kv-idle-gib", type=float, default=None, metavar="GIB",
         help="KV memory kept resident for blocks no request holds, i.e. the prefix cache of finished requests (default: 0.0625)",
     )
+    g.add_argument(
+        "--kv-spill-gib", type=float, default=None, metavar="GIB",
+        help="at rest, the prefix cache's KV goes to a file of at most GIB and all KV memory above the held "
+        "blocks is given back; prefix hits read it back (default: 1; 0 = off: --kv-idle-gib stays resident)",
+    )
+    g.add_argument(
+        "--kv-spill-dir", default=None, metavar="DIR",
+        help="where the KV spill file lives, unnamed (default: the system's temporary directory; not a tmpfs)",
+    )
     g.add_argument("--max-model-len", type=int, default=None, metavar="N", help="context window (default: the model's)")
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=None, help="engine queue order (default: priority)")
     g.add_argument(
@@ -95,7 +104,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 # add_engine_args' flags whose value is the setting of the same name
-_ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "kv_idle_gib", "max_model_len",
+_ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "kv_idle_gib", "kv_spill_gib",
+                    "kv_spill_dir", "max_model_len",
                     "scheduling_policy", "admission_policy", "kernels", "numerics", "kv_cache_dtype", "device",
                     "batching_window", "batching_window_ms", "threads", "decode_split_rows", "speculative_tokens")
 

@@ -190,18 +190,20 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free.append(block)
 
-    def shrink(self) -> int | None:
+    def shrink(self, keep: int | None = None) -> int | None:
         """Return the free top of the resident range to never-used; the first id returned, or
         None if nothing is. Blocks [returned, old num_resident + 1) then hold no data anyone
-        reads again (their cache entries are gone), so their memory can be released."""
+        reads again (their cache entries are gone), so their memory can be released. `keep`:
+        used free blocks to leave resident (default max_idle; 0 when a spill tier holds them)."""
         if self.max_idle is None:
             return None
+        budget = self.max_idle if keep is None else keep
         top = self._next_unused
-        # the watermark: above the highest held block, and with at most max_idle used free blocks
+        # the watermark: above the highest held block, and with at most `budget` used free blocks
         # below it (walking down from the top, stop at a held block or when the rest fit)
         used_free = self.free.num_free - self.num_never_used
         low = top
-        while low > 1 and used_free > self.max_idle:
+        while low > 1 and used_free > budget:
             block = self.blocks[low - 1]
             if block.ref_cnt:
                 break

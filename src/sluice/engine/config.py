@@ -17,6 +17,8 @@ ENGINE_SETTINGS = (
     "max_num_batched_tokens",
     "kv_cache_gib",
     "kv_idle_gib",
+    "kv_spill_gib",
+    "kv_spill_dir",
     "max_model_len",
     "scheduling_policy",
     "admission_policy",
@@ -57,6 +59,13 @@ class EngineConfig:
     # 64 MiB: the bundled model's serve + worker stay under 1 GB at 32 streams (docs/BENCHMARKS.md);
     # shared prompts of running requests are held, so they are cached whatever this is.
     kv_idle_gib: float | None = 0.0625
+    # The prefix cache's second tier (engine/kv_spill.py): once the engine has sat idle, the
+    # used free blocks' K/V goes to an unnamed file of at most kv_spill_gib in kv_spill_dir (None:
+    # the system's temporary directory) and all of the KV memory above the held blocks is given
+    # back; a later prefix hit reads them back instead of recomputing them. 0 = off: kv_idle_gib
+    # then stays resident at rest as the cache. CPU only (device memory is not given back).
+    kv_spill_gib: float = 1.0
+    kv_spill_dir: str | None = None
     max_num_seqs: int = 64  # cap on running sequences
     max_num_batched_tokens: int = 512  # token budget of one step (decodes cost 1 each)
     long_prefill_threshold: int = 0  # cap on one request's prefill chunk per step; 0 = budget
@@ -156,6 +165,8 @@ class EngineConfig:
             raise ValueError("kv_memory_fraction must be in (0, 1]")
         if self.kv_idle_gib is not None and self.kv_idle_gib < 0:
             raise ValueError("kv_idle_gib must be >= 0")
+        if self.kv_spill_gib < 0:
+            raise ValueError("kv_spill_gib must be >= 0 (0 = no spill tier)")
         try:
             self.batching_window = BatchingWindow(self.batching_window)  # accept the flag's string
         except ValueError:

@@ -20,6 +20,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_manager import KVCacheManager
 from sluice.engine.kv_memory import GIB, available_memory, kv_bytes_per_block, kv_cache_dtype, plan_kv_pool
+from sluice.engine.kv_spill import open_spill_tier
 from sluice.engine.request import Request
 from sluice.engine.runner import ModelRunner
 from sluice.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
@@ -67,6 +68,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, clock)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics), kv_dtype)
+        self.kv.spill = open_spill_tier(config, plan.bytes_per_block, self.runner, self.model.device)
         if config.cuda_graphs:
             if self.model.device.type == "cuda":
                 self.runner.graphs = DecodeGraphs(self.model, self.runner.kv_caches, config.block_size,
@@ -287,7 +289,8 @@ class LLMEngine:
     # -- introspection -------------------------------------------------------------------------
     def release_idle_memory(self) -> int:
         """Give back what the last burst left resident beyond the idle budget: KV blocks above
-        the held ones and `kv_idle_gib` (BlockPool.shrink), then the C heap's free pages
+        the held ones and `kv_idle_gib`, or all of them with a spill tier, which keeps their cache
+        entries (KVCacheManager.shrink), then the C heap's free pages
         (activations, detokenizer state). For when no request runs (the async loop calls it once
         the engine has sat idle): a request arriving after pays page faults, not a wrong answer.
         Returns the KV bytes released."""
@@ -314,6 +317,7 @@ class LLMEngine:
         s.num_held_steps = self.scheduler.num_held_steps
         s.kv_blocks_resident = self.kv.num_resident_blocks
         s.kv_resident_bytes = s.kv_blocks_resident * self._kv_bytes_per_block
+        s.kv_spilled_blocks, s.kv_spill_restored_blocks = self.kv.spill_counts()
         return dataclasses.replace(s)  # a snapshot copy
 
     def generate(self, requests: list[GenerationRequest]) -> dict[str, GenerationEvent]:

@@ -4,16 +4,21 @@ Allocation is lazy: a request holds blocks for the tokens computed so far plus t
 this step, never for its whole future (admission policy decides how much headroom to demand).
 A block becomes a prefix-cache entry as soon as it is full of known tokens; lookups walk the
 request's chained hashes and stop at the first miss, and never cover the last prompt token
-(its logits must be computed).
+(its logits must be computed). With a spill tier (engine/kv_spill.py) a lookup goes on past the
+resident blocks into the blocks given back at rest, which `allocate` reads into fresh blocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sluice.engine.block_pool import BlockPool, KVBlock
 from sluice.engine.hashing import extend_hashes
 from sluice.engine.request import Request
+
+if TYPE_CHECKING:  # the gateway imports this module (prefix_namespace) and must not load torch
+    from sluice.engine.kv_spill import KVSpillTier
 
 
 def prefix_namespace(tenant: str, share_across_tenants: bool = False) -> str:
@@ -25,8 +30,9 @@ def prefix_namespace(tenant: str, share_across_tenants: bool = False) -> str:
 
 @dataclass(slots=True)
 class PrefixHit:
-    blocks: list[KVBlock]
-    num_tokens: int
+    blocks: list[KVBlock]  # resident
+    num_tokens: int  # the resident blocks' tokens and the spilled ones'
+    spilled: list[bytes] = field(default_factory=list)  # hashes of the blocks after them, in the spill tier
 
     @property
     def num_evictable(self) -> int:
@@ -53,6 +59,8 @@ class KVCacheManager:
         self.tables: dict[str, list[KVBlock]] = {}
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
+        # the blocks given back at rest, kept in a file (set by the engine once its tensors exist)
+        self.spill: KVSpillTier | None = None
 
     # -- sizing -------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -69,6 +77,12 @@ class KVCacheManager:
     @property
     def num_resident_blocks(self) -> int:
         return self.pool.num_resident
+
+    def spill_counts(self) -> tuple[int, int]:
+        """(blocks in the spill tier, blocks read back from it so far)."""
+        if self.spill is None:
+            return 0, 0
+        return (len(self.spill.store) if self.spill.enabled else 0), self.spill.restored_blocks
 
     def num_held_blocks(self, request: Request) -> int:
         return len(self.tables.get(request.request_id, ()))
@@ -90,7 +104,11 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
-        return PrefixHit(blocks, len(blocks) * self.block_size)
+        spilled: list[bytes] = []
+        if self.spill is not None and len(blocks) < max_blocks:
+            rest = request.block_hashes[len(blocks) : max_blocks]
+            spilled = rest[: self.spill.chain(rest)]
+        return PrefixHit(blocks, (len(blocks) + len(spilled)) * self.block_size, spilled)
 
     def record_lookup(self, request: Request, hit: PrefixHit) -> None:
         """Count a lookup once, when its request is admitted (not each time it is peeked at)."""
@@ -119,9 +137,25 @@ class KVCacheManager:
             self.pool.touch(hit.blocks)
             table.extend(hit.blocks)
         total = request.num_computed_tokens + hit.num_tokens + num_new_tokens
-        table.extend(self.pool.allocate(self.blocks_for(total) - len(table)))
+        fresh = self.pool.allocate(self.blocks_for(total) - len(table))
+        if hit.spilled and not self._restore(fresh[: len(hit.spilled)], hit.spilled):
+            # the tier failed (and is off now): undo, and the next schedule looks up without it
+            self.pool.release(list(reversed(fresh)))
+            self.pool.release(list(reversed(hit.blocks)))
+            del self.tables[request.request_id]
+            return False
+        table.extend(fresh)
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, table, request.num_computed_tokens + hit.num_tokens, total)
+        return True
+
+    def _restore(self, blocks: list[KVBlock], hashes: list[bytes]) -> bool:
+        """Read spilled blocks into fresh ones and make them cache entries again."""
+        assert self.spill is not None
+        if not self.spill.restore([b.block_id for b in blocks], hashes):
+            return False
+        for block, h in zip(blocks, hashes):
+            self.pool.cache(block, h)
         return True
 
     def _cache_full_blocks(self, request: Request, table: list[KVBlock], start: int, end: int) -> None:
@@ -161,10 +195,24 @@ class KVCacheManager:
         return [b.block_id for b in self.tables.get(request.request_id, ())]
 
     def shrink(self) -> tuple[int, int] | None:
-        """Block ids [first, end) whose memory may be released (BlockPool.shrink), or None."""
+        """Block ids [first, end) whose memory may be released (BlockPool.shrink), or None. With
+        a spill tier every used free block goes, its cache entry copied to the tier first."""
         end = self.pool.num_resident + 1
-        first = self.pool.shrink()
-        return None if first is None else (first, end)
+        spill = self.spill if self.spill is not None and self.spill.enabled else None
+        if spill is None:
+            first = self.pool.shrink()
+            return None if first is None else (first, end)
+        cached: dict[int, bytes] = {}
+        for block in self.pool.blocks[1:end]:
+            if not block.ref_cnt and block.block_hash is not None:
+                cached[block.block_id] = block.block_hash
+        first = self.pool.shrink(keep=0)
+        if first is None:
+            return None
+        dropped = [i for i in range(first, end) if i in cached]
+        spill.spill(dropped, [cached[i] for i in dropped])
+        return first, end
 
     def reset_prefix_cache(self) -> int:
-        return self.pool.reset_cache()
+        """Forget every cached prefix of free blocks, and the spill tier's (the weights changed)."""
+        return self.pool.reset_cache() + (self.spill.clear() if self.spill is not None else 0)

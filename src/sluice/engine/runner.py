@@ -68,6 +68,33 @@ class ModelRunner:
         bs = self.block_size
         return sum(release_slots(t, first_block * bs, end_block * bs) for kv in self.kv_caches for t in kv)
 
+    # -- whole blocks (the spill tier, engine/kv_spill.py) ---------------------------------------
+    def _by_block(self) -> list[torch.Tensor]:
+        """Each K and V tensor as (heads, blocks, block_size, head_dim): views, no copies."""
+        return [t.unflatten(1, (-1, self.block_size)) for kv in self.kv_caches for t in kv]
+
+    def read_blocks(self, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Blocks' K/V bytes, one uint8 row per block: each layer's K then V, head by head, in
+        the cache's dtype (the bytes as stored). `out`: a uint8 buffer of at least that many rows."""
+        tensors = self._by_block()
+        ids = torch.tensor(block_ids, dtype=torch.long, device=tensors[0].device)
+        heads, _, bs, hd = tensors[0].shape
+        n, width = len(block_ids), len(tensors) * heads * bs * hd * tensors[0].element_size()
+        rows = torch.empty((n, width), dtype=torch.uint8) if out is None else out[:n]
+        values = rows.view(tensors[0].dtype).view(n, len(tensors), heads, bs, hd)
+        for i, t in enumerate(tensors):
+            values[:, i].copy_(t.index_select(1, ids).transpose(0, 1))
+        return rows
+
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        """The inverse of read_blocks: rows of bytes back into blocks `block_ids`."""
+        tensors = self._by_block()
+        ids = torch.tensor(block_ids, dtype=torch.long, device=tensors[0].device)
+        heads, _, bs, hd = tensors[0].shape
+        values = data.to(tensors[0].device).view(tensors[0].dtype).view(len(block_ids), len(tensors), heads, bs, hd)
+        for i, t in enumerate(tensors):
+            t.index_copy_(1, ids, values[:, i].transpose(0, 1))
+
     # -- input preparation ---------------------------------------------------------------------
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size

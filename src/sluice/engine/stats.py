@@ -34,6 +34,8 @@ class EngineStats:
     num_held_steps: int = 0  # steps in which the batching window held new arrivals, cumulative
     kv_blocks_resident: int = 0  # blocks written at least once (their pages are resident)
     kv_resident_bytes: int = 0  # their memory
+    kv_spilled_blocks: int = 0  # blocks in the spill tier (engine/kv_spill.py)
+    kv_spill_restored_blocks: int = 0  # of which read back by prefix hits, cumulative
     spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed and verified, cumulative
     spec_accepted_tokens: int = 0  # of which accepted (each saved a step), cumulative
 

@@ -100,6 +100,10 @@ class ServingMetrics:
             "sluice_engine_held_steps_total", "Steps in which the batching window held new arrivals back", ev, registry=r
         )
         self.kv_resident = Gauge("sluice_engine_kv_resident_bytes", "KV pool memory written at least once", ev, registry=r)
+        self.kv_spilled = Gauge("sluice_engine_kv_spilled_blocks", "Prefix-cache blocks kept in the KV spill file",
+                                ev, registry=r)
+        self.kv_restored = Gauge("sluice_engine_kv_spill_restored_blocks_total",
+                                 "Blocks prefix hits read back from the KV spill file since start", ev, registry=r)
         self.engine_steps = Gauge("sluice_engine_steps_total", "Engine steps since start", ev, registry=r)
         self.engine_up = Gauge("sluice_engine_up", "1 when some worker of the version answered the last stats call", ev,
                                registry=r)
@@ -117,6 +121,7 @@ class ServingMetrics:
                 (self.step_tokens, s.last_step_tokens), (self.batch_fill, s.batch_fill),
                 (self.batch_utilization, s.last_step_utilization), (self.batch_utilization_sum, s.batch_utilization_sum),
                 (self.held_steps, s.num_held_steps), (self.kv_resident, s.kv_resident_bytes),
+                (self.kv_spilled, s.kv_spilled_blocks), (self.kv_restored, s.kv_spill_restored_blocks),
                 (self.engine_steps, s.num_steps)]
 
     def observe_engines(self, by_version: dict[tuple[str, str], EngineStats | None]) -> None:

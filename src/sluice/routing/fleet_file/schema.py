@@ -109,6 +109,8 @@ class EngineSettings(_Strict):
     seed: int | None = None
     threads: int | None = Field(None, ge=0)
     kv_idle_gib: float | None = Field(None, ge=0)
+    kv_spill_gib: float | None = Field(None, ge=0)
+    kv_spill_dir: str | None = None
     decode_split_rows: int | None = Field(None, ge=0, le=64)
     speculative_tokens: int | None = Field(None, ge=0, le=16)
     # where and how this version computes (one fleet may run a CUDA version beside a CPU one);
