@@ -224,9 +224,13 @@ def test_queued_streams_ping_and_leaving_clients_leave_the_queue(worker, tmp_pat
     stop = threading.Event()
 
     def occupy() -> None:  # holds the only engine slot until told to stop
+        # ignore_eos and ~8k tokens: the story cannot end on its own before the test tells it to,
+        # however fast the machine (400 tokens that could end at an EOS did, on a quick run)
         story = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and her cat."}]
-        body = {"model": MODEL, "max_tokens": 400, "stream": True, "messages": story, "temperature": 0}
-        with httpx.Client(timeout=120) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=body) as es:
+        body = {"model": MODEL, "max_tokens": 8000, "stream": True, "messages": story, "temperature": 0,
+                "ignore_eos": True}
+        with httpx.Client(timeout=120) as c, connect_sse(c, "POST", server.base_url + "/v1/chat/completions",
+                                                         json=body) as es:
             for _ in es.iter_sse():
                 if stop.is_set():
                     return
