@@ -220,6 +220,13 @@ class BlockPool:
         self._next_unused = low
         return low
 
+    def used_free(self) -> Iterator[KVBlock]:
+        """Free blocks that have held data, in eviction order (the never-used run skipped)."""
+        node = self.blocks[-1].next_free if self.num_never_used else self.free.first()
+        while node is not None and node.block_id >= 0:  # the tail sentinel's id is -1
+            yield node
+            node = node.next_free
+
     def lookup(self, block_hash: bytes) -> KVBlock | None:
         return self.cached.get(block_hash)
 

@@ -202,15 +202,14 @@ class KVCacheManager:
         if spill is None:
             first = self.pool.shrink()
             return None if first is None else (first, end)
-        cached: dict[int, bytes] = {}
-        for block in self.pool.blocks[1:end]:
-            if not block.ref_cnt and block.block_hash is not None:
-                cached[block.block_id] = block.block_hash
+        # in eviction order, so that the spill file's LRU keeps what the pool would have kept
+        # longest (a chain's ancestors, the most recent) when one rest gives back more than it holds
+        cached = [(b.block_id, b.block_hash) for b in self.pool.used_free() if b.block_hash is not None]
         first = self.pool.shrink(keep=0)
         if first is None:
             return None
-        dropped = [i for i in range(first, end) if i in cached]
-        spill.spill(dropped, [cached[i] for i in dropped])
+        dropped = [(i, h) for i, h in cached if i >= first]
+        spill.spill([i for i, _ in dropped], [h for _, h in dropped])
         return first, end
 
     def reset_prefix_cache(self) -> int:

@@ -149,3 +149,18 @@ def test_a_failing_spill_file_turns_the_tier_off_and_the_request_computes(tiny_l
     assert not tier.enabled and "spill tier is off" in caplog.text
     engine.release_idle_memory()  # and a later rest keeps working without it
     assert engine.stats().kv_spilled_blocks == 0
+
+
+def test_a_full_spill_file_keeps_a_chains_ancestors(tiny_llama, tmp_path: Path):
+    """A rest that gives back more than the file holds writes in the pool's eviction order: the
+    chain's deepest blocks first, its root last, so the file's LRU keeps the prefix (a chain is
+    read from its root: without the root nothing of it is ever hit again)."""
+    per_block = kv_bytes_per_block(tiny_llama.model, 4)
+    engine = spill_engine(tiny_llama, tmp_path, kv_spill_gib=3 * per_block / 2**30)
+    prompt = [3 + (i * 11) % 60 for i in range(25)]
+    engine.generate([GenerationRequest("a", prompt, GREEDY)])
+    engine.release_idle_memory()
+    assert engine.stats().kv_spilled_blocks == 3  # of the 7 given back
+    given_back(engine)
+    out = engine.generate([GenerationRequest("b", prompt, GREEDY)])["b"]
+    assert out.usage.cached_tokens == 12  # blocks 0-2 of the chain, read back
