@@ -233,7 +233,7 @@ class KVSpillTier:
         return True
 
     def _buffer(self, blocks: int) -> torch.Tensor:
-        """One batch's staging rows, reused through a copy (its pages fault in once, not per batch)."""
+        """Staging rows for one batch, reused by every batch of a call (its pages fault in once)."""
         return torch.empty((min(blocks, _SPILL_BATCH), self.store.bytes_per_block), dtype=torch.uint8)
 
     def clear(self) -> int:
