@@ -122,6 +122,15 @@ def build(settings: ScalingSettings | None = None) -> dict[str, Any]:
             ("max by (version) (sluice_engine_batch_fill_ratio)", "{{version}} fill (last step tokens / budget)"),
             ("max by (version) (sluice_engine_batch_utilization_ratio)", "{{version}} utilisation"),
         ], "How full the engines' steps are, per model version", span=8))
+        .with_panel(_series("KV memory resident", "bytes", [
+            ("max by (version) (sluice_engine_kv_resident_bytes)", "{{version}}")],
+            "KV pool memory written at least once, per model version; falls to the held blocks once an engine rests",
+            span=12))
+        .with_panel(_series("Prefix cache spill file", "none", [
+            ("max by (version) (sluice_engine_kv_spilled_blocks)", "{{version}} blocks in the file"),
+            ("max by (version) (rate(sluice_engine_kv_spill_restored_blocks_total[$__rate_interval]))",
+             "{{version}} blocks read back / s"),
+        ], "The prefix cache kept on disk while engines rest, and how often prefix hits read it back", span=12))
         # -- fleet and autoscaling --------------------------------------------------------------
         .with_row(Row("Fleet and autoscaling"))
         .with_panel(_series("Scaling signal", "none", [("sluice:scaling_signal", "{{model}}")],
