@@ -82,7 +82,7 @@ class KVCacheManager:
         """(blocks in the spill tier, blocks read back from it so far)."""
         if self.spill is None:
             return 0, 0
-        return (len(self.spill.store) if self.spill.enabled else 0), self.spill.restored_blocks
+        return len(self.spill.store), self.spill.restored_blocks
 
     def num_held_blocks(self, request: Request) -> int:
         return len(self.tables.get(request.request_id, ()))

@@ -154,6 +154,7 @@ class KVSpillStore:
         return n
 
     def close(self) -> None:
+        """Close the file; the store is empty from then on (no lookup finds anything)."""
         self._slots.clear()
         self._file.close()
 
@@ -198,7 +199,7 @@ class KVSpillTier:
         return not self.store.closed
 
     def chain(self, hashes: Sequence[bytes]) -> int:
-        return self.store.chain(hashes) if self.enabled else 0
+        return self.store.chain(hashes)  # 0 once the tier is off: a closed store is empty
 
     def spill(self, block_ids: list[int], hashes: list[bytes]) -> int:
         """Copy blocks about to be given back into the store; the blocks written."""
@@ -237,7 +238,7 @@ class KVSpillTier:
         return torch.empty((min(blocks, _SPILL_BATCH), self.store.bytes_per_block), dtype=torch.uint8)
 
     def clear(self) -> int:
-        return self.store.clear() if self.enabled else 0
+        return self.store.clear()
 
     def _disable(self, what: str, error: Exception) -> None:
         log.warning("KV spill %s failed (%s): the spill tier is off, prefix-cache entries given back are dropped",
