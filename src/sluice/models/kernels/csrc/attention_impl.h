@@ -29,8 +29,7 @@ namespace {  // internal linkage: nothing here may merge with another TU's code
 // once per query head and pass). With a group's work for all heads between one block's loads and
 // the next's, fewer blocks are in flight than when one head's light loop ran ahead, which cost
 // ~7 % on blocks scattered through the cache: the K rows kPrefetchGroups groups ahead are
-// prefetched by hand (measured: contiguous blocks unchanged, scattered ones 0.92x; prefetching
-// V during the K pass too was slower on contiguous blocks and in L2).
+// prefetched by hand into L1, and a task's other rows into L2 as it starts (decode_task says why).
 constexpr int64_t kGroup = 8;
 constexpr int64_t kPrefetchGroups = 2;
 static_assert(sluice::kAttnChunk % kGroup == 0, "a chunk is whole groups");
@@ -66,11 +65,12 @@ static inline F16 qdot(const F16* qv, const void* row) {
   return acc;
 }
 
-template <int ND, bool HALF>
+// LOCALITY: 3 into L1 (the next groups' K rows), 2 into L2 (a whole task's rows at its start)
+template <int ND, bool HALF, int LOCALITY = 3>
 static inline void prefetch_rows(const void* const* rows, int64_t count) {
   constexpr int64_t kBytes = ND * kPanel * (HALF ? 2 : 4);
   for (int64_t r = 0; r < count; ++r)
-    for (int64_t b = 0; b < kBytes; b += 64) __builtin_prefetch(static_cast<const char*>(rows[r]) + b, 0, 3);
+    for (int64_t b = 0; b < kBytes; b += 64) __builtin_prefetch(static_cast<const char*>(rows[r]) + b, 0, LOCALITY);
 }
 
 template <int ND, bool HALF>
@@ -89,15 +89,32 @@ static void decode_task(const AttnArgs& a, int64_t index) {
   const Elem* vbase = static_cast<const Elem*>(a.v_cache) + kh * a.num_slots * D;
   const void* krow[sluice::kAttnChunk];
   const void* vrow[sluice::kAttnChunk];
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t pos = start + t;
-    const int64_t off = ((int64_t)table[pos / a.block_size] * a.block_size + pos % a.block_size) * D;
-    krow[t] = kbase + off;
-    vrow[t] = vbase + off;
+  // block by block: one integer division per block, not per position (the block size is a
+  // run-time value, and a 64-bit division costs ~10-20 cycles on every position of every task)
+  for (int64_t t = 0, pos = start; t < n;) {
+    const int64_t blk = pos / a.block_size, in = pos - blk * a.block_size;
+    const int64_t cnt = imin(a.block_size - in, n - t);
+    const int64_t off0 = ((int64_t)table[blk] * a.block_size + in) * D;
+    for (int64_t j = 0; j < cnt; ++j) {
+      krow[t + j] = kbase + off0 + j * D;
+      vrow[t + j] = vbase + off0 + j * D;
+    }
+    t += cnt;
+    pos += cnt;
   }
   float* sc = a.scratch + index * G * sluice::kAttnChunk;
   const int64_t full = n / kGroup * kGroup;
   prefetch_rows<ND, HALF>(krow, imin(n, kPrefetchGroups * kGroup));
+  // ...and every other K and V row of the task into L2, at once. Decoding many sequences, the K/V
+  // (~150 MB in a 32-stream step) comes from memory in blocks of a few KB scattered through the
+  // cache, where the hardware prefetchers find no stream to follow; asked for only as the loops
+  // reach them, the rows arrive one miss at a time. All of them in flight together, the task runs
+  // at the memory's rate (bench/decode_attention_micro.py: scattered cases 0.75x, the case in L2
+  // 1.03-1.05x; a 32-stream step 0.96x, paired in one process; asking one or more tasks ahead
+  // instead measured the same).
+  if (n > kPrefetchGroups * kGroup)
+    prefetch_rows<ND, HALF, 2>(krow + kPrefetchGroups * kGroup, n - kPrefetchGroups * kGroup);
+  prefetch_rows<ND, HALF, 2>(vrow, n);
   for (int64_t t0 = 0; t0 < full; t0 += kGroup) {
     const int64_t ahead = t0 + kPrefetchGroups * kGroup;
     if (ahead < n) prefetch_rows<ND, HALF>(krow + ahead, imin(kGroup, n - ahead));
