@@ -28,8 +28,10 @@ static void quantize_rows_i8(const float* x, int64_t ldx, int64_t K, int8_t* xq,
       const bool ok = finite && (amax == 0.0f || d >= kSmallestNormal);
       const float id = ok && d != 0.0f ? 1.0f / d : 0.0f;
       int8_t* o = xq + r * K + b * kBlock;
-      istore_i8(o, fround_i(fmul(a0, fset(id))));
-      istore_i8(o + 16, fround_i(fmul(a1, fset(id))));
+      // kHeadUnsignedX: stored as x + 128 in [1, 255] (the low byte of the 32-bit lane)
+      const I16 off = iset(kHeadUnsignedX ? 128 : 0);
+      istore_i8(o, iadd(fround_i(fmul(a0, fset(id))), off));
+      istore_i8(o + 16, iadd(fround_i(fmul(a1, fset(id))), off));
       xd[r * KB + b] = ok ? d : NAN;
     }
   }
@@ -37,10 +39,12 @@ static void quantize_rows_i8(const float* x, int64_t ldx, int64_t K, int8_t* xq,
 
 // The approximate logits: y[r][n] = sum over blocks of (d[n] * xd[r]) * sum_k q[n][k] xq[r][k]. The
 // integer sum (|.| < 2^19) is exact, so a block's term has three roundings. The products are
-// |q| * (xq * sign(q)) (vpmaddubsw wants an unsigned operand), llama.cpp's q8_0 x q8_0 way. One
-// panel at a time: its bytes are first regrouped into dot_u8s8's lanes (and its scales widened)
-// in an L1 scratch of kApproxBlockBytes per block, then every row block reads them from there.
-constexpr int64_t kApproxBlockBytes = kBlock * kPanel + kPanel * 4 + 64;  // 8 groups of 64 bytes, 16 scales, pad
+// |q| * (xq * sign(q)) (vpmaddubsw wants an unsigned operand), llama.cpp's q8_0 x q8_0 way, or
+// with VNNI (xq + 128) * q less 128 * sum q (kHeadUnsignedX). One panel at a time: its bytes are
+// first regrouped into dot_u8s8's lanes (its scales widened, and with VNNI its blocks' -128 * sum q
+// added up) in an L1 scratch of kApproxBlockBytes per block, then every row block reads them there.
+constexpr int64_t kApproxBlockBytes = kBlock * kPanel + kPanel * 4 + 64;  // 8 groups of 64 bytes, 16 scales, 16 offsets
+constexpr int64_t kApproxOffsetAt = kBlock * kPanel + kPanel * 4;
 constexpr int64_t kApproxScratchPerK = kApproxBlockBytes / kBlock / 4;  // in floats (= 5)
 static_assert(kApproxScratchPerK * 4 * kBlock == kApproxBlockBytes, "the scratch is whole floats per k");
 
@@ -50,8 +54,14 @@ static void q8_approx_panel(const GemmArgs& a, int64_t p, uint8_t* sc) {
   for (int64_t kb = 0; kb < KB; ++kb) {
     const uint8_t* blk = wp + kb * kQ8PanelBlockBytes;
     uint8_t* dst = sc + kb * kApproxBlockBytes;
-    for (int g = 0; g < kBlock / 4; ++g) istore(dst + g * 4 * kPanel, q8_k4_lanes(blk + 32 + g * 4 * kPanel));
+    I16 qsum = izero();
+    for (int g = 0; g < kBlock / 4; ++g) {
+      const I16 q = q8_k4_lanes(blk + 32 + g * 4 * kPanel);
+      istore(dst + g * 4 * kPanel, q);
+      if constexpr (kHeadUnsignedX) qsum = dot_u8s8(qsum, iset(0x01010101), q);
+    }
     fstore(reinterpret_cast<float*>(dst + kBlock * kPanel), fload_half(reinterpret_cast<const uint16_t*>(blk)));
+    if constexpr (kHeadUnsignedX) istore(dst + kApproxOffsetAt, isub(izero(), islli(qsum, 7)));  // -128 * sum q
   }
 }
 
@@ -65,13 +75,26 @@ static void q8_approx_tile(const GemmArgs& a, const uint8_t* sc, int64_t r0, int
   for (int64_t kb = 0; kb < KB; ++kb) {
     const uint8_t* blk = sc + kb * kApproxBlockBytes;
     I16 acc[MR];
-    for (int r = 0; r < MR; ++r) acc[r] = izero();
-    for (int g = 0; g < kBlock / 4; ++g) {
-      const I16 q = iload(blk + g * 4 * kPanel), u = iabs8(q);
-      for (int r = 0; r < MR; ++r) {
-        int32_t b;
-        std::memcpy(&b, xr[r] + kb * kBlock + 4 * g, 4);
-        acc[r] = dot_u8s8(acc[r], u, isign8(iset(b), q));
+    if constexpr (kHeadUnsignedX) {
+      const I16 offset = iload(blk + kApproxOffsetAt);
+      for (int r = 0; r < MR; ++r) acc[r] = offset;
+      for (int g = 0; g < kBlock / 4; ++g) {
+        const I16 q = iload(blk + g * 4 * kPanel);
+        for (int r = 0; r < MR; ++r) {
+          int32_t b;
+          std::memcpy(&b, xr[r] + kb * kBlock + 4 * g, 4);
+          acc[r] = dot_u8s8(acc[r], iset(b), q);  // x + 128, unsigned
+        }
+      }
+    } else {
+      for (int r = 0; r < MR; ++r) acc[r] = izero();
+      for (int g = 0; g < kBlock / 4; ++g) {
+        const I16 q = iload(blk + g * 4 * kPanel), u = iabs8(q);
+        for (int r = 0; r < MR; ++r) {
+          int32_t b;
+          std::memcpy(&b, xr[r] + kb * kBlock + 4 * g, 4);
+          acc[r] = dot_u8s8(acc[r], u, isign8(iset(b), q));
+        }
       }
     }
     const F16 d = fload(reinterpret_cast<const float*>(blk + kBlock * kPanel));

@@ -74,6 +74,7 @@ static inline void istore(void* p, I16 a) {
 static inline I16 izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
 static inline I16 iand(I16 a, I16 b) { return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)}; }
 static inline I16 iadd(I16 a, I16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+static inline I16 isub(I16 a, I16 b) { return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)}; }
 template <int S>
 static inline I16 isrl(I16 a) {
   return {_mm256_srli_epi32(a.lo, S), _mm256_srli_epi32(a.hi, S)};
@@ -128,6 +129,9 @@ static inline F16 fround(F16 a) {
           _mm256_round_ps(a.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }
 static inline F16 i_as_f(I16 a) { return {_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)}; }
+// the greedy head's activations stay signed: vpmaddubsw's pair sums would saturate at x + 128
+// (simd_avx512.h says what VNNI does instead)
+constexpr bool kHeadUnsignedX = false;
 static inline void istore_i8(int8_t* p, I16 a) {
   // saturating packs are exact for values in [-128, 127]; the permute undoes packs' lane order
   const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);

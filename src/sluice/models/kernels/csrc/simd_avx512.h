@@ -58,6 +58,7 @@ static inline void istore(void* p, I16 a) { _mm512_storeu_si512(p, a.v); }
 static inline I16 izero() { return {_mm512_setzero_si512()}; }
 static inline I16 iand(I16 a, I16 b) { return {_mm512_and_si512(a.v, b.v)}; }
 static inline I16 iadd(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+static inline I16 isub(I16 a, I16 b) { return {_mm512_sub_epi32(a.v, b.v)}; }
 template <int S>
 static inline I16 isrl(I16 a) {
   return {_mm512_srli_epi32(a.v, S)};
@@ -116,6 +117,16 @@ static inline I16 iabs8(I16 a) { return {_mm512_abs_epi8(a.v)}; }
 static inline I16 isign8(I16 a, I16 b) {
   return {_mm512_mask_sub_epi8(a.v, _mm512_movepi8_mask(b.v), _mm512_setzero_si512(), a.v)};
 }
+// The greedy head's int8 dot products (greedy_head_impl.h). With VNNI, vpdpbusd adds four byte
+// products into 32 bits without vpmaddubsw's 16-bit saturation, so the activations go in unsigned
+// (x + 128) against the weights' own signed q, and the offset comes out once per block
+// (-128 * sum q, kept beside the panel): one instruction per row and 4 k, against three (a
+// broadcast, x * sign(q), the product) for |q| . x * sign(q). Same integers either way.
+#if defined(__AVX512VNNI__)
+constexpr bool kHeadUnsignedX = true;
+#else
+constexpr bool kHeadUnsignedX = false;
+#endif
 // bit i set where !(a[i] < b[i]): also where either is NaN
 static inline uint32_t fnot_less_mask(F16 a, F16 b) { return (uint32_t)_mm512_cmp_ps_mask(a.v, b.v, _CMP_NLT_UQ); }
 // register-block shapes: rows x panels per register block (32 vector registers)
