@@ -72,12 +72,15 @@ def instrument(clock: Clock) -> None:
     import sluice.engine.runner as runner_mod
     import sluice.models.kernels.fused_forward as ff
 
-    def fused_forward(model, input_ids, positions, meta, kv_caches, logits_indices, fast):  # noqa: ANN001, ANN202
+    def fused_forward(model, input_ids, positions, meta, kv_caches, logits_indices, fast, argmax_rows=None):  # noqa: ANN001, ANN202
         ops, cfg, tm = model.ops, model.config, clock.time
         eps = cfg.rms_norm_eps
         heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         cos, sin = model.rope_cos, model.rope_sin
         attention = model.attention
+        hot = input_ids.shape[0] <= ops.DECODE_MAX_ROWS  # the helpers spin through a decode step, as served
+        if hot:
+            ops.set_pool_hot(True)
         h = tm("glue", model.embed_rows, input_ids)
         delta = None
         for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
@@ -94,7 +97,14 @@ def instrument(clock: Clock) -> None:
         rows = tm("glue", lambda: h.index_select(0, logits_indices))
         d = None if delta is None else tm("glue", lambda: delta.index_select(0, logits_indices))
         x = tm("glue", ops.add_rms_norm, rows, d, model.norm, eps)
-        return tm("linear:head", model.lm_head, x)
+        try:
+            if argmax_rows is not None and hasattr(model.lm_head, "argmax_logits"):
+                # the greedy head (csrc/greedy_head.h), as the fused forward calls it
+                return tm("linear:head", model.lm_head.argmax_logits, x, argmax_rows)
+            return tm("linear:head", model.lm_head, x)
+        finally:
+            if hot:
+                ops.set_pool_hot(False)
 
     ff.fused_forward = fused_forward
     runner_mod.sample = clock.wrap("sampling", runner_mod.sample)
