@@ -5,7 +5,6 @@
 
 #include <cstdint>
 
-#include "q8_lanes.h"
 
 namespace SLUICE_ISA_NS {
 
@@ -137,11 +136,20 @@ static inline void istore_i8(int8_t* p, I16 a) {
   const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
 }
-// The Q8_0 panel's 4 k rows at p as 16 lanes of 4 bytes (q8_lanes.h)
+// The Q8_0 panel's 4 k rows at p (16 bytes each, one per lane) as 16 lanes of 4 bytes, k
+// ascending (dot_u8s8's layout): lanes 0-7 in lo, 8-15 in hi. Each half gathers its 8 bytes of
+// every k (one 64-bit unpack of two 32-byte loads), moves lanes 4h..4h+3 of every k into its
+// 128-bit half h (one 32-bit permute), and transposes the bytes there (one shuffle): 8 operations
+// where byte and word unpacks of 16-byte loads took 14. The greedy head regroups every panel on
+// every call (simd_avx512.h does the same with 512-bit words).
 static inline I16 q8_k4_lanes(const uint8_t* p) {
-  I16 r;
-  q8_k4_halves(p, &r.lo, &r.hi);
-  return r;
+  const __m256i k01 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));       // [k0 | k1]
+  const __m256i k23 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));  // [k2 | k3]
+  const __m256i words = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
+  const __m256i bytes = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,  //
+                                         0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return {_mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(k01, k23), words), bytes),
+          _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(k01, k23), words), bytes)};
 }
 // bytes: |a| (as unsigned: |-128| = 128), and a * sign(b) (0 where b is 0)
 static inline I16 iabs8(I16 a) { return {_mm256_abs_epi8(a.lo), _mm256_abs_epi8(a.hi)}; }

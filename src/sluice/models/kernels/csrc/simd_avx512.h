@@ -7,8 +7,6 @@
 
 #include <cstdint>
 
-#include "q8_lanes.h"
-
 namespace SLUICE_ISA_NS {
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -105,11 +103,18 @@ static inline F16 i_as_f(I16 a) { return {_mm512_castsi512_ps(a.v)}; }
 static inline void istore_i8(int8_t* p, I16 a) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a.v));
 }
-// The Q8_0 panel's 4 k rows at p as 16 lanes of 4 bytes (q8_lanes.h: the AVX2 halves, joined)
+// The Q8_0 panel's 4 k rows at p (16 bytes each, one per lane) as 16 lanes of 4 bytes, k
+// ascending (dot_u8s8's layout): a 4 x 4 transpose of 32-bit words across the 128-bit rows (lanes
+// 4i..4i+3 of every k into row i), then of the bytes within each row: two loads and two shuffles
+// where SSE unpacks took fourteen operations (the greedy head regroups every panel on every call).
+// Two 256-bit loads, not one 512-bit: the rows start 32 bytes into a 64-byte line, and a 512-bit
+// load across two lines made the 1-row head 2x slower on Zen 4.
 static inline I16 q8_k4_lanes(const uint8_t* p) {
-  __m256i lo, hi;
-  q8_k4_halves(p, &lo, &hi);
-  return {_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)};
+  const __m512i words = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i bytes = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), 1);
+  return {_mm512_shuffle_epi8(_mm512_permutexvar_epi32(words, v), bytes)};
 }
 // bytes: |a| (as unsigned: |-128| = 128), and a * sign(b) (0 where b is 0; AVX-512 has no vpsignb:
 // a negated where b < 0, and where b is 0 the product with |b| = 0 is 0 anyway)
