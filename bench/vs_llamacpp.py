@@ -19,6 +19,7 @@ ratios sluice / llama.cpp. Ends with one JSON line.
     PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-server /path/to/llama-server [--rounds 3]
     PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-python /path/to/venv/bin/python
     PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-server PATH --levels 1 --workload quote --max-tokens 80
+    PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-server PATH --sluice-env SLUICE_KERNEL_ISA=avx2
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ def main() -> None:
                    help="one prompt of bench/workloads.py for every request (repetitive work: quote, edit, code, json; "
                    "default: a different story per request)")
     p.add_argument("--sluice-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
+    p.add_argument("--sluice-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment for `sluice serve` and its worker (repeatable), e.g. SLUICE_KERNEL_ISA=avx2 to "
+                   "run the AVX2 kernels on an AVX-512 machine")
     args = p.parse_args()
     CONTEXT["text"] = SENTENCE * round(args.context / 33)
     CONTEXT["workload"] = WORKLOADS[args.workload] if args.workload else ""
@@ -167,7 +171,8 @@ def main() -> None:
     gguf = args.gguf or default_model_path()
     levels = [int(x) for x in args.levels.split(",")]
     sluice_args = [*args.sluice_arg] + (["--model", str(gguf)] if args.gguf else [])
-    sluice = start_server(sluice_args, timeout=600)
+    sluice_env = dict(kv.split("=", 1) for kv in args.sluice_env)
+    sluice = start_server(sluice_args, env=sluice_env, timeout=600)
     llama = None
     try:
         llama = LlamaCpp(gguf, args.threads, args.llama_server, args.llama_python, max(levels))
