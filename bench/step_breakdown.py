@@ -81,23 +81,23 @@ def instrument(clock: Clock) -> None:
         hot = input_ids.shape[0] <= ops.DECODE_MAX_ROWS  # the helpers spin through a decode step, as served
         if hot:
             ops.set_pool_hot(True)
-        h = tm("glue", model.embed_rows, input_ids)
-        delta = None
-        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
-            x = tm("glue", ops.add_rms_norm, h, delta, layer.input_norm, eps)
-            qkv = tm("linear:qkv", layer.qkv, x, fast)
-            tm("rope+cache", ops.rope_and_cache, qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache,
-               heads, kv_heads, head_dim)
-            attn = tm("attention", attention.attend, qkv, k_cache, v_cache, meta)
-            o = tm("linear:o", layer.o, attn, fast)
-            x = tm("glue", ops.add_rms_norm, h, o, layer.post_norm, eps)
-            gu = tm("linear:gate_up", layer.gate_up, x, fast)
-            act = tm("glue", ops.silu_mul, gu)
-            delta = tm("linear:down", layer.down, act, fast)
-        rows = tm("glue", lambda: h.index_select(0, logits_indices))
-        d = None if delta is None else tm("glue", lambda: delta.index_select(0, logits_indices))
-        x = tm("glue", ops.add_rms_norm, rows, d, model.norm, eps)
         try:
+            h = tm("glue", model.embed_rows, input_ids)
+            delta = None
+            for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
+                x = tm("glue", ops.add_rms_norm, h, delta, layer.input_norm, eps)
+                qkv = tm("linear:qkv", layer.qkv, x, fast)
+                tm("rope+cache", ops.rope_and_cache, qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache,
+                   heads, kv_heads, head_dim)
+                attn = tm("attention", attention.attend, qkv, k_cache, v_cache, meta)
+                o = tm("linear:o", layer.o, attn, fast)
+                x = tm("glue", ops.add_rms_norm, h, o, layer.post_norm, eps)
+                gu = tm("linear:gate_up", layer.gate_up, x, fast)
+                act = tm("glue", ops.silu_mul, gu)
+                delta = tm("linear:down", layer.down, act, fast)
+            rows = tm("glue", lambda: h.index_select(0, logits_indices))
+            d = None if delta is None else tm("glue", lambda: delta.index_select(0, logits_indices))
+            x = tm("glue", ops.add_rms_norm, rows, d, model.norm, eps)
             if argmax_rows is not None and hasattr(model.lm_head, "argmax_logits"):
                 # the greedy head (csrc/greedy_head.h), as the fused forward calls it
                 return tm("linear:head", model.lm_head.argmax_logits, x, argmax_rows)

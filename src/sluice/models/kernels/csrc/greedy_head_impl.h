@@ -74,27 +74,18 @@ static void q8_approx_tile(const GemmArgs& a, const uint8_t* sc, int64_t r0, int
   for (int r = 0; r < MR; ++r) out[r][0] = fzero();
   for (int64_t kb = 0; kb < KB; ++kb) {
     const uint8_t* blk = sc + kb * kApproxBlockBytes;
+    // kHeadUnsignedX: start from the block's -128 * sum q and multiply x + 128 by q; else
+    // from 0, |q| by x * sign(q)
+    const I16 start = kHeadUnsignedX ? iload(blk + kApproxOffsetAt) : izero();
     I16 acc[MR];
-    if constexpr (kHeadUnsignedX) {
-      const I16 offset = iload(blk + kApproxOffsetAt);
-      for (int r = 0; r < MR; ++r) acc[r] = offset;
-      for (int g = 0; g < kBlock / 4; ++g) {
-        const I16 q = iload(blk + g * 4 * kPanel);
-        for (int r = 0; r < MR; ++r) {
-          int32_t b;
-          std::memcpy(&b, xr[r] + kb * kBlock + 4 * g, 4);
-          acc[r] = dot_u8s8(acc[r], iset(b), q);  // x + 128, unsigned
-        }
-      }
-    } else {
-      for (int r = 0; r < MR; ++r) acc[r] = izero();
-      for (int g = 0; g < kBlock / 4; ++g) {
-        const I16 q = iload(blk + g * 4 * kPanel), u = iabs8(q);
-        for (int r = 0; r < MR; ++r) {
-          int32_t b;
-          std::memcpy(&b, xr[r] + kb * kBlock + 4 * g, 4);
-          acc[r] = dot_u8s8(acc[r], u, isign8(iset(b), q));
-        }
+    for (int r = 0; r < MR; ++r) acc[r] = start;
+    for (int g = 0; g < kBlock / 4; ++g) {
+      const I16 q = iload(blk + g * 4 * kPanel), u = kHeadUnsignedX ? q : iabs8(q);
+      for (int r = 0; r < MR; ++r) {
+        int32_t b;
+        std::memcpy(&b, xr[r] + kb * kBlock + 4 * g, 4);
+        if constexpr (kHeadUnsignedX) acc[r] = dot_u8s8(acc[r], iset(b), u);
+        else acc[r] = dot_u8s8(acc[r], u, isign8(iset(b), q));
       }
     }
     const F16 d = fload(reinterpret_cast<const float*>(blk + kBlock * kPanel));

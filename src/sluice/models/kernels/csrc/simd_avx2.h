@@ -5,7 +5,6 @@
 
 #include <cstdint>
 
-
 namespace SLUICE_ISA_NS {
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
