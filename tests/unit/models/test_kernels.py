@@ -91,7 +91,7 @@ def test_results_are_batch_invariant_and_the_same_on_every_isa(ops, gguf_tensors
         ops.set_isa(isa)
         full = lin(x)
         # batch sizes on both sides of the small-M / dequantize-then-GEMM switch
-        for m in (1, 3, 4, 5, 6, 13, 64):
+        for m in (1, 3, 4, 5, 6, 13, 20, 32, 64):  # 20 and 32: row blocks of 5 (balanced_rows)
             assert torch.equal(lin(x[:m]), full[:m]), f"{isa}: rows of a batch of {m} differ from the batch of 70"
         assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(0, 70, 7)]), full[::7])
         results[isa] = full
