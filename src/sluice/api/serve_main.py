@@ -21,7 +21,7 @@ from sluice.config import Settings
 from sluice.errors import InvalidRequestError
 from sluice.gateway.factory import build_authenticator
 from sluice.gateway.tiers import load_tiers
-from sluice.heap import trim_heap
+from sluice.heap import freeze_startup_objects, trim_heap
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.fleet_setup import Fleet, build_registry, start_fleet
 from sluice.serving.guided import resolve_tool_format
@@ -80,8 +80,10 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
                 rt.safety = await safety
             fleet.on_give_up = give_up
             rt.mark_ready(fleet, fleet.capacity()[0])
-            # the tokenizers' build and the safety pipelines' peak left freed heap behind
-            # (docs/BENCHMARKS.md, "Serve memory"): give it back once
+            # start-up's objects out of the collector's full passes (heap.py), then the freed heap
+            # the tokenizers' build and the safety pipelines' peak left behind (docs/BENCHMARKS.md,
+            # "Serve memory") given back once
+            rt.metrics.gc_frozen.set(freeze_startup_objects())
             trim_heap()
             rt.keep_task(follow_capacity(rt, fleet, settings.health_check_interval_s))
             workers = ", ".join(f"{h.model_id}/{h.version}@{h.worker_id}" for h in fleet.handles.values())

@@ -51,6 +51,11 @@ class ServingMetrics:
             ["status"], registry=r,
         )
         self.inflight = Gauge("sluice_http_inflight_generations", "Generations open on this API process", registry=r)
+        self.gc_frozen = Gauge(
+            "sluice_gc_frozen_objects",
+            "Objects this API process had built when ready, moved out of the cyclic collector's passes (gc.freeze)",
+            registry=r,
+        )
         # safety
         self.safety_verdicts = Counter(
             "sluice_safety_verdicts", "Safety verdicts (blocks and kills) by layer and category", ["layer", "category"], registry=r

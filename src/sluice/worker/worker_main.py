@@ -35,6 +35,7 @@ import grpc
 from sluice.engine.async_engine import AsyncEngine
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
+from sluice.heap import freeze_startup_objects
 from sluice.models.bundled import BUNDLED_FILE
 from sluice.models.loader import load_model
 from sluice.worker.channel_options import SERVER_OPTIONS
@@ -159,6 +160,7 @@ async def run_worker(
     if drain.is_set():  # asked to drain while loading: nothing runs, nothing to wait for
         stop.set()
     servicer.set_engine(engine, info)
+    freeze_startup_objects()  # the model's and tokenizer's objects out of the collector's full passes (heap.py)
     await health.ready()
     _say(f"sluice worker listening on {listen} (model {info.name})")
 
