@@ -14,8 +14,8 @@ loop) --levels times, and reads every thread's CPU of the server's processes and
   decode steps    those with as many tokens as sequences at the full batch: count, median wall,
                   median engine-thread CPU (wall - CPU: time the thread waited for a core or the GIL)
   other steps     prefill and mixed steps: count and total wall
-  threads         CPU of each thread above --min-cores, in cores ("gateway|worker|client pid
-                  name:tid"; the client is this process, the load's HTTP side)
+  threads         CPU of each thread above --min-cores, in cores ("gateway|workerN|client pid
+                  tid"; the client is this process, the load's HTTP side)
   gc              per process and generation: collections, total and longest milliseconds
 
 Compare the decode steps' wall with bench/step_breakdown.py's or bench/decode_threads.py's (the
@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -89,32 +91,10 @@ if _dir:
 '''
 
 
-def thread_cpu(pids: list[int]) -> dict[tuple[int, str], float]:
-    """CPU seconds of every thread of these processes, keyed (pid, "name:tid")."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                stat = (task / "stat").read_text()
-            except OSError:
-                continue
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2:].split()
-            out[(pid, f"{name}:{task.name}")] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == str(pid):
-            kids.append(int(stat.parent.name))
-    return kids
+def thread_cpu(procs: dict[str, psutil.Process]) -> dict[str, float]:
+    """CPU seconds of every thread of these processes, keyed "<role> <pid> <tid>"."""
+    return {f"{role} {proc.pid} {t.id}": t.user_time + t.system_time
+            for role, proc in procs.items() for t in proc.threads()}
 
 
 def read_traces(trace_dir: Path) -> tuple[list[tuple[float, ...]], dict[int, list[tuple[float, int, float]]]]:
@@ -134,7 +114,7 @@ def summarize(steps: list, gcs: dict, t0: float, t1: float, streams: int) -> dic
     mine = [s for s in steps if t0 <= s[0] <= t1]
     busy = sum(s[1] for s in mine)
     decode = [s for s in mine if s[3] == streams and s[4] == streams]
-    other = [s for s in mine if not (s[3] == s[4])]
+    other = [s for s in mine if s[3] != s[4]]  # prefill and mixed: more tokens than sequences
     gaps = [b[0] - a[0] - a[1] for a, b in zip(mine, mine[1:])]
     gc_out = {}
     for pid, rows in gcs.items():
@@ -171,16 +151,15 @@ def main() -> None:
     results = []
     try:
         asyncio.run(level(server.base_url, MODEL, 1, 16, 0))  # warm: the first request's one-off costs
-        pids = [server.process.pid, *children(server.process.pid)]
+        gateway = psutil.Process(server.process.pid)
+        procs = {"gateway": gateway, "client": psutil.Process(),  # the client: this process, the load's HTTP side
+                 **{f"worker{i}": w for i, w in enumerate(gateway.children())}}
         for n in range(args.levels):
-            before = thread_cpu(pids + [os.getpid()])
+            before = thread_cpu(procs)
             t0 = time.perf_counter()
             load = asyncio.run(level(server.base_url, MODEL, args.streams, args.max_tokens, 1000 * (n + 1)))
             t1 = time.perf_counter()
-            after = thread_cpu(pids + [os.getpid()])
-            role = {server.process.pid: "gateway", os.getpid(): "client"}  # the rest: the gateway's workers
-            cores = {f"{role.get(pid, 'worker')} {pid} {name}": (v - before.get((pid, name), 0.0)) / (t1 - t0)
-                     for (pid, name), v in after.items()}
+            cores = {k: (v - before.get(k, 0.0)) / (t1 - t0) for k, v in thread_cpu(procs).items()}
             steps, gcs = read_traces(trace_dir)
             row = summarize(steps, gcs, t0, t1, args.streams)
             row["aggregate_tok_s"] = load["aggregate_tok_s"]

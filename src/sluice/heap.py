@@ -7,7 +7,8 @@ gateway's tokenizer build, a burst of 32 streams in the engine) tens of MiB sit 
 Callers do it at quiet moments only (after start-up; when the engine has sat idle), never per
 step: the pages come back as page faults when used again. A no-op where malloc is not glibc's.
 
-And take what start-up built out of Python's cyclic collector (`freeze_startup_objects`).
+Also at start-up's end: what start-up built, taken out of Python's cyclic collector
+(`freeze_startup_objects`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def freeze_startup_objects() -> int:
     or more (the gateway froze ~94,000) that live as long as it does. A full collection walks them
     all: in the gateway, two in a 36 s 32-stream load took ~93 ms each, and every stream's delivery
     stopped for that long; frozen, the two took 3 and 9 ms (docs/BENCHMARKS.md, "The served
-    32-stream step against the engine's own"). Called once, when the process is ready. Objects frozen are never collected, so what start-up left behind
-    in cycles must be collected first, as here."""
+    32-stream step against the engine's own"). Called once, when the process is ready. Frozen
+    objects are never collected, so start-up's garbage in cycles is collected first, as here."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
