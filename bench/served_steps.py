@@ -173,8 +173,8 @@ def main() -> None:
             for name, c in row["threads_cores"].items():
                 print(f"    {name:36s} {c:.3f} cores", file=sys.stderr)
             for key, g in row["gc"].items():
-                print(f"    gc {key:12s} {g['count']:4d} collections, {g['total_ms']:.1f} ms, longest {g['max_ms']:.1f} ms",
-                      file=sys.stderr)
+                print(f"    gc {key:12s} {g['count']:4d} collections, {g['total_ms']:.1f} ms, "
+                      f"longest {g['max_ms']:.1f} ms", file=sys.stderr)
     finally:
         server.stop()
     print(json.dumps({"streams": args.streams, "max_tokens": args.max_tokens, "server_pid": server.process.pid,
