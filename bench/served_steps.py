@@ -7,15 +7,17 @@ PYTHONPATH that, in the gateway and the worker alike, times every `LLMEngine.ste
 engine thread's CPU, the batch's sequences and tokens) and every collection of Python's cyclic
 collector (`gc.callbacks`), each process writing its own file. Then it sends
 bench/vs_llamacpp.py's load (streaming chat, greedy, `ignore_eos`, 2 x streams requests, closed
-loop) --levels times, and reads every thread's CPU of the server's processes and of this one from
-/proc around each level. Per level:
+loop) --levels times, and reads every thread of the server's processes and of this one around each
+level (CPU through psutil; the rest from Linux's /proc). Per level:
 
   engine          busy share of the level's wall time, the gaps between steps
   decode steps    those with as many tokens as sequences at the full batch: count, median wall,
                   median engine-thread CPU (wall - CPU: time the thread waited for a core or the GIL)
   other steps     prefill and mixed steps: count and total wall
-  threads         CPU of each thread above --min-cores, in cores ("gateway|workerN|client pid
-                  tid"; the client is this process, the load's HTTP side)
+  threads         each thread above --min-cores ("gateway|workerN|client pid tid name"; the
+                  client is this process, the load's HTTP side): its CPU in cores, the time it
+                  was runnable but waited for a core (schedstat, in cores), and how often per
+                  second it was preempted (involuntary context switches)
   gc              per process and generation: collections, total and longest milliseconds
 
 Compare the decode steps' wall with bench/step_breakdown.py's or bench/decode_threads.py's (the
@@ -91,10 +93,23 @@ if _dir:
 '''
 
 
-def thread_cpu(procs: dict[str, psutil.Process]) -> dict[str, float]:
-    """CPU seconds of every thread of these processes, keyed "<role> <pid> <tid>"."""
-    return {f"{role} {proc.pid} {t.id}": t.user_time + t.system_time
-            for role, proc in procs.items() for t in proc.threads()}
+def thread_sched(procs: dict[str, psutil.Process]) -> dict[str, tuple[float, float, int, str]]:
+    """Per thread of these processes, keyed "<role> <pid> <tid>": CPU seconds, seconds spent
+    runnable but waiting for a core (the kernel's schedstat), involuntary context switches
+    (preemptions), and the thread's name. Linux: the last three come from /proc."""
+    out = {}
+    for role, proc in procs.items():
+        for t in proc.threads():
+            task = Path(f"/proc/{proc.pid}/task/{t.id}")
+            try:
+                wait_ns = int((task / "schedstat").read_text().split()[1])
+                status = (task / "status").read_text()
+                invol = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+                name = (task / "comm").read_text().strip()
+            except (OSError, IndexError, ValueError):  # the thread ended, or no /proc
+                wait_ns, invol, name = 0, 0, "?"
+            out[f"{role} {proc.pid} {t.id}"] = (t.user_time + t.system_time, wait_ns / 1e9, invol, name)
+    return out
 
 
 def read_traces(trace_dir: Path) -> tuple[list[tuple[float, ...]], dict[int, list[tuple[float, int, float]]]]:
@@ -155,23 +170,32 @@ def main() -> None:
         procs = {"gateway": gateway, "client": psutil.Process(),  # the client: this process, the load's HTTP side
                  **{f"worker{i}": w for i, w in enumerate(gateway.children())}}
         for n in range(args.levels):
-            before = thread_cpu(procs)
+            before = thread_sched(procs)
             t0 = time.perf_counter()
             load = asyncio.run(level(server.base_url, MODEL, args.streams, args.max_tokens, 1000 * (n + 1)))
             t1 = time.perf_counter()
-            cores = {k: (v - before.get(k, 0.0)) / (t1 - t0) for k, v in thread_cpu(procs).items()}
+            after = thread_sched(procs)
+            wall = t1 - t0
+            zero = (0.0, 0.0, 0, "")  # a thread that started during the level
+            threads = {k: {"name": v[3], "cores": (v[0] - before.get(k, zero)[0]) / wall,
+                           "waiting_cores": (v[1] - before.get(k, zero)[1]) / wall,
+                           "preempted_per_s": (v[2] - before.get(k, zero)[2]) / wall}
+                       for k, v in after.items()}
             steps, gcs = read_traces(trace_dir)
             row = summarize(steps, gcs, t0, t1, args.streams)
             row["aggregate_tok_s"] = load["aggregate_tok_s"]
-            row["threads_cores"] = {k: round(v, 4) for k, v in sorted(cores.items(), key=lambda kv: -kv[1])
-                                    if v >= args.min_cores}
+            row["threads"] = {k: {f: round(x, 4) if isinstance(x, float) else x for f, x in v.items()}
+                              for k, v in sorted(threads.items(), key=lambda kv: -kv[1]["cores"])
+                              if v["cores"] >= args.min_cores}
             results.append(row)
             print(f"level {n + 1}: {row['aggregate_tok_s']:.1f} tok/s; engine busy {100 * row['busy_share']:.1f} % "
                   f"(gaps {row['gaps_s']:.2f} s); {row['decode_steps']} decode steps of {args.streams}: wall "
                   f"{row['decode_wall_ms_p50']:.1f} ms, engine thread CPU {row['decode_engine_cpu_ms_p50']:.1f} ms "
                   f"(p50); {row['other_steps']} other steps {row['other_steps_wall_s']:.2f} s", file=sys.stderr)
-            for name, c in row["threads_cores"].items():
-                print(f"    {name:36s} {c:.3f} cores", file=sys.stderr)
+            print(f"    {'thread':44s} {'cores':>6s} {'waiting':>8s} {'preempted/s':>12s}", file=sys.stderr)
+            for key, t in row["threads"].items():
+                print(f"    {key + ' ' + t['name']:44s} {t['cores']:6.3f} {t['waiting_cores']:8.3f} "
+                      f"{t['preempted_per_s']:12.0f}", file=sys.stderr)
             for key, g in row["gc"].items():
                 print(f"    gc {key:12s} {g['count']:4d} collections, {g['total_ms']:.1f} ms, "
                       f"longest {g['max_ms']:.1f} ms", file=sys.stderr)

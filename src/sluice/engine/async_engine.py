@@ -20,6 +20,7 @@ from typing import Any
 from sluice.engine.engine import LLMEngine
 from sluice.engine.stats import EngineStats
 from sluice.errors import EngineDeadError, SluiceError
+from sluice.thread_name import name_this_thread
 from sluice.types import GenerationEvent, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ class AsyncEngine:
 
     # -- engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        name_this_thread(self._thread.name)  # "sluice-engine" in top -H, py-spy and the like
         if self._factory is not None:
             try:
                 self._engine = self._factory()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from sluice.engine.async_engine import AsyncEngine
 from sluice.engine.config import EngineConfig
@@ -40,6 +44,20 @@ def test_concurrent_streams_match_the_sync_engine(tiny_llama):
     finally:
         engine.shutdown()
     assert streamed == [sync[f"r{i}"].token_ids for i in range(len(prompts))]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names through /proc are Linux's")
+def test_the_engine_thread_carries_its_name_for_the_system(tiny_llama):
+    # top -H, py-spy and bench/served_steps.py see "sluice-engine", not "python"
+    engine = _engine(tiny_llama)
+    try:
+        comm = Path(f"/proc/self/task/{engine._thread.native_id}/comm")
+        deadline = time.monotonic() + 120  # generous: the thread names itself as it starts
+        while comm.read_text().strip() != "sluice-engine" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert comm.read_text().strip() == "sluice-engine"
+    finally:
+        engine.shutdown()
 
 
 def test_leaving_a_stream_aborts_and_frees_blocks_within_a_step(tiny_llama):

@@ -8,6 +8,8 @@ kernel tests skip (the fallback test still runs); anywhere else a failed build f
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,6 +147,9 @@ def test_decode_batches_split_over_the_helper_pool_with_the_same_results(ops, gg
         for key, got in results.items():
             assert all(torch.equal(a, b) for a, b in zip(first, got)), f"threads, min_rows = {key}"
         assert ops.helper_chunks() > chunks, "no call ran on a helper"
+        if sys.platform.startswith("linux"):  # the helpers name themselves for top -H and py-spy
+            names = {(t / "comm").read_text().strip() for t in Path("/proc/self/task").iterdir()}
+            assert {"sluice-helper1", "sluice-helper2"} <= names, names
     finally:
         ops.set_pool_guard(True)
         torch.set_num_threads(before)

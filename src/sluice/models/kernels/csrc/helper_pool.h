@@ -25,7 +25,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <pthread.h>
 #include <sched.h>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -177,6 +179,9 @@ class HelperPool {
   }
 
   void loop(int slot) {
+    // named for top -H, py-spy and bench/served_steps.py (15 characters at most)
+    const std::string name = "sluice-helper" + std::to_string(slot);
+    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
     uint64_t seen = 0;
     for (;;) {
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
