@@ -179,9 +179,10 @@ class HelperPool {
   }
 
   void loop(int slot) {
-    // named for top -H, py-spy and bench/served_steps.py (15 characters at most)
+#if defined(__linux__)  // named for top -H, py-spy and bench/served_steps.py (15 characters at most)
     const std::string name = "sluice-helper" + std::to_string(slot);
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+#endif
     uint64_t seen = 0;
     for (;;) {
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
