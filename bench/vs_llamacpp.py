@@ -14,7 +14,8 @@ figures are not llama.cpp's batching; the report says which side ran).
 
 Per side and level: TTFT p50, per-stream decode tok/s (median over requests of (chunks - 1) /
 (last chunk - first chunk)), aggregate tok/s (output tokens / wall time of the level), and the
-ratios sluice / llama.cpp. Ends with one JSON line.
+ratios sluice / llama.cpp of the medians; then each round's aggregate ratio per level, with their
+median. Ends with one JSON line.
 
     PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-server /path/to/llama-server [--rounds 3]
     PYTHONPATH=src .venv/bin/python bench/vs_llamacpp.py --llama-python /path/to/venv/bin/python
@@ -201,6 +202,11 @@ def main() -> None:
                 per_round = [x[metric] / y[metric] for x, y in zip(figures["sluice"][lv], figures["llama.cpp"][lv])]
                 out[f"x{lv}_{metric}"] = {"sluice": a, "llama_cpp": b, "ratio": a / b, "ratio_per_round": per_round}
                 print(f"{'x' + str(lv):>6} {metric:>18} {a:9.1f} {b:10.1f} {a / b:7.2f}", file=sys.stderr)
+        # the rounds' spread: on a shared machine one round's ratio can sit far from the median's
+        for lv in levels:
+            rounds = out[f"x{lv}_aggregate_tok_s"]["ratio_per_round"]
+            print(f"x{lv} aggregate ratio per round: {' '.join(f'{x:.2f}' for x in rounds)} "
+                  f"(median {statistics.median(rounds):.2f})", file=sys.stderr)
         print(json.dumps(out))
     finally:
         if llama is not None:
