@@ -95,6 +95,9 @@ def _serve(args: argparse.Namespace, settings) -> int:  # Settings
             "sluice: warning: no API key set (--api-key / SLUICE_API_KEY): the server is open to local callers",
             file=sys.stderr,
         )
+    from sluice.thread_name import name_this_thread
+
+    name_this_thread("sluice-serve")  # the process's name in ps and top: the main thread's
     return asyncio.run(serve(settings, access_log=args.access_log))
 
 

@@ -52,8 +52,10 @@ def _run(args: argparse.Namespace) -> int:
     except (SluiceError, ValueError, TypeError) as exc:  # TypeError: an unknown --engine-config field
         print(f"sluice worker: error: {exc}", file=sys.stderr)
         return 2
+    from sluice.thread_name import name_this_thread
     from sluice.worker.worker_main import run_worker
 
+    name_this_thread("sluice-worker")  # the process's name in ps and top: the main thread's
     return asyncio.run(run_worker(args.listen, args.model, args.dtype, config, progress=PROGRESS[args.progress], faults=faults))
 
 

@@ -7,12 +7,14 @@ import asyncio
 import signal
 import socket
 import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import anthropic
 import httpx
+import psutil
 import pytest
 from httpx_sse import connect_sse
 
@@ -50,6 +52,14 @@ def test_the_gateway_froze_its_startup_objects_when_ready(server):
     """Start-up's objects (tokenizers, safety pipelines, the app) out of the collector's full
     passes (sluice/heap.py): without it a full pass took ~93 ms under load, every stream stalled."""
     assert metric(server.base_url, "sluice_gc_frozen_objects") > 10_000
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process names through /proc are Linux's")
+def test_the_gateway_and_its_worker_carry_sluice_names_for_the_system(server):
+    """ps and top show "sluice-serve" and "sluice-worker", not "python" (sluice/thread_name.py)."""
+    gateway = psutil.Process(server.process.pid)
+    assert gateway.name() == "sluice-serve"
+    assert [w.name() for w in gateway.children()] == ["sluice-worker"]
 
 
 def test_16_concurrent_streams_batch(server):
