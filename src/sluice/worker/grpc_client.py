@@ -1,6 +1,8 @@
 """`GrpcEngineClient`: the EngineClient over gRPC to a `sluice worker` (local or remote).
 
-Status codes map back to sluice errors: INVALID_ARGUMENT → InvalidRequestError (or
+By default every request travels over one Stream call per client (worker/stream_mux.py), so
+an engine step reaches the gateway as one message; `multiplex=False` uses a Generate call per
+request. Status codes map back to sluice errors: INVALID_ARGUMENT → InvalidRequestError (or
 ContextWindowExceededError, from trailing metadata), anything that means "no engine" →
 EngineUnavailableError. Leaving `generate()` early cancels the call; the worker aborts the
 request. The channel is created lazily so it binds to the event loop that uses it.
@@ -10,13 +12,14 @@ Imports no torch: a gateway-only process (`sluice serve --worker ADDR`) needs no
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 
 from sluice.engine.stats import EngineStats
-from sluice.errors import EngineUnavailableError, InvalidRequestError
+from sluice.errors import EngineUnavailableError, InvalidRequestError, SluiceError
 from sluice.types import GenerationEvent, GenerationRequest
 from sluice.worker.channel_options import CLIENT_OPTIONS
 from sluice.worker.convert import event_from_pb, request_to_pb, stats_from_json
@@ -24,20 +27,29 @@ from sluice.worker.engine_client import ModelInfo
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
 from sluice.worker.status_codes import error_from
+from sluice.worker.stream_mux import StreamMux, StreamUnsupportedError
+
+log = logging.getLogger("sluice.worker")
 
 
 class GrpcEngineClient:
-    """`address`: host:port or unix:/path. `request_timeout_s`: default deadline of one Generate
-    call (None: no deadline). `options`: extra gRPC channel options, appended to the defaults."""
+    """`address`: host:port or unix:/path. `request_timeout_s`: default deadline of one request
+    (None: no deadline). `options`: extra gRPC channel options, appended to the defaults.
+    `multiplex`: send every request over one Stream call (the default; worker/stream_mux.py),
+    or each over a Generate call of its own (benchmarks compare the two). A worker without
+    Stream (older than it) turns it off by itself, on the first request."""
 
     def __init__(
-        self, address: str, request_timeout_s: float | None = None, options: Sequence[tuple[str, Any]] = ()
+        self, address: str, request_timeout_s: float | None = None, options: Sequence[tuple[str, Any]] = (),
+        multiplex: bool = True,
     ):
         self.address = address
         self.request_timeout_s = request_timeout_s
+        self.multiplex = multiplex
         self._options = [*CLIENT_OPTIONS, *options]
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.EngineStub | None = None
+        self._mux: StreamMux | None = None
         self._active: set[Any] = set()  # Generate calls in flight
         self._abandoned: dict[Any, str] = {}  # call -> why it was given up (abandon_calls)
 
@@ -46,6 +58,12 @@ class GrpcEngineClient:
             self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
             self._stub = pb_grpc.EngineStub(self._channel)
         return self._stub
+
+    def _get_mux(self) -> StreamMux:
+        if self._mux is None:
+            stub = self._get_stub()
+            self._mux = StreamMux(lambda requests: stub.Stream(requests))
+        return self._mux
 
     async def generate(
         self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = (), timeout: float | None = None
@@ -57,6 +75,15 @@ class GrpcEngineClient:
             wire_request = request_to_pb(request)
         except (ValueError, TypeError) as exc:  # e.g. a value outside the wire's int32 range
             raise InvalidRequestError(f"request cannot be encoded: {exc}") from None
+        if self.multiplex:
+            try:
+                async for event in self._generate_on_stream(request.request_id, wire_request, trace_metadata,
+                                                            timeout or self.request_timeout_s):
+                    yield event
+                return
+            except StreamUnsupportedError:  # an older worker, before any event: Generate from now on
+                log.warning("worker %s has no Stream method: one Generate call per request from now on", self.address)
+                self.multiplex = False
         call = self._get_stub().Generate(wire_request, timeout=timeout or self.request_timeout_s,
                                          metadata=tuple(trace_metadata) or None)
         self._active.add(call)
@@ -88,14 +115,33 @@ class GrpcEngineClient:
             if not finished:
                 call.cancel()  # the worker sees the cancellation and aborts the request
 
+    async def _generate_on_stream(self, request_id: str, wire_request: pb.GenerateRequest,
+                                  trace_metadata: Sequence[tuple[str, str]], timeout: float | None) -> AsyncIterator[GenerationEvent]:
+        mux = self._get_mux()
+        stream_id, queue = mux.start(wire_request, trace_metadata, timeout)
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, SluiceError):
+                    finished = True  # the request is over on the worker's side
+                    raise item
+                for event in item:
+                    ev = event_from_pb(request_id, event)
+                    finished = finished or ev.finished
+                    yield ev
+        finally:
+            if not finished:
+                mux.cancel(stream_id)  # the worker aborts the request
+
     def abandon_calls(self, why: str) -> int:
-        """Fail every Generate call in flight with EngineUnavailableError (the worker stopped
+        """Fail every request in flight with EngineUnavailableError (the worker stopped
         answering: a hang is found by the health deadline, not by a broken connection)."""
         calls = list(self._active)
         for call in calls:
             self._abandoned[call] = why
             call.cancel()
-        return len(calls)
+        return len(calls) + (self._mux.abandon(why) if self._mux is not None else 0)
 
     async def _unary(self, method: str, request: object, timeout: float = 5.0) -> Any:  # the method's reply message
         try:
@@ -125,6 +171,9 @@ class GrpcEngineClient:
             return False
 
     async def close(self) -> None:
+        if self._mux is not None:
+            await self._mux.close()
+            self._mux = None
         if self._channel is not None:
             await self._channel.close()
             self._channel, self._stub = None, None

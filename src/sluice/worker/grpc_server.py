@@ -2,12 +2,15 @@
 
 The server listens before the model is loaded: Health reports "loading" and Generate answers
 UNAVAILABLE until `set_engine()`, so a supervisor can tell "starting" from "dead". A drain
-(`start_drain()`) refuses new Generate calls with UNAVAILABLE — the router retries them on
+(`start_drain()`) refuses new requests with UNAVAILABLE — the router retries them on
 another worker, nothing has streamed yet — while the calls already running finish.
 Each Generate response message carries every event the engine produced since the previous one
 (`AsyncEngine.generate_batches`), so a slow consumer costs fewer, larger messages.
 Cancelling the RPC (client gone, deadline passed) cancels the handler, whose generator exit
 aborts the engine request: its KV blocks are freed within one engine step.
+Stream serves many requests on one call (worker/stream_session.py): sluice's own gateway uses it,
+so an engine step reaches the gateway as one message instead of one per request. Both serve each
+request through `request_batches`: the same checks, faults, span and errors.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 
 import grpc
 from opentelemetry.trace import SpanKind
@@ -31,7 +35,8 @@ from sluice.types import GenerationEvent
 from sluice.worker.faults import FaultSpec
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
-from sluice.worker.status_codes import REFUSED_TRAILERS, status_for
+from sluice.worker.status_codes import REFUSED_TRAILERS, RequestFailed, status_for
+from sluice.worker.stream_session import StreamSession
 
 log = logging.getLogger("sluice.worker")
 
@@ -46,7 +51,8 @@ class EngineServicer(pb_grpc.EngineServicer):
         self.info: ModelInfo | None = None
         self.detail = "loading the model"
         self.draining = False
-        self.active = 0  # Generate calls running now (a drain waits for 0)
+        self.active = 0  # requests running now, on any call (a drain waits for 0)
+        self._sessions: set[StreamSession] = set()  # Stream calls open now
 
     def set_engine(self, engine: AsyncEngine, info: ModelInfo) -> None:
         self.engine, self.info, self.detail = engine, info, "ready"
@@ -56,6 +62,11 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     def start_drain(self) -> None:
         self.draining, self.detail = True, "draining"
+
+    def end_streams(self) -> None:
+        """The worker stops: each Stream call ends as soon as its requests have (see worker_main)."""
+        for session in self._sessions:
+            session.end_when_idle()
 
     async def _require_engine(self, context: grpc.aio.ServicerContext) -> AsyncEngine:
         engine = self.engine
@@ -67,14 +78,40 @@ class EngineServicer(pb_grpc.EngineServicer):
         return engine
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
-        engine = await self._require_engine(context)
+        try:
+            async with aclosing(self.request_batches(request, context.invocation_metadata())) as batches:
+                async for batch in batches:
+                    yield pb.GenerateResponse(events=[event_to_pb(e) for e in batch])
+        except RequestFailed as failed:
+            if failed.trailers:
+                context.set_trailing_metadata(failed.trailers)
+            await context.abort(failed.code, failed.details)
+
+    async def Stream(self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.StreamResponse]:
+        session = StreamSession(self.request_batches)
+        self._sessions.add(session)
+        try:
+            async with aclosing(session.serve(request_iterator)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self._sessions.discard(session)
+
+    async def request_batches(self, request: pb.GenerateRequest, trace_metadata: Sequence[tuple[str, str | bytes]] | None) -> AsyncIterator[list[GenerationEvent]]:
+        """One request's events, batched as the engine delivers them: what Generate and each
+        request of a Stream call serve. Raises RequestFailed with the status to answer."""
+        engine = self.engine
+        if engine is None:
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, f"engine not ready ({self.detail})")
+        if not engine.is_running:  # shutting down, or its loop died
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "engine stopped")
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker draining")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "worker draining")
         request_id_var.set(request.request_id)  # this handler's task: its log lines carry the id
         faults = self.faults if not FaultSpec.exempt(request.request_id) else FaultSpec()
         if faults.fail_all:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_all", trailing_metadata=REFUSED_TRAILERS)
-        span = tracer().start_span("worker.generate", context=extract_context(context.invocation_metadata()),
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_all", REFUSED_TRAILERS)
+        span = tracer().start_span("worker.generate", context=extract_context(trace_metadata),
                                    kind=SpanKind.SERVER, attributes={
                                        "sluice.request_id": request.request_id,
                                        "sluice.prompt_tokens": len(request.prompt_token_ids),
@@ -93,7 +130,7 @@ class EngineServicer(pb_grpc.EngineServicer):
                     if queued is not None:
                         span.set_attribute("sluice.queue_time_s", queued)
                 last = batch[-1]
-                yield pb.GenerateResponse(events=[event_to_pb(e) for e in batch])
+                yield batch
                 if faults.exit_after_tokens is not None:
                     self.tokens_sent += sum(len(e.token_ids) for e in batch)
                     if self.tokens_sent >= faults.exit_after_tokens:
@@ -102,9 +139,7 @@ class EngineServicer(pb_grpc.EngineServicer):
                         os._exit(137)
         except (InvalidRequestError, EngineDeadError) as exc:
             code, trailers = status_for(exc)
-            if trailers:
-                context.set_trailing_metadata(trailers)
-            await context.abort(code, str(exc))
+            raise RequestFailed(code, str(exc), trailers) from None
         finally:
             self.active -= 1
             end = time.perf_counter()

@@ -27,6 +27,20 @@ REQUEST_REFUSED = "request_refused"
 REFUSED_TRAILERS = ((ERROR_KIND_KEY, REQUEST_REFUSED),)
 
 
+class RequestFailed(Exception):
+    """A worker's answer to one request that failed: the status a Generate call ends with, or a
+    Stream call's RequestStatus for that request."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailers: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(details)
+        self.code, self.details, self.trailers = code, details, trailers
+
+    @property
+    def kind(self) -> str:
+        """The sluice-error-kind trailer's value, or ""."""
+        return dict(self.trailers).get(ERROR_KIND_KEY, "")
+
+
 def status_for(exc: SluiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
     """The status code and trailing metadata the server answers `exc` with."""
     if isinstance(exc, ContextWindowExceededError):
@@ -36,16 +50,27 @@ def status_for(exc: SluiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, str]
     return grpc.StatusCode.UNAVAILABLE, ()
 
 
+# grpc.StatusCode by its wire number (a Stream call's per-request status carries the number)
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
 def error_from(exc: grpc.aio.AioRpcError) -> SluiceError:
     """The sluice error a client raises for a failed call."""
-    code = exc.code()
+    kind = dict(exc.trailing_metadata() or ()).get(ERROR_KIND_KEY, "")
+    return error_for(exc.code(), exc.details() or "", str(kind))
+
+
+def error_for(code: grpc.StatusCode | int, details: str, kind: str = "") -> SluiceError:
+    """The sluice error for a failed request's status: a call's, or one request's of a Stream
+    call (`code` as its number; `kind`: the sluice-error-kind trailer's value, or "")."""
+    if isinstance(code, int):
+        code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        kinds = dict(exc.trailing_metadata() or ())
-        if kinds.get(ERROR_KIND_KEY) == CONTEXT_WINDOW:
-            return ContextWindowExceededError(exc.details() or "prompt is too long")
-        return InvalidRequestError(exc.details() or "invalid request")
+        if kind == CONTEXT_WINDOW:
+            return ContextWindowExceededError(details or "prompt is too long")
+        return InvalidRequestError(details or "invalid request")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return EngineTimeoutError("the engine did not finish before the deadline")
-    if dict(exc.trailing_metadata() or ()).get(ERROR_KIND_KEY) == REQUEST_REFUSED:
-        return EngineRefusedError(f"worker refused the request ({exc.details()})")
-    return EngineUnavailableError(f"worker unavailable ({code.name}: {exc.details()})")
+    if kind == REQUEST_REFUSED:
+        return EngineRefusedError(f"worker refused the request ({details})")
+    return EngineUnavailableError(f"worker unavailable ({code.name}: {details})")

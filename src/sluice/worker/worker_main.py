@@ -6,12 +6,12 @@ When ready it prints exactly one line to stderr, `sluice worker listening on ADD
 supervisors and tests wait for it.
 
 SIGTERM/SIGINT: stop accepting calls, abort every in-flight request (each open stream gets its
-final `abort` event, so clients see a proper end rather than a transport error), give those last
-messages a short grace to leave, exit 0. A signal during the model load exits at once: the load
+final `abort` event, so clients see a proper end rather than a transport error; a Stream call
+then ends by itself), give those last messages a short grace to leave, exit 0. A signal during the model load exits at once: the load
 runs on a daemon thread that cannot be interrupted, so we do not wait for it.
 
-SIGUSR1: drain (scale-down, Kubernetes preStop). Health turns NOT_SERVING at once, new Generate
-calls are refused with UNAVAILABLE (the router retries them elsewhere), the running ones finish,
+SIGUSR1: drain (scale-down, Kubernetes preStop). Health turns NOT_SERVING at once, new requests
+(Generate calls, or starts on a Stream call) are refused with UNAVAILABLE (the router retries them elsewhere), the running ones finish,
 and the worker exits 0 when the last one has ended. A SIGTERM during the drain stops as above.
 
 Health is served twice: the worker's own `Health` RPC and the standard grpc.health.v1 service
@@ -166,6 +166,7 @@ async def run_worker(
 
     exit_code = await _serve_until_stopped(engine, stop_wait, drain, servicer, health)
     await health.stopped()
+    servicer.end_streams()  # each Stream call ends once the shutdown below has aborted its requests
     stopping = asyncio.ensure_future(server.stop(grace_s))  # refuses new calls from here on
     await asyncio.to_thread(engine.shutdown)  # aborts all: every open stream gets its final event
     await stopping

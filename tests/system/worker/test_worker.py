@@ -67,14 +67,16 @@ async def _wait_idle(client: GrpcEngineClient, within_s: float = 1.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def test_grpc_equals_in_process(worker, tiny_llama_dir):
-    """Six concurrent streams over gRPC give exactly what the engine gives in-process."""
+@pytest.mark.parametrize("multiplex", [True, False], ids=["stream-call", "generate-calls"])
+def test_grpc_equals_in_process(worker, tiny_llama_dir, multiplex):
+    """Six concurrent streams over gRPC give exactly what the engine gives in-process, over one
+    Stream call or a Generate call each."""
     loaded = load_model(tiny_llama_dir, progress=False)
     engine = AsyncEngine(LLMEngine(loaded, EngineConfig(num_kv_blocks=64))).start()
     local = InProcessEngineClient(engine, ModelInfo("tiny", 256, loaded.tokenizer.vocab_size))
 
     async def run():
-        remote = GrpcEngineClient(worker.extra["address"])
+        remote = GrpcEngineClient(worker.extra["address"], multiplex=multiplex)
         reqs = [_req(f"r{i}", n=5 + 3 * i) for i in range(6)]
         over_grpc = await asyncio.gather(*(_collect(remote, r) for r in reqs))
         in_proc = await asyncio.gather(*(_collect(local, _req(r.request_id, n=len(r.prompt_token_ids))) for r in reqs))
@@ -134,9 +136,10 @@ def test_events_are_batched_for_a_slow_reader(tiny_llama):
     assert len(tokens) == 40 and batches <= 3  # the first, then (nearly) everything at once
 
 
-def test_errors_map_back_before_any_event(worker):
+@pytest.mark.parametrize("multiplex", [True, False], ids=["stream-call", "generate-calls"])
+def test_errors_map_back_before_any_event(worker, multiplex):
     async def run():
-        client = GrpcEngineClient(worker.extra["address"])
+        client = GrpcEngineClient(worker.extra["address"], multiplex=multiplex)
         info = await client.info()
         seen: list[GenerationEvent] = []
         with pytest.raises(ContextWindowExceededError, match="too long"):
@@ -158,9 +161,10 @@ def test_errors_map_back_before_any_event(worker):
     asyncio.run(run())
 
 
-def test_cancel_and_deadline_abort_and_free_the_engine(worker):
+@pytest.mark.parametrize("multiplex", [True, False], ids=["stream-call", "generate-calls"])
+def test_cancel_and_deadline_abort_and_free_the_engine(worker, multiplex):
     async def run():
-        client = GrpcEngineClient(worker.extra["address"])
+        client = GrpcEngineClient(worker.extra["address"], multiplex=multiplex)
         before = await client.stats()
         stream = client.generate(_req("cancel-me", max_tokens=480))
         seen = 0

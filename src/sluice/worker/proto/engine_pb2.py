@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n sluice/worker/proto/engine.proto\x12\x10sluice.worker.v1\"\xa7\x02\n\x08Sampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05top_p\x18\x04 \x01(\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12(\n\x06guided\x18\t \x01(\x0b\x32\x18.sluice.worker.v1.Guided\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0b \x01(\x05H\x02\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"S\n\x07Logprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xce\x01\n\x06Guided\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\x12,\n\x05tools\x18\x03 \x03(\x0b\x32\x1d.sluice.worker.v1.ToolGrammar\x12+\n\x05\x63\x61lls\x18\x04 \x01(\x0b\x32\x1c.sluice.worker.v1.CallSyntax\x12\x12\n\nallow_text\x18\x05 \x01(\x08\x12\x11\n\tmin_calls\x18\x06 \x01(\x05\x12\x16\n\tmax_calls\x18\x07 \x01(\x05H\x00\x88\x01\x01\x42\x0c\n\n_max_calls\";\n\x0bToolGrammar\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\x12\x0e\n\x06strict\x18\x03 \x01(\x08\"\\\n\nCallSyntax\x12\x0f\n\x07trigger\x18\x01 \x01(\t\x12\r\n\x05\x62\x65gin\x18\x02 \x01(\t\x12\x0e\n\x06middle\x18\x03 \x01(\t\x12\x0b\n\x03\x65nd\x18\x04 \x01(\t\x12\x11\n\tseparator\x18\x05 \x01(\t\"\xc7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.sluice.worker.v1.Sampling\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x1a\n\x12resumed_output_ids\x18\x06 \x03(\x05\x12\x1a\n\x12resumed_text_chars\x18\x07 \x01(\x05\"L\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\xef\x02\n\x05\x45vent\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x1a\n\rstop_sequence\x18\x05 \x01(\tH\x00\x88\x01\x01\x12&\n\x05usage\x18\x06 \x01(\x0b\x32\x17.sluice.worker.v1.Usage\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0cqueue_time_s\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12+\n\x08logprobs\x18\t \x03(\x0b\x32\x19.sluice.worker.v1.Logprob\x12\x1b\n\x13has_prompt_logprobs\x18\n \x01(\x08\x12\x32\n\x0fprompt_logprobs\x18\x0b \x03(\x0b\x32\x19.sluice.worker.v1.LogprobB\x10\n\x0e_stop_sequenceB\x08\n\x06_errorB\x0f\n\r_queue_time_s\";\n\x10GenerateResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.sluice.worker.v1.Event\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\"\x0e\n\x0cStatsRequest\"#\n\rStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t\"\r\n\x0bInfoRequest\"G\n\x0cInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\"\x0f\n\rHealthRequest\"/\n\x0eHealthResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t2\x85\x03\n\x06\x45ngine\x12S\n\x08Generate\x12!.sluice.worker.v1.GenerateRequest\x1a\".sluice.worker.v1.GenerateResponse0\x01\x12H\n\x05\x41\x62ort\x12\x1e.sluice.worker.v1.AbortRequest\x1a\x1f.sluice.worker.v1.AbortResponse\x12H\n\x05Stats\x12\x1e.sluice.worker.v1.StatsRequest\x1a\x1f.sluice.worker.v1.StatsResponse\x12\x45\n\x04Info\x12\x1d.sluice.worker.v1.InfoRequest\x1a\x1e.sluice.worker.v1.InfoResponse\x12K\n\x06Health\x12\x1f.sluice.worker.v1.HealthRequest\x1a .sluice.worker.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n sluice/worker/proto/engine.proto\x12\x10sluice.worker.v1\"\xa7\x02\n\x08Sampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05top_p\x18\x04 \x01(\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12(\n\x06guided\x18\t \x01(\x0b\x32\x18.sluice.worker.v1.Guided\x12\x15\n\x08logprobs\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0b \x01(\x05H\x02\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"S\n\x07Logprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xce\x01\n\x06Guided\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\x12,\n\x05tools\x18\x03 \x03(\x0b\x32\x1d.sluice.worker.v1.ToolGrammar\x12+\n\x05\x63\x61lls\x18\x04 \x01(\x0b\x32\x1c.sluice.worker.v1.CallSyntax\x12\x12\n\nallow_text\x18\x05 \x01(\x08\x12\x11\n\tmin_calls\x18\x06 \x01(\x05\x12\x16\n\tmax_calls\x18\x07 \x01(\x05H\x00\x88\x01\x01\x42\x0c\n\n_max_calls\";\n\x0bToolGrammar\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\x12\x0e\n\x06strict\x18\x03 \x01(\x08\"\\\n\nCallSyntax\x12\x0f\n\x07trigger\x18\x01 \x01(\t\x12\r\n\x05\x62\x65gin\x18\x02 \x01(\t\x12\x0e\n\x06middle\x18\x03 \x01(\t\x12\x0b\n\x03\x65nd\x18\x04 \x01(\t\x12\x11\n\tseparator\x18\x05 \x01(\t\"\xc7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.sluice.worker.v1.Sampling\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x1a\n\x12resumed_output_ids\x18\x06 \x03(\x05\x12\x1a\n\x12resumed_text_chars\x18\x07 \x01(\x05\"L\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\"\xef\x02\n\x05\x45vent\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x1a\n\rstop_sequence\x18\x05 \x01(\tH\x00\x88\x01\x01\x12&\n\x05usage\x18\x06 \x01(\x0b\x32\x17.sluice.worker.v1.Usage\x12\x12\n\x05\x65rror\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0cqueue_time_s\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12+\n\x08logprobs\x18\t \x03(\x0b\x32\x19.sluice.worker.v1.Logprob\x12\x1b\n\x13has_prompt_logprobs\x18\n \x01(\x08\x12\x32\n\x0fprompt_logprobs\x18\x0b \x03(\x0b\x32\x19.sluice.worker.v1.LogprobB\x10\n\x0e_stop_sequenceB\x08\n\x06_errorB\x0f\n\r_queue_time_s\";\n\x10GenerateResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.sluice.worker.v1.Event\"O\n\rStreamRequest\x12-\n\x06starts\x18\x01 \x03(\x0b\x32\x1d.sluice.worker.v1.StreamStart\x12\x0f\n\x07\x63\x61ncels\x18\x02 \x03(\x03\"\xf0\x01\n\x0bStreamStart\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x32\n\x07request\x18\x02 \x01(\x0b\x32!.sluice.worker.v1.GenerateRequest\x12\x46\n\rtrace_context\x18\x03 \x03(\x0b\x32/.sluice.worker.v1.StreamStart.TraceContextEntry\x12\x16\n\ttimeout_s\x18\x04 \x01(\x01H\x00\x88\x01\x01\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0c\n\n_timeout_s\"B\n\x0eStreamResponse\x12\x30\n\x07outputs\x18\x01 \x03(\x0b\x32\x1f.sluice.worker.v1.RequestOutput\"u\n\rRequestOutput\x12\n\n\x02id\x18\x01 \x01(\x03\x12\'\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x17.sluice.worker.v1.Event\x12/\n\x06status\x18\x03 \x01(\x0b\x32\x1f.sluice.worker.v1.RequestStatus\"B\n\rRequestStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12\x12\n\nerror_kind\x18\x03 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\"\x0e\n\x0cStatsRequest\"#\n\rStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t\"\r\n\x0bInfoRequest\"G\n\x0cInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\"\x0f\n\rHealthRequest\"/\n\x0eHealthResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t2\xd6\x03\n\x06\x45ngine\x12S\n\x08Generate\x12!.sluice.worker.v1.GenerateRequest\x1a\".sluice.worker.v1.GenerateResponse0\x01\x12O\n\x06Stream\x12\x1f.sluice.worker.v1.StreamRequest\x1a .sluice.worker.v1.StreamResponse(\x01\x30\x01\x12H\n\x05\x41\x62ort\x12\x1e.sluice.worker.v1.AbortRequest\x1a\x1f.sluice.worker.v1.AbortResponse\x12H\n\x05Stats\x12\x1e.sluice.worker.v1.StatsRequest\x1a\x1f.sluice.worker.v1.StatsResponse\x12\x45\n\x04Info\x12\x1d.sluice.worker.v1.InfoRequest\x1a\x1e.sluice.worker.v1.InfoResponse\x12K\n\x06Health\x12\x1f.sluice.worker.v1.HealthRequest\x1a .sluice.worker.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sluice.worker.proto.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_STREAMSTART_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_STREAMSTART_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLING']._serialized_start=55
   _globals['_SAMPLING']._serialized_end=350
   _globals['_LOGPROB']._serialized_start=352
@@ -49,22 +51,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVENT']._serialized_end=1449
   _globals['_GENERATERESPONSE']._serialized_start=1451
   _globals['_GENERATERESPONSE']._serialized_end=1510
-  _globals['_ABORTREQUEST']._serialized_start=1512
-  _globals['_ABORTREQUEST']._serialized_end=1546
-  _globals['_ABORTRESPONSE']._serialized_start=1548
-  _globals['_ABORTRESPONSE']._serialized_end=1563
-  _globals['_STATSREQUEST']._serialized_start=1565
-  _globals['_STATSREQUEST']._serialized_end=1579
-  _globals['_STATSRESPONSE']._serialized_start=1581
-  _globals['_STATSRESPONSE']._serialized_end=1616
-  _globals['_INFOREQUEST']._serialized_start=1618
-  _globals['_INFOREQUEST']._serialized_end=1631
-  _globals['_INFORESPONSE']._serialized_start=1633
-  _globals['_INFORESPONSE']._serialized_end=1704
-  _globals['_HEALTHREQUEST']._serialized_start=1706
-  _globals['_HEALTHREQUEST']._serialized_end=1721
-  _globals['_HEALTHRESPONSE']._serialized_start=1723
-  _globals['_HEALTHRESPONSE']._serialized_end=1770
-  _globals['_ENGINE']._serialized_start=1773
-  _globals['_ENGINE']._serialized_end=2162
+  _globals['_STREAMREQUEST']._serialized_start=1512
+  _globals['_STREAMREQUEST']._serialized_end=1591
+  _globals['_STREAMSTART']._serialized_start=1594
+  _globals['_STREAMSTART']._serialized_end=1834
+  _globals['_STREAMSTART_TRACECONTEXTENTRY']._serialized_start=1769
+  _globals['_STREAMSTART_TRACECONTEXTENTRY']._serialized_end=1820
+  _globals['_STREAMRESPONSE']._serialized_start=1836
+  _globals['_STREAMRESPONSE']._serialized_end=1902
+  _globals['_REQUESTOUTPUT']._serialized_start=1904
+  _globals['_REQUESTOUTPUT']._serialized_end=2021
+  _globals['_REQUESTSTATUS']._serialized_start=2023
+  _globals['_REQUESTSTATUS']._serialized_end=2089
+  _globals['_ABORTREQUEST']._serialized_start=2091
+  _globals['_ABORTREQUEST']._serialized_end=2125
+  _globals['_ABORTRESPONSE']._serialized_start=2127
+  _globals['_ABORTRESPONSE']._serialized_end=2142
+  _globals['_STATSREQUEST']._serialized_start=2144
+  _globals['_STATSREQUEST']._serialized_end=2158
+  _globals['_STATSRESPONSE']._serialized_start=2160
+  _globals['_STATSRESPONSE']._serialized_end=2195
+  _globals['_INFOREQUEST']._serialized_start=2197
+  _globals['_INFOREQUEST']._serialized_end=2210
+  _globals['_INFORESPONSE']._serialized_start=2212
+  _globals['_INFORESPONSE']._serialized_end=2283
+  _globals['_HEALTHREQUEST']._serialized_start=2285
+  _globals['_HEALTHREQUEST']._serialized_end=2300
+  _globals['_HEALTHRESPONSE']._serialized_start=2302
+  _globals['_HEALTHRESPONSE']._serialized_end=2349
+  _globals['_ENGINE']._serialized_start=2352
+  _globals['_ENGINE']._serialized_end=2822
 # @@protoc_insertion_point(module_scope)

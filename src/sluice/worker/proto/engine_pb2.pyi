@@ -146,6 +146,59 @@ class GenerateResponse(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[Event]
     def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
 
+class StreamRequest(_message.Message):
+    __slots__ = ("starts", "cancels")
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    CANCELS_FIELD_NUMBER: _ClassVar[int]
+    starts: _containers.RepeatedCompositeFieldContainer[StreamStart]
+    cancels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, starts: _Optional[_Iterable[_Union[StreamStart, _Mapping]]] = ..., cancels: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class StreamStart(_message.Message):
+    __slots__ = ("id", "request", "trace_context", "timeout_s")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: GenerateRequest
+    trace_context: _containers.ScalarMap[str, str]
+    timeout_s: float
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class StreamResponse(_message.Message):
+    __slots__ = ("outputs",)
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[RequestOutput]
+    def __init__(self, outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ...) -> None: ...
+
+class RequestOutput(_message.Message):
+    __slots__ = ("id", "events", "status")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    status: RequestStatus
+    def __init__(self, id: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., status: _Optional[_Union[RequestStatus, _Mapping]] = ...) -> None: ...
+
+class RequestStatus(_message.Message):
+    __slots__ = ("code", "details", "error_kind")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    error_kind: str
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., error_kind: _Optional[str] = ...) -> None: ...
+
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class EngineStub:
                 request_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Stream = channel.stream_stream(
+                '/sluice.worker.v1.Engine/Stream',
+                request_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.StreamRequest.SerializeToString,
+                response_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.StreamResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/sluice.worker.v1.Engine/Abort',
                 request_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AbortRequest.SerializeToString,
@@ -67,6 +72,17 @@ class EngineServicer:
     def Generate(self, request, context):
         """Streams one request's output. Each message batches every event the engine produced for the
         request since the last message. Cancelling the call (or its deadline) aborts the request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stream(self, request_iterator, context):
+        """Many requests over one call (what sluice's gateway uses): the client starts and cancels
+        requests on its side of the stream; each response message carries every event the engine
+        produced since the previous message, for all of the call's requests, so one engine step
+        costs one message, not one per request. A request's failure is its own (RequestOutput.status);
+        the call failing or ending fails every request still on it. Ending the call aborts them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,6 +119,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.GenerateRequest.FromString,
                     response_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Stream': grpc.stream_stream_rpc_method_handler(
+                    servicer.Stream,
+                    request_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.StreamRequest.FromString,
+                    response_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.StreamResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -152,6 +173,33 @@ class Engine:
             '/sluice.worker.v1.Engine/Generate',
             sluice_dot_worker_dot_proto_dot_engine__pb2.GenerateRequest.SerializeToString,
             sluice_dot_worker_dot_proto_dot_engine__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.worker.v1.Engine/Stream',
+            sluice_dot_worker_dot_proto_dot_engine__pb2.StreamRequest.SerializeToString,
+            sluice_dot_worker_dot_proto_dot_engine__pb2.StreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
