@@ -4,6 +4,9 @@ from __future__ import annotations
 
 # Prompts travel as token ids (4-5 bytes each in a packed field): 64 MiB fits a 1M-token prompt.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A Stream call merges many requests' outputs (or starts) into one message up to this size, so
+# the merge never makes a message too large (one request's own can still be up to the maximum).
+MERGE_MESSAGE_BYTES = 4 * 1024 * 1024
 
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from sluice.errors import EngineUnavailableError, SluiceError
+from sluice.worker.channel_options import MERGE_MESSAGE_BYTES
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.status_codes import error_for, error_from
 
@@ -47,10 +48,17 @@ class _Call:
         self.reader = asyncio.create_task(self._read())
 
     async def _requests(self) -> AsyncIterator[pb.StreamRequest]:
+        pending: pb.StreamRequest | None = None
         while True:
-            message = await self.outgoing.get()
-            while not self.outgoing.empty():  # merge what queued meanwhile: one write
+            message = pending or await self.outgoing.get()
+            pending = None
+            size = message.ByteSize()
+            while not self.outgoing.empty():  # merge what queued meanwhile into one write
                 more = self.outgoing.get_nowait()
+                size += more.ByteSize()
+                if size > MERGE_MESSAGE_BYTES:  # not past the merge size: it goes next
+                    pending = more
+                    break
                 message.starts.extend(more.starts)
                 message.cancels.extend(more.cancels)
             yield message

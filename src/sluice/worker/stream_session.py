@@ -25,6 +25,7 @@ from contextlib import aclosing
 import grpc
 
 from sluice.types import GenerationEvent
+from sluice.worker.channel_options import MERGE_MESSAGE_BYTES
 from sluice.worker.convert import event_to_pb
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.status_codes import RequestFailed
@@ -58,9 +59,8 @@ class StreamSession:
                 self._wake.clear()
                 if reader.done() and not reader.cancelled() and reader.exception() is not None:
                     raise reader.exception()  # type: ignore[misc]  # reading broke: end the call
-                if self._outbox:
-                    outputs, self._outbox = self._outbox, []
-                    yield pb.StreamResponse(outputs=outputs)
+                while self._outbox:
+                    yield self._take_message()
                 if (self._closing or not self._reading) and not self._running and not self._outbox:
                     return  # the client closed its side, or the worker stops, and no request runs
         finally:
@@ -102,6 +102,17 @@ class StreamSession:
         finally:
             self._running.pop(start.id, None)
             self._wake.set()
+
+    def _take_message(self) -> pb.StreamResponse:
+        """The outbox's first outputs, up to MERGE_MESSAGE_BYTES (at least one)."""
+        size, n = 0, 0
+        for output in self._outbox:
+            size += output.ByteSize()
+            if n and size > MERGE_MESSAGE_BYTES:
+                break
+            n += 1
+        outputs, self._outbox = self._outbox[:n], self._outbox[n:]
+        return pb.StreamResponse(outputs=outputs)
 
     def _fail(self, stream_id: int, code: grpc.StatusCode, details: str, kind: str = "") -> None:
         self._emit(pb.RequestOutput(id=stream_id, status=pb.RequestStatus(code=code.value[0], details=details, error_kind=kind)))

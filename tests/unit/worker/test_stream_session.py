@@ -1,6 +1,6 @@
-"""The worker's side of a Stream call (worker/stream_session.py), on scripted requests: many
-requests' events leave as one message per engine step, and each request fails, ends, times out
-and is cancelled on its own."""
+"""A Stream call's two ends on scripted requests: the worker's (worker/stream_session.py), where
+many requests' events leave as one message per engine step and each request fails, ends, times
+out and is cancelled on its own; and how both ends bound the size of a merged message."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from sluice.types import FinishReason, GenerationEvent, Usage
+from sluice.worker.channel_options import MERGE_MESSAGE_BYTES
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.status_codes import CONTEXT_WINDOW, ERROR_KIND_KEY, RequestFailed
+from sluice.worker.stream_mux import StreamMux
 from sluice.worker.stream_session import StreamSession
 
 
@@ -167,3 +169,58 @@ def test_the_call_ending_early_closes_every_request():
         return engine.closed
 
     assert sorted(asyncio.run(run())) == ["a", "b"]
+
+
+def test_outputs_merge_into_messages_of_bounded_size():
+    """Many requests' outputs share a message only up to MERGE_MESSAGE_BYTES: three outputs of
+    ~40 % of it each leave as two messages (and one larger than it alone), never one too large."""
+    big = "x" * int(0.4 * MERGE_MESSAGE_BYTES)
+
+    async def batches(request: pb.GenerateRequest, trace: Sequence[tuple[str, str]]) -> AsyncIterator[list[GenerationEvent]]:
+        text = big * 3 if request.request_id == "huge" else big
+        yield [GenerationEvent(request.request_id, text, [1], finished=True, finish_reason=FinishReason.LENGTH, usage=Usage(1, 1))]
+
+    async def run(ids: list[str]) -> list[pb.StreamResponse]:
+        session = StreamSession(batches)
+
+        async def requests() -> AsyncIterator[pb.StreamRequest]:
+            yield pb.StreamRequest(starts=[_start(i + 1, rid) for i, rid in enumerate(ids)])
+
+        return [m async for m in session.serve(requests())]
+
+    three = asyncio.run(run(["a", "b", "c"]))
+    assert [len(m.outputs) for m in three] == [2, 1]
+    assert all(m.ByteSize() <= MERGE_MESSAGE_BYTES + 1024 for m in three)
+    assert [len(m.outputs) for m in asyncio.run(run(["huge", "a"]))] == [1, 1]
+
+
+def test_the_clients_starts_merge_into_messages_of_bounded_size():
+    """What the client sends merges the same way: the queued starts go as few messages, none
+    past MERGE_MESSAGE_BYTES unless one start alone is."""
+    class Call:  # the gRPC call: only what StreamMux uses; the test reads the request iterator
+        def __init__(self, requests: AsyncIterator[pb.StreamRequest]) -> None:
+            self.requests = requests
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            await asyncio.Event().wait()  # no responses
+
+        def cancel(self) -> None:
+            pass
+
+    async def run() -> list[pb.StreamRequest]:
+        calls: list[Call] = []
+        mux = StreamMux(lambda requests: calls.append(Call(requests)) or calls[-1])
+        tokens = int(0.4 * MERGE_MESSAGE_BYTES / 3)  # ids of 3 bytes each
+        for rid in "abc":
+            mux.start(pb.GenerateRequest(request_id=rid, prompt_token_ids=[100_000] * tokens))
+        mux.start(pb.GenerateRequest(request_id="small", prompt_token_ids=[1]))
+        sent = [await anext(calls[0].requests), await anext(calls[0].requests)]
+        await mux.close()
+        return sent
+
+    sent = asyncio.run(run())
+    assert [[s.request.request_id for s in m.starts] for m in sent] == [["a", "b"], ["c", "small"]]
+    assert all(m.ByteSize() <= MERGE_MESSAGE_BYTES for m in sent)
