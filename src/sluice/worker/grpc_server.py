@@ -68,14 +68,21 @@ class EngineServicer(pb_grpc.EngineServicer):
         for session in self._sessions:
             session.end_when_idle()
 
-    async def _require_engine(self, context: grpc.aio.ServicerContext) -> AsyncEngine:
+    def _serving_engine(self) -> AsyncEngine:
+        """The engine, or RequestFailed (UNAVAILABLE) saying why none serves."""
         engine = self.engine
         if engine is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"engine not ready ({self.detail})")
-            raise AssertionError("unreachable: abort() raises")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, f"engine not ready ({self.detail})")
         if not engine.is_running:  # shutting down, or its loop died
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine stopped")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "engine stopped")
         return engine
+
+    async def _require_engine(self, context: grpc.aio.ServicerContext) -> AsyncEngine:
+        try:
+            return self._serving_engine()
+        except RequestFailed as failed:
+            await context.abort(failed.code, failed.details)
+            raise AssertionError("unreachable: abort() raises") from None
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         try:
@@ -100,11 +107,7 @@ class EngineServicer(pb_grpc.EngineServicer):
     async def request_batches(self, request: pb.GenerateRequest, trace_metadata: Sequence[tuple[str, str | bytes]] | None) -> AsyncIterator[list[GenerationEvent]]:
         """One request's events, batched as the engine delivers them: what Generate and each
         request of a Stream call serve. Raises RequestFailed with the status to answer."""
-        engine = self.engine
-        if engine is None:
-            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, f"engine not ready ({self.detail})")
-        if not engine.is_running:  # shutting down, or its loop died
-            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "engine stopped")
+        engine = self._serving_engine()
         if self.draining:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "worker draining")
         request_id_var.set(request.request_id)  # this handler's task: its log lines carry the id

@@ -6,6 +6,10 @@ in its queue, so an engine step costs the gateway one gRPC message, not one per 
 Starts and cancels go out through one sender (a call takes one write at a time), merged into one
 message when several are waiting.
 
+A stopping worker asks for the call's end (`closing`) once none of its requests runs: the
+client closes its side, so the call ends cleanly before the worker exits, and the next request
+opens a new call.
+
 A worker without the Stream method (older than it) fails the call with UNIMPLEMENTED: every
 request on it gets StreamUnsupportedError, and the client sends them by Generate instead.
 
@@ -40,25 +44,27 @@ class _Call:
     """One Stream call and the requests on it."""
 
     def __init__(self, open_call: Callable[[AsyncIterator[pb.StreamRequest]], Any]) -> None:
-        self.outgoing: asyncio.Queue[pb.StreamRequest] = asyncio.Queue()
+        self.outgoing: asyncio.Queue[pb.StreamRequest | None] = asyncio.Queue()  # None: close our side
         self.routes: dict[int, asyncio.Queue[Item]] = {}
         self.abandoned: str | None = None
         self.ended = False
+        self.closing = False  # the worker asked us to close our side: no new requests here
         self.call = open_call(self._requests())
         self.reader = asyncio.create_task(self._read())
 
     async def _requests(self) -> AsyncIterator[pb.StreamRequest]:
-        pending: pb.StreamRequest | None = None
+        held: list[pb.StreamRequest | None] = []  # taken from the queue, not merged: goes next
         while True:
-            message = pending or await self.outgoing.get()
-            pending = None
+            message = held.pop() if held else await self.outgoing.get()
+            if message is None:
+                return  # gRPC closes our side of the call
             size = message.ByteSize()
             while not self.outgoing.empty():  # merge what queued meanwhile into one write
                 more = self.outgoing.get_nowait()
-                size += more.ByteSize()
-                if size > MERGE_MESSAGE_BYTES:  # not past the merge size: it goes next
-                    pending = more
+                if more is None or size + more.ByteSize() > MERGE_MESSAGE_BYTES:
+                    held.append(more)
                     break
+                size += more.ByteSize()
                 message.starts.extend(more.starts)
                 message.cancels.extend(more.cancels)
             yield message
@@ -67,6 +73,9 @@ class _Call:
         error: SluiceError = EngineUnavailableError("the worker ended the stream")
         try:
             async for message in self.call:
+                if message.closing and not self.closing:  # the worker stops
+                    self.closing = True
+                    self.outgoing.put_nowait(None)
                 for output in message.outputs:
                     queue = self.routes.get(output.id)
                     if queue is None:  # cancelled here meanwhile
@@ -107,7 +116,7 @@ class StreamMux:
               timeout: float | None = None) -> tuple[int, asyncio.Queue[Item]]:
         """Send `request`; returns its stream id and the queue its events and error arrive in."""
         current = self._current
-        if current is None or current.ended:
+        if current is None or current.ended or current.closing:
             current = self._current = _Call(self._open_call)
         stream_id = next(self._ids)
         queue: asyncio.Queue[Item] = asyncio.Queue()
@@ -119,7 +128,7 @@ class StreamMux:
     def cancel(self, stream_id: int) -> None:
         """Abort a started request (the worker frees its KV blocks); unknown ids are ignored."""
         current = self._current
-        if current is not None and current.routes.pop(stream_id, None) is not None and not current.ended:
+        if current is not None and current.routes.pop(stream_id, None) is not None and not (current.ended or current.closing):
             current.outgoing.put_nowait(pb.StreamRequest(cancels=[stream_id]))
 
     @property

@@ -10,8 +10,8 @@ writer does, so a step's events for every request leave together.
 The client starts requests (`StreamStart`, its own id for each) and cancels them (`cancels`). A
 request's failure is a RequestOutput with a status, answered exactly as Generate would have
 ended its call; a start's `timeout_s` passing is DEADLINE_EXCEEDED, as a call's deadline was.
-The client closing its side, or the worker stopping (`end_when_idle`), ends the call once its
-requests have finished; the call ending
+The client closing its side ends the call once its requests have finished; a stopping worker
+(`end_when_idle`) first asks the client to close its side (`closing`) once none runs; the call ending
 any other way (cancelled, the connection gone) cancels every request, and the engine aborts them.
 """
 
@@ -46,13 +46,16 @@ class StreamSession:
         self._closing = False
 
     def end_when_idle(self) -> None:
-        """End the call once no request runs (the worker is stopping: an open call would keep
-        the server's stop waiting its whole grace)."""
+        """The worker stops: once no request runs, ask the client to close its side (`closing`),
+        then end the call. An open call would keep the server's stop waiting its whole grace,
+        and one the client still held open when the process exits fails at the client with its
+        last messages unread."""
         self._closing = True
         self._wake.set()
 
     async def serve(self, requests: AsyncIterator[pb.StreamRequest]) -> AsyncIterator[pb.StreamResponse]:
         reader = asyncio.create_task(self._read(requests))
+        closing_sent = False
         try:
             while True:
                 await self._wake.wait()
@@ -61,8 +64,13 @@ class StreamSession:
                     raise reader.exception()  # type: ignore[misc]  # reading broke: end the call
                 while self._outbox:
                     yield self._take_message()
-                if (self._closing or not self._reading) and not self._running and not self._outbox:
-                    return  # the client closed its side, or the worker stops, and no request runs
+                if self._running or self._outbox:
+                    continue
+                if not self._reading:
+                    return  # the client closed its side and no request runs
+                if self._closing and not closing_sent:  # ask the client to close its side first
+                    closing_sent = True
+                    yield pb.StreamResponse(closing=True)
         finally:
             tasks = [reader, *self._running.values()]
             for task in tasks:

@@ -67,33 +67,39 @@ def test_a_step_of_every_request_arrives_as_one_message(tiny_llama_dir):
 
 def test_sigterm_ends_an_open_stream_call_once_its_requests_are_aborted(tiny_llama_dir):
     """The client keeps its side of the call open (as the gateway does); a SIGTERM aborts the
-    running request, which gets its final ABORT event, and the worker then ends the call with
-    OK, not by cancelling it when the stop's grace runs out."""
+    running request, which gets its final ABORT event; the worker then asks the client to close
+    its side (`closing`) and ends the call with OK, not by cancelling it when the stop's grace
+    runs out, nor by exiting while the client still holds it open (its last messages unread)."""
     async def run():
         # 20 ms per step: the 480-token request provably runs when the SIGTERM lands
         worker = await spawn_local_worker(str(tiny_llama_dir), engine_args=[*TINY_ARGS, "--fault-injection", "step_delay_s=0.02"],
                                           timeout_s=120)
-        outgoing: asyncio.Queue[pb.StreamRequest] = asyncio.Queue()
+        outgoing: asyncio.Queue[pb.StreamRequest | None] = asyncio.Queue()
 
         async def requests():
-            while True:
-                yield await outgoing.get()
+            while (message := await outgoing.get()) is not None:
+                yield message
 
         outgoing.put_nowait(pb.StreamRequest(starts=[pb.StreamStart(id=1, request=request_to_pb(_req("long", 480)))]))
         events, stopping = [], None
         try:
             async with grpc.aio.insecure_channel(worker.address) as channel:
                 call = pb_grpc.EngineStub(channel).Stream(requests())
+                closing_after = None
                 async for message in call:
                     events += [e for o in message.outputs for e in o.events]
                     if len(events) >= 3 and stopping is None:
                         stopping = asyncio.ensure_future(asyncio.to_thread(worker.stop, 60.0))
-                return events, await call.code(), await stopping
+                    if message.closing:
+                        closing_after = len(events)
+                        outgoing.put_nowait(None)  # what the client does: close its side
+                return events, closing_after, await call.code(), await stopping
         finally:
             worker.stop(grace_s=2)
 
-    events, code, exit_code = asyncio.run(run())
+    events, closing_after, code, exit_code = asyncio.run(run())
     assert events[-1].finished and events[-1].finish_reason == FinishReason.ABORT.value
+    assert closing_after == len(events)  # asked only once the request had ended
     assert code == grpc.StatusCode.OK and exit_code == 0
 
 

@@ -124,7 +124,7 @@ def test_a_request_fails_alone_with_the_status_a_generate_call_would_end_with():
     assert [e.text for o in fine for e in o.events] == ["t0", "t1"]
 
 
-def test_cancel_and_timeout_end_one_request_and_close_its_engine_request():
+def test_cancel_and_timeout_end_one_request_and_a_stopping_worker_ends_the_call():
     async def run():
         engine = Engine(tokens=1000)
         client = Client(engine)
@@ -143,8 +143,12 @@ def test_cancel_and_timeout_end_one_request_and_close_its_engine_request():
         await client.settle()
         client.session.end_when_idle()  # the worker stops: the call ends once nothing runs
         await client.settle()
-        assert not client.done.done()  # "runs" still runs
+        assert not client.done.done() and not any(m.closing for m in client.messages)  # "runs" runs
         client.send(cancels=[3])
+        await client.settle()
+        assert client.messages[-1].closing  # nothing runs: the client is asked to close its side
+        assert not client.done.done()  # the call waits for that
+        client.sent.put_nowait(None)
         await asyncio.wait_for(client.done, 60)
         return client
 
