@@ -80,20 +80,22 @@ class Client:
         return [o for m in self.messages for o in m.outputs if o.id == stream_id]
 
 
-def test_a_step_of_every_request_leaves_as_one_message():
-    async def run():
-        engine = Engine(tokens=3)
-        client = Client(engine)
-        client.send([_start(1, "a"), _start(2, "b"), _start(3, "c")])
+async def _run_to_the_end(engine: Engine, starts: list[pb.StreamStart]) -> Client:
+    """Start the requests, step the engine until they have all their tokens, close the client's
+    side, and wait for the call to end."""
+    client = Client(engine)
+    client.send(starts)
+    await client.settle()
+    for _ in range(engine.tokens):
+        await engine.step()
         await client.settle()
-        for _ in range(3):
-            await engine.step()
-            await client.settle()
-        client.sent.put_nowait(None)  # the client closes its side: the call ends, its requests done
-        await asyncio.wait_for(client.done, 60)
-        return client.messages
+    client.sent.put_nowait(None)  # the client closes its side: the call ends, its requests done
+    await asyncio.wait_for(client.done, 60)
+    return client
 
-    messages = asyncio.run(run())
+
+def test_a_step_of_every_request_leaves_as_one_message():
+    messages = asyncio.run(_run_to_the_end(Engine(tokens=3), [_start(1, "a"), _start(2, "b"), _start(3, "c")])).messages
     assert len(messages) == 3  # one per step, not one per request and step
     for step, message in enumerate(messages):
         assert sorted(o.id for o in message.outputs) == [1, 2, 3]
@@ -102,19 +104,7 @@ def test_a_step_of_every_request_leaves_as_one_message():
 
 
 def test_a_request_fails_alone_with_the_status_a_generate_call_would_end_with():
-    async def run():
-        engine = Engine(tokens=2)
-        client = Client(engine)
-        client.send([_start(1, "fine"), _start(2, "too-long"), _start(1, "same-id")])
-        await client.settle()
-        for _ in range(2):
-            await engine.step()
-            await client.settle()
-        client.sent.put_nowait(None)
-        await asyncio.wait_for(client.done, 60)
-        return client
-
-    client = asyncio.run(run())
+    client = asyncio.run(_run_to_the_end(Engine(tokens=2), [_start(1, "fine"), _start(2, "too-long"), _start(1, "same-id")]))
     (failed,) = client.outputs(2)
     assert failed.status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert failed.status.error_kind == CONTEXT_WINDOW and "too long" in failed.status.details
