@@ -61,10 +61,11 @@ class _Call:
             size = message.ByteSize()
             while not self.outgoing.empty():  # merge what queued meanwhile into one write
                 more = self.outgoing.get_nowait()
-                if more is None or size + more.ByteSize() > MERGE_MESSAGE_BYTES:
+                more_size = more.ByteSize() if more is not None else 0
+                if more is None or size + more_size > MERGE_MESSAGE_BYTES:
                     held.append(more)
                     break
-                size += more.ByteSize()
+                size += more_size
                 message.starts.extend(more.starts)
                 message.cancels.extend(more.cancels)
             yield message
@@ -130,10 +131,6 @@ class StreamMux:
         current = self._current
         if current is not None and current.routes.pop(stream_id, None) is not None and not (current.ended or current.closing):
             current.outgoing.put_nowait(pb.StreamRequest(cancels=[stream_id]))
-
-    @property
-    def active(self) -> int:
-        return len(self._current.routes) if self._current is not None else 0
 
     def abandon(self, why: str) -> int:
         """Fail every request on the call with EngineUnavailableError and end it; returns how many."""
