@@ -83,6 +83,7 @@ def test_three_shards_rank_and_score_like_one_index(kind, docs, reference, tmp_p
             want = merge([reference.search(resolve(q, reference.analyzer), 10)], 10)
             assert not got["partial"] and got["shards_answered"] == 3, got
             assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
+            _in_reported_order(got["hits"], q)
             for g, w in zip(got["hits"], want):
                 assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0), q
             with_hits += bool(want)
@@ -92,9 +93,30 @@ def test_three_shards_rank_and_score_like_one_index(kind, docs, reference, tmp_p
         one_round = status(router.url)["cache"]["one_round"]
         assert one_round["answered"] >= 50 and one_round["second_round"] >= 1, one_round
         if kind == "hash":
+            _one_word_answers_come_in_the_order_of_their_reported_scores(router.url, docs)
             _writes_to_one_shard_refresh_its_statistics(router.url, docs, queries)
     finally:
         router.stop()
+
+
+def _in_reported_order(hits, q):
+    """Ordered by exactly the reported score (highest first), ties by id: a client re-sorting
+    the hits gets the same list."""
+    keys = [(-h["score"], h["id"]) for h in hits]
+    assert keys == sorted(keys), (q, keys)
+
+
+def _one_word_answers_come_in_the_order_of_their_reported_scores(url, docs):
+    """One-word queries over many documents tie often (equal lengths and counts), and shards
+    compute equal scores that differ in their last bits: issue 40 found 39 of 100 such answers
+    out of their reported order."""
+    words = sorted({w for q in corpus.queries(docs, 400, seed=5) for w in q.split() if w.isalpha()})[:100]
+    ties = 0
+    for w in words:
+        hits = search(url, w, top_k=50).json()["hits"]
+        _in_reported_order(hits, w)
+        ties += any(a["score"] == b["score"] for a, b in zip(hits, hits[1:]))
+    assert ties >= 10  # the check met ties
 
 
 def _writes_to_one_shard_refresh_its_statistics(url, docs, queries):

@@ -80,3 +80,111 @@ def test_a_query_only_router_refuses_writes():
     assert client.post("/v1/search", json={"query": "(a"}).json()["error"]["position"] == 0
     page = client.get("/status")
     assert page.status_code == 200 and "/v1/search/status" in page.text
+
+
+def test_a_bulk_of_exactly_the_maximum_lines_newline_terminated_is_accepted():
+    from sluice.search.errors import DocumentError
+    from sluice.search.router.bulk import MAX_LINES
+
+    topo = _topo('[[shards]]\nname = "a"\n')
+    body = "".join(f'{{"id": "{i}"}}\n' for i in range(MAX_LINES)).encode()
+    plan = plan_bulk(body, topo)  # the final newline ends the last line; it starts no other
+    assert plan.accepted == MAX_LINES and not plan.errors
+    try:
+        plan_bulk(body + b'{"id": "one more"}\n', topo)
+        raise AssertionError("more than the maximum accepted")
+    except DocumentError as exc:
+        assert f"at most {MAX_LINES} lines" in str(exc)
+
+
+def test_bulk_lines_json_accepts_but_the_write_path_cannot_are_reported_by_number():
+    topo = _topo('[[shards]]\nname = "a"\n[[shards]]\nname = "b"\n')
+    bad = ['{"id": "n", "x": NaN}', '{"id": "i", "x": -Infinity}', '{"id": "o", "x": 1e999}',
+           '{"id": "d", "x": ' + "9" * 5000 + "}", '{"id": "\\ud800", "x": "y"}', '{"id": "s", "x": "\\udc00"}',
+           '{"id": "k", "\\ud800": "y"}', '{"id": "deep", "x": ' + "[" * 10_000 + "]" * 10_000 + "}"]
+    good = [json.dumps({"id": str(i), "title": "fine"}) for i in range(4)]
+    plan = plan_bulk("\n".join(good[:2] + bad + good[2:]).encode(), topo)
+    assert [e["line"] for e in plan.errors] == list(range(3, 3 + len(bad)))
+    assert plan.accepted == 4 and sorted(op["id"] for ops in plan.batches.values() for op in ops) == ["0", "1", "2", "3"]
+
+
+def test_reported_scores_are_the_order_and_ties_go_by_id():
+    """Equal scores that differ in their last bits (computed on different shards) are reported
+    as one number and ordered by id; a client re-sorting by (score desc, id) gets the same list."""
+    a = [Hit("b", 5.334786137463693, {}), Hit("d", 1.25, {})]
+    b = [Hit("a", 5.334786137463695, {}), Hit("c", 5.334786137463690, {}), Hit("e", 7.0, {})]
+    merged = merge([a, b], 5)
+    assert [h.doc_id for h in merged] == ["e", "a", "b", "c", "d"]
+    assert [h.score for h in merged] == [7.0, 5.33478613746, 5.33478613746, 5.33478613746, 1.25]
+    assert merged == sorted(merged, key=lambda h: (-h.score, h.doc_id))
+
+
+def test_a_write_that_fails_on_one_shard_says_which_parts_were_written():
+    """One shard's write raising anything (not only 'no replica') must not turn the batch into a
+    500 after the other shard's part was written: the answer names both."""
+    import asyncio
+
+    from sluice.search.router.runtime import RouterRuntime
+
+    cfg = parse_config('[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:9"]\n')
+    rt = RouterRuntime(cfg, [["http://127.0.0.1:9"], ["http://127.0.0.1:10"]])
+
+    async def write_shard(shard, ops):  # a deterministic fault: shard b fails in an unforeseen way
+        if shard.name == "b":
+            raise RuntimeError("boom")
+        return 7
+
+    rt.writer.write_shard = write_shard
+    out = asyncio.run(rt.writer.write({0: [{"op": "delete", "id": "x"}], 1: [{"op": "delete", "id": "y"}]}))
+    assert out["written"] == {"a": 7} and "RuntimeError" in out["failed"]["b"] and "boom" not in out["failed"]["b"]
+
+
+def test_after_a_500_the_connection_is_closed_and_says_so():
+    """A real uvicorn server in this process: a route that fails unexpectedly answers 500 in the
+    API's error shape with `connection: close`, and the next request on a new connection works
+    (a client reusing the old one would meet a reset)."""
+    import http.client
+    import socket
+    import threading
+
+    import uvicorn
+
+    from sluice.search.router.app import create_router_app
+    from sluice.search.router.fast_http.search_path import SearchFastPath
+    from sluice.search.router.runtime import RouterRuntime
+
+    cfg = parse_config('[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
+    rt = RouterRuntime(cfg, [["http://127.0.0.1:9"]])
+
+    def failing_status():  # a deterministic fault in a FastAPI route
+        raise RuntimeError("injected")
+
+    async def failing_search(query, top_k):  # and in the front's own path
+        raise RuntimeError("injected")
+
+    rt.status, rt.searcher.search = failing_status, failing_search
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(SearchFastPath(create_router_app(rt), rt), log_level="critical",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(600):
+            if server.started:
+                break
+            threading.Event().wait(0.1)
+        conn = http.client.HTTPConnection("127.0.0.1", sock.getsockname()[1], timeout=60)
+        for method, path, body in [("GET", "/v1/search/status", None), ("POST", "/v1/search", b'{"query": "a"}')]:
+            conn.request(method, path, body=body, headers={"content-type": "application/json"})
+            r = conn.getresponse()
+            payload = json.loads(r.read())
+            assert r.status == 500 and r.getheader("connection") == "close", (path, r.getheaders())
+            assert payload == {"error": {"type": "api_error", "message": payload["error"]["message"]}}
+            assert "injected" not in payload["error"]["message"]
+            conn.close()
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -5,35 +5,58 @@
     DELETE /v1/search/documents/{id}    delete on the shard(s) that may hold it
     GET    /health, /ready, /metrics, /v1/search/status (JSON), /status (the status page)
 
-Errors are `{"error": {"type", "message"}}`: 400 invalid (a query syntax error names its
-position), 401 no or wrong key, 413 too large, 503 a shard cannot take a write.
+Errors are `{"error": {"type", "message"}}` with the status of their kind (errors.py: one map),
+FastAPI's own refusals (validation, 404, 405) and any unexpected exception (500, with
+`connection: close`) included. A write that reaches the shards answers its own body: 200, or
+503 naming the shards whose part was not written.
 """
 
 from __future__ import annotations
 
-import time
+import logging
 from pathlib import Path as Path_
 from typing import Any
 
 from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sluice.search.errors import DocumentError, QuerySyntaxError
+from sluice.search.errors import DocumentError, QuerySyntaxError, SearchError, SearchErrorKind
 from sluice.search.index.schema import check_id
 from sluice.search.router.bulk import plan_bulk
+from sluice.search.router.http.request_body import read_bounded
+from sluice.search.router.http.responses import error_response, internal_error
 from sluice.search.router.runtime import RouterRuntime
+from sluice.search.router.http.search_endpoint import answer_search
 from sluice.search.router.search_request import SearchRequest
 
 MAX_BULK_BYTES = 64 << 20
 STATUS_PAGE = Path_(__file__).with_name("static") / "status.html"
+log = logging.getLogger("sluice.search.router")
+
+
+class ErrorDetail(BaseModel):
+    type: str = Field(..., description="a SearchErrorKind: invalid_request_error, query_syntax_error, "
+                                       "authentication_error, request_too_large, ...")
+    message: str
+    position: int | None = Field(None, description="query_syntax_error: the 0-based character offset")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def _errors(**described: str) -> dict[int | str, dict[str, Any]]:
+    return {int(status.removeprefix("s")): {"model": ErrorResponse, "description": text}
+            for status, text in described.items()}
 
 
 class SearchHit(BaseModel):
     id: str
-    score: float
+    score: float = Field(..., description="rounded to 12 significant digits; hits are ordered by it, then by id")
     fields: dict[str, Any]
 
 
@@ -59,39 +82,68 @@ class BulkResponse(BaseModel):
     failed: dict[str, str]
 
 
-def _err(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message, **extra}}, status_code=status)
+def _search_body_schema(max_top_k: int) -> dict[str, Any]:
+    schema = SearchRequest.model_json_schema()
+    schema["properties"]["top_k"]["maximum"] = max_top_k
+    return schema
 
 
 def create_router_app(rt: RouterRuntime) -> FastAPI:
     app = FastAPI(title="sluice search", version="1",
                   description="Distributed full-text search: sharded Xapian indexes, exact merged BM25 scores. "
                               "See docs/SEARCH.md.")
+    _add_error_handlers(app)
+    _add_service_routes(app, rt)
+    _add_search_route(app, rt)
+    _add_write_routes(app, rt)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal in the one error shape (errors.py), FastAPI's own included."""
+
+    @app.exception_handler(SearchError)
+    async def _search_error(request: Request, exc: SearchError) -> Response:
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return _err(400, "invalid_request_error", f"{where}: {first.get('msg', 'invalid')}" if where else "invalid body")
+        message = f"{where}: {first.get('msg', 'invalid')}" if where else "invalid body"
+        return error_response(SearchError(SearchErrorKind.INVALID_REQUEST, message))
 
     @app.exception_handler(QuerySyntaxError)
-    async def _syntax(request: Request, exc: QuerySyntaxError) -> JSONResponse:
-        return _err(400, "query_syntax_error", str(exc), position=exc.position)
+    async def _syntax(request: Request, exc: QuerySyntaxError) -> Response:
+        return error_response(exc.as_search_error())
 
     @app.exception_handler(DocumentError)
-    async def _document(request: Request, exc: DocumentError) -> JSONResponse:
-        return _err(400, "invalid_request_error", str(exc))
+    async def _document(request: Request, exc: DocumentError) -> Response:
+        return error_response(SearchError(SearchErrorKind.INVALID_REQUEST, str(exc)))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = {404: SearchErrorKind.NOT_FOUND, 405: SearchErrorKind.METHOD_NOT_ALLOWED}.get(
+            exc.status_code, SearchErrorKind.INVALID_REQUEST)
+        return error_response(SearchError(kind, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        # Starlette re-raises after this answer; the ASGI front logs it (fast_http/search_path.py)
+        return error_response(internal_error())
+
+
+def _add_service_routes(app: FastAPI, rt: RouterRuntime) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get("/ready", responses={503: {"description": "starting, or a shard has no replica up ({\"status\": why})"}})
     async def ready() -> JSONResponse:
         why = rt.not_ready_reason()
         return JSONResponse({"status": "ready"} if why is None else {"status": why}, status_code=200 if why is None else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(generate_latest(rt.metrics.registry), media_type="text/plain; version=0.0.4")
 
@@ -103,34 +155,39 @@ def create_router_app(rt: RouterRuntime) -> FastAPI:
     async def status() -> dict[str, Any]:
         return rt.status()
 
+
+def _add_search_route(app: FastAPI, rt: RouterRuntime) -> None:
     @app.post("/v1/search", response_model=SearchResponse,
-              responses={400: {"description": "invalid request or query syntax error (with its position)"},
-                         401: {"description": "an API key is configured and none or a wrong one was sent"}})
-    async def search(req: SearchRequest, request: Request) -> Any:
-        if not rt.auth.may_search(request):
-            return _err(401, "authentication_error", "a valid API key is required")
-        if req.top_k > rt.cfg.search.max_top_k:
-            return _err(400, "invalid_request_error", f"top_k is at most {rt.cfg.search.max_top_k}")
-        result = await rt.searcher.search(req.query, req.top_k)
-        # a Response as is: FastAPI would otherwise re-validate it against SearchResponse (the
-        # model documents it), which cost as much router CPU as a shard round trip
-        return JSONResponse(result.to_json())
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": _search_body_schema(rt.cfg.search.max_top_k)}}}},
+              responses=_errors(s400="invalid request, or a query syntax error (with its position)",
+                                s401="an API key is configured and none or a wrong one was sent",
+                                s413="a body over 64 KiB (refused before it is read whole)"))
+    async def search(request: Request) -> Any:
+        # the ASGI front answers this in production; both decode through search_endpoint.py.
+        # A Response as is: FastAPI would otherwise re-validate it against SearchResponse
+        return JSONResponse(await answer_search(rt, request))
+
+
+def _add_write_routes(app: FastAPI, rt: RouterRuntime) -> None:
+    def writable(request: Request, what: str) -> None:
+        if not rt.cfg.search.accept_writes:
+            raise SearchError(SearchErrorKind.QUERY_ONLY, "this router is query-only (accept_writes = false); "
+                                                          f"send {what} to the writing router")
+        if not rt.auth.may_write(request):
+            raise SearchError(SearchErrorKind.AUTHENTICATION, "a valid ingest key is required")
 
     @app.post("/v1/search/documents", response_model=BulkResponse,
               openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {
                   "schema": {"type": "string", "description": "one JSON object per line: {\"id\": ..., fields...}"}}}}},
-              responses={401: {"description": "an ingest key is configured and none or a wrong one was sent"},
-                         413: {"description": "body too large"},
-                         503: {"description": "a shard had no replica to take its part (the body says which)"}})
+              responses={**_errors(s400="more than 100,000 lines", s401="an ingest key is configured and none or a "
+                                   "wrong one was sent", s405="a query-only router", s413="a body over 64 MiB (refused "
+                                   "as soon as it passes that, never read whole)"),
+                         503: {"model": BulkResponse, "description": "a shard had no replica to take its part "
+                                                                     "(`written` and `failed` say which)"}})
     async def upsert(request: Request) -> Any:
-        if not rt.cfg.search.accept_writes:
-            return _err(405, "query_only_router", "this router is query-only (accept_writes = false); "
-                                                  "send writes to the writing router")
-        if not rt.auth.may_write(request):
-            return _err(401, "authentication_error", "a valid ingest key is required")
-        body = await request.body()
-        if len(body) > MAX_BULK_BYTES:
-            return _err(413, "request_too_large", f"a bulk request is at most {MAX_BULK_BYTES} bytes")
+        writable(request, "writes")  # before the body is read
+        body = await read_bounded(request.scope["headers"], request.receive, MAX_BULK_BYTES, "a bulk request")
         plan = plan_bulk(body, rt.topo)
         rt.metrics.bad_lines.inc(len(plan.errors))
         out = await rt.writer.write(plan.batches)
@@ -139,18 +196,14 @@ def create_router_app(rt: RouterRuntime) -> FastAPI:
         return JSONResponse(payload, status_code=503 if out["failed"] else 200)
 
     @app.delete("/v1/search/documents/{doc_id:path}",
-                responses={401: {"description": "an ingest key is configured and none or a wrong one was sent"},
+                responses={**_errors(s400="an id that is not 1-200 bytes", s401="an ingest key is configured and "
+                                     "none or a wrong one was sent", s405="a query-only router"),
                            503: {"description": "a shard had no replica to take the delete"}})
     async def delete(request: Request, doc_id: str = Path(..., max_length=200)) -> Any:
-        if not rt.cfg.search.accept_writes:
-            return _err(405, "query_only_router", "this router is query-only (accept_writes = false)")
-        if not rt.auth.may_write(request):
-            return _err(401, "authentication_error", "a valid ingest key is required")
+        writable(request, "deletes")
         check_id(doc_id)
         shards = ([i for i, s in enumerate(rt.topo.shards) if s.cold_url is None] if rt.topo.moves_documents
                   else [rt.topo.shard_for_id(doc_id)])
         out = await rt.writer.write({i: [{"op": "delete", "id": doc_id}] for i in shards})
         rt.metrics.documents.labels("delete").inc(0 if out["failed"] else 1)
         return JSONResponse({"deleted": doc_id, **out}, status_code=503 if out["failed"] else 200)
-
-    return app

@@ -1,17 +1,20 @@
 """A bulk NDJSON body → documents per shard, with every bad line reported by its number.
 
-One JSON object per line (`{"id": ..., fields...}`); blank lines are skipped. A line that is
-not JSON, not an object, or not a valid document is reported (`{"line": N, "message": ...}`,
-lines counted from 1) and the rest of the batch is still written. The same id twice in one
+One JSON object per line (`{"id": ..., fields...}`); blank lines are skipped, and a final
+newline ends the last line (it does not start another: 100,000 newline-terminated lines are
+100,000 lines). A line that is not JSON the service takes (strict_json.py: no NaN or Infinity,
+no lone surrogate escapes, bounded numbers and nesting), not an object, or not a valid document
+is reported (`{"line": N, "message": ...}`, lines counted from 1) and the rest of the batch is
+still written. The same id twice in one
 batch: the later line wins (as two requests would).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
+from sluice.search import strict_json
 from sluice.search.errors import DocumentError
 from sluice.search.index.schema import MAX_DOCUMENT_BYTES, parse_document
 from sluice.search.router.topology import Topology
@@ -27,9 +30,13 @@ class BulkPlan:
 
 
 def plan_bulk(body: bytes, topo: Topology) -> BulkPlan:
+    if not body:
+        raise DocumentError("the body is empty: send one JSON document per line")
     errors: list[dict[str, Any]] = []
     latest: dict[str, tuple[int, dict[str, Any]]] = {}
     lines = body.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()  # the newline that ends the last line
     if len(lines) > MAX_LINES:
         raise DocumentError(f"a bulk request has at most {MAX_LINES} lines; split it")
     for n, raw in enumerate(lines, 1):
@@ -39,9 +46,9 @@ def plan_bulk(body: bytes, topo: Topology) -> BulkPlan:
             errors.append({"line": n, "message": f"line is longer than {MAX_DOCUMENT_BYTES} bytes"})
             continue
         try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            errors.append({"line": n, "message": f"not JSON: {getattr(exc, 'msg', exc)}"})
+            obj = strict_json.loads(raw)
+        except strict_json.JsonError as exc:
+            errors.append({"line": n, "message": str(exc)})
             continue
         try:
             doc = parse_document(obj)

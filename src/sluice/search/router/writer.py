@@ -19,6 +19,8 @@ may search). On start it learns each shard's head as the largest log any replica
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from typing import Any
 
@@ -27,11 +29,20 @@ import httpx
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.topology import ShardRuntime, Topology
 
+log = logging.getLogger("sluice.search.router")
+
 
 class WriteUnavailable(Exception):
     def __init__(self, shard: str, message: str):
         super().__init__(f"shard {shard}: {message}")
         self.shard = shard
+
+
+def _encode(entry: dict[str, Any]) -> bytes:
+    """The entry as the replicas read it (strict JSON: the bulk path refused whatever this
+    would fail on, so a failure here is a bug, reported for the shard, never a half-reserved
+    number)."""
+    return json.dumps(entry, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 class Writer:
@@ -55,19 +66,23 @@ class Writer:
         shard.head_known = True
 
     async def _send(self, shard: ShardRuntime, entry: dict[str, Any]) -> int:
-        """Append `entry` on every replica; returns how many hold it now."""
+        """Append `entry` on every replica; returns how many hold it now. Never raises but
+        for cancellation: a replica that fails in any way has not confirmed."""
+        body = _encode(entry)  # once for every replica; encodable: write_shard checked it first
+
         async def one(replica) -> bool:
             t0 = time.perf_counter()
             try:
-                r = await self.http.post(replica.url + "/v1/shard/append", json=entry, timeout=self.timeout_s)
-            except httpx.HTTPError:
+                r = await self.http.post(replica.url + "/v1/shard/append", content=body,
+                                         headers={"content-type": "application/json"}, timeout=self.timeout_s)
+                if r.status_code != 200:
+                    return False  # 409: behind (the poller catches it up); 4xx/5xx: failing
+                replica.applied_seq = max(replica.applied_seq, int(r.json()["applied_seq"]))
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 replica.observe(time.perf_counter() - t0, ok=False)
                 return False
             self.metrics.replica_latency.labels(shard.name, replica.name, "write").observe(time.perf_counter() - t0)
-            if r.status_code == 200:
-                replica.applied_seq = max(replica.applied_seq, int(r.json()["applied_seq"]))
-                return True
-            return False  # 409: behind (the poller catches it up); 5xx: failing
+            return True
 
         results = await asyncio.gather(*(one(r) for r in shard.replicas))
         return sum(results)
@@ -84,6 +99,7 @@ class Writer:
                 shard.record_ack(shard.pending["seq"], time.time())
                 shard.pending = None
             entry = {"seq": shard.head_seq + 1, "ops": ops, "ts": time.time()}
+            _encode(entry)  # an entry that cannot be sent must not reserve a number (it would wedge the shard)
             if await self._send(shard, entry) == 0:
                 shard.pending = entry  # its number stays reserved; resent before the next write
                 raise WriteUnavailable(shard.name, "no replica confirmed the write (it may still be applied; "
@@ -93,7 +109,11 @@ class Writer:
             return entry["seq"]
 
     async def write(self, batches: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
-        """Write each shard's batch concurrently; {"written": {shard: seq}, "failed": {shard: why}}."""
+        """Write each shard's batch concurrently; {"written": {shard: seq}, "failed": {shard: why}}.
+
+        Never raises for one shard's failure: the other shards' parts may be written by then,
+        and the answer must say which were (a 503 naming the failed shards; retrying the whole
+        batch is safe, upserts and deletes being idempotent)."""
         shards = self.topo.shards
         items = [(shards[i], ops) for i, ops in batches.items() if ops and shards[i].cold_url is None]
         results = await asyncio.gather(*(self.write_shard(s, ops) for s, ops in items), return_exceptions=True)
@@ -101,8 +121,11 @@ class Writer:
         for (s, _), res in zip(items, results):
             if isinstance(res, WriteUnavailable):
                 failed[s.name] = str(res)
+            elif isinstance(res, Exception):
+                log.error("write to shard %s failed", s.name, exc_info=res)
+                failed[s.name] = f"shard {s.name}: the write failed ({type(res).__name__}); retrying is safe"
             elif isinstance(res, BaseException):
-                raise res
+                raise res  # cancelled: the client is gone
             else:
                 written[s.name] = res
         return {"written": written, "failed": failed}

@@ -14,11 +14,13 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sluice.search import strict_json
 from sluice.search.errors import DocumentError, QuerySyntaxError
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 MAX_BODY_BYTES = 16 << 20
+MAX_DEPTH = 128  # a query tree is nested up to check_tree's 40 levels, two JSON arrays each
 
 
 class QueryPath:
@@ -49,7 +51,7 @@ class QueryPath:
     def answer(self, handler: Handler, body: bytes) -> tuple[int, bytes]:
         """One query request's body → (status, the JSON answer); shared with query_protocol.py."""
         try:
-            data = json.loads(body)
+            data = strict_json.loads(body, MAX_DEPTH)
             if not isinstance(data, dict):
                 raise DocumentError("the body must be a JSON object")
             status, out = 200, handler(data)

@@ -32,6 +32,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.background import BackgroundTask
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from sluice.search import strict_json
 from sluice.search.errors import DocumentError, QuerySyntaxError
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.query_tree import check_tree, scored_leaves
@@ -59,7 +60,10 @@ def create_shard_app(replica: Replica) -> QueryPath:
     started = time.time()
 
     async def body(request: Request) -> dict[str, Any]:
-        data = await request.json()
+        try:
+            data = strict_json.loads(await request.body())
+        except strict_json.JsonError as exc:
+            raise DocumentError(f"invalid body: {exc}") from None
         if not isinstance(data, dict):
             raise DocumentError("the body must be a JSON object")
         return data

@@ -1,89 +1,73 @@
-"""POST /v1/search answered in front of FastAPI when the request is well formed.
+"""The router's ASGI front: POST /v1/search answered in front of FastAPI, and the last line
+for any exception.
 
 Measured under one load, FastAPI's handling of a search (routing, the request model, dependency
 solving, the response class) cost the router about as much CPU as the whole two-phase fan-out
-over 2 shards. So a plain ASGI layer answers the common case itself: a JSON object with exactly
-`query` (a string up to MAX_QUERY_CHARS) and optionally `top_k` (an integer from MIN_TOP_K to
-max_top_k), and a permitted key — the request model's own bounds, imported from
-router/search_request.py. Anything else — a missing or extra field, a wrong type, a bound
-crossed, a refused key — is handed to the FastAPI route unchanged (the body replayed), so every
-error keeps the one shape and message the API documents; the only error answered here is a
-query syntax error, in the same shape the app gives it.
+over 2 shards. So this layer answers every POST /v1/search itself, through the same function
+as the FastAPI route (search_endpoint.py: key, bounded body, decoding, search), and renders
+its refusals in the API's one error shape. Everything else goes to FastAPI.
+
+Any exception that escapes either is answered here, if no response has started, with a 500
+in the error shape and `connection: close` (responses.py), and logged; after a response has
+started the connection is the server's to drop.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.requests import Request
 
-from sluice.search.errors import QuerySyntaxError
+from sluice.search.errors import SearchError
+from sluice.search.router.http.responses import encode, internal_error, send_error, send_json
 from sluice.search.router.runtime import RouterRuntime
-from sluice.search.router.search_request import DEFAULT_TOP_K, MAX_QUERY_CHARS, MIN_TOP_K, SEARCH_FIELDS
+from sluice.search.router.http.search_endpoint import answer_search
 
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
-MAX_FAST_BODY = 64 << 10
+ASGIApp = Callable[[dict, Receive, Send], Awaitable[None]]
+log = logging.getLogger("sluice.search.router")
 
 
 class SearchFastPath:
-    def __init__(self, app: Callable[[dict, Receive, Send], Awaitable[None]], rt: RouterRuntime):
+    def __init__(self, app: ASGIApp, rt: RouterRuntime):
         self.app, self.rt = app, rt
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") != "/v1/search" or scope.get("method") != "POST":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body, more, messages = b"", True, []
-        while more and len(body) <= MAX_FAST_BODY:
-            msg = await receive()
-            messages.append(msg)
-            if msg["type"] != "http.request":
-                break
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-        req = None if more else self._well_formed(scope, body)
-        if req is None:
-            await self.app(scope, _replay(messages, receive), send)
+        if scope.get("path") == "/v1/search" and scope.get("method") == "POST":
+            await self._search(scope, receive, send)
             return
+        state = {"started": False, "done": False}
+
+        async def watched(msg: dict) -> None:
+            if msg["type"] == "http.response.start":
+                state["started"] = True
+            elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                state["done"] = True
+            await send(msg)
+
         try:
-            result = await self.rt.searcher.search(*req)
-        except QuerySyntaxError as exc:
-            await _answer(send, 400, {"error": {"type": "query_syntax_error", "message": str(exc),
-                                                "position": exc.position}})
+            await self.app(scope, receive, watched)
+        except Exception:
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if not state["started"]:
+                await send_error(send, internal_error())
+            elif not state["done"]:
+                raise  # a response cut short: the server drops the connection
+            # else: FastAPI's handler already answered 500 with connection: close (app.py)
+
+    async def _search(self, scope: dict, receive: Receive, send: Send) -> None:
+        try:
+            payload = encode(await answer_search(self.rt, Request(scope, receive)))
+        except SearchError as err:
+            await send_error(send, err)
             return
-        await _answer(send, 200, result.to_json())
-
-    def _well_formed(self, scope: dict, body: bytes) -> tuple[str, int] | None:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(data, dict) or not set(data) <= SEARCH_FIELDS:
-            return None
-        query, top_k = data.get("query"), data.get("top_k", DEFAULT_TOP_K)
-        if not isinstance(query, str) or len(query) > MAX_QUERY_CHARS:
-            return None
-        if type(top_k) is not int or not MIN_TOP_K <= top_k <= self.rt.cfg.search.max_top_k:
-            return None
-        if not self.rt.auth.may_search(Request(scope)):
-            return None
-        return query, top_k
-
-
-def _replay(messages: list[dict], receive: Receive) -> Receive:
-    pending = list(messages)
-
-    async def again() -> dict:
-        return pending.pop(0) if pending else await receive()
-
-    return again
-
-
-async def _answer(send: Send, status: int, out: dict[str, Any]) -> None:
-    payload = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-    await send({"type": "http.response.body", "body": payload})
+        except Exception:
+            log.exception("POST /v1/search failed")
+            await send_error(send, internal_error())
+            return
+        await send_json(send, 200, payload)
