@@ -61,3 +61,54 @@ def test_a_plain_words_terms_are_the_term_generators():
         words.update(re.findall(r"[A-Za-z]+", d.get("title", "") + " " + d.get("body", "")))
     assert all(a._index_query(w) == a._generated(w) for w in words)
     assert a._index_query("e-mail") == a._generated("e-mail") == ["e", "mail"]
+
+
+@pytest.mark.parametrize("query,position,words", [
+    ("*", 0, "needs a word"), ("pa*ck", 2, "only at the end"), ("a**", 1, "only at the end"),
+    ('"packag* manager"', 7, "inside a phrase"), ("e-mai*", 0, "one word"), ("title:*", 6, "needs a word"),
+    ("python (pack*", 7, "unmatched"),
+])
+def test_a_misplaced_wildcard_is_a_syntax_error_at_its_position(query, position, words):
+    with pytest.raises(QuerySyntaxError) as exc:
+        parse_query(query)
+    assert exc.value.position == position and words in str(exc.value)
+
+
+def test_a_trailing_wildcard_resolves_to_its_unstemmed_prefix():
+    from sluice.search.index.query_tree import expand, resolve_query, wildcards_of
+
+    a = Analyzer()
+    text = 'python AND (packag* OR "package manager") -title:library +body:tool Pythones* title:Pack*'
+    q = resolve_query(text, a)
+    assert wildcards_of(q.tree) == ["XTITLE:pack", "packag", "pythones"]  # lower-cased, never stemmed
+    assert q.wildcards == {"packag": text.index("packag*"), "pythones": text.index("Pythones*"),
+                           "XTITLE:pack": text.index("title:Pack*")}
+    assert "pythones" not in terms_of(q.tree) and "python" in terms_of(q.tree)
+    # expansion: the union in place of each wildcard; one with no terms matches nothing, as a
+    # word without terms does (dropped from an OR; an AND or a required clause with it: nothing)
+    assert expand(["or", [["term", "a"], ["wildcard", "x"]]], {"x": []}) == ["term", "a"]
+    assert expand(["or", [["term", "a"], ["wildcard", "x"]]], {"x": ["xa", "xb"]}) == \
+        ["or", [["term", "a"], ["term", "xa"], ["term", "xb"]]]
+    assert expand(["and", [["term", "a"], ["wildcard", "x"]]], {"x": []}) is None
+    assert expand(["and_not", [["term", "a"], ["wildcard", "x"]]], {"x": []}) == ["term", "a"]
+    assert expand(["and_maybe", [["wildcard", "x"], ["term", "a"]]], {"x": []}) is None
+    with pytest.raises(QuerySyntaxError):
+        check_tree(["wildcard", "x"])  # shards are sent expanded trees only
+
+
+def test_an_index_expands_a_prefix_to_its_terms_as_xapian_does():
+    import xapian
+
+    from sluice.search.index.shard_index import ShardIndex
+
+    idx = ShardIndex(None)
+    docs = [("1", "package packages packaging"), ("2", "packer python"), ("3", "pythonic pack")]
+    for seq, (i, text) in enumerate(docs, 1):
+        idx.apply(seq, [{"op": "upsert", "id": i, "fields": {"title": text}}])
+    assert idx.expand("pack") == {"pack": 1, "packag": 1, "packer": 1}  # the index holds stems
+    assert idx.expand("pythones") == {} and idx.expand("XTITLE:pyth") == {"XTITLE:python": 2}
+    assert len(idx.expand("p", limit=2)) == 3  # limit + 1 tells "more than the limit"
+    wild = xapian.Query(xapian.Query.OP_WILDCARD, "pack", 0, xapian.Query.WILDCARD_LIMIT_ERROR, xapian.Query.OP_OR)
+    enquire = xapian.Enquire(idx.db)
+    enquire.set_query(wild)
+    assert {m.docid for m in enquire.get_mset(0, 10)} == {1, 2, 3}

@@ -27,6 +27,9 @@ def test_power_of_two_choices_prefers_the_cheaper_and_skips_down_replicas():
     assert set(picks) == {"f"}  # the pair is always {fast, slow}: the down one is skipped
     assert pick_replica([fast, slow], {"f", "s"}, rng) is None
     assert pick_replica([down], set(), rng, now=1.0) is down  # all down: still ask one
+    down.reachable = False  # ...unless the health poll found it not answering: never asked
+    assert pick_replica([down], set(), rng, now=1.0) is None
+    assert pick_replica([fast, down], set(), rng, now=1.0) is fast
 
 
 def test_a_cancelled_hedge_raises_the_loser_ewma():

@@ -5,7 +5,10 @@
 - words separated by spaces are alternatives (OR), ranked by BM25;
 - `+word` must match, `-word` must not (like Xapian's QueryParser and most engines);
 - `AND`, `OR`, `NOT` (upper case) combine; precedence NOT > AND > OR; parentheses group;
-- `"a phrase"` matches the words in order; `field:word` and `field:"a phrase"` search one field.
+- `"a phrase"` matches the words in order; `field:word` and `field:"a phrase"` search one field;
+- `word*` (a trailing wildcard) matches every index term that starts with `word`, lower-cased
+  but not stemmed (so `pythones*` never matches `python`); `*` anywhere else, in a phrase, or
+  after something that is not one word of letters and digits is a syntax error.
 
 The grammar is small and ours (not Xapian's QueryParser) so that an error names the character
 where it happened, the router can list the query's terms before any shard is asked (phase 1 of
@@ -27,6 +30,7 @@ MAX_DEPTH = 16
 _FIELD = re.compile(r"([a-z][a-z0-9_]{0,63}):(?=\S)")
 _OPERATORS = {"AND", "OR", "NOT"}
 _SPECIAL = set('()"')
+WILDCARD = "*"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,6 +41,7 @@ class Text:
     field: str | None
     phrase: bool
     position: int
+    wildcard: bool = False  # `text*`: every term starting with text (query_tree.py expands it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,10 +59,21 @@ Node = Union[Text, Bool]
 
 @dataclasses.dataclass(slots=True)
 class _Token:
-    kind: str  # word | phrase | op | lparen | rparen | plus | minus
+    kind: str  # word | wildcard | phrase | op | lparen | rparen | plus | minus
     value: str
     position: int
     field: str | None = None
+
+
+def _check_wildcard(word: str, at: int) -> None:
+    """A word holding `*`: one word of letters and digits, then one `*` at its end."""
+    star = word.index(WILDCARD)
+    if star != len(word) - 1:
+        raise QuerySyntaxError(at + star, "'*' is allowed only at the end of a word (a trailing wildcard)")
+    if not word[:-1]:
+        raise QuerySyntaxError(at, "a wildcard needs a word before '*'")
+    if not word[:-1].isalnum():
+        raise QuerySyntaxError(at, "a trailing wildcard applies to one word of letters and digits")
 
 
 def _lex(q: str) -> list[_Token]:
@@ -84,6 +100,9 @@ def _lex(q: str) -> list[_Token]:
             end = q.find('"', i + 1)
             if end < 0:
                 raise QuerySyntaxError(i, "unterminated quote")
+            star = q.find(WILDCARD, i + 1, end)
+            if star >= 0:
+                raise QuerySyntaxError(star, "a wildcard is not allowed inside a phrase")
             out.append(_Token("phrase", q[i + 1:end], start, field))
             i = end + 1
             continue
@@ -94,6 +113,9 @@ def _lex(q: str) -> list[_Token]:
             j += 1
         word = q[i:j]
         kind = "op" if field is None and word in _OPERATORS else "word"
+        if WILDCARD in word:
+            _check_wildcard(word, i)
+            kind = "wildcard"
         out.append(_Token(kind, word, start, field))
         i = j
     return out
@@ -182,6 +204,8 @@ class _Parser:
         self.clauses += 1
         if self.clauses > MAX_CLAUSES:
             raise QuerySyntaxError(tok.position, f"more than {MAX_CLAUSES} words or phrases")
+        if tok.kind == "wildcard":
+            return Text(tok.value[:-1], tok.field, False, tok.position, wildcard=True)
         return Text(tok.value, tok.field, tok.kind == "phrase", tok.position)
 
 

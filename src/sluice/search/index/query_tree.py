@@ -2,16 +2,24 @@
 
     ["term", t] | ["phrase", [t, ...]] | ["or" | "and", [node, ...]]
     ["and_not", [node, excluded]] | ["and_maybe", [required, optional]] | ["all"]
+    ["wildcard", prefix]   (the router only: expanded to terms before any shard searches)
 
 Resolving runs each word through the index's analyzer (so `Running` becomes `run`, `e-mail`
 the phrase `e mail`, `title:Linux` the term `XTITLE:linux`). The router resolves a query once:
 the tree's terms are what phase 1 asks every shard about, the tree's JSON text is the
 normalized query the result cache is keyed on, and the shards build their Xapian query from it
 (query_builder.py) without parsing again.
+
+A trailing wildcard resolves to its prefix term (`title:Pack*` → `XTITLE:pack`: lower-cased,
+never stemmed). The router asks every shard for the index terms that start with it (Xapian's
+own expansion: its `allterms(prefix)`), and `expand` puts their union in its place — an OR of
+plain terms, each scored with its global statistics like any word — so the merge stays exact:
+every shard scores the same terms, the ones one index holding every document would expand to.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -24,33 +32,53 @@ MAX_TREE_NODES = 512
 _OPS = {"term", "phrase", "or", "and", "and_not", "and_maybe", "all"}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResolvedQuery:
+    """A query's tree, and where each wildcard prefix term was written (for its errors)."""
+
+    tree: Tree | None
+    wildcards: dict[str, int]  # prefix term → the 0-based offset of its word in the query
+
+
 def resolve(query: str, analyzer: Analyzer) -> Tree | None:
     """Query text → tree; None when no word of it yields a term (it matches nothing)."""
-    return _resolve(parse_query(query), analyzer)
+    return resolve_query(query, analyzer).tree
 
 
-def _resolve(node: Node, analyzer: Analyzer) -> Tree | None:
+def resolve_query(query: str, analyzer: Analyzer) -> ResolvedQuery:
+    wildcards: dict[str, int] = {}
+    tree = _resolve(parse_query(query), analyzer, wildcards)
+    return ResolvedQuery(tree, wildcards)
+
+
+def _resolve(node: Node, analyzer: Analyzer, wildcards: dict[str, int] | None = None) -> Tree | None:
+    if wildcards is None:
+        wildcards = {}
     if isinstance(node, Text):
         prefix = field_prefix(node.field) if node.field else ""
+        if node.wildcard:
+            term = prefix + node.text.lower()
+            wildcards.setdefault(term, node.position)
+            return ["wildcard", term]
         terms = [prefix + t for t in analyzer.query_terms(node.text)]
         if not terms:
             return None
         return ["term", terms[0]] if len(terms) == 1 else ["phrase", terms]
-    kids = [t for c in node.children if (t := _resolve(c, analyzer)) is not None]
+    kids = [t for c in node.children if (t := _resolve(c, analyzer, wildcards)) is not None]
     if node.op == "or":
         return _flat("or", kids)
     if node.op == "and":
         return None if len(kids) < len(node.children) else _flat("and", kids)
     if node.op == "and_not":
-        if not kids or _resolve(node.children[0], analyzer) is None:
+        if not kids or _resolve(node.children[0], analyzer, wildcards) is None:
             return None
         rest = _flat("or", kids[1:])
         return kids[0] if rest is None else ["and_not", [kids[0], rest]]
     # "must": +required, plain alternatives, -excluded
-    req = [t for c in node.required if (t := _resolve(c, analyzer)) is not None]
+    req = [t for c in node.required if (t := _resolve(c, analyzer, wildcards)) is not None]
     if len(req) < len(node.required):
         return None  # a required word that matches nothing
-    exc = _flat("or", [t for c in node.excluded if (t := _resolve(c, analyzer)) is not None])
+    exc = _flat("or", [t for c in node.excluded if (t := _resolve(c, analyzer, wildcards)) is not None])
     opt = _flat("or", kids)
     base: Tree | None
     if req:
@@ -84,7 +112,7 @@ def terms_of(tree: Tree | None) -> list[str]:
             found.add(t[1])
         elif t[0] == "phrase":
             found.update(t[1])
-        elif t[0] != "all":
+        elif t[0] not in ("all", "wildcard"):  # a wildcard's terms are known once it is expanded
             for c in t[1]:
                 walk(c)
 
@@ -108,13 +136,60 @@ def scored_leaves(tree: Tree | None) -> dict[str, int] | None:
             if scored:
                 counts[t[1]] = counts.get(t[1], 0) + 1
             return True
-        if op in ("phrase", "all"):
+        if op in ("phrase", "all", "wildcard"):
             return False
         if op == "and_not":
             return walk(t[1][0], scored) and walk(t[1][1], False)
         return all(walk(c, scored) for c in t[1])
 
     return counts if walk(tree, True) else None
+
+
+def wildcards_of(tree: Tree | None) -> list[str]:
+    """The distinct wildcard prefix terms of the tree, sorted."""
+    found: set[str] = set()
+
+    def walk(t: Tree) -> None:
+        if t[0] == "wildcard":
+            found.add(t[1])
+        elif t[0] not in ("term", "phrase", "all"):
+            for c in t[1]:
+                walk(c)
+
+    if tree is not None:
+        walk(tree)
+    return sorted(found)
+
+
+def expand(tree: Tree | None, expansions: dict[str, list[str]]) -> Tree | None:
+    """The tree with each wildcard replaced by the OR of its terms; a wildcard no term starts
+    with matches nothing, exactly as a word without terms does in `resolve` (dropped from an
+    OR, and an AND, a required clause or the left of a NOT with it matches nothing)."""
+    if tree is None:
+        return None
+    op = tree[0]
+    if op == "wildcard":
+        return _flat("or", [["term", t] for t in sorted(expansions.get(tree[1], ()))])
+    if op in ("term", "phrase", "all"):
+        return tree
+    kids = [expand(c, expansions) for c in tree[1]]
+    if op == "or":
+        return _flat("or", [k for k in kids if k is not None])
+    if op == "and":
+        return None if any(k is None for k in kids) else _flat("and", kids)  # type: ignore[arg-type]
+    base, other = kids  # and_not, and_maybe: [left, right]
+    if base is None:
+        return None
+    return base if other is None else [op, [base, other]]
+
+
+def size(tree: Tree | None) -> int:
+    """Nodes in the tree (check_tree's bound: MAX_TREE_NODES)."""
+    if tree is None:
+        return 0
+    if tree[0] in ("term", "phrase", "all", "wildcard"):
+        return 1
+    return 1 + sum(size(c) for c in tree[1])
 
 
 def cache_key(tree: Tree | None) -> str:

@@ -24,6 +24,7 @@ from sluice.search.index.schema import Schema, check_id, parse_document
 
 APPLIED_KEY = "sluice.applied_seq"
 MAX_TOP_K = 1000
+MAX_WILDCARD_TERMS = 100  # terms one wildcard may expand to (the union over every shard)
 
 
 class ShardIndex:
@@ -70,6 +71,17 @@ class ShardIndex:
     def stats(self, terms: list[str]) -> CollectionStats:
         db = self.db
         return CollectionStats(db.get_doccount(), db.get_total_length(), {t: db.get_termfreq(t) for t in terms})
+
+    def expand(self, prefix: str, limit: int = MAX_WILDCARD_TERMS) -> dict[str, int]:
+        """The index terms starting with `prefix` and their document frequencies — what Xapian's
+        OP_WILDCARD would expand to — at most limit + 1 of them (more than `limit` tells the
+        router the wildcard is too broad without listing every term)."""
+        out: dict[str, int] = {}
+        for item in self.db.allterms(prefix):
+            out[item.term.decode()] = item.termfreq
+            if len(out) > limit:
+                break
+        return out
 
     def search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None = None) -> list[Hit]:
         """The top_k hits, scored with `global_stats` when given (exact across shards), else with

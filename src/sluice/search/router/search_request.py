@@ -28,7 +28,7 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     query: str = Field(..., description="Query text (docs/SEARCH.md: words, \"phrases\", +must -not, AND/OR/NOT, "
-                                        "field:word)", max_length=MAX_QUERY_CHARS)
+                                        "field:word, trailing wildcards word*)", max_length=MAX_QUERY_CHARS)
     top_k: int = Field(DEFAULT_TOP_K, ge=MIN_TOP_K, description="How many hits (at most the configured max_top_k)")
 
 

@@ -13,8 +13,16 @@ their own frequencies and report their parts; the router corrects and verifies, 
 second round). `stats = "local"` skips phase 1 (one round trip; each shard scores with its
 own statistics, cheaper and inexact on skewed shards).
 
+A query with trailing wildcards has a statistics round in every mode: each shard lists the terms
+its prefixes expand to (global_stats/wildcards.py), and their union replaces each wildcard
+before the search round.
+
 A shard that misses its deadline or has no replica left is reported, never hidden: `partial`
-is true and `shards_answered` < `shards`. Every phase of every shard shares one deadline.
+is true and `shards_answered` < `shards`. The query has one deadline, and a round that another
+follows (the statistics round, the one-round search, a wildcard expansion) may spend only half
+of the time left, so that a stalled shard costs that round its answer but never the other
+shards theirs: the last round searches the shards that answered, with their statistics
+(a partial answer is scored as if they held every document).
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ from sluice.search.errors import QuerySyntaxError
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.hits import Hit, merge
-from sluice.search.index.query_tree import Tree, cache_key, resolve, scored_leaves, terms_of
+from sluice.search.index.query_tree import (ResolvedQuery, Tree, cache_key, resolve_query, scored_leaves, terms_of,
+                                            wildcards_of)
 from sluice.search.router.config import StatsMode
 from sluice.search.router.replica_state import ReplicaState
 from sluice.search.router.global_stats.one_round import ShardAnswer, exact_top_k
@@ -37,12 +46,28 @@ from sluice.search.router.result_cache import ResultCache
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.shard_client import Failure, ShardCallError, ShardClient
 from sluice.search.router.global_stats.stats_cache import StatsCache
+from sluice.search.router.global_stats import wildcards
 from sluice.search.tiers.cold_tier import ColdTier
 from sluice.search.router.topology import ShardRuntime, Topology
 
 
 TREES_KEPT = 10_000
-_UNSEEN = object()
+FOLLOWED_SHARE = 0.5  # of the time left, what a round that another round follows may spend
+
+
+@dataclasses.dataclass(slots=True)
+class _Run:
+    """One query's state across its rounds."""
+
+    revision: tuple[int, ...]
+    deadline: float  # time.perf_counter() by which the last round must be done
+    chosen: dict[int, ReplicaState | None]  # shard position → the replica that answered its first round
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)  # shard name → why
+
+    def followed_deadline(self) -> float:
+        """The deadline of a round that another follows: half of the time left."""
+        now = time.perf_counter()
+        return now + max(0.0, self.deadline - now) * FOLLOWED_SHARE
 
 
 @dataclasses.dataclass(slots=True)
@@ -76,19 +101,23 @@ class Searcher:
         self.one_round = {"answered": 0, "second_round": 0}  # global_stats/one_round.py's outcomes
         self.cold = cold
 
-    async def search(self, query: str, top_k: int) -> SearchResult:
-        t0 = time.perf_counter()
-        tree = self._trees.get(query, _UNSEEN)
-        if tree is _UNSEEN:
+    def _resolved(self, query: str) -> ResolvedQuery:
+        resolved = self._trees.get(query)
+        if resolved is None:
             try:
-                tree = resolve(query, self.analyzer)
+                resolved = resolve_query(query, self.analyzer)
             except QuerySyntaxError:
                 self.metrics.errors.labels(Failure.BAD_QUERY.value).inc()
                 raise
             if len(self._trees) >= TREES_KEPT:
                 self._trees.clear()
-            self._trees[query] = tree
-        key = (cache_key(tree), top_k, self.topo.revision())
+            self._trees[query] = resolved
+        return resolved
+
+    async def search(self, query: str, top_k: int) -> SearchResult:
+        t0 = time.perf_counter()
+        resolved = self._resolved(query)
+        key = (cache_key(resolved.tree), top_k, self.topo.revision())
         cached = self.cache.get(key)
         self.metrics.child(self.metrics.cache, "hit" if cached is not None else "miss").inc()
         self.metrics.cache_hit_ratio.set(self.cache.hit_ratio)
@@ -97,28 +126,9 @@ class Searcher:
             self.metrics.child(self.metrics.query_latency, "cached").observe(time.perf_counter() - t0)
             return res
         shards = self.topo.shards
-        deadline = t0 + self.deadline_s
-        failed: dict[str, str] = {}
-        chosen: dict[int, ReplicaState | None] = {s.position: None for s in shards}
-        glob: CollectionStats | None = None
-        merged: list[Hit] | None = None
-        if tree is not None and self.stats_mode is StatsMode.GLOBAL and len(shards) > 1:
-            # one shard's own statistics are the global ones: phase 1 only from 2 shards up
-            merged = await self._one_round(shards, tree, top_k, key[2], deadline, chosen, failed)
-            if merged is None:
-                live = [s for s in shards if s.name not in failed]
-                glob = await self._global_stats(live, terms_of(tree), key[2], deadline, chosen, failed)
-        if merged is None:
-            live = [s for s in shards if s.name not in failed]
-            payload = {"tree": tree, "top_k": top_k, "stats": None if glob is None else glob.to_json()}
-            answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search",
-                                                       chosen[s.position]) for s in live), return_exceptions=True)
-            per_shard: list[list[Hit]] = []
-            for s, a in _answered(live, answers, failed):
-                per_shard.append([Hit.from_json(h) for h in a[1]["hits"]])
-                _note_index_time(s, a[1])
-            merged = merge(per_shard, top_k)
-        result = SearchResult(merged, len(shards), len(shards) - len(failed), failed)
+        run = _Run(key[2], t0 + self.deadline_s, {s.position: None for s in shards})
+        merged = await self._hits(resolved, top_k, run)
+        result = SearchResult(merged, len(shards), len(shards) - len(run.failed), run.failed)
         result.took_ms = (time.perf_counter() - t0) * 1000
         if result.partial:
             self.metrics.partial.inc()
@@ -127,12 +137,69 @@ class Searcher:
         self.metrics.child(self.metrics.query_latency, "partial" if result.partial else "complete").observe(time.perf_counter() - t0)
         return result
 
-    async def _one_round(self, shards: Sequence[ShardRuntime], tree: Tree, top_k: int, revision: tuple[int, ...],
-                         deadline: float, chosen: dict[int, ReplicaState | None],
-                         failed: dict[str, str]) -> list[Hit] | None:
+    async def _hits(self, resolved: ResolvedQuery, top_k: int, run: _Run) -> list[Hit]:
+        """The rounds: (expansion or statistics or one-round search) → search → merge."""
+        shards = self.topo.shards
+        tree, glob = resolved.tree, None
+        exact = self.stats_mode is StatsMode.GLOBAL and len(shards) > 1  # one shard's own statistics are global
+        if tree is not None and resolved.wildcards:
+            tree, glob = await self._expand(resolved, run, exact)
+        elif tree is not None and exact:
+            merged = await self._one_round(shards, tree, top_k, run)
+            if merged is not None:
+                return merged
+            glob = await self._global_stats(self._live(run), terms_of(tree), run)
+        if tree is None or top_k == 0:
+            return []  # matches nothing: no shard needs asking
+        live = self._live(run)
+        payload = {"tree": tree, "top_k": top_k, "stats": None if glob is None else glob.to_json()}
+        answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, run.deadline, "search",
+                                                   run.chosen[s.position]) for s in live), return_exceptions=True)
+        per_shard: list[list[Hit]] = []
+        for s, a in _answered(live, answers, run.failed):
+            per_shard.append([Hit.from_json(h) for h in a[1]["hits"]])
+            _note_index_time(s, a[1])
+        return merge(per_shard, top_k)
+
+    def _live(self, run: _Run) -> list[ShardRuntime]:
+        return [s for s in self.topo.shards if s.name not in run.failed]
+
+    async def _expand(self, resolved: ResolvedQuery, run: _Run, exact: bool) -> tuple[Tree | None, CollectionStats | None]:
+        """The wildcard expansion round (global_stats/wildcards.py): every live shard's terms
+        for each prefix — and, for exact scores, its statistics — then the tree with the union
+        in place of each wildcard, and the global statistics of every term it now has."""
+        prefixes = wildcards_of(resolved.tree)
+        live = self._live(run)
+        payload = {"terms": terms_of(resolved.tree) if exact else [], "prefixes": prefixes}
+        deadline = run.followed_deadline()
+        answers = await asyncio.gather(*(self._one(s, "/v1/shard/stats", payload, deadline, "stats", None)
+                                         for s in live), return_exceptions=True)
+        got: list[tuple[ShardRuntime, dict[str, Any], wildcards.Expansions]] = []
+        for s, (replica, data) in _answered(live, answers, run.failed):
+            run.chosen[s.position] = replica
+            try:
+                got.append((s, data, wildcards.shard_expansions(data, prefixes)))
+            except ValueError:
+                run.failed[s.name] = Failure.UNAVAILABLE.value  # a malformed answer: leave that shard out
+        terms = wildcards.union([exp for _, _, exp in got], resolved)
+        tree = wildcards.expanded_tree(resolved, terms)
+        if not exact:
+            return tree, None
+        glob = CollectionStats()
+        for s, data, exp in got:
+            st = wildcards.with_expanded_freqs(CollectionStats.from_json(data), exp, terms)
+            seq = data.get("applied_seq")
+            self.stats_cache.store(s.position, run.revision[s.position], seq if isinstance(seq, int) else -1, st)
+            glob.add(st)
+        return tree, glob
+
+    async def _one_round(self, shards: Sequence[ShardRuntime], tree: Tree, top_k: int, run: _Run) -> list[Hit] | None:
         """The exact top_k in one round trip although some terms' statistics are new
         (one_round.py), or None: then phase 1 (for what is still unknown) and phase 2. Tried
-        when every shard's counts are known at its entry and some term's frequency is not."""
+        when every shard's counts are known at its entry and some term's frequency is not.
+        A round another may follow: half of the time left (a shard that misses it is left out
+        of both, and the second round scores the others with their own statistics)."""
+        revision, chosen, failed = run.revision, run.chosen, run.failed
         scored = scored_leaves(tree)
         if top_k == 0 or scored is None or any(s.cold_url is not None for s in shards):
             return None
@@ -151,6 +218,7 @@ class Searcher:
         glob = CollectionStats(sum(k.doc_count for k in ks), sum(k.total_length for k in ks),
                                {t: sum(k.term_freqs[t] for k in ks) for t in terms if t not in unknown})
         payload = {"tree": tree, "top_k": top_k, "stats": glob.to_json(), "unknown": sorted(unknown)}
+        deadline = run.followed_deadline()
         answers = await asyncio.gather(*(self._one(s, "/v1/shard/search", payload, deadline, "search", None)
                                          for s in shards), return_exceptions=True)
         got: list[ShardAnswer] = []
@@ -181,11 +249,11 @@ class Searcher:
         self.one_round["answered" if merged is not None else "second_round"] += 1
         return merged
 
-    async def _global_stats(self, shards: Sequence[ShardRuntime], terms: list[str], revision: tuple[int, ...],
-                            deadline: float, chosen: dict[int, ReplicaState | None],
-                            failed: dict[str, str]) -> CollectionStats:
+    async def _global_stats(self, shards: Sequence[ShardRuntime], terms: list[str], run: _Run) -> CollectionStats:
         """Phase 1: the sum of every shard's statistics for `terms`, asking only the shards whose
-        statistics the cache lacks, and only for what it lacks (stats_cache.py)."""
+        statistics the cache lacks, and only for what it lacks (stats_cache.py). Half of the
+        time left: a shard that misses it is left out of the sum and of phase 2."""
+        revision, chosen, failed = run.revision, run.chosen, run.failed
         glob = CollectionStats()
         ask: list[tuple[ShardRuntime, CollectionStats | None, list[str]]] = []
         for s in shards:
@@ -197,6 +265,7 @@ class Searcher:
         if not ask:
             return glob
         asked = [s for s, _, _ in ask]
+        deadline = run.followed_deadline()
         answers = await asyncio.gather(*(self._one(s, "/v1/shard/stats", {"terms": unknown}, deadline, "stats", None)
                                          for s, _, unknown in ask), return_exceptions=True)
         known_of = {s.position: known for s, known, _ in ask}

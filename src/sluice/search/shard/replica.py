@@ -23,6 +23,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,9 +212,11 @@ class Replica:
         log.info("write log compacted through entry %d (%d entries dropped)", upto, dropped)
         return dropped
 
-    def stats(self, terms: list[str]) -> tuple[CollectionStats, int]:
+    def stats(self, terms: list[str], prefixes: Sequence[str] = ()) -> tuple[CollectionStats, dict[str, dict[str, int]], int]:
+        """The statistics of `terms`, each prefix's expansion (ShardIndex.expand), and the entry."""
         with self._lock:
-            return self.index.stats(terms), self.index.applied_seq
+            expansions = {p: self.index.expand(p) for p in prefixes}
+            return self.index.stats(terms), expansions, self.index.applied_seq
 
     def search(self, tree: Tree | None, top_k: int, stats: CollectionStats | None) -> tuple[list[Hit], int]:
         with self._lock:

@@ -163,13 +163,15 @@ def create_shard_app(replica: Replica) -> QueryPath:
 
     # the query path: plain ASGI in front of FastAPI (query_path.py)
     def stats(data: dict[str, Any]) -> dict[str, Any]:
-        terms = data.get("terms")
+        terms, prefixes = data.get("terms"), data.get("prefixes", [])
         if not isinstance(terms, list) or len(terms) > 1024 or not all(isinstance(t, str) for t in terms):
             raise DocumentError("terms must be a list of at most 1024 strings")
+        if not isinstance(prefixes, list) or len(prefixes) > 64 or not all(isinstance(p, str) and p for p in prefixes):
+            raise DocumentError("prefixes must be a list of at most 64 non-empty strings")
         t0 = time.perf_counter()
-        st, seq = replica.stats(terms)
+        st, expansions, seq = replica.stats(terms, prefixes)
         latency.labels("stats").observe(time.perf_counter() - t0)
-        return {**st.to_json(), "applied_seq": seq}
+        return {**st.to_json(), "applied_seq": seq, **({"expansions": expansions} if prefixes else {})}
 
     def search(data: dict[str, Any]) -> dict[str, Any]:
         tree = data.get("tree")

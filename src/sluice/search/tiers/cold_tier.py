@@ -83,7 +83,10 @@ class ColdTier:
         o = self._get(url)
         with o.lock:
             if path == "/v1/shard/stats":
-                return {**o.index.stats(list(payload["terms"])).to_json(), "applied_seq": 0}
+                out = {**o.index.stats(list(payload["terms"])).to_json(), "applied_seq": 0}
+                if payload.get("prefixes"):
+                    out["expansions"] = {p: o.index.expand(p) for p in payload["prefixes"]}
+                return out
             tree = payload.get("tree")
             st = payload.get("stats")
             hits = o.index.search(None if tree is None else check_tree(tree), int(payload.get("top_k", 10)),
