@@ -1,7 +1,7 @@
 # sluice: two commands from a fresh clone.
 #   make serve   install into .venv (once) and serve the bundled model on 127.0.0.1:8000
 #   make test    install into .venv (once) and run the whole test suite
-#   make fuzz    a longer randomized pass of the OpenAPI fuzz test (FUZZ_EXAMPLES=500)
+#   make fuzz    a longer randomized pass of the OpenAPI fuzz tests, serving and search (FUZZ_EXAMPLES=500)
 #   make bench   run the engine throughput benchmark (docs/BENCHMARKS.md)
 #   make search  install into .venv (once) and run `sluice search serve` on 127.0.0.1:8100
 
@@ -82,7 +82,8 @@ test: install
 # a longer, randomized pass of the schema-driven fuzz test (make test runs a bounded one)
 FUZZ_EXAMPLES ?= 500
 fuzz: install
-	SLUICE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SLUICE_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/unit/api/test_openapi_fuzz.py $(PYTEST_ARGS)
+	SLUICE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SLUICE_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/unit/api/test_openapi_fuzz.py \
+	  tests/system/search/test_openapi_fuzz.py $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/engine_throughput.py

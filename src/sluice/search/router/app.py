@@ -197,7 +197,8 @@ def _add_write_routes(app: FastAPI, rt: RouterRuntime) -> None:
 
     @app.delete("/v1/search/documents/{doc_id:path}",
                 responses={**_errors(s400="an id that is not 1-200 bytes", s401="an ingest key is configured and "
-                                     "none or a wrong one was sent", s405="a query-only router"),
+                                     "none or a wrong one was sent", s404="a path with a line break, which no id "
+                                     "holds (no route matches it)", s405="a query-only router"),
                            503: {"description": "a shard had no replica to take the delete"}})
     async def delete(request: Request, doc_id: str = Path(..., max_length=200)) -> Any:
         writable(request, "deletes")
