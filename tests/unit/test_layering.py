@@ -31,6 +31,13 @@ TOWERS = {"train": {"models", "observability"}, "search": {"observability"}}  # 
 # the fleet layer's own floors; `errors` is routing's leaf
 ROUTING_ORDER = ["fleet", "scaling", "dispatch", "state|quota", "fleet_file"]
 ROUTING_RANK = {pkg: i for i, group in enumerate(ROUTING_ORDER) for pkg in group.split("|")}
+# the search tower's own floors (docs/ARCHITECTURE.md): the router over the tiers over the shard
+# over the service and the contract over the index; errors, strict_json and corpus are the
+# tower's leaves. Inside the router: main → http → runtime → query | writes | replication →
+# cluster → config | search_metrics | auth.
+SEARCH_ORDER = ["router", "tiers", "shard", "service", "contract", "index"]
+SEARCH_LEAVES = {"errors", "strict_json", "corpus", "__init__"}
+ROUTER_ORDER = ["main", "http", "runtime", "query|writes|replication", "cluster", "config|search_metrics|auth"]
 # what the API may import besides leaves and itself (DESIGN.md: api → serving → gateway/safety/streaming)
 API_REACHES = {"serving", "gateway", "safety", "streaming", "observability"}
 
@@ -105,6 +112,40 @@ def test_routing_floors_point_down():
             if ROUTING_RANK.get(target, -1) <= ROUTING_RANK[owner]:
                 back_edges.append(f"routing/{rel} imports {module}")
     assert not back_edges, "routing/ imports against its floors:\n" + "\n".join(sorted(back_edges))
+
+
+def floor_violations(pkg: str, order: list[str], leaves: set[str]) -> list[str]:
+    """Imports inside sluice.<pkg> that point up (or sideways) against `order`; a part is a
+    sub-package or a module directly under it, leaves may be imported by any part."""
+    rank = {part: i for i, group in enumerate(order) for part in group.split("|")}
+    root = SRC.joinpath(*pkg.split("."))
+    prefix = ["sluice", *pkg.split(".")]
+    found = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        owner = rel.parts[0].removesuffix(".py")
+        if owner in leaves:
+            continue
+        for module in _modules(path):
+            parts = module.split(".")
+            if parts[:len(prefix)] != prefix or len(parts) <= len(prefix):
+                continue
+            target = parts[len(prefix)]
+            if target in leaves or target == owner or target not in rank:
+                continue
+            if rank[target] <= rank.get(owner, len(order)):
+                found.append(f"{pkg.replace('.', '/')}/{rel} imports {module}")
+    return sorted(found)
+
+
+def test_search_floors_point_down():
+    parts = {p.name.removesuffix(".py") for p in (SRC / "search").iterdir() if not p.name.startswith("__")}
+    assert parts <= set(SEARCH_ORDER) | SEARCH_LEAVES, f"place these in SEARCH_ORDER: {parts - set(SEARCH_ORDER) - SEARCH_LEAVES}"
+    router = {p.name.removesuffix(".py") for p in (SRC / "search" / "router").iterdir() if not p.name.startswith("__")}
+    placed = {x for g in ROUTER_ORDER for x in g.split("|")}
+    assert router <= placed, f"place these in ROUTER_ORDER: {router - placed}"
+    bad = floor_violations("search", SEARCH_ORDER, SEARCH_LEAVES) + floor_violations("search.router", ROUTER_ORDER, {"__init__"})
+    assert not bad, "search imports against its floors:\n" + "\n".join(bad)
 
 
 def skips(src: Path, owner: str, allowed: set[str]) -> list[str]:

@@ -1,7 +1,9 @@
 """sluice search: a distributed full-text search service (docs/SEARCH.md).
 
+    service.py, contract.py  ── the operations (SearchService, ShardService) and their typed
+                                messages, bounds written once; errors.py: SearchErrorKind
     router (router/)  ── HTTP API, sharding, replica choice, failover, hedging, exact merge, cache
-      │  two phases per query: term statistics from every shard, then each shard's top-k
+      │  rounds per query: term statistics from every shard, then each shard's top-k
       ▼  scored with the summed (global) statistics
     shard replica (shard/)  ── one process: a per-shard write log (fsync) applied in order to
       │                        a Xapian database; catch-up from a peer's log

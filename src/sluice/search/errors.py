@@ -23,6 +23,10 @@ class SearchErrorKind(str, enum.Enum):
     QUERY_ONLY = "query_only_router"  # a write sent to a router with accept_writes = false
     TOO_LARGE = "request_too_large"  # a body over its bound (refused as soon as it passes it)
     INTERNAL = "api_error"  # a fault on our side (the log has the details)
+    # the shard protocol's own (the router is a shard's only client)
+    LOG_GAP = "log_gap"  # an append after a missing entry: the replica is behind (with last_seq)
+    LOG_COMPACTED = "log_compacted"  # entries asked for were compacted away (with log_base)
+    CATCH_UP_FAILED = "catch_up_failed"  # the peer to copy from failed
 
 
 STATUS: dict[SearchErrorKind, int] = {
@@ -34,6 +38,9 @@ STATUS: dict[SearchErrorKind, int] = {
     SearchErrorKind.QUERY_ONLY: 405,
     SearchErrorKind.TOO_LARGE: 413,
     SearchErrorKind.INTERNAL: 500,
+    SearchErrorKind.LOG_GAP: 409,
+    SearchErrorKind.LOG_COMPACTED: 410,
+    SearchErrorKind.CATCH_UP_FAILED: 502,
 }
 
 
@@ -76,5 +83,17 @@ class SearchConfigError(SluiceError):
         self.problems = problems
 
 
-class ShardUnavailableError(SluiceError):
-    """No replica of a shard answered within its deadline."""
+class ShardFailure(str, enum.Enum):
+    """Why a shard is missing from an answer (the values of `failed_shards`, and metric labels)."""
+
+    TIMEOUT = "timeout"  # no replica answered within the round's deadline
+    UNAVAILABLE = "unavailable"  # no replica up, every one failed, or its answer was malformed
+    BAD_QUERY = "bad_query"  # a replica refused the request (4xx): the request's fault, never retried
+
+
+class ShardCallError(SluiceError):
+    """One request to one shard failed, after failover and hedging (router/query/shard_call.py)."""
+
+    def __init__(self, shard: str, failure: ShardFailure, message: str, status: int = 503):
+        super().__init__(f"shard {shard}: {message}")
+        self.failure, self.status, self.message = failure, status, message

@@ -12,7 +12,7 @@ import socket
 import httpx
 import pytest
 
-from sluice.search.router.topology import hash_shard
+from sluice.search.router.cluster.topology import hash_shard
 from tests.system.search.cluster import search, start_router
 
 BAD_LINES = {

@@ -16,7 +16,7 @@ from sluice.search.index.hits import merge
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
-from sluice.search.router.topology import hash_shard
+from sluice.search.router.cluster.topology import hash_shard
 from tests.system.search.cluster import ingest, search, start_router, status
 
 N_DOCS, N_QUERIES = 1500, 200
@@ -89,7 +89,7 @@ def test_three_shards_rank_and_score_like_one_index(kind, docs, reference, tmp_p
             with_hits += bool(want)
         assert with_hits >= 150
         # most queries met new terms once the shards' counts were known: one round trip
-        # (router/global_stats/one_round.py) answered many of them, the checks above covering both paths
+        # (router/query/global_stats/one_round.py) answered many of them, the checks above covering both paths
         one_round = status(router.url)["cache"]["one_round"]
         assert one_round["answered"] >= 50 and one_round["second_round"] >= 1, one_round
         if kind == "hash":

@@ -21,7 +21,7 @@ import schemathesis
 from hypothesis import HealthCheck, reject, settings
 
 from sluice.search.errors import SearchErrorKind
-from sluice.search.router.app import create_router_app
+from sluice.search.router.http.app import create_router_app
 from sluice.search.router.config import parse_config
 from sluice.search.router.runtime import RouterRuntime
 from tests.system.search.cluster import start_router

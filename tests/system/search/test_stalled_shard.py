@@ -13,7 +13,7 @@ import signal
 from collections import Counter
 
 from sluice.search import corpus
-from sluice.search.router.topology import hash_shard
+from sluice.search.router.cluster.topology import hash_shard
 from tests.system.search.cluster import ingest, search, start_router, status, wait_for
 
 # a generous deadline: on a busy machine the healthy shard must never miss its half

@@ -14,14 +14,14 @@ from sluice.search.shard.query_path import QueryPath
 
 
 def _router(extra: str = "") -> TestClient:
-    from sluice.search.router.app import create_router_app
-    from sluice.search.router.fast_http.search_path import SearchFastPath
+    from sluice.search.router.http.app import create_router_app
+    from sluice.search.router.http.front import RouterFront
     from sluice.search.router.runtime import RouterRuntime
 
     cfg = parse_config(f'[search]\nmax_top_k = 50\n{extra}[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
     rt = RouterRuntime(cfg, [["http://127.0.0.1:9"]])
-    return TestClient(SearchFastPath(create_router_app(rt), rt))  # its own loop per request: the
-    # shard client opens a session in each (fast_http/shard_http.py)
+    return TestClient(RouterFront(create_router_app(rt), rt))  # its own loop per request: the
+    # shard client opens a session in each (query/shard_query_client.py)
 
 
 def test_a_well_formed_search_is_answered_and_errors_keep_their_shapes():
@@ -59,13 +59,13 @@ def test_the_shard_query_path_answers_json_and_refuses_bad_bodies():
 
 
 def test_the_shard_client_reports_an_unreachable_replica():
-    from sluice.search.router.fast_http.shard_http import ShardHttp, ShardHttpError
+    from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError
 
     async def go() -> None:
-        http = ShardHttp()
+        http = ShardQueryClient()
         try:
             await http.post_json("http://127.0.0.1:9/v1/shard/search", {}, 1.0)
-        except ShardHttpError as exc:
+        except ShardQueryError as exc:
             assert "127.0.0.1:9" in str(exc)
         else:
             raise AssertionError("no error")
@@ -79,7 +79,7 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
     event set only at the end, so the timeout and the cancellation are deterministic)."""
     from aiohttp import web
 
-    from sluice.search.router.fast_http.shard_http import ShardHttp, ShardHttpError, ShardHttpTimeout
+    from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
 
     async def go() -> None:
         arrived, release, transports = asyncio.Event(), asyncio.Event(), []
@@ -108,7 +108,7 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        http = ShardHttp()
+        http = ShardQueryClient()
         try:
             s1, a = await http.post_json(base + "/fast", {"x": 1}, 5.0)
             s2, b = await http.post_json(base + "/fast", {"x": 2}, 5.0)
@@ -118,7 +118,7 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
             try:
                 await http.post_json(base + "/list", {}, 5.0)
                 raise AssertionError("a list accepted")
-            except ShardHttpError as exc:
+            except ShardQueryError as exc:
                 assert "JSON object" in str(exc)
 
             # a lost hedge: cancelled while the replica is still working on it (on the pooled
@@ -131,11 +131,11 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
             _, c = await http.post_json(base + "/fast", {"x": 3}, 5.0)
             assert c["port"] != a["port"] and c["got"] == 3
 
-            # a timeout is ShardHttpTimeout (failover material), and that connection is dropped too
+            # a timeout is ShardQueryTimeout (failover material), and that connection is dropped too
             try:
                 await http.post_json(base + "/slow", {}, 0.2)
                 raise AssertionError("no timeout")
-            except ShardHttpTimeout as exc:
+            except ShardQueryTimeout as exc:
                 assert "within 0.200s" in str(exc)
             _, d = await http.post_json(base + "/fast", {"x": 4}, 5.0)
             assert d["port"] != c["port"]
@@ -160,7 +160,7 @@ def test_the_shard_answers_its_query_requests_inside_uvicorns_protocol(tmp_path)
 
     import uvicorn
 
-    from sluice.search.router.fast_http.shard_http import ShardHttp
+    from sluice.search.router.query.shard_query_client import ShardQueryClient
     from sluice.search.shard.query_protocol import query_protocol_for
     from sluice.search.shard.replica import Replica
     from sluice.search.shard.server import create_shard_app
@@ -186,7 +186,7 @@ def test_the_shard_answers_its_query_requests_inside_uvicorns_protocol(tmp_path)
         while not server.started:
             await asyncio.sleep(0.01)
         base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        http = ShardHttp()
+        http = ShardQueryClient()
         try:
             status, st = await http.post_json(base + "/v1/shard/stats", {"terms": ["alpha", "zzz"]}, 10)
             assert status == 200 and st["term_freqs"] == {"alpha": 1, "zzz": 0} and st["applied_seq"] == 1

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from sluice.search.router.config import SearchSettings
-from sluice.search.router.hot_shards import Change, HotShardTracker, utilization
+from sluice.search.router.replication.hot_shards import Change, HotShardTracker, utilization
 
 POLICY = SearchSettings(hot_at=0.7, cool_at=0.3, hot_for=3, cool_for=4, hot_max_added=1)  # the router's own settings
 COOLDOWN = 2

@@ -82,7 +82,7 @@ def test_a_replica_installs_a_peer_snapshot_and_continues_the_log(tmp_path):
 
 
 def test_the_compaction_point_waits_for_every_replica_but_not_forever():
-    from sluice.search.router.compaction import compaction_point, should_compact
+    from sluice.search.router.replication.compaction import compaction_point, should_compact
 
     assert compaction_point([40, 35], head=40, keep_max=100) == 35
     assert compaction_point([40, 0], head=40, keep_max=100) == 0  # a new replica holds it back

@@ -1,4 +1,4 @@
-"""One-round search (router/global_stats/one_round.py) at the library level: shards score the terms whose
+"""One-round search (router/query/global_stats/one_round.py) at the library level: shards score the terms whose
 global frequency the router does not know with their own, report those terms' parts of each
 hit's score, and the corrected merge equals one index holding every document — or says that a
 second round is needed, never a wrong top-k."""
@@ -15,7 +15,7 @@ from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_tree import resolve, scored_leaves, terms_of
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
-from sluice.search.router.global_stats.one_round import ShardAnswer, exact_top_k
+from sluice.search.router.query.global_stats.one_round import ShardAnswer, exact_top_k
 
 N_DOCS, N_QUERIES = 1200, 150
 

@@ -5,12 +5,12 @@ import random
 
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.schema import parse_document
-from sluice.search.router.bulk import plan_bulk
+from sluice.search.router.writes.bulk import plan_bulk
 from sluice.search.router.config import parse_config
-from sluice.search.router.replica_picker import pick_replica
-from sluice.search.router.replica_state import ReplicaState
-from sluice.search.router.result_cache import ResultCache
-from sluice.search.router.topology import Topology
+from sluice.search.router.query.replica_picker import pick_replica
+from sluice.search.router.cluster.replica_state import ReplicaState
+from sluice.search.router.query.result_cache import ResultCache
+from sluice.search.router.cluster.topology import Topology
 
 
 def _topo(text: str) -> Topology:
@@ -72,7 +72,7 @@ def test_result_cache_is_lru_and_counts_hits():
 def test_a_query_only_router_refuses_writes():
     from fastapi.testclient import TestClient
 
-    from sluice.search.router.app import create_router_app
+    from sluice.search.router.http.app import create_router_app
     from sluice.search.router.runtime import RouterRuntime
 
     cfg = parse_config('[search]\naccept_writes = false\n[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
@@ -87,7 +87,7 @@ def test_a_query_only_router_refuses_writes():
 
 def test_a_bulk_of_exactly_the_maximum_lines_newline_terminated_is_accepted():
     from sluice.search.errors import DocumentError
-    from sluice.search.router.bulk import MAX_LINES
+    from sluice.search.router.writes.bulk import MAX_LINES
 
     topo = _topo('[[shards]]\nname = "a"\n')
     body = "".join(f'{{"id": "{i}"}}\n' for i in range(MAX_LINES)).encode()
@@ -139,7 +139,7 @@ def test_a_write_that_fails_on_one_shard_says_which_parts_were_written():
 
     rt.writer.write_shard = write_shard
     out = asyncio.run(rt.writer.write({0: [{"op": "delete", "id": "x"}], 1: [{"op": "delete", "id": "y"}]}))
-    assert out["written"] == {"a": 7} and "RuntimeError" in out["failed"]["b"] and "boom" not in out["failed"]["b"]
+    assert out.written == {"a": 7} and "RuntimeError" in out.failed["b"] and "boom" not in out.failed["b"]
 
 
 def test_after_a_500_the_connection_is_closed_and_says_so():
@@ -152,8 +152,8 @@ def test_after_a_500_the_connection_is_closed_and_says_so():
 
     import uvicorn
 
-    from sluice.search.router.app import create_router_app
-    from sluice.search.router.fast_http.search_path import SearchFastPath
+    from sluice.search.router.http.app import create_router_app
+    from sluice.search.router.http.front import RouterFront
     from sluice.search.router.runtime import RouterRuntime
 
     cfg = parse_config('[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
@@ -162,13 +162,13 @@ def test_after_a_500_the_connection_is_closed_and_says_so():
     def failing_status():  # a deterministic fault in a FastAPI route
         raise RuntimeError("injected")
 
-    async def failing_search(query, top_k):  # and in the front's own path
+    async def failing_search(request):  # and in the front's own path
         raise RuntimeError("injected")
 
-    rt.status, rt.searcher.search = failing_status, failing_search
+    rt.status, rt.search = failing_status, failing_search
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(SearchFastPath(create_router_app(rt), rt), log_level="critical",
+    server = uvicorn.Server(uvicorn.Config(RouterFront(create_router_app(rt), rt), log_level="critical",
                                            lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

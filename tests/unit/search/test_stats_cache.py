@@ -1,10 +1,10 @@
-"""The router's term-statistics cache (router/global_stats/stats_cache.py): per shard, per write-log entry,
+"""The router's term-statistics cache (router/query/global_stats/stats_cache.py): per shard, per write-log entry,
 per term, bounded; a write to one shard forgets only that shard's statistics."""
 
 from __future__ import annotations
 
 from sluice.search.index.bm25 import CollectionStats
-from sluice.search.router.global_stats.stats_cache import StatsCache
+from sluice.search.router.query.global_stats.stats_cache import StatsCache
 
 
 def test_known_terms_answer_from_memory_and_only_unknown_terms_are_asked():

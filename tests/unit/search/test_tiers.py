@@ -4,6 +4,7 @@ from pathlib import Path
 
 from sluice.search.index.query_tree import resolve
 from sluice.search.shard.replica import Replica
+from sluice.search.contract import ShardSearchRequest, StatsRequest
 from sluice.search.tiers.archive import S3Location, make_archive
 from sluice.search.tiers.cold_tier import ColdTier
 
@@ -46,11 +47,11 @@ def test_cold_shards_are_fetched_once_and_evicted_least_recently_used(tmp_path):
     tree = resolve("frozen", src.index.analyzer)
     want = [h.to_json() for h in src.index.search(tree, 10)]
     for url in ["s3://b/one", "s3://b/one", "s3://b/two", "s3://b/one"]:
-        got = tier.handle(url, "/v1/shard/search", {"tree": tree, "top_k": 10, "stats": None})
-        assert got["hits"] == want
+        got = tier.answer(url, ShardSearchRequest(tree, 10))
+        assert [h.to_json() for h in got.hits] == want
     assert fetched == ["s3://b/one", "s3://b/two", "s3://b/one"]  # two evicted one; one came back
     assert tier.evictions == 2 and tier.used_bytes() <= tier.budget_bytes
-    assert tier.handle("s3://b/one", "/v1/shard/stats", {"terms": ["frozen"]})["term_freqs"] == {"frozen": 40}
+    assert tier.answer("s3://b/one", StatsRequest(["frozen"])).stats.term_freqs == {"frozen": 40}
 
 
 def test_s3_locations():

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import xapian
 
-from sluice.search.index.query_tree import Tree
+from sluice.search.index.query_tree import NodeKind, Tree
 
 Q = xapian.Query
-_BOOL = {"or": Q.OP_OR, "and": Q.OP_AND, "and_not": Q.OP_AND_NOT, "and_maybe": Q.OP_AND_MAYBE}
+_BOOL = {NodeKind.OR: Q.OP_OR, NodeKind.AND: Q.OP_AND, NodeKind.AND_NOT: Q.OP_AND_NOT,
+         NodeKind.AND_MAYBE: Q.OP_AND_MAYBE}
 
 
 def build_query(tree: Tree | None, term_factor: dict[str, float]) -> xapian.Query:
@@ -26,11 +27,11 @@ def build_query(tree: Tree | None, term_factor: dict[str, float]) -> xapian.Quer
 
     def build(t: Tree) -> xapian.Query:
         op = t[0]
-        if op == "term":
+        if op == NodeKind.TERM:
             return leaf(t[1])
-        if op == "phrase":
+        if op == NodeKind.PHRASE:
             return Q(Q.OP_FILTER, Q(Q.OP_AND, [leaf(x) for x in t[1]]), Q(Q.OP_PHRASE, [Q(x) for x in t[1]]))
-        if op == "all":
+        if op == NodeKind.ALL:
             return Q.MatchAll
         return Q(_BOOL[op], [build(c) for c in t[1]])
 

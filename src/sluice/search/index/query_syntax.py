@@ -19,12 +19,13 @@ stemmed later by the index's own analyzer (query_tree.py).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 from typing import Union
 
 from sluice.search.errors import QuerySyntaxError
 
-MAX_QUERY_CHARS = 2048
+MAX_QUERY_CHARS = 2048  # the one definition (the contract, search/contract.py, re-exports it)
 MAX_CLAUSES = 64
 MAX_DEPTH = 16
 _FIELD = re.compile(r"([a-z][a-z0-9_]{0,63}):(?=\S)")
@@ -44,11 +45,16 @@ class Text:
     wildcard: bool = False  # `text*`: every term starting with text (query_tree.py expands it)
 
 
+class BoolOp(str, enum.Enum):
+    OR = "or"
+    AND = "and"
+    AND_NOT = "and_not"  # children[0] minus the rest
+    MUST = "must"  # juxtaposed clauses with +/-: required, plain alternatives, excluded
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Bool:
-    """`op` is "or" | "and" | "and_not" (children[0] minus the rest) | "must" (juxtaposed words with +/-)."""
-
-    op: str
+    op: BoolOp
     children: tuple["Node", ...]
     required: tuple["Node", ...] = ()  # for "must": +clauses
     excluded: tuple["Node", ...] = ()  # for "must": -clauses
@@ -143,7 +149,7 @@ class _Parser:
             raise QuerySyntaxError(tok.position, "unmatched ')'" if tok.kind == "rparen" else f"unexpected {tok.value!r}")
         return node
 
-    def _binary(self, word: str, op: str, sub, depth: int) -> Node:
+    def _binary(self, word: str, op: BoolOp, sub, depth: int) -> Node:
         parts = [sub(depth)]
         while (tok := self.peek()) is not None and tok.kind == "op" and tok.value == word:
             self.i += 1
@@ -155,13 +161,13 @@ class _Parser:
     def or_expr(self, depth: int) -> Node:
         if depth > MAX_DEPTH:
             raise QuerySyntaxError(self.peek().position if self.peek() else 0, f"nested deeper than {MAX_DEPTH}")
-        return self._binary("OR", "or", self.and_expr, depth)
+        return self._binary("OR", BoolOp.OR, self.and_expr, depth)
 
     def and_expr(self, depth: int) -> Node:
-        return self._binary("AND", "and", self.not_expr, depth)
+        return self._binary("AND", BoolOp.AND, self.not_expr, depth)
 
     def not_expr(self, depth: int) -> Node:
-        return self._binary("NOT", "and_not", self.sequence, depth)
+        return self._binary("NOT", BoolOp.AND_NOT, self.sequence, depth)
 
     def sequence(self, depth: int) -> Node:
         plain: list[Node] = []
@@ -185,8 +191,8 @@ class _Parser:
         if not required and not excluded and len(plain) == 1:
             return plain[0]
         if not required and not excluded:
-            return Bool("or", tuple(plain))
-        return Bool("must", tuple(plain), tuple(required), tuple(excluded))
+            return Bool(BoolOp.OR, tuple(plain))
+        return Bool(BoolOp.MUST, tuple(plain), tuple(required), tuple(excluded))
 
     def unit(self, depth: int) -> Node:
         tok = self.toks[self.i]

@@ -1,8 +1,10 @@
 """A parsed query resolved to index terms: a small JSON tree the router sends to every shard.
 
-    ["term", t] | ["phrase", [t, ...]] | ["or" | "and", [node, ...]]
-    ["and_not", [node, excluded]] | ["and_maybe", [required, optional]] | ["all"]
-    ["wildcard", prefix]   (the router only: expanded to terms before any shard searches)
+    [TERM, t] | [PHRASE, [t, ...]] | [OR | AND, [node, ...]]
+    [AND_NOT, [node, excluded]] | [AND_MAYBE, [required, optional]] | [ALL]
+    [WILDCARD, prefix]   (the router only: expanded to terms before any shard searches)
+
+(the kinds are NodeKind's; on the wire each is its value, "term", "phrase", ...)
 
 Resolving runs each word through the index's analyzer (so `Running` becomes `run`, `e-mail`
 the phrase `e mail`, `title:Linux` the term `XTITLE:linux`). The router resolves a query once:
@@ -20,16 +22,35 @@ every shard scores the same terms, the ones one index holding every document wou
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from typing import Any
 
 from sluice.search.errors import QuerySyntaxError
 from sluice.search.index.analyzer import Analyzer, field_prefix
-from sluice.search.index.query_syntax import Bool, Node, Text, parse_query
+from sluice.search.index.query_syntax import Bool, BoolOp, Node, Text, parse_query
 
-Tree = list[Any]
+
+class NodeKind(str, enum.Enum):
+    """The kinds of query-tree node: each node is [kind, ...] (a JSON list on the wire, so the
+    tree is also the result cache's key; being a str enum, a kind reads and compares as its
+    value)."""
+
+    TERM = "term"  # [TERM, term]
+    PHRASE = "phrase"  # [PHRASE, [term, ...]]: the terms in order
+    OR = "or"  # [OR, [node, ...]]
+    AND = "and"  # [AND, [node, ...]]
+    AND_NOT = "and_not"  # [AND_NOT, [node, excluded]]: only the left side is scored
+    AND_MAYBE = "and_maybe"  # [AND_MAYBE, [required, optional]]
+    ALL = "all"  # [ALL]: every document (a query of only -excluded words)
+    WILDCARD = "wildcard"  # [WILDCARD, prefix]: the router's only; expanded before any shard searches
+
+
+Tree = list[Any]  # [NodeKind, ...]
 MAX_TREE_NODES = 512
-_OPS = {"term", "phrase", "or", "and", "and_not", "and_maybe", "all"}
+LEAVES = frozenset({NodeKind.TERM, NodeKind.PHRASE, NodeKind.ALL, NodeKind.WILDCARD})
+PAIRS = frozenset({NodeKind.AND_NOT, NodeKind.AND_MAYBE})  # exactly two children
+_ON_THE_WIRE = frozenset(NodeKind) - {NodeKind.WILDCARD}  # what a shard is sent
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,40 +80,40 @@ def _resolve(node: Node, analyzer: Analyzer, wildcards: dict[str, int] | None = 
         if node.wildcard:
             term = prefix + node.text.lower()
             wildcards.setdefault(term, node.position)
-            return ["wildcard", term]
+            return [NodeKind.WILDCARD, term]
         terms = [prefix + t for t in analyzer.query_terms(node.text)]
         if not terms:
             return None
-        return ["term", terms[0]] if len(terms) == 1 else ["phrase", terms]
+        return [NodeKind.TERM, terms[0]] if len(terms) == 1 else [NodeKind.PHRASE, terms]
     kids = [t for c in node.children if (t := _resolve(c, analyzer, wildcards)) is not None]
-    if node.op == "or":
-        return _flat("or", kids)
-    if node.op == "and":
-        return None if len(kids) < len(node.children) else _flat("and", kids)
-    if node.op == "and_not":
+    if node.op is BoolOp.OR:
+        return _flat(NodeKind.OR, kids)
+    if node.op is BoolOp.AND:
+        return None if len(kids) < len(node.children) else _flat(NodeKind.AND, kids)
+    if node.op is BoolOp.AND_NOT:
         if not kids or _resolve(node.children[0], analyzer, wildcards) is None:
             return None
-        rest = _flat("or", kids[1:])
-        return kids[0] if rest is None else ["and_not", [kids[0], rest]]
+        rest = _flat(NodeKind.OR, kids[1:])
+        return kids[0] if rest is None else [NodeKind.AND_NOT, [kids[0], rest]]
     # "must": +required, plain alternatives, -excluded
     req = [t for c in node.required if (t := _resolve(c, analyzer, wildcards)) is not None]
     if len(req) < len(node.required):
         return None  # a required word that matches nothing
-    exc = _flat("or", [t for c in node.excluded if (t := _resolve(c, analyzer, wildcards)) is not None])
-    opt = _flat("or", kids)
+    exc = _flat(NodeKind.OR, [t for c in node.excluded if (t := _resolve(c, analyzer, wildcards)) is not None])
+    opt = _flat(NodeKind.OR, kids)
     base: Tree | None
     if req:
-        base = _flat("and", req)
+        base = _flat(NodeKind.AND, req)
         if opt is not None:
-            base = ["and_maybe", [base, opt]]
+            base = [NodeKind.AND_MAYBE, [base, opt]]
     else:
-        base = opt if opt is not None or not node.excluded else ["all"]
+        base = opt if opt is not None or not node.excluded else [NodeKind.ALL]
     if base is None:
         return None
-    return base if exc is None else ["and_not", [base, exc]]
+    return base if exc is None else [NodeKind.AND_NOT, [base, exc]]
 
 
-def _flat(op: str, kids: list[Tree]) -> Tree | None:
+def _flat(op: NodeKind, kids: list[Tree]) -> Tree | None:
     if not kids:
         return None
     if len(kids) == 1:
@@ -108,11 +129,11 @@ def terms_of(tree: Tree | None) -> list[str]:
     found: set[str] = set()
 
     def walk(t: Tree) -> None:
-        if t[0] == "term":
+        if t[0] == NodeKind.TERM:
             found.add(t[1])
-        elif t[0] == "phrase":
+        elif t[0] == NodeKind.PHRASE:
             found.update(t[1])
-        elif t[0] not in ("all", "wildcard"):  # a wildcard's terms are known once it is expanded
+        elif t[0] not in LEAVES:  # a wildcard's terms are known once it is expanded
             for c in t[1]:
                 walk(c)
 
@@ -132,13 +153,13 @@ def scored_leaves(tree: Tree | None) -> dict[str, int] | None:
 
     def walk(t: Tree, scored: bool) -> bool:
         op = t[0]
-        if op == "term":
+        if op == NodeKind.TERM:
             if scored:
                 counts[t[1]] = counts.get(t[1], 0) + 1
             return True
-        if op in ("phrase", "all", "wildcard"):
+        if op in LEAVES:  # a phrase, all, a wildcard
             return False
-        if op == "and_not":
+        if op == NodeKind.AND_NOT:
             return walk(t[1][0], scored) and walk(t[1][1], False)
         return all(walk(c, scored) for c in t[1])
 
@@ -150,9 +171,9 @@ def wildcards_of(tree: Tree | None) -> list[str]:
     found: set[str] = set()
 
     def walk(t: Tree) -> None:
-        if t[0] == "wildcard":
+        if t[0] == NodeKind.WILDCARD:
             found.add(t[1])
-        elif t[0] not in ("term", "phrase", "all"):
+        elif t[0] not in LEAVES:
             for c in t[1]:
                 walk(c)
 
@@ -168,15 +189,16 @@ def expand(tree: Tree | None, expansions: dict[str, list[str]]) -> Tree | None:
     if tree is None:
         return None
     op = tree[0]
-    if op == "wildcard":
-        return _flat("or", [["term", t] for t in sorted(expansions.get(tree[1], ()))])
-    if op in ("term", "phrase", "all"):
+    if op == NodeKind.WILDCARD:
+        return _flat(NodeKind.OR, [[NodeKind.TERM, t] for t in sorted(expansions.get(tree[1], ()))])
+    if op in LEAVES:
         return tree
     kids = [expand(c, expansions) for c in tree[1]]
-    if op == "or":
-        return _flat("or", [k for k in kids if k is not None])
-    if op == "and":
-        return None if any(k is None for k in kids) else _flat("and", kids)  # type: ignore[arg-type]
+    if op == NodeKind.OR:
+        return _flat(NodeKind.OR, [k for k in kids if k is not None])
+    if op == NodeKind.AND:
+        whole = [k for k in kids if k is not None]
+        return None if len(whole) < len(kids) else _flat(NodeKind.AND, whole)
     base, other = kids  # and_not, and_maybe: [left, right]
     if base is None:
         return None
@@ -187,7 +209,7 @@ def size(tree: Tree | None) -> int:
     """Nodes in the tree (check_tree's bound: MAX_TREE_NODES)."""
     if tree is None:
         return 0
-    if tree[0] in ("term", "phrase", "all", "wildcard"):
+    if tree[0] in LEAVES:
         return 1
     return 1 + sum(size(c) for c in tree[1])
 
@@ -205,22 +227,22 @@ def check_tree(tree: Any) -> Tree:
         count += 1
         if count > MAX_TREE_NODES or depth > 40:
             raise QuerySyntaxError(0, "query tree too large")
-        if not isinstance(t, list) or not t or t[0] not in _OPS:
+        if not isinstance(t, list) or not t or not isinstance(t[0], str) or t[0] not in _ON_THE_WIRE:
             raise QuerySyntaxError(0, "malformed query tree")
-        op = t[0]
-        if op == "all":
+        op = NodeKind(t[0])
+        if op is NodeKind.ALL:
             return
         if len(t) != 2:
-            raise QuerySyntaxError(0, f"malformed {op} node")
-        if op == "term":
+            raise QuerySyntaxError(0, f"malformed {op.value} node")
+        if op is NodeKind.TERM:
             if not isinstance(t[1], str) or not t[1]:
                 raise QuerySyntaxError(0, "malformed term")
-        elif op == "phrase":
+        elif op is NodeKind.PHRASE:
             if not isinstance(t[1], list) or len(t[1]) < 2 or not all(isinstance(x, str) and x for x in t[1]):
                 raise QuerySyntaxError(0, "malformed phrase")
         else:
-            if not isinstance(t[1], list) or not t[1] or (op in ("and_not", "and_maybe") and len(t[1]) != 2):
-                raise QuerySyntaxError(0, f"malformed {op} node")
+            if not isinstance(t[1], list) or not t[1] or (op in PAIRS and len(t[1]) != 2):
+                raise QuerySyntaxError(0, f"malformed {op.value} node")
             for c in t[1]:
                 walk(c, depth + 1)
 

@@ -23,7 +23,6 @@ from sluice.search.index.query_tree import Tree, terms_of
 from sluice.search.index.schema import Schema, check_id, parse_document
 
 APPLIED_KEY = "sluice.applied_seq"
-MAX_TOP_K = 1000
 MAX_WILDCARD_TERMS = 100  # terms one wildcard may expand to (the union over every shard)
 
 
@@ -90,7 +89,7 @@ class ShardIndex:
 
     def search_with_parts(self, tree: Tree, top_k: int, global_stats: CollectionStats, unknown: list[str],
                           scored: dict[str, int]) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
-        """A one-round search (router/global_stats/one_round.py): `global_stats` lacks the frequencies of the
+        """A one-round search (router/query/global_stats/one_round.py): `global_stats` lacks the frequencies of the
         `unknown` terms, which are scored with this shard's own in their place. Also returns this
         shard's frequency of each unknown term and, per hit, each unknown term's part of its
         score (`scored`: how many leaves of each term add weight, query_tree.scored_leaves)."""
@@ -122,8 +121,7 @@ class ShardIndex:
     def _search(self, tree: Tree | None, top_k: int,
                 global_stats: CollectionStats | None) -> tuple[list[Hit], ShardWeighting, list[int]]:
         """The hits, the weighting they were scored with, and their Xapian document ids."""
-        top_k = max(0, min(top_k, MAX_TOP_K))
-        if tree is None or top_k == 0:
+        if tree is None or top_k <= 0:  # top_k's bounds are the contract's (search/contract.py)
             return [], local_weighting(self.params), []
         if global_stats is None:
             w = local_weighting(self.params)

@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from sluice.toml_config import parse_toml, read_text, report, validate
 from sluice.toml_lines import KeyPath
+from sluice.search.contract import MAX_TOP_K
 from sluice.search.errors import SearchConfigError
 from sluice.search.index.schema import FIELD_NAME
 
@@ -103,7 +104,7 @@ class SearchSettings(_Strict):
     hedge_min_ms: float = Field(1.0, ge=0)
     stats: StatsMode = StatsMode.GLOBAL
     cache_entries: int = Field(10000, ge=0, le=10_000_000)
-    max_top_k: int = Field(100, ge=1, le=1000)
+    max_top_k: int = Field(100, ge=1, le=MAX_TOP_K)
     data_dir: str = "./search-data"
     api_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     ingest_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)

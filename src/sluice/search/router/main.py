@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 from pathlib import Path
 
 from sluice.search.router.config import LOCAL, SearchConfig
-from sluice.search.router.hot_shards import Change, HotShardTracker, utilization
-from sluice.search.router.replica_state import ReplicaState
+from sluice.search.router.replication.hot_shard_scaler import HotShardScaler
+from sluice.search.router.replication.supervisor import Supervisor
 from sluice.search.router.runtime import RouterRuntime, schema_of
-from sluice.search.router.supervisor import Supervisor
 
 log = logging.getLogger("sluice.search.router")
 
@@ -42,84 +40,63 @@ def plan_replicas(cfg: SearchConfig, sup: Supervisor) -> tuple[list[list[str]], 
     return urls, local
 
 
+class RouterProcess:
+    """The router's lifetime in one process: its runtime, its local replicas, the loops beside
+    the requests (supervision, hot shards), started with the server and stopped with it."""
+
+    def __init__(self, cfg: SearchConfig):
+        self.cfg = cfg
+        self.sup = Supervisor(Path(cfg.search.data_dir), schema_of(cfg))
+        urls, self.local = plan_replicas(cfg, self.sup)
+        self.rt = RouterRuntime(cfg, urls, self.local)
+        self.tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        """Call from the thread that lives as long as the router (the replicas' PR_SET_PDEATHSIG)."""
+        self.sup.start_all()
+        self.tasks.append(asyncio.create_task(self._supervise()))
+        self.tasks.append(asyncio.create_task(self._ready()))
+        if self.cfg.search.hot_shards:
+            scaler = HotShardScaler(self.rt.topo, self.sup, self.cfg.search, self.rt.extra_status)
+            self.tasks.append(asyncio.create_task(scaler.run()))
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await self.rt.stop()
+        self.sup.stop_all()
+
+    async def _supervise(self) -> None:
+        while True:
+            for r in self.sup.check():
+                shard, _ = r.name.split("/")
+                self.rt.metrics.restarts.labels(shard, r.name).inc()
+            self.rt.extra_status["local_pids"] = self.sup.pids()
+            await asyncio.sleep(0.25)
+
+    async def _ready(self) -> None:
+        await self.rt.start()
+        while self.rt.not_ready_reason() is not None:
+            await asyncio.sleep(0.1)
+        c = self.cfg
+        n_rep = sum(len(s.replicas) for s in c.shards)
+        _say(f"ready: {len(c.shards)} shards, {n_rep} replicas ({sum(map(sum, self.local))} local), "
+             f"{c.search.sharding.value} sharding, {c.search.stats.value} statistics, auth: {self.rt.auth.mode}, "
+             f"data under {c.search.data_dir}")
+
+
 def run_router(cfg: SearchConfig, host: str, port: int) -> int:
     import uvicorn
 
-    from sluice.search.router.app import create_router_app
-    from sluice.search.router.fast_http.search_path import SearchFastPath
+    from sluice.search.router.http.app import create_router_app
+    from sluice.search.router.http.front import RouterFront
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per shard request otherwise
-    sup = Supervisor(Path(cfg.search.data_dir), schema_of(cfg))
-    urls, local = plan_replicas(cfg, sup)
-    rt = RouterRuntime(cfg, urls, local)
-    app = create_router_app(rt)
-
-    async def supervise() -> None:
-        while True:
-            for r in sup.check():
-                shard, idx = r.name.split("/")
-                rt.metrics.restarts.labels(shard, r.name).inc()
-            rt.extra_status["local_pids"] = sup.pids()
-            await asyncio.sleep(0.25)
-
-    tasks: list[asyncio.Task] = []
-    c = cfg.search
-    tracker = HotShardTracker(c)  # the thresholds are the settings' (hot_at, cool_at, hot_for, …)
-
-    async def hot_shards() -> None:
-        last = {s.name: s.index_busy_s for s in rt.topo.shards}
-        then = time.monotonic()
-        while True:
-            await asyncio.sleep(cfg.search.hot_interval_s)
-            now = time.monotonic()
-            interval, then = now - then, now  # the measured one: a busy loop may wake late
-            loads = {}
-            for s in rt.topo.shards:
-                if s.cold_url is None:
-                    serving = sum(1 for r in s.replicas if r.serving)
-                    loads[s.name] = utilization(s.index_busy_s - last[s.name], interval, serving)
-                    last[s.name] = s.index_busy_s
-            rt.extra_status["hot_shards"] = {n: {"utilization": round(u, 4), "added": tracker.added(n)}
-                                             for n, u in loads.items()}
-            for name, change in tracker.evaluate(loads):
-                shard = next(s for s in rt.topo.shards if s.name == name)
-                if change is Change.ADD:
-                    r = sup.start_added(name)
-                    shard.replicas.append(ReplicaState(r.url, r.name, local=True, serving=False, added=True))
-                    log.info("shard %s is hot (%.0f %% busy per replica): added replica %s", name, loads[name] * 100, r.name)
-                else:
-                    victim = next((r for r in reversed(shard.replicas) if r.added), None)
-                    if victim is not None:
-                        shard.replicas.remove(victim)  # no new queries; in-flight ones finish or fail over
-                        await asyncio.sleep(cfg.search.shard_deadline_ms / 1000)
-                        sup.remove(victim.url)
-                        log.info("shard %s cooled: removed replica %s", name, victim.name)
-
-    @app.on_event("startup")
-    async def _start() -> None:
-        sup.start_all()
-        tasks.append(asyncio.create_task(supervise()))
-        tasks.append(asyncio.create_task(_ready()))
-        if cfg.search.hot_shards:
-            tasks.append(asyncio.create_task(hot_shards()))
-
-    async def _ready() -> None:
-        await rt.start()
-        while rt.not_ready_reason() is not None:
-            await asyncio.sleep(0.1)
-        n_rep = sum(len(s.replicas) for s in cfg.shards)
-        _say(f"ready: {len(cfg.shards)} shards, {n_rep} replicas ({sum(map(sum, local))} local), "
-             f"{cfg.search.sharding.value} sharding, {cfg.search.stats.value} statistics, auth: {rt.auth.mode}, "
-             f"data under {cfg.search.data_dir}")
-
-    @app.on_event("shutdown")
-    async def _stop() -> None:
-        for t in tasks:
-            t.cancel()
-        await rt.stop()
-        sup.stop_all()
-
+    router = RouterProcess(cfg)
+    app = create_router_app(router.rt)
+    app.on_event("startup")(router.start)
+    app.on_event("shutdown")(router.stop)
     _say(f"listening on http://{host}:{port} (search API at /v1/search, docs at /docs)")
-    uvicorn.run(SearchFastPath(app, rt), host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(RouterFront(app, router.rt), host=host, port=port, log_level="warning", access_log=False)
     return 0

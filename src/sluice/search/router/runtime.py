@@ -1,4 +1,6 @@
-"""The router's parts, built from a config and the replicas' URLs, and their lifetime."""
+"""The router: its parts, built from a config and the replicas' URLs, their lifetime, and the
+search service's operations over them (service.py's SearchService: search, write, delete,
+status), which the HTTP API (http/) decodes requests for and renders answers of."""
 
 from __future__ import annotations
 
@@ -11,18 +13,20 @@ import httpx
 
 from pathlib import Path
 
+from sluice.search.contract import BulkAnswer, DeleteAnswer, SearchRequest, SearchResponse
 from sluice.search.index.analyzer import Analyzer
-from sluice.search.index.schema import Schema
+from sluice.search.index.schema import Schema, check_id
 from sluice.search.router.auth import SearchAuth
 from sluice.search.router.config import SearchConfig
-from sluice.search.router.replication import HealthPoller
-from sluice.search.router.result_cache import ResultCache
+from sluice.search.router.replication.health_poller import HealthPoller
+from sluice.search.router.query.result_cache import ResultCache
 from sluice.search.router.search_metrics import SearchMetrics
-from sluice.search.router.searcher import Searcher
-from sluice.search.router.shard_client import ShardClient
-from sluice.search.router.fast_http.shard_http import ShardHttp
-from sluice.search.router.topology import Topology
-from sluice.search.router.writer import Writer
+from sluice.search.router.query.searcher import Searcher
+from sluice.search.router.query.shard_call import ShardCaller
+from sluice.search.router.query.shard_query_client import ShardQueryClient
+from sluice.search.router.cluster.topology import Topology
+from sluice.search.router.writes.bulk import plan_bulk
+from sluice.search.router.writes.writer import Writer
 from sluice.search.tiers.archive import S3Location, download
 from sluice.search.tiers.cold_tier import ColdTier
 
@@ -44,14 +48,14 @@ class RouterRuntime:
                                              limits=httpx.Limits(max_connections=512, max_keepalive_connections=256))
         self.http = httpx.AsyncClient(transport=transport, timeout=cfg.search.shard_deadline_ms / 1000)
         s = cfg.search
-        self.shard_http = ShardHttp()  # the query path's client (fast_http/shard_http.py); httpx for the rest
-        self.client = ShardClient(self.shard_http, self.metrics, s.hedge, s.hedge_min_ms / 1000)
+        self.shard_query_client = ShardQueryClient()  # the query path's client (query/shard_query_client.py); httpx for the rest
+        self.caller = ShardCaller(self.shard_query_client, self.metrics, s.hedge, s.hedge_min_ms / 1000)
         self.cache = ResultCache(s.cache_entries)
         self.cold = None
         if any(sh.archive for sh in cfg.shards):
             self.cold = ColdTier(Path(s.data_dir) / "cold-cache", s.cold_cache_mb << 20,
                                  lambda url, dest: download(S3Location.parse(url), dest, s.s3_endpoint), schema_of(cfg))
-        self.searcher = Searcher(self.topo, self.client, self.metrics, self.cache, Analyzer(schema_of(cfg)),
+        self.searcher = Searcher(self.topo, self.caller, self.metrics, self.cache, Analyzer(schema_of(cfg)),
                                  s.stats, s.shard_deadline_ms / 1000, self.cold)
         self.writer = Writer(self.topo, self.http, self.metrics)
         self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s,
@@ -60,6 +64,26 @@ class RouterRuntime:
         self.started = time.time()
         self._tasks: list[asyncio.Task] = []
         self.extra_status: dict[str, Any] = {}
+
+    # the SearchService (service.py)
+    async def search(self, request: SearchRequest) -> SearchResponse:
+        return await self.searcher.search(request)
+
+    async def write(self, ndjson: bytes) -> BulkAnswer:
+        plan = plan_bulk(ndjson, self.topo)
+        self.metrics.bad_lines.inc(len(plan.errors))
+        outcome = await self.writer.write(plan.batches)
+        self.metrics.documents.labels("upsert").inc(plan.accepted if not outcome.failed else 0)
+        return BulkAnswer(plan.accepted, plan.errors, outcome)
+
+    async def delete(self, doc_id: str) -> DeleteAnswer:
+        check_id(doc_id)
+        topo = self.topo
+        shards = ([i for i, s in enumerate(topo.shards) if s.cold_url is None] if topo.moves_documents
+                  else [topo.shard_for_id(doc_id)])
+        outcome = await self.writer.write({i: [{"op": "delete", "id": doc_id}] for i in shards})
+        self.metrics.documents.labels("delete").inc(0 if outcome.failed else 1)
+        return DeleteAnswer(doc_id, outcome)
 
     async def start(self) -> None:
         await self.poller.poll_once()
@@ -71,7 +95,7 @@ class RouterRuntime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.poller.stop()
         await self.http.aclose()
-        await self.shard_http.aclose()
+        await self.shard_query_client.aclose()
 
     def not_ready_reason(self) -> str | None:
         if self.poller.polls == 0:

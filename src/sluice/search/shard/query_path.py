@@ -5,7 +5,8 @@ Every search makes two of these per shard, and measured under the same load a Fa
 (routing, the Request object, dependency solving, the response class) cost more CPU than the
 index work it wraps; here a request is one JSON body in and one out. Everything else the shard
 serves (writes, catch-up, snapshots, status, metrics) stays on FastAPI, where it is documented.
-Errors keep the shard's shape: 400 {"error": {"message"}}.
+The handlers decode each body through the contract (search/contract.py). Errors keep the
+shard's shape, `{"error": {"type", "message"}}`, with the status of their SearchErrorKind.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sluice.search import strict_json
-from sluice.search.errors import DocumentError, QuerySyntaxError
+from sluice.search.errors import DocumentError, QuerySyntaxError, SearchError, SearchErrorKind
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 MAX_BODY_BYTES = 16 << 20
 MAX_DEPTH = 128  # a query tree is nested up to check_tree's 40 levels, two JSON arrays each
+TOO_LARGE = SearchError(SearchErrorKind.TOO_LARGE, f"a query request is at most {MAX_BODY_BYTES} bytes")
+TOO_LARGE_PAYLOAD = json.dumps(TOO_LARGE.body(), separators=(",", ":")).encode()
 
 
 class QueryPath:
@@ -41,7 +44,7 @@ class QueryPath:
             body += msg.get("body", b"")
             more = msg.get("more_body", False)
             if len(body) > MAX_BODY_BYTES:
-                await _answer(send, 413, {"error": {"message": "request body too large"}})
+                await _answer(send, TOO_LARGE.status, TOO_LARGE.body())
                 return
         status, payload = self.answer(handler, body)
         await send({"type": "http.response.start", "status": status,
@@ -54,17 +57,20 @@ class QueryPath:
             data = strict_json.loads(body, MAX_DEPTH)
             if not isinstance(data, dict):
                 raise DocumentError("the body must be a JSON object")
-            status, out = 200, handler(data)
+            return 200, json.dumps(handler(data), separators=(",", ":"), ensure_ascii=False).encode()
         except QuerySyntaxError as exc:
             self.on_error("bad_query")
-            status, out = 400, {"error": {"message": str(exc)}}
+            err = exc.as_search_error()
+        except SearchError as exc:
+            self.on_error("bad_request")
+            err = exc
         except DocumentError as exc:
             self.on_error("bad_request")
-            status, out = 400, {"error": {"message": str(exc)}}
+            err = SearchError(SearchErrorKind.INVALID_REQUEST, str(exc))
         except (ValueError, TypeError, KeyError) as exc:  # malformed JSON or fields of the wrong shape
             self.on_error("bad_request")
-            status, out = 400, {"error": {"message": f"invalid request: {exc}"[:500]}}
-        return status, json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
+            err = SearchError(SearchErrorKind.INVALID_REQUEST, f"invalid request: {exc}"[:500])
+        return err.status, json.dumps(err.body(), separators=(",", ":")).encode()
 
 
 async def _answer(send: Callable[[dict], Awaitable[None]], status: int, out: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.search.shard.query_path import MAX_BODY_BYTES, Handler, QueryPath
+from sluice.search.shard.query_path import MAX_BODY_BYTES, TOO_LARGE_PAYLOAD, Handler, QueryPath
 
 _REASONS = {200: b"OK", 400: b"Bad Request", 413: b"Payload Too Large"}
 
@@ -72,7 +72,7 @@ def query_protocol_for(query_path: QueryPath) -> type | None:
                 return
             self._query = None
             if self._query_size > MAX_BODY_BYTES:
-                status, payload = 413, b'{"error":{"message":"request body too large"}}'
+                status, payload = 413, TOO_LARGE_PAYLOAD
                 keep_alive = False
             else:
                 status, payload = query_path.answer(handler, b"".join(self._query_body))

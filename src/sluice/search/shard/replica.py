@@ -23,20 +23,18 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import xapian
 
+from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
 from sluice.search.errors import DocumentError
-from sluice.search.index.bm25 import CollectionStats
-from sluice.search.index.hits import Hit
-from sluice.search.index.query_tree import Tree
 from sluice.search.index.schema import Schema, check_id, parse_document
 from sluice.search.index.shard_index import ShardIndex
 from sluice.search.shard import snapshot
+from sluice.search.shard.answers import search_answer, stats_answer
 from sluice.search.shard.write_log import WriteLog
 
 log = logging.getLogger("sluice.search.shard")
@@ -212,27 +210,17 @@ class Replica:
         log.info("write log compacted through entry %d (%d entries dropped)", upto, dropped)
         return dropped
 
-    def stats(self, terms: list[str], prefixes: Sequence[str] = ()) -> tuple[CollectionStats, dict[str, dict[str, int]], int]:
-        """The statistics of `terms`, each prefix's expansion (ShardIndex.expand), and the entry."""
+    def stats(self, req: StatsRequest) -> StatsAnswer:
         with self._lock:
-            expansions = {p: self.index.expand(p) for p in prefixes}
-            return self.index.stats(terms), expansions, self.index.applied_seq
+            return stats_answer(self.index, req, self.index.applied_seq)
 
-    def search(self, tree: Tree | None, top_k: int, stats: CollectionStats | None) -> tuple[list[Hit], int]:
+    def search(self, req: ShardSearchRequest) -> ShardSearchAnswer:
+        """The shard's search (a one-round search when `req.unknown` is set), and the entry it saw."""
         with self._lock:
-            hits = self.index.search(tree, top_k, stats)
+            answer = search_answer(self.index, req, self.index.applied_seq)
             if self.simulated_cost_s:
                 time.sleep(self.simulated_cost_s * self.index.last_matches)
-            return hits, self.index.applied_seq
-
-    def search_with_parts(self, tree: Tree, top_k: int, stats: CollectionStats, unknown: list[str],
-                          scored: dict[str, int]) -> tuple[list[Hit], dict[str, int], list[dict[str, float]], int]:
-        """A one-round search (ShardIndex.search_with_parts), and the entry it saw."""
-        with self._lock:
-            hits, freqs, parts = self.index.search_with_parts(tree, top_k, stats, unknown, scored)
-            if self.simulated_cost_s:
-                time.sleep(self.simulated_cost_s * self.index.last_matches)
-            return hits, freqs, parts, self.index.applied_seq
+            return answer
 
     def status(self) -> dict[str, Any]:
         with self._lock:

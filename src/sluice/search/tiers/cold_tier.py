@@ -1,8 +1,9 @@
 """The cold tier: read-only shards whose index lives in object storage, served by the router.
 
 A cold shard is fetched on its first query (download + unpack into the router's cache folder),
-opened read-only, and answers phase 1 and phase 2 like any replica (the same ShardIndex code,
-so its scores merge exactly). Fetched shards are kept under a disk budget: when a fetch would
+opened read-only, and answers the statistics round and the search like any replica: it is a
+ShardService (service.py) taking the contract's typed requests, answered by the same code as a
+replica process (shard/answers.py), so its scores merge exactly. Fetched shards are kept under a disk budget: when a fetch would
 exceed it, the least recently queried other shards are evicted (closed and deleted) first.
 Queries run in a worker thread (Xapian releases no GIL-free promise; the event loop must not
 wait on a download); one lock per shard serializes its Xapian handle.
@@ -23,12 +24,13 @@ from typing import Any
 
 import xapian
 
-from sluice.search.index.bm25 import CollectionStats
-from sluice.search.index.query_tree import check_tree
+from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
 from sluice.search.index.schema import Schema
 from sluice.search.index.shard_index import ShardIndex
+from sluice.search.shard.answers import search_answer, stats_answer
 
 Fetch = Callable[[str, Path], Path]  # (archive url, destination folder) → the index folder
+COLD_SEQ = 0  # a cold shard is read-only: it never applies a write-log entry
 
 
 def folder_size(path: Path) -> int:
@@ -36,17 +38,27 @@ def folder_size(path: Path) -> int:
 
 
 @dataclasses.dataclass(slots=True)
-class _Open:
+class ColdShard:
+    """One fetched archive, opened read-only: a ShardService (one lock serializes its Xapian handle)."""
+
     index: ShardIndex
     folder: Path
     size: int
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
+    def stats(self, req: StatsRequest) -> StatsAnswer:
+        with self.lock:
+            return stats_answer(self.index, req, COLD_SEQ)
+
+    def search(self, req: ShardSearchRequest) -> ShardSearchAnswer:
+        with self.lock:
+            return search_answer(self.index, req, COLD_SEQ)
+
 
 class ColdTier:
     def __init__(self, cache_dir: Path, budget_bytes: int, fetch: Fetch, schema: Schema | None = None):
         self.cache_dir, self.budget_bytes, self.fetch, self.schema = cache_dir, budget_bytes, fetch, schema
-        self._open: OrderedDict[str, _Open] = OrderedDict()  # LRU: first = least recently used
+        self._open: OrderedDict[str, ColdShard] = OrderedDict()  # LRU: first = least recently used
         self._lock = threading.Lock()
         self.fetches = 0
         self.evictions = 0
@@ -55,7 +67,7 @@ class ColdTier:
     def used_bytes(self) -> int:
         return sum(o.size for o in self._open.values())
 
-    def _get(self, url: str) -> _Open:
+    def _get(self, url: str) -> ColdShard:
         with self._lock:
             o = self._open.get(url)
             if o is not None:
@@ -72,29 +84,19 @@ class ColdTier:
                     victim.index.close()
                 shutil.rmtree(victim.folder, ignore_errors=True)
                 self.evictions += 1
-            o = _Open(ShardIndex.read_only(xapian.Database(str(index_dir)), self.schema), folder, size)
+            o = ColdShard(ShardIndex.read_only(xapian.Database(str(index_dir)), self.schema), folder, size)
             self._open[url] = o
             self.fetches += 1
             self.last_fetch_s[url] = time.perf_counter() - t0
             return o
 
-    def handle(self, url: str, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """Answer one shard-protocol request (stats or search) from the cold shard at `url`."""
-        o = self._get(url)
-        with o.lock:
-            if path == "/v1/shard/stats":
-                out = {**o.index.stats(list(payload["terms"])).to_json(), "applied_seq": 0}
-                if payload.get("prefixes"):
-                    out["expansions"] = {p: o.index.expand(p) for p in payload["prefixes"]}
-                return out
-            tree = payload.get("tree")
-            st = payload.get("stats")
-            hits = o.index.search(None if tree is None else check_tree(tree), int(payload.get("top_k", 10)),
-                                  None if st is None else CollectionStats.from_json(st))
-            return {"hits": [h.to_json() for h in hits], "applied_seq": 0}
+    def answer(self, url: str, req: StatsRequest | ShardSearchRequest) -> StatsAnswer | ShardSearchAnswer:
+        """Answer one request from the cold shard at `url` (fetched first if it is not here)."""
+        shard = self._get(url)
+        return shard.stats(req) if isinstance(req, StatsRequest) else shard.search(req)
 
-    async def call(self, url: str, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        return await asyncio.to_thread(self.handle, url, path, payload)
+    async def call(self, url: str, req: StatsRequest | ShardSearchRequest) -> StatsAnswer | ShardSearchAnswer:
+        return await asyncio.to_thread(self.answer, url, req)
 
     def status(self) -> dict[str, Any]:
         return {"open": list(self._open), "used_bytes": self.used_bytes(), "budget_bytes": self.budget_bytes,

@@ -1,1 +1,1 @@
-"""The router's HTTP surface: request bodies, answers, and the search endpoint both entry points share."""
+"""The router's HTTP surface: the FastAPI routes, the ASGI front, keys, bounded bodies and answers."""

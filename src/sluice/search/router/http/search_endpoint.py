@@ -2,8 +2,8 @@
 
 Order matters: the key is checked from the headers before any of the body is read (an
 unauthenticated client cannot make the router read a large body: 401, not 400 or 413), then the
-body is read up to its small bound (request_body.py) and decoded (search_request.py), then
-searched. Every refusal is a SearchError; the caller renders it (responses.py).
+body is read up to its small bound (request_body.py) and decoded through the contract
+(search/contract.py), then searched. Every refusal is a SearchError; the caller renders it (responses.py).
 """
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from typing import Any
 
 from starlette.requests import Request
 
+from sluice.search.contract import MAX_SEARCH_BODY_BYTES, SearchRequest
 from sluice.search.errors import QuerySyntaxError, SearchError, SearchErrorKind
 from sluice.search.router.http.request_body import read_bounded
 from sluice.search.router.runtime import RouterRuntime
-from sluice.search.router.search_request import MAX_SEARCH_BODY_BYTES, decode_search
 
 
 async def answer_search(rt: RouterRuntime, request: Request) -> dict[str, Any]:
     if not rt.auth.may_search(request):
         raise SearchError(SearchErrorKind.AUTHENTICATION, "a valid API key is required")
     body = await read_bounded(request.scope["headers"], request.receive, MAX_SEARCH_BODY_BYTES, "a search body")
-    q = decode_search(body, rt.cfg.search.max_top_k)
+    req = SearchRequest.decode(body, rt.cfg.search.max_top_k)
     try:
-        result = await rt.searcher.search(q.query, q.top_k)
+        result = await rt.search(req)
     except QuerySyntaxError as exc:
         raise exc.as_search_error() from None
     return result.to_json()

@@ -17,9 +17,10 @@ from typing import Any
 from sluice.search import strict_json
 from sluice.search.errors import DocumentError
 from sluice.search.index.schema import MAX_DOCUMENT_BYTES, parse_document
-from sluice.search.router.topology import Topology
+from sluice.search.router.cluster.topology import Topology
 
 MAX_LINES = 100_000
+MAX_BULK_BYTES = 64 << 20  # a bulk body; refused as soon as it passes this, never read whole
 
 
 @dataclasses.dataclass(slots=True)

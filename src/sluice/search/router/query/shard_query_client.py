@@ -37,11 +37,11 @@ KEEPALIVE_S = 4.0
 MAX_IDLE_PER_REPLICA = 64
 
 
-class ShardHttpError(Exception):
+class ShardQueryError(Exception):
     """The replica could not be reached or its answer was not HTTP/JSON (failover material)."""
 
 
-class ShardHttpTimeout(ShardHttpError):
+class ShardQueryTimeout(ShardQueryError):
     pass
 
 
@@ -120,7 +120,7 @@ class _LoopState:
         self.slots = asyncio.Semaphore(max_connections)
 
 
-class ShardHttp:
+class ShardQueryClient:
     def __init__(self, max_connections: int = 512):
         self._max = max_connections
         self._state: _LoopState | None = None
@@ -139,7 +139,7 @@ class ShardHttp:
         if got is None:
             u = urlsplit(url)
             if u.scheme != "http" or not u.hostname:
-                raise ShardHttpError(f"{url}: only http:// replica URLs are supported")
+                raise ShardQueryError(f"{url}: only http:// replica URLs are supported")
             port = u.port or 80
             where = f"{u.hostname}:{port}"
             path = (u.path or "/") + (f"?{u.query}" if u.query else "")
@@ -151,8 +151,8 @@ class ShardHttp:
         return got
 
     async def post_json(self, url: str, payload: dict[str, Any], timeout_s: float) -> tuple[int, dict[str, Any]]:
-        """POST `payload` as JSON to `url`; (status, the JSON answer). ShardHttpTimeout after
-        timeout_s, ShardHttpError when the replica is unreachable or its answer malformed."""
+        """POST `payload` as JSON to `url`; (status, the JSON answer). ShardQueryTimeout after
+        timeout_s, ShardQueryError when the replica is unreachable or its answer malformed."""
         st = self._here()
         loop = st.loop
         key, head, where = self._target(url)
@@ -163,7 +163,7 @@ class ShardHttp:
             try:
                 await asyncio.wait_for(st.slots.acquire(), max(0.001, deadline - loop.time()))
             except TimeoutError:
-                raise ShardHttpTimeout(f"no connection to {where} free within {timeout_s:.3f}s") from None
+                raise ShardQueryTimeout(f"no connection to {where} free within {timeout_s:.3f}s") from None
         else:
             await st.slots.acquire()
         try:
@@ -173,9 +173,9 @@ class ShardHttp:
         try:
             out = json.loads(data) if data else {}
         except ValueError:
-            raise ShardHttpError(f"{where}: an answer that is not JSON") from None
+            raise ShardQueryError(f"{where}: an answer that is not JSON") from None
         if not isinstance(out, dict):
-            raise ShardHttpError(f"{where}: an answer that is not a JSON object")
+            raise ShardQueryError(f"{where}: an answer that is not a JSON object")
         return status, out
 
     async def _exchange(self, st: _LoopState, key: tuple[str, int], where: str, request: bytes, deadline: float,
@@ -198,10 +198,10 @@ class ShardHttp:
                 conn.close()
                 if reused and attempt == 1 and not conn.answered:
                     continue  # the replica closed this idle connection as it was taken: once more, fresh
-                raise ShardHttpError(f"{where}: {exc}"[:300]) from None
+                raise ShardQueryError(f"{where}: {exc}"[:300]) from None
             except TimeoutError:
                 conn.close()
-                raise ShardHttpTimeout(f"no answer from {where} within {timeout_s:.3f}s") from None
+                raise ShardQueryTimeout(f"no answer from {where} within {timeout_s:.3f}s") from None
             except BaseException:  # cancelled (a lost hedge) or anything else: never pooled
                 conn.close()
                 raise
@@ -237,9 +237,9 @@ class ShardHttp:
             _, conn = await asyncio.wait_for(loop.create_connection(_Connection, *key),
                                              max(0.001, deadline - loop.time()))
         except TimeoutError:
-            raise ShardHttpTimeout(f"no answer from {where} within {timeout_s:.3f}s") from None
+            raise ShardQueryTimeout(f"no answer from {where} within {timeout_s:.3f}s") from None
         except OSError as exc:
-            raise ShardHttpError(f"{where}: {type(exc).__name__}: {exc}"[:300]) from None
+            raise ShardQueryError(f"{where}: {type(exc).__name__}: {exc}"[:300]) from None
         return conn
 
     async def aclose(self) -> None:

@@ -30,7 +30,7 @@ ASGIApp = Callable[[dict, Receive, Send], Awaitable[None]]
 log = logging.getLogger("sluice.search.router")
 
 
-class SearchFastPath:
+class RouterFront:
     def __init__(self, app: ASGIApp, rt: RouterRuntime):
         self.app, self.rt = app, rt
 

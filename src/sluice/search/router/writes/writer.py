@@ -5,7 +5,7 @@ replica at once, and each appends it to its log, fsyncs, applies it, and answers
 acknowledged when at least one replica has it durably — normally all of them, because the
 router waits for every answer (bounded by the write timeout). A replica that missed it (down,
 or behind: it answers 409 with its last entry) is brought up to date by the health poller
-(replication.py), which has it copy the missing entries from a peer's log, in order.
+(replication/health_poller.py), which has it copy the missing entries from a peer's log, in order.
 
 If no replica confirms an entry, its sequence number stays reserved: the entry is kept as
 `pending` and sent again (same number, same operations — appends are idempotent) before any
@@ -26,8 +26,9 @@ from typing import Any
 
 import httpx
 
+from sluice.search.contract import WriteOutcome
 from sluice.search.router.search_metrics import SearchMetrics
-from sluice.search.router.topology import ShardRuntime, Topology
+from sluice.search.router.cluster.topology import ShardRuntime, Topology
 
 log = logging.getLogger("sluice.search.router")
 
@@ -108,8 +109,9 @@ class Writer:
             self.metrics.head_seq.labels(shard.name).set(shard.head_seq)
             return entry["seq"]
 
-    async def write(self, batches: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
-        """Write each shard's batch concurrently; {"written": {shard: seq}, "failed": {shard: why}}.
+    async def write(self, batches: dict[int, list[dict[str, Any]]]) -> WriteOutcome:
+        """Write each shard's batch concurrently: which shards' parts were written (their
+        entries), and which were not (why).
 
         Never raises for one shard's failure: the other shards' parts may be written by then,
         and the answer must say which were (a 503 naming the failed shards; retrying the whole
@@ -117,7 +119,8 @@ class Writer:
         shards = self.topo.shards
         items = [(shards[i], ops) for i, ops in batches.items() if ops and shards[i].cold_url is None]
         results = await asyncio.gather(*(self.write_shard(s, ops) for s, ops in items), return_exceptions=True)
-        written, failed = {}, {}
+        written: dict[str, int] = {}
+        failed: dict[str, str] = {}
         for (s, _), res in zip(items, results):
             if isinstance(res, WriteUnavailable):
                 failed[s.name] = str(res)
@@ -128,4 +131,4 @@ class Writer:
                 raise res  # cancelled: the client is gone
             else:
                 written[s.name] = res
-        return {"written": written, "failed": failed}
+        return WriteOutcome(written, failed)

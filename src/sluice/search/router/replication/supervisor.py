@@ -62,7 +62,7 @@ class Supervisor:
 
     def start_added(self, shard: str) -> LocalReplica:
         """A new replica for `shard` (hot-shard policy): a fresh data folder, started now; it
-        catches up from a peer's log before it serves (replication.py)."""
+        catches up from a peer's log before it serves (replication/health_poller.py)."""
         index = 1 + max((int(r.name.split("/")[1]) for r in self.replicas if r.name.split("/")[0] == shard), default=-1)
         r = self.add(shard, index)
         if r.data_dir.exists():

@@ -12,7 +12,6 @@ query syntax error at its position (make it longer), as is an expansion too larg
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sluice.search.errors import QuerySyntaxError
 from sluice.search.index.bm25 import CollectionStats
@@ -20,21 +19,6 @@ from sluice.search.index.query_tree import MAX_TREE_NODES, ResolvedQuery, Tree, 
 from sluice.search.index.shard_index import MAX_WILDCARD_TERMS
 
 Expansions = dict[str, dict[str, int]]  # prefix term → {term: document frequency} (one shard's)
-
-
-def shard_expansions(data: dict[str, Any], prefixes: Sequence[str]) -> Expansions:
-    """A shard's answer's expansions, checked (ValueError when malformed)."""
-    got = data.get("expansions")
-    if not isinstance(got, dict):
-        raise ValueError("no expansions in the answer")
-    out: Expansions = {}
-    for p in prefixes:
-        terms = got.get(p)
-        if not isinstance(terms, dict) or not all(isinstance(t, str) and t.startswith(p) and isinstance(f, int)
-                                                  for t, f in terms.items()):
-            raise ValueError(f"a malformed expansion of {p!r}")
-        out[p] = terms
-    return out
 
 
 def union(per_shard: Sequence[Expansions], resolved: ResolvedQuery) -> dict[str, list[str]]:

@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 from sluice.search.index.schema import SourceDocument
 from sluice.search.router.config import SearchConfig, Sharding, ShardSpec
-from sluice.search.router.replica_state import LatencyWindow, ReplicaState
+from sluice.search.router.cluster.replica_state import LatencyWindow, ReplicaState
 
 ACK_TIMES_KEPT = 100_000
 

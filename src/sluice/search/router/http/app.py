@@ -21,71 +21,17 @@ from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.search.errors import DocumentError, QuerySyntaxError, SearchError, SearchErrorKind
-from sluice.search.index.schema import check_id
-from sluice.search.router.bulk import plan_bulk
+from sluice.search.router.http.openapi_models import BulkResponse, SearchResponseModel, errors, search_body_schema
 from sluice.search.router.http.request_body import read_bounded
 from sluice.search.router.http.responses import error_response, internal_error
-from sluice.search.router.runtime import RouterRuntime
 from sluice.search.router.http.search_endpoint import answer_search
-from sluice.search.router.search_request import SearchRequest
-
-MAX_BULK_BYTES = 64 << 20
+from sluice.search.router.runtime import RouterRuntime
+from sluice.search.router.writes.bulk import MAX_BULK_BYTES
 STATUS_PAGE = Path_(__file__).with_name("static") / "status.html"
 log = logging.getLogger("sluice.search.router")
-
-
-class ErrorDetail(BaseModel):
-    type: str = Field(..., description="a SearchErrorKind: invalid_request_error, query_syntax_error, "
-                                       "authentication_error, request_too_large, ...")
-    message: str
-    position: int | None = Field(None, description="query_syntax_error: the 0-based character offset")
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
-
-
-def _errors(**described: str) -> dict[int | str, dict[str, Any]]:
-    return {int(status.removeprefix("s")): {"model": ErrorResponse, "description": text}
-            for status, text in described.items()}
-
-
-class SearchHit(BaseModel):
-    id: str
-    score: float = Field(..., description="rounded to 12 significant digits; hits are ordered by it, then by id")
-    fields: dict[str, Any]
-
-
-class SearchResponse(BaseModel):
-    hits: list[SearchHit]
-    shards: int
-    shards_answered: int
-    partial: bool = Field(..., description="true when a shard missed its deadline or had no replica")
-    failed_shards: dict[str, str]
-    took_ms: float
-    cached: bool
-
-
-class BulkError(BaseModel):
-    line: int
-    message: str
-
-
-class BulkResponse(BaseModel):
-    accepted: int
-    errors: list[BulkError]
-    written: dict[str, int] = Field(..., description="shard → the write-log entry holding this batch")
-    failed: dict[str, str]
-
-
-def _search_body_schema(max_top_k: int) -> dict[str, Any]:
-    schema = SearchRequest.model_json_schema()
-    schema["properties"]["top_k"]["maximum"] = max_top_k
-    return schema
 
 
 def create_router_app(rt: RouterRuntime) -> FastAPI:
@@ -129,7 +75,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
-        # Starlette re-raises after this answer; the ASGI front logs it (fast_http/search_path.py)
+        # Starlette re-raises after this answer; the ASGI front logs it (http/front.py)
         return error_response(internal_error())
 
 
@@ -157,10 +103,10 @@ def _add_service_routes(app: FastAPI, rt: RouterRuntime) -> None:
 
 
 def _add_search_route(app: FastAPI, rt: RouterRuntime) -> None:
-    @app.post("/v1/search", response_model=SearchResponse,
+    @app.post("/v1/search", response_model=SearchResponseModel,
               openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": _search_body_schema(rt.cfg.search.max_top_k)}}}},
-              responses=_errors(s400="invalid request, or a query syntax error (with its position)",
+                  "application/json": {"schema": search_body_schema(rt.cfg.search.max_top_k)}}}},
+              responses=errors(s400="invalid request, or a query syntax error (with its position)",
                                 s401="an API key is configured and none or a wrong one was sent",
                                 s413="a body over 64 KiB (refused before it is read whole)"))
     async def search(request: Request) -> Any:
@@ -180,7 +126,7 @@ def _add_write_routes(app: FastAPI, rt: RouterRuntime) -> None:
     @app.post("/v1/search/documents", response_model=BulkResponse,
               openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {
                   "schema": {"type": "string", "description": "one JSON object per line: {\"id\": ..., fields...}"}}}}},
-              responses={**_errors(s400="more than 100,000 lines", s401="an ingest key is configured and none or a "
+              responses={**errors(s400="more than 100,000 lines", s401="an ingest key is configured and none or a "
                                    "wrong one was sent", s405="a query-only router", s413="a body over 64 MiB (refused "
                                    "as soon as it passes that, never read whole)"),
                          503: {"model": BulkResponse, "description": "a shard had no replica to take its part "
@@ -188,23 +134,15 @@ def _add_write_routes(app: FastAPI, rt: RouterRuntime) -> None:
     async def upsert(request: Request) -> Any:
         writable(request, "writes")  # before the body is read
         body = await read_bounded(request.scope["headers"], request.receive, MAX_BULK_BYTES, "a bulk request")
-        plan = plan_bulk(body, rt.topo)
-        rt.metrics.bad_lines.inc(len(plan.errors))
-        out = await rt.writer.write(plan.batches)
-        rt.metrics.documents.labels("upsert").inc(plan.accepted if not out["failed"] else 0)
-        payload = {"accepted": plan.accepted, "errors": plan.errors, **out}
-        return JSONResponse(payload, status_code=503 if out["failed"] else 200)
+        answer = await rt.write(body)
+        return JSONResponse(answer.to_json(), status_code=503 if answer.outcome.failed else 200)
 
     @app.delete("/v1/search/documents/{doc_id:path}",
-                responses={**_errors(s400="an id that is not 1-200 bytes", s401="an ingest key is configured and "
+                responses={**errors(s400="an id that is not 1-200 bytes", s401="an ingest key is configured and "
                                      "none or a wrong one was sent", s404="a path with a line break, which no id "
                                      "holds (no route matches it)", s405="a query-only router"),
                            503: {"description": "a shard had no replica to take the delete"}})
     async def delete(request: Request, doc_id: str = Path(..., max_length=200)) -> Any:
         writable(request, "deletes")
-        check_id(doc_id)
-        shards = ([i for i, s in enumerate(rt.topo.shards) if s.cold_url is None] if rt.topo.moves_documents
-                  else [rt.topo.shard_for_id(doc_id)])
-        out = await rt.writer.write({i: [{"op": "delete", "id": doc_id}] for i in shards})
-        rt.metrics.documents.labels("delete").inc(0 if out["failed"] else 1)
-        return JSONResponse({"deleted": doc_id, **out}, status_code=503 if out["failed"] else 200)
+        answer = await rt.delete(doc_id)
+        return JSONResponse(answer.to_json(), status_code=503 if answer.outcome.failed else 200)

@@ -13,32 +13,20 @@ second request after the shard's p95, all inside the shard's deadline.
 from __future__ import annotations
 
 import asyncio
-import enum
 import random
 import time
 from typing import Any
 
-from sluice.search.router.replica_picker import pick_replica
-from sluice.search.router.replica_state import ReplicaState
+from sluice.search.errors import ShardCallError, ShardFailure
+from sluice.search.router.query.replica_picker import pick_replica
+from sluice.search.router.cluster.replica_state import ReplicaState
 from sluice.search.router.search_metrics import SearchMetrics
-from sluice.search.router.fast_http.shard_http import ShardHttp, ShardHttpError, ShardHttpTimeout
-from sluice.search.router.topology import ShardRuntime
+from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
+from sluice.search.router.cluster.topology import ShardRuntime
 
 
-class Failure(str, enum.Enum):
-    TIMEOUT = "timeout"
-    UNAVAILABLE = "unavailable"
-    BAD_QUERY = "bad_query"
-
-
-class ShardCallError(Exception):
-    def __init__(self, shard: str, failure: Failure, message: str, status: int = 503):
-        super().__init__(f"shard {shard}: {message}")
-        self.failure, self.status, self.message = failure, status, message
-
-
-class ShardClient:
-    def __init__(self, http: ShardHttp, metrics: SearchMetrics, hedge: bool, hedge_min_s: float,
+class ShardCaller:
+    def __init__(self, http: ShardQueryClient, metrics: SearchMetrics, hedge: bool, hedge_min_s: float,
                  rng: random.Random | None = None):
         self.http = http
         self.metrics = metrics
@@ -56,17 +44,17 @@ class ShardClient:
             if 400 <= status < 500:
                 ok = True  # the replica is fine; the request is not
                 msg = str(data.get("error", {}).get("message", f"replica answered {status}"))[:300]
-                raise ShardCallError(shard.name, Failure.BAD_QUERY, msg, status)
+                raise ShardCallError(shard.name, ShardFailure.BAD_QUERY, msg, status)
             if status >= 500:
-                raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"replica {r.name} answered {status}")
+                raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE, f"replica {r.name} answered {status}")
             ok = True
             if "applied_seq" in data:
                 r.applied_seq = max(r.applied_seq, int(data["applied_seq"]))
             return r, data
-        except ShardHttpTimeout:
-            raise ShardCallError(shard.name, Failure.TIMEOUT, f"replica {r.name} timed out") from None
-        except ShardHttpError as exc:
-            raise ShardCallError(shard.name, Failure.UNAVAILABLE, f"replica {r.name}: {exc}") from None
+        except ShardQueryTimeout:
+            raise ShardCallError(shard.name, ShardFailure.TIMEOUT, f"replica {r.name} timed out") from None
+        except ShardQueryError as exc:
+            raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE, f"replica {r.name}: {exc}") from None
         finally:
             r.in_flight -= 1
             elapsed = time.perf_counter() - t0
@@ -113,19 +101,19 @@ class ShardClient:
                     try:
                         return t.result()
                     except ShardCallError as exc:
-                        if exc.failure is Failure.BAD_QUERY:
+                        if exc.failure is ShardFailure.BAD_QUERY:
                             raise
                         last = exc
                 if not done:
                     if time.perf_counter() >= deadline:
-                        raise ShardCallError(shard.name, Failure.TIMEOUT, "no replica answered within the deadline")
+                        raise ShardCallError(shard.name, ShardFailure.TIMEOUT, "no replica answered within the deadline")
                     if hedge_at is not None and time.perf_counter() >= hedge_at:
                         hedge_at = None
                         start("hedge")
                     continue
                 if not pending and time.perf_counter() < deadline:
                     start("failover")  # the failed replica is marked down; try another now
-            raise last or ShardCallError(shard.name, Failure.UNAVAILABLE, "no replica available")
+            raise last or ShardCallError(shard.name, ShardFailure.UNAVAILABLE, "no replica available")
         finally:
             for t in pending:
                 t.cancel()
@@ -147,9 +135,9 @@ class ShardClient:
             try:
                 return await self._attempt(shard, r, path, payload, deadline - time.perf_counter(), phase)
             except ShardCallError as exc:
-                if exc.failure is Failure.BAD_QUERY:
+                if exc.failure is ShardFailure.BAD_QUERY:
                     raise
                 last = exc
         if last is None and time.perf_counter() >= deadline:
-            last = ShardCallError(shard.name, Failure.TIMEOUT, "no replica answered within the deadline")
-        raise last or ShardCallError(shard.name, Failure.UNAVAILABLE, "no replica available")
+            last = ShardCallError(shard.name, ShardFailure.TIMEOUT, "no replica answered within the deadline")
+        raise last or ShardCallError(shard.name, ShardFailure.UNAVAILABLE, "no replica available")

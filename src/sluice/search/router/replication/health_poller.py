@@ -19,10 +19,10 @@ import time
 
 import httpx
 
-from sluice.search.router.compaction import compaction_point, should_compact
-from sluice.search.router.replica_state import ReplicaState
+from sluice.search.router.replication.compaction import compaction_point, should_compact
+from sluice.search.router.cluster.replica_state import ReplicaState
 from sluice.search.router.search_metrics import SearchMetrics
-from sluice.search.router.topology import ShardRuntime, Topology
+from sluice.search.router.cluster.topology import ShardRuntime, Topology
 
 log = logging.getLogger("sluice.search.router")
 

@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Sequence
 
-from sluice.search.router.replica_state import ReplicaState
+from sluice.search.router.cluster.replica_state import ReplicaState
 
 
 def pick_replica(replicas: Sequence[ReplicaState], exclude: set[str], rng: random.Random,

@@ -12,7 +12,7 @@ Hysteresis keeps it from flapping:
 - cool: ≤ `cool_at` in `cool_for` consecutive evaluations → remove one replica it added;
 - in between: nothing changes, and both streaks restart.
 Only replicas this policy added are removed; the configured ones stay. Pure logic (no clock, no
-I/O): the router calls `evaluate` on a timer and carries out the decisions (main.py).
+I/O): the router calls `evaluate` on a timer and carries out the decisions (hot_shard_scaler.py).
 """
 
 from __future__ import annotations

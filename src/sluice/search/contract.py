@@ -1,0 +1,248 @@
+"""The search service's messages, typed, with their bounds written once.
+
+    the router's search   SearchRequest → SearchResponse        POST /v1/search
+    the statistics round  StatsRequest → StatsAnswer            POST /v1/shard/stats
+    the shard's search    ShardSearchRequest → ShardSearchAnswer POST /v1/shard/search
+    writes                BulkAnswer, DeleteAnswer               POST /v1/search/documents, DELETE
+
+Every entry point decodes through here — the router's ASGI front and its FastAPI route
+(`SearchRequest.decode`), the shard's two query entry points (shard/query_path.py and
+shard/query_protocol.py, through the handlers of shard/server.py), the router reading the
+shards' answers — and the cold tier is handed these typed requests in-process (service.py's
+ShardService). A request that does not decode is a `SearchError` (its kind is its status and
+wire type, errors.py); an answer that does not decode is a ValueError, which the router counts
+as that shard failing. The wire form is JSON; `to_json` writes it, `decode` reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from sluice.search import strict_json
+from sluice.search.errors import SearchError, SearchErrorKind
+from sluice.search.index.bm25 import CollectionStats
+from sluice.search.index.hits import Hit
+from sluice.search.index.query_syntax import MAX_QUERY_CHARS
+from sluice.search.index.query_tree import Tree, check_tree, scored_leaves
+
+DEFAULT_TOP_K = 10
+MIN_TOP_K = 0
+MAX_TOP_K = 1000  # what a shard answers at most; the router's configured max_top_k is within it
+# a query of MAX_QUERY_CHARS characters, each escaped as \uXXXX (6 bytes), and room to spare; a
+# body over it is refused as soon as it passes it, never read whole
+MAX_SEARCH_BODY_BYTES = 64 << 10
+MAX_TERMS = 1024  # terms in one statistics request or one-round search
+MAX_PREFIXES = 64  # wildcard prefixes in one statistics request (at most one per query clause)
+SEARCH_FIELDS = frozenset({"query", "top_k"})
+
+__all__ = ["DEFAULT_TOP_K", "MAX_QUERY_CHARS", "MAX_TOP_K", "MIN_TOP_K", "SearchRequest", "SearchResponse",
+           "StatsRequest", "StatsAnswer", "ShardSearchRequest", "ShardSearchAnswer", "BulkAnswer", "DeleteAnswer"]
+
+
+def _invalid(message: str) -> SearchError:
+    return SearchError(SearchErrorKind.INVALID_REQUEST, message)
+
+
+def _object(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise _invalid("the body must be a JSON object")
+    return data
+
+
+def _strings(value: Any, name: str, most: int) -> list[str]:
+    if not isinstance(value, list) or len(value) > most or not all(isinstance(t, str) and t for t in value):
+        raise _invalid(f"{name} must be a list of at most {most} non-empty strings")
+    return value
+
+
+def _top_k(value: Any, most: int) -> int:
+    if type(value) is not int:
+        raise _invalid("top_k: an integer is required")
+    if value < MIN_TOP_K:
+        raise _invalid(f"top_k is at least {MIN_TOP_K}")
+    if value > most:
+        raise _invalid(f"top_k is at most {most}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SearchRequest:
+    """The body of POST /v1/search."""
+
+    query: str
+    top_k: int = DEFAULT_TOP_K
+
+    @classmethod
+    def decode(cls, body: bytes, max_top_k: int) -> SearchRequest:
+        try:
+            data = _object(strict_json.loads(body))
+        except strict_json.JsonError as exc:
+            raise _invalid(f"invalid body: {exc}") from None
+        extra = sorted(set(data) - SEARCH_FIELDS)
+        if extra:
+            raise _invalid(f"extra fields not permitted: {', '.join(repr(k[:40]) for k in extra[:5])}")
+        query = data.get("query")
+        if not isinstance(query, str):
+            raise _invalid("query: a string is required")
+        if len(query) > MAX_QUERY_CHARS:
+            raise _invalid(f"query: at most {MAX_QUERY_CHARS} characters")
+        return cls(query, _top_k(data.get("top_k", DEFAULT_TOP_K), max_top_k))
+
+
+@dataclasses.dataclass(slots=True)
+class SearchResponse:
+    hits: list[Hit]
+    shards: int
+    shards_answered: int
+    failed: dict[str, str]  # shard name → why (a ShardFailure: timeout, unavailable)
+    took_ms: float = 0.0
+    cached: bool = False
+
+    @property
+    def partial(self) -> bool:
+        return self.shards_answered < self.shards
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hits": [h.to_json() for h in self.hits], "shards": self.shards, "shards_answered": self.shards_answered,
+                "partial": self.partial, "failed_shards": self.failed, "took_ms": round(self.took_ms, 3),
+                "cached": self.cached}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StatsRequest:
+    """The statistics round: a shard's counts, its frequency of each term, and the index terms
+    each wildcard prefix expands to."""
+
+    PATH: ClassVar[str] = "/v1/shard/stats"
+    PHASE: ClassVar[str] = "stats"
+    terms: list[str]
+    prefixes: list[str] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"terms": self.terms, **({"prefixes": self.prefixes} if self.prefixes else {})}
+
+    @classmethod
+    def decode(cls, data: Any) -> StatsRequest:
+        data = _object(data)
+        return cls(_strings(data.get("terms"), "terms", MAX_TERMS),
+                   _strings(data.get("prefixes", []), "prefixes", MAX_PREFIXES))
+
+
+@dataclasses.dataclass(slots=True)
+class StatsAnswer:
+    stats: CollectionStats
+    applied_seq: int  # the write-log entry the shard had applied (-1: unknown)
+    expansions: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # prefix → {term: freq}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.stats.to_json(), "applied_seq": self.applied_seq,
+                **({"expansions": self.expansions} if self.expansions else {})}
+
+    @classmethod
+    def decode(cls, data: dict[str, Any]) -> StatsAnswer:
+        seq = data.get("applied_seq")
+        expansions = data.get("expansions", {})
+        if not isinstance(expansions, dict) or not all(
+                isinstance(p, str) and isinstance(terms, dict)
+                and all(isinstance(t, str) and t.startswith(p) and isinstance(f, int) for t, f in terms.items())
+                for p, terms in expansions.items()):
+            raise ValueError("malformed expansions")
+        return cls(CollectionStats.from_json(data), seq if isinstance(seq, int) else -1, expansions)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardSearchRequest:
+    """One shard's top_k for a resolved tree, scored with `stats` (the global statistics; None:
+    the shard's own). With `unknown`, a one-round search (router/query/global_stats/one_round.py):
+    those terms' frequencies are not in `stats`, the shard scores them with its own and reports
+    them and their part of each hit's score."""
+
+    PATH: ClassVar[str] = "/v1/shard/search"
+    PHASE: ClassVar[str] = "search"
+    tree: Tree | None
+    top_k: int = DEFAULT_TOP_K
+    stats: CollectionStats | None = None
+    unknown: list[str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"tree": self.tree, "top_k": self.top_k, "stats": None if self.stats is None else self.stats.to_json()}
+        if self.unknown is not None:
+            out["unknown"] = self.unknown
+        return out
+
+    @classmethod
+    def decode(cls, data: Any) -> ShardSearchRequest:
+        """QuerySyntaxError for a malformed tree (check_tree), SearchError for the rest."""
+        data = _object(data)
+        tree = data.get("tree")
+        tree = None if tree is None else check_tree(tree)
+        raw_stats = data.get("stats")
+        try:
+            stats = None if raw_stats is None else CollectionStats.from_json(_object(raw_stats))
+        except ValueError as exc:
+            raise _invalid(f"stats: {exc}") from None
+        unknown = data.get("unknown")
+        if unknown is not None:
+            unknown = _strings(unknown, "unknown", MAX_TERMS)
+            if stats is None or scored_leaves(tree) is None:
+                raise _invalid("unknown needs global stats and a tree without phrases")
+        return cls(tree, _top_k(data.get("top_k", DEFAULT_TOP_K), MAX_TOP_K), stats, unknown)
+
+
+@dataclasses.dataclass(slots=True)
+class ShardSearchAnswer:
+    hits: list[Hit]  # ranked by the shard's scores
+    applied_seq: int  # the write-log entry the shard had applied (-1: unknown)
+    index_s: float | None = None  # time inside the index (the hot-shard signal)
+    term_freqs: dict[str, int] | None = None  # one-round: the shard's frequency of each unknown term
+    parts: list[dict[str, float]] | None = None  # one-round: per hit, each unknown term's part of its score
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hits": [h.to_json() for h in self.hits], "applied_seq": self.applied_seq}
+        if self.index_s is not None:
+            out["index_s"] = self.index_s
+        if self.term_freqs is not None:
+            out["term_freqs"], out["parts"] = self.term_freqs, self.parts
+        return out
+
+    @classmethod
+    def decode(cls, data: dict[str, Any]) -> ShardSearchAnswer:
+        hits = [Hit.from_json(h) for h in data["hits"]]
+        seq, index_s = data.get("applied_seq"), data.get("index_s")
+        freqs, parts = data.get("term_freqs"), data.get("parts")
+        if freqs is not None:
+            if not isinstance(freqs, dict) or not all(isinstance(t, str) and isinstance(f, int) for t, f in freqs.items()):
+                raise ValueError("malformed term_freqs")
+            if not isinstance(parts, list) or len(parts) != len(hits) or not all(isinstance(p, dict) for p in parts):
+                raise ValueError("parts do not match the hits")
+        return cls(hits, seq if isinstance(seq, int) else -1,
+                   float(index_s) if isinstance(index_s, (int, float)) else None, freqs, parts)
+
+
+@dataclasses.dataclass(slots=True)
+class WriteOutcome:
+    written: dict[str, int]  # shard → the write-log entry holding its part
+    failed: dict[str, str]  # shard → why its part was not written
+
+    def to_json(self) -> dict[str, Any]:
+        return {"written": self.written, "failed": self.failed}
+
+
+@dataclasses.dataclass(slots=True)
+class BulkAnswer:
+    accepted: int
+    errors: list[dict[str, Any]]  # {"line", "message"} per refused line
+    outcome: WriteOutcome
+
+    def to_json(self) -> dict[str, Any]:
+        return {"accepted": self.accepted, "errors": self.errors, **self.outcome.to_json()}
+
+
+@dataclasses.dataclass(slots=True)
+class DeleteAnswer:
+    deleted: str
+    outcome: WriteOutcome
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deleted": self.deleted, **self.outcome.to_json()}

@@ -1,0 +1,1 @@
+"""The router's view of the deployment: shards, replicas, write heads, placement."""

@@ -1,0 +1,118 @@
+"""One round of a query: one typed request to each of many shards at once.
+
+Each shard answers through a replica (shard_call.py: replica choice, failover, hedging) or, for
+a cold shard, through the router's cold tier (tiers/cold_tier.py), and every answer is decoded
+through the contract (search/contract.py); an answer that does not decode counts as that shard
+failing. A shard that fails is recorded in the query's `failed` — the answer says partial — and
+left out of the rounds after; a replica's refusal (4xx) is the query's fault, raised as a
+QuerySyntaxError.
+
+The query's deadline is shared by its rounds; a round that another may follow gets half of the
+time left (QueryRun.followed_deadline), so that one stalled shard costs that round its answer
+but leaves the last round time to search the shards that did answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
+from sluice.search.errors import QuerySyntaxError, ShardCallError, ShardFailure
+from sluice.search.router.cluster.replica_state import ReplicaState
+from sluice.search.router.cluster.topology import ShardRuntime
+from sluice.search.router.query.shard_call import ShardCaller
+from sluice.search.router.search_metrics import SearchMetrics
+from sluice.search.tiers.cold_tier import ColdTier
+
+FOLLOWED_SHARE = 0.5  # of the time left, what a round that another round follows may spend
+Request = StatsRequest | ShardSearchRequest
+Answer = StatsAnswer | ShardSearchAnswer
+_ANSWER_OF: dict[type, type] = {StatsRequest: StatsAnswer, ShardSearchRequest: ShardSearchAnswer}
+
+
+@dataclasses.dataclass(slots=True)
+class QueryRun:
+    """One query's state across its rounds."""
+
+    revision: tuple[int, ...]  # every shard's newest acknowledged entry when the query began
+    deadline: float  # time.perf_counter() by which the last round must be done
+    chosen: dict[int, ReplicaState | None]  # shard position → the replica that answered it last
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)  # shard name → a ShardFailure
+
+    def followed_deadline(self) -> float:
+        """The deadline of a round that another follows: half of the time left."""
+        now = time.perf_counter()
+        return now + max(0.0, self.deadline - now) * FOLLOWED_SHARE
+
+    def live(self, shards: Sequence[ShardRuntime]) -> list[ShardRuntime]:
+        return [s for s in shards if s.name not in self.failed]
+
+
+class FanOut:
+    def __init__(self, caller: ShardCaller, metrics: SearchMetrics, cold: ColdTier | None = None):
+        self.caller, self.metrics, self.cold = caller, metrics, cold
+
+    async def round(self, shards: Sequence[ShardRuntime], request: Request | Callable[[ShardRuntime], Request],
+                    deadline: float, run: QueryRun, prefer_chosen: bool = False) -> list[tuple[ShardRuntime, Answer]]:
+        """Each shard's answer to `request` (or to request(shard)), in order; the shards that
+        failed are in run.failed instead."""
+        def req(s: ShardRuntime) -> Request:
+            return request(s) if callable(request) else request
+
+        answers = await asyncio.gather(*(self.ask(s, req(s), deadline, run.chosen[s.position] if prefer_chosen else None)
+                                         for s in shards), return_exceptions=True)
+        out: list[tuple[ShardRuntime, Answer]] = []
+        for s, a in zip(shards, answers):
+            if isinstance(a, ShardCallError):
+                run.failed[s.name] = a.failure.value
+                continue
+            if isinstance(a, BaseException):
+                raise a
+            replica, answer = a
+            if replica is not None:
+                run.chosen[s.position] = replica  # the next round prefers it: one revision when idle
+            if isinstance(answer, ShardSearchAnswer) and answer.index_s is not None:
+                s.index_latency.add(answer.index_s)
+                s.index_busy_s += answer.index_s  # the hot-shard signal (replication/hot_shards.py)
+            out.append((s, answer))
+        return out
+
+    async def ask(self, shard: ShardRuntime, req: Request, deadline: float,
+                  prefer: ReplicaState | None) -> tuple[ReplicaState | None, Answer]:
+        t0 = time.perf_counter()
+        if shard.cold_url is not None and self.cold is not None:
+            answer = await self._cold(shard, req, deadline)
+            self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(time.perf_counter() - t0)
+            return None, answer
+        try:
+            replica, data = await self.caller.call(shard, req.PATH, req.to_json(), deadline, req.PHASE, prefer)
+        except ShardCallError as exc:
+            self.metrics.errors.labels(exc.failure.value).inc()
+            if exc.failure is ShardFailure.BAD_QUERY:
+                raise QuerySyntaxError(0, exc.message) from None
+            raise
+        try:
+            answer = _ANSWER_OF[type(req)].decode(data)
+        except (KeyError, TypeError, ValueError):
+            self.metrics.errors.labels(ShardFailure.UNAVAILABLE.value).inc()
+            raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE, f"replica {replica.name}: a malformed answer") from None
+        self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(time.perf_counter() - t0)
+        return replica, answer
+
+    async def _cold(self, shard: ShardRuntime, req: Request, deadline: float) -> Answer:
+        """A cold shard answers from the router's cold tier; its first query fetches it (which may
+        miss the deadline: the fetch goes on, the answer is partial, the next query is warm)."""
+        assert self.cold is not None and shard.cold_url is not None
+        task = asyncio.ensure_future(self.cold.call(shard.cold_url, req))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.perf_counter()))
+        except asyncio.TimeoutError:
+            self.metrics.errors.labels(ShardFailure.TIMEOUT.value).inc()
+            raise ShardCallError(shard.name, ShardFailure.TIMEOUT, "cold shard not fetched within the deadline") from None
+        except Exception as exc:  # the object store is down or the archive is missing
+            self.metrics.errors.labels(ShardFailure.UNAVAILABLE.value).inc()
+            raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE,
+                                 f"cold shard: {type(exc).__name__}: {exc}"[:300]) from None
