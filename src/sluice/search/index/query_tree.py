@@ -229,20 +229,20 @@ def check_tree(tree: Any) -> Tree:
             raise QuerySyntaxError(0, "query tree too large")
         if not isinstance(t, list) or not t or not isinstance(t[0], str) or t[0] not in _ON_THE_WIRE:
             raise QuerySyntaxError(0, "malformed query tree")
-        op = NodeKind(t[0])
-        if op is NodeKind.ALL:
+        op = t[0]  # a kind's value (NodeKind compares equal to it)
+        if op == NodeKind.ALL:
             return
         if len(t) != 2:
-            raise QuerySyntaxError(0, f"malformed {op.value} node")
-        if op is NodeKind.TERM:
+            raise QuerySyntaxError(0, f"malformed {op} node")
+        if op == NodeKind.TERM:
             if not isinstance(t[1], str) or not t[1]:
                 raise QuerySyntaxError(0, "malformed term")
-        elif op is NodeKind.PHRASE:
+        elif op == NodeKind.PHRASE:
             if not isinstance(t[1], list) or len(t[1]) < 2 or not all(isinstance(x, str) and x for x in t[1]):
                 raise QuerySyntaxError(0, "malformed phrase")
         else:
             if not isinstance(t[1], list) or not t[1] or (op in PAIRS and len(t[1]) != 2):
-                raise QuerySyntaxError(0, f"malformed {op.value} node")
+                raise QuerySyntaxError(0, f"malformed {op} node")
             for c in t[1]:
                 walk(c, depth + 1)
 
