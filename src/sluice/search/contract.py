@@ -104,7 +104,8 @@ class SearchResponse:
         return self.shards_answered < self.shards
 
     def to_json(self) -> dict[str, Any]:
-        return {"hits": [h.to_json() for h in self.hits], "shards": self.shards, "shards_answered": self.shards_answered,
+        return {"hits": [h.to_json() for h in self.hits], "shards": self.shards,
+                "shards_answered": self.shards_answered,
                 "partial": self.partial, "failed_shards": self.failed, "took_ms": round(self.took_ms, 3),
                 "cached": self.cached}
 
@@ -212,7 +213,8 @@ class ShardSearchAnswer:
         seq, index_s = data.get("applied_seq"), data.get("index_s")
         freqs, parts = data.get("term_freqs"), data.get("parts")
         if freqs is not None:
-            if not isinstance(freqs, dict) or not all(isinstance(t, str) and isinstance(f, int) for t, f in freqs.items()):
+            if not isinstance(freqs, dict) or not all(isinstance(t, str) and isinstance(f, int)
+                                                      for t, f in freqs.items()):
                 raise ValueError("malformed term_freqs")
             if not isinstance(parts, list) or len(parts) != len(hits) or not all(isinstance(p, dict) for p in parts):
                 raise ValueError("parts do not match the hits")

@@ -108,7 +108,8 @@ def test_bulk_lines_json_accepts_but_the_write_path_cannot_are_reported_by_numbe
     good = [json.dumps({"id": str(i), "title": "fine"}) for i in range(4)]
     plan = plan_bulk("\n".join(good[:2] + bad + good[2:]).encode(), topo)
     assert [e["line"] for e in plan.errors] == list(range(3, 3 + len(bad)))
-    assert plan.accepted == 4 and sorted(op["id"] for ops in plan.batches.values() for op in ops) == ["0", "1", "2", "3"]
+    assert plan.accepted == 4
+    assert sorted(op["id"] for ops in plan.batches.values() for op in ops) == ["0", "1", "2", "3"]
 
 
 def test_reported_scores_are_the_order_and_ties_go_by_id():
@@ -129,7 +130,8 @@ def test_a_write_that_fails_on_one_shard_says_which_parts_were_written():
 
     from sluice.search.router.runtime import RouterRuntime
 
-    cfg = parse_config('[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:9"]\n')
+    cfg = parse_config('[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'
+                       '[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:9"]\n')
     rt = RouterRuntime(cfg, [["http://127.0.0.1:9"], ["http://127.0.0.1:10"]])
 
     async def write_shard(shard, ops):  # a deterministic fault: shard b fails in an unforeseen way

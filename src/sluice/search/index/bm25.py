@@ -103,10 +103,10 @@ def global_weighting(p: Bm25Params, glob: CollectionStats, local: CollectionStat
     return ShardWeighting(k1, p.k3, b, p.min_normlen * r, factors)
 
 
-# One-round search (router/query/global_stats/one_round.py): a shard scores the terms whose global frequency the
-# router does not know yet with its own frequency in its place, and reports each such term's
-# part of every hit's score, so that the router can correct the scores once the shards' answers
-# give the global frequencies.
+# One-round search (router/query/global_stats/one_round.py): a shard scores the terms whose
+# global frequency the router does not know yet with its own frequency in its place, and reports
+# each such term's part of every hit's score, so that the router can correct the scores once the
+# shards' answers give the global frequencies.
 
 def leaf_weight(w: ShardWeighting, n_local: int, ltf: int, term: str) -> float:
     """Xapian BM25Weight's termweight for one leaf of `term` on this shard (wqf 1): the idf over

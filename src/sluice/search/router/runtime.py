@@ -48,7 +48,8 @@ class RouterRuntime:
                                              limits=httpx.Limits(max_connections=512, max_keepalive_connections=256))
         self.http = httpx.AsyncClient(transport=transport, timeout=cfg.search.shard_deadline_ms / 1000)
         s = cfg.search
-        self.shard_query_client = ShardQueryClient()  # the query path's client (query/shard_query_client.py); httpx for the rest
+        # the query path's client (query/shard_query_client.py); httpx for the rest
+        self.shard_query_client = ShardQueryClient()
         self.caller = ShardCaller(self.shard_query_client, self.metrics, s.hedge, s.hedge_min_ms / 1000)
         self.cache = ResultCache(s.cache_entries)
         self.cold = None

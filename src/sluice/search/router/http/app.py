@@ -87,7 +87,7 @@ def _add_service_routes(app: FastAPI, rt: RouterRuntime) -> None:
     @app.get("/ready", responses={503: {"description": "starting, or a shard has no replica up ({\"status\": why})"}})
     async def ready() -> JSONResponse:
         why = rt.not_ready_reason()
-        return JSONResponse({"status": "ready"} if why is None else {"status": why}, status_code=200 if why is None else 503)
+        return JSONResponse({"status": "ready" if why is None else why}, status_code=200 if why is None else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

@@ -1,1 +1,2 @@
-"""One search across the shards: rounds, replica choice and failover, the shard query client, the merge's statistics and the result cache."""
+"""One search across the shards: its rounds, replica choice and failover, the shard query
+client, the statistics behind an exact merge, and the result cache."""

@@ -62,8 +62,9 @@ class FanOut:
         def req(s: ShardRuntime) -> Request:
             return request(s) if callable(request) else request
 
-        answers = await asyncio.gather(*(self.ask(s, req(s), deadline, run.chosen[s.position] if prefer_chosen else None)
-                                         for s in shards), return_exceptions=True)
+        answers = await asyncio.gather(
+            *(self.ask(s, req(s), deadline, run.chosen[s.position] if prefer_chosen else None) for s in shards),
+            return_exceptions=True)
         out: list[tuple[ShardRuntime, Answer]] = []
         for s, a in zip(shards, answers):
             if isinstance(a, ShardCallError):
@@ -98,7 +99,8 @@ class FanOut:
             answer = _ANSWER_OF[type(req)].decode(data)
         except (KeyError, TypeError, ValueError):
             self.metrics.errors.labels(ShardFailure.UNAVAILABLE.value).inc()
-            raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE, f"replica {replica.name}: a malformed answer") from None
+            raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE,
+                                 f"replica {replica.name}: a malformed answer") from None
         self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(time.perf_counter() - t0)
         return replica, answer
 
@@ -111,7 +113,8 @@ class FanOut:
             return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.perf_counter()))
         except asyncio.TimeoutError:
             self.metrics.errors.labels(ShardFailure.TIMEOUT.value).inc()
-            raise ShardCallError(shard.name, ShardFailure.TIMEOUT, "cold shard not fetched within the deadline") from None
+            raise ShardCallError(shard.name, ShardFailure.TIMEOUT,
+                                 "cold shard not fetched within the deadline") from None
         except Exception as exc:  # the object store is down or the archive is missing
             self.metrics.errors.labels(ShardFailure.UNAVAILABLE.value).inc()
             raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE,

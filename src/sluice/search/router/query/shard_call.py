@@ -25,6 +25,11 @@ from sluice.search.router.query.shard_query_client import ShardQueryClient, Shar
 from sluice.search.router.cluster.topology import ShardRuntime
 
 
+def _usable(prefer: ReplicaState | None) -> bool:
+    """The replica a previous round of the query chose, if it may still be asked."""
+    return prefer is not None and prefer.reachable and prefer.available(time.monotonic())
+
+
 class ShardCaller:
     def __init__(self, http: ShardQueryClient, metrics: SearchMetrics, hedge: bool, hedge_min_s: float,
                  rng: random.Random | None = None):
@@ -76,8 +81,7 @@ class ShardCaller:
         last: ShardCallError | None = None
 
         def start(kind: str) -> bool:
-            r = prefer if (prefer is not None and not tried and prefer.available(time.monotonic())) else \
-                pick_replica(shard.replicas, tried, self.rng)
+            r = prefer if (not tried and _usable(prefer)) else pick_replica(shard.replicas, tried, self.rng)
             if r is None:
                 return False
             tried.add(r.url)
@@ -125,8 +129,7 @@ class ShardCaller:
         tried: set[str] = set()
         last: ShardCallError | None = None
         while time.perf_counter() < deadline:
-            r = prefer if (prefer is not None and not tried and prefer.available(time.monotonic())) else \
-                pick_replica(shard.replicas, tried, self.rng)
+            r = prefer if (not tried and _usable(prefer)) else pick_replica(shard.replicas, tried, self.rng)
             if r is None:
                 break
             if tried:

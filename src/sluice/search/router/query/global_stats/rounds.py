@@ -44,7 +44,8 @@ class StatisticsRounds:
         if not ask:
             return glob
         asked = [s for s in shards if s.position in ask]
-        answers = await self.fan_out.round(asked, lambda s: StatsRequest(ask[s.position][1]), run.followed_deadline(), run)
+        answers = await self.fan_out.round(asked, lambda s: StatsRequest(ask[s.position][1]),
+                                           run.followed_deadline(), run)
         for s, answer in answers:
             assert isinstance(answer, StatsAnswer)
             got = answer.stats
