@@ -27,3 +27,21 @@ class TrainDataError(SluiceError):
 
 class CheckpointError(SluiceError):
     """A checkpoint cannot be read or does not match the run."""
+
+
+class CheckpointDamaged(CheckpointError):
+    """A checkpoint's file is missing, cut short or differs from its manifest: the run skips it
+    for an older one. Carries strings only, so DCP can gather it from any rank (pickle)."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"{where} is damaged: {problem}")
+        self.where, self.problem = where, problem
+
+    def __reduce__(self):
+        return type(self), (self.where, self.problem)
+
+
+class TrainHaltError(SluiceError):
+    """The run cannot go on, and restarting the group would meet the same wall (every checkpoint
+    damaged, a non-finite loss under `nonfinite = "stop"`, a run folder held by another group).
+    The workers report it once and exit without being restarted (train/worker.py)."""

@@ -52,14 +52,23 @@ def export_run(run_dir: Path, out: Path, step: int | None = None) -> tuple[int, 
     module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from sluice.train.checkpoint.checkpointer import first_failure
+
     # the same state-dict function the run saved with: tied weights appear once, under one name
     state = {"model": get_model_state_dict(module)}
+    reader = store.reader(step)  # checks what it reads against the checkpoint's manifest
     try:
+        reader.check_metadata()
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=store.reader(step), no_dist=True)
-    except Exception as exc:  # DCP raises CheckpointException with every rank's traceback
-        raise CheckpointError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+            dcp.load(state, storage_reader=reader, no_dist=True)
+    except CheckpointException as exc:  # its text is every rank's traceback: say the cause
+        cause = first_failure(exc)
+        raise CheckpointError(f"cannot read {path}: {cause}") from None
+    finally:
+        reader.close()
     set_model_state_dict(module, state["model"])
     if config.tie_word_embeddings:
         module.tie_weights()

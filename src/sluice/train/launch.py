@@ -19,11 +19,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from sluice.train.data import dataset
 from sluice.parent_death import tied_to_this_process
-from sluice.train.errors import TrainConfigError
+from sluice.train.errors import TrainConfigError, TrainHaltError
 from sluice.train.model.source import tokenizer_for
 from sluice.train.parallel.fit import check_fits
 from sluice.train.settings import TrainSettings, write_resolved
@@ -31,6 +32,9 @@ from sluice.train.settings import TrainSettings, write_resolved
 # A resumed run must read the same rows with the same model; these decide that.
 SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed", "moe_experts", "moe_top_k")
 STOPPED_MARKER = "stopped"  # written by the worker (train/worker.py) after a stop signal
+# a file of this machine's launcher where its workers leave the error that halted the run
+# (train/errors.py TrainHaltError): they exit 0 so that torchrun does not restart them
+OUTCOME_ENV = "SLUICE_TRAIN_OUTCOME"
 
 
 def free_port() -> int:
@@ -108,7 +112,29 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     # after a crash read the dead round's addresses and failed to connect (gloo: connection
     # refused); with a store of their own per round, restarts (and a growing group) work.
     child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    fd, outcome = tempfile.mkstemp(prefix="sluice-train-outcome-")
+    os.close(fd)
+    child_env[OUTCOME_ENV] = outcome
+    try:
+        code, signalled = _torchrun(settings, child_env)
+        halted = Path(outcome).read_text()
+    finally:
+        Path(outcome).unlink(missing_ok=True)
+    if halted:
+        raise TrainHaltError(halted)
     marker = settings.run_dir / STOPPED_MARKER
+    if signalled and marker.exists():
+        step = marker.read_text().strip()
+        print(f"stopped: checkpoint at step {step} in {settings.run_dir}/checkpoints; "
+              "run the same command again to resume", file=sys.stderr)
+        return 0
+    if code != 0:
+        print(f"training failed (torchrun exit code {code}); see the errors above", file=sys.stderr)
+    return code
+
+
+def _torchrun(settings: TrainSettings, child_env: dict[str, str]) -> tuple[int, bool]:
+    """torchrun's exit code, and whether a signal was passed on to it."""
     proc = subprocess.Popen(tied_to_this_process() + torchrun_argv(settings, free_port()), env=child_env)
     signalled = False
 
@@ -119,15 +145,7 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        code = proc.wait()
+        return proc.wait(), signalled
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if signalled and marker.exists():
-        step = marker.read_text().strip()
-        print(f"stopped: checkpoint at step {step} in {settings.run_dir}/checkpoints; "
-              "run the same command again to resume", file=sys.stderr)
-        return 0
-    if code != 0:
-        print(f"training failed (torchrun exit code {code}); see the errors above", file=sys.stderr)
-    return code

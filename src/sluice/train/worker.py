@@ -22,11 +22,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from sluice.errors import SluiceError
 from sluice.train import faults
 from sluice.train.checkpoint.checkpointer import Checkpointer
 from sluice.train.checkpoint.store import open_store
 from sluice.train.data import dataset, sampler
-from sluice.train.launch import STOPPED_MARKER
+from sluice.train.errors import TrainHaltError
+from sluice.train.launch import OUTCOME_ENV, STOPPED_MARKER
 from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model
@@ -53,6 +55,11 @@ class _StopFlag:
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.set = True  # acted on after the current step, by all ranks together
+
+
+def _say(line: str) -> None:
+    """A line for the person at the terminal, from rank 0."""
+    print(f"[rank 0] {line}", file=sys.stderr, flush=True)
 
 
 def _threads(settings: TrainSettings, local_world: int) -> int:
@@ -96,7 +103,7 @@ def run(run_dir: Path) -> int:
     optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                               betas=(0.9, 0.95), foreach=True)
     store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
-    ckpt = Checkpointer(store, settings.keep_checkpoints, settings.async_checkpoint)
+    ckpt = Checkpointer(store, settings.keep_checkpoints, settings.async_checkpoint, report=_say)
     start = ckpt.restore(model.module, optim)
     dp_rank, dp_size = model.data_share()  # tensor / pipeline ranks share rows
     micro = settings.micro_batch(world)
@@ -181,7 +188,26 @@ def main() -> int:
     if len(sys.argv) != 2:
         print("usage: python -m sluice.train.worker RUN_DIR (started by `sluice train run`)", file=sys.stderr)
         return 2
-    return run(Path(sys.argv[1]))
+    rank = os.environ.get("RANK", "0")
+    try:
+        return run(Path(sys.argv[1]))
+    except TrainHaltError as exc:
+        return _halt(exc, rank)
+    except SluiceError as exc:  # one line, no traceback; torchrun restarts the group
+        print(f"[rank {rank}] sluice: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _halt(exc: TrainHaltError, rank: str) -> int:
+    """Every rank halts together. Under `sluice train run` the launcher reports the error and
+    the workers exit 0, so torchrun does not restart a group that would halt again; under a
+    plain torchrun the exit code has to say it."""
+    outcome = os.environ.get(OUTCOME_ENV)
+    if rank == "0" and not outcome:
+        print(f"[rank 0] sluice: error: {exc}", file=sys.stderr, flush=True)
+    if outcome and os.environ.get("LOCAL_RANK", "0") == "0":
+        Path(outcome).write_text(str(exc))
+    return 0 if outcome else 1
 
 
 if __name__ == "__main__":

@@ -80,3 +80,30 @@ def test_a_run_resumes_from_the_bucket_exactly(s3, aws, train_dir, tiny_folder, 
 
     step, folder = export_run(out, train_dir / "s3-export")
     assert step == STEPS and (folder / "config.json").exists()
+
+
+def test_a_damaged_checkpoint_in_the_bucket_is_named_and_skipped(s3, aws, train_dir, tiny_folder, chat_data, one_run,
+                                                                 capfd):
+    import boto3
+
+    _bucket(s3, "damaged")
+    out = train_dir / "s3-damaged"
+    url = "s3://damaged/runs/r1"
+    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *COMMON, "--nproc", "1",
+            "--checkpoint-store", url, "--s3-endpoint", s3, "--checkpoint-every", "2", "--keep-checkpoints", "3"]
+    run_in_process(*args, "--max-steps", "5")
+    assert S3Store(url, s3).complete_steps() == [2, 4, 5]
+    # 64 KiB of other bytes in the middle of step 5's data object, its size unchanged
+    client = boto3.client("s3", endpoint_url=s3, region_name="us-east-1")
+    key = "runs/r1/step-00000005/__0_0.distcp"
+    body = bytearray(client.get_object(Bucket="damaged", Key=key)["Body"].read())
+    middle = len(body) // 2
+    body[middle : middle + 65536] = bytes(b ^ 0xFF for b in body[middle : middle + 65536])
+    client.put_object(Bucket="damaged", Key=key, Body=bytes(body))
+    capfd.readouterr()
+    run_in_process(*args)
+    err = capfd.readouterr().err
+    named = [line for line in err.splitlines() if f"{url}/step-00000005" in line]
+    assert len(named) == 1 and "__0_0.distcp differs from its sha256" in named[0], err[-3000:]
+    assert "resumed from step 4" in err and "Traceback" not in err
+    assert losses(out) == losses(one_run)

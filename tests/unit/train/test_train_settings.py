@@ -56,20 +56,41 @@ def test_learning_rate_is_a_function_of_the_step():
     assert lr_at(100, 1.0, 4, 100, LrSchedule.COSINE) == pytest.approx(0.1)
 
 
+def _written(folder: Path) -> Path:
+    """A checkpoint folder as DCP and the manifest leave it (contents do not matter here)."""
+    folder.mkdir()
+    (folder / layout.METADATA).write_bytes(b"x")
+    (folder / layout.MANIFEST).write_text("{}")
+    return folder
+
+
 def test_a_partial_checkpoint_never_counts_and_only_k_are_kept(tmp_path: Path):
     for step in (2, 4, 6):
-        layout.partial_dir(tmp_path, step).mkdir()
+        _written(layout.partial_dir(tmp_path, step))
         layout.finalize(tmp_path, step, keep=2)
     layout.partial_dir(tmp_path, 8).mkdir()  # a crash mid-write
     assert layout.complete_steps(tmp_path) == [4, 6]
     assert layout.latest(tmp_path) == (6, layout.step_dir(tmp_path, 6))
     layout.recover_partials(tmp_path, keep=2)
     assert not layout.partial_dir(tmp_path, 8).exists() and layout.complete_steps(tmp_path) == [4, 6]
-    # written whole (DCP's .metadata is there) but not yet published when the crash came
+    # .metadata written, the manifest not yet: half-written, removed
     layout.partial_dir(tmp_path, 8).mkdir()
     (layout.partial_dir(tmp_path, 8) / layout.METADATA).write_bytes(b"x")
     layout.recover_partials(tmp_path, keep=2)
+    assert not layout.partial_dir(tmp_path, 8).exists()
+    # written whole (the manifest, written last, is there) but not yet published when the crash came
+    _written(layout.partial_dir(tmp_path, 8))
+    layout.recover_partials(tmp_path, keep=2)
     assert layout.complete_steps(tmp_path) == [6, 8]
+
+
+def test_a_step_folder_without_metadata_is_not_complete(tmp_path: Path):
+    for step in (2, 4):
+        _written(layout.partial_dir(tmp_path, step))
+        layout.finalize(tmp_path, step, keep=3)
+    (layout.step_dir(tmp_path, 4) / layout.METADATA).unlink()
+    assert layout.published_steps(tmp_path) == [2, 4]
+    assert layout.complete_steps(tmp_path) == [2] and layout.latest(tmp_path)[0] == 2
 
 
 def test_metrics_after_the_resumed_step_are_dropped(tmp_path: Path):

@@ -11,6 +11,11 @@ background thread over a process group of their own (a gloo group: the training 
 must not share one with a thread). The step goes on while the files are written; the next save,
 the end of the run, or a shutdown waits for the previous one, and rank 0 then publishes it
 (checkpoint/layout.py).
+
+Restoring verifies what it loads against the checkpoint's manifest of checksums (checkpoint/
+verified.py): a damaged checkpoint (a file overwritten, cut short or missing) is reported by
+name and skipped for the next older one, and every rank skips the same ones (they agree on each
+verdict, and DCP gathers a failure on any rank to all of them).
 """
 
 from __future__ import annotations
@@ -19,13 +24,16 @@ import logging
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from sluice.train.checkpoint.store import CheckpointStore, LocalStore
+from sluice.train.errors import CheckpointDamaged, TrainHaltError
 from sluice.train.parallel.expert import global_views, local_views
 
 log = logging.getLogger("sluice.train.checkpoint")
@@ -37,12 +45,28 @@ log = logging.getLogger("sluice.train.checkpoint")
 # be read back by the other (a pipeline checkpoint would not resume as a pipeline).
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
+def damage_in(exc: CheckpointException) -> CheckpointDamaged | None:
+    """The first damage any rank found during a DCP load (None: it failed for another reason)."""
+    for _rank, (failure, _trace) in sorted(exc.failures.items()):
+        if isinstance(failure, CheckpointDamaged):
+            return failure
+    return None
+
+
+def first_failure(exc: CheckpointException) -> BaseException:
+    """The lowest rank's own exception inside DCP's CheckpointException (whose text is every
+    rank's traceback)."""
+    return min(exc.failures.items())[1][0]
+
+
 class Checkpointer:
-    def __init__(self, root: Path | CheckpointStore, keep: int, use_async: bool):
+    def __init__(self, root: Path | CheckpointStore, keep: int, use_async: bool,
+                 report: Callable[[str], None] | None = None):
         # a folder (RUN/checkpoints) or any store (checkpoint/store.py: a folder or S3)
         self.store: CheckpointStore = LocalStore(root) if isinstance(root, Path) else root
         self.keep = keep
         self.use_async = use_async
+        self.report = report or log.warning  # rank 0's lines to the person at the terminal
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._pending: tuple[int, Future] | None = None
@@ -87,17 +111,55 @@ class Checkpointer:
             log.info("checkpoint %s written", self.store.publish(step, self.keep))
 
     def restore(self, model: torch.nn.Module, optim: torch.optim.Optimizer) -> int:
-        """Load the newest complete checkpoint into model and optimizer; its step (0 if none)."""
+        """Load the newest intact checkpoint into model and optimizer; its step (0 if none)."""
+        if self.rank == 0:
+            for step in self.store.incomplete_steps():
+                self.report(f"checkpoint {self.store.step_name(step)} has no .metadata: not complete, skipped")
         steps = self.store.complete_steps()
-        if not steps:
-            return 0
-        step = steps[-1]
-        model_sd, optim_sd = get_state_dict(model, optim, options=_OPTIONS)
-        global_views(model, model_sd, optim_sd)
-        state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
-        dcp.load(state, storage_reader=self.store.reader(step), process_group=self.group)
+        for step in reversed(steps):
+            damage = self._load(model, optim, step)
+            if damage is None:
+                return step
+            if self.rank == 0:
+                self.report(f"checkpoint {damage}: skipped")
+        if steps:
+            raise TrainHaltError(f"no intact checkpoint in {self.store.describe()} (each is reported above); "
+                                 "move the damaged ones away to start the run over")
+        return 0
+
+    def _load(self, model: torch.nn.Module, optim: torch.optim.Optimizer, step: int) -> CheckpointDamaged | None:
+        """Load `step`, checked against its manifest; the damage found instead (every rank the same)."""
+        reader = self.store.reader(step)
+        try:
+            try:
+                reader.check_metadata()
+                found = None
+            except CheckpointDamaged as exc:
+                found = exc
+            if (damage := self._agree(found)) is not None:
+                return damage
+            model_sd, optim_sd = get_state_dict(model, optim, options=_OPTIONS)
+            global_views(model, model_sd, optim_sd)
+            state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
+            try:
+                dcp.load(state, storage_reader=reader, process_group=self.group)
+            except CheckpointException as exc:
+                if (damage := damage_in(exc)) is None:
+                    raise
+                return damage  # what was read so far is overwritten by the next load
+        finally:
+            reader.close()
         state = local_views(state)
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
         if state["train"]["step"] != step:
-            raise RuntimeError(f"{self.store.describe()} step {step} holds step {state['train']['step']}, not {step}")
-        return step
+            raise RuntimeError(f"{self.store.step_name(step)} holds step {state['train']['step']}, not {step}")
+        return None
+
+    def _agree(self, damage: CheckpointDamaged | None) -> CheckpointDamaged | None:
+        """Any rank's verdict for all: the ranks read the same files, but one bad read must not
+        send one rank to another checkpoint than its peers."""
+        if self.group is None:
+            return damage
+        found: list[CheckpointDamaged | None] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(found, damage, group=self.group)
+        return next((d for d in found if d is not None), None)

@@ -2,11 +2,12 @@
 
 boto3 is the client (the search tier's cold archive uses it too; any S3-compatible endpoint
 through `s3_endpoint`, credentials from the usual AWS_* variables). DCP's storage hooks carry
-it: the writer is DCP's FileSystemWriter on a local staging folder that, in `write_data`,
-uploads each rank's files as they are written (inside DCP's background thread when the save is
-asynchronous) and, in the coordinator's `finish` — which DCP runs only after every rank's
-`write_data` returned — uploads `.metadata` last. The reader downloads `.metadata`, then only
-the files its ranks' read plans name, and lets FileSystemReader read them.
+it: the writer is sluice's verified file writer (checkpoint/verified.py: DCP's, hashing what it
+writes) on a local staging folder that, in `write_data`, uploads each rank's files as they are
+written (inside DCP's background thread when the save is asynchronous) and, in the coordinator's
+`finish` — which DCP runs only after every rank's `write_data` returned — uploads the manifest of
+checksums, then `.metadata` last. The reader downloads the manifest and `.metadata`, then only
+the files its rank's read plan names, checks each against the manifest, and lets DCP read them.
 
 Atomic without rename: `s3://bucket/prefix/step-00000050/` counts as a checkpoint only once its
 `.metadata` object exists, and each object appears whole or not at all, so a crash mid-write
@@ -23,14 +24,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.futures import Future
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
-from sluice.train.errors import CheckpointError
+from sluice.train.checkpoint.layout import MANIFEST, METADATA
+from sluice.train.checkpoint.manifest import data_files
+from sluice.train.checkpoint.verified import VerifiedReader, VerifiedWriter, done
+from sluice.train.errors import CheckpointDamaged, CheckpointError
 
-METADATA = ".metadata"
 _STEP = re.compile(r"step-(\d{8})")
 
 
@@ -77,6 +79,12 @@ class S3Store:
     def complete_steps(self) -> list[int]:
         return sorted(step for step, keys in self._objects().items() if self._key(step, METADATA) in keys)
 
+    def incomplete_steps(self) -> list[int]:
+        return []  # a step without .metadata is half-written: deleted at start-up (prepare)
+
+    def step_name(self, step: int) -> str:
+        return f"{self.url}/step-{step:08d}"
+
     def delete_step(self, step: int, keys: list[str] | None = None) -> None:
         keys = self._objects().get(step, []) if keys is None else keys
         marker = self._key(step, METADATA)
@@ -114,11 +122,19 @@ class S3Store:
         self.client.upload_file(str(local), self.bucket, self._key(step, name))
 
     def download(self, step: int, name: str, local: Path) -> None:
-        self.client.download_file(self.bucket, self._key(step, name), str(local))
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.download_file(self.bucket, self._key(step, name), str(local))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise CheckpointDamaged(self.step_name(step), f"{name} is missing") from None
+            raise
 
 
-class S3Writer(FileSystemWriter):
-    """DCP's file writer on a staging folder, uploading each file once written, `.metadata` last."""
+class S3Writer(VerifiedWriter):
+    """The verified file writer on a staging folder, uploading each file once written, the
+    manifest next, `.metadata` last."""
 
     def __init__(self, store: S3Store, step: int):
         self.store, self.step = store, step
@@ -134,40 +150,39 @@ class S3Writer(FileSystemWriter):
     def write_data(self, plan, planner) -> Future[list[WriteResult]]:
         results = super().write_data(plan, planner).wait()
         try:
-            for name in sorted({r.storage_data.relative_path for r in results}):
+            for name in data_files(results):
                 self.store.upload(self.staging / name, self.step, name)
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
-        done: Future[list[WriteResult]] = Future()
-        done.set_result(results)
-        return done
+        return done(results)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         self.staging.mkdir(parents=True, exist_ok=True)
         try:
-            super().finish(metadata, results)
+            super().finish(metadata, results)  # .metadata, then manifest.json, in the staging folder
+            self.store.upload(self.staging / MANIFEST, self.step, MANIFEST)
             self.store.upload(self.staging / METADATA, self.step, METADATA)  # the step is complete from here
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
 
 
-class S3Reader(FileSystemReader):
-    """DCP's file reader on a local cache of the files this rank's read plan needs."""
+class S3Reader(VerifiedReader):
+    """The verified file reader on a local cache of the files this rank's read plan needs."""
 
     def __init__(self, store: S3Store, step: int):
         self.store, self.step = store, step
         self.cache = Path(tempfile.mkdtemp(prefix=f"sluice-ckpt-{step}-"))
-        super().__init__(self.cache)
+        super().__init__(self.cache, store.step_name(step))
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        self.store.download(self.step, METADATA, self.cache / METADATA)
-        return super().read_metadata(*args, **kwargs)
+    def fetch(self, name: str) -> None:
+        if not (self.cache / name).exists():
+            self.store.download(self.step, name, self.cache / name)
+
+    def close(self) -> None:
+        shutil.rmtree(self.cache, ignore_errors=True)
 
     def read_data(self, plan, planner) -> Future[None]:
         try:
-            for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
-                if not (self.cache / name).exists():
-                    self.store.download(self.step, name, self.cache / name)
             return super().read_data(plan, planner)
         finally:
-            shutil.rmtree(self.cache, ignore_errors=True)
+            self.close()

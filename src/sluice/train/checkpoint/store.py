@@ -6,7 +6,8 @@ written step (rank 0, after DCP's coordinator wrote the metadata: every rank's f
 keep the newest K, and clean up at start-up what a crash left half-written. The rule that makes
 a checkpoint complete differs: a folder is renamed from `step-N.partial` (checkpoint/layout.py);
 an object store cannot rename, so there a step is complete once its `.metadata` object exists,
-and that object is uploaded last.
+and that object is uploaded last. Either way the checkpoint's manifest of checksums is written
+before it is complete, and the reader checks what it loads against it (checkpoint/verified.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import TYPE_CHECKING, Protocol
 from sluice.train.checkpoint import layout
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written, not to list steps
-    from torch.distributed.checkpoint import StorageReader, StorageWriter
+    from torch.distributed.checkpoint import StorageWriter
+
+    from sluice.train.checkpoint.verified import VerifiedReader
 
 
 class CheckpointStore(Protocol):
@@ -33,7 +36,13 @@ class CheckpointStore(Protocol):
 
     def complete_steps(self) -> list[int]: ...
 
-    def reader(self, step: int) -> StorageReader: ...
+    def incomplete_steps(self) -> list[int]:
+        """Published steps that are not complete (a folder that lost its `.metadata`)."""
+
+    def step_name(self, step: int) -> str:
+        """The checkpoint of `step` in messages: its folder, or its s3:// URL."""
+
+    def reader(self, step: int) -> VerifiedReader: ...
 
 
 class LocalStore:
@@ -48,9 +57,9 @@ class LocalStore:
         layout.recover_partials(self.root, keep)
 
     def writer(self, step: int) -> StorageWriter:
-        from torch.distributed.checkpoint import FileSystemWriter
+        from sluice.train.checkpoint.verified import VerifiedWriter
 
-        return FileSystemWriter(layout.partial_dir(self.root, step))
+        return VerifiedWriter(layout.partial_dir(self.root, step))
 
     def publish(self, step: int, keep: int) -> str:
         return layout.finalize(self.root, step, keep).name
@@ -58,10 +67,16 @@ class LocalStore:
     def complete_steps(self) -> list[int]:
         return layout.complete_steps(self.root)
 
-    def reader(self, step: int) -> StorageReader:
-        from torch.distributed.checkpoint import FileSystemReader
+    def incomplete_steps(self) -> list[int]:
+        return sorted(set(layout.published_steps(self.root)) - set(self.complete_steps()))
 
-        return FileSystemReader(layout.step_dir(self.root, step))
+    def step_name(self, step: int) -> str:
+        return str(layout.step_dir(self.root, step))
+
+    def reader(self, step: int) -> VerifiedReader:
+        from sluice.train.checkpoint.verified import VerifiedReader
+
+        return VerifiedReader(layout.step_dir(self.root, step), self.step_name(step))
 
 
 def open_store(run_dir: Path, checkpoint_store: str = "", s3_endpoint: str = "") -> CheckpointStore:
