@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 # the closed vocabularies (pydantic only: no torch is imported to print --help)
-from sluice.train.settings import Compression, LrSchedule, Parallel, PipelineSchedule
+from sluice.train.settings import Compression, LrSchedule, NonFinite, Parallel, PipelineSchedule
 
 # flag dest -> settings field; every flag defaults to None so the file (or the default) decides
 _RUN_FLAGS: list[tuple[str, dict]] = [
@@ -39,6 +39,9 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--compression", dict(choices=[c.value for c in Compression],
                            help="DDP gradient compression hook (default: none)")),
     ("--seed", dict(type=int, help="data order and random init (default: 0)")),
+    ("--nonfinite", dict(choices=[n.value for n in NonFinite],
+                         help="a step whose loss or gradient norm is NaN or infinite: stop the run before its update, "
+                              "saving nothing, or skip its update and go on (default: stop)")),
     ("--max-restarts", dict(type=int, metavar="N", help="torchrun restarts after a crash (default: 3)")),
     ("--threads", dict(type=int, metavar="N", help="torch threads per rank; 0 = cores / nproc (default: 0)")),
     # mixture of experts, elastic launch, object storage

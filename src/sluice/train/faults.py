@@ -9,6 +9,10 @@ SLUICE_TRAIN_FAULT holds comma-separated faults:
   checkpoint in flight is written) until the group is told to stop (SIGTERM: the agent restarts
   it because a machine joined) or a peer is gone (the waiting all-reduce fails): a membership
   change at a known step, for the elastic test.
+- `nan_loss:STEP`: at step STEP the loss and every gradient are NaN (as a forward that produced
+  NaN leaves them), after the backward pass.
+- `inf_grad:STEP`: at step STEP one gradient element is +inf (an overflow in the backward pass),
+  the loss finite.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ class Faults:
     kill: tuple[int, int] | None = None  # (rank, step)
     delay_s: float = 0.0
     holds: tuple[tuple[int, int], ...] = ()  # (world size, step)
+    nan_loss: int | None = None  # step
+    inf_grad: int | None = None  # step
 
 
 def parse(spec: str | None) -> Faults:
-    kill, delay, holds = None, 0.0, []
+    kill, delay, holds, steps = None, 0.0, [], {}
     for item in filter(None, (spec or "").split(",")):
         kind, *args = item.split(":")
         if kind == "kill" and len(args) == 2:
@@ -39,9 +45,12 @@ def parse(spec: str | None) -> Faults:
             delay = float(args[0])
         elif kind == "hold" and len(args) == 2:
             holds.append((int(args[0]), int(args[1])))
+        elif kind in ("nan_loss", "inf_grad") and len(args) == 1:
+            steps[kind] = int(args[0])
         else:
-            raise ValueError(f"{ENV}: unknown fault {item!r} (kill:RANK:STEP, delay:SECONDS, hold:WORLD:STEP)")
-    return Faults(kill, delay, tuple(holds))
+            raise ValueError(f"{ENV}: unknown fault {item!r} "
+                             "(kill:RANK:STEP, delay:SECONDS, hold:WORLD:STEP, nan_loss:STEP, inf_grad:STEP)")
+    return Faults(kill, delay, tuple(holds), **steps)
 
 
 def at_step_start(rank: int, step: int, before_kill) -> None:
@@ -66,3 +75,18 @@ def hold(step: int, world: int, stopping: Callable[[], bool], before: Callable[[
         if flag.item() > 0:
             return
         time.sleep(0.1)
+
+
+def after_backward(step: int, loss_sum, params) -> None:
+    """Make the step's loss (a float64 tensor, changed in place) or gradients non-finite."""
+    faults = parse(os.environ.get(ENV))
+    if step not in (faults.nan_loss, faults.inf_grad):
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    if step == faults.nan_loss:
+        loss_sum.fill_(float("nan"))
+        for g in grads:
+            g.fill_(float("nan"))
+    elif grads:
+        g = grads[0].to_local() if hasattr(grads[0], "to_local") else grads[0]
+        g.view(-1)[0] = float("inf")

@@ -2,12 +2,15 @@
 
 A restarted run resumes at its last checkpoint, so the lines after that step are dropped when
 the file is reopened: the file always holds one line per step, each from the run that owns it.
+Every line is strict JSON: a value that is NaN or infinite (a non-finite loss, train/worker.py)
+is written as null, and so reaches the other sinks too.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -15,11 +18,11 @@ from typing import Protocol, Sequence
 @dataclass(slots=True)
 class StepMetrics:
     step: int
-    loss: float  # mean cross-entropy over the global batch's trained tokens
+    loss: float | None  # mean cross-entropy over the global batch's trained tokens (None: not finite)
     tokens: int  # trained (loss) tokens in the global batch
     tokens_seen: int  # all tokens in the global batch (including context and padding)
     lr: float
-    grad_norm: float
+    grad_norm: float | None  # the global gradient norm before clipping (None: not finite)
     step_time: float  # seconds, the whole step
     # the step time's split (train/observe/step_split.py): the five parts add up to step_time
     data_time: float
@@ -36,6 +39,13 @@ class StepMetrics:
     mfu: float | None  # 6·N·tokens_seen / (step_time · world_size · peak per rank) (train/observe/flops.py)
     epoch: float
     world_size: int
+    skipped: bool = False  # the step's update was dropped: its loss or gradient norm was not finite
+
+
+def finite(m: StepMetrics) -> StepMetrics:
+    """`m` with every NaN or infinite value as None (JSON has neither)."""
+    bad = {f.name: None for f in fields(m) if isinstance(v := getattr(m, f.name), float) and not math.isfinite(v)}
+    return replace(m, **bad) if bad else m
 
 
 class MetricSink(Protocol):
@@ -65,7 +75,8 @@ class MetricsWriter:
 
     def write(self, m: StepMetrics) -> None:
         if self.enabled:
-            self._file.write(json.dumps(asdict(m)) + "\n")
+            m = finite(m)
+            self._file.write(json.dumps(asdict(m), allow_nan=False) + "\n")
             self._file.flush()
             for sink in self.sinks:
                 sink.write(m)

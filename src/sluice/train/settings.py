@@ -47,6 +47,13 @@ class LrSchedule(str, enum.Enum):
     COSINE = "cosine"  # after warmup, down to 10 % of lr at max_steps
 
 
+class NonFinite(str, enum.Enum):
+    """What a step whose loss or gradient norm is NaN or infinite does (train/worker.py)."""
+
+    STOP = "stop"  # stop the run before the update, saving nothing: the newest checkpoint is the last good one
+    SKIP = "skip"  # drop the step's update (the weights stay as they were) and go on with the next step
+
+
 class Compression(str, enum.Enum):
     """DDP communication hooks (train/parallel/compression.py); FSDP ignores them."""
 
@@ -79,6 +86,7 @@ class TrainSettings(BaseModel):
     warmup_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0)  # max global gradient norm; 0 = off
+    nonfinite: NonFinite = Field(NonFinite.STOP, strict=False)  # a NaN / infinite loss or gradient norm
     parallel: Parallel = Field(Parallel.DDP, strict=False)
     compression: Compression = Field(Compression.NONE, strict=False)
     # --- model parallelism: the tensor-parallel degree of fsdp_tp (0: 2), the pipeline schedule;

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import math
 import os
 import signal
 import sys
@@ -38,7 +39,7 @@ from sluice.train.parallel.wrap import clip_grad_norm
 from sluice.train.observe.flops import matmul_params, measure_peak_flops, mfu, step_flops
 from sluice.train.observe.sinks import open_sinks
 from sluice.train.observe.step_split import split_step
-from sluice.train.settings import TrainSettings, read_resolved
+from sluice.train.settings import NonFinite, TrainSettings, read_resolved
 from sluice.train.step import forward_backward, gather_rows, trained_tokens
 
 log = logging.getLogger("sluice.train")
@@ -60,6 +61,15 @@ class _StopFlag:
 def _say(line: str) -> None:
     """A line for the person at the terminal, from rank 0."""
     print(f"[rank 0] {line}", file=sys.stderr, flush=True)
+
+
+def _nonfinite_message(step: int, loss: float, norm: float, ckpt: Checkpointer) -> str:
+    what = " and ".join(f"the {name} is {value}" for name, value in (("loss", loss), ("gradient norm", norm))
+                        if not math.isfinite(value))
+    saved = ckpt.store.complete_steps()
+    return (f"step {step}: {what or 'a rank saw a value that is not finite'}: the run stopped before the step's "
+            f"update, saving nothing; the newest checkpoint is {ckpt.store.step_name(saved[-1]) if saved else 'none'} "
+            '(nonfinite = "skip", or --nonfinite skip, drops such steps and goes on)')
 
 
 def _threads(settings: TrainSettings, local_world: int) -> int:
@@ -133,19 +143,31 @@ def run(run_dir: Path) -> int:
             loss_sum = model.train_step(batch, global_tokens)
         else:
             loss_sum = forward_backward(model.module, model.no_sync, batch, micro, global_tokens, dp_size)
+        faults.after_backward(step, loss_sum, model.module.parameters())
         norm = clip_grad_norm(model, settings.grad_clip)  # sluice's own where parameters are split over ranks
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        reduced = torch.tensor([loss_sum.item() / model.loss_copies, float(stop.set)], dtype=torch.float64)
+        norm_value = norm.full_tensor().item() if hasattr(norm, "full_tensor") else float(norm)
+        local_bad = not (math.isfinite(loss_sum.item()) and math.isfinite(norm_value))
+        # the loss, the stop flag and a non-finite flag, agreed before the update: every rank
+        # applies or drops the same step
+        reduced = torch.tensor([loss_sum.item() / model.loss_copies, float(stop.set), float(local_bad)],
+                               dtype=torch.float64)
         t_reduce = time.perf_counter()
         if world > 1:  # one process has nothing to agree with (a gloo call costs ~1-5 ms)
             dist.all_reduce(reduced)
+        t_reduced = time.perf_counter()
+        nonfinite = reduced[2].item() > 0
+        if not nonfinite:
+            optim.step()
+        optim.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
-        comm_wait = model.stats.take_wait() + (t2 - t_reduce)
+        comm_wait = model.stats.take_wait() + (t_reduced - t_reduce)
         ckpt.poll()
         stopped = reduced[1].item() > 0
+        halt = nonfinite and settings.nonfinite is NonFinite.STOP
         ckpt_time = 0.0
-        if stopped or step == settings.max_steps:
+        if halt:
+            pass  # a non-finite step never becomes a checkpoint
+        elif stopped or step == settings.max_steps:
             ckpt_time = ckpt.save(model.module, optim, step, wait=True)
         elif settings.checkpoint_every and step % settings.checkpoint_every == 0:
             ckpt_time = ckpt.save(model.module, optim, step)
@@ -153,7 +175,6 @@ def run(run_dir: Path) -> int:
         if model.fsdp_bytes_per_micro:
             comm_bytes = model.fsdp_bytes_per_micro * max(1, per // micro)
         elapsed = time.perf_counter() - t0
-        norm_value = norm.full_tensor().item() if hasattr(norm, "full_tensor") else float(norm)
         seen = len(rows_all) * settings.seq_len
         split = split_step(elapsed, data=t1 - t0, train=t2 - t1, comm_wait=comm_wait, checkpoint=ckpt_time)
         metrics.write(StepMetrics(
@@ -163,11 +184,19 @@ def run(run_dir: Path) -> int:
             checkpoint_time=split.checkpoint, other_time=split.other, comm_bytes=comm_bytes, comm_time=comm_time,
             tokens_per_s=seen / elapsed, cpu_time=time.process_time() - cpu0,
             mfu=mfu(step_flops(params, seen), elapsed, peak, world),
-            epoch=sampler.epoch_of(data.rows, step, settings.batch_size), world_size=world,
+            epoch=sampler.epoch_of(data.rows, step, settings.batch_size), world_size=world, skipped=nonfinite,
         ))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{reduced[0].item() / max(1, global_tokens):.4f}")
+        if halt:
+            ckpt.wait()
+            metrics.close()
+            if bar is not None:
+                bar.close()
+            raise TrainHaltError(_nonfinite_message(step, reduced[0].item() / max(1, global_tokens), norm_value, ckpt))
+        if nonfinite and rank == 0:
+            _say(f"step {step}: the loss or the gradient norm is not finite: its update was skipped (nonfinite = skip)")
         if stopped:
             break
     ckpt.wait()

@@ -102,6 +102,21 @@ def test_metrics_after_the_resumed_step_are_dropped(tmp_path: Path):
     assert [m["step"] for m in read_metrics(path)] == [1, 2, 3, 4]
 
 
+def test_a_non_finite_value_is_written_as_null_and_every_line_is_strict_json(tmp_path: Path):
+    path = tmp_path / "metrics.jsonl"
+    w = MetricsWriter(path, True, resume_step=0)
+    nan, inf = float("nan"), float("inf")
+    w.write(StepMetrics(1, nan, 1, 1, 0.1, inf, 0.1, 0.0, 0.1, 0.0, 0.0, 0.0, 0, None, 10.0, 0.1, None, 0.1, 2,
+                        skipped=True))
+    w.close()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    lines = [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+    assert lines[0]["loss"] is None and lines[0]["grad_norm"] is None and lines[0]["skipped"] is True
+
+
 def test_a_run_folder_resumes_only_the_same_run(tmp_path: Path):
     from sluice.train.launch import check_same_run
     from sluice.train.settings import write_resolved
