@@ -43,6 +43,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def check_run_folder(run_dir: Path) -> None:
+    """`out` must be a folder or a path where one can be made (not a file, nor below one)."""
+    for p in (run_dir, *run_dir.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "is a file" if p == run_dir else f"is below {p}, a file"
+                raise TrainConfigError([f"out: {run_dir} {what}; the run folder must be a folder"])
+            return
+
+
 def check_same_run(settings: TrainSettings, run_dir: Path) -> None:
     previous = run_dir / "resolved_config.json"
     if not previous.exists():
@@ -66,6 +76,7 @@ def prepare(settings: TrainSettings) -> dict:
     if settings.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise TrainConfigError(["tensorboard = true needs the tensorboard package: pip install 'sluice[train]'"])
     run_dir = settings.run_dir
+    check_run_folder(run_dir)
     check_same_run(settings, run_dir)
     check_fits(settings)  # model-parallel modes: heads / layers / micro-batches against the ranks
     tok, tok_id = tokenizer_for(settings)

@@ -126,3 +126,18 @@ def test_a_run_folder_resumes_only_the_same_run(tmp_path: Path):
     check_same_run(load_settings(None, {**base, "max_steps": 50, "nproc": 2, "batch_size": 4}), tmp_path)
     with pytest.raises(TrainConfigError, match=r"different seq_len, seed \(seq_len: 512 -> 64; seed: 0 -> 1\)"):
         check_same_run(load_settings(None, {**base, "seq_len": 64, "seed": 1}), tmp_path)
+
+
+@pytest.mark.parametrize("below", ["", "sub/run"])
+def test_out_naming_a_file_is_one_error_line(below: str, tmp_path: Path, capsys):
+    from sluice.cli import main
+
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    out = taken / below if below else taken
+    assert main(["train", "run", "--data", str(data), "--out", str(out), "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sluice: error: invalid training settings:") and "Traceback" not in err
+    assert f"out: {out} {'is a file' if not below else f'is below {taken}, a file'}" in err
