@@ -56,6 +56,9 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
     ("--checkpoint-store", dict(metavar="s3://BUCKET/PREFIX", help="write checkpoints to S3-compatible object storage "
                                                                    "instead of RUN/checkpoints")),
     ("--s3-endpoint", dict(metavar="URL", help="the S3-compatible endpoint of --checkpoint-store (default: AWS)")),
+    ("--lease-timeout", dict(type=float, metavar="SECONDS", help="one group at a time: a group's lease on the run "
+                                                                 "lapses this long after its leader last renewed it "
+                                                                 "(default: 30)")),
     ("--prometheus-textfile", dict(metavar="PATH", help="also write each step's metrics there in Prometheus' text "
                                                         "format (node-exporter's textfile collector)")),
     ("--peak-flops", dict(type=float, metavar="FLOPS", help="per-rank peak FLOP/s for the MFU estimate; "

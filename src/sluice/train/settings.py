@@ -110,6 +110,9 @@ class TrainSettings(BaseModel):
     # where checkpoints go: "" = RUN/checkpoints, or "s3://bucket/prefix" (train/checkpoint/object_store.py)
     checkpoint_store: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?)?$")
     s3_endpoint: str = ""  # an S3-compatible endpoint URL; "" = AWS's (credentials: the AWS_* variables)
+    # one group at a time (train/checkpoint/lease.py): rank 0's lease on the checkpoints lapses
+    # this long after its last renewal (it renews every third of it)
+    lease_timeout: float = Field(30.0, ge=1, le=300)
     # -- observability (train/observe/): sinks besides metrics.jsonl, and the MFU's peak --
     tensorboard: bool = False  # event files in RUN_DIR/tensorboard (needs the tensorboard package)
     prometheus_textfile: str | None = None  # a node-exporter textfile, rewritten after every step

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from sluice.errors import SluiceError
 from sluice.train import faults
 from sluice.train.checkpoint.checkpointer import Checkpointer
+from sluice.train.checkpoint.lease import Lease
 from sluice.train.checkpoint.store import open_store
 from sluice.train.data import dataset, sampler
 from sluice.train.errors import TrainHaltError
@@ -96,6 +97,35 @@ def run(run_dir: Path) -> int:
     if settings.batch_size % world:  # an elastic job may come back with any number of ranks
         raise SystemExit(f"batch_size ({settings.batch_size}) must be a multiple of the world size ({world})")
     torch.set_num_threads(_threads(settings, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
+    lease = _take_lease(store, settings, rank)  # before anything in the run is read or written
+    try:
+        return _train(run_dir, settings, device, store, lease)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _take_lease(store, settings: TrainSettings, rank: int) -> Lease | None:
+    """Rank 0 takes the run's lease (checkpoint/lease.py) and tells the others whether it got it."""
+    lease, refused = None, None
+    if rank == 0:
+        lease = Lease(store.lease_records(), settings.lease_timeout)
+        try:
+            lease.acquire(_say)
+        except TrainHaltError as exc:
+            refused = str(exc)
+    verdict = [refused]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise TrainHaltError(verdict[0])
+    if lease is not None:
+        lease.start()
+    return lease
+
+
+def _train(run_dir: Path, settings: TrainSettings, device: torch.device, store, lease: Lease | None) -> int:
+    rank, world = dist.get_rank(), dist.get_world_size()
     stop = _StopFlag()
     data = dataset.load(run_dir / "data")
     built = build_model(settings)
@@ -112,8 +142,8 @@ def run(run_dir: Path) -> int:
     del built  # a pipeline stage keeps only its own layers: let the rest go
     optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                               betas=(0.9, 0.95), foreach=True)
-    store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
-    ckpt = Checkpointer(store, settings.keep_checkpoints, settings.async_checkpoint, report=_say)
+    ckpt = Checkpointer(store, settings.keep_checkpoints, settings.async_checkpoint, report=_say,
+                        guard=lease.held if lease is not None else None)
     start = ckpt.restore(model.module, optim)
     dp_rank, dp_size = model.data_share()  # tensor / pipeline ranks share rows
     micro = settings.micro_batch(world)
@@ -149,12 +179,17 @@ def run(run_dir: Path) -> int:
         local_bad = not (math.isfinite(loss_sum.item()) and math.isfinite(norm_value))
         # the loss, the stop flag and a non-finite flag, agreed before the update: every rank
         # applies or drops the same step
-        reduced = torch.tensor([loss_sum.item() / model.loss_copies, float(stop.set), float(local_bad)],
+        lost = lease is not None and lease.lost is not None  # another group took the run
+        reduced = torch.tensor([loss_sum.item() / model.loss_copies, float(stop.set), float(local_bad), float(lost)],
                                dtype=torch.float64)
         t_reduce = time.perf_counter()
         if world > 1:  # one process has nothing to agree with (a gloo call costs ~1-5 ms)
             dist.all_reduce(reduced)
         t_reduced = time.perf_counter()
+        if reduced[3].item() > 0:  # write nothing more: the run belongs to the other group now
+            metrics.close()
+            raise TrainHaltError(f"the run's lease was taken by another group ({lease.lost if lease else 'see rank 0'}): "
+                                 "this group stopped without writing")
         nonfinite = reduced[2].item() > 0
         if not nonfinite:
             optim.step()

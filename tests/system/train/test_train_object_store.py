@@ -107,3 +107,38 @@ def test_a_damaged_checkpoint_in_the_bucket_is_named_and_skipped(s3, aws, train_
     assert len(named) == 1 and "__0_0.distcp differs from its sha256" in named[0], err[-3000:]
     assert "resumed from step 4" in err and "Traceback" not in err
     assert losses(out) == losses(one_run)
+
+
+def test_the_runs_lease_lives_in_the_bucket_behind_conditional_writes(s3, aws):
+    from dataclasses import replace
+
+    from sluice.train.checkpoint.lease import Holder, Lease, this_process
+    from sluice.train.errors import TrainHaltError
+
+    _bucket(s3, "leases")
+    records = S3Store("s3://leases/runs/a", s3).lease_records()
+    assert records.read() == (None, None)
+    me = this_process()
+    assert records.write(me, None)
+    assert not records.write(me, None), "If-None-Match: *: a second creation loses"
+    holder, version = records.read()
+    assert holder == me
+    assert records.write(replace(me, beat=1), version)
+    assert not records.write(replace(me, beat=2), version), "If-Match: a write from a stale read loses"
+    records.write(None, records.read()[1])  # released
+    assert records.read()[0] is None
+
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if now[0] % 10 < 1.0:
+            first.renew()  # the first group's heartbeat, every third of the timeout
+
+    first = Lease(records, 30, me=Holder("node-a", 1, None, "token-a"), clock=lambda: now[0], sleep=sleep)
+    first.acquire(print)
+    with pytest.raises(TrainHaltError, match=r"s3://leases/runs/a/lease.json is held by another group \(its leader: host node-a"):
+        Lease(records, 30, clock=lambda: now[0], sleep=sleep).acquire(print)
+    said: list[str] = []
+    Lease(records, 30, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)).acquire(said.append)
+    assert "not renewed for 30 s" in said[0] and not first.held()

@@ -61,12 +61,13 @@ def first_failure(exc: CheckpointException) -> BaseException:
 
 class Checkpointer:
     def __init__(self, root: Path | CheckpointStore, keep: int, use_async: bool,
-                 report: Callable[[str], None] | None = None):
+                 report: Callable[[str], None] | None = None, guard: Callable[[], bool] | None = None):
         # a folder (RUN/checkpoints) or any store (checkpoint/store.py: a folder or S3)
         self.store: CheckpointStore = LocalStore(root) if isinstance(root, Path) else root
         self.keep = keep
         self.use_async = use_async
         self.report = report or log.warning  # rank 0's lines to the person at the terminal
+        self.guard = guard  # rank 0: is the run's lease still this group's? (checkpoint/lease.py)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._pending: tuple[int, Future] | None = None
@@ -108,6 +109,9 @@ class Checkpointer:
         # DCP's coordinator (rank 0) writes the metadata after gathering every rank's write
         # results, so rank 0's save returning means every rank's files are complete
         if self.rank == 0:
+            if self.guard is not None and not self.guard():  # another group holds the run now
+                self.report(f"checkpoint of step {step} not published: the run's lease was lost")
+                return
             log.info("checkpoint %s written", self.store.publish(step, self.keep))
 
     def restore(self, model: torch.nn.Module, optim: torch.optim.Optimizer) -> int:

@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from sluice.train.checkpoint.layout import MANIFEST, METADATA
+from sluice.train.checkpoint.lease import LEASE, Holder, parse_holder
 from sluice.train.checkpoint.manifest import data_files
 from sluice.train.checkpoint.verified import VerifiedReader, VerifiedWriter, done
 from sluice.train.errors import CheckpointDamaged, CheckpointError
@@ -118,6 +119,9 @@ class S3Store:
     def reader(self, step: int) -> S3Reader:
         return S3Reader(self, step)
 
+    def lease_records(self) -> S3LeaseRecords:
+        return S3LeaseRecords(self)
+
     def upload(self, local: Path, step: int, name: str) -> None:
         self.client.upload_file(str(local), self.bucket, self._key(step, name))
 
@@ -130,6 +134,42 @@ class S3Store:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 raise CheckpointDamaged(self.step_name(step), f"{name} is missing") from None
             raise
+
+
+class S3LeaseRecords:
+    """The run's lease record (checkpoint/lease.py) as an object beside the steps, swapped with
+    S3's conditional writes: If-None-Match: * to create, If-Match: ETAG to replace."""
+
+    def __init__(self, store: S3Store):
+        self.store = store
+        self.key = "/".join(filter(None, (store.prefix, LEASE)))
+
+    def where(self) -> str:
+        return f"{self.store.url}/{LEASE}"
+
+    def read(self) -> tuple[Holder | None, Any]:
+        from botocore.exceptions import ClientError
+
+        try:
+            found = self.store.client.get_object(Bucket=self.store.bucket, Key=self.key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                return None, None
+            raise
+        return parse_holder(found["Body"].read()), found["ETag"]
+
+    def write(self, holder: Holder | None, expected: Any) -> bool:
+        from botocore.exceptions import ClientError
+
+        condition = {"IfMatch": expected} if expected is not None else {"IfNoneMatch": "*"}
+        body = holder.to_json() if holder is not None else b'{"released": true}'
+        try:
+            self.store.client.put_object(Bucket=self.store.bucket, Key=self.key, Body=body, **condition)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
 
 
 class S3Writer(VerifiedWriter):

@@ -20,6 +20,7 @@ from sluice.train.checkpoint import layout
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written, not to list steps
     from torch.distributed.checkpoint import StorageWriter
 
+    from sluice.train.checkpoint.lease import LeaseRecords
     from sluice.train.checkpoint.verified import VerifiedReader
 
 
@@ -43,6 +44,9 @@ class CheckpointStore(Protocol):
         """The checkpoint of `step` in messages: its folder, or its s3:// URL."""
 
     def reader(self, step: int) -> VerifiedReader: ...
+
+    def lease_records(self) -> LeaseRecords:
+        """Where the run's lease lives (checkpoint/lease.py): beside the checkpoints."""
 
 
 class LocalStore:
@@ -77,6 +81,11 @@ class LocalStore:
         from sluice.train.checkpoint.verified import VerifiedReader
 
         return VerifiedReader(layout.step_dir(self.root, step), self.step_name(step))
+
+    def lease_records(self) -> LeaseRecords:
+        from sluice.train.checkpoint.lease import LEASE, FileLeaseRecords
+
+        return FileLeaseRecords(self.root / LEASE)
 
 
 def open_store(run_dir: Path, checkpoint_store: str = "", s3_endpoint: str = "") -> CheckpointStore:
