@@ -10,9 +10,9 @@ Everything outside the experts (attention, router, embeddings) is replicated and
 under DDP, told to leave the expert shards alone. Gradients: the loss of each rank is scaled by
 W (train/step.py) so that DDP's average is the global mean; an expert's gradient is instead a
 sum over the tokens every rank sent it, W times too large, so a hook divides it by W. Gradient
-clipping needs the norm over all shards (clip_grad_norm below). Checkpoints see the shards as a
-DTensor sharded on dim 0 of the stack (global_views), so DCP writes each shard once and loads
-them into any world size, one process included.
+clipping needs the norm over all shards (parallel/clip.py, told each shard is one rank's).
+Checkpoints see the shards as a DTensor sharded on dim 0 of the stack (global_views), so DCP
+writes each shard once and loads them into any world size, one process included.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from sluice.train.model.moe import Experts, RunLocal, blocks
+from sluice.train.parallel.clip import clipper
 from sluice.train.parallel.comm_stats import CommStats
 
 
@@ -99,26 +100,6 @@ def shard_experts(module: nn.Module, group: dist.ProcessGroup, mesh, stats: Comm
     return shards
 
 
-def clip_grad_norm(module: nn.Module, shards: list[nn.Parameter], group: dist.ProcessGroup, max_norm: float) -> torch.Tensor:
-    """torch's clip_grad_norm_ over the whole model: replicated gradients counted once, the
-    experts' shards summed over ranks (every rank then clips by the same factor)."""
-    sharded = {id(p) for p in shards}
-    params = [p for p in module.parameters() if p.grad is not None]
-    grads = [p.grad for p in params]
-    own = [p.grad for p in params if id(p) in sharded]
-    dense = [p.grad for p in params if id(p) not in sharded]
-    squares = torch.stack([
-        sum((torch.linalg.vector_norm(g) ** 2 for g in dense), torch.zeros(())),
-        sum((torch.linalg.vector_norm(g) ** 2 for g in own), torch.zeros(())),
-    ])
-    dist.all_reduce(squares[1:], group=group)
-    total = squares.sum().sqrt()
-    if max_norm:
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, coef)
-    return total
-
-
 def global_views(module: nn.Module, model_sd: dict, optim_sd: dict) -> None:
     """In state dicts taken with DCP's get_state_dict: show each expert shard (and its AdamW
     moments) as a DTensor sharded on dim 0, in place, so DCP saves and loads it as one tensor of
@@ -162,4 +143,4 @@ def wrap_expert_parallel(module: nn.Module, compression, device: torch.device,
     DDP._set_params_and_buffers_to_ignore_for_model(module, expert_names(module))
     ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
     register_hook(ddp, compression, stats)  # the dense gradients; the dispatch adds its token bytes
-    return ddp, partial(clip_grad_norm, module, shards, group)
+    return ddp, clipper(module, plain_copies=world, shared={p: 1 for p in shards})

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from sluice.train.parallel import pipeline
-from sluice.train.parallel.clip import clip_grad_norm
+from sluice.train.parallel.clip import clipper
 from sluice.train.parallel.fit import pipeline_micro_batches
 from sluice.train.parallel.comm_stats import CommStats
 from sluice.train.parallel.tensor import apply_tensor_parallel, count_traffic
@@ -24,11 +24,6 @@ from sluice.train.parallel.wrap import Wrapped, wrap
 from sluice.train.settings import Parallel, TrainSettings
 
 MODEL_PARALLEL = (Parallel.TP, Parallel.PP, Parallel.FSDP_TP)
-
-
-def _clip(module: torch.nn.Module, plain_copies: int, shared: dict | None = None):
-    params = [p for p in module.parameters() if p.requires_grad]
-    return lambda max_norm: clip_grad_norm(params, max_norm, plain_copies, shared)
 
 
 def _tensor(module: torch.nn.Module, device: torch.device) -> Wrapped:
@@ -39,7 +34,7 @@ def _tensor(module: torch.nn.Module, device: torch.device) -> Wrapped:
     stats = CommStats(timed=False)
     count_traffic(module, stats)
     return Wrapped(module, module, stats, nullcontext, dp_rank=0, dp_size=1,
-                   loss_copies=world, clip=_clip(module, world))
+                   loss_copies=world, clip=clipper(module, world))
 
 
 def _fsdp_tensor(module: torch.nn.Module, device: torch.device, tp: int) -> Wrapped:
@@ -61,7 +56,7 @@ def _fsdp_tensor(module: torch.nn.Module, device: torch.device, tp: int) -> Wrap
     local = sum(p.to_local().numel() * p.element_size() for p in module.parameters())
     count_traffic(module, stats, extra_per_forward=int(3 * local * (dp - 1)))
     return Wrapped(module, module, stats, nullcontext, dp_rank=mesh["dp"].get_local_rank(),
-                   dp_size=world // tp, loss_copies=tp, clip=_clip(module, world))
+                   dp_size=world // tp, loss_copies=tp, clip=clipper(module, world))
 
 
 def _pipeline(module: torch.nn.Module, settings: TrainSettings, device: torch.device) -> Wrapped:
@@ -74,7 +69,7 @@ def _pipeline(module: torch.nn.Module, settings: TrainSettings, device: torch.de
         return pipeline.train_step(pipe, batch.tokens, batch.mask, global_tokens)
 
     return Wrapped(pipe.stage, module, stats, nullcontext, dp_rank=0, dp_size=1, loss_copies=1,
-                   train_step=step, clip=_clip(pipe.stage, 1, pipe.stage.shared_copies()))
+                   train_step=step, clip=clipper(pipe.stage, 1, pipe.stage.shared_copies()))
 
 
 def wrap_model(module: torch.nn.Module, settings: TrainSettings, device: torch.device) -> Wrapped:

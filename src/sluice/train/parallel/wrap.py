@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from sluice.train.parallel.clip import clipper
 from sluice.train.parallel.comm_stats import CommStats
 from sluice.train.settings import Compression, Parallel
 
@@ -35,8 +36,8 @@ class Wrapped:
     loss_copies: int = 1  # ranks that report the same rows' loss (a tensor-parallel group)
     # replaces step.forward_backward: (batch, global trained tokens) -> summed loss (a pipeline)
     train_step: Callable | None = None
-    # clips the gradients to a global norm and returns it, where torch's clip_grad_norm_ would not
-    # see the whole model (a pipeline stage, tensor-parallel shards, expert-parallel experts)
+    # clips the gradients to the global norm and returns it (parallel/clip.py: the same arithmetic
+    # in every mode, told which gradients the ranks share); None: every rank holds all, whole
     clip: Callable[[float], torch.Tensor] | None = None  # max_norm -> norm
 
     def data_share(self) -> tuple[int, int]:
@@ -50,7 +51,8 @@ def clip_grad_norm(model: Wrapped, max_norm: float) -> torch.Tensor:
     """Clip the gradients to `max_norm` (0: measure only); the global norm before clipping."""
     if model.clip is not None:
         return model.clip(max_norm)
-    return torch.nn.utils.clip_grad_norm_(model.module.parameters(), max_norm or float("inf"))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return clipper(model.module, plain_copies=world)(max_norm)  # one process, DDP, FSDP2's DTensors
 
 
 def _param_bytes(module: torch.nn.Module) -> int:
