@@ -45,3 +45,16 @@ class TrainHaltError(SluiceError):
     """The run cannot go on, and restarting the group would meet the same wall (every checkpoint
     damaged, a non-finite loss under `nonfinite = "stop"`, a run folder held by another group).
     The workers report it once and exit without being restarted (train/worker.py)."""
+
+
+class CheckpointStoreError(CheckpointError):
+    """A call to the checkpoint store failed: which store, which object, what was done and what
+    went wrong. Carries strings only: DCP gathers a rank's error to every rank with pickle, and
+    botocore's own (its request holds the open file being uploaded) cannot be pickled."""
+
+    def __init__(self, store: str, key: str, action: str, cause: str):
+        super().__init__(f"checkpoint store {store}: {action} {key} failed: {cause}")
+        self.store, self.key, self.action, self.cause = store, key, action, cause
+
+    def __reduce__(self):
+        return type(self), (self.store, self.key, self.action, self.cause)

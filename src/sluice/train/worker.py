@@ -97,13 +97,16 @@ def run(run_dir: Path) -> int:
     if settings.batch_size % world:  # an elastic job may come back with any number of ranks
         raise SystemExit(f"batch_size ({settings.batch_size}) must be a multiple of the world size ({world})")
     torch.set_num_threads(_threads(settings, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
-    lease = _take_lease(store, settings, rank)  # before anything in the run is read or written
+    lease = None
     try:
+        store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
+        lease = _take_lease(store, settings, rank)  # before anything in the run is read or written
         return _train(run_dir, settings, device, store, lease)
     finally:
         if lease is not None:
             lease.release()
+        if dist.is_initialized():  # a failed run (the normal end has destroyed it already)
+            dist.destroy_process_group()
 
 
 def _take_lease(store, settings: TrainSettings, rank: int) -> Lease | None:

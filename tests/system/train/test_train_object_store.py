@@ -142,3 +142,39 @@ def test_the_runs_lease_lives_in_the_bucket_behind_conditional_writes(s3, aws):
     said: list[str] = []
     Lease(records, 30, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)).acquire(said.append)
     assert "not renewed for 30 s" in said[0] and not first.held()
+
+
+def test_a_cut_upload_names_the_store_the_object_and_the_cause(s3, aws, train_dir, tiny_folder, chat_data, one_run):
+    """The store goes away as the first checkpoint's first data object is uploaded (a proxy in
+    front of moto cuts every connection from there): each rank's first error is one line naming
+    the store, the object and what failed (it was `TypeError: cannot pickle '_io.BufferedReader'`,
+    raised while DCP gathered botocore's exception); no step is complete; once the store is back,
+    the run starts over cleanly."""
+    import subprocess
+    from urllib.parse import urlparse
+
+    from tests.cut_proxy import CutProxy
+    from tests.system.train.conftest import RUN_TIMEOUT_S, train_cmd
+
+    _bucket(s3, "cut")
+    proxy = CutProxy(urlparse(s3).port, cut_at=b".distcp")
+    out = train_dir / "s3-cut"
+    url = "s3://cut/runs/r1"
+    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *COMMON,
+            "--checkpoint-store", url, "--s3-endpoint", proxy.url, "--checkpoint-every", "2"]
+    try:
+        proc = subprocess.run(train_cmd("run", *args, "--nproc", "2", "--max-restarts", "0"), capture_output=True,
+                              text=True, timeout=RUN_TIMEOUT_S)
+        assert proc.returncode == 1 and proxy.cut.is_set(), proc.stderr[-3000:]
+        for rank in (0, 1):
+            first = next(line for line in proc.stderr.splitlines() if line.startswith(f"[rank {rank}] sluice: error:"))
+            assert f"checkpoint store {url}: uploading runs/r1/step-00000002/__{rank}_0.distcp failed: " in first, first
+            assert "ConnectionClosedError" in first or "EndpointConnectionError" in first, first
+        assert "cannot pickle" not in proc.stderr and "CheckpointException" not in proc.stderr
+        proxy.restore()  # the store is back
+        assert S3Store(url, s3).complete_steps() == []
+        run_in_process(*args, "--nproc", "1")
+    finally:
+        proxy.close()
+    assert losses(out) == losses(one_run)
+    assert S3Store(url, s3).complete_steps() == [6, STEPS]

@@ -32,6 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from sluice.errors import SluiceError
 from sluice.train.checkpoint.store import CheckpointStore, LocalStore
 from sluice.train.errors import CheckpointDamaged, TrainHaltError
 from sluice.train.parallel.expert import global_views, local_views
@@ -53,10 +54,18 @@ def damage_in(exc: CheckpointException) -> CheckpointDamaged | None:
     return None
 
 
-def first_failure(exc: CheckpointException) -> BaseException:
-    """The lowest rank's own exception inside DCP's CheckpointException (whose text is every
-    rank's traceback)."""
-    return min(exc.failures.items())[1][0]
+def first_failure(exc: CheckpointException, rank: int = 0) -> BaseException:
+    """The exception inside DCP's CheckpointException (whose text is every rank's traceback) to
+    report: `rank`'s own if it failed, else the lowest failed rank's."""
+    failures = exc.failures
+    return failures[rank][0] if rank in failures else min(failures.items())[1][0]
+
+
+def _plainly(exc: CheckpointException, rank: int) -> BaseException:
+    """What a failed save raises: sluice's own error (one line: the store, the object, the
+    cause) where a rank failed with one, else DCP's exception as it is."""
+    cause = first_failure(exc, rank)
+    return cause if isinstance(cause, SluiceError) else exc
 
 
 class Checkpointer:
@@ -88,7 +97,10 @@ class Checkpointer:
             fut = dcp.async_save(state, storage_writer=writer, process_group=self.group)
             self._pending = (step, fut)
         else:
-            dcp.save(state, storage_writer=writer, process_group=self.group)
+            try:
+                dcp.save(state, storage_writer=writer, process_group=self.group)
+            except CheckpointException as exc:
+                raise _plainly(exc, self.rank) from None
             self._publish(step)
         return time.perf_counter() - started
 
@@ -102,7 +114,10 @@ class Checkpointer:
             return
         step, fut = self._pending
         self._pending = None
-        fut.result()  # raises if the write failed: a run must not go on believing it is saved
+        try:
+            fut.result()  # raises if the write failed: a run must not go on believing it is saved
+        except CheckpointException as exc:
+            raise _plainly(exc, self.rank) from None
         self._publish(step)
 
     def _publish(self, step: int) -> None:
@@ -149,7 +164,7 @@ class Checkpointer:
                 dcp.load(state, storage_reader=reader, process_group=self.group)
             except CheckpointException as exc:
                 if (damage := damage_in(exc)) is None:
-                    raise
+                    raise _plainly(exc, self.rank) from None
                 return damage  # what was read so far is overwritten by the next load
         finally:
             reader.close()

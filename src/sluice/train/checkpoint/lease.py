@@ -223,9 +223,14 @@ class Lease:
                 log.warning("lease on %s not renewed: %s", self.records.where(), exc)
 
     def release(self) -> None:
+        """Best effort (it runs while a run ends, maybe on an error of the same store): a lease
+        not released lapses after the timeout, or at once for a restart on this host."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        holder, version = self.records.read()
-        if holder is not None and holder.token == self.me.token:
-            self.records.write(None, version)
+        try:
+            holder, version = self.records.read()
+            if holder is not None and holder.token == self.me.token:
+                self.records.write(None, version)
+        except Exception as exc:
+            log.info("lease on %s not released: %s", self.records.where(), exc)

@@ -32,7 +32,7 @@ from sluice.train.checkpoint.layout import MANIFEST, METADATA
 from sluice.train.checkpoint.lease import LEASE, Holder, parse_holder
 from sluice.train.checkpoint.manifest import data_files
 from sluice.train.checkpoint.verified import VerifiedReader, VerifiedWriter, done
-from sluice.train.errors import CheckpointDamaged, CheckpointError
+from sluice.train.errors import CheckpointDamaged, CheckpointError, CheckpointStoreError
 
 _STEP = re.compile(r"step-(\d{8})")
 
@@ -43,6 +43,12 @@ def parse_url(url: str) -> tuple[str, str]:
         raise CheckpointError(f"checkpoint_store {url!r} is not an s3:// URL")
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     return bucket, prefix.strip("/")
+
+
+def _code(exc: Exception) -> str | None:
+    """An S3 error's code (botocore's ClientError), else None."""
+    response = getattr(exc, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
 def make_client(endpoint: str):
@@ -87,13 +93,17 @@ class S3Store:
         return f"{self.url}/step-{step:08d}"
 
     def delete_step(self, step: int, keys: list[str] | None = None) -> None:
-        keys = self._objects().get(step, []) if keys is None else keys
-        marker = self._key(step, METADATA)
-        if marker in keys:  # first: from here on the step is no longer complete
-            self.client.delete_object(Bucket=self.bucket, Key=marker)
-        rest = [k for k in keys if k != marker]
-        for i in range(0, len(rest), 1000):
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in rest[i : i + 1000]]})
+        try:
+            keys = self._objects().get(step, []) if keys is None else keys
+            marker = self._key(step, METADATA)
+            if marker in keys:  # first: from here on the step is no longer complete
+                self.client.delete_object(Bucket=self.bucket, Key=marker)
+            rest = [k for k in keys if k != marker]
+            for i in range(0, len(rest), 1000):
+                self.client.delete_objects(Bucket=self.bucket,
+                                           Delete={"Objects": [{"Key": k} for k in rest[i : i + 1000]]})
+        except Exception as exc:  # run in DCP's planning on the coordinator: gathered with pickle
+            raise self._failed("deleting", self._key(step) + "/", exc) from exc
 
     def prepare(self, keep: int) -> None:
         try:
@@ -123,17 +133,23 @@ class S3Store:
         return S3LeaseRecords(self)
 
     def upload(self, local: Path, step: int, name: str) -> None:
-        self.client.upload_file(str(local), self.bucket, self._key(step, name))
+        key = self._key(step, name)
+        try:
+            self.client.upload_file(str(local), self.bucket, key)
+        except Exception as exc:  # botocore's, unpicklable: DCP could not gather it
+            raise self._failed("uploading", key, exc) from exc
 
     def download(self, step: int, name: str, local: Path) -> None:
-        from botocore.exceptions import ClientError
-
+        key = self._key(step, name)
         try:
-            self.client.download_file(self.bucket, self._key(step, name), str(local))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+            self.client.download_file(self.bucket, key, str(local))
+        except Exception as exc:
+            if _code(exc) in ("404", "NoSuchKey"):
                 raise CheckpointDamaged(self.step_name(step), f"{name} is missing") from None
-            raise
+            raise self._failed("downloading", key, exc) from exc
+
+    def _failed(self, action: str, key: str, exc: Exception) -> CheckpointStoreError:
+        return CheckpointStoreError(self.url, key, action, f"{type(exc).__name__}: {exc}")
 
 
 class S3LeaseRecords:
@@ -148,27 +164,23 @@ class S3LeaseRecords:
         return f"{self.store.url}/{LEASE}"
 
     def read(self) -> tuple[Holder | None, Any]:
-        from botocore.exceptions import ClientError
-
         try:
             found = self.store.client.get_object(Bucket=self.store.bucket, Key=self.key)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+        except Exception as exc:
+            if _code(exc) in ("404", "NoSuchKey"):
                 return None, None
-            raise
+            raise self.store._failed("reading", self.key, exc) from exc
         return parse_holder(found["Body"].read()), found["ETag"]
 
     def write(self, holder: Holder | None, expected: Any) -> bool:
-        from botocore.exceptions import ClientError
-
         condition = {"IfMatch": expected} if expected is not None else {"IfNoneMatch": "*"}
         body = holder.to_json() if holder is not None else b'{"released": true}'
         try:
             self.store.client.put_object(Bucket=self.store.bucket, Key=self.key, Body=body, **condition)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+        except Exception as exc:
+            if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 return False
-            raise
+            raise self.store._failed("writing", self.key, exc) from exc
         return True
 
 
