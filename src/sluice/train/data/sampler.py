@@ -5,7 +5,8 @@ The run reads an endless stream of rows: epoch e is a permutation of all rows dr
 [s·B, (s+1)·B) for the global batch B, and rank r of W takes its contiguous B/W of them. So the
 loader's position is one number (the step), a resumed run — on any world size — reads exactly
 the rows the uninterrupted run would have, mid-epoch included, and the global batch of a step
-is the same set of rows whatever the number of ranks.
+is the same set of rows whatever the number of ranks (the trainer slices a rank's share from the
+global batch: train/trainer.py, parallel/dims.py's data_rank).
 """
 
 from __future__ import annotations
@@ -27,12 +28,6 @@ def global_batch(rows: int, seed: int, step: int, batch: int) -> list[int]:
         epoch, pos = divmod(k, rows)
         out.append(int(_permutation(rows, seed, epoch)[pos]))
     return out
-
-
-def rank_rows(rows: int, seed: int, step: int, batch: int, rank: int, world: int) -> list[int]:
-    """This rank's share of step `step`'s global batch (contiguous, B / world rows)."""
-    per = batch // world
-    return global_batch(rows, seed, step, batch)[rank * per : (rank + 1) * per]
 
 
 def epoch_of(rows: int, step: int, batch: int) -> float:
