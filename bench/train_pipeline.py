@@ -107,7 +107,7 @@ def _pipelined(schedule, micro_batches: int, steps: int) -> tuple[float, float, 
 
 def _worker(rank: int, world: int, port: int, micros: list[int], steps: int) -> None:
     from sluice.train.parallel.fit import bubble_fraction
-    from sluice.train.settings import PipelineSchedule as Schedule
+    from sluice.train.parallel.dims import PipelineSchedule as Schedule
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -19,27 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sluice.toml_config import dotted_path, parse_toml, pydantic_problems, read_text
 from sluice.toml_lines import line_of
 from sluice.train.errors import TrainConfigError
+# the parallel modes' vocabularies live with the degrees they imply (parallel/dims.py)
+from sluice.train.parallel.dims import DEFAULT_TP_SIZE, MODEL_PARALLEL, Parallel, ParallelDims, PipelineSchedule
 
 BUNDLED = "bundled"
 RANDOM_PREFIX = "random:"
-
-
-class Parallel(str, enum.Enum):
-    DDP = "ddp"  # DistributedDataParallel: replicated parameters, gradients all-reduced
-    FSDP = "fsdp"  # FSDP2 fully_shard: parameters, gradients and optimizer state sharded
-    # --- model parallelism (train/parallel/tensor.py, pipeline.py, modes.py) ---
-    TP = "tp"  # tensor parallel over every rank: attention heads and MLP split (DTensor)
-    PP = "pp"  # pipeline parallel: one stage of decoder layers per rank (GPipe or 1F1B)
-    FSDP_TP = "fsdp_tp"  # 2-D mesh: FSDP2 over nproc / tp_size groups of tp_size tensor-parallel ranks
-    # --- expert parallelism (train/parallel/expert.py) ---
-    EP = "ep"  # expert parallel: MoE experts sharded over ranks (all_to_all), the rest as DDP
-
-
-class PipelineSchedule(str, enum.Enum):
-    """How a pipeline orders its micro-batches (parallel = pp)."""
-
-    GPIPE = "gpipe"  # all forwards, then all backwards
-    ONE_F_ONE_B = "1f1b"  # one forward, one backward in the steady state: fewer activations held
 
 
 class LrSchedule(str, enum.Enum):
@@ -48,7 +32,7 @@ class LrSchedule(str, enum.Enum):
 
 
 class NonFinite(str, enum.Enum):
-    """What a step whose loss or gradient norm is NaN or infinite does (train/worker.py)."""
+    """What a step whose loss or gradient norm is NaN or infinite does (train/trainer.py)."""
 
     STOP = "stop"  # stop the run before the update, saving nothing: the newest checkpoint is the last good one
     SKIP = "skip"  # drop the step's update (the weights stay as they were) and go on with the next step
@@ -132,7 +116,7 @@ class TrainSettings(BaseModel):
     @model_validator(mode="after")
     def _batch(self) -> TrainSettings:
         self._check_model_parallel()
-        dp = self.data_parallel_size(self.nproc)
+        dp = self.dims().dp
         if self.batch_size % dp:
             ranks = f"nproc ({dp})" if dp == self.nproc else f"the data-parallel ranks (nproc / tp_size = {dp})"
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of {ranks}")
@@ -153,37 +137,26 @@ class TrainSettings(BaseModel):
             raise ValueError(f"moe_experts ({self.moe_experts}) must be a multiple of nproc ({self.nproc}) for parallel = ep")
         return self
 
-    # --- model parallelism (tp, pp, fsdp_tp): which settings combine, and the data-parallel size ---
-    def tensor_parallel_size(self, world_size: int) -> int:
-        """Ranks that split each layer: all of them (tp), tp_size (fsdp_tp, default 2), else 1."""
-        if self.parallel is Parallel.TP:
-            return world_size
-        if self.parallel is Parallel.FSDP_TP:
-            return self.tp_size or 2
-        return 1
-
-    def data_parallel_size(self, world_size: int) -> int:
-        """Ranks that train on different rows of the global batch (a pipeline's stages share them)."""
-        if self.parallel is Parallel.PP:
-            return 1
-        return max(1, world_size // self.tensor_parallel_size(world_size))
+    def dims(self, world: int | None = None) -> ParallelDims:
+        """The parallel degrees on `world` ranks (default: nproc, this machine's ranks)."""
+        return ParallelDims.of(self.parallel, self.nproc if world is None else world, self.tp_size)
 
     def _check_model_parallel(self) -> None:
         """Combinations torch does not compose here, refused naming the setting (docs/TRAINING.md)."""
         p = self.parallel
-        if self.compression is not Compression.NONE and p in (Parallel.TP, Parallel.PP, Parallel.FSDP_TP):
+        if self.compression is not Compression.NONE and p in MODEL_PARALLEL:
             raise ValueError(f"compression {self.compression.value} is a DDP communication hook; "
                              f"parallel = {p.value} has no DDP: set compression = none or parallel = ddp")
         if self.tp_size and p is not Parallel.FSDP_TP:
             raise ValueError(f"tp_size applies to parallel = fsdp_tp only (parallel = {p.value}"
                              + (": tp uses every rank)" if p is Parallel.TP else ")"))
-        if self.moe_experts and p in (Parallel.TP, Parallel.PP, Parallel.FSDP_TP):
+        if self.moe_experts and p in MODEL_PARALLEL:
             raise ValueError(f"moe_experts: a mixture-of-experts model trains with parallel = ddp, fsdp or ep, "
                              f"not {p.value} (its layer plans split dense MLPs)")
         if p in (Parallel.TP, Parallel.PP) and self.nproc < 2:
             raise ValueError(f"parallel = {p.value} needs nproc >= 2 (one process trains the whole model: use ddp)")
         if p is Parallel.FSDP_TP:
-            tp = self.tensor_parallel_size(self.nproc)
+            tp = self.tp_size or DEFAULT_TP_SIZE
             if self.nproc % tp or self.nproc // tp < 2:
                 raise ValueError(f"parallel = fsdp_tp needs nproc ({self.nproc}) to be a multiple of tp_size ({tp}) "
                                  f"with at least 2 groups (nproc >= {2 * tp})")
@@ -195,11 +168,6 @@ class TrainSettings(BaseModel):
         """nnodes is a range: the world size may change between the group's restarts."""
         lo, _, hi = self.nnodes.partition(":")
         return bool(hi) and hi != lo
-
-    def micro_batch(self, world_size: int) -> int:
-        """Sequences per forward on one rank of `world_size` (the global batch stays fixed)."""
-        per_rank = self.batch_size // self.data_parallel_size(world_size)
-        return self.micro_batch_size if self.micro_batch_size and per_rank % self.micro_batch_size == 0 else per_rank
 
     @property
     def is_random(self) -> bool:

@@ -29,12 +29,13 @@ from sluice.train.checkpoint.checkpointer import Checkpointer
 from sluice.train.checkpoint.lease import Lease
 from sluice.train.checkpoint.store import open_store
 from sluice.train.data import dataset, sampler
-from sluice.train.errors import TrainHaltError
+from sluice.train.errors import TrainConfigError, TrainHaltError
 from sluice.train.launch import OUTCOME_ENV, STOPPED_MARKER
 from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model
 from sluice.train.model.hf_files import write_tokenizer
+from sluice.train.parallel.dims import ParallelDims
 from sluice.train.parallel.modes import wrap_model
 from sluice.train.parallel.wrap import clip_grad_norm
 from sluice.train.observe.flops import matmul_params, measure_peak_flops, mfu, step_flops
@@ -94,14 +95,19 @@ def run(run_dir: Path) -> int:
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
-    if settings.batch_size % world:  # an elastic job may come back with any number of ranks
-        raise SystemExit(f"batch_size ({settings.batch_size}) must be a multiple of the world size ({world})")
+    try:  # an elastic job may come back with any number of ranks
+        dims = settings.dims(world)
+    except ValueError as exc:
+        raise TrainConfigError([str(exc)]) from None
+    if settings.batch_size % dims.dp:
+        raise TrainConfigError([f"batch_size ({settings.batch_size}) must be a multiple of the data-parallel ranks "
+                                f"({dims.dp} of a world of {world})"])
     torch.set_num_threads(_threads(settings, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     lease = None
     try:
         store = open_store(run_dir, settings.checkpoint_store, settings.s3_endpoint)  # a folder or s3://
         lease = _take_lease(store, settings, rank)  # before anything in the run is read or written
-        return _train(run_dir, settings, device, store, lease)
+        return _train(run_dir, settings, dims, device, store, lease)
     finally:
         if lease is not None:
             lease.release()
@@ -127,7 +133,8 @@ def _take_lease(store, settings: TrainSettings, rank: int) -> Lease | None:
     return lease
 
 
-def _train(run_dir: Path, settings: TrainSettings, device: torch.device, store, lease: Lease | None) -> int:
+def _train(run_dir: Path, settings: TrainSettings, dims: ParallelDims, device: torch.device, store,
+           lease: Lease | None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     stop = _StopFlag()
     data = dataset.load(run_dir / "data")
@@ -141,15 +148,15 @@ def _train(run_dir: Path, settings: TrainSettings, device: torch.device, store, 
     if rank == 0:
         print(f"[rank 0] MFU: {params:,} matmul parameters, peak {peak / 1e12:.3g} TFLOP/s per rank "
               f"({'configured' if settings.peak_flops else 'measured'})", file=sys.stderr, flush=True)
-    model = wrap_model(built.module.to(device), settings, device)  # ddp, fsdp, tp, pp, fsdp_tp, ep
+    model = wrap_model(built.module.to(device), settings, dims, device)  # ddp, fsdp, tp, pp, fsdp_tp, ep
     del built  # a pipeline stage keeps only its own layers: let the rest go
     optim = torch.optim.AdamW(model.module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                               betas=(0.9, 0.95), foreach=True)
     ckpt = Checkpointer(store, settings.keep_checkpoints, settings.async_checkpoint, report=_say,
                         guard=lease.held if lease is not None else None)
     start = ckpt.restore(model.module, optim)
-    dp_rank, dp_size = model.data_share()  # tensor / pipeline ranks share rows
-    micro = settings.micro_batch(world)
+    dp_rank, dp_size = dims.data_rank(rank), dims.dp  # tensor / pipeline ranks share rows
+    micro = dims.micro_batch(settings.batch_size, settings.micro_batch_size)
     if rank == 0:
         (run_dir / STOPPED_MARKER).unlink(missing_ok=True)
         print(f"[rank 0] world {world}, {settings.parallel.value}, "
@@ -183,7 +190,7 @@ def _train(run_dir: Path, settings: TrainSettings, device: torch.device, store, 
         # the loss, the stop flag and a non-finite flag, agreed before the update: every rank
         # applies or drops the same step
         lost = lease is not None and lease.lost is not None  # another group took the run
-        reduced = torch.tensor([loss_sum.item() / model.loss_copies, float(stop.set), float(local_bad), float(lost)],
+        reduced = torch.tensor([loss_sum.item() / dims.loss_copies, float(stop.set), float(local_bad), float(lost)],
                                dtype=torch.float64)
         t_reduce = time.perf_counter()
         if world > 1:  # one process has nothing to agree with (a gloo call costs ~1-5 ms)

@@ -18,11 +18,25 @@ BASE = {"data": "d", "out": "o", "max_steps": 1}
 
 def test_model_parallel_settings_and_their_data_parallel_size():
     tp = load_settings(None, {**BASE, "nproc": 2, "parallel": "tp", "batch_size": 3})
-    assert tp.parallel is Parallel.TP and tp.data_parallel_size(2) == 1 and tp.micro_batch(2) == 3
+    assert tp.parallel is Parallel.TP and (tp.dims().dp, tp.dims().tp) == (1, 2) and tp.dims().micro_batch(3, 0) == 3
     pp = load_settings(None, {**BASE, "nproc": 2, "parallel": "pp", "pp_schedule": "1f1b", "micro_batch_size": 1})
-    assert pp.pp_schedule is PipelineSchedule.ONE_F_ONE_B and pp.data_parallel_size(2) == 1
+    assert pp.pp_schedule is PipelineSchedule.ONE_F_ONE_B and (pp.dims().dp, pp.dims().pp) == (1, 2)
     both = load_settings(None, {**BASE, "nproc": 4, "parallel": "fsdp_tp", "batch_size": 2})
-    assert both.tensor_parallel_size(4) == 2 and both.data_parallel_size(4) == 2
+    assert (both.dims().tp, both.dims().dp) == (2, 2)
+
+
+def test_one_parallel_dims_object_holds_the_degrees_and_checks_the_world():
+    from sluice.train.parallel.dims import ParallelDims
+
+    both = ParallelDims.of(Parallel.FSDP_TP, 4, tp_size=2)
+    assert (both.dp, both.tp, both.pp, both.loss_copies) == (2, 2, 1, 2)
+    assert [both.data_rank(r) for r in range(4)] == [0, 0, 1, 1]  # the 2-D mesh is dp-major
+    assert [ParallelDims.of(Parallel.TP, 2).data_rank(r) for r in (0, 1)] == [0, 0]  # a group shares its rows
+    assert [ParallelDims.of(Parallel.PP, 2).data_rank(r) for r in (0, 1)] == [0, 0]  # stages see the whole batch
+    assert [ParallelDims.of(Parallel.DDP, 3).data_rank(r) for r in range(3)] == [0, 1, 2]
+    assert ParallelDims.of(Parallel.PP, 2).loss_copies == 1  # the last stage alone reports it
+    with pytest.raises(ValueError, match=r"dp \(1\) x tp \(2\) x pp \(1\) ranks do not make the world of 3"):
+        ParallelDims.of(Parallel.FSDP_TP, 3, tp_size=2)  # an elastic restart on 3 ranks
 
 
 @pytest.mark.parametrize("values, named", [

@@ -46,7 +46,7 @@ def test_flags_are_named_as_flags_and_cross_checks_hold():
 
 def test_micro_batches_follow_the_world_size():
     s = load_settings(None, {"data": "d", "out": "o", "max_steps": 1, "batch_size": 8, "micro_batch_size": 2})
-    assert s.micro_batch(1) == 2 and s.micro_batch(2) == 2 and s.micro_batch(8) == 1
+    assert [s.dims(world).micro_batch(s.batch_size, s.micro_batch_size) for world in (1, 2, 8)] == [2, 2, 1]
 
 
 def test_learning_rate_is_a_function_of_the_step():

@@ -128,16 +128,15 @@ def local_views(state: dict) -> dict:
             for k, v in state.items()}
 
 
-def wrap_expert_parallel(module: nn.Module, compression, device: torch.device,
-                         stats: CommStats) -> tuple[nn.Module, Callable[[float], torch.Tensor]]:
-    """Shard the experts, DDP the rest: the DDP module and the matching gradient clip."""
-    from torch.distributed.device_mesh import init_device_mesh
+def wrap_expert_parallel(module: nn.Module, compression, device: torch.device, stats: CommStats,
+                         mesh) -> tuple[nn.Module, Callable[[float], torch.Tensor]]:
+    """Shard the experts over `mesh` (1-D, every rank), DDP the rest: the DDP module and the
+    matching gradient clip."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from sluice.train.parallel.compression import register_hook
 
     world = dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world,))
     group = dist.new_group()  # the dispatch's own group: its collectives never queue behind DDP's buckets
     shards = shard_experts(module, group, mesh, stats)
     DDP._set_params_and_buffers_to_ignore_for_model(module, expert_names(module))

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 from sluice.train.errors import TrainConfigError
 from sluice.train.model.source import model_path
-from sluice.train.settings import RANDOM_PREFIX, Parallel, PipelineSchedule, TrainSettings
+from sluice.train.parallel.dims import MODEL_PARALLEL, Parallel, PipelineSchedule
+from sluice.train.settings import RANDOM_PREFIX, TrainSettings
 
 
 def check_divisible(config, degree: int, setting: str = "parallel") -> None:
@@ -89,16 +90,16 @@ def model_shape(settings: TrainSettings) -> SimpleNamespace:
 
 
 def check_fits(settings: TrainSettings) -> None:
-    p = settings.parallel
-    if p not in (Parallel.TP, Parallel.PP, Parallel.FSDP_TP):
+    if settings.parallel not in MODEL_PARALLEL:
         return
     shape = model_shape(settings)
-    if p is Parallel.PP:
-        split_layers(shape.num_hidden_layers, settings.nproc)
+    dims = settings.dims()
+    if settings.parallel is Parallel.PP:
+        split_layers(shape.num_hidden_layers, dims.pp)
         if shape.sliding_window is not None and settings.seq_len > shape.sliding_window:
             raise TrainConfigError([f"seq_len: rows of {settings.seq_len} tokens exceed the model's sliding window "
                                     f"({shape.sliding_window}), which pipeline stages do not apply; use "
                                     f"seq_len <= {shape.sliding_window} or another parallel mode"])
-        check_schedule(settings.pp_schedule, pipeline_micro_batches(settings), settings.nproc)
+        check_schedule(settings.pp_schedule, pipeline_micro_batches(settings), dims.pp)
         return
-    check_divisible(shape, settings.tensor_parallel_size(settings.nproc))
+    check_divisible(shape, dims.tp)

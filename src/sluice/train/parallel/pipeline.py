@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from sluice.train.parallel.fit import check_schedule, split_layers
-from sluice.train.settings import PipelineSchedule
+from sluice.train.parallel.dims import PipelineSchedule
 
 
 class StageModule(torch.nn.Module):

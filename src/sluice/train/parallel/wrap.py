@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from sluice.train.parallel.clip import clipper
 from sluice.train.parallel.comm_stats import CommStats
-from sluice.train.settings import Compression, Parallel
+from sluice.train.parallel.dims import Parallel, ParallelDims
+from sluice.train.settings import Compression
 
 
 @dataclass(slots=True)
@@ -30,21 +31,11 @@ class Wrapped:
     # a context for micro-batches that must not synchronise gradients yet (accumulation)
     no_sync: Callable[[], AbstractContextManager]
     fsdp_bytes_per_micro: int = 0  # FSDP2: gathered + reduced bytes per micro-batch (analytic)
-    # --- set by the model-parallel modes (parallel/modes.py); data parallelism keeps the defaults ---
-    dp_rank: int | None = None  # which share of the global batch this rank trains on (None: its rank)
-    dp_size: int | None = None  # how many shares (None: the world size)
-    loss_copies: int = 1  # ranks that report the same rows' loss (a tensor-parallel group)
     # replaces step.forward_backward: (batch, global trained tokens) -> summed loss (a pipeline)
     train_step: Callable | None = None
     # clips the gradients to the global norm and returns it (parallel/clip.py: the same arithmetic
     # in every mode, told which gradients the ranks share); None: every rank holds all, whole
     clip: Callable[[float], torch.Tensor] | None = None  # max_norm -> norm
-
-    def data_share(self) -> tuple[int, int]:
-        """(this rank's share, number of shares) of the global batch."""
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        return (rank if self.dp_rank is None else self.dp_rank), (world if self.dp_size is None else self.dp_size)
 
 
 def clip_grad_norm(model: Wrapped, max_norm: float) -> torch.Tensor:
@@ -59,17 +50,17 @@ def _param_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def wrap(module: torch.nn.Module, parallel: Parallel, compression: Compression, device: torch.device) -> Wrapped:
+def wrap(module: torch.nn.Module, dims: ParallelDims, compression: Compression, device: torch.device) -> Wrapped:
+    """DDP, FSDP2 or expert parallelism over `dims.dp` ranks (one process: the module as it is)."""
     stats = CommStats()
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if dims.world == 1:
         return Wrapped(module, module, stats, nullcontext)
-    world = dist.get_world_size()
-    if parallel is Parallel.EP:
+    if dims.parallel is Parallel.EP:
         from sluice.train.parallel.expert import wrap_expert_parallel
 
-        ddp, clip = wrap_expert_parallel(module, compression, device, stats)
+        ddp, clip = wrap_expert_parallel(module, compression, device, stats, dims.build_mesh(device.type))
         return Wrapped(ddp, module, stats, ddp.no_sync, clip=clip)
-    if parallel is Parallel.DDP:
+    if dims.parallel is Parallel.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from sluice.train.parallel.compression import register_hook
@@ -77,16 +68,15 @@ def wrap(module: torch.nn.Module, parallel: Parallel, compression: Compression, 
         ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
         register_hook(ddp, compression, stats)
         return Wrapped(ddp, module, stats, ddp.no_sync)
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     total = _param_bytes(module)
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = dims.build_mesh(device.type)
     for layer in module.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(module, mesh=mesh)
     stats.timed = False
     # forward all-gather + backward all-gather of the (W-1)/W shards not held, and the
     # reduce-scatter of the gradients: ~3·(W-1)/W of the parameters' bytes per micro-batch
-    per_micro = int(3 * total * (world - 1) / world)
+    per_micro = int(3 * total * (dims.dp - 1) / dims.dp)
     return Wrapped(module, module, stats, nullcontext, fsdp_bytes_per_micro=per_micro)
