@@ -44,7 +44,7 @@ class CheckpointDamaged(CheckpointError):
 class TrainHaltError(SluiceError):
     """The run cannot go on, and restarting the group would meet the same wall (every checkpoint
     damaged, a non-finite loss under `nonfinite = "stop"`, a run folder held by another group).
-    The workers report it once and exit without being restarted (train/worker.py)."""
+    The workers report it once and exit without being restarted (train/worker.py, train/trainer.py)."""
 
 
 class CheckpointStoreError(CheckpointError):

@@ -17,13 +17,34 @@ SLUICE_TRAIN_FAULT holds comma-separated faults:
 
 from __future__ import annotations
 
+import enum
 import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 ENV = "SLUICE_TRAIN_FAULT"
+
+
+class FaultPoint(str, enum.Enum):
+    """Where in a step the trainer offers the faults a chance to act (train/trainer.py)."""
+
+    STEP_START = "step_start"  # before the step's rows are read: kill, delay, hold
+    AFTER_BACKWARD = "after_backward"  # the step's loss and gradients are there: nan_loss, inf_grad
+
+
+@dataclass(slots=True)
+class FaultSite:
+    """What a fault may act on at a point."""
+
+    rank: int
+    world: int
+    step: int
+    stopping: Callable[[], bool]  # has the group been told to stop?
+    settle: Callable[[], None]  # finish the checkpoint in flight (before a kill or a hold)
+    loss_sum: Any = None  # AFTER_BACKWARD: the step's summed loss (a float64 tensor)
+    params: Iterable = ()  # AFTER_BACKWARD: the parameters whose gradients are set
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +111,12 @@ def after_backward(step: int, loss_sum, params) -> None:
     elif grads:
         g = grads[0].to_local() if hasattr(grads[0], "to_local") else grads[0]
         g.view(-1)[0] = float("inf")
+
+
+def fire(point: FaultPoint, site: FaultSite) -> None:
+    """Run the faults SLUICE_TRAIN_FAULT names for `point`."""
+    if point is FaultPoint.STEP_START:
+        at_step_start(site.rank, site.step, site.settle)
+        hold(site.step, site.world, site.stopping, site.settle)
+    elif point is FaultPoint.AFTER_BACKWARD:
+        after_backward(site.step, site.loss_sum, site.params)

@@ -31,7 +31,7 @@ from sluice.train.settings import TrainSettings, write_resolved
 
 # A resumed run must read the same rows with the same model; these decide that.
 SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed", "moe_experts", "moe_top_k")
-STOPPED_MARKER = "stopped"  # written by the worker (train/worker.py) after a stop signal
+STOPPED_MARKER = "stopped"  # written by rank 0 (train/trainer.py) after a stop signal
 # a file of this machine's launcher where its workers leave the error that halted the run
 # (train/errors.py TrainHaltError): they exit 0 so that torchrun does not restart them
 OUTCOME_ENV = "SLUICE_TRAIN_OUTCOME"

@@ -2,7 +2,7 @@
 
 A restarted run resumes at its last checkpoint, so the lines after that step are dropped when
 the file is reopened: the file always holds one line per step, each from the run that owns it.
-Every line is strict JSON: a value that is NaN or infinite (a non-finite loss, train/worker.py)
+Every line is strict JSON: a value that is NaN or infinite (a non-finite loss, train/trainer.py)
 is written as null, and so reaches the other sinks too.
 """
 

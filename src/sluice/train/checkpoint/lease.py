@@ -14,7 +14,7 @@ and this group halts naming it; if it stays unchanged for `lease_timeout` by thi
 clock, the holder is gone and the lease is taken over. A holder on this very host whose process
 no longer runs is gone at once, so a group restarted after a crash (by torchrun, or by running the
 command again after kill -9) does not wait. A holder that finds its lease taken (it was stalled
-longer than the timeout) stops at the next step without writing (train/worker.py).
+longer than the timeout) stops at the next step without writing (train/trainer.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,300 @@
+"""One rank of a training run, in named phases (as torchtitan's Trainer reads):
+
+    setup       join the process group, take the run's lease (rank 0), build and wrap the model
+                on the run's parallel degrees, restore the newest intact checkpoint
+    train       for each step to max_steps:
+      step        the step's rows, forward and backward, clip, agree, update
+      checkpoint  publish a finished background save; save when due
+      log         one metrics line (rank 0)
+    close       wait for the last checkpoint, release the lease, leave the process group
+
+Every step ends with one small all-reduce before the update (the loss sum, a stop signal, a
+non-finite value, a lost lease): every rank applies or drops the same step, and a SIGTERM seen by
+any rank stops all ranks after the same step, with a checkpoint, and exit code 0. The launcher
+(train/launch.py) has already validated the settings, written them to RUN/resolved_config.json
+and tokenized the data into RUN/data/.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from sluice.train import faults
+from sluice.train.checkpoint.checkpointer import Checkpointer
+from sluice.train.checkpoint.lease import Lease
+from sluice.train.checkpoint.store import open_store
+from sluice.train.data import dataset, sampler
+from sluice.train.errors import TrainConfigError, TrainHaltError
+from sluice.train.faults import FaultPoint
+from sluice.train.launch import STOPPED_MARKER
+from sluice.train.lr import lr_at
+from sluice.train.metrics import MetricsWriter, StepMetrics
+from sluice.train.model.build import build_model
+from sluice.train.model.hf_files import write_tokenizer
+from sluice.train.observe.console import progress_bar, say
+from sluice.train.observe.flops import matmul_params, measure_peak_flops, mfu, step_flops
+from sluice.train.observe.sinks import open_sinks
+from sluice.train.observe.step_split import split_step
+from sluice.train.parallel.modes import wrap_model
+from sluice.train.parallel.wrap import clip_grad_norm
+from sluice.train.settings import NonFinite, read_resolved
+from sluice.train.step import forward_backward, gather_rows, trained_tokens
+from sluice.train.stop_signal import StopSignal
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What one step did, agreed by every rank, for the checkpoint and log phases."""
+
+    step: int
+    lr: float
+    rows: list[int]  # the global batch
+    tokens: int  # its trained tokens
+    loss: float  # the global batch's mean loss (NaN when not finite)
+    norm: float  # the global gradient norm before clipping
+    stopped: bool  # a rank was told to stop: checkpoint and exit after this step
+    nonfinite: bool  # a rank saw a loss or norm that is not finite: the update was dropped
+    lease_lost: bool  # another group took the run: write nothing more
+    started: float  # perf_counter at the step's start
+    cpu_started: float  # process_time at the step's start
+    data_time: float
+    train_time: float  # forward, backward, clip, the closing all-reduce, the update
+    comm_wait: float  # communication waited for
+
+
+class Trainer:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.settings = read_resolved(run_dir / "resolved_config.json")
+        self.lease: Lease | None = None
+        self.metrics: MetricsWriter | None = None
+        self.bar = None
+        self.start = 0  # the step restored from (0: none)
+
+    def run(self) -> int:
+        try:
+            self.setup()
+            self.train()
+            return 0
+        finally:
+            self.close()
+
+    # --- setup -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        self._join_group()
+        self.store = open_store(self.run_dir, self.settings.checkpoint_store, self.settings.s3_endpoint)
+        self._take_lease()  # before anything in the run is read or written
+        self._build()
+        self._restore()
+
+    def _join_group(self) -> None:
+        s = self.settings
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = torch.device("cuda", local) if s.device == "cuda" else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        try:  # an elastic job may come back with any number of ranks
+            self.dims = s.dims(world)
+        except ValueError as exc:
+            raise TrainConfigError([str(exc)]) from None
+        if s.batch_size % self.dims.dp:
+            raise TrainConfigError([f"batch_size ({s.batch_size}) must be a multiple of the data-parallel ranks "
+                                    f"({self.dims.dp} of a world of {world})"])
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(s.threads or max(1, (os.cpu_count() or 1) // local_world))
+        self.stop = StopSignal()
+
+    def _take_lease(self) -> None:
+        """Rank 0 takes the run's lease (checkpoint/lease.py) and tells the others whether it did."""
+        refused = None
+        if self.rank == 0:
+            self.lease = Lease(self.store.lease_records(), self.settings.lease_timeout)
+            try:
+                self.lease.acquire(say)
+            except TrainHaltError as exc:
+                self.lease, refused = None, str(exc)
+        verdict = [refused]
+        dist.broadcast_object_list(verdict, src=0)
+        if verdict[0] is not None:
+            raise TrainHaltError(verdict[0])
+        if self.lease is not None:
+            self.lease.start()
+
+    def _build(self) -> None:
+        s = self.settings
+        self.data = dataset.load(self.run_dir / "data")
+        built = build_model(s)
+        if self.rank == 0:
+            built.module.config.save_pretrained(str(self.run_dir / "model"))
+            write_tokenizer(built.tokenizer, self.run_dir / "model")
+        # observability: N of the 6·N·D rule (before FSDP2 shards the parameters), the peak
+        self.params = matmul_params(built.module)
+        self.peak = s.peak_flops or measure_peak_flops(self.device, getattr(torch, s.dtype))
+        if self.rank == 0:
+            say(f"MFU: {self.params:,} matmul parameters, peak {self.peak / 1e12:.3g} TFLOP/s per rank "
+                f"({'configured' if s.peak_flops else 'measured'})")
+        self.model = wrap_model(built.module.to(self.device), s, self.dims, self.device)
+        del built  # a pipeline stage keeps only its own layers: let the rest go
+        self.optim = torch.optim.AdamW(self.model.module.parameters(), lr=s.lr, weight_decay=s.weight_decay,
+                                       betas=(0.9, 0.95), foreach=True)
+        self.micro = self.dims.micro_batch(s.batch_size, s.micro_batch_size)
+
+    def _restore(self) -> None:
+        s = self.settings
+        self.ckpt = Checkpointer(self.store, s.keep_checkpoints, s.async_checkpoint, report=say,
+                                 guard=self.lease.held if self.lease is not None else None)
+        self.start = self.ckpt.restore(self.model.module, self.optim)
+        main = self.rank == 0
+        if main:
+            (self.run_dir / STOPPED_MARKER).unlink(missing_ok=True)
+            say(f"world {self.dims.world}, {s.parallel.value}, "
+                + (f"resumed from step {self.start}" if self.start else "starting at step 0")
+                + f", {s.batch_size // self.dims.dp // self.micro} micro-batches per step")
+        sinks = open_sinks(s.tensorboard, s.prometheus_textfile, self.run_dir, self.start) if main else []
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", main, self.start, sinks)
+        self.bar = progress_bar(main, s.max_steps, self.start)
+
+    # --- the loop ----------------------------------------------------------------------------
+    def train(self) -> None:
+        s = self.settings
+        stopped_at = None
+        for step in range(self.start + 1, s.max_steps + 1):
+            self._fault(FaultPoint.STEP_START, step)
+            outcome = self.step(step)
+            if outcome.lease_lost:  # write nothing more: the run belongs to the other group now
+                raise TrainHaltError(f"the run's lease was taken by another group "
+                                     f"({self.lease.lost if self.lease else 'see rank 0'}): "
+                                     "this group stopped without writing")
+            halt = outcome.nonfinite and s.nonfinite is NonFinite.STOP
+            saved = 0.0 if halt else self.checkpoint(step, final=outcome.stopped or step == s.max_steps)
+            self.log(outcome, saved)
+            if halt:  # a non-finite step never becomes a checkpoint
+                self.ckpt.wait()
+                raise TrainHaltError(self._nonfinite_message(outcome))
+            if outcome.stopped:
+                stopped_at = step
+                break
+        self._finish(stopped_at)
+
+    def step(self, step: int) -> StepOutcome:
+        s, dims = self.settings, self.dims
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        lr = lr_at(step, s.lr, s.warmup_steps, s.max_steps, s.lr_schedule)
+        for group in self.optim.param_groups:
+            group["lr"] = lr
+        rows = sampler.global_batch(self.data.rows, s.seed, step - 1, s.batch_size)
+        per, share = s.batch_size // dims.dp, dims.data_rank(self.rank)  # tensor / pipeline ranks share rows
+        batch = gather_rows(self.data, rows[share * per : (share + 1) * per], self.device)
+        tokens = trained_tokens(self.data, rows)
+        t1 = time.perf_counter()
+        if self.model.train_step is not None:  # a pipeline schedule
+            loss_sum = self.model.train_step(batch, tokens)
+        else:
+            loss_sum = forward_backward(self.model.module, self.model.no_sync, batch, self.micro, tokens, dims.dp)
+        self._fault(FaultPoint.AFTER_BACKWARD, step, loss_sum)
+        norm = clip_grad_norm(self.model, s.grad_clip).item()  # sluice's own, in every mode (parallel/clip.py)
+        agreed, reduce_time = self._agree(loss_sum.item(), norm)
+        loss, stopped, nonfinite, lost = agreed
+        if not (nonfinite or lost):
+            self.optim.step()
+        self.optim.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        return StepOutcome(step, lr, rows, tokens, loss / max(1, tokens), norm, stopped, nonfinite, lost,
+                           t0, cpu0, t1 - t0, t2 - t1, self.model.stats.take_wait() + reduce_time)
+
+    def _agree(self, loss_sum: float, norm: float) -> tuple[tuple[float, bool, bool, bool], float]:
+        """The step's one small all-reduce, before the update: (the global loss sum, stop, a
+        value not finite, a lost lease) and the seconds it took."""
+        bad = not (math.isfinite(loss_sum) and math.isfinite(norm))
+        lost = self.lease is not None and self.lease.lost is not None
+        flags = torch.tensor([loss_sum / self.dims.loss_copies, float(self.stop.set), float(bad), float(lost)],
+                             dtype=torch.float64)
+        started = time.perf_counter()
+        if self.dims.world > 1:  # one process has nothing to agree with (a gloo call costs ~1-5 ms)
+            dist.all_reduce(flags)
+        total, stop, nonfinite, taken = flags.tolist()
+        return (total, stop > 0, nonfinite > 0, taken > 0), time.perf_counter() - started
+
+    def checkpoint(self, step: int, final: bool) -> float:
+        """Publish a background save that finished; save this step if due. The seconds the step
+        was held."""
+        s = self.settings
+        self.ckpt.poll()
+        if final:  # the end of the run or a stop: written before the process exits
+            return self.ckpt.save(self.model.module, self.optim, step, wait=True)
+        if s.checkpoint_every and step % s.checkpoint_every == 0:
+            return self.ckpt.save(self.model.module, self.optim, step)
+        return 0.0
+
+    def log(self, o: StepOutcome, checkpoint_time: float) -> None:
+        s = self.settings
+        comm_bytes, comm_time = self.model.stats.take()
+        if self.model.fsdp_bytes_per_micro:
+            comm_bytes = self.model.fsdp_bytes_per_micro * max(1, s.batch_size // self.dims.dp // self.micro)
+        elapsed = time.perf_counter() - o.started
+        seen = len(o.rows) * s.seq_len
+        split = split_step(elapsed, data=o.data_time, train=o.train_time, comm_wait=o.comm_wait,
+                           checkpoint=checkpoint_time)
+        assert self.metrics is not None
+        self.metrics.write(StepMetrics(
+            step=o.step, loss=o.loss, tokens=o.tokens, tokens_seen=seen, lr=o.lr, grad_norm=o.norm,
+            step_time=elapsed, data_time=split.data, compute_time=split.compute, comm_wait_time=split.comm,
+            checkpoint_time=split.checkpoint, other_time=split.other, comm_bytes=comm_bytes, comm_time=comm_time,
+            tokens_per_s=seen / elapsed, cpu_time=time.process_time() - o.cpu_started,
+            mfu=mfu(step_flops(self.params, seen), elapsed, self.peak, self.dims.world),
+            epoch=sampler.epoch_of(self.data.rows, o.step, s.batch_size), world_size=self.dims.world,
+            skipped=o.nonfinite,
+        ))
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{o.loss:.4f}")
+        if o.nonfinite and s.nonfinite is NonFinite.SKIP and self.rank == 0:
+            say(f"step {o.step}: the loss or the gradient norm is not finite: its update was skipped (nonfinite = skip)")
+
+    def _nonfinite_message(self, o: StepOutcome) -> str:
+        what = " and ".join(f"the {name} is {value}" for name, value in (("loss", o.loss), ("gradient norm", o.norm))
+                            if not math.isfinite(value))
+        saved = self.store.complete_steps()
+        newest = self.store.step_name(saved[-1]) if saved else "none"
+        return (f"step {o.step}: {what or 'a rank saw a value that is not finite'}: the run stopped before the "
+                f"step's update, saving nothing; the newest checkpoint is {newest} "
+                '(nonfinite = "skip", or --nonfinite skip, drops such steps and goes on)')
+
+    def _fault(self, point: FaultPoint, step: int, loss_sum: torch.Tensor | None = None) -> None:
+        """The trainer's one call into the deterministic test faults (train/faults.py)."""
+        faults.fire(point, faults.FaultSite(self.rank, self.dims.world, step, lambda: self.stop.set, self.ckpt.wait,
+                                            loss_sum, self.model.module.parameters()))
+
+    # --- the end -----------------------------------------------------------------------------
+    def _finish(self, stopped_at: int | None) -> None:
+        """The normal end: the last checkpoint on disk, every rank there."""
+        self.ckpt.wait()
+        if self.rank == 0 and stopped_at is not None:
+            (self.run_dir / STOPPED_MARKER).write_text(f"{stopped_at}\n")
+            say(f"stop signal: checkpoint at step {stopped_at} written, exiting")
+        dist.barrier()
+
+    def close(self) -> None:
+        """Whatever ran, on any exit: the open files, the lease, the process group."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
