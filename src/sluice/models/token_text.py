@@ -39,6 +39,8 @@ class TokenText:
         self.backend = backend
         self.byte_level = isinstance(backend.decoder, decoders.ByteLevel)
         self._cache: dict[int, bytes] = {}
+        # the ids a decode with skip_special_tokens leaves out (as generated text does)
+        self.specials = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
 
     def bytes(self, token_id: int) -> bytes:
         cached = self._cache.get(token_id)
@@ -48,6 +50,10 @@ class TokenText:
 
     def text(self, token_id: int) -> str:
         return self.bytes(token_id).decode("utf-8", errors="replace")
+
+    def shown_bytes(self, token_id: int, skip_specials: bool) -> bytes:
+        """What the token adds to a text decoded with or without its special tokens."""
+        return b"" if skip_specials and token_id in self.specials else self.bytes(token_id)
 
     def _bytes(self, token_id: int) -> bytes:
         piece = self.backend.id_to_token(token_id)

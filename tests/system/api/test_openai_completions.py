@@ -117,3 +117,39 @@ def test_bad_completions_requests(client):
                          (dict(prompt=""), "empty")):
         with pytest.raises(openai.BadRequestError, match=word):
             client.completions.create(model=MODEL, max_tokens=2, **kwargs)
+
+
+SPECIALS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+
+def _assert_offsets_walk_the_text(text: str, lp, start: int = 0) -> None:
+    """`text_offset[i]` is where token i starts in `text`: the offsets step by what each token
+    adds to the text (a special token the text skips adds nothing) and never pass its end."""
+    shown = [t for t in lp.tokens if t not in SPECIALS]
+    assert all(o <= len(text) for o in lp.text_offset)
+    steps = [0 if t in SPECIALS else len(t) for t in lp.tokens]
+    assert lp.text_offset == [start + sum(steps[:i]) for i in range(len(steps))]
+    assert "".join(shown) == text[start:]
+
+
+def test_text_offsets_skip_the_special_tokens_the_text_skips(client):
+    """With ignore_eos the model writes past <|im_end|>: the text leaves the special tokens out,
+    so their 10 characters must not move the offsets (they ran past the text's end)."""
+    prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=48, temperature=0, logprobs=1, extra_body={"ignore_eos": True})
+    full = client.completions.create(**kwargs)
+    lp = full.choices[0].logprobs
+    assert any(t in SPECIALS for t in lp.tokens), lp.tokens  # the case under test happened
+    assert len(lp.tokens) == full.usage.completion_tokens == 48
+    _assert_offsets_walk_the_text(full.choices[0].text, lp)
+    # echoed, the prompt's specials are in the text (it is the prompt as sent): they count there
+    echoed = client.completions.create(echo=True, **kwargs)
+    elp, etext = echoed.choices[0].logprobs, echoed.choices[0].text
+    n_prompt = echoed.usage.prompt_tokens
+    assert etext.startswith(prompt) and "".join(elp.tokens[:n_prompt]) == prompt
+    assert elp.text_offset[:n_prompt] == [sum(len(t) for t in elp.tokens[:i]) for i in range(n_prompt)]
+    assert elp.text_offset[n_prompt:] == [len(prompt) + o for o in lp.text_offset]
+    # streamed, each chunk's offsets continue where the text so far has got to
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text and offsets == lp.text_offset

@@ -16,7 +16,7 @@ from typing import Any
 from sse_starlette import ServerSentEvent
 
 from sluice.api.errors import openai_error_type
-from sluice.api.openai.logprobs import legacy_logprobs
+from sluice.api.openai.logprobs import TextOffsets, legacy_logprobs
 from sluice.api.openai.render import FINISH, error_event, usage_object
 from sluice.serving.choices import merged
 from sluice.serving.errors import ServingError
@@ -37,20 +37,28 @@ class ChoiceView:
         self.prompt_ids = p.generation.prompt_token_ids
         raw = p.request.raw_prompt
         self.prompt_text = raw if isinstance(raw, str) else self.tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
-        self.offset = len(self.prompt_text) if echo else 0  # where the output's text starts
+        self.written = len(self.prompt_text) if echo else 0  # characters of the choice's text so far
+        # generated text skips special tokens; the echoed prompt is the prompt as sent, with them
+        self.output_offsets = TextOffsets(self.written, skip_specials=True)
 
     def echoed(self, prompt_logprobs: list[TokenLogprob | None] | None) -> tuple[str, dict[str, Any] | None]:
         lps = None
         if self.asked:
             entries = prompt_logprobs or [None] * len(self.prompt_ids)
-            lps = legacy_logprobs(self.prompt_ids, entries, self.tokenizer)
+            offsets = TextOffsets(0, skip_specials=False)
+            lps = legacy_logprobs(self.prompt_ids, entries, self.tokenizer, offsets, len(self.prompt_text))
         return self.prompt_text, lps
 
     def output(self, text: str, entries: list[TokenLogprob]) -> tuple[str, dict[str, Any] | None]:
+        """`text` and the tokens it completes (a token is reported once its text is sent, so each
+        starts within the text written so far)."""
         if self.scores_only:
             text, entries = "", []
-        lps = legacy_logprobs([e.token_id for e in entries], list(entries), self.tokenizer, self.offset) if self.asked else None
-        self.offset += len(text)
+        self.written += len(text)
+        lps = None
+        if self.asked:
+            lps = legacy_logprobs([e.token_id for e in entries], list(entries), self.tokenizer, self.output_offsets,
+                                  self.written)
         return text, lps
 
     def usage(self, u: Usage) -> Usage:

@@ -13,9 +13,10 @@ entry out; the legacy shape keeps every token (harnesses count on one entry per 
 
 from __future__ import annotations
 
+import codecs
 from typing import Any
 
-from sluice.serving.token_texts import Tokenizer, token_text
+from sluice.serving.token_texts import TokenText, Tokenizer, token_text
 from sluice.types import TokenLogprob
 
 
@@ -46,23 +47,44 @@ def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, ended_by_eo
     return {"content": chat_content(entries, tokenizer, ended_by_eos, len(text.encode())), "refusal": None}
 
 
+class TextOffsets:
+    """Where each next token starts in a text, token by token.
+
+    A token advances the text by what it adds to it, not by its own text: a special token adds
+    nothing to generated text (the detokenizer skips it) though its `tokens` entry reads
+    `<|im_end|>`; a token that ends inside a UTF-8 character adds that character once it is
+    whole (a token inside it starts where the character does). So the count is of characters
+    decoded from the tokens' bytes, which is how the text itself was made."""
+
+    def __init__(self, start: int, skip_specials: bool):
+        self.chars = start
+        self.skip_specials = skip_specials
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def advance(self, tt: TokenText, token_id: int) -> int:
+        """The offset of `token_id`, which then moves the cursor past it."""
+        at = self.chars
+        self.chars += len(self._decoder.decode(tt.shown_bytes(token_id, self.skip_specials)))
+        return at
+
+
 def legacy_logprobs(
-    token_ids: list[int], entries: list[TokenLogprob | None], tokenizer: Tokenizer, offset: int = 0
+    token_ids: list[int], entries: list[TokenLogprob | None], tokenizer: Tokenizer, offsets: TextOffsets, end: int
 ) -> dict[str, Any]:
     """Parallel lists for `token_ids` (`entries[i]` scores token i; None: the first prompt
-    token, which nothing precedes). `offset`: where their text starts in the choice's text.
-    Like vLLM, `top_logprobs` holds the chosen token too, so it is never empty (harnesses
-    compare the chosen logprob with the best one there to tell a greedy continuation)."""
+    token, which nothing precedes). `offsets`: where each token starts in the choice's text, of
+    which `end` characters are written so far (a token a stop sequence cut from the text starts
+    at its end). Like vLLM, `top_logprobs` holds the chosen token too, so it is never empty
+    (harnesses compare the chosen logprob with the best one there to tell a greedy continuation)."""
     tt = token_text(tokenizer)
     tokens: list[str] = []
     values: list[float | None] = []
     tops: list[dict[str, float] | None] = []
-    offsets: list[int] = []
+    starts: list[int] = []
     for token_id, e in zip(token_ids, entries):
         text = tt.text(token_id)
         tokens.append(text)
-        offsets.append(offset)
-        offset += len(text)
+        starts.append(min(offsets.advance(tt, token_id), end))
         if e is None:
             values.append(None)
             tops.append(None)
@@ -71,4 +93,4 @@ def legacy_logprobs(
         top = {tt.text(t): v for t, v in e.top}
         top.setdefault(text, e.logprob)
         tops.append(top)
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": starts}
