@@ -118,23 +118,19 @@ class ServingPipeline:
         self.rt = rt
 
     def tokenizer_of(self, model: str) -> tuple[Tokenizer, int]:
-        """The tokenizer and context window of the model's version that carries the most
-        traffic (what /tokenize and /detokenize use)."""
+        """The tokenizer and context window of the model's version that takes the most of its
+        live traffic (what /tokenize and /detokenize use): Fleet.leading_version."""
         fleet = self.rt.require_fleet()
         model_id = self.rt.check_model(model)
-        spec = fleet.registry.model(model_id)
-        version = max(spec.versions, key=lambda v: spec.versions[v].traffic)
+        version = fleet.leading_version(model_id)
         return fleet.version(model_id, version).tokenizer, fleet.max_model_len(model_id, version)
 
     async def count_tokens(self, model: str, conversation: Conversation) -> int:
         """The exact prompt length a generation request with this conversation would use (with
-        the tokenizer of the model's version that carries the most traffic)."""
-        fleet = self.rt.require_fleet()
-        model_id = self.rt.check_model(model)
-        spec = fleet.registry.model(model_id)
-        version = max(spec.versions, key=lambda v: spec.versions[v].traffic)
+        the tokenizer of tokenizer_of's version)."""
+        tokenizer, _ = self.tokenizer_of(model)
         fmt = resolve_tool_format(self.rt.settings.tool_format)
-        prompt = await asyncio.to_thread(build_prompt, conversation, fleet.version(model_id, version).tokenizer, fmt)
+        prompt = await asyncio.to_thread(build_prompt, conversation, tokenizer, fmt)
         return len(prompt.token_ids)
 
     async def prepare(self, req: ServingRequest) -> Prepared:

@@ -16,6 +16,7 @@ from sluice.routing.fleet_file.schema import RolloutSpec
 from sluice.routing.state.rollout import Rollout, RolloutSignals
 from sluice.routing.state.routing_state import (
     MemoryRoutingStateStore, ModelRoutingState, RoutingSnapshot, VersionState, effective_weights,
+    leading_version,
 )
 from sluice.routing.state.redis_store import RedisRoutingStateStore
 from sluice.routing.state.follower import StateFollower
@@ -54,6 +55,18 @@ def test_effective_weights():
     live = ModelRoutingState(weights={"v1": 50, "v3": 50, "gone": 1}, versions={"v3": VersionState.DRAINING})
     assert effective_weights(model, live) == {"v1": 50, "v2": 0}  # v3 draining; "gone" not in the file
     assert RoutingSnapshot().model("m") == ModelRoutingState()
+
+
+def test_leading_version_follows_the_live_weights():
+    """The version count_tokens, /tokenize and /detokenize use: the heaviest of the weights
+    generation chooses by, so a retired or drained-away version is never it."""
+    model = FLEET.models["m"]
+    assert leading_version(model, ModelRoutingState()) == "v1"  # the file's traffic
+    assert leading_version(model, ModelRoutingState(weights={"v1": 10, "v2": 90})) == "v2"
+    retired = ModelRoutingState(weights={"v1": 90, "v2": 10}, versions={"v1": VersionState.RETIRED})
+    assert leading_version(model, retired) == "v2"
+    nothing = ModelRoutingState(weights={"v1": 100}, versions={"v1": VersionState.DRAINING})
+    assert leading_version(model, nothing) == "v1"  # no active weight: the file's heaviest
 
 
 @pytest.mark.asyncio

@@ -49,7 +49,7 @@ from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.follower import StateFollower
 from sluice.routing.state.rollout import RolloutSignals
 from sluice.routing.state.rollout_driver import RolloutDriver
-from sluice.routing.state.routing_state import RoutingStateStore
+from sluice.routing.state.routing_state import RoutingStateStore, leading_version
 from sluice.routing.state.stores import make_routing_state_store
 from sluice.worker.engine_client import EngineClient
 from sluice.worker.grpc_client import GrpcEngineClient
@@ -147,6 +147,10 @@ class Fleet:
     # -- what the serving path asks -------------------------------------------------------------
     def version(self, model_id: str, version: str) -> VersionRuntime:
         return self.runtimes.get(model_id, version)
+
+    def leading_version(self, model_id: str) -> str:
+        """The version most of the model's traffic goes to now (routing_state.leading_version)."""
+        return leading_version(self.registry.model(model_id), self.follower.snapshot.model(model_id))
 
     def max_model_len(self, model_id: str, version: str) -> int:
         return self.runtimes.max_model_len(model_id, version)

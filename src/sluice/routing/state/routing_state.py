@@ -78,6 +78,18 @@ def effective_weights(model: ModelSpec, state: ModelRoutingState) -> dict[str, f
     }
 
 
+def leading_version(model: ModelSpec, state: ModelRoutingState) -> str:
+    """The version that takes the most of the model's traffic now, by the weights generation
+    chooses by (`effective_weights`): whose tokenizer counts and tokenizes for requests that
+    generate nothing (count_tokens, /tokenize, /detokenize), so that during a rollout they
+    follow the traffic, never a retired version. With no ACTIVE version weighted (a moment
+    generation refuses anyway) the fleet file's heaviest, as before any live state."""
+    weights = effective_weights(model, state)
+    if any(w > 0 for w in weights.values()):
+        return max(weights, key=lambda v: weights[v])
+    return max(model.versions, key=lambda v: model.versions[v].traffic)
+
+
 class RoutingStateStore(Protocol):
     """Where the live routing state lives. Writers use compare-and-set on a model's revision."""
 
