@@ -49,30 +49,3 @@ def test_failed_health_checks_eject_a_worker():
     pool.record_health("a", False)
     pool.record_health("a", False)
     assert pool.candidates("m", "v") == []
-
-
-def test_remote_workers_follow_the_fleet_file():
-    from sluice.routing.fleet_file.loader import parse_fleet
-
-    def fleet(stable_workers: str, canary_workers: str):
-        return parse_fleet(f"""
-[models.m.versions.stable]
-weights = "bundled"
-traffic = 1
-replicas = 1
-workers = [{stable_workers}]
-[models.m.versions.canary]
-weights = "bundled"
-workers = [{canary_workers}]
-max_outstanding_tokens = 99
-""")
-
-    pool = WorkerPool()
-    pool.add("local-0", "m", "stable", "unix:/tmp/w0", status=WorkerStatus.WARM)  # the supervisor's
-    assert pool.sync_remote(fleet('"h:1", "h:2"', '"h:3"')) == (["h:1", "h:2", "h:3"], [])
-    assert pool.get("h:3").status is WorkerStatus.STARTING and pool.get("h:3").max_outstanding_tokens == 99
-    pool.set_status("h:1", WorkerStatus.WARM)
-    # h:2 moves to the canary, h:3 leaves; h:1 and the local replica are untouched
-    assert pool.sync_remote(fleet('"h:1"', '"h:2"')) == (["h:2"], ["h:2", "h:3"])
-    assert pool.get("h:2").version == "canary" and pool.get("h:1").status is WorkerStatus.WARM
-    assert pool.get("local-0") is not None and pool.get("h:3") is None

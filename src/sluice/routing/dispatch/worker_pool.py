@@ -24,7 +24,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from sluice.routing.dispatch.circuit_breaker import BreakerConfig, CircuitBreaker, Outcome, Permit
-from sluice.routing.fleet_file.schema import FleetSpec
 from sluice.routing.dispatch.worker_picker import Candidate
 
 
@@ -85,31 +84,6 @@ class WorkerPool:
                             status, max_outstanding_tokens)
         self._workers[worker_id] = entry
         return entry
-
-    def sync_remote(self, fleet: FleetSpec) -> tuple[list[str], list[str]]:
-        """Make the pool's remote workers match the fleet's `workers` addresses (at start-up
-        and on reload): new addresses join as STARTING (the health poller warms them), gone
-        ones leave, an address that moved to another version rejoins there. Returns (added,
-        removed) worker ids (a remote worker's id is its address)."""
-        wanted: dict[str, tuple[str, str, int | None]] = {}
-        for model_id, model in fleet.models.items():
-            for name, version in model.versions.items():
-                for addr in version.workers:
-                    wanted[addr] = (model_id, name, version.max_outstanding_tokens)
-        removed = []
-        for w in [w for w in self._workers.values() if w.remote]:
-            spec = wanted.get(w.worker_id)
-            if spec is None or spec[:2] != (w.model_id, w.version):
-                self.remove(w.worker_id)
-                removed.append(w.worker_id)
-            else:
-                w.max_outstanding_tokens = spec[2]
-        added = []
-        for addr, (model_id, name, limit) in wanted.items():
-            if addr not in self._workers:
-                self.add(addr, model_id, name, addr, max_outstanding_tokens=limit).remote = True
-                added.append(addr)
-        return added, removed
 
     def remove(self, worker_id: str) -> None:
         if self._workers.pop(worker_id, None) is not None:
