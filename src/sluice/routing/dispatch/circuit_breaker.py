@@ -80,14 +80,6 @@ class CircuitBreaker:
             self._state is BreakerState.HALF_OPEN and self._probe_deadline is None
         )
 
-    def retry_in_s(self) -> float:
-        """Seconds until an open circuit lets a probe through (0 when it would now)."""
-        now = self._clock()
-        self._advance(now)
-        if self._state is not BreakerState.OPEN:
-            return 0.0
-        return max(0.0, self._opened_at + self._cooldown - now)
-
     def try_acquire(self) -> Permit | None:
         """A permit to send one request, or None when the circuit refuses it."""
         now = self._clock()
