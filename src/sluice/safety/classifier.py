@@ -111,12 +111,6 @@ class Classifier:
         self.stats.samples.append((time.perf_counter() - t0) * 1000)
         return pooled
 
-    def classify_sync(self, text: str) -> ClassifierResult:
-        if self.model is None:
-            return ClassifierResult(UNAVAILABLE)
-        t0 = time.perf_counter()
-        return ClassifierResult(OK, self.scores(text), (time.perf_counter() - t0) * 1000)
-
     async def classify(self, text: str, deadline_s: float | None = None) -> ClassifierResult:
         """Scores, or TIMEOUT when `deadline_s` passes first (the call finishes in the pool and
         is dropped), or SATURATED when `max_pending` calls are already queued."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sluice.safety import classifier as classifier_mod
-from sluice.safety.classifier import OK, SATURATED, TIMEOUT, Classifier
+from sluice.safety.classifier import OK, SATURATED, TIMEOUT, Classifier, ClassifierResult
 from sluice.safety.normalize import Normalized, Normalizer, normalize
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.policy import PolicyError, load_policy, parse_policy
@@ -205,9 +205,14 @@ def test_classifier_loads_from_the_wheel_without_network(monkeypatch):
     assert classifier_mod.load_bundled_model().classes
 
 
+def classify_now(clf: Classifier, text: str) -> ClassifierResult:
+    """One classification through the classifier's own (async) path, from a test's thread."""
+    return asyncio.run(clf.classify(text))
+
+
 def test_classifier_scores_injection_and_benign(clf):
-    bad = clf.classify_sync(INJECTION)
-    good = clf.classify_sync("How do I reverse a list in Python?")
+    bad = classify_now(clf, INJECTION)
+    good = classify_now(clf, "How do I reverse a list in Python?")
     assert bad.status == OK and bad.scores["prompt_injection"] + bad.scores["jailbreak"] > 0.97
     assert good.scores["prompt_injection"] + good.scores["jailbreak"] < 0.5
 
@@ -244,7 +249,7 @@ def test_classifier_timeout_and_saturation(clf):
 
 def test_long_text_windows_find_a_buried_injection(clf):
     long_text = " ".join(BENIGN[:20]) + " " + INJECTION + " " + " ".join(BENIGN[20:40])  # ~3,500 chars
-    r = clf.classify_sync(long_text)
+    r = classify_now(clf, long_text)
     assert len(long_text) < 4000  # the API sends the conversation's last 4,000 characters
     assert r.scores["prompt_injection"] + r.scores["jailbreak"] > 0.9
 
@@ -262,7 +267,6 @@ def test_pipeline_classify_thresholds_and_fail_modes(clf):
     hit, miss = asyncio.run(run())
     assert hit.category == "inj" and hit.layer == "L2" and hit.score > 0.97 and hit.action == "refuse"
     assert miss is None
-    from sluice.safety.classifier import ClassifierResult
 
     closed = p.judge(ClassifierResult(SATURATED), "L2")
     assert closed.category == "harm" and closed.rule == "classifier:saturated"  # "inj" fails open
@@ -270,7 +274,7 @@ def test_pipeline_classify_thresholds_and_fail_modes(clf):
 
 def test_classifier_false_positive_rate_is_reported(pipeline):
     c = pipeline.classifier
-    flagged = [line for line in BENIGN if pipeline.judge(c.classify_sync(line), "L2") is not None]
+    flagged = [line for line in BENIGN if pipeline.judge(classify_now(c, line), "L2") is not None]
     print(f"\nL2 benign flagged: {len(flagged)}/{len(BENIGN)} {flagged[:5]}")
     assert len(flagged) / len(BENIGN) < 0.05
 
