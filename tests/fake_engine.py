@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from sluice.engine.stats import EngineStats
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
 from sluice.worker.engine_client import ModelInfo
+from sluice.worker.warmup import is_warmup
 
 
 @dataclass
@@ -38,7 +39,7 @@ class FakeEngine:
         self.up = True  # what ready() answers (a test takes the worker down)
 
     async def generate(self, request: GenerationRequest, trace_metadata=()) -> AsyncGenerator[GenerationEvent, None]:
-        if request.request_id.startswith("warmup-"):  # the fleet's warm-up: one token, not counted
+        if is_warmup(request.request_id):  # the fleet's warm-up: one token, not counted
             yield GenerationEvent(request.request_id, "", [0], finished=True, finish_reason=FinishReason.LENGTH,
                                   usage=Usage(len(request.prompt_token_ids), 1, 0))
             return

@@ -17,15 +17,15 @@ SPEC is a comma-separated list of:
     load_delay_s=S         the model load waits S seconds first (the worker listens and reports
                            "loading" meanwhile): a slow load, observable however fast the machine
 
-Warm-up requests (ids starting with `warmup-`, sent by the gateway before a worker takes
-traffic) are exempt, so a faulty worker still becomes ready and the fault hits real traffic.
+Warm-up requests (worker/warmup.py: sent by the gateway before a worker takes traffic) are
+exempt, so a faulty worker still becomes ready and the fault hits real traffic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-WARMUP_PREFIX = "warmup-"
+from sluice.worker.warmup import is_warmup
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,4 +75,4 @@ class FaultSpec:
 
     @staticmethod
     def exempt(request_id: str) -> bool:
-        return request_id.startswith(WARMUP_PREFIX)
+        return is_warmup(request_id)

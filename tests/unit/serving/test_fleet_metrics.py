@@ -34,6 +34,7 @@ from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
+from sluice.worker.warmup import is_warmup
 from tests.fake_engine import FakeEngine, Script
 
 BLOCK = 8
@@ -53,7 +54,7 @@ class HeldEngine(FakeEngine):
         self.arrived = asyncio.Event()
 
     async def generate(self, request, trace_metadata=()):
-        if not request.request_id.startswith("warmup-"):
+        if not is_warmup(request.request_id):
             self.arrived.set()
         async for event in super().generate(request, trace_metadata):
             yield event

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -22,14 +21,12 @@ from dataclasses import dataclass, field
 from sluice.aio import cancel_and_wait
 from sluice.engine.stats import EngineStats
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
-from sluice.types import GenerationRequest, SamplingParams
 from sluice.worker.engine_client import EngineClient, ModelInfo
-from sluice.worker.faults import WARMUP_PREFIX
 from sluice.worker.grpc_client import GrpcEngineClient
 from sluice.worker.supervisor import WorkerSupervisor
+from sluice.worker.warmup import warmup_request
 
 log = logging.getLogger("sluice.routing")
-WARMUP_PROMPT = [1, 2, 3, 4]  # any valid ids: the warm-up runs a prefill and one decode
 
 
 @dataclass(slots=True, eq=False)
@@ -122,9 +119,7 @@ class HealthPoller:
     async def _warm_up(self, h: WorkerHandle) -> None:
         if h.info is None:
             h.info = await h.client.info()
-        req = GenerationRequest(f"{WARMUP_PREFIX}{uuid.uuid4().hex[:12]}", WARMUP_PROMPT,
-                                SamplingParams(max_tokens=1, temperature=0.0), tenant="\0warmup")
-        async with aclosing(h.client.generate(req)) as events:
+        async with aclosing(h.client.generate(warmup_request())) as events:
             async for event in events:
                 if event.finished:
                     break
