@@ -19,7 +19,7 @@ from contextlib import aclosing
 from anyio import CancelScope
 
 from sluice.serving.admission import Disconnected
-from sluice.serving.outcomes import Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
+from sluice.serving.outcomes import Outcome
 from sluice.serving.pipeline import Generation, ServingPipeline
 from sluice.serving.request import ServingRequest
 from sluice.types import INT64_MAX
@@ -108,7 +108,3 @@ async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Outcome]]:
             for g in gens:
                 await g.close()
 
-
-def is_piece(outcome: Outcome) -> bool:
-    """Not a final outcome: text or a piece of a tool call."""
-    return isinstance(outcome, (TextDelta, ToolCallStarted, ToolInputDelta, ToolCallDone))

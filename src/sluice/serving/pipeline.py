@@ -45,8 +45,8 @@ from sluice.serving.stages.guarded_stream import guarded
 from sluice.models.tokenizer import Tokenizer
 from sluice.serving.stages.lookahead import Lookahead
 from sluice.models.tools.format import ToolFormat
-from sluice.serving.outcomes import (Failed, Final, Finished, Outcome, ServerToolResult, TextDelta, ToolCallDone, ToolCallStarted,
-                                     ToolInputDelta)
+from sluice.serving.outcomes import (Failed, Final, Finished, Outcome, ServerToolResult, TextDelta, ToolCallDone,
+                                     ToolPiece)
 from sluice.routing.dispatch.router import RoutePlan
 from sluice.serving.planning import Planner
 from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
@@ -59,7 +59,6 @@ from sluice.serving.search_tool.tool_loop import SearchRounds, attached_service
 from sluice.types import GenerationRequest, TokenLogprob
 
 L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
-TOOL_PIECES = (ToolCallStarted, ToolInputDelta, ToolCallDone, ServerToolResult)
 
 
 @dataclass(slots=True)
@@ -251,7 +250,7 @@ class Generation:
             async with aclosing(stream) as outcomes:
                 async for outcome in outcomes:
                     yield outcome
-                    if not isinstance(outcome, (TextDelta, *TOOL_PIECES)):
+                    if not isinstance(outcome, TextDelta | ToolPiece):
                         return
         except ServingError as exc:  # the engine went away or refused mid-way
             yield Failed(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
@@ -285,7 +284,7 @@ class Generation:
                             blocks.append(outcome.text)
                     elif isinstance(outcome, (ToolCallDone, ServerToolResult)):
                         blocks.append(outcome)
-                    elif not isinstance(outcome, TOOL_PIECES):
+                    elif not isinstance(outcome, ToolPiece):
                         final = outcome
 
         try:
