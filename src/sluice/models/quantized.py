@@ -58,9 +58,6 @@ class QuantizedWeight:
         array = dequantize(self.data.reshape(-1), GGMLQuantizationType[self.qtype.value])
         return torch.from_numpy(np.ascontiguousarray(array.reshape(self.rows, self.cols), dtype=np.float32)).to(dtype)
 
-    def permute_rows(self, order: np.ndarray) -> "QuantizedWeight":
-        return QuantizedWeight(self.qtype, self.rows, self.cols, np.ascontiguousarray(self.data[order]))
-
     @staticmethod
     def concat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
         first = parts[0]

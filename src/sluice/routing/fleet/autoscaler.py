@@ -206,9 +206,5 @@ class LocalAutoscaler:
             })
         return out
 
-    def warm_pool_sizes(self) -> dict[tuple[str, str], int]:
-        """(model, version) -> STANDBY workers, for every autoscaled version (0 included)."""
-        return {key: (sc.observed.warm if sc.observed else 0) for key, sc in self.scalers.items()}
-
     async def close(self) -> None:
         await cancel_and_wait([t for sc in self.scalers.values() for t in sc.starts])
