@@ -142,104 +142,115 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
+class WatchedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a ConnectionWatch on each connection and a ReadGuard's
+    limits on each request; `watched_protocol` makes the subclass that names the two."""
+
+    _watch: ConnectionWatch
+    _guard: ReadGuard
+    _sluice_state: ConnectionState | None = None
+    _header_phase = True  # reading a request line + headers (or waiting for its first byte)
+    _header_bytes = 0
+    _tail = b""  # the last bytes seen, to find a header terminator split across reads
+    _header_timer: asyncio.TimerHandle | None = None
+    _rejected = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        set_nodelay(transport)
+        state = ConnectionState(transport)
+        self._sluice_state = state
+        self._watch.add(state)
+        super().connection_made(_CountingTransport(transport, state))  # type: ignore[arg-type]
+        if self._guard.full():  # too many connections are mid-request: refuse this one outright
+            self._reject(503, "too many connections with incomplete requests; retry shortly")
+            return
+        self._begin_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._sluice_state is not None:
+            self._watch.remove(self._sluice_state)
+        self._end_request()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        if self._header_phase:
+            if self._header_timer is None:  # the first byte of the next kept-alive request
+                self._begin_request()
+            end = (self._tail + data).find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+            self._tail = data[-3:]
+            limit = self._guard.limits.max_header_bytes
+            if self._header_bytes > limit:
+                self._reject(431, f"request headers are larger than the {limit}-byte limit")
+                return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[SCOPE_KEY] = self._sluice_state  # type: ignore[literal-required]
+
+    def on_headers_complete(self) -> None:
+        self._header_phase = False
+        self._cancel_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._end_request()  # fully read; the next request's timer starts with its first byte
+        self._header_phase, self._header_bytes, self._tail = True, 0, b""
+
+    # -- the read guard ----------------------------------------------------------------------
+    def _begin_request(self) -> None:
+        self._guard.incomplete.add(self)
+        self._header_timer = self.loop.call_later(self._guard.limits.header_timeout_s, self._header_timeout)
+
+    def _end_request(self) -> None:
+        self._cancel_timer()
+        self._guard.incomplete.discard(self)
+
+    def _cancel_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self._header_phase and not self.transport.is_closing():
+            if self._header_bytes == 0:  # connected and never said anything: nobody to answer
+                self._guard.count(408)
+                self._rejected = True
+                self._end_request()
+                self.transport.close()
+            else:
+                timeout_s = self._guard.limits.header_timeout_s
+                self._reject(408, f"the request headers did not arrive within {timeout_s:g}s")
+
+    def _reject(self, status: int, message: str) -> None:
+        self._guard.count(status)
+        log.info("refused a request with %d: %s", status, message)
+        self._rejected = True
+        self._end_request()
+        self.transport.write(raw_error_response(status, message, getattr(self, "url", None) or b""))
+        # Lingering close: send FIN after the response but keep reading (and dropping) for a
+        # moment. Closing with the peer's bytes still unread makes the kernel send RST, and an
+        # RST can destroy the response before the client has read it.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
 def watched_protocol(watch: ConnectionWatch, guard: ReadGuard | None = None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with this watch on each connection, and the read limits of
-    `guard` (read_guard.py) on each request."""
-    guard = guard or ReadGuard()
-    limits = guard.limits
+    `guard` (read_guard.py) on each request: a subclass per server, as uvicorn takes a class."""
+    read_guard = guard or ReadGuard()
 
-    class WatchedHttpToolsProtocol(HttpToolsProtocol):
-        _sluice_state: ConnectionState | None = None
-        _header_phase = True  # reading a request line + headers (or waiting for its first byte)
-        _header_bytes = 0
-        _tail = b""  # the last bytes seen, to find a header terminator split across reads
-        _header_timer: asyncio.TimerHandle | None = None
-        _rejected = False
+    class ServerProtocol(WatchedHttpToolsProtocol):
+        _watch = watch
+        _guard = read_guard
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            set_nodelay(transport)
-            state = ConnectionState(transport)
-            self._sluice_state = state
-            watch.add(state)
-            super().connection_made(_CountingTransport(transport, state))  # type: ignore[arg-type]
-            if guard.full():  # too many connections are mid-request: refuse this one outright
-                self._reject(503, "too many connections with incomplete requests; retry shortly")
-                return
-            self._begin_request()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._sluice_state is not None:
-                watch.remove(self._sluice_state)
-            self._end_request()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self._rejected:
-                return
-            if self._header_phase:
-                if self._header_timer is None:  # the first byte of the next kept-alive request
-                    self._begin_request()
-                end = (self._tail + data).find(b"\r\n\r\n")
-                self._header_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
-                self._tail = data[-3:]
-                if self._header_bytes > limits.max_header_bytes:
-                    self._reject(431, f"request headers are larger than the {limits.max_header_bytes}-byte limit")
-                    return
-            super().data_received(data)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self.scope[SCOPE_KEY] = self._sluice_state  # type: ignore[literal-required]
-
-        def on_headers_complete(self) -> None:
-            self._header_phase = False
-            self._cancel_timer()
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            super().on_message_complete()
-            self._end_request()  # fully read; the next request's timer starts with its first byte
-            self._header_phase, self._header_bytes, self._tail = True, 0, b""
-
-        # -- the read guard ------------------------------------------------------------------
-        def _begin_request(self) -> None:
-            guard.incomplete.add(self)
-            self._header_timer = self.loop.call_later(limits.header_timeout_s, self._header_timeout)
-
-        def _end_request(self) -> None:
-            self._cancel_timer()
-            guard.incomplete.discard(self)
-
-        def _cancel_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _header_timeout(self) -> None:
-            self._header_timer = None
-            if self._header_phase and not self.transport.is_closing():
-                if self._header_bytes == 0:  # connected and never said anything: nobody to answer
-                    guard.count(408)
-                    self._rejected = True
-                    self._end_request()
-                    self.transport.close()
-                else:
-                    self._reject(408, f"the request headers did not arrive within {limits.header_timeout_s:g}s")
-
-        def _reject(self, status: int, message: str) -> None:
-            guard.count(status)
-            log.info("refused a request with %d: %s", status, message)
-            self._rejected = True
-            self._end_request()
-            self.transport.write(raw_error_response(status, message, getattr(self, "url", None) or b""))
-            # Lingering close: send FIN after the response but keep reading (and dropping) for a
-            # moment. Closing with the peer's bytes still unread makes the kernel send RST, and an
-            # RST can destroy the response before the client has read it.
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
-            self.loop.call_later(LINGER_S, self.transport.close)
-
-    return WatchedHttpToolsProtocol
+    return ServerProtocol
 
 
 def connection_of(scope: dict) -> ConnectionState | None:
