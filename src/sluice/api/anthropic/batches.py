@@ -94,21 +94,23 @@ def _items(spec: BatchCreate) -> list[tuple[str, Any]]:
     return items
 
 
-def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
-    router = APIRouter()
-    store = BatchStore(rt.settings.batch_retention_s, rt.settings.max_batches)
-    batch_tier = load_tiers(rt.settings.tiers)["batch"]
+class BatchExecutor:
+    """Runs one batch item through the serving pipeline as the configured batch tier: its band
+    and queue deadline, uncharged by per-minute limits."""
 
-    def runner_for(principal: Principal) -> Principal:
-        # the configured batch tier's band and queue deadline, uncharged by per-minute limits
-        return replace(principal, tier=batch_tier.name, priority=batch_tier.priority, limits=None,
-                       queue_deadline_s=batch_tier.queue_deadline_s)
+    def __init__(self, rt: ServingRuntime, pipeline: ServingPipeline):
+        self.rt, self.pipeline = rt, pipeline
+        self.tier = load_tiers(rt.settings.tiers)["batch"]
 
-    async def execute(principal: Principal, body: MessagesRequest) -> Result:
+    def runner_for(self, principal: Principal) -> Principal:
+        t = self.tier
+        return replace(principal, tier=t.name, priority=t.priority, limits=None, queue_deadline_s=t.queue_deadline_s)
+
+    async def execute(self, principal: Principal, body: MessagesRequest) -> Result:
         try:
-            sreq = to_serving_request(body, principal, new_id("msg"), VERSIONS[0], rt.settings, route=Route.BATCH)
+            sreq = to_serving_request(body, principal, new_id("msg"), VERSIONS[0], self.rt.settings, route=Route.BATCH)
             sreq.band = principal.priority
-            gen = await pipeline.start(sreq)
+            gen = await self.pipeline.start(sreq)
             message = render_message(gen, await gen.collect(), plan_for(gen))
             message["usage"]["service_tier"] = "batch"
             return {"type": "succeeded", "message": message}
@@ -120,8 +122,21 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             log.exception("batch item failed")
             return {"type": "errored", "error": ApiError(500, "Internal server error").anthropic_body(None)}
 
-    def base_url(request: Request) -> str:
-        return str(request.base_url).rstrip("/")
+
+def _base_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
+    router = APIRouter()
+    store = BatchStore(rt.settings.batch_retention_s, rt.settings.max_batches)
+    _collection_routes(router, rt, store, BatchExecutor(rt, pipeline))
+    _batch_routes(router, rt, store)
+    return router
+
+
+def _collection_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore, executor: BatchExecutor) -> None:
+    """Create a batch (it starts running at once) and list the tenant's batches."""
 
     @router.post("/v1/messages/batches", openapi_extra=doc.operation(
         doc.Family.ANTHROPIC, body="BatchCreate", ok="MessageBatch", errors=(*doc.ENGINE, 429)))
@@ -134,21 +149,25 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             rt.check_model(body.model)
         batch = Batch(new_id("msgbatch"), principal.tenant, items)
         store.add(batch)
-        runner = runner_for(principal)
-        batch.task = rt.keep_task(run_batch(batch, lambda body: execute(runner, body), PER_BATCH_CONCURRENCY))
-        return batch_json(batch, base_url(request))
+        runner = executor.runner_for(principal)
+        batch.task = rt.keep_task(run_batch(batch, lambda body: executor.execute(runner, body), PER_BATCH_CONCURRENCY))
+        return batch_json(batch, _base_url(request))
 
     @router.get("/v1/messages/batches", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatchList"))
     async def list_batches(request: Request, limit: int = doc.limit(), after_id: str | None = None, before_id: str | None = None) -> Any:
         principal = await require_principal(request, rt.authenticator)
         batches = {b.id: b for b in store.for_tenant(principal.tenant)}
-        base = base_url(request)
+        base = _base_url(request)
         return page(list(batches), limit, after_id, before_id, lambda i: batch_json(batches[i], base))
+
+
+def _batch_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore) -> None:
+    """One batch of the tenant's: retrieve, cancel, delete, its results."""
 
     @router.get("/v1/messages/batches/{batch_id}", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP))
     async def retrieve(request: Request, batch_id: str) -> Any:
         principal = await require_principal(request, rt.authenticator)
-        return batch_json(store.get(principal.tenant, batch_id), base_url(request))
+        return batch_json(store.get(principal.tenant, batch_id), _base_url(request))
 
     @router.post("/v1/messages/batches/{batch_id}/cancel", openapi_extra=doc.operation(
         doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP))
@@ -156,7 +175,7 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
         principal = await require_principal(request, rt.authenticator)
         batch = store.get(principal.tenant, batch_id)
         batch.cancel(time.time())
-        return batch_json(batch, base_url(request))
+        return batch_json(batch, _base_url(request))
 
     @router.delete("/v1/messages/batches/{batch_id}", openapi_extra=doc.operation(
         doc.Family.ANTHROPIC, ok="DeletedBatch", errors=doc.LOOKUP))
@@ -178,5 +197,3 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
                 yield json.dumps({"custom_id": custom_id, "result": batch.results[custom_id]}, separators=(",", ":")) + "\n"
 
         return StreamingResponse(lines(), media_type="application/binary")
-
-    return router
