@@ -13,17 +13,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 
 from sluice.api.app import create_app
-from sluice.api.server import build_server, make_socket
+from sluice.api.server import DrainingServer, build_server, make_socket
 from sluice.config import Settings
 from sluice.errors import InvalidRequestError
 from sluice.gateway.factory import build_authenticator
 from sluice.gateway.tiers import load_tiers
 from sluice.heap import freeze_startup_objects, trim_heap
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
-from sluice.serving.fleet_setup import Fleet, build_registry, start_fleet
+from sluice.serving.fleet_setup import Fleet, Registry, build_registry, start_fleet
 from sluice.serving.guided import resolve_tool_format
 from sluice.serving.runtime import ServingRuntime, build_safety
 
@@ -55,73 +56,87 @@ async def serve(settings: Settings, access_log: bool = False) -> int:
     host, port = sock.getsockname()[:2]
     base = f"http://{host}:{port}"
     _say(f"listening on {base} (loading the model...)")
-    server = build_server(app, rt, access_log)
-    fleet: Fleet | None = None
-    exit_code = 0
-    started = time.perf_counter()
+    process = ServeProcess(settings, rt, build_server(app, rt, access_log), base, auth_mode)
+    return await process.run(sock)
 
-    def give_up(reason: str) -> None:
-        # the local workers keep dying: exit non-zero so our own supervisor restarts the process
-        nonlocal exit_code
-        exit_code = EXIT_WORKER_FAILED
-        rt.startup_error = reason
+
+class ServeProcess:
+    """One `sluice serve` from its bound socket to its exit code: the server listens while the
+    fleet comes up beside it; SIGHUP reloads; the fleet and stores close however it ends."""
+
+    def __init__(self, settings: Settings, rt: ServingRuntime, server: DrainingServer, base: str, auth_mode: str):
+        self.settings, self.rt, self.server, self.base, self.auth_mode = settings, rt, server, base, auth_mode
+        self.fleet: Fleet | None = None
+        self.exit_code = 0
+        self.started = time.perf_counter()
+
+    async def run(self, sock: socket.socket) -> int:
+        loop = asyncio.get_running_loop()
+        # installed before anything slow: SIGHUP's default action would end the process
+        loop.add_signal_handler(signal.SIGHUP, self.on_hangup)
+        task = asyncio.create_task(self.bring_up())
+        try:
+            await self.server.serve(sockets=[sock])
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            if self.fleet is not None:
+                await self.fleet.close()
+            await self.rt.replay.close()
+            await self.rt.idempotency.close()
+        return self.exit_code
+
+    def give_up(self, reason: str) -> None:
+        """The local workers keep dying: exit non-zero so our own supervisor restarts the process."""
+        self.exit_code = EXIT_WORKER_FAILED
+        self.rt.startup_error = reason
         _say(f"error: {reason}; exiting")
-        server.should_exit = True
+        self.server.should_exit = True
 
-    async def bring_up() -> None:
-        nonlocal fleet, exit_code
+    async def bring_up(self) -> None:
+        settings, rt = self.settings, self.rt
         # the safety pipelines (~1 s: the classifier's model, the pattern databases) build on a
         # thread while the workers load, not after them: they were the last second before /ready
         safety = asyncio.ensure_future(asyncio.to_thread(build_safety, settings)) if settings.safety else None
         try:
             registry = build_registry(settings, list(load_tiers(settings.tiers)))
-            fleet = await start_fleet(settings, registry)
+            self.fleet = fleet = await start_fleet(settings, registry)
             if safety is not None:
                 rt.safety = await safety
-            fleet.on_give_up = give_up
-            rt.mark_ready(fleet, fleet.capacity()[0])
-            # start-up's objects out of the collector's full passes (heap.py), then the freed heap
-            # the tokenizers' build and the safety pipelines' peak left behind (docs/BENCHMARKS.md,
-            # "Serve memory") given back once
-            rt.metrics.gc_frozen.set(freeze_startup_objects())
-            trim_heap()
-            rt.keep_task(follow_capacity(rt, fleet, settings.health_check_interval_s))
-            workers = ", ".join(f"{h.model_id}/{h.version}@{h.worker_id}" for h in fleet.handles.values())
-            _say(
-                f"ready: {', '.join(registry.fleet.models)} at {base}/v1 (workers: {workers}; auth: {auth_mode}, "
-                f"limits: {settings.limits_store}; started in {time.perf_counter() - started:.1f}s)"
-            )
+            fleet.on_give_up = self.give_up
+            self.ready(registry, fleet)
         except Exception as exc:
             if safety is not None:
                 safety.cancel()  # its thread ends on its own; nobody needs its result (or error)
             rt.startup_error = str(exc)
-            exit_code = EXIT_START_FAILED
+            self.exit_code = EXIT_START_FAILED
             _say(f"error: start-up failed: {exc}")
-            server.should_exit = True
+            self.server.should_exit = True
 
-    def on_hangup() -> None:
-        if fleet is None:
+    def ready(self, registry: Registry, fleet: Fleet) -> None:
+        rt, settings = self.rt, self.settings
+        rt.mark_ready(fleet, fleet.capacity()[0])
+        # start-up's objects out of the collector's full passes (heap.py), then the freed heap
+        # the tokenizers' build and the safety pipelines' peak left behind (docs/BENCHMARKS.md,
+        # "Serve memory") given back once
+        rt.metrics.gc_frozen.set(freeze_startup_objects())
+        trim_heap()
+        rt.keep_task(follow_capacity(rt, fleet, settings.health_check_interval_s))
+        workers = ", ".join(f"{h.model_id}/{h.version}@{h.worker_id}" for h in fleet.handles.values())
+        _say(
+            f"ready: {', '.join(registry.fleet.models)} at {self.base}/v1 (workers: {workers}; auth: {self.auth_mode}, "
+            f"limits: {settings.limits_store}; started in {time.perf_counter() - self.started:.1f}s)"
+        )
+
+    def on_hangup(self) -> None:
+        if self.fleet is None:
             log.warning("SIGHUP ignored: the fleet is still starting")
         else:
-            rt.keep_task(reload_fleet(FleetAdmin(fleet, settings.tiers)))
-
-    # installed before anything slow: SIGHUP's default action would end the process
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
-    task = asyncio.create_task(bring_up())
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        if fleet is not None:
-            await fleet.close()
-        await rt.replay.close()
-        await rt.idempotency.close()
-    return exit_code
+            self.rt.keep_task(reload_fleet(FleetAdmin(self.fleet, self.settings.tiers)))
 
 
 async def reload_fleet(admin: FleetAdmin) -> None:
