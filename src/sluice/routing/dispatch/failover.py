@@ -34,7 +34,8 @@ from sluice.errors import EngineRefusedError, EngineTimeoutError, EngineUnavaila
 from sluice.routing.dispatch.circuit_breaker import Outcome
 from sluice.routing.dispatch.health_poller import WorkerHandle, take_down
 from sluice.routing.dispatch.router import FleetRouter, RoutePlan
-from sluice.routing.dispatch.worker_pool import WorkerStatus
+from sluice.routing.dispatch.worker_picker import Pick
+from sluice.routing.dispatch.worker_pool import Dispatch, WorkerStatus
 from sluice.trace_context import inject_metadata
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest
 
@@ -74,6 +75,84 @@ class WorkerLost(Exception):
 Replan = Callable[[RoutePlan, set[str]], Awaitable[tuple[RoutePlan, GenerationRequest]]]
 
 
+class _Failover:
+    """One generation's dispatches: where it may go next, what it streamed so far, and what a
+    failed dispatch leads to (a retry, a migration, or the error the client sees)."""
+
+    def __init__(self, router: FleetRouter, plan: RoutePlan, request: GenerationRequest, replan: Replan,
+                 policy: FailoverPolicy, track: Attempted, span: Span | None):
+        self.router, self.plan, self.request, self.replan = router, plan, request, replan
+        self.policy, self.track, self.span = policy, track, span
+        self.emitted: list[int] = []  # output token ids streamed, whichever worker produced them
+        self.emitted_chars = 0
+        self.tried: set[str] = set()
+        self.lost_at: dict[str, int] = {}  # worker -> its incarnation when it failed this request
+        self.attempts = 0
+
+    async def place(self) -> tuple[Dispatch, Pick]:
+        """The next dispatch: a worker of the plan's version (a stream with output waits for one
+        that can continue it), or, before any output, a new plan when the version has none."""
+        router, policy = self.router, self.policy
+        while True:
+            avoid = _still_lost(router, self.tried, self.lost_at) if self.emitted else self.tried
+            placed = router.dispatch(self.plan, self.request, avoid)
+            if placed is None and self.emitted:
+                placed = await _wait_for_continuation(router, self.plan, self.request, self.tried, self.lost_at,
+                                                      policy.migration_wait_s)
+                if placed is None:
+                    raise EngineUnavailableError(
+                        f"no other worker of {self.plan.version_header} could continue the request within "
+                        f"{policy.migration_wait_s:g} s (tried {len(self.tried)})")
+            if placed is not None:
+                return placed
+            if self.attempts >= policy.max_attempts:
+                raise EngineUnavailableError(f"no worker could take the request after {self.attempts} attempts")
+            # raises ModelUnavailableError when nothing can
+            self.plan, self.request = await self.replan(self.plan, self.tried)
+            self.track.plan = self.plan
+
+    def begin(self, dispatch: Dispatch, pick: Pick) -> GenerationRequest:
+        """The request as this dispatch sends it: after output, a continuation of what was sent."""
+        self.track.workers.append(dispatch.worker_id)
+        if self.span is not None:
+            self.span.add_event("dispatch", {"worker": dispatch.worker_id, "version": self.plan.version_header,
+                                             "reason": pick.reason.value, "resumed_tokens": len(self.emitted)})
+        self.attempts += 1
+        if not self.emitted:
+            return self.request
+        return dataclasses.replace(
+            self.request, request_id=f"{self.request.request_id}.m{self.track.migrations}",
+            resumed_output_ids=list(self.emitted), resumed_text_chars=self.emitted_chars)
+
+    async def failed(self, dispatch: Dispatch, handle: WorkerHandle, exc: Exception) -> None:
+        """The worker refused or was lost (called while `exc` is handled): returns when the
+        request may go on elsewhere (after the retry's backoff), raises the client's error when
+        it may not."""
+        router, track, worker_id = self.router, self.track, dispatch.worker_id
+        self.tried.add(worker_id)
+        if (entry := router.pool.get(worker_id)) is not None:
+            self.lost_at[worker_id] = entry.incarnation
+        _lost(router, handle, exc)
+        track.failed.append((self.plan.model_id, self.plan.version))
+        if not self.emitted:
+            if self.attempts >= self.policy.max_attempts:
+                raise EngineUnavailableError(f"no worker could take the request after {self.attempts} attempts: {exc}") from None
+            track.retries += 1
+            if self.span is not None:
+                self.span.add_event("retry", {"worker": worker_id, "error": str(exc)})
+            log.warning("request %s: worker %s failed before any output (%s); retrying", self.request.request_id,
+                        worker_id, exc)
+            await asyncio.sleep(min(1.0, self.policy.backoff_s * 2 ** (track.retries - 1)))
+            return
+        if track.migrations >= self.policy.max_migrations:
+            raise EngineUnavailableError(f"the request lost {track.migrations + 1} workers mid-stream: {exc}") from None
+        track.migrations += 1
+        if self.span is not None:
+            self.span.add_event("migration", {"worker": worker_id, "after_tokens": len(self.emitted), "error": str(exc)})
+        log.warning("request %s: worker %s lost after %d output tokens (%s); migrating", self.request.request_id,
+                    worker_id, len(self.emitted), exc)
+
+
 async def generate_on_fleet(
     router: FleetRouter,
     handles: dict[str, WorkerHandle],
@@ -89,39 +168,13 @@ async def generate_on_fleet(
     `span`: the generation's trace span: each dispatch, retry and migration is an event on it,
     and the workers' spans are its children (the context travels in the gRPC metadata)."""
     metadata = inject_metadata(span) if span is not None else []
-    track = attempted or Attempted(plan)
-    emitted: list[int] = []
-    emitted_chars = 0
-    tried: set[str] = set()
-    lost_at: dict[str, int] = {}  # worker -> its incarnation when it failed this request
-    attempts = 0
+    run = _Failover(router, plan, request, replan, policy, attempted or Attempted(plan), span)
+    emitted = run.emitted
     while True:
-        avoid = _still_lost(router, tried, lost_at) if emitted else tried
-        placed = router.dispatch(plan, request, avoid)
-        if placed is None and emitted:
-            placed = await _wait_for_continuation(router, plan, request, tried, lost_at, policy.migration_wait_s)
-            if placed is None:
-                raise EngineUnavailableError(
-                    f"no other worker of {plan.version_header} could continue the request within "
-                    f"{policy.migration_wait_s:g} s (tried {len(tried)})")
-        if placed is None:
-            if attempts >= policy.max_attempts:
-                raise EngineUnavailableError(f"no worker could take the request after {attempts} attempts")
-            plan, request = await replan(plan, tried)  # raises ModelUnavailableError when nothing can
-            track.plan = plan
-            continue
-        dispatch, pick = placed
+        dispatch, pick = await run.place()
         handle = handles[dispatch.worker_id]
-        track.workers.append(dispatch.worker_id)
-        if span is not None:
-            span.add_event("dispatch", {"worker": dispatch.worker_id, "version": plan.version_header,
-                                        "reason": pick.reason.value, "resumed_tokens": len(emitted)})
-        attempts += 1
-        attempt_req = request
-        if emitted:
-            attempt_req = dataclasses.replace(
-                request, request_id=f"{request.request_id}.m{track.migrations}",
-                resumed_output_ids=list(emitted), resumed_text_chars=emitted_chars)
+        attempt_req = run.begin(dispatch, pick)
+        request_id = run.request.request_id
         outcome = Outcome.SUCCESS
         try:
             async with aclosing(handle.client.generate(attempt_req, metadata)) as stream:
@@ -129,8 +182,8 @@ async def generate_on_fleet(
                     if event.finished and event.finish_reason is FinishReason.ABORT:
                         raise WorkerLost(f"worker {dispatch.worker_id} aborted the request (shutting down?)")
                     emitted.extend(event.token_ids)
-                    emitted_chars += len(event.text)
-                    event.request_id = request.request_id
+                    run.emitted_chars += len(event.text)
+                    event.request_id = request_id
                     if event.finished and event.finish_reason is FinishReason.ERROR:
                         outcome = Outcome.FAILURE  # this request's fault; counted against the worker, not retried
                     yield event
@@ -139,28 +192,7 @@ async def generate_on_fleet(
             raise WorkerLost(f"worker {dispatch.worker_id} ended the stream without a final event")
         except (EngineUnavailableError, WorkerLost) as exc:
             outcome = Outcome.FAILURE
-            tried.add(dispatch.worker_id)
-            if (entry := router.pool.get(dispatch.worker_id)) is not None:
-                lost_at[dispatch.worker_id] = entry.incarnation
-            _lost(router, handle, exc)
-            track.failed.append((plan.model_id, plan.version))
-            if not emitted:
-                if attempts >= policy.max_attempts:
-                    raise EngineUnavailableError(f"no worker could take the request after {attempts} attempts: {exc}") from None
-                track.retries += 1
-                if span is not None:
-                    span.add_event("retry", {"worker": dispatch.worker_id, "error": str(exc)})
-                log.warning("request %s: worker %s failed before any output (%s); retrying", request.request_id,
-                            dispatch.worker_id, exc)
-                await asyncio.sleep(min(1.0, policy.backoff_s * 2 ** (track.retries - 1)))
-                continue
-            if track.migrations >= policy.max_migrations:
-                raise EngineUnavailableError(f"the request lost {track.migrations + 1} workers mid-stream: {exc}") from None
-            track.migrations += 1
-            if span is not None:
-                span.add_event("migration", {"worker": dispatch.worker_id, "after_tokens": len(emitted), "error": str(exc)})
-            log.warning("request %s: worker %s lost after %d output tokens (%s); migrating", request.request_id,
-                        dispatch.worker_id, len(emitted), exc)
+            await run.failed(dispatch, handle, exc)
         finally:
             router.finish_dispatch(dispatch, outcome)
 
