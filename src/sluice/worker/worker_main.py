@@ -37,7 +37,7 @@ from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.heap import freeze_startup_objects
 from sluice.models.bundled import BUNDLED_FILE
-from sluice.models.loader import load_model
+from sluice.models.loader import LoadedModel, load_model
 from sluice.worker.channel_options import SERVER_OPTIONS
 from sluice.worker.engine_client import ModelInfo
 from sluice.worker.faults import FaultSpec
@@ -103,19 +103,9 @@ async def run_worker(
         _say(f"sluice worker: warning: fault injection is on ({faults}) — a testing aid")
     servicer = EngineServicer(faults)
     health = WorkerHealth()
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    pb_grpc.add_EngineServicer_to_server(servicer, server)
-    health.add_to(server)
-    await health.loading()
-    unix_path = _unix_path(listen)
-    if unix_path:
-        _clear_stale_socket(unix_path)
-    try:
-        server.add_insecure_port(listen)  # grpc raises RuntimeError when it cannot bind
-    except RuntimeError:
-        _say(f"sluice worker: error: cannot listen on {listen} (address in use, or a bad address)")
+    server = await _start_server(listen, servicer, health)
+    if server is None:
         return 2
-    await server.start()
     stop = asyncio.Event()
     drain = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -123,34 +113,18 @@ async def run_worker(
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, drain.set)
 
-    # The factory runs on the engine thread (all torch work on one thread: see AsyncEngine).
-    # It reports back through the loop, so waiting for it holds no executor thread that
-    # asyncio.run() would then have to join at exit (a signal during the load must not wait).
-    holder: dict = {}
-    built = asyncio.Event()
-
-    def build() -> LLMEngine:
-        try:
-            if faults.load_delay_s:
-                time.sleep(faults.load_delay_s)  # the testing aid: a slow load (worker/faults.py)
-            holder["loaded"] = load_model(model, dtype, device=config.device, progress=progress, kernels=config.kernels)
-            return LLMEngine(holder["loaded"], config)
-        finally:
-            loop.call_soon_threadsafe(built.set)
-
+    load = _ModelLoad(model, dtype, config, progress, faults)
     slow_step = (lambda: time.sleep(faults.step_delay_s)) if faults.step_delay_s else None
-    engine = AsyncEngine(factory=build, before_step=slow_step).start()
+    engine = AsyncEngine(factory=load.build, before_step=slow_step).start()
     stop_wait = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({asyncio.ensure_future(built.wait()), stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({asyncio.ensure_future(load.built.wait()), stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
         await health.stopped()
         await server.stop(0)
         engine.shutdown(timeout=0.1)  # the daemon load thread dies with the process
         return 0
     try:
-        llm = await engine.wait_loaded()  # returns at once now; re-raises the load error
-        loaded = holder["loaded"]
-        info = ModelInfo(served_name(loaded.path), llm.max_model_len, loaded.tokenizer.vocab_size)
+        info = await load.info(engine)
     except Exception as exc:  # ModelLoadError and friends: one clear line, exit 2
         servicer.set_failed(str(exc))
         await health.stopped()
@@ -171,6 +145,55 @@ async def run_worker(
     await asyncio.to_thread(engine.shutdown)  # aborts all: every open stream gets its final event
     await stopping
     return exit_code
+
+
+async def _start_server(listen: str, servicer: EngineServicer, health: WorkerHealth) -> grpc.aio.Server | None:
+    """The gRPC server listening on `listen`, Health answering "loading"; None (said why) when
+    it cannot bind."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_EngineServicer_to_server(servicer, server)
+    health.add_to(server)
+    await health.loading()
+    unix_path = _unix_path(listen)
+    if unix_path:
+        _clear_stale_socket(unix_path)
+    try:
+        server.add_insecure_port(listen)  # grpc raises RuntimeError when it cannot bind
+    except RuntimeError:
+        _say(f"sluice worker: error: cannot listen on {listen} (address in use, or a bad address)")
+        return None
+    await server.start()
+    return server
+
+
+class _ModelLoad:
+    """The model load, as the engine's factory. The factory runs on the engine thread (all
+    torch work on one thread: see AsyncEngine). It reports back through the loop, so waiting
+    for it holds no executor thread that asyncio.run() would then have to join at exit (a
+    signal during the load must not wait)."""
+
+    def __init__(self, model: str | None, dtype: str, config: EngineConfig, progress: bool | None, faults: FaultSpec):
+        self.model, self.dtype, self.config, self.progress, self.faults = model, dtype, config, progress, faults
+        self.loop = asyncio.get_running_loop()
+        self.built = asyncio.Event()
+        self.loaded: LoadedModel | None = None
+
+    def build(self) -> LLMEngine:
+        try:
+            if self.faults.load_delay_s:
+                time.sleep(self.faults.load_delay_s)  # the testing aid: a slow load (worker/faults.py)
+            config = self.config
+            self.loaded = load_model(self.model, self.dtype, device=config.device, progress=self.progress,
+                                     kernels=config.kernels)
+            return LLMEngine(self.loaded, config)
+        finally:
+            self.loop.call_soon_threadsafe(self.built.set)
+
+    async def info(self, engine: AsyncEngine) -> ModelInfo:
+        """What the worker serves, once built; re-raises the load's error."""
+        llm = await engine.wait_loaded()  # returns at once now
+        assert self.loaded is not None
+        return ModelInfo(served_name(self.loaded.path), llm.max_model_len, self.loaded.tokenizer.vocab_size)
 
 
 async def _serve_until_stopped(
