@@ -22,7 +22,12 @@ class ServingMetrics:
     def __init__(self) -> None:
         self.recent = RecentLatency()  # the status page's live plot (not exported)
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._declare_http(self.registry)
+        self._declare_gateway(self.registry)
+        self._declare_engine(self.registry)
+
+    def _declare_http(self, r: CollectorRegistry) -> None:
+        """This API process's requests and connections, the safety layers' verdicts, the search tool's calls."""
         self.requests = Counter(
             "sluice_http_requests", "HTTP requests by route, status, model version (<model>/<version>, or none) and tier",
             ["route", "status", "version", "tier"], registry=r,
@@ -56,7 +61,6 @@ class ServingMetrics:
             "Objects this API process had built when ready, moved out of the cyclic collector's passes (gc.freeze)",
             registry=r,
         )
-        # safety
         self.safety_verdicts = Counter(
             "sluice_safety_verdicts", "Safety verdicts (blocks and kills) by layer and category", ["layer", "category"], registry=r
         )
@@ -64,7 +68,9 @@ class ServingMetrics:
         self.search_tool_calls = Counter(
             "sluice_search_tool_calls", "Search tool calls run by the gateway, by result", ["result"], registry=r
         )
-        # gateway
+
+    def _declare_gateway(self, r: CollectorRegistry) -> None:
+        """Admission, the queue, and the scaling signal (per model)."""
         self.gateway_requests = Counter(
             "sluice_gateway_requests", "Admitted requests by how they were served (engine, coalesced, cached)", ["kind"], registry=r
         )
@@ -80,8 +86,11 @@ class ServingMetrics:
             "Per model: (estimated tokens queued + in flight) / its serving workers' token capacity (autoscaling input)",
             ["model"], registry=r,
         )
-        # engine gauges (from EngineStats), per model version: `version` is <model>/<version>,
-        # as on the request metrics — one series per version the fleet runs, never per worker
+
+    def _declare_engine(self, r: CollectorRegistry) -> None:
+        """Engine gauges (from EngineStats), per model version: `version` is <model>/<version>,
+        as on the request metrics — one series per version the fleet runs, never per worker;
+        and the fleet's workers by state. Read at scrape time."""
         ev = ["model", "version"]
         self.running = Gauge("sluice_engine_running_requests", "Requests running in the engine", ev, registry=r)
         self.waiting = Gauge("sluice_engine_waiting_requests", "Requests waiting in the engine", ev, registry=r)
