@@ -162,7 +162,7 @@ def isolated_linears(model, m: int, reps: int) -> list[dict]:  # noqa: ANN001
 
 def _dequantized(model, lin) -> torch.Tensor:  # noqa: ANN001
     """The fp32 weight of a packed linear, read back through the kernel (x = I gives W^T exactly:
-    the kernels' identity property, tests/test_kernels.py)."""
+    the kernels' identity property, tests/unit/models/test_kernels.py)."""
     eye = torch.eye(lin.in_features)
     return lin(eye).t().contiguous()
 

@@ -1,5 +1,5 @@
-"""Dependencies point one way (DESIGN.md): a package may import only packages below it, and no
-files import each other in a loop.
+"""Dependencies point one way (docs/ARCHITECTURE.md): a package may import only packages below
+it, and no files import each other in a loop.
 
     serving:   cli → api → serving → gateway, safety → streaming → routing → observability → worker → engine → models
     inside routing/:  fleet → scaling → dispatch → state, quota → fleet_file
@@ -38,7 +38,7 @@ ROUTING_RANK = {pkg: i for i, group in enumerate(ROUTING_ORDER) for pkg in group
 SEARCH_ORDER = ["router", "tiers", "shard", "service", "contract", "index"]
 SEARCH_LEAVES = {"errors", "strict_json", "corpus", "__init__"}
 ROUTER_ORDER = ["main", "http", "runtime", "query|writes|replication", "cluster", "config|search_metrics|auth"]
-# what the API may import besides leaves and itself (DESIGN.md: api → serving → gateway/safety/streaming)
+# what the API may import besides leaves and itself (docs/ARCHITECTURE.md: api → serving → gateway/safety/streaming)
 API_REACHES = {"serving", "gateway", "safety", "streaming", "observability"}
 
 

@@ -204,7 +204,7 @@ def test_08_validation_errors(server, client):
 
 
 # -- 11. mid-stream failure is an error event ----------------------------------------------------
-# (tests/test_api_faults.py kills the worker mid-stream)
+# (tests/system/api/test_serving.py kills the worker mid-stream)
 
 
 # -- 12. disconnect, pings -------------------------------------------------------------------

@@ -4,7 +4,7 @@ Why not the `gguf` package's GGUFReader: it builds a numpy view for every part o
 value, about a million of them for a 49k-token vocabulary and its merges, which took 6-7 s of
 the bundled model's start-up (in the gateway, which reads only the tokenizer, and again in the
 worker). Here the metadata is parsed once with `struct` straight into the values
-`ReaderField.contents()` returns (the same keys, types and values: tests/test_gguf_file.py
+`ReaderField.contents()` returns (the same keys, types and values: tests/system/api/test_startup.py
 compares the two on the bundled file), and each tensor is one `np.frombuffer` view over the
 mapping, made when its `data` is read: nothing is copied and no weight byte is
 reinterpreted, so what the loaders build from it is bit-identical to what they built from

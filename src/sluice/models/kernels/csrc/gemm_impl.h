@@ -12,8 +12,9 @@
 // The TUs are built with -ffp-contract=off so that the compiler fuses no multiply and add the
 // source keeps apart. Q4_1's d*q + m is one fma, and that is still gguf's two roundings: d is an
 // fp16 (11 significant bits) and q an integer 0..15 (4 bits), so d*q has at most 15 significant
-// bits and is exact in fp32; round(d*q + m) = round(round(d*q) + m) (test_kernels.py checks d*q
-// exact for every finite fp16 d and every q, and 200,000 sampled (d, q, m) bit for bit).
+// bits and is exact in fp32; round(d*q + m) = round(round(d*q) + m) (tests/unit/models/
+// test_kernels.py checks d*q exact for every finite fp16 d and every q, and 200,000 sampled
+// (d, q, m) bit for bit).
 //
 // Small M (<= kDirectRows) dequantizes on the fly for each register block; larger M dequantizes
 // a group of panels once into an L2 scratch and runs a plain fp32 GEMM micro-kernel over it.

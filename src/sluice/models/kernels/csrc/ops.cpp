@@ -130,7 +130,7 @@ int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int
 //   linear of one stream; 65 = none split). Served on 2 cores beside the gateway: one stream's
 //   step 0.64x of serial, 32 streams 1.70x llama.cpp's throughput instead of 1.20x
 //   (docs/BENCHMARKS.md, "The second core, by default").
-// The split never changes a result (tests/test_kernels.py: 1/2/3 threads bit for bit).
+// The split never changes a result (tests/unit/models/test_kernels.py: 1/2/3 threads bit for bit).
 constexpr int64_t kAlwaysSplitRows = 64;
 std::atomic<int64_t> g_split_min_rows{kAlwaysSplitRows + 1};
 std::atomic<int64_t> g_split_min_work{int64_t(1) << 20};
