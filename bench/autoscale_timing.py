@@ -41,6 +41,7 @@ from sluice.routing.dispatch.worker_pool import WorkerStatus  # noqa: E402
 from sluice.serving.outcomes import TextDelta  # noqa: E402
 from sluice.serving.pipeline import ServingPipeline  # noqa: E402
 from sluice.serving.prompt import Conversation, Role, Turn  # noqa: E402
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest  # noqa: E402
 from sluice.serving.runtime import ServingRuntime  # noqa: E402
 
@@ -75,7 +76,7 @@ max_num_seqs = 8
 
 def request(text: str, max_tokens: int) -> ServingRequest:
     return ServingRequest(request_id=f"msg_{os.urandom(6).hex()}", route=Route.MESSAGES, principal=Principal(),
-                          model="smollm2", conversation=Conversation([Turn(Role.USER, [text])]), max_tokens=max_tokens)
+                          model="smollm2", conversation=Conversation([Turn(Role.USER, [text])]), budget=OutputBudget(max_tokens))
 
 
 async def first_token(pipeline: ServingPipeline, req: ServingRequest) -> float:

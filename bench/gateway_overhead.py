@@ -35,9 +35,11 @@ from sluice.gateway.gateway import Gateway  # noqa: E402
 from sluice.gateway.key_store import SQLiteKeyStore  # noqa: E402
 from sluice.gateway.limiter import make_limiter  # noqa: E402
 from sluice.gateway.limits import Limits  # noqa: E402
-from sluice.types import GenerationEvent  # noqa: E402
+from sluice.types import GenerationEvent, GenerationRequest, SamplingParams  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 from tests.server_process import MODEL, start_server, start_worker  # noqa: E402
+
+REQUEST = GenerationRequest("bench", [0] * 100, SamplingParams(max_tokens=100))  # 100 tokens in, 100 reserved out
 
 
 def pct(values: list[float], q: float) -> float:
@@ -63,7 +65,7 @@ async def micro(n: int, redis_url: str) -> dict:
             t0 = time.perf_counter()
             if gw is not None:
                 principal = await auth.authenticate(key)
-                session = await gw.open(principal, 100, 100, _one_event)
+                session = await gw.open(principal, REQUEST, _one_event)
                 async for _ in session.events():
                     pass
                 await session.close()

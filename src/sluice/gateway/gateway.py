@@ -23,7 +23,7 @@ from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.limiter import GuardedLimiter
 from sluice.gateway.limits import Decision, LimitReason
 from sluice.gateway.principal import Principal
-from sluice.types import GenerationEvent, token_cost
+from sluice.types import GenerationEvent, GenerationRequest
 
 Producer = Callable[[], AsyncGenerator[GenerationEvent, None]]
 
@@ -158,8 +158,7 @@ class Gateway:
     async def open(
         self,
         principal: Principal,
-        input_tokens: int,
-        max_tokens: int,
+        request: GenerationRequest,
         produce: Producer,
         key: str | None = None,
         use_cache: bool = True,
@@ -169,10 +168,13 @@ class Gateway:
     ) -> Session:
         """`limited`: set once the rate limits have admitted the request (what is left is the
         queue's wait), so a stream opens early only while it queues, never while a limit —
-        or a hung limits store — may still refuse it."""
+        or a hung limits store — may still refuse it. `request`: what the limits and the queue
+        count (its prompt, its max_tokens reserved, its `token_cost`)."""
+        max_tokens = request.sampling.max_tokens
         decision = Decision(True)
         if self.limiter is not None and principal.limits is not None:
-            decision = await self.limiter.acquire(principal.limit_key, principal.limits, input_tokens, max_tokens)
+            decision = await self.limiter.acquire(principal.limit_key, principal.limits, len(request.prompt_token_ids),
+                                                   max_tokens)
             if not decision.allowed:
                 self.counts[Outcome.RATE_LIMITED if decision.reason is not LimitReason.STORE_UNAVAILABLE else Outcome.OVERLOADED] += 1
                 raise RateLimited(decision)
@@ -192,7 +194,7 @@ class Gateway:
                 self._join(session, key, None)  # rides an existing generation: needs no engine capacity
                 return session
             wait = principal.queue_deadline_s if deadline_s is None else min(deadline_s, principal.queue_deadline_s)
-            ticket = Ticket(principal.priority if band is None else band, token_cost(input_tokens, max_tokens), self._clock() + wait, principal.tenant)
+            ticket = Ticket(principal.priority if band is None else band, request.token_cost, self._clock() + wait, principal.tenant)
             lease = await self.admission.acquire(ticket)
             session.queue_time_s = lease.waited_s
             if key is not None and self.coalescer is not None:

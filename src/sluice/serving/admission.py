@@ -21,7 +21,7 @@ from sluice.serving.errors import ErrorKind, ServingError, overloaded
 from sluice.serving.request import ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.trace_context import tracer
-from sluice.types import GenerationEvent
+from sluice.types import GenerationEvent, GenerationRequest
 
 Disconnected = Callable[[], Awaitable[bool]]  # True once the caller has gone away
 _POLL_S = 0.25  # how often a waiting caller is checked for a disconnect
@@ -42,8 +42,7 @@ async def open_session(
     rt: ServingRuntime,
     req: ServingRequest,
     version: str,
-    prompt_len: int,
-    max_tokens: int,
+    gen: GenerationRequest,
     produce: Callable[[], AsyncGenerator[GenerationEvent, None]],
     limited: asyncio.Event | None = None,
 ) -> Session:
@@ -58,7 +57,7 @@ async def open_session(
     try:
         with tracer().start_as_current_span("gateway.admission") as span:
             session = await gw.open(
-                req.principal, prompt_len, max_tokens, produce,
+                req.principal, gen, produce,
                 key=key, use_cache=req.use_cache, deadline_s=req.queue_timeout_s, band=req.band, limited=limited,
             )
             span.set_attribute("sluice.session", session.kind.value)

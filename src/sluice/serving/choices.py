@@ -20,6 +20,7 @@ from anyio import CancelScope
 
 from sluice.serving.admission import Disconnected
 from sluice.serving.outcomes import Outcome
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.pipeline import Generation, ServingPipeline
 from sluice.serving.request import ServingRequest
 from sluice.types import INT64_MAX
@@ -39,8 +40,9 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 
 def per_choice(req: ServingRequest, n: int, first_index: int = 0) -> list[ServingRequest]:
-    """`n` copies of `req`, one per choice: their own request id, seed and coalescing key (two
-    choices must never be merged into one generation)."""
+    """`n` copies of `req`, one per choice: their own request id, seed, coalescing key (two
+    choices must never be merged into one generation) and output budget (each choice spends
+    its own max_tokens)."""
     if n == 1 and first_index == 0:
         return [req]
     out = []
@@ -51,6 +53,7 @@ def per_choice(req: ServingRequest, n: int, first_index: int = 0) -> list[Servin
             request_id=f"{req.request_id}-{index}",
             sampling=dataclasses.replace(req.sampling, seed=choice_seed(req.sampling.seed, i)),
             dedup_body=None if req.dedup_body is None else {**req.dedup_body, "_choice": index},
+            budget=OutputBudget(req.budget.limit),
         ))
     return out
 

@@ -164,8 +164,9 @@ class ServingPipeline:
         began = loop.time()
         limited = asyncio.Event()  # the rate limits have decided: only the queue is left
         opening = asyncio.ensure_future(
-            open_session(rt, req, prepared.plan.version_header, len(gen.prompt_token_ids), gen.sampling.max_tokens,
-                         lambda: generate(rt, prepared.planner, prepared.plan, gen, req.route.value, req.principal.tier), limited)
+            open_session(rt, req, prepared.plan.version_header, gen,
+                         lambda: generate(rt, prepared.planner, prepared.plan, gen, req.route.value, req.principal.tier),
+                         limited)
         )
         try:
             admitted = await until_admitted(opening, disconnected, wait_s, limited)

@@ -105,9 +105,10 @@ class Planner:
 
     async def _price(self, tokenizer: Tokenizer, window: int) -> Priced:
         req = self.request
-        if req.max_tokens is not None and req.max_tokens > window - 1:  # the prompt takes >= 1 token
+        left = req.budget.left  # the client's max_tokens, less what earlier rounds of the reply spent
+        if left is not None and left > window - 1:  # the prompt takes >= 1 token
             raise invalid(
-                f"max_tokens: {req.max_tokens} > {window - 1}, which is the maximum allowed number of output "
+                f"max_tokens: {left} > {window - 1}, which is the maximum allowed number of output "
                 f"tokens for {req.model}", param="max_tokens",
             )
         fmt = resolve_tool_format(self.fleet.settings.tool_format)
@@ -117,7 +118,7 @@ class Planner:
         if n >= window:
             raise invalid(f"prompt is too long: {n} tokens > {window - 1} maximum")
         # None: the rest of the context window; 0 (prefill only): compute the prompt, one token
-        max_tokens = window - n if req.max_tokens is None else max(1, req.max_tokens)
+        max_tokens = window - n if left is None else max(1, left)
         # the grammar is checked in full here (off the loop: a large schema compiles for a while)
         guided = await asyncio.to_thread(guided_for, req.conversation, req.tool_choice, req.output_format, fmt)
         sampling = SamplingParams.of(req.sampling, max_tokens=max_tokens, guided=guided)

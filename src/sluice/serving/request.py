@@ -13,6 +13,7 @@ from typing import Any
 from sluice.gateway.principal import Principal
 from sluice.tool_types import SearchToolUse, ToolChoice
 from sluice.serving.guided import OutputFormat
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.prompt import Conversation
 from sluice.types import Sampling
 
@@ -39,9 +40,9 @@ class ServingRequest:
     principal: Principal
     model: str  # the id the client asked for
     conversation: Conversation
-    # max_tokens None = the rest of the context window (OpenAI's default); 0 = prefill only
-    # (Anthropic's cache warm-up: the prompt is computed, nothing is returned)
-    max_tokens: int | None
+    # the client's max_tokens, and what is left of it: one object however many generations
+    # the reply takes (the search tool's rounds share it)
+    budget: OutputBudget
     sampling: Sampling = field(default_factory=Sampling)  # budget and grammar join at planning (SamplingParams.of)
     # the canonical body for coalescing identical requests (None: never coalesce); fields that
     # do not change the reply are already left out by the wire format
@@ -67,7 +68,7 @@ class ServingRequest:
 
     @property
     def prefill_only(self) -> bool:
-        return self.max_tokens == 0
+        return self.budget.limit == 0
 
     @property
     def server_tool_names(self) -> frozenset[str]:

@@ -230,6 +230,9 @@ def test_an_open_session_keeps_its_slot_past_the_lease_ttl(store, redis_server):
     from sluice.gateway.limiter import GuardedLimiter
     from sluice.gateway.limiter_redis import RedisLimiter
     from sluice.gateway.principal import Principal
+    from sluice.types import GenerationRequest, SamplingParams
+
+    ONE = GenerationRequest("r", [0], SamplingParams(max_tokens=1))  # one input token, one output
 
     async def nothing():
         return
@@ -241,13 +244,13 @@ def test_an_open_session_keeps_its_slot_past_the_lease_ttl(store, redis_server):
         gateway = Gateway(AdmissionQueue(), limiter)
         principal = Principal(key_id=_key(), limits=Limits(max_concurrent=1))
         try:
-            session = await gateway.open(principal, 1, 1, nothing)
+            session = await gateway.open(principal, ONE, nothing)
             await asyncio.sleep(1.0)  # over three TTLs
             with pytest.raises(RateLimited) as info:
-                await gateway.open(principal, 1, 1, nothing)
+                await gateway.open(principal, ONE, nothing)
             assert info.value.decision.reason == "concurrency"
             await session.close()
-            again = await gateway.open(principal, 1, 1, nothing)
+            again = await gateway.open(principal, ONE, nothing)
             await again.close()
             assert limiter.store_errors == 0
         finally:

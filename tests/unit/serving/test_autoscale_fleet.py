@@ -35,6 +35,7 @@ from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.serving.outcomes import Finished
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from tests.clock import FakeClock
@@ -148,7 +149,7 @@ class Scenario:
         """n requests at once; a future of their final outcomes."""
         async def one(i: int):
             req = ServingRequest(request_id=f"msg_{os.urandom(4).hex()}_{i}", route=Route.MESSAGES, principal=Principal(),
-                                 model="m", conversation=Conversation([Turn(Role.USER, ["hi"])]), max_tokens=max_tokens)
+                                 model="m", conversation=Conversation([Turn(Role.USER, ["hi"])]), budget=OutputBudget(max_tokens))
             gen = await self.pipeline.start(req)
             return (await gen.collect()).final
 

@@ -31,6 +31,7 @@ from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.outcomes import Finished
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from tests.fake_engine import FakeEngine, Script
@@ -86,7 +87,7 @@ def run(coro):
 
 def request(i: int, user: str) -> ServingRequest:
     return ServingRequest(request_id=f"msg_{i}", route=Route.MESSAGES, principal=Principal(), model="m",
-                          conversation=Conversation([Turn(Role.USER, ["hello"])]), max_tokens=4, affinity_user=user)
+                          conversation=Conversation([Turn(Role.USER, ["hello"])]), budget=OutputBudget(4), affinity_user=user)
 
 
 # -- weights ----------------------------------------------------------------------------------

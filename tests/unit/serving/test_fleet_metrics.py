@@ -32,6 +32,7 @@ from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.serving.outcomes import Finished
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.worker.warmup import is_warmup
@@ -122,7 +123,7 @@ class Harness:
         for _ in range(n):
             arrived = self.expect(worker)
             request = ServingRequest(request_id=f"msg_{len(self.consumers)}", route=Route.MESSAGES, principal=Principal(),
-                                     model=model, conversation=Conversation([Turn(Role.USER, ["hello"])]), max_tokens=8)
+                                     model=model, conversation=Conversation([Turn(Role.USER, ["hello"])]), budget=OutputBudget(8))
             depth = q.depth
             gen = await self.pipeline.start(request, wait_s=0.01)
             self.consumers.append(asyncio.ensure_future(_read(gen)))

@@ -19,6 +19,7 @@ from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.types import FinishReason, Sampling
@@ -50,7 +51,7 @@ def make(tiny_dir, script: Script | None = None, **settings):
 def request(text: str = "hi", max_tokens: int | None = 8, **kw) -> ServingRequest:
     return ServingRequest(
         request_id=kw.pop("request_id", "msg_1"), route=Route.MESSAGES, principal=kw.pop("principal", Principal()),
-        model=MODEL, conversation=Conversation([Turn(Role.USER, [text])]), max_tokens=max_tokens,
+        model=MODEL, conversation=Conversation([Turn(Role.USER, [text])]), budget=OutputBudget(max_tokens),
         sampling=Sampling(temperature=kw.pop("temperature", 1.0)), **kw,
     )
 

@@ -14,6 +14,7 @@ from sluice.routing.fleet_file.search_service import SearchServiceSpec
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.outcomes import Failed, Finished, ServerToolResult, TextDelta, ToolCallDone, ToolCallStarted
 from sluice.serving.prompt import Conversation, Turn
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.search_tool import tool_loop
 from sluice.serving.search_tool.search_client import hit_result, search
@@ -73,7 +74,7 @@ def test_the_fleets_key_and_top_k_are_sent(monkeypatch):
 
 def _request(max_tokens: int | None = 100, max_uses: int | None = None) -> ServingRequest:
     conv = Conversation([Turn(Role.USER, ["q?"])], prefill="So")
-    return ServingRequest("msg_1", Route.MESSAGES, Principal("t"), "m", conv, max_tokens,
+    return ServingRequest("msg_1", Route.MESSAGES, Principal("t"), "m", conv, OutputBudget(max_tokens),
                           tool_choice=ToolChoice(ToolChoiceMode.TOOL, "web_search"), search_tool=SearchToolUse("web_search", max_uses))
 
 
@@ -92,10 +93,12 @@ def _round(*calls: str, text: str = "", out: int = 10, client: int = 0, reason: 
 
 
 COUNTED: list[str] = []  # the metric's labels, per call, of the latest _run
+LEFT: list[int | None] = []  # each next round's budget as it started (the rounds share one budget)
 
 
 def _run(req: ServingRequest, rounds: list, monkeypatch, fail_search: bool = False):
     COUNTED.clear()
+    LEFT.clear()
     queries: list[str] = []
     started: list[ServingRequest] = []
     ended: list[bool] = []
@@ -106,10 +109,11 @@ def _run(req: ServingRequest, rounds: list, monkeypatch, fail_search: bool = Fal
 
     async def next_round(r: ServingRequest):
         started.append(r)
+        LEFT.append(r.budget.left)
         nxt = rounds.pop(0)
         if isinstance(nxt, Exception):
             raise nxt
-        return nxt
+        return nxt(r) if callable(nxt) else nxt
 
     async def end_first():
         ended.append(True)
@@ -129,7 +133,7 @@ def test_a_search_round_feeds_the_next_and_usage_adds_up(monkeypatch):
     assert isinstance(final, Finished) and not final.called_tools and final.server_tool_uses == 1
     assert final.usage == Usage(40, 20, 10)
     nxt = started[0]
-    assert nxt.request_id == "msg_1-1" and nxt.tool_choice.mode is ToolChoiceMode.AUTO and nxt.max_tokens == 90
+    assert nxt.request_id == "msg_1-1" and nxt.tool_choice.mode is ToolChoiceMode.AUTO and LEFT == [90]
     assert nxt.dedup_body is None and not nxt.use_cache
     turns = nxt.conversation.turns
     assert turns[1].role is Role.ASSISTANT and turns[1].parts[0] == "SoLet me look."
@@ -152,7 +156,7 @@ def test_the_fleet_caps_a_requests_max_uses(monkeypatch):
     rounds = [_round(str(i)) for i in range(10)]
     out, queries, started, _ = _run(_request(max_uses=50), rounds, monkeypatch)
     assert len(queries) == SERVICE.max_uses and len(started) == SERVICE.max_uses and out[-1].paused
-    assert [s.max_tokens for s in started] == [90, 80, 70]  # one budget for the whole reply
+    assert LEFT == [90, 80, 70] and {id(s.budget) for s in started} == {id(started[0].budget)}  # one budget for the reply
 
 
 def test_a_client_call_hands_the_turn_back(monkeypatch):
@@ -164,6 +168,31 @@ def test_a_client_call_hands_the_turn_back(monkeypatch):
 def test_the_token_budget_spans_rounds(monkeypatch):
     out, _, started, _ = _run(_request(max_tokens=10), [_round("a", out=10)], monkeypatch)
     assert not started and out[-1].reason is FinishReason.LENGTH and not out[-1].paused
+
+
+def _honest_round(want: int):
+    """A round that searches and generates `want` tokens, or as many as its request's budget
+    leaves (then it is cut: LENGTH), as the engine would."""
+    def start(r: ServingRequest):
+        left = r.budget.left
+        out = want if left is None else min(want, left)
+        return _round("more", out=out, reason=FinishReason.EOS if out == want else FinishReason.LENGTH)
+    return start
+
+
+@pytest.mark.parametrize("max_tokens", [1, 7, 10, 25, 29, 30, 31, 100])
+def test_the_rounds_never_spend_more_than_max_tokens_and_usage_is_exact(monkeypatch, max_tokens):
+    """Whatever max_tokens is, the rounds' outputs add up to at most it, each round starts with
+    exactly what the earlier ones left, and the final usage counts every round's tokens."""
+    first = _honest_round(10)(_request(max_tokens))
+    out, _, started, _ = _run(_request(max_tokens, max_uses=3), [first, *(_honest_round(10) for _ in range(3))],
+                              monkeypatch)
+    final = out[-1]
+    rounds = 1 + len(started)
+    spent = min(max_tokens, 10 * rounds)
+    assert final.usage == Usage(20 * rounds, spent, 5 * rounds) and spent <= max_tokens
+    assert LEFT == [max_tokens - 10 * i for i in range(1, rounds)]
+    assert final.reason is (FinishReason.LENGTH if max_tokens <= 10 * rounds else FinishReason.EOS)
 
 
 def test_a_round_cut_after_its_call_still_answers_it(monkeypatch):
@@ -189,7 +218,7 @@ def test_no_service_is_a_400_naming_it():
         attached_service(None, _request())
     assert exc.value.kind is ErrorKind.INVALID_REQUEST and "[search]" in exc.value.message
     assert attached_service(SERVICE, _request()) is SERVICE
-    assert attached_service(None, ServingRequest("x", Route.MESSAGES, Principal("t"), "m", Conversation([]), 1)) is None
+    assert attached_service(None, ServingRequest("x", Route.MESSAGES, Principal("t"), "m", Conversation([]), OutputBudget(1))) is None
 
 
 def test_continued_keeps_text_and_drops_cut_calls():

@@ -15,6 +15,7 @@ from sluice.api.headers import pinned_version, queue_timeout, wants_cache
 from sluice.api.json_body import json_object
 from sluice.config import Settings
 from sluice.gateway.principal import Principal
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.types import Sampling
 
@@ -92,7 +93,7 @@ def to_serving_request(
         principal=principal,
         model=body.model,
         conversation=to_conversation(body),
-        max_tokens=body.max_tokens,
+        budget=OutputBudget(body.max_tokens),
         sampling=sampling_of(body, version, settings),
         # a reply that runs searches depends on the index's state: never shared nor cached
         dedup_body=None if search is not None else body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),

@@ -22,6 +22,7 @@ from sluice.api.openai.sampling import sampling_of
 from sluice.gateway.principal import Principal
 from sluice.serving.choices import per_choice
 from sluice.serving.prompt import Conversation, Role, Turn
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 
 _NOT_IN_KEY = {"stream", "stream_options", "user"}
@@ -78,7 +79,7 @@ def to_serving_requests(body: CompletionRequest, principal: Principal, request_i
             principal=principal,
             model=body.model,
             conversation=Conversation([Turn(Role.USER, [text])]),  # what the input safety rules read
-            max_tokens=body.max_tokens,
+            budget=OutputBudget(body.max_tokens),
             sampling=sampling,
             dedup_body={**dedup, "prompt": prompt},
             queue_timeout_s=queue_timeout(request),

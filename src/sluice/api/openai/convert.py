@@ -16,6 +16,7 @@ from sluice.errors import InvalidRequestError
 from sluice.tool_types import Part, ToolResult
 from sluice.gateway.principal import Principal
 from sluice.serving.prompt import Conversation, Role, Turn
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 
 _ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT,
@@ -78,7 +79,7 @@ def to_serving_request(body: ChatCompletionRequest, principal: Principal, reques
         principal=principal,
         model=body.model,
         conversation=to_conversation(body),
-        max_tokens=body.max_completion_tokens or body.max_tokens,  # None: the rest of the context window
+        budget=OutputBudget(body.max_completion_tokens or body.max_tokens),  # None: the rest of the context window
         sampling=sampling_of(body, logprobs=(body.top_logprobs or 0) if body.logprobs else None),
         dedup_body=body.model_dump(exclude_none=True, exclude=_NOT_IN_KEY),
         queue_timeout_s=queue_timeout(request),

@@ -13,7 +13,9 @@ Bounds, so nothing loops: at most `max_uses` searches (the request's, never abov
 `search.max_uses`; a call past it gets a `max_uses_exceeded` result without a search) and
 `max_uses + 1` rounds; a reply still searching after the last round ends `paused` (Anthropic's
 `pause_turn`: the client sends it back to continue). `max_tokens` bounds the output of all
-rounds together. `tool_choice` applies to the first round; later rounds are `auto` (a forced
+rounds together: every round's request carries the reply's one OutputBudget
+(serving/output_budget.py), which planning sizes each round by and the loop spends each round's
+output on. `tool_choice` applies to the first round; later rounds are `auto` (a forced
 call would force a search every round). The final usage is every round's summed, with the
 searches the service answered counted in `server_tool_uses`.
 """
@@ -135,16 +137,15 @@ class SearchRounds:
                 yield _with_usage(final, self.spent, self.answered)
                 return
             self.spent = _plus(self.spent, final.usage)
-            budget = self.req.max_tokens  # the whole reply's, all rounds together
-            left = None if budget is None else budget - self.spent.output_tokens
-            out_of_tokens = left is not None and left <= 0
+            req.budget.spend(final.usage.output_tokens)  # the next round gets what is left
+            out_of_tokens = req.budget.exhausted
             if client_calls or out_of_tokens or round_no == self.max_uses:
                 reason = FinishReason.LENGTH if out_of_tokens and not client_calls else FinishReason.EOS
                 yield Finished(reason, usage=self.spent, tool_calls=client_calls, server_tool_uses=self.answered,
                                paused=not client_calls and not out_of_tokens)
                 return
             choice = ToolChoice(ToolChoiceMode.AUTO, None, req.tool_choice.disable_parallel)
-            req = dataclasses.replace(req, request_id=f"{self.req.request_id}-{round_no + 1}", max_tokens=left,
+            req = dataclasses.replace(req, request_id=f"{self.req.request_id}-{round_no + 1}",
                                       conversation=continued(req.conversation, reply, results), tool_choice=choice,
                                       dedup_body=None, use_cache=False, queue_timeout_s=None)
             try:
