@@ -86,7 +86,7 @@ fuzz: install
 	  tests/system/search/test_openapi_fuzz.py $(PYTEST_ARGS)
 
 bench: install
-	$(BIN)/python bench/engine_throughput.py
+	$(BIN)/python bench/serving/engine_throughput.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis

@@ -1,5 +1,5 @@
 """The operating system's name for the calling thread (Linux: PR_SET_NAME), so `top -H`, `ps -L`,
-py-spy and bench/served_steps.py tell sluice's busy threads apart. Python 3.11's
+py-spy and bench/serving/served_steps.py tell sluice's busy threads apart. Python 3.11's
 `threading.Thread(name=...)` names the thread for Python only: every thread of a worker shows
 as "python" to the system. The kernels' helper threads name themselves (csrc/helper_pool.h);
 other threads a named thread starts inherit its name (torch's OpenMP team, which the engine

@@ -36,7 +36,7 @@ ENGINE_SETTINGS = (
 
 # One source for the defaults other modules report before an engine exists (EngineStats).
 # 8, not 16: on CPU a smaller block costs no measurable throughput and halves the unfilled
-# tail per request (KV waste 4.6 % -> 2.2 % on bench/engine_throughput.py, docs/BENCHMARKS.md)
+# tail per request (KV waste 4.6 % -> 2.2 % on bench/serving/engine_throughput.py, docs/BENCHMARKS.md)
 DEFAULT_BLOCK_SIZE = 8
 # Speculative decoding: proposals verified per decode at most (0 = off), and the cap.
 SPECULATIVE_TOKENS_DEFAULT = 0
@@ -114,7 +114,7 @@ class EngineConfig:
     # CUDA graphs for decode-only steps (engine/decode_graphs.py): captured per batch-size and
     # block-count bucket on first use, then replayed. Only on a CUDA device (ignored, with a log
     # line, on the CPU). Off until measured on a GPU (docs/BENCHMARKS.md, "GPU"); an engine
-    # setting only for now (bench/engine_throughput.py --set cuda_graphs=true), not a server flag.
+    # setting only for now (bench/serving/engine_throughput.py --set cuda_graphs=true), not a server flag.
     cuda_graphs: bool = False
     # Speculative decoding without a draft model (engine/speculative.py): a decode may verify up to
     # this many tokens proposed from the request's own context (n-gram lookup) in its step, per

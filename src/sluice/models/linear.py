@@ -1,7 +1,7 @@
 """y = x·Wᵀ + b with the fastest kernel the device offers.
 
 On CPU we prepack each weight once for oneDNN (`mkldnn._reorder_linear_weight`). Measured on
-this project's 2-core AVX-512 machine (bench/engine_throughput.py, docs/BENCHMARKS.md), prepacked
+this project's 2-core AVX-512 machine (bench/serving/engine_throughput.py, docs/BENCHMARKS.md), prepacked
 oneDNN runs the SmolLM2 layers 1.6-2.3x faster than the MKL path behind F.linear at decode batch
 sizes (M=1..32), and the 49k-row vocabulary projection ~2.4x faster, because MKL re-packs the
 whole weight on every call. oneDNN is also batch-invariant for K <= 576 (a row's result does not

@@ -4,7 +4,7 @@
 No timing here (a busy machine makes any bound flaky): what is checked is what makes start-up
 fast and still correct. The reader gives exactly what gguf's GGUFReader gives; the gateway never
 imports torch; a prestarted worker is adopted (one worker, not two) and a failing one reports
-as before. The figures are bench/startup_memory.py's (docs/BENCHMARKS.md, "Start-up and memory").
+as before. The figures are bench/serving/startup_memory.py's (docs/BENCHMARKS.md, "Start-up and memory").
 """
 
 from __future__ import annotations

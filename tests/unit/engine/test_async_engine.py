@@ -48,7 +48,7 @@ def test_concurrent_streams_match_the_sync_engine(tiny_llama):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names through /proc are Linux's")
 def test_the_engine_thread_carries_its_name_for_the_system(tiny_llama):
-    # top -H, py-spy and bench/served_steps.py see "sluice-engine", not "python"
+    # top -H, py-spy and bench/serving/served_steps.py see "sluice-engine", not "python"
     engine = _engine(tiny_llama)
     try:
         comm = Path(f"/proc/self/task/{engine._thread.native_id}/comm")

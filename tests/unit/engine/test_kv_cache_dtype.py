@@ -1,7 +1,7 @@
 """The opt-in 16-bit K/V cache (EngineConfig.kv_cache_dtype = float16): the pool stores half the
 bytes, the engine runs on both paths, and greedy output stays close to the fp32 cache's (it is
 not exact: each K/V value is rounded to fp16 once; the deviation over many prompts is measured
-by bench/numerics_quality.py, docs/BENCHMARKS.md)."""
+by bench/kernels/numerics_quality.py, docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def test_benign_replies_flow_with_small_holdback_and_no_false_positives(pipeline
     per_token_us = t_total / feeds * 1e6
     print(f"\nL3 benign: fp={rate:.4f} mean hold-back={mean_held:.2f} chars, {per_token_us:.1f} µs/token (incl. flush)")
     assert rate < 0.01, fp
-    assert mean_held <= 3.0  # (the time per token is a benchmark figure: bench/safety_overhead.py)
+    assert mean_held <= 3.0  # (the time per token is a benchmark figure: bench/serving/safety_overhead.py)
 
 
 def test_shared_stats_report_holdback(pipeline):

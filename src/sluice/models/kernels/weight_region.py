@@ -5,7 +5,7 @@ TLB covers with 4 KiB pages (Zen 3's 2,048 L2 entries map 8 MB), so each of its 
 a page walk per step. Gathered into one region that asks for transparent huge pages
 (`madvise(MADV_HUGEPAGE)`: the default THP mode, `madvise`, gives them only to regions that ask),
 the same weights span ~48 pages: one stream's step took 0.95x the time on one core and 0.93x on
-two (bench/weight_pages.py: medians of four alternating pairs of processes; docs/BENCHMARKS.md,
+two (bench/kernels/weight_pages.py: medians of four alternating pairs of processes; docs/BENCHMARKS.md,
 "Weights on huge pages"). Where the kernel gives no huge pages (THP `never`) the region is
 ordinary memory and nothing else changes.
 

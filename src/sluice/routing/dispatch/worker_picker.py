@@ -21,7 +21,7 @@ that hold it (the ones it was sent to), with the number of groups each worker ho
    is deterministic). `NEW_PREFIX`. This is what balances the *cache*: the load bound alone
    sees only the work in flight, and a sequence of short requests leaves every worker idle,
    so before this table a hash chose alone and eight tenants could split 6/2 over two
-   workers, the busier pool evicting (bench/prefix_affinity.py). Bounding each worker's
+   workers, the busier pool evicting (bench/serving/prefix_affinity.py). Bounding each worker's
    share of the keys, not only of the load, is the other half of consistent hashing with
    bounded loads (Mirrokni et al.); SGLang's cache-aware router places unmatched prompts on
    the worker with the smallest prefix tree for the same reason.

@@ -72,7 +72,7 @@ class WeightsKind(str, enum.Enum):
 class WorkerChoice(str, enum.Enum):
     AFFINITY = "affinity"  # prefix affinity under the load bound (dispatch/worker_picker.py): the default
     # every request to the next worker in turn: for prompts that share nothing, and the
-    # baseline the affinity benchmark compares against (bench/prefix_affinity.py)
+    # baseline the affinity benchmark compares against (bench/serving/prefix_affinity.py)
     ROUND_ROBIN = "round_robin"
 
 

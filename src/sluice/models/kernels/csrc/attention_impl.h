@@ -109,7 +109,7 @@ static void decode_task(const AttnArgs& a, int64_t index) {
   // (~150 MB in a 32-stream step) comes from memory in blocks of a few KB scattered through the
   // cache, where the hardware prefetchers find no stream to follow; asked for only as the loops
   // reach them, the rows arrive one miss at a time. All of them in flight together, the task runs
-  // at the memory's rate (bench/decode_attention_micro.py: scattered cases 0.75x, the case in L2
+  // at the memory's rate (bench/kernels/decode_attention_micro.py: scattered cases 0.75x, the case in L2
   // 1.03-1.05x; a 32-stream step 0.96x, paired in one process; asking one or more tasks ahead
   // instead measured the same).
   if (n > kPrefetchGroups * kGroup)

@@ -5,7 +5,7 @@
 // the interpreter's dispatch, pybind's argument conversion, and a release and re-acquire of the
 // GIL, which a worker's gRPC and asyncio threads also want (docs/BENCHMARKS.md, "Where a served
 // token's time goes"). Here the layers' weights are bound once at load and a step passes only
-// what changes per step: one stream's step took 0.957x the loop's time (bench/decoder_stack.py,
+// what changes per step: one stream's step took 0.957x the loop's time (bench/kernels/decoder_stack.py,
 // docs/BENCHMARKS.md "Every layer in one extension call").
 //
 // Included by ops.cpp inside its namespace, after the ops it calls (linear_q4, linear_q8,

@@ -78,7 +78,7 @@ class HelperPool {
     // The helpers still in the call are running, mid-chunk (a few microseconds of work): wait
     // for them spinning, yielding (a preempted helper may share this core), and sleep on done_
     // only if that takes long. Sleeping at once cost each call a futex wake-up, ~10 us on this
-    // machine (bench/batch1_cores.py: one stream's step 0.645 -> 0.61x of serial with the spin).
+    // machine (bench/kernels/batch1_cores.py: one stream's step 0.645 -> 0.61x of serial with the spin).
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kWaitSpinUs);
     while (joined_.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < until) sched_yield();
     if (joined_.load(std::memory_order_acquire) != 0) {
@@ -179,7 +179,7 @@ class HelperPool {
   }
 
   void loop(int slot) {
-#if defined(__linux__)  // named for top -H, py-spy and bench/served_steps.py (15 characters at most)
+#if defined(__linux__)  // named for top -H, py-spy and bench/serving/served_steps.py (15 characters at most)
     const std::string name = "sluice-helper" + std::to_string(slot);
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
 #endif

@@ -378,7 +378,7 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
 // torch.argmax(x, dim=-1) over float32 rows, the same answer: the first index of the maximum, or
 // of the first NaN in a row holding one (torch ranks NaN above everything). torch's CPU kernel
 // compares one element at a time: 1.5 ms for 32 x 49,152 logits, ~1 % of a batch-32 decode step
-// (bench/step_breakdown.py); two 4-lane passes (the maximum, then its first index) take ~0.1 ms.
+// (bench/kernels/step_breakdown.py); two 4-lane passes (the maximum, then its first index) take ~0.1 ms.
 // SSE2 only (every x86-64), so no ISA dispatch.
 int64_t argmax_row(const float* x, int64_t n) {
   const int64_t V = n / 4 * 4;
