@@ -59,6 +59,7 @@ from sluice.serving.search_tool.tool_loop import SearchRounds, attached_service
 from sluice.types import GenerationRequest, TokenLogprob
 
 L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
+NOT_FINAL = TextDelta | ToolPiece  # built once: `|` makes a new union at every evaluation
 
 
 @dataclass(slots=True)
@@ -251,7 +252,7 @@ class Generation:
             async with aclosing(stream) as outcomes:
                 async for outcome in outcomes:
                     yield outcome
-                    if not isinstance(outcome, TextDelta | ToolPiece):
+                    if not isinstance(outcome, NOT_FINAL):
                         return
         except ServingError as exc:  # the engine went away or refused mid-way
             yield Failed(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
