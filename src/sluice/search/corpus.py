@@ -3,13 +3,18 @@ synthetic Zipfian generator (fixed seed) for sizes beyond them.
 
 `debian_packages()` reads `apt-cache dumpavail` (the package lists `apt-get update` fetched;
 tens of thousands of short real documents: title = the one-line summary, body = the long
-description, section and package name as extra fields). Where apt has no lists it returns
+description, section and package name as extra fields). Debian 12's package lists carry only
+the one-line summary; the long descriptions are in the Translation-en lists, which apt fetches
+with `apt-get update -o Acquire::Languages=en` (a slim image's apt is set to `none`): where
+they are, `debian_descriptions()` fills each body from them. Where apt has no lists it returns
 nothing and `documents()` falls back to the generator. `queries()` draws query text from a
 corpus's own vocabulary (mixing frequent and rare words, some phrases and operators).
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import random
 import re
 import shutil
@@ -18,7 +23,49 @@ from collections import Counter
 from typing import Any
 
 Doc = dict[str, Any]
+APT_LISTS = "/var/lib/apt/lists"
 _FIELD = re.compile(r"^([A-Za-z-]+): ?(.*)$")
+
+
+def _paragraphs(text: str) -> list[dict[str, str]]:
+    out = []
+    for para in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        last = None
+        for line in para.split("\n"):
+            if line.startswith(" ") and last:
+                fields[last] += "\n" + line[1:]
+            elif m := _FIELD.match(line):
+                last = m.group(1)
+                fields[last] = m.group(2)
+        out.append(fields)
+    return out
+
+
+def debian_descriptions() -> dict[str, str]:
+    """Package name → its long description (English), from apt's Translation-en lists; empty
+    when apt has none (`apt-get update -o Acquire::Languages=en` fetches them)."""
+    helper = "/usr/lib/apt/apt-helper"  # reads the lists whatever their compression
+    if not os.path.exists(helper):
+        return {}
+    files = sorted(glob.glob(os.path.join(APT_LISTS, "*_i18n_Translation-en*")))
+    try:
+        out: dict[str, str] = {}
+        for f in files:
+            text = subprocess.run([helper, "cat-file", f], capture_output=True, text=True, timeout=120,
+                                  check=True).stdout
+            for fields in _paragraphs(text):
+                name, desc = fields.get("Package"), fields.get("Description-en")
+                if name and desc and name not in out:
+                    out[name] = _long_part(desc)
+        return out
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def _long_part(desc: str) -> str:
+    body = desc.partition("\n")[2]
+    return "\n".join("" if ln.strip() == "." else ln for ln in body.split("\n")).strip()
 
 
 def debian_packages(limit: int | None = None) -> list[Doc]:
@@ -30,21 +77,14 @@ def debian_packages(limit: int | None = None) -> list[Doc]:
         return []
     docs: list[Doc] = []
     seen: set[str] = set()
-    for para in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        last = None
-        for line in para.split("\n"):
-            if line.startswith(" ") and last:
-                fields[last] += "\n" + line[1:]
-            elif m := _FIELD.match(line):
-                last = m.group(1)
-                fields[last] = m.group(2)
+    long_descriptions = debian_descriptions()
+    for fields in _paragraphs(text):
         name, desc = fields.get("Package"), fields.get("Description")
         if not name or not desc or name in seen:
             continue
         seen.add(name)
-        title, _, body = desc.partition("\n")
-        body = "\n".join("" if ln.strip() == "." else ln for ln in body.split("\n")).strip()
+        title = desc.partition("\n")[0]
+        body = _long_part(desc) or long_descriptions.get(name, "")
         docs.append({"id": name, "title": title.strip(), "body": body, "section": fields.get("Section", "misc"),
                      "package": name})
         if limit is not None and len(docs) >= limit:
