@@ -112,15 +112,18 @@ class SearchToolUse:
 
 @dataclass(slots=True, frozen=True)
 class SearchResult:
-    """One document a search returned, as the model reads it (a `search_result` block)."""
+    """One document a search returned, as the model reads it (a `search_result` block): for
+    the search tool, its snippet as `text` and its age as the page says it (None: unknown)."""
 
     source: str
     title: str
     text: str
+    page_age: str | None = None
 
     def render(self) -> str:
-        """The one spelling of a search result in a prompt: title, source, text on their own lines."""
-        return "\n".join(p for p in (self.title, self.source, self.text) if p)
+        """The one spelling of a search result in a prompt: title, source, age, text on their own lines."""
+        age = f"page age: {self.page_age}" if self.page_age else ""
+        return "\n".join(p for p in (self.title, self.source, age, self.text) if p)
 
 
 def search_tool_result(tool_use_id: str, results: list[SearchResult], error_code: str | None = None) -> ToolResult:

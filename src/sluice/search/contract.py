@@ -25,6 +25,7 @@ from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.hits import Hit
 from sluice.search.index.query_syntax import MAX_QUERY_CHARS
 from sluice.search.index.query_tree import Tree, check_tree, scored_leaves
+from sluice.search.index.snippets import MAX_SNIPPET_CHARS
 
 DEFAULT_TOP_K = 10
 MIN_TOP_K = 0
@@ -34,9 +35,10 @@ MAX_TOP_K = 1000  # what a shard answers at most; the router's configured max_to
 MAX_SEARCH_BODY_BYTES = 64 << 10
 MAX_TERMS = 1024  # terms in one statistics request or one-round search
 MAX_PREFIXES = 64  # wildcard prefixes in one statistics request (at most one per query clause)
-SEARCH_FIELDS = frozenset({"query", "top_k"})
+DEFAULT_SNIPPET_CHARS = 300
+SEARCH_FIELDS = frozenset({"query", "top_k", "snippet_chars"})
 
-__all__ = ["DEFAULT_TOP_K", "MAX_QUERY_CHARS", "MAX_TOP_K", "MIN_TOP_K", "SearchRequest", "SearchResponse",
+__all__ = ["DEFAULT_SNIPPET_CHARS", "MAX_SNIPPET_CHARS", "DEFAULT_TOP_K", "MAX_QUERY_CHARS", "MAX_TOP_K", "MIN_TOP_K", "SearchRequest", "SearchResponse",
            "StatsRequest", "StatsAnswer", "ShardSearchRequest", "ShardSearchAnswer", "BulkAnswer", "DeleteAnswer"]
 
 
@@ -56,6 +58,14 @@ def _strings(value: Any, name: str, most: int) -> list[str]:
     return value
 
 
+def _bounded_int(value: Any, name: str, least: int, most: int) -> int:
+    if type(value) is not int:
+        raise _invalid(f"{name}: an integer is required")
+    if not least <= value <= most:
+        raise _invalid(f"{name} is from {least} to {most}")
+    return value
+
+
 def _top_k(value: Any, most: int) -> int:
     if type(value) is not int:
         raise _invalid("top_k: an integer is required")
@@ -72,6 +82,7 @@ class SearchRequest:
 
     query: str
     top_k: int = DEFAULT_TOP_K
+    snippet_chars: int = DEFAULT_SNIPPET_CHARS  # each hit's snippet at most this long (0: none)
 
     @classmethod
     def decode(cls, body: bytes, max_top_k: int) -> SearchRequest:
@@ -87,7 +98,8 @@ class SearchRequest:
             raise _invalid("query: a string is required")
         if len(query) > MAX_QUERY_CHARS:
             raise _invalid(f"query: at most {MAX_QUERY_CHARS} characters")
-        return cls(query, _top_k(data.get("top_k", DEFAULT_TOP_K), max_top_k))
+        return cls(query, _top_k(data.get("top_k", DEFAULT_TOP_K), max_top_k),
+                   _bounded_int(data.get("snippet_chars", DEFAULT_SNIPPET_CHARS), "snippet_chars", 0, MAX_SNIPPET_CHARS))
 
 
 @dataclasses.dataclass(slots=True)
@@ -165,11 +177,14 @@ class ShardSearchRequest:
     top_k: int = DEFAULT_TOP_K
     stats: CollectionStats | None = None
     unknown: list[str] | None = None
+    snippet_chars: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out = {"tree": self.tree, "top_k": self.top_k, "stats": None if self.stats is None else self.stats.to_json()}
         if self.unknown is not None:
             out["unknown"] = self.unknown
+        if self.snippet_chars:
+            out["snippet_chars"] = self.snippet_chars
         return out
 
     @classmethod
@@ -188,7 +203,8 @@ class ShardSearchRequest:
             unknown = _strings(unknown, "unknown", MAX_TERMS)
             if stats is None or scored_leaves(tree) is None:
                 raise _invalid("unknown needs global stats and a tree without phrases")
-        return cls(tree, _top_k(data.get("top_k", DEFAULT_TOP_K), MAX_TOP_K), stats, unknown)
+        return cls(tree, _top_k(data.get("top_k", DEFAULT_TOP_K), MAX_TOP_K), stats, unknown,
+                   _bounded_int(data.get("snippet_chars", 0), "snippet_chars", 0, MAX_SNIPPET_CHARS))
 
 
 @dataclasses.dataclass(slots=True)

@@ -118,6 +118,38 @@ def test_the_reply_can_be_sent_back_to_continue(client):
     assert again.usage.server_tool_use is not None  # declared: counted, even when the model searches nothing
 
 
+def _sent_back(reply, **hit_changes):
+    """The conversation a client continues with: the question, the reply's blocks as the SDK
+    dumps them (each search result changed by `hit_changes`), a follow-up question."""
+    blocks = [b.model_dump(exclude_none=True) for b in reply.content]
+    for b in blocks:
+        if b["type"] == "web_search_tool_result" and isinstance(b["content"], list):
+            b["content"] = [] if hit_changes.get("drop") else [h | hit_changes for h in b["content"]]
+    return [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": blocks},
+            {"role": "user", "content": "And in Berlin?"}]
+
+
+def _prompt_tokens(usage) -> int:
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+
+
+def test_earlier_search_blocks_are_read_into_the_next_turns_prompt(client):
+    """A later turn carrying the earlier `server_tool_use` + `web_search_tool_result` blocks is
+    accepted, streaming and not, and its results are in the prompt: without them, or with a
+    page_age added, the prompt has another length; the replies' prompt is the counted one."""
+    first = _ask(client)
+    history = _sent_back(first)
+    counted = client.messages.count_tokens(model=MODEL, tools=[TOOL], messages=history).input_tokens
+    without = client.messages.count_tokens(model=MODEL, tools=[TOOL], messages=_sent_back(first, drop=True)).input_tokens
+    aged = client.messages.count_tokens(model=MODEL, tools=[TOOL],
+                                        messages=_sent_back(first, page_age="April 30, 2025")).input_tokens
+    assert counted > without + 5 and aged > counted
+    again = client.messages.create(model=MODEL, max_tokens=4, extra_body=GREEDY, tools=[TOOL], messages=history)
+    with client.messages.stream(model=MODEL, max_tokens=4, extra_body=GREEDY, tools=[TOOL], messages=history) as stream:
+        streamed = stream.get_final_message()
+    assert _prompt_tokens(again.usage) == counted == _prompt_tokens(streamed.usage)
+
+
 def test_a_stopped_search_service_is_an_error_result_and_no_service_a_400(cluster, client):
     router, server, fleet = cluster
     os.kill(router.pid, signal.SIGSTOP)  # hung: the search times out (timeout_s = 2)

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sluice.search import corpus
+from sluice.search.contract import DEFAULT_SNIPPET_CHARS
 from sluice.search.index.hits import merge
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.schema import parse_document
@@ -78,16 +79,20 @@ def test_three_shards_rank_and_score_like_one_index(kind, docs, reference, tmp_p
         queries = corpus.queries(docs, N_QUERIES)
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda q: search(router.url, q).json(), queries))
-        with_hits = 0
+        with_hits = marked = total = 0
         for q, got in zip(queries, answers):
-            want = merge([reference.search(resolve(q, reference.analyzer), 10)], 10)
+            want = merge([reference.search(resolve(q, reference.analyzer), 10, snippet_chars=DEFAULT_SNIPPET_CHARS)], 10)
             assert not got["partial"] and got["shards_answered"] == 3, got
             assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
             _in_reported_order(got["hits"], q)
             for g, w in zip(got["hits"], want):
                 assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0), q
+                assert g["snippet"] == w.snippet, q  # the same passage as one index picks
+                marked += "<b>" in g["snippet"]
+                total += 1
             with_hits += bool(want)
         assert with_hits >= 150
+        assert marked >= 0.8 * total, (marked, total)  # snippets show where the query matched
         # most queries met new terms once the shards' counts were known: one round trip
         # (router/query/global_stats/one_round.py) answered many of them, the checks above covering both paths
         one_round = status(router.url)["cache"]["one_round"]

@@ -11,6 +11,7 @@ import signal
 import httpx
 import pytest
 
+from sluice.search.index.snippets import visible_length
 from tests.system.search.cluster import search, start_router, status, wait_for
 
 DOCS = [
@@ -66,6 +67,29 @@ def test_bounds(router):
     assert search(router.url, "x" * 5000).status_code == 400
     assert search(router.url, "apt", top_k=100000).status_code == 400
     assert search(router.url, " ".join(f"w{i}" for i in range(100))).status_code == 400
+
+
+def test_every_hit_carries_its_snippet_marked_escaped_and_bounded(router):
+    r = _bulk(router.url, json.dumps({"id": "html", "title": "markup", "body": "The packaged tools: <script> & tags "
+                                      "manage packages well. " + "filler words " * 40}))
+    assert r.status_code == 200, r.text
+    hits = {h["id"]: h for h in search(router.url, "package").json()["hits"]}
+    assert set(hits) == {"apt", "dpkg", "html"} and all("<b>" in h["snippet"] for h in hits.values())
+    snippet = hits["html"]["snippet"]
+    assert "&lt;script&gt; &amp; tags" in snippet and "<b>packaged</b>" in snippet and "<b>packages</b>" in snippet
+    short = HTTP_SEARCH(router.url, {"query": "package", "snippet_chars": 20})["hits"]
+    assert short and all(0 < visible_length(h["snippet"]) <= 20 for h in short), short
+    assert all(h["snippet"] == "" for h in HTTP_SEARCH(router.url, {"query": "package", "snippet_chars": 0})["hits"])
+    for bad in (2001, -1, "300", 1.5):
+        r = httpx.post(router.url + "/v1/search", json={"query": "package", "snippet_chars": bad}, timeout=30)
+        assert r.status_code == 400 and "snippet_chars" in r.json()["error"]["message"], r.text
+    assert httpx.delete(router.url + "/v1/search/documents/html", timeout=30).status_code == 200
+
+
+def HTTP_SEARCH(url, body):  # noqa: N802
+    r = httpx.post(url + "/v1/search", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 def test_delete_and_the_cache_follow_writes(router):

@@ -62,7 +62,7 @@ def test_declared_twice_is_a_400():
 
 def test_search_blocks_sent_back_are_the_call_and_its_result_in_order():
     hit = {"type": "web_search_result", "url": "sluice-search:p", "title": "Paris", "encrypted_content": encode_text("Mild."),
-           "page_age": None}
+           "page_age": "April 30, 2025"}
     assistant = [{"type": "text", "text": "Let me look."},
                  {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "paris"}},
                  {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [hit]},
@@ -73,7 +73,8 @@ def test_search_blocks_sent_back_are_the_call_and_its_result_in_order():
     conv = _request(tools=[TOOL], messages=[*ASK, {"role": "assistant", "content": assistant}]).conversation
     assert [t.role for t in conv.turns] == [Role.USER, Role.ASSISTANT, Role.USER, Role.ASSISTANT, Role.USER]
     assert conv.turns[1].parts == ["Let me look.", ToolCall("srvtoolu_1", "web_search", {"query": "paris"})]
-    assert conv.turns[2].parts == [ToolResult("srvtoolu_1", SearchResult("sluice-search:p", "Paris", "Mild.").render())]
+    rendered = SearchResult("sluice-search:p", "Paris", "Mild.", "April 30, 2025").render()
+    assert conv.turns[2].parts == [ToolResult("srvtoolu_1", rendered)] and "April 30, 2025" in rendered
     assert conv.turns[4].parts == [ToolResult("srvtoolu_2", "search error: unavailable", is_error=True)]
     assert conv.prefill == "It is mild"  # the reply continues after the searches
 
@@ -89,7 +90,7 @@ def test_a_result_not_from_this_server_is_a_400():
 def test_the_reply_parses_as_the_sdks_message():
     usage = Usage(30, 12, 0)
     call = ToolCallDone(0, "srvtoolu_1", "web_search", {"query": "paris"}, '{"query": "paris"}', True, usage, True)
-    found = ServerToolResult("srvtoolu_1", [SearchResult("sluice-search:p", "Paris", "Mild.")])
+    found = ServerToolResult("srvtoolu_1", [SearchResult("sluice-search:p", "Paris", "Mild.", "2 days ago")])
     failed = ServerToolResult("srvtoolu_2", error=SearchToolError.UNAVAILABLE)
     final = Finished(FinishReason.EOS, usage=usage, server_tool_uses=1, paused=True)
     plan = UsagePlan(None, 16, search_tool=True)
@@ -98,6 +99,7 @@ def test_the_reply_parses_as_the_sdks_message():
     msg = t.Message.model_validate(body)
     assert [b.type for b in msg.content] == ["text", "server_tool_use", "web_search_tool_result", "web_search_tool_result"]
     assert isinstance(msg.content[2].content[0], t.WebSearchResultBlock) and msg.content[2].content[0].title == "Paris"
+    assert msg.content[2].content[0].page_age == "2 days ago"
     assert msg.content[3].content.error_code == "unavailable"
     assert msg.stop_reason == "pause_turn" and msg.usage.server_tool_use.web_search_requests == 1
     assert result_block(found)["content"][0]["encrypted_content"] == encode_text("Mild.")

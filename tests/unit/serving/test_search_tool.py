@@ -27,11 +27,16 @@ from sluice.types import FinishReason, Usage
 SERVICE = SearchServiceSpec(url="http://search.invalid:8500/", max_uses=3, max_result_chars=100)
 
 
-def test_a_hit_reads_as_title_source_and_text():
-    r = hit_result({"id": "d1", "score": 1.0, "fields": {"title": "T", "body": "b" * 300, "tags": "x"}}, 100)
-    assert r == SearchResult("sluice-search:d1", "T", "b" * 100)
-    r = hit_result({"id": "d2", "fields": {"url": "https://e.org/2", "body": "text", "n": 3}}, 100)
-    assert r == SearchResult("https://e.org/2", "d2", "text\n3")
+def test_a_hit_reads_as_title_source_age_and_its_snippet_never_the_whole_text():
+    hit = {"id": "d1", "score": 1.0, "fields": {"title": "T", "body": "b" * 300 + " secret", "tags": "x"},
+           "snippet": "a <b>Match</b> &amp; &lt;more&gt; " + "b" * 300}
+    r = hit_result(hit, 100)
+    assert r == SearchResult("sluice-search:d1", "T", ("a Match & <more> " + "b" * 300)[:100])
+    assert "secret" not in r.render()  # the stored text beyond the snippet never reaches the model
+    r = hit_result({"id": "d2", "fields": {"url": "https://e.org/2", "body": "text", "page_age": "May 2, 2025"},
+                    "snippet": "text"}, 100)
+    assert r == SearchResult("https://e.org/2", "d2", "text", "May 2, 2025")
+    assert r.render() == "d2\nhttps://e.org/2\npage age: May 2, 2025\ntext"
     assert SERVICE.url == "http://search.invalid:8500"  # the trailing slash is dropped once, here
 
 
@@ -68,7 +73,7 @@ def test_the_fleets_key_and_top_k_are_sent(monkeypatch):
     seen: list[httpx.Request] = []
     found = asyncio.run(search(service, "paris", _answer(200, {"hits": [{"id": "a", "fields": {"title": "A"}}]}, seen=seen)))
     assert found == [SearchResult("sluice-search:a", "A", "")]
-    assert str(seen[0].url) == "http://s:1/v1/search" and json.loads(seen[0].content) == {"query": "paris", "top_k": 2}
+    assert str(seen[0].url) == "http://s:1/v1/search" and json.loads(seen[0].content) == {"query": "paris", "top_k": 2, "snippet_chars": 500}
     assert seen[0].headers["authorization"] == "Bearer fleet-key"
 
 

@@ -1,8 +1,9 @@
 """The search tool's results ↔ Anthropic's `web_search_tool_result` blocks (reference §2.1, §3).
 
 A hit is a `web_search_result` `{url, title, encrypted_content, page_age}`: `url` is the
-result's source (the document's `url` field, else `sluice-search:<id>`), `title` its title, and
-`encrypted_content` its text, base64 (URL-safe) of the UTF-8 text. It is NOT encrypted: it is
+result's source (the document's `url` field, else `sluice-search:<id>`), `title` its title,
+`page_age` the document's `page_age` field (else null), and `encrypted_content` the text the
+model read — the hit's snippet — base64 (URL-safe) of the UTF-8 text. It is NOT encrypted: it is
 an opaque field the client sends back unchanged in a later turn, so the model reads the same
 result again (the text is the fleet's own index content, already shown to this client's model).
 A failed search is `{"type": "web_search_tool_result_error", "error_code": …}`.
@@ -38,12 +39,13 @@ def result_block(result: ServerToolResult) -> dict[str, Any]:
         content = {"type": "web_search_tool_result_error", "error_code": result.error.value}
     else:
         content = [{"type": "web_search_result", "url": r.source, "title": r.title,
-                    "encrypted_content": encode_text(r.text), "page_age": None} for r in result.results]
+                    "encrypted_content": encode_text(r.text), "page_age": r.page_age} for r in result.results]
     return {"type": "web_search_tool_result", "tool_use_id": result.tool_use_id, "content": content}
 
 
 def _search_result(hit: WebSearchResult, where: str) -> SearchResult:
-    return SearchResult(hit.url, hit.title, decode_text(hit.encrypted_content, f"{where}.encrypted_content"))
+    return SearchResult(hit.url, hit.title, decode_text(hit.encrypted_content, f"{where}.encrypted_content"),
+                        hit.page_age)
 
 
 def history_result(block: WebSearchToolResultBlock, where: str) -> ToolResult:

@@ -24,13 +24,20 @@ class Hit:
     doc_id: str
     score: float
     fields: dict[str, Any]
+    snippet: str = ""  # the matched passage, marked and HTML-escaped (snippets.py); "" when not asked
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.doc_id, "score": self.score, "fields": self.fields}
+        return {"id": self.doc_id, "score": self.score, "fields": self.fields, "snippet": self.snippet}
+
+    def rescored(self, score: float) -> "Hit":
+        return Hit(self.doc_id, score, self.fields, self.snippet)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Hit":
-        return cls(str(d["id"]), float(d["score"]), dict(d.get("fields") or {}))
+        snippet = d.get("snippet", "")
+        if not isinstance(snippet, str):
+            raise ValueError("a hit's snippet is a string")
+        return cls(str(d["id"]), float(d["score"]), dict(d.get("fields") or {}), snippet)
 
 
 REPORTED_DIGITS = 12
@@ -51,4 +58,4 @@ def merge(per_shard: Iterable[list[Hit]], top_k: int) -> list[Hit]:
     carrying its reported score (computed once per hit)."""
     items = [(-reported_score(h.score), h.doc_id, h) for hits in per_shard for h in hits]
     items.sort(key=_RANK)  # a sort, not heapq.nsmallest with a key: ~2.5x less router CPU at top-10
-    return [h if h.score == -neg else Hit(h.doc_id, -neg, h.fields) for neg, _, h in items[:top_k]]
+    return [h if h.score == -neg else h.rescored(-neg) for neg, _, h in items[:top_k]]

@@ -24,6 +24,15 @@ class Schema:
     default_fields: tuple[str, ...] = ("title", "body")
     indexed: tuple[str, ...] | None = None  # None: every string field
     stored: tuple[str, ...] | None = None  # None: every field
+    snippet: tuple[str, ...] | None = None  # the fields a hit's snippet is taken from (None: see snippet_fields)
+
+    @property
+    def snippet_fields(self) -> tuple[str, ...]:
+        """The fields a snippet shows: as configured, else the default fields but `title`
+        (a hit's title is shown on its own), else the default fields."""
+        if self.snippet is not None:
+            return self.snippet
+        return tuple(f for f in self.default_fields if f != "title") or self.default_fields
 
     def is_indexed(self, name: str) -> bool:
         return self.indexed is None or name in self.indexed
@@ -40,7 +49,8 @@ class Schema:
             return None if v is None else tuple(v)
 
         return cls(default_fields=tuple(data.get("default_fields", ("title", "body"))),
-                   indexed=tup(data.get("indexed")), stored=tup(data.get("stored")))
+                   indexed=tup(data.get("indexed")), stored=tup(data.get("stored")),
+                   snippet=tup(data.get("snippet")))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

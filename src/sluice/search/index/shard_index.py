@@ -21,6 +21,7 @@ from sluice.search.index.hits import Hit
 from sluice.search.index.query_builder import build_query
 from sluice.search.index.query_tree import Tree, terms_of
 from sluice.search.index.schema import Schema, check_id, parse_document
+from sluice.search.index.snippets import Snippets, snippet_text
 
 APPLIED_KEY = "sluice.applied_seq"
 MAX_WILDCARD_TERMS = 100  # terms one wildcard may expand to (the union over every shard)
@@ -36,6 +37,7 @@ class ShardIndex:
             path.mkdir(parents=True, exist_ok=True)
             self.db = xapian.WritableDatabase(str(path), xapian.DB_CREATE_OR_OPEN)
         self.analyzer = Analyzer(schema)
+        self.snippet_fields = self.analyzer.schema.snippet_fields
         self.params = params or Bm25Params()
         self.last_matches = 0  # of the last search (the simulated cost: shard/replica.py)
 
@@ -46,6 +48,7 @@ class ShardIndex:
         self = cls.__new__(cls)
         self.path, self.last_matches = None, 0
         self.db, self.analyzer, self.params = db, Analyzer(schema), params or Bm25Params()
+        self.snippet_fields = self.analyzer.schema.snippet_fields
         return self
 
     @property
@@ -82,19 +85,21 @@ class ShardIndex:
                 break
         return out
 
-    def search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None = None) -> list[Hit]:
+    def search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None = None,
+               snippet_chars: int = 0) -> list[Hit]:
         """The top_k hits, scored with `global_stats` when given (exact across shards), else with
-        this shard's own statistics."""
-        return self._search(tree, top_k, global_stats)[0]
+        this shard's own statistics; each with a snippet of at most `snippet_chars` characters."""
+        return self._search(tree, top_k, global_stats, snippet_chars)[0]
 
     def search_with_parts(self, tree: Tree, top_k: int, global_stats: CollectionStats, unknown: list[str],
-                          scored: dict[str, int]) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
+                          scored: dict[str, int],
+                          snippet_chars: int = 0) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
         """A one-round search (router/query/global_stats/one_round.py): `global_stats` lacks the frequencies of the
         `unknown` terms, which are scored with this shard's own in their place. Also returns this
         shard's frequency of each unknown term and, per hit, each unknown term's part of its
         score (`scored`: how many leaves of each term add weight, query_tree.scored_leaves)."""
         local = {t: self.db.get_termfreq(t) for t in unknown}
-        hits, w, docids = self._search(tree, top_k, global_stats)
+        hits, w, docids = self._search(tree, top_k, global_stats, snippet_chars)
         parts: list[dict[str, float]] = [{} for _ in hits]
         if not hits:
             return hits, local, parts
@@ -118,8 +123,8 @@ class ShardIndex:
                     parts[i][t] = leaf_part(w, tw, item.wdf, item.doclength, len_factor)
         return hits, local, parts
 
-    def _search(self, tree: Tree | None, top_k: int,
-                global_stats: CollectionStats | None) -> tuple[list[Hit], ShardWeighting, list[int]]:
+    def _search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None,
+                snippet_chars: int) -> tuple[list[Hit], ShardWeighting, list[int]]:
         """The hits, the weighting they were scored with, and their Xapian document ids."""
         if tree is None or top_k <= 0:  # top_k's bounds are the contract's (search/contract.py)
             return [], local_weighting(self.params), []
@@ -134,11 +139,17 @@ class ShardIndex:
         out, docids = [], []
         mset = enquire.get_mset(0, top_k)
         self.last_matches = mset.get_matches_estimated()
+        snippets = Snippets(self.db, tree) if snippet_chars > 0 else None
         for m in mset:
-            data = json.loads(m.document.get_data())
-            out.append(Hit(data["id"], m.weight, data.get("fields", {})))
+            out.append(self._hit(m.document, m.weight, snippets, snippet_chars))
             docids.append(m.docid)
         return out, w, docids
+
+    def _hit(self, document: xapian.Document, score: float, snippets: Snippets | None, snippet_chars: int) -> Hit:
+        data = json.loads(document.get_data())
+        fields = data.get("fields", {})
+        snippet = "" if snippets is None else snippets.of(snippet_text(fields, self.snippet_fields), snippet_chars)
+        return Hit(data["id"], score, fields, snippet)
 
     def doc_count(self) -> int:
         return self.db.get_doccount()

@@ -12,6 +12,7 @@
     api_keys = ["..."]           # searches need one of these (none: open)
     ingest_keys = ["..."]        # writes and deletes need one of these (none: open)
     default_fields = ["title", "body"]
+    snippet_fields = ["body"]    # a hit's snippet is taken from these (default: default_fields but title)
     accept_writes = true         # false: query-only (only one router per deployment sequences writes)
     hot_shards = false           # add a local replica to a shard whose replicas are ≥ 70 % busy
     hot_interval_s = 2.0
@@ -109,6 +110,7 @@ class SearchSettings(_Strict):
     api_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     ingest_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     default_fields: list[str] = Field(default_factory=lambda: ["title", "body"], min_length=1)
+    snippet_fields: list[str] | None = Field(None, min_length=1)  # a hit's snippet text (None: default_fields but title)
     accept_writes: bool = True  # false: a query-only router (scale these freely; one router sequences writes)
     s3_endpoint: str | None = None  # the cold tier's S3-compatible endpoint (None: AWS)
     cold_cache_mb: int = Field(1024, ge=1)  # disk budget for fetched cold shards (LRU)
@@ -133,10 +135,10 @@ class SearchSettings(_Strict):
         except ValueError:
             raise ValueError(f"must be one of {', '.join(e.value for e in enum_type)}") from None
 
-    @field_validator("default_fields")
+    @field_validator("default_fields", "snippet_fields")
     @classmethod
-    def _fields(cls, v: list[str]) -> list[str]:
-        bad = [f for f in v if not FIELD_NAME.match(f)]
+    def _fields(cls, v: list[str] | None) -> list[str] | None:
+        bad = [f for f in v or () if not FIELD_NAME.match(f)]
         if bad:
             raise ValueError(f"not field names: {bad}")
         return v

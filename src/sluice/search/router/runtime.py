@@ -32,7 +32,9 @@ from sluice.search.tiers.cold_tier import ColdTier
 
 
 def schema_of(cfg: SearchConfig) -> Schema:
-    return Schema(default_fields=tuple(cfg.search.default_fields))
+    s = cfg.search
+    return Schema(default_fields=tuple(s.default_fields),
+                  snippet=None if s.snippet_fields is None else tuple(s.snippet_fields))
 
 
 class RouterRuntime:

@@ -11,7 +11,9 @@ the request. Logs name the failure, never the query (it is prompt text).
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
+import re
 from typing import Any
 
 import httpx
@@ -22,22 +24,30 @@ from sluice.tool_types import SearchResult
 
 log = logging.getLogger(__name__)
 SOURCE_SCHEME = "sluice-search:"  # a hit's source when its document has no `url` field
-TITLE_FIELD, URL_FIELD = "title", "url"
+TITLE_FIELD, URL_FIELD, AGE_FIELD = "title", "url", "page_age"
+MAX_SNIPPET_CHARS = 2000  # the search API's bound on `snippet_chars` (docs/SEARCH.md)
+_MARK = re.compile(r"</?b>")
+
+
+def snippet_chars(service: SearchServiceSpec) -> int:
+    return min(service.max_result_chars, MAX_SNIPPET_CHARS)
 
 
 def hit_result(hit: dict[str, Any], max_chars: int) -> SearchResult:
-    """A hit `{id, score, fields}` as the model reads it: its `title` field (else its id), its
-    `url` field (else `sluice-search:<id>`), and its other text fields in stored order, joined
-    by newlines and cut to `max_chars`."""
+    """A hit `{id, score, fields, snippet}` as the model reads it: its `title` field (else its
+    id), its `url` field (else `sluice-search:<id>`), its `page_age` field, and its snippet —
+    the passage where the query matched, as plain text (the service marks matched words and
+    escapes the text for HTML; the model reads neither) — cut to `max_chars`. Never the
+    document's whole stored text."""
     doc_id = str(hit.get("id", ""))
     fields = hit.get("fields") if isinstance(hit.get("fields"), dict) else {}
-    title = fields.get(TITLE_FIELD)
-    url = fields.get(URL_FIELD)
-    texts = [str(v) for k, v in fields.items() if k not in (TITLE_FIELD, URL_FIELD) and isinstance(v, (str, int, float))]
+    title, url, age = fields.get(TITLE_FIELD), fields.get(URL_FIELD), fields.get(AGE_FIELD)
+    snippet = hit.get("snippet")
     return SearchResult(
         source=url if isinstance(url, str) and url else SOURCE_SCHEME + doc_id,
         title=title if isinstance(title, str) and title else doc_id,
-        text="\n".join(t for t in texts if t)[:max_chars],
+        text=html.unescape(_MARK.sub("", snippet))[:max_chars] if isinstance(snippet, str) else "",
+        page_age=age if isinstance(age, str) and age else None,
     )
 
 
@@ -59,7 +69,8 @@ async def search(
     headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
         async with asyncio.timeout(service.timeout_s), httpx.AsyncClient(timeout=service.timeout_s, transport=transport) as client:
-            r = await client.post(f"{service.url}/v1/search", json={"query": query, "top_k": service.top_k}, headers=headers)
+            r = await client.post(f"{service.url}/v1/search", json={"query": query, "top_k": service.top_k,
+                                                                       "snippet_chars": snippet_chars(service)}, headers=headers)
     except (TimeoutError, httpx.TimeoutException):  # the whole call, however the time went
         log.warning("search tool: the search service did not answer within %.1fs", service.timeout_s)
         return SearchToolError.UNAVAILABLE

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.search.contract import DEFAULT_TOP_K, MAX_QUERY_CHARS, MIN_TOP_K
+from sluice.search.contract import DEFAULT_SNIPPET_CHARS, DEFAULT_TOP_K, MAX_QUERY_CHARS, MAX_SNIPPET_CHARS, MIN_TOP_K
 
 
 class SearchRequestModel(BaseModel):
@@ -19,6 +19,8 @@ class SearchRequestModel(BaseModel):
     query: str = Field(..., description="Query text (docs/SEARCH.md: words, \"phrases\", +must -not, AND/OR/NOT, "
                                         "field:word, trailing wildcards word*)", max_length=MAX_QUERY_CHARS)
     top_k: int = Field(DEFAULT_TOP_K, ge=MIN_TOP_K, description="How many hits (at most the configured max_top_k)")
+    snippet_chars: int = Field(DEFAULT_SNIPPET_CHARS, ge=0, le=MAX_SNIPPET_CHARS,
+                               description="Each hit's snippet at most this many characters (0: no snippet)")
 
 
 def search_body_schema(max_top_k: int) -> dict[str, Any]:
@@ -48,6 +50,8 @@ class SearchHit(BaseModel):
     id: str
     score: float = Field(..., description="rounded to 12 significant digits; hits are ordered by it, then by id")
     fields: dict[str, Any]
+    snippet: str = Field(..., description="where the query matched: HTML-escaped text, matched words in <b></b>, "
+                                          "at most snippet_chars characters (an escape counts as one, marks not)")
 
 
 class SearchResponseModel(BaseModel):

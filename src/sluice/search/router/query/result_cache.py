@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-Key = tuple[str, int, tuple[int, ...]]
+Key = tuple[Any, ...]  # (normalized query, the request's other fields..., revision)
 
 
 class ResultCache:

@@ -83,7 +83,7 @@ class Searcher:
     async def search(self, req: SearchRequest) -> SearchResponse:
         t0 = time.perf_counter()
         resolved = self._resolved(req.query)
-        key = (cache_key(resolved.tree), req.top_k, self.topo.revision())
+        key = (cache_key(resolved.tree), req.top_k, req.snippet_chars, self.topo.revision())
         cached = self.cache.get(key)
         self.metrics.child(self.metrics.cache, "hit" if cached is not None else "miss").inc()
         self.metrics.cache_hit_ratio.set(self.cache.hit_ratio)
@@ -92,8 +92,8 @@ class Searcher:
             self.metrics.child(self.metrics.query_latency, "cached").observe(time.perf_counter() - t0)
             return res
         shards = self.topo.shards
-        run = QueryRun(key[2], t0 + self.deadline_s, {s.position: None for s in shards})
-        merged = await self._hits(resolved, req.top_k, run)
+        run = QueryRun(key[-1], t0 + self.deadline_s, {s.position: None for s in shards})
+        merged = await self._hits(resolved, req.top_k, run, req.snippet_chars)
         result = SearchResponse(merged, len(shards), len(shards) - len(run.failed), run.failed)
         result.took_ms = (time.perf_counter() - t0) * 1000
         if result.partial:
@@ -103,7 +103,7 @@ class Searcher:
         self.metrics.child(self.metrics.query_latency, "partial" if result.partial else "complete").observe(time.perf_counter() - t0)
         return result
 
-    async def _hits(self, resolved: ResolvedQuery, top_k: int, run: QueryRun) -> list[Hit]:
+    async def _hits(self, resolved: ResolvedQuery, top_k: int, run: QueryRun, snippet_chars: int) -> list[Hit]:
         """The rounds: (expansion or statistics or one-round search) → search → merge."""
         shards = self.topo.shards
         tree, glob = resolved.tree, None
@@ -111,12 +111,12 @@ class Searcher:
         if tree is not None and resolved.wildcards:
             tree, glob = await self.rounds.expand(run.live(shards), resolved, run, exact)
         elif tree is not None and exact:
-            merged = await self.rounds.one_round_search(shards, tree, top_k, run)
+            merged = await self.rounds.one_round_search(shards, tree, top_k, run, snippet_chars)
             if merged is not None:
                 return merged
             glob = await self.rounds.global_stats(run.live(shards), terms_of(tree), run)
         if tree is None or top_k == 0:
             return []  # matches nothing: no shard needs asking
-        answers = await self.fan_out.round(run.live(shards), ShardSearchRequest(tree, top_k, glob), run.deadline, run,
+        answers = await self.fan_out.round(run.live(shards), ShardSearchRequest(tree, top_k, glob, snippet_chars=snippet_chars), run.deadline, run,
                                            prefer_chosen=True)
         return merge([a.hits for _, a in answers if isinstance(a, ShardSearchAnswer)], top_k)

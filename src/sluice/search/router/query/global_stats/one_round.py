@@ -67,7 +67,7 @@ def exact_top_k(answers: list[ShardAnswer], n_glob: int, top_k: int, scored: Ite
             score = hit.score
             for t, part in parts.items():
                 score -= part * (1.0 - factor[t])
-            candidates.append(Hit(hit.doc_id, score, hit.fields))
+            candidates.append(hit.rescored(score))
         if a.hits and len(a.hits) >= asked:
             # a left-out document's exact score is its shard score with each term's part scaled
             # by that term's factor (1 for a known term; an unknown term absent here adds nothing)

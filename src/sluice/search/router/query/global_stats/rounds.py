@@ -57,7 +57,7 @@ class StatisticsRounds:
         return glob
 
     async def one_round_search(self, shards: Sequence[ShardRuntime], tree: Tree, top_k: int,
-                               run: QueryRun) -> list[Hit] | None:
+                               run: QueryRun, snippet_chars: int = 0) -> list[Hit] | None:
         """The exact top_k in one round trip although some terms' statistics are new, or None:
         then the statistics round (for what is still unknown) and the search. Tried when every
         shard's counts are known at its entry and some term's frequency is not."""
@@ -78,7 +78,7 @@ class StatisticsRounds:
         ks = known.values()
         glob = CollectionStats(sum(k.doc_count for k in ks), sum(k.total_length for k in ks),
                                {t: sum(k.term_freqs[t] for k in ks) for t in terms if t not in unknown})
-        req = ShardSearchRequest(tree, top_k, glob, sorted(unknown))
+        req = ShardSearchRequest(tree, top_k, glob, sorted(unknown), snippet_chars)
         got: list[ShardAnswer] = []
         for s, answer in await self.fan_out.round(shards, req, run.followed_deadline(), run):
             assert isinstance(answer, ShardSearchAnswer)
