@@ -103,11 +103,14 @@ def search_tool_spec(name: str) -> ToolSpec:
 
 @dataclass(slots=True, frozen=True)
 class SearchToolUse:
-    """A request's search server tool: the name the model calls it by, and how many searches
-    the request may run (None: the fleet's `search.max_uses`)."""
+    """A request's search server tool: the name the model calls it by, how many searches the
+    request may run (None: the fleet's `search.max_uses`), and its domain lists as given
+    (checked by the API; applied by serving/search_tool/domains.py)."""
 
     name: str
     max_uses: int | None = None
+    allowed_domains: tuple[str, ...] | None = None
+    blocked_domains: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True, frozen=True)

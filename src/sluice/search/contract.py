@@ -17,13 +17,16 @@ as that shard failing. The wire form is JSON; `to_json` writes it, `decode` read
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, ClassVar
 
 from sluice.search import strict_json
 from sluice.search.errors import SearchError, SearchErrorKind
 from sluice.search.index.bm25 import CollectionStats
+from sluice.search.index.filters import Clause, FilterError, check_wire, decode_filter
 from sluice.search.index.hits import Hit
 from sluice.search.index.query_syntax import MAX_QUERY_CHARS
+from sluice.search.index.schema import RangeKind
 from sluice.search.index.query_tree import Tree, check_tree, scored_leaves
 from sluice.search.index.snippets import MAX_SNIPPET_CHARS
 
@@ -36,7 +39,7 @@ MAX_SEARCH_BODY_BYTES = 64 << 10
 MAX_TERMS = 1024  # terms in one statistics request or one-round search
 MAX_PREFIXES = 64  # wildcard prefixes in one statistics request (at most one per query clause)
 DEFAULT_SNIPPET_CHARS = 300
-SEARCH_FIELDS = frozenset({"query", "top_k", "snippet_chars"})
+SEARCH_FIELDS = frozenset({"query", "top_k", "snippet_chars", "filter"})
 
 __all__ = ["DEFAULT_SNIPPET_CHARS", "MAX_SNIPPET_CHARS", "DEFAULT_TOP_K", "MAX_QUERY_CHARS", "MAX_TOP_K", "MIN_TOP_K", "SearchRequest", "SearchResponse",
            "StatsRequest", "StatsAnswer", "ShardSearchRequest", "ShardSearchAnswer", "BulkAnswer", "DeleteAnswer"]
@@ -83,9 +86,15 @@ class SearchRequest:
     query: str
     top_k: int = DEFAULT_TOP_K
     snippet_chars: int = DEFAULT_SNIPPET_CHARS  # each hit's snippet at most this long (0: none)
+    filter: list[Clause] | None = None  # canonical clauses (index/filters.py); None: every document
+
+    def options_key(self) -> tuple[Any, ...]:
+        """Everything but the query that changes the answer (the result cache's key)."""
+        return (self.top_k, self.snippet_chars, None if self.filter is None else json.dumps(self.filter, separators=(",", ":")))
 
     @classmethod
-    def decode(cls, body: bytes, max_top_k: int) -> SearchRequest:
+    def decode(cls, body: bytes, max_top_k: int, ranges: dict[str, RangeKind] | None = None) -> SearchRequest:
+        """`ranges`: the fields a filter may bound (search.toml's range_fields)."""
         try:
             data = _object(strict_json.loads(body))
         except strict_json.JsonError as exc:
@@ -98,8 +107,15 @@ class SearchRequest:
             raise _invalid("query: a string is required")
         if len(query) > MAX_QUERY_CHARS:
             raise _invalid(f"query: at most {MAX_QUERY_CHARS} characters")
+        clauses = None
+        if data.get("filter") is not None:
+            try:
+                clauses = decode_filter(data["filter"], ranges or {}) or None
+            except FilterError as exc:
+                raise _invalid(str(exc)) from None
         return cls(query, _top_k(data.get("top_k", DEFAULT_TOP_K), max_top_k),
-                   _bounded_int(data.get("snippet_chars", DEFAULT_SNIPPET_CHARS), "snippet_chars", 0, MAX_SNIPPET_CHARS))
+                   _bounded_int(data.get("snippet_chars", DEFAULT_SNIPPET_CHARS), "snippet_chars", 0, MAX_SNIPPET_CHARS),
+                   clauses)
 
 
 @dataclasses.dataclass(slots=True)
@@ -178,6 +194,7 @@ class ShardSearchRequest:
     stats: CollectionStats | None = None
     unknown: list[str] | None = None
     snippet_chars: int = 0
+    filter: list[Clause] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"tree": self.tree, "top_k": self.top_k, "stats": None if self.stats is None else self.stats.to_json()}
@@ -185,6 +202,8 @@ class ShardSearchRequest:
             out["unknown"] = self.unknown
         if self.snippet_chars:
             out["snippet_chars"] = self.snippet_chars
+        if self.filter:
+            out["filter"] = self.filter
         return out
 
     @classmethod
@@ -203,8 +222,12 @@ class ShardSearchRequest:
             unknown = _strings(unknown, "unknown", MAX_TERMS)
             if stats is None or scored_leaves(tree) is None:
                 raise _invalid("unknown needs global stats and a tree without phrases")
+        try:
+            clauses = None if data.get("filter") is None else check_wire(data["filter"])
+        except FilterError as exc:
+            raise _invalid(str(exc)) from None
         return cls(tree, _top_k(data.get("top_k", DEFAULT_TOP_K), MAX_TOP_K), stats, unknown,
-                   _bounded_int(data.get("snippet_chars", 0), "snippet_chars", 0, MAX_SNIPPET_CHARS))
+                   _bounded_int(data.get("snippet_chars", 0), "snippet_chars", 0, MAX_SNIPPET_CHARS), clauses)
 
 
 @dataclasses.dataclass(slots=True)

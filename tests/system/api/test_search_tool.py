@@ -31,6 +31,9 @@ DOCS = [
     {"id": "paris", "title": "Paris weather", "body": "The weather in Paris is mild and rainy."},
     {"id": "berlin", "title": "Berlin weather", "body": "Berlin has cold winters.", "url": "https://example.org/berlin"},
     {"id": "apt", "title": "apt", "body": "apt is the Debian package manager."},
+    {"id": "spam", "title": "Paris forecast", "body": "The weather in Paris today: sun, then weather.",
+     "url": "https://ads.spam.example.net/paris"},
+    {"id": "docs", "title": "Paris climate", "body": "The weather in Paris, by month.", "url": "https://docs.example.org/paris"},
 ]
 QUESTION = "What is the weather in Paris?"
 TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}
@@ -148,6 +151,36 @@ def test_earlier_search_blocks_are_read_into_the_next_turns_prompt(client):
     with client.messages.stream(model=MODEL, max_tokens=4, extra_body=GREEDY, tools=[TOOL], messages=history) as stream:
         streamed = stream.get_final_message()
     assert _prompt_tokens(again.usage) == counted == _prompt_tokens(streamed.usage)
+
+
+def _urls(reply) -> set[str]:
+    return {h.url for b in reply.content if b.type == "web_search_tool_result" and isinstance(b.content, list)
+            for h in b.content}
+
+
+def test_a_hit_from_a_blocked_domain_never_reaches_the_model(client):
+    """blocked_domains drops every hit under the domain (subdomains included); allowed_domains
+    keeps only those under it — streaming and not; user_location is accepted."""
+    open_reply = _ask(client)
+    assert "https://ads.spam.example.net/paris" in _urls(open_reply)  # the query finds it when nothing blocks it
+    blocked = {**TOOL, "blocked_domains": ["example.net"], "user_location": {"type": "approximate", "country": "FR"}}
+    reply = client.messages.create(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[blocked], tool_choice=FORCED,
+                                   messages=[{"role": "user", "content": QUESTION}])
+    with client.messages.stream(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[blocked], tool_choice=FORCED,
+                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+        streamed = stream.get_final_message()
+    for r in (reply, streamed):
+        assert _urls(r) and not any("example.net" in u for u in _urls(r)), _urls(r)
+        assert all("sun, then" not in base64.urlsafe_b64decode(h.encrypted_content).decode()
+                   for b in r.content if b.type == "web_search_tool_result" and isinstance(b.content, list)
+                   for h in b.content)
+    allowed = {**TOOL, "allowed_domains": ["example.org/paris"]}
+    only = client.messages.create(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[allowed], tool_choice=FORCED,
+                                  messages=[{"role": "user", "content": QUESTION}])
+    assert _urls(only) == {"https://docs.example.org/paris"}
+    with pytest.raises(anthropic.BadRequestError, match="not both"):
+        client.messages.create(model=MODEL, max_tokens=8, tools=[{**allowed, "blocked_domains": ["x.org"]}],
+                               messages=[{"role": "user", "content": QUESTION}])
 
 
 def test_a_stopped_search_service_is_an_error_result_and_no_service_a_400(cluster, client):

@@ -42,8 +42,14 @@ def test_the_declared_tool_is_offered_as_a_query_tool():
 
 @pytest.mark.parametrize("tool,problem", [
     (TOOL | {"name": "search"}, "tools.0.name: Input should be 'web_search'"),
-    (TOOL | {"allowed_domains": ["a.org"]}, "tools.0.allowed_domains: not supported"),
-    (TOOL | {"user_location": {"type": "approximate"}}, "tools.0.user_location: not supported"),
+    (TOOL | {"allowed_domains": ["a.org"], "blocked_domains": ["b.org"]},
+     "tools.0: use either allowed_domains or blocked_domains, not both"),
+    (TOOL | {"allowed_domains": ["https://a.org"]}, "tools.0: 'https://a.org': give the domain without a scheme"),
+    (TOOL | {"blocked_domains": ["*.a.org"]}, "tools.0: '*.a.org': a wildcard may only follow the domain"),
+    (TOOL | {"blocked_domains": ["a.org/*/b/*"]}, "tools.0: 'a.org/*/b/*': at most one wildcard"),
+    (TOOL | {"allowed_domains": "a.org"}, "tools.0.allowed_domains: Input should be a list of strings"),
+    (TOOL | {"user_location": {"type": "exact"}}, "tools.0.user_location.type: Input should be 'approximate'"),
+    (TOOL | {"user_location": {"type": "approximate", "street": "x"}}, "tools.0.user_location.street: Extra inputs"),
     (TOOL | {"max_uses": 0}, "tools.0.max_uses: Input should be an integer greater than or equal to 1"),
     (TOOL | {"input_schema": {"type": "object"}}, "tools.0.input_schema: Extra inputs are not permitted"),
     (TOOL | {"allowed_callers": ["code_execution_20250825"]}, "tools.0.allowed_callers: only 'direct'"),
@@ -53,6 +59,14 @@ def test_what_the_search_tool_cannot_do_is_a_400(tool, problem):
     with pytest.raises(ServingError) as exc:
         _request(tools=[tool])
     assert exc.value.message.startswith(problem)
+
+
+def test_domains_and_a_location_are_accepted():
+    sreq = _request(tools=[TOOL | {"allowed_domains": ["example.com", "docs.foo.org/guide/*"],
+                                   "user_location": {"type": "approximate", "city": "Paris", "country": "FR",
+                                                     "timezone": "Europe/Paris"}}])
+    assert sreq.search_tool == SearchToolUse("web_search", None, ("example.com", "docs.foo.org/guide/*"), None)
+    assert _request(tools=[TOOL | {"blocked_domains": ["spam.org"]}]).search_tool.blocked_domains == ("spam.org",)
 
 
 def test_declared_twice_is_a_400():

@@ -18,6 +18,7 @@ from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.search_tool import tool_loop
 from sluice.serving.search_tool.search_client import hit_result, search
+from sluice.serving.search_tool.domains import DomainRules
 from sluice.serving.search_tool.search_error import SearchToolError
 from sluice.serving.search_tool.tool_loop import SearchRounds, attached_service, continued
 from sluice.gateway.principal import Principal
@@ -77,6 +78,27 @@ def test_the_fleets_key_and_top_k_are_sent(monkeypatch):
     assert seen[0].headers["authorization"] == "Bearer fleet-key"
 
 
+def test_domain_rules_filter_in_the_service_and_again_on_every_hit():
+    """The service is asked to filter by domain; a hit from a blocked domain that it answers
+    anyway (an older service, a bug) is still never returned."""
+    rules = DomainRules.parse(None, ["blocked.org", "example.com/private"])
+    seen: list[httpx.Request] = []
+    hits = [{"id": "a", "fields": {"url": "https://blocked.org/x"}, "snippet": "a"},
+            {"id": "b", "fields": {"url": "https://sub.blocked.org/x"}, "snippet": "b"},
+            {"id": "c", "fields": {"url": "https://example.com/private/x"}, "snippet": "c"},
+            {"id": "d", "fields": {"url": "https://example.com/public"}, "snippet": "d"},
+            {"id": "e", "fields": {}, "snippet": "e"}]
+    found = asyncio.run(search(SERVICE, "q", _answer(200, {"hits": hits}, seen=seen), rules=rules))
+    assert [r.title for r in found] == ["d", "e"]
+    body = json.loads(seen[0].content)
+    assert body["filter"] == {"url.domain": {"not_in": ["blocked.org"]}} and body["top_k"] == 20  # paths: 4x
+    allowed = DomainRules.parse(["docs.example.com"], None)
+    found = asyncio.run(search(SERVICE, "q", _answer(200, {"hits": hits + [
+        {"id": "f", "fields": {"url": "https://docs.example.com/g"}}]}, seen=seen), rules=allowed))
+    assert [r.title for r in found] == ["f"]  # no url: no domain, not allowed
+    assert json.loads(seen[1].content)["filter"] == {"url.domain": {"in": ["docs.example.com"]}}
+
+
 def _request(max_tokens: int | None = 100, max_uses: int | None = None) -> ServingRequest:
     conv = Conversation([Turn(Role.USER, ["q?"])], prefill="So")
     return ServingRequest("msg_1", Route.MESSAGES, Principal("t"), "m", conv, OutputBudget(max_tokens),
@@ -108,7 +130,7 @@ def _run(req: ServingRequest, rounds: list, monkeypatch, fail_search: bool = Fal
     started: list[ServingRequest] = []
     ended: list[bool] = []
 
-    async def fake_search(service, query):
+    async def fake_search(service, query, **kw):
         queries.append(query)
         return SearchToolError.UNAVAILABLE if fail_search else [SearchResult("s", query.upper(), "text")]
 

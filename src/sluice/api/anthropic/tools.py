@@ -5,9 +5,11 @@
 - The web search server tool (`web_search_20250305` and its later versions, name `web_search`)
   is sluice's search server tool: the gateway runs its calls against the fleet's own search
   service (docs/SEARCH.md), not the web. The model is offered it as a tool with input
-  `{"query": string}` (tool_types.search_tool_spec). Its options that need the web
-  (`allowed_domains`, `blocked_domains`, `user_location`) are a 400; `max_uses` bounds the
-  searches. Other server tools are refused: none run here.
+  `{"query": string}` (tool_types.search_tool_spec). `max_uses` bounds the searches;
+  `allowed_domains` / `blocked_domains` filter the hits by their `url`'s domain as Anthropic
+  documents (serving/search_tool/domains.py: one list or the other, no scheme, subdomains
+  included, paths with at most one `*`); `user_location` is checked and has no effect (the
+  index has no places: docs/SEARCH.md). Other server tools are refused: none run here.
 - `tool_choice` `{type: auto|any|tool|none, name?, disable_parallel_tool_use?}`; without it,
   `auto` (Anthropic's default when tools are given).
 - Structured outputs: the generally available `output_config.format`, or the beta spelling
@@ -24,13 +26,14 @@ from sluice.tool_types import ToolChoice as Choice
 from sluice.tool_types import SearchToolUse, ToolChoiceMode, ToolSpec, search_tool_spec
 from sluice.serving.errors import invalid
 from sluice.serving.guided import OutputFormat
+from sluice.serving.search_tool.domains import DomainRules
 
 STRUCTURED_OUTPUTS_BETA = "structured-outputs-2025-11-13"
 
 
 SEARCH_TOOL_TYPES = ("web_search_20250305", "web_search_20260209", "web_search_20260318")
 SEARCH_TOOL_NAME = "web_search"  # the only name those types allow (the SDK's Literal)
-_WEB_ONLY = ("allowed_domains", "blocked_domains", "user_location")  # filters our index cannot apply
+_LOCATION_FIELDS = ("city", "region", "country", "timezone")
 _SEARCH_IGNORED = ("defer_loading", "strict", "response_inclusion")  # no effect here
 
 
@@ -46,9 +49,13 @@ def search_tool(tools: Sequence[Tool] | None) -> SearchToolUse | None:
     if tool.name != SEARCH_TOOL_NAME:
         raise invalid(f"{where}.name: Input should be '{SEARCH_TOOL_NAME}'")
     extra = dict(tool.model_extra or {})
-    for key in _WEB_ONLY:
-        if extra.pop(key, None) is not None:
-            raise invalid(f"{where}.{key}: not supported: this server's search tool searches its own index, not the web")
+    allowed, blocked = _domains(extra.pop("allowed_domains", None), f"{where}.allowed_domains"), \
+        _domains(extra.pop("blocked_domains", None), f"{where}.blocked_domains")
+    try:
+        DomainRules.parse(allowed, blocked)
+    except ValueError as exc:
+        raise invalid(f"{where}: {exc}") from None
+    _check_location(extra.pop("user_location", None), f"{where}.user_location")
     if tool.allowed_callers not in (None, ["direct"]):
         raise invalid(f"{where}.allowed_callers: only 'direct' is supported (no code execution runs here)")
     max_uses = extra.pop("max_uses", None)
@@ -58,7 +65,31 @@ def search_tool(tools: Sequence[Tool] | None) -> SearchToolUse | None:
     if unknown or tool.input_schema is not None or tool.description is not None:
         key = unknown[0] if unknown else "input_schema" if tool.input_schema is not None else "description"
         raise invalid(f"{where}.{key}: Extra inputs are not permitted")
-    return SearchToolUse(tool.name, max_uses)
+    return SearchToolUse(tool.name, max_uses, None if allowed is None else tuple(allowed),
+                         None if blocked is None else tuple(blocked))
+
+
+def _domains(value: object, where: str) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
+        raise invalid(f"{where}: Input should be a list of strings")
+    return value
+
+
+def _check_location(value: object, where: str) -> None:
+    """Anthropic's `{type: "approximate", city?, region?, country?, timezone?}`; accepted, unused."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or value.get("type") != "approximate":
+        raise invalid(f"{where}.type: Input should be 'approximate'")
+    for key, v in value.items():
+        if key == "type":
+            continue
+        if key not in _LOCATION_FIELDS:
+            raise invalid(f"{where}.{key}: Extra inputs are not permitted")
+        if v is not None and not isinstance(v, str):
+            raise invalid(f"{where}.{key}: Input should be a valid string")
 
 
 def tool_specs(tools: Sequence[Tool] | None) -> list[ToolSpec]:

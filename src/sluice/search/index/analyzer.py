@@ -16,6 +16,7 @@ import re
 
 import xapian
 
+from sluice.search.index.filters import document_filter_terms
 from sluice.search.index.schema import Schema, SourceDocument
 
 ID_PREFIX = "Q"
@@ -62,6 +63,12 @@ class Analyzer:
             if isinstance(value, str):
                 tg.index_text(value)
                 tg.increase_termpos()
+        self.schema.check_ranges(src.fields)
+        found = document_filter_terms(src.fields, self.schema.ranges)
+        for term in found.terms:
+            doc.add_boolean_term(term)
+        for slot, value in found.values.items():
+            doc.add_value(slot, value)
         doc.add_boolean_term(id_term(src.doc_id))
         doc.add_value(ID_SLOT, src.doc_id)
         stored = {k: v for k, v in src.fields.items() if self.schema.is_stored(k)}

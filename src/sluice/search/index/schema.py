@@ -9,6 +9,9 @@ other default fields, restrict indexing to a list, or store only some fields.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import enum
+import math
 import re
 from typing import Any
 
@@ -19,12 +22,36 @@ MAX_ID_BYTES = 200  # Xapian terms are at most 245 bytes; the id term is "Q" + i
 MAX_DOCUMENT_BYTES = 1 << 20
 
 
+class RangeKind(str, enum.Enum):
+    """The kinds of field a range filter (gte / lte) may name: declared in search.toml."""
+
+    NUMBER = "number"
+    DATE = "date"  # ISO 8601 dates or times, compared as POSIX seconds
+
+
+def range_value(kind: RangeKind, value: Any) -> float:
+    """A range field's value as the number it is compared by (a date: its POSIX seconds, UTC
+    when it names no offset); ValueError naming what is wrong."""
+    if kind is RangeKind.DATE:
+        if not isinstance(value, str):
+            raise ValueError("a date is an ISO 8601 string")
+        try:
+            when = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{value[:40]!r} is not an ISO 8601 date") from None
+        return (when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)).timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError("a number is required")
+    return float(value)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Schema:
     default_fields: tuple[str, ...] = ("title", "body")
     indexed: tuple[str, ...] | None = None  # None: every string field
     stored: tuple[str, ...] | None = None  # None: every field
     snippet: tuple[str, ...] | None = None  # the fields a hit's snippet is taken from (None: see snippet_fields)
+    ranges: dict[str, RangeKind] = dataclasses.field(default_factory=dict)  # range-filterable fields (filters.py)
 
     @property
     def snippet_fields(self) -> tuple[str, ...]:
@@ -40,8 +67,17 @@ class Schema:
     def is_stored(self, name: str) -> bool:
         return self.stored is None or name in self.stored
 
+    def check_ranges(self, fields: dict[str, Any]) -> None:
+        """DocumentError when a declared range field holds what it cannot compare."""
+        for name, kind in self.ranges.items():
+            if name in fields:
+                try:
+                    range_value(kind, fields[name])
+                except ValueError as exc:
+                    raise DocumentError(f"field {name!r} is a {kind.value} range field: {exc}") from None
+
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "ranges": {k: v.value for k, v in self.ranges.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Schema":
@@ -50,7 +86,8 @@ class Schema:
 
         return cls(default_fields=tuple(data.get("default_fields", ("title", "body"))),
                    indexed=tup(data.get("indexed")), stored=tup(data.get("stored")),
-                   snippet=tup(data.get("snippet")))
+                   snippet=tup(data.get("snippet")),
+                   ranges={k: RangeKind(v) for k, v in (data.get("ranges") or {}).items()})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

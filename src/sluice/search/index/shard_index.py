@@ -17,6 +17,7 @@ import xapian
 from sluice.search.index.analyzer import ID_SLOT, Analyzer, id_term
 from sluice.search.index.bm25 import (Bm25Params, CollectionStats, ShardWeighting, global_weighting, leaf_part,
                                       leaf_weight, local_weighting)
+from sluice.search.index.filters import Clause, filtered
 from sluice.search.index.hits import Hit
 from sluice.search.index.query_builder import build_query
 from sluice.search.index.query_tree import Tree, terms_of
@@ -86,20 +87,21 @@ class ShardIndex:
         return out
 
     def search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None = None,
-               snippet_chars: int = 0) -> list[Hit]:
+               snippet_chars: int = 0, clauses: list[Clause] | None = None) -> list[Hit]:
         """The top_k hits, scored with `global_stats` when given (exact across shards), else with
-        this shard's own statistics; each with a snippet of at most `snippet_chars` characters."""
-        return self._search(tree, top_k, global_stats, snippet_chars)[0]
+        this shard's own statistics; each with a snippet of at most `snippet_chars` characters;
+        only documents that pass the filter `clauses` (filters.py), scored as without it."""
+        return self._search(tree, top_k, global_stats, snippet_chars, clauses)[0]
 
     def search_with_parts(self, tree: Tree, top_k: int, global_stats: CollectionStats, unknown: list[str],
-                          scored: dict[str, int],
-                          snippet_chars: int = 0) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
+                          scored: dict[str, int], snippet_chars: int = 0,
+                          clauses: list[Clause] | None = None) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
         """A one-round search (router/query/global_stats/one_round.py): `global_stats` lacks the frequencies of the
         `unknown` terms, which are scored with this shard's own in their place. Also returns this
         shard's frequency of each unknown term and, per hit, each unknown term's part of its
         score (`scored`: how many leaves of each term add weight, query_tree.scored_leaves)."""
         local = {t: self.db.get_termfreq(t) for t in unknown}
-        hits, w, docids = self._search(tree, top_k, global_stats, snippet_chars)
+        hits, w, docids = self._search(tree, top_k, global_stats, snippet_chars, clauses)
         parts: list[dict[str, float]] = [{} for _ in hits]
         if not hits:
             return hits, local, parts
@@ -124,7 +126,7 @@ class ShardIndex:
         return hits, local, parts
 
     def _search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None,
-                snippet_chars: int) -> tuple[list[Hit], ShardWeighting, list[int]]:
+                snippet_chars: int, clauses: list[Clause] | None) -> tuple[list[Hit], ShardWeighting, list[int]]:
         """The hits, the weighting they were scored with, and their Xapian document ids."""
         if tree is None or top_k <= 0:  # top_k's bounds are the contract's (search/contract.py)
             return [], local_weighting(self.params), []
@@ -135,7 +137,7 @@ class ShardIndex:
         enquire = xapian.Enquire(self.db)
         enquire.set_weighting_scheme(xapian.BM25Weight(w.k1, 0, w.k3, w.b, w.min_normlen))
         enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
-        enquire.set_query(build_query(tree, w.term_factor))
+        enquire.set_query(filtered(build_query(tree, w.term_factor), clauses))
         out, docids = [], []
         mset = enquire.get_mset(0, top_k)
         self.last_matches = mset.get_matches_estimated()

@@ -13,6 +13,7 @@
     ingest_keys = ["..."]        # writes and deletes need one of these (none: open)
     default_fields = ["title", "body"]
     snippet_fields = ["body"]    # a hit's snippet is taken from these (default: default_fields but title)
+    range_fields = { year = "number", published = "date" }   # fields a filter may bound (gte / lte)
     accept_writes = true         # false: query-only (only one router per deployment sequences writes)
     hot_shards = false           # add a local replica to a shard whose replicas are ≥ 70 % busy
     hot_interval_s = 2.0
@@ -53,7 +54,8 @@ from sluice.toml_config import parse_toml, read_text, report, validate
 from sluice.toml_lines import KeyPath
 from sluice.search.contract import MAX_TOP_K
 from sluice.search.errors import SearchConfigError
-from sluice.search.index.schema import FIELD_NAME
+from sluice.search.index.filters import range_slot
+from sluice.search.index.schema import FIELD_NAME, RangeKind
 
 LOCAL = "local"
 _ADDRESS = re.compile(r"^(https?://)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
@@ -111,6 +113,7 @@ class SearchSettings(_Strict):
     ingest_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     default_fields: list[str] = Field(default_factory=lambda: ["title", "body"], min_length=1)
     snippet_fields: list[str] | None = Field(None, min_length=1)  # a hit's snippet text (None: default_fields but title)
+    range_fields: dict[str, RangeKind] = Field(default_factory=dict)  # fields a filter may bound (gte / lte)
     accept_writes: bool = True  # false: a query-only router (scale these freely; one router sequences writes)
     s3_endpoint: str | None = None  # the cold tier's S3-compatible endpoint (None: AWS)
     cold_cache_mb: int = Field(1024, ge=1)  # disk budget for fetched cold shards (LRU)
@@ -134,6 +137,21 @@ class SearchSettings(_Strict):
             return enum_type(v)
         except ValueError:
             raise ValueError(f"must be one of {', '.join(e.value for e in enum_type)}") from None
+
+    @field_validator("range_fields", mode="before")
+    @classmethod
+    def _range_kinds(cls, v: object) -> object:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for name, kind in v.items():
+            if not isinstance(name, str) or not FIELD_NAME.match(name):
+                raise ValueError(f"{str(name)[:80]!r} is not a field name")
+            try:
+                out[name] = RangeKind(kind)
+            except ValueError:
+                raise ValueError(f"{name}: must be one of {', '.join(k.value for k in RangeKind)}") from None
+        return out
 
     @field_validator("default_fields", "snippet_fields")
     @classmethod
@@ -172,6 +190,11 @@ def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:
         remotes = [r for r in s.replicas if r != LOCAL]
         if len(set(remotes)) < len(remotes):
             found.append((("shards", i, "replicas"), "a remote replica is listed twice"))
+    slots: dict[int, str] = {}
+    for name in cfg.search.range_fields:
+        other = slots.setdefault(range_slot(name), name)
+        if other != name:
+            found.append((("search", "range_fields"), f"{name!r} and {other!r} share a value slot: rename one"))
     if cfg.search.cool_at >= cfg.search.hot_at:
         found.append((("search", "cool_at"), f"must be below hot_at ({cfg.search.hot_at}): the band between them "
                                              "is the hysteresis"))

@@ -34,7 +34,7 @@ from sluice.search.tiers.cold_tier import ColdTier
 def schema_of(cfg: SearchConfig) -> Schema:
     s = cfg.search
     return Schema(default_fields=tuple(s.default_fields),
-                  snippet=None if s.snippet_fields is None else tuple(s.snippet_fields))
+                  snippet=None if s.snippet_fields is None else tuple(s.snippet_fields), ranges=dict(s.range_fields))
 
 
 class RouterRuntime:
@@ -43,6 +43,7 @@ class RouterRuntime:
         self.cfg = cfg
         local = local or [[False] * len(u) for u in replica_urls]
         self.topo = Topology(cfg, replica_urls, local)
+        self.schema = schema_of(cfg)
         self.metrics = SearchMetrics()
         # TCP_NODELAY: a request's headers and body go out as separate writes; with Nagle on,
         # the second waits for the peer's delayed ACK (40 ms on Linux)
@@ -57,8 +58,8 @@ class RouterRuntime:
         self.cold = None
         if any(sh.archive for sh in cfg.shards):
             self.cold = ColdTier(Path(s.data_dir) / "cold-cache", s.cold_cache_mb << 20,
-                                 lambda url, dest: download(S3Location.parse(url), dest, s.s3_endpoint), schema_of(cfg))
-        self.searcher = Searcher(self.topo, self.caller, self.metrics, self.cache, Analyzer(schema_of(cfg)),
+                                 lambda url, dest: download(S3Location.parse(url), dest, s.s3_endpoint), self.schema)
+        self.searcher = Searcher(self.topo, self.caller, self.metrics, self.cache, Analyzer(self.schema),
                                  s.stats, s.shard_deadline_ms / 1000, self.cold)
         self.writer = Writer(self.topo, self.http, self.metrics)
         self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s,
@@ -73,7 +74,7 @@ class RouterRuntime:
         return await self.searcher.search(request)
 
     async def write(self, ndjson: bytes) -> BulkAnswer:
-        plan = plan_bulk(ndjson, self.topo)
+        plan = plan_bulk(ndjson, self.topo, self.schema)
         self.metrics.bad_lines.inc(len(plan.errors))
         outcome = await self.writer.write(plan.batches)
         self.metrics.documents.labels("upsert").inc(plan.accepted if not outcome.failed else 0)

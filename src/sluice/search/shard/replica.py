@@ -46,7 +46,7 @@ SNAPSHOT_AFTER = 10_000  # entries behind a peer: copy its index rather than rep
 SIMULATED_COST_ENV = "SLUICE_SEARCH_SIMULATED_COST_US"
 
 
-def check_ops(ops: Any) -> list[dict[str, Any]]:
+def check_ops(ops: Any, schema: Schema | None = None) -> list[dict[str, Any]]:
     """A write batch's operations, well formed, or DocumentError (nothing invalid is logged)."""
     if not isinstance(ops, list):
         raise DocumentError("ops must be a list")
@@ -56,7 +56,9 @@ def check_ops(ops: Any) -> list[dict[str, Any]]:
         if op["op"] == "upsert":
             if not isinstance(op.get("fields", {}), dict):
                 raise DocumentError("fields must be an object")
-            parse_document({"id": op["id"], **op.get("fields", {})})
+            doc = parse_document({"id": op["id"], **op.get("fields", {})})
+            if schema is not None:
+                schema.check_ranges(doc.fields)
         else:
             check_id(str(op["id"]))
     return ops
@@ -122,7 +124,7 @@ class Replica:
 
     def append(self, seq: int, ops: list[dict[str, Any]], ts: float | None = None) -> int:
         """Log (fsync) and apply entry `seq`; LogGapError when entries before it are missing."""
-        check_ops(ops)
+        check_ops(ops, self.schema)
         with self._lock:
             entry = {"seq": seq, "ops": ops, "ts": ts or time.time()}
             if self.log.append(seq, ops, entry["ts"]) and seq == self.index.applied_seq + 1:

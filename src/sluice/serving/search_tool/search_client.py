@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from sluice.routing.fleet_file.search_service import SearchServiceSpec
+from sluice.serving.search_tool.domains import DomainRules
 from sluice.serving.search_tool.search_error import SearchToolError
 from sluice.tool_types import SearchResult
 
@@ -61,16 +62,42 @@ def _refusal(status: int, body: Any) -> SearchToolError:
     return SearchToolError.QUERY_TOO_LONG if bounded else SearchToolError.INVALID_INPUT
 
 
+def search_body(service: SearchServiceSpec, query: str, rules: DomainRules) -> dict[str, Any]:
+    """`POST /v1/search`'s body: the fleet's top_k and snippet length, and the domain part of the
+    rules as a filter (with rules on paths, which only the check after can apply, a few more
+    hits are asked for so that the page stays full)."""
+    top_k = max(service.top_k, min(4 * service.top_k, 50)) if rules.has_paths else service.top_k
+    body: dict[str, Any] = {"query": query, "top_k": top_k, "snippet_chars": snippet_chars(service)}
+    flt = rules.service_filter()
+    if flt is not None:
+        body["filter"] = flt
+    return body
+
+
+def _permitted(hits: list[Any], rules: DomainRules, service: SearchServiceSpec) -> list[SearchResult]:
+    out = []
+    for h in hits:
+        if not isinstance(h, dict):
+            continue
+        fields = h.get("fields") if isinstance(h.get("fields"), dict) else {}
+        url = fields.get(URL_FIELD)
+        if rules and not rules.permits(url if isinstance(url, str) else None):
+            continue  # the service's filter is not trusted alone: a blocked hit never reaches the model
+        out.append(hit_result(h, service.max_result_chars))
+    return out[:service.top_k]
+
+
 async def search(
-    service: SearchServiceSpec, query: str, transport: httpx.AsyncBaseTransport | None = None
+    service: SearchServiceSpec, query: str, transport: httpx.AsyncBaseTransport | None = None,
+    rules: DomainRules = DomainRules(),
 ) -> list[SearchResult] | SearchToolError:
-    """The service's top hits for `query`, or why there are none (`transport`: tests')."""
+    """The service's top hits for `query` that `rules` permit, or why there are none
+    (`transport`: tests')."""
     key = service.api_key()
     headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
         async with asyncio.timeout(service.timeout_s), httpx.AsyncClient(timeout=service.timeout_s, transport=transport) as client:
-            r = await client.post(f"{service.url}/v1/search", json={"query": query, "top_k": service.top_k,
-                                                                       "snippet_chars": snippet_chars(service)}, headers=headers)
+            r = await client.post(f"{service.url}/v1/search", json=search_body(service, query, rules), headers=headers)
     except (TimeoutError, httpx.TimeoutException):  # the whole call, however the time went
         log.warning("search tool: the search service did not answer within %.1fs", service.timeout_s)
         return SearchToolError.UNAVAILABLE
@@ -88,4 +115,4 @@ async def search(
     if not isinstance(hits, list):
         log.warning("search tool: the search service's answer has no hits list")
         return SearchToolError.UNAVAILABLE
-    return [hit_result(h, service.max_result_chars) for h in hits if isinstance(h, dict)]
+    return _permitted(hits, rules, service)

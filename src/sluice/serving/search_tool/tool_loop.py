@@ -31,6 +31,7 @@ from sluice.serving.errors import ErrorKind, ServingError, invalid
 from sluice.serving.outcomes import Failed, Final, Finished, Outcome, Refused, ServerToolResult, TextDelta, ToolCallDone
 from sluice.serving.prompt import Conversation, Turn
 from sluice.serving.request import ServingRequest
+from sluice.serving.search_tool.domains import DomainRules
 from sluice.serving.search_tool.search_client import search
 from sluice.serving.search_tool.search_error import SearchToolError
 from sluice.tool_types import Part, Role, ToolCall, ToolChoice, ToolChoiceMode, search_tool_result
@@ -86,6 +87,7 @@ class SearchRounds:
         self.req, self.service = req, service
         self.next_round, self.end_first_round, self.count = next_round, end_first_round, count
         self.max_uses = min(req.search_tool.max_uses or service.max_uses, service.max_uses)
+        self.rules = DomainRules.parse(req.search_tool.allowed_domains, req.search_tool.blocked_domains)
         self.uses = 0  # searches run (a call past max_uses runs none)
         self.answered = 0  # searches the service answered: usage.server_tool_use
         self.spent = Usage()  # the finished rounds' usage
@@ -99,7 +101,7 @@ class SearchRounds:
         if self.uses >= self.max_uses:
             return ServerToolResult(call.id, error=SearchToolError.MAX_USES_EXCEEDED, usage=usage)
         self.uses += 1
-        found = await search(self.service, str(call.input.get("query", "")))
+        found = await search(self.service, str(call.input.get("query", "")), rules=self.rules)
         if isinstance(found, SearchToolError):
             return ServerToolResult(call.id, error=found, usage=usage)
         self.answered += 1

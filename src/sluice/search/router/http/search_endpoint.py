@@ -22,7 +22,7 @@ async def answer_search(rt: RouterRuntime, request: Request) -> dict[str, Any]:
     if not rt.auth.may_search(request):
         raise SearchError(SearchErrorKind.AUTHENTICATION, "a valid API key is required")
     body = await read_bounded(request.scope["headers"], request.receive, MAX_SEARCH_BODY_BYTES, "a search body")
-    req = SearchRequest.decode(body, rt.cfg.search.max_top_k)
+    req = SearchRequest.decode(body, rt.cfg.search.max_top_k, rt.schema.ranges)
     try:
         result = await rt.search(req)
     except QuerySyntaxError as exc:

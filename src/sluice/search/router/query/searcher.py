@@ -83,7 +83,7 @@ class Searcher:
     async def search(self, req: SearchRequest) -> SearchResponse:
         t0 = time.perf_counter()
         resolved = self._resolved(req.query)
-        key = (cache_key(resolved.tree), req.top_k, req.snippet_chars, self.topo.revision())
+        key = (cache_key(resolved.tree), req.options_key(), self.topo.revision())
         cached = self.cache.get(key)
         self.metrics.child(self.metrics.cache, "hit" if cached is not None else "miss").inc()
         self.metrics.cache_hit_ratio.set(self.cache.hit_ratio)
@@ -93,7 +93,7 @@ class Searcher:
             return res
         shards = self.topo.shards
         run = QueryRun(key[-1], t0 + self.deadline_s, {s.position: None for s in shards})
-        merged = await self._hits(resolved, req.top_k, run, req.snippet_chars)
+        merged = await self._hits(resolved, req, run)
         result = SearchResponse(merged, len(shards), len(shards) - len(run.failed), run.failed)
         result.took_ms = (time.perf_counter() - t0) * 1000
         if result.partial:
@@ -103,20 +103,20 @@ class Searcher:
         self.metrics.child(self.metrics.query_latency, "partial" if result.partial else "complete").observe(time.perf_counter() - t0)
         return result
 
-    async def _hits(self, resolved: ResolvedQuery, top_k: int, run: QueryRun, snippet_chars: int) -> list[Hit]:
+    async def _hits(self, resolved: ResolvedQuery, req: SearchRequest, run: QueryRun) -> list[Hit]:
         """The rounds: (expansion or statistics or one-round search) → search → merge."""
-        shards = self.topo.shards
+        shards, top_k = self.topo.shards, req.top_k
         tree, glob = resolved.tree, None
         exact = self.stats_mode is StatsMode.GLOBAL and len(shards) > 1  # one shard's own statistics are global
         if tree is not None and resolved.wildcards:
             tree, glob = await self.rounds.expand(run.live(shards), resolved, run, exact)
         elif tree is not None and exact:
-            merged = await self.rounds.one_round_search(shards, tree, top_k, run, snippet_chars)
+            merged = await self.rounds.one_round_search(shards, tree, req, run)
             if merged is not None:
                 return merged
             glob = await self.rounds.global_stats(run.live(shards), terms_of(tree), run)
         if tree is None or top_k == 0:
             return []  # matches nothing: no shard needs asking
-        answers = await self.fan_out.round(run.live(shards), ShardSearchRequest(tree, top_k, glob, snippet_chars=snippet_chars), run.deadline, run,
+        answers = await self.fan_out.round(run.live(shards), ShardSearchRequest(tree, top_k, glob, snippet_chars=req.snippet_chars, filter=req.filter), run.deadline, run,
                                            prefer_chosen=True)
         return merge([a.hits for _, a in answers if isinstance(a, ShardSearchAnswer)], top_k)

@@ -16,7 +16,7 @@ from typing import Any
 
 from sluice.search import strict_json
 from sluice.search.errors import DocumentError
-from sluice.search.index.schema import MAX_DOCUMENT_BYTES, parse_document
+from sluice.search.index.schema import MAX_DOCUMENT_BYTES, Schema, parse_document
 from sluice.search.router.cluster.topology import Topology
 
 MAX_LINES = 100_000
@@ -30,7 +30,7 @@ class BulkPlan:
     errors: list[dict[str, Any]]
 
 
-def plan_bulk(body: bytes, topo: Topology) -> BulkPlan:
+def plan_bulk(body: bytes, topo: Topology, schema: Schema | None = None) -> BulkPlan:
     if not body:
         raise DocumentError("the body is empty: send one JSON document per line")
     errors: list[dict[str, Any]] = []
@@ -53,6 +53,8 @@ def plan_bulk(body: bytes, topo: Topology) -> BulkPlan:
             continue
         try:
             doc = parse_document(obj)
+            if schema is not None:
+                schema.check_ranges(doc.fields)
         except DocumentError as exc:
             errors.append({"line": n, "message": str(exc)})
             continue

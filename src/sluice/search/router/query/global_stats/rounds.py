@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
+from sluice.search.contract import SearchRequest, ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.hits import Hit
 from sluice.search.index.query_tree import ResolvedQuery, Tree, scored_leaves, terms_of, wildcards_of
@@ -56,12 +56,12 @@ class StatisticsRounds:
             glob.add(got)
         return glob
 
-    async def one_round_search(self, shards: Sequence[ShardRuntime], tree: Tree, top_k: int,
-                               run: QueryRun, snippet_chars: int = 0) -> list[Hit] | None:
+    async def one_round_search(self, shards: Sequence[ShardRuntime], tree: Tree, search: SearchRequest,
+                               run: QueryRun) -> list[Hit] | None:
         """The exact top_k in one round trip although some terms' statistics are new, or None:
         then the statistics round (for what is still unknown) and the search. Tried when every
         shard's counts are known at its entry and some term's frequency is not."""
-        scored = scored_leaves(tree)
+        scored, top_k = scored_leaves(tree), search.top_k
         if top_k == 0 or scored is None or any(s.cold_url is not None for s in shards):
             return None
         terms = terms_of(tree)
@@ -78,7 +78,7 @@ class StatisticsRounds:
         ks = known.values()
         glob = CollectionStats(sum(k.doc_count for k in ks), sum(k.total_length for k in ks),
                                {t: sum(k.term_freqs[t] for k in ks) for t in terms if t not in unknown})
-        req = ShardSearchRequest(tree, top_k, glob, sorted(unknown), snippet_chars)
+        req = ShardSearchRequest(tree, top_k, glob, sorted(unknown), search.snippet_chars, search.filter)
         got: list[ShardAnswer] = []
         for s, answer in await self.fan_out.round(shards, req, run.followed_deadline(), run):
             assert isinstance(answer, ShardSearchAnswer)
