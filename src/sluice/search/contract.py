@@ -20,6 +20,8 @@ import dataclasses
 import json
 from typing import Any, ClassVar
 
+import numpy as np
+
 from sluice.search import strict_json
 from sluice.search.errors import SearchError, SearchErrorKind
 from sluice.search.index.bm25 import CollectionStats
@@ -29,6 +31,8 @@ from sluice.search.index.query_syntax import MAX_QUERY_CHARS
 from sluice.search.index.schema import RangeKind
 from sluice.search.index.query_tree import Tree, check_tree, scored_leaves
 from sluice.search.index.snippets import MAX_SNIPPET_CHARS
+from sluice.search.retrieval import HybridOptions, RetrievalMode, decode_mode
+from sluice.search.dense import vectors
 
 DEFAULT_TOP_K = 10
 MIN_TOP_K = 0
@@ -39,7 +43,7 @@ MAX_SEARCH_BODY_BYTES = 64 << 10
 MAX_TERMS = 1024  # terms in one statistics request or one-round search
 MAX_PREFIXES = 64  # wildcard prefixes in one statistics request (at most one per query clause)
 DEFAULT_SNIPPET_CHARS = 300
-SEARCH_FIELDS = frozenset({"query", "top_k", "snippet_chars", "filter"})
+SEARCH_FIELDS = frozenset({"query", "top_k", "snippet_chars", "filter", "mode", "hybrid"})
 
 __all__ = ["DEFAULT_SNIPPET_CHARS", "MAX_SNIPPET_CHARS", "DEFAULT_TOP_K", "MAX_QUERY_CHARS", "MAX_TOP_K", "MIN_TOP_K", "SearchRequest", "SearchResponse",
            "StatsRequest", "StatsAnswer", "ShardSearchRequest", "ShardSearchAnswer", "BulkAnswer", "DeleteAnswer"]
@@ -87,10 +91,13 @@ class SearchRequest:
     top_k: int = DEFAULT_TOP_K
     snippet_chars: int = DEFAULT_SNIPPET_CHARS  # each hit's snippet at most this long (0: none)
     filter: list[Clause] | None = None  # canonical clauses (index/filters.py); None: every document
+    mode: RetrievalMode = RetrievalMode.LEXICAL
+    hybrid: HybridOptions | None = None  # mode hybrid's options (retrieval.py)
 
     def options_key(self) -> tuple[Any, ...]:
         """Everything but the query that changes the answer (the result cache's key)."""
-        return (self.top_k, self.snippet_chars, None if self.filter is None else json.dumps(self.filter, separators=(",", ":")))
+        return (self.top_k, self.snippet_chars, None if self.filter is None else json.dumps(self.filter, separators=(",", ":")),
+                self.mode.value, None if self.hybrid is None else self.hybrid.key())
 
     @classmethod
     def decode(cls, body: bytes, max_top_k: int, ranges: dict[str, RangeKind] | None = None) -> SearchRequest:
@@ -113,9 +120,14 @@ class SearchRequest:
                 clauses = decode_filter(data["filter"], ranges or {}) or None
             except FilterError as exc:
                 raise _invalid(str(exc)) from None
-        return cls(query, _top_k(data.get("top_k", DEFAULT_TOP_K), max_top_k),
+        top_k = _top_k(data.get("top_k", DEFAULT_TOP_K), max_top_k)
+        mode = decode_mode(data.get("mode", RetrievalMode.LEXICAL.value))
+        if data.get("hybrid") is not None and mode is not RetrievalMode.HYBRID:
+            raise _invalid('hybrid: only with "mode": "hybrid"')
+        hybrid = HybridOptions.decode(data.get("hybrid"), top_k) if mode is RetrievalMode.HYBRID else None
+        return cls(query, top_k,
                    _bounded_int(data.get("snippet_chars", DEFAULT_SNIPPET_CHARS), "snippet_chars", 0, MAX_SNIPPET_CHARS),
-                   clauses)
+                   clauses, mode, hybrid)
 
 
 @dataclasses.dataclass(slots=True)
@@ -193,17 +205,18 @@ class ShardSearchRequest:
     top_k: int = DEFAULT_TOP_K
     stats: CollectionStats | None = None
     unknown: list[str] | None = None
-    snippet_chars: int = 0
     filter: list[Clause] | None = None
+    vector: np.ndarray | None = None  # a dense search: the query's vector (the tree is then None)
+    exact: bool | None = None  # a dense search's way (None: exact on a small shard; vector_index.py)
 
     def to_json(self) -> dict[str, Any]:
         out = {"tree": self.tree, "top_k": self.top_k, "stats": None if self.stats is None else self.stats.to_json()}
         if self.unknown is not None:
             out["unknown"] = self.unknown
-        if self.snippet_chars:
-            out["snippet_chars"] = self.snippet_chars
         if self.filter:
             out["filter"] = self.filter
+        if self.vector is not None:
+            out["vector"], out["exact"] = vectors.encode(self.vector), self.exact
         return out
 
     @classmethod
@@ -224,10 +237,15 @@ class ShardSearchRequest:
                 raise _invalid("unknown needs global stats and a tree without phrases")
         try:
             clauses = None if data.get("filter") is None else check_wire(data["filter"])
-        except FilterError as exc:
+            vector = None if data.get("vector") is None else vectors.decode(data["vector"])
+        except (FilterError, ValueError) as exc:
             raise _invalid(str(exc)) from None
-        return cls(tree, _top_k(data.get("top_k", DEFAULT_TOP_K), MAX_TOP_K), stats, unknown,
-                   _bounded_int(data.get("snippet_chars", 0), "snippet_chars", 0, MAX_SNIPPET_CHARS), clauses)
+        exact = data.get("exact")
+        if exact is not None and not isinstance(exact, bool):
+            raise _invalid("exact: true, false or null")
+        if vector is not None and (tree is not None or unknown is not None):
+            raise _invalid("a dense search (vector) has no tree")
+        return cls(tree, _top_k(data.get("top_k", DEFAULT_TOP_K), MAX_TOP_K), stats, unknown, clauses, vector, exact)
 
 
 @dataclasses.dataclass(slots=True)

@@ -34,7 +34,7 @@ def test_logs_are_compacted_and_a_replica_too_far_behind_copies_its_peer(tmp_pat
         ingest(router.url, docs[:120], batch=10)  # 12 entries
         wait_for(lambda: all(_shard_status(r.url)["log_base"] >= 8 for r in reps), 60, "both logs compacted")
         st = _shard_status(reps[0].url)
-        assert st["logged_seq"] == 12 and st["doc_count"] == 120
+        assert st["logged_seq"] == 12 and st["doc_count"] == 120 and st["vector_count"] == 120  # vectors in the log
         wait_for(lambda: 0 <= _log_entries(router.url) <= 4, 30, "the compacted log's size in the metrics")
 
         down = reps[1]
@@ -45,11 +45,19 @@ def test_logs_are_compacted_and_a_replica_too_far_behind_copies_its_peer(tmp_pat
         reps[1] = restart(down)
         wait_for(lambda: _shard_status(reps[1].url)["applied_seq"] == 24, 60, "the replica to catch up")
         back = _shard_status(reps[1].url)
-        assert back["snapshots_installed"] == 1 and back["doc_count"] == 240
+        # the peer's index snapshot and the log after it carried every document's vector
+        assert back["snapshots_installed"] == 1 and back["doc_count"] == 240 and back["vector_count"] == 240
         # (a restart from a compacted log: tests/unit/search/test_log_compaction.py)
         wait_for(lambda: all(r["up"] for r in status(router.url)["shards"][0]["replicas"]), 60, "both up")
         hits = search(router.url, corpus.queries(docs, 1)[0]).json()
         assert hits["partial"] is False and hits["hits"]
+        q = {"query": docs[200]["title"], "mode": "dense", "top_k": 3}
+        both = httpx.post(router.url + "/v1/search", json=q, timeout=30).json()["hits"]
+        reps[0].stop()  # only the replica that copied its peer's snapshot is left
+        wait_for(lambda: not status(router.url)["shards"][0]["replicas"][0]["up"], 60, "the peer marked down")
+        alone = httpx.post(router.url + "/v1/search", json={**q, "top_k": 4}, timeout=30).json()
+        assert not alone["partial"] and [h["id"] for h in alone["hits"]][:3] == [h["id"] for h in both]
+        assert docs[200]["id"] in [h["id"] for h in both]
     finally:
         router.stop()
         for r in reps:

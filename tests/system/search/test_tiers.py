@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from sluice.search import corpus
+from sluice.search.dense.embedder import Embedder, attach_vectors
+from sluice.search.index.query_syntax import dense_text
 from sluice.search.index.hits import merge
 from sluice.search.index.query_tree import resolve
-from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
 from sluice.search.shard.replica import Replica
 from tests.server_process import free_port
@@ -58,7 +59,10 @@ def test_a_cold_shard_is_fetched_on_first_query_and_merges_exactly(s3, tmp_path,
     old, live = [dict(d, year="2019") for d in docs[:400]], [dict(d, year="2024") for d in docs[400:]]
     # the cold shard's index: built by a replica, archived by the CLI
     r = Replica(tmp_path / "old-replica", fsync=False)
-    r.append(1, [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in old])
+    embedder = Embedder()
+    ops = {0: [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in old]}
+    attach_vectors(ops, embedder, ("title", "body"))  # as the router would have at ingest
+    r.append(1, ops[0])
     r.log.close()
     env = {**os.environ, **AWS}
     out = subprocess.run([sys.executable, "-m", "sluice.cli", "search", "archive", "--data", str(tmp_path / "old-replica"),
@@ -89,15 +93,23 @@ values = ["2019"]
         print(f"first query with a cold fetch: {first['took_ms']} ms (fetch {cold['first_query_fetch_s']}); "
               f"next: {search(router.url, 'library package').json()['took_ms']} ms")
         reference = ShardIndex(None)
-        for seq, d in enumerate(old + live, 1):
-            src = parse_document(d)
-            reference.apply(seq, [{"op": "upsert", "id": src.doc_id, "fields": src.fields}])
+        everything = {0: [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}}
+                          for d in old + live]}
+        attach_vectors(everything, embedder, ("title", "body"))
+        reference.apply(1, everything[0])
         for q in corpus.queries(docs, 40):
             got = search(router.url, q).json()
             want = merge([reference.search(resolve(q, reference.analyzer), 10)], 10)
             assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
             for g, w in zip(got["hits"], want):
                 assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0)
+        cold_hits = 0
+        for q in corpus.queries(docs, 20, seed=3):  # the archive carried the vectors: dense merges exactly too
+            got = HTTP.post(router.url + "/v1/search", json={"query": q, "mode": "dense"}).json()
+            want = reference.dense_search(embedder.query(dense_text(q)), 10)
+            assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
+            cold_hits += sum(h["id"] in {d["id"] for d in old} for h in got["hits"])
+        assert cold_hits >= 20
         assert status(router.url)["cold_tier"]["fetches"] == 1  # kept, not fetched again
         bad = HTTP.post(router.url + "/v1/search/documents", content=json.dumps(dict(docs[0], year="2019"))).json()
         assert bad["errors"] == [{"line": 1, "message": "shard y2019 is a read-only cold shard"}]

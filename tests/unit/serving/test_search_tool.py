@@ -74,7 +74,9 @@ def test_the_fleets_key_and_top_k_are_sent(monkeypatch):
     seen: list[httpx.Request] = []
     found = asyncio.run(search(service, "paris", _answer(200, {"hits": [{"id": "a", "fields": {"title": "A"}}]}, seen=seen)))
     assert found == [SearchResult("sluice-search:a", "A", "")]
-    assert str(seen[0].url) == "http://s:1/v1/search" and json.loads(seen[0].content) == {"query": "paris", "top_k": 2, "snippet_chars": 500}
+    assert str(seen[0].url) == "http://s:1/v1/search" and json.loads(seen[0].content) == {
+        "query": "paris", "top_k": 2, "snippet_chars": 500, "mode": "hybrid",
+        "hybrid": {"fusion": "weighted", "dense_weight": 0.3, "window": 50}}
     assert seen[0].headers["authorization"] == "Bearer fleet-key"
 
 

@@ -21,6 +21,7 @@ from sluice.search.index.schema import Schema, SourceDocument
 
 ID_PREFIX = "Q"
 ID_SLOT = 0  # the id as a value: the tie-break of equal scores (merge.py), the same on every shard
+VECTOR_SLOT = 1  # the document's dense vector, float32 bytes (dense/vectors.py), committed with it
 LANGUAGE = "english"
 QUERY_TERMS_KEPT = 100_000
 _PLAIN_WORD = re.compile(r"[A-Za-z]{1,60}")  # well under the TermGenerator's word length limit (64)

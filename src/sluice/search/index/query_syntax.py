@@ -219,3 +219,23 @@ def parse_query(query: str) -> Node:
     if len(query) > MAX_QUERY_CHARS:
         raise QuerySyntaxError(MAX_QUERY_CHARS, f"a query is at most {MAX_QUERY_CHARS} characters")
     return _Parser(query).parse()
+
+
+def dense_text(query: str) -> str:
+    """What a dense search embeds: the query's words and phrases that count for a match, in
+    order, without the query language (operators, `field:`, `*`, quotes) and without what it
+    excludes (`-word`, `NOT word`): `python AND "package manager" -java` → `python package
+    manager`. QuerySyntaxError as for any query."""
+    words: list[str] = []
+
+    def walk(node: Node) -> None:
+        if isinstance(node, Text):
+            words.append(node.text)
+        elif node.op is BoolOp.AND_NOT:
+            walk(node.children[0])
+        else:
+            for child in (*node.required, *node.children):
+                walk(child)
+
+    walk(parse_query(query))
+    return " ".join(w for w in words if w)

@@ -12,13 +12,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import xapian
 
-from sluice.search.index.analyzer import ID_SLOT, Analyzer, id_term
+from sluice.search.dense import vectors
+from sluice.search.dense.vector_index import VectorIndex
+from sluice.search.index.analyzer import ID_SLOT, VECTOR_SLOT, Analyzer, id_term
 from sluice.search.index.bm25 import (Bm25Params, CollectionStats, ShardWeighting, global_weighting, leaf_part,
                                       leaf_weight, local_weighting)
 from sluice.search.index.filters import Clause, filtered
-from sluice.search.index.hits import Hit
+from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_builder import build_query
 from sluice.search.index.query_tree import Tree, terms_of
 from sluice.search.index.schema import Schema, check_id, parse_document
@@ -26,6 +29,13 @@ from sluice.search.index.snippets import Snippets, snippet_text
 
 APPLIED_KEY = "sluice.applied_seq"
 MAX_WILDCARD_TERMS = 100  # terms one wildcard may expand to (the union over every shard)
+
+
+def vectors_of(db: xapian.Database) -> VectorIndex:
+    """The vector index of every document with a vector (their value slot)."""
+    index = VectorIndex()
+    index.add_many((item.docid, vectors.from_bytes(item.value)) for item in db.valuestream(VECTOR_SLOT))
+    return index
 
 
 class ShardIndex:
@@ -41,6 +51,7 @@ class ShardIndex:
         self.snippet_fields = self.analyzer.schema.snippet_fields
         self.params = params or Bm25Params()
         self.last_matches = 0  # of the last search (the simulated cost: shard/replica.py)
+        self.vectors = vectors_of(self.db)
 
     @classmethod
     def read_only(cls, db: xapian.Database, schema: Schema | None = None,
@@ -50,6 +61,7 @@ class ShardIndex:
         self.path, self.last_matches = None, 0
         self.db, self.analyzer, self.params = db, Analyzer(schema), params or Bm25Params()
         self.snippet_fields = self.analyzer.schema.snippet_fields
+        self.vectors = vectors_of(db)
         return self
 
     @property
@@ -63,9 +75,19 @@ class ShardIndex:
             kind = op.get("op")
             if kind == "upsert":
                 src = parse_document({"id": op["id"], **op.get("fields", {})})
-                self.db.replace_document(id_term(src.doc_id), self.analyzer.document(src))
+                doc = self.analyzer.document(src)
+                vector = None if op.get("vector") is None else vectors.decode(op["vector"])
+                if vector is not None:
+                    doc.add_value(VECTOR_SLOT, vectors.to_bytes(vector))
+                docid = self.db.replace_document(id_term(src.doc_id), doc)
+                if vector is None:
+                    self.vectors.remove(docid)
+                else:
+                    self.vectors.add(docid, vector)
             elif kind == "delete":
                 check_id(str(op["id"]))
+                for posting in self.db.postlist(id_term(str(op["id"]))):
+                    self.vectors.remove(posting.docid)
                 self.db.delete_document(id_term(str(op["id"])))
             # an unknown op was refused when it was logged; nothing else to do here
         self.db.set_metadata(APPLIED_KEY, str(seq))
@@ -152,6 +174,24 @@ class ShardIndex:
         fields = data.get("fields", {})
         snippet = "" if snippets is None else snippets.of(snippet_text(fields, self.snippet_fields), snippet_chars)
         return Hit(data["id"], score, fields, snippet)
+
+    def dense_search(self, vector: np.ndarray, top_k: int, exact: bool | None = None,
+                     clauses: list[Clause] | None = None) -> list[Hit]:
+        """The top_k documents by the cosine of their vector with `vector` (dense/vector_index.py:
+        exact on a small shard unless `exact` says otherwise), ties by id; only documents that
+        pass the filter `clauses`."""
+        if top_k <= 0 or not len(self.vectors):
+            return []
+        allowed = None
+        if clauses:
+            enquire = xapian.Enquire(self.db)
+            enquire.set_query(filtered(xapian.Query.MatchAll, clauses))
+            enquire.set_weighting_scheme(xapian.BoolWeight())
+            allowed = {m.docid for m in enquire.get_mset(0, self.db.get_doccount())}
+        found = self.vectors.search(vector, top_k, exact, allowed)
+        self.last_matches = len(found)
+        hits = [self._hit(self.db.get_document(docid), score, None, 0) for docid, score in found]
+        return merge([hits], top_k)
 
     def doc_count(self) -> int:
         return self.db.get_doccount()

@@ -26,6 +26,7 @@ import re
 import xapian
 
 from sluice.search.index.analyzer import LANGUAGE
+from sluice.search.index.hits import Hit
 from sluice.search.index.query_tree import Tree, terms_of
 
 MARK_START, MARK_END, OMIT = "<b>", "</b>", "…"
@@ -60,6 +61,23 @@ class Snippets:
             if MARK_START in got:
                 return bounded(got, chars)
         return leading(text, chars)
+
+
+class SnippetMaker:
+    """Snippets for hits found elsewhere: the router's, for the merged hits only (a shard would
+    make one for each of its top-k, most of which the merge drops). A snippet needs no index
+    (no background model: the module's docstring), so an empty in-memory database serves."""
+
+    def __init__(self, snippet_fields: tuple[str, ...]):
+        self._db = xapian.WritableDatabase("", xapian.DB_BACKEND_INMEMORY)
+        self.snippet_fields = snippet_fields
+
+    def add(self, hits: list[Hit], tree: Tree | None, chars: int) -> list[Hit]:
+        if chars <= 0 or not hits:
+            return hits
+        snippets = Snippets(self._db, tree)
+        return [Hit(h.doc_id, h.score, h.fields, snippets.of(snippet_text(h.fields, self.snippet_fields), chars))
+                for h in hits]
 
 
 def leading(text: str, chars: int) -> str:

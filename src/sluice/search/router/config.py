@@ -14,6 +14,8 @@
     default_fields = ["title", "body"]
     snippet_fields = ["body"]    # a hit's snippet is taken from these (default: default_fields but title)
     range_fields = { year = "number", published = "date" }   # fields a filter may bound (gte / lte)
+    vectors = true               # embed documents at ingest (wordllama): modes dense and hybrid
+    vector_search = "auto"       # "exact" (brute force), "approximate" (HNSW); auto: exact ≤ 20,000 per shard
     accept_writes = true         # false: query-only (only one router per deployment sequences writes)
     hot_shards = false           # add a local replica to a shard whose replicas are ≥ 70 % busy
     hot_interval_s = 2.0
@@ -56,6 +58,7 @@ from sluice.search.contract import MAX_TOP_K
 from sluice.search.errors import SearchConfigError
 from sluice.search.index.filters import range_slot
 from sluice.search.index.schema import FIELD_NAME, RangeKind
+from sluice.search.retrieval import VectorSearch
 
 LOCAL = "local"
 _ADDRESS = re.compile(r"^(https?://)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
@@ -114,6 +117,8 @@ class SearchSettings(_Strict):
     default_fields: list[str] = Field(default_factory=lambda: ["title", "body"], min_length=1)
     snippet_fields: list[str] | None = Field(None, min_length=1)  # a hit's snippet text (None: default_fields but title)
     range_fields: dict[str, RangeKind] = Field(default_factory=dict)  # fields a filter may bound (gte / lte)
+    vectors: bool = True  # embed every document at ingest (dense and hybrid modes); false: lexical only
+    vector_search: VectorSearch = VectorSearch.AUTO  # how shards search their vectors (retrieval.py)
     accept_writes: bool = True  # false: a query-only router (scale these freely; one router sequences writes)
     s3_endpoint: str | None = None  # the cold tier's S3-compatible endpoint (None: AWS)
     cold_cache_mb: int = Field(1024, ge=1)  # disk budget for fetched cold shards (LRU)
@@ -129,10 +134,10 @@ class SearchSettings(_Strict):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=False)
 
-    @field_validator("sharding", "stats", mode="before")
+    @field_validator("sharding", "stats", "vector_search", mode="before")
     @classmethod
     def _enum(cls, v: object, info) -> object:  # TOML gives strings; strict mode wants the enum
-        enum_type = Sharding if info.field_name == "sharding" else StatsMode
+        enum_type = {"sharding": Sharding, "stats": StatsMode, "vector_search": VectorSearch}[info.field_name]
         try:
             return enum_type(v)
         except ValueError:

@@ -13,6 +13,7 @@ import httpx
 
 from pathlib import Path
 
+from sluice.search.dense.embedder import Embedder, attach_vectors
 from sluice.search.contract import BulkAnswer, DeleteAnswer, SearchRequest, SearchResponse
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.schema import Schema, check_id
@@ -59,8 +60,9 @@ class RouterRuntime:
         if any(sh.archive for sh in cfg.shards):
             self.cold = ColdTier(Path(s.data_dir) / "cold-cache", s.cold_cache_mb << 20,
                                  lambda url, dest: download(S3Location.parse(url), dest, s.s3_endpoint), self.schema)
+        self.embedder = Embedder() if s.vectors else None
         self.searcher = Searcher(self.topo, self.caller, self.metrics, self.cache, Analyzer(self.schema),
-                                 s.stats, s.shard_deadline_ms / 1000, self.cold)
+                                 s.stats, s.shard_deadline_ms / 1000, self.cold, self.embedder, s.vector_search)
         self.writer = Writer(self.topo, self.http, self.metrics)
         self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s,
                                    s.log_compact_every, s.log_keep_max)
@@ -75,6 +77,8 @@ class RouterRuntime:
 
     async def write(self, ndjson: bytes) -> BulkAnswer:
         plan = plan_bulk(ndjson, self.topo, self.schema)
+        if self.embedder is not None:  # in a worker thread: ~0.1 ms a document, off the event loop
+            await asyncio.to_thread(attach_vectors, plan.batches, self.embedder, self.schema.default_fields)
         self.metrics.bad_lines.inc(len(plan.errors))
         outcome = await self.writer.write(plan.batches)
         self.metrics.documents.labels("upsert").inc(plan.accepted if not outcome.failed else 0)

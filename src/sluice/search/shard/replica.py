@@ -30,9 +30,10 @@ import httpx
 import xapian
 
 from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
+from sluice.search.dense import vectors
 from sluice.search.errors import DocumentError
 from sluice.search.index.schema import Schema, check_id, parse_document
-from sluice.search.index.shard_index import ShardIndex
+from sluice.search.index.shard_index import ShardIndex, vectors_of
 from sluice.search.shard import snapshot
 from sluice.search.shard.answers import search_answer, stats_answer
 from sluice.search.shard.write_log import WriteLog
@@ -59,6 +60,11 @@ def check_ops(ops: Any, schema: Schema | None = None) -> list[dict[str, Any]]:
             doc = parse_document({"id": op["id"], **op.get("fields", {})})
             if schema is not None:
                 schema.check_ranges(doc.fields)
+            if op.get("vector") is not None:
+                try:
+                    vectors.decode(op["vector"])
+                except ValueError as exc:
+                    raise DocumentError(f"vector: {exc}") from None
         else:
             check_id(str(op["id"]))
     return ops
@@ -89,6 +95,7 @@ class Replica:
         index = ShardIndex(None, self.schema)
         if self._index_dir.exists():
             snapshot.copy_documents(xapian.Database(str(self._index_dir)), index.db)
+            index.vectors = vectors_of(index.db)  # the snapshot's documents brought their vectors
         return index
 
     def _replay(self) -> int:
@@ -229,4 +236,5 @@ class Replica:
             return {"applied_seq": self.index.applied_seq, "logged_seq": self.log.last_seq,
                     "log_base": self.log.base, "log_bytes": self.log.size_bytes,
                     "snapshots_installed": self.snapshots_installed,
-                    "doc_count": self.index.doc_count(), "last_apply_ts": self.last_apply_ts}
+                    "doc_count": self.index.doc_count(), "vector_count": len(self.index.vectors),
+                    "last_apply_ts": self.last_apply_ts}

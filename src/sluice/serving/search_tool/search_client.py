@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 SOURCE_SCHEME = "sluice-search:"  # a hit's source when its document has no `url` field
 TITLE_FIELD, URL_FIELD, AGE_FIELD = "title", "url", "page_age"
 MAX_SNIPPET_CHARS = 2000  # the search API's bound on `snippet_chars` (docs/SEARCH.md)
+# the hybrid ranking that won on Debian's descriptions (docs/BENCHMARKS.md, bench/search/search_dense_quality.py):
+# recall@10 and MRR@10 above both lexical and dense alone
+HYBRID = {"fusion": "weighted", "dense_weight": 0.3, "window": 50}
 _MARK = re.compile(r"</?b>")
 
 
@@ -63,11 +66,13 @@ def _refusal(status: int, body: Any) -> SearchToolError:
 
 
 def search_body(service: SearchServiceSpec, query: str, rules: DomainRules) -> dict[str, Any]:
-    """`POST /v1/search`'s body: the fleet's top_k and snippet length, and the domain part of the
-    rules as a filter (with rules on paths, which only the check after can apply, a few more
+    """`POST /v1/search`'s body: the fleet's top_k, snippet length and mode (hybrid: the measured
+    winner's fusion), and the domain part of the rules as a filter (with rules on paths, which only the check after can apply, a few more
     hits are asked for so that the page stays full)."""
     top_k = max(service.top_k, min(4 * service.top_k, 50)) if rules.has_paths else service.top_k
-    body: dict[str, Any] = {"query": query, "top_k": top_k, "snippet_chars": snippet_chars(service)}
+    body: dict[str, Any] = {"query": query, "top_k": top_k, "snippet_chars": snippet_chars(service), "mode": service.mode}
+    if service.mode == "hybrid":
+        body["hybrid"] = {**HYBRID, "window": max(HYBRID["window"], top_k)}
     flt = rules.service_filter()
     if flt is not None:
         body["filter"] = flt

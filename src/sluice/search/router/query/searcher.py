@@ -26,21 +26,32 @@ follows (the statistics round, the one-round search, a wildcard expansion) may s
 of the time left, so that a stalled shard costs that round its answer but never the other
 shards theirs: the last round searches the shards that answered, with their statistics
 (a partial answer is scored as if they held every document).
+
+The mode (retrieval.py): `lexical` is the above; `dense` is one round of the query's vector
+(embedded here, dense/embedder.py) to every shard, merged by cosine; `hybrid` runs both at
+once, each to the depth `window`, and fuses them (fusion.py). The merged hits' snippets are
+made here, for the hits returned only (index/snippets.py SnippetMaker).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
 from sluice.search.contract import SearchRequest, SearchResponse, ShardSearchAnswer, ShardSearchRequest
-from sluice.search.errors import QuerySyntaxError, ShardFailure
+from sluice.search.dense.embedder import Embedder
+from sluice.search.errors import QuerySyntaxError, SearchError, SearchErrorKind, ShardFailure
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.hits import Hit, merge
-from sluice.search.index.query_tree import ResolvedQuery, cache_key, resolve_query, terms_of
+from sluice.search.index.query_syntax import dense_text
+from sluice.search.index.query_tree import ResolvedQuery, Tree, cache_key, resolve_query, terms_of
+from sluice.search.index.snippets import SnippetMaker
+from sluice.search.retrieval import HybridOptions, RetrievalMode, VectorSearch
 from sluice.search.router.cluster.topology import Topology
 from sluice.search.router.config import StatsMode
 from sluice.search.router.query.fan_out import FanOut, QueryRun
+from sluice.search.router.query.fusion import fuse
 from sluice.search.router.query.global_stats.rounds import StatisticsRounds
 from sluice.search.router.query.global_stats.stats_cache import StatsCache
 from sluice.search.router.query.result_cache import ResultCache
@@ -53,9 +64,12 @@ TREES_KEPT = 10_000
 
 class Searcher:
     def __init__(self, topo: Topology, caller: ShardCaller, metrics: SearchMetrics, cache: ResultCache,
-                 analyzer: Analyzer, stats_mode: StatsMode, deadline_s: float, cold: ColdTier | None = None):
+                 analyzer: Analyzer, stats_mode: StatsMode, deadline_s: float, cold: ColdTier | None = None,
+                 embedder: Embedder | None = None, vector_search: VectorSearch = VectorSearch.AUTO):
         self.topo, self.metrics, self.cache = topo, metrics, cache
         self.analyzer = analyzer
+        self.embedder, self.vector_search = embedder, vector_search
+        self.snippets = SnippetMaker(analyzer.schema.snippet_fields)
         self.stats_mode = stats_mode
         self.deadline_s = deadline_s
         self.stats_cache = StatsCache()
@@ -83,7 +97,10 @@ class Searcher:
     async def search(self, req: SearchRequest) -> SearchResponse:
         t0 = time.perf_counter()
         resolved = self._resolved(req.query)
-        key = (cache_key(resolved.tree), req.options_key(), self.topo.revision())
+        # a dense ranking is of the query's words as written: "image" and "images" share a
+        # stemmed tree, not a vector
+        dense = None if req.mode is RetrievalMode.LEXICAL else dense_text(req.query)
+        key = (cache_key(resolved.tree), req.options_key(), dense, self.topo.revision())
         cached = self.cache.get(key)
         self.metrics.child(self.metrics.cache, "hit" if cached is not None else "miss").inc()
         self.metrics.cache_hit_ratio.set(self.cache.hit_ratio)
@@ -93,7 +110,8 @@ class Searcher:
             return res
         shards = self.topo.shards
         run = QueryRun(key[-1], t0 + self.deadline_s, {s.position: None for s in shards})
-        merged = await self._hits(resolved, req, run)
+        merged, tree = await self._ranked(resolved, req, dense or "", run)
+        merged = self.snippets.add(merged, tree, req.snippet_chars)
         result = SearchResponse(merged, len(shards), len(shards) - len(run.failed), run.failed)
         result.took_ms = (time.perf_counter() - t0) * 1000
         if result.partial:
@@ -103,20 +121,48 @@ class Searcher:
         self.metrics.child(self.metrics.query_latency, "partial" if result.partial else "complete").observe(time.perf_counter() - t0)
         return result
 
-    async def _hits(self, resolved: ResolvedQuery, req: SearchRequest, run: QueryRun) -> list[Hit]:
-        """The rounds: (expansion or statistics or one-round search) → search → merge."""
-        shards, top_k = self.topo.shards, req.top_k
+    async def _ranked(self, resolved: ResolvedQuery, req: SearchRequest, text: str,
+                      run: QueryRun) -> tuple[list[Hit], Tree | None]:
+        """The merged hits of the request's mode, and the tree their snippets mark."""
+        if req.mode is RetrievalMode.LEXICAL:
+            return await self._lexical(resolved, req, req.top_k, run)
+        if self.embedder is None:
+            raise SearchError(SearchErrorKind.INVALID_REQUEST, f"mode {req.mode.value!r} needs vectors, and this "
+                                                               "service has none (search.toml: vectors = false)")
+        if req.mode is RetrievalMode.DENSE:
+            return await self._dense(req, text, req.top_k, run), resolved.tree
+        h = req.hybrid or HybridOptions()
+        (lexical, tree), dense = await asyncio.gather(self._lexical(resolved, req, h.window, run),
+                                                      self._dense(req, text, h.window, run))
+        return fuse(lexical, dense, req.top_k, h.fusion, h.rrf_k, h.dense_weight), tree
+
+    async def _dense(self, req: SearchRequest, text: str, top_k: int, run: QueryRun) -> list[Hit]:
+        """The top_k by cosine with `text`'s vector across the shards: one round, no statistics
+        (a cosine is the same on any shard); exact shards merge into one index's answer."""
+        assert self.embedder is not None
+        if not text or top_k == 0:
+            return []
+        request = ShardSearchRequest(None, top_k, filter=req.filter, vector=self.embedder.query(text),
+                                     exact=self.vector_search.exact)
+        answers = await self.fan_out.round(run.live(self.topo.shards), request, run.deadline, run)
+        return merge([a.hits for _, a in answers if isinstance(a, ShardSearchAnswer)], top_k)
+
+    async def _lexical(self, resolved: ResolvedQuery, req: SearchRequest, top_k: int,
+                       run: QueryRun) -> tuple[list[Hit], Tree | None]:
+        """The rounds: (expansion or statistics or one-round search) → search → merge; and the
+        tree searched (wildcards expanded)."""
+        shards = self.topo.shards
         tree, glob = resolved.tree, None
         exact = self.stats_mode is StatsMode.GLOBAL and len(shards) > 1  # one shard's own statistics are global
         if tree is not None and resolved.wildcards:
             tree, glob = await self.rounds.expand(run.live(shards), resolved, run, exact)
         elif tree is not None and exact:
-            merged = await self.rounds.one_round_search(shards, tree, req, run)
+            merged = await self.rounds.one_round_search(shards, tree, req, top_k, run)
             if merged is not None:
-                return merged
+                return merged, tree
             glob = await self.rounds.global_stats(run.live(shards), terms_of(tree), run)
         if tree is None or top_k == 0:
-            return []  # matches nothing: no shard needs asking
-        answers = await self.fan_out.round(run.live(shards), ShardSearchRequest(tree, top_k, glob, snippet_chars=req.snippet_chars, filter=req.filter), run.deadline, run,
-                                           prefer_chosen=True)
-        return merge([a.hits for _, a in answers if isinstance(a, ShardSearchAnswer)], top_k)
+            return [], tree  # matches nothing: no shard needs asking
+        answers = await self.fan_out.round(run.live(shards), ShardSearchRequest(tree, top_k, glob, filter=req.filter),
+                                           run.deadline, run, prefer_chosen=True)
+        return merge([a.hits for _, a in answers if isinstance(a, ShardSearchAnswer)], top_k), tree

@@ -57,11 +57,11 @@ class StatisticsRounds:
         return glob
 
     async def one_round_search(self, shards: Sequence[ShardRuntime], tree: Tree, search: SearchRequest,
-                               run: QueryRun) -> list[Hit] | None:
+                               top_k: int, run: QueryRun) -> list[Hit] | None:
         """The exact top_k in one round trip although some terms' statistics are new, or None:
         then the statistics round (for what is still unknown) and the search. Tried when every
         shard's counts are known at its entry and some term's frequency is not."""
-        scored, top_k = scored_leaves(tree), search.top_k
+        scored = scored_leaves(tree)
         if top_k == 0 or scored is None or any(s.cold_url is not None for s in shards):
             return None
         terms = terms_of(tree)
@@ -78,7 +78,7 @@ class StatisticsRounds:
         ks = known.values()
         glob = CollectionStats(sum(k.doc_count for k in ks), sum(k.total_length for k in ks),
                                {t: sum(k.term_freqs[t] for k in ks) for t in terms if t not in unknown})
-        req = ShardSearchRequest(tree, top_k, glob, sorted(unknown), search.snippet_chars, search.filter)
+        req = ShardSearchRequest(tree, top_k, glob, sorted(unknown), search.filter)
         got: list[ShardAnswer] = []
         for s, answer in await self.fan_out.round(shards, req, run.followed_deadline(), run):
             assert isinstance(answer, ShardSearchAnswer)
