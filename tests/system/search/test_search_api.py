@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import httpx
@@ -104,7 +105,36 @@ def test_delete_and_the_cache_follow_writes(router):
     for name in ("sluice_search_replica_request_seconds_bucket", "sluice_search_index_freshness_seconds",
                  "sluice_search_cache_hit_ratio", "sluice_search_errors_total"):
         assert name in metrics
-    assert 'sluice_search_errors_total{type="bad_query"}' in metrics
+    assert 'sluice_search_errors_total{type="query_syntax_error"}' in metrics  # test_query_syntax_errors' 400s
+
+
+def test_errors_latency_cache_and_freshness_are_on_metrics_status_and_page(router):
+    """Every refusal is counted by its type (a 400 invalid_request_error too), each shard's p50
+    and p99 and the time since its last applied write are in the status JSON, the histograms
+    resolve a 2 ms shard, and the status page shows them and asks for no favicon."""
+    for k in range(1, 26):  # searches that reach every shard (distinct top_k: no cache hit), 20 make a quantile
+        assert search(router.url, "searching tools", top_k=k).status_code == 200
+    before = status(router.url)["errors"].get("invalid_request_error", 0)
+    assert search(router.url, "apt", top_k=101).status_code == 400
+    assert httpx.post(router.url + "/v1/search", content=b"{", timeout=30).status_code == 400
+    st = status(router.url)
+    assert st["errors"]["invalid_request_error"] == before + 2
+    metrics = httpx.get(router.url + "/metrics", timeout=10).text
+    assert f'sluice_search_errors_total{{type="invalid_request_error"}} {before + 2}.0' in metrics
+    for le in ("0.0015", "0.002", "0.0025", "0.003"):
+        assert re.search(rf'sluice_search_shard_seconds_bucket{{le="{le}",phase="\w+",shard="s0"}}', metrics), le
+    assert "sluice_search_cache_hit_ratio" in metrics and 'sluice_search_index_age_seconds{replica="s' in metrics
+    assert st["cache"]["lookups"] >= st["cache"]["hits"] >= 1 and 0 < st["cache"]["hit_ratio"] <= 1
+    written = [i for i, sh in enumerate(st["shards"]) if sh["head_seq"] > 0]
+    for sh in st["shards"]:
+        assert sh["p50_ms"] is not None and sh["p99_ms"] >= sh["p50_ms"]
+        assert (sh["index_age_s"] is not None) == (sh["head_seq"] > 0) == (sh["replicas"][0]["index_age_s"] is not None)
+    # no writes since: the time since the last applied write grows (it was 0 forever before)
+    i = written[0]
+    wait_for(lambda: status(router.url)["shards"][i]["index_age_s"] > st["shards"][i]["index_age_s"] + 0.5, 60,
+             "the index age to grow")
+    page = httpx.get(router.url + "/status", timeout=10).text
+    assert '<link rel="icon" href="data:,">' in page and "p99" in page and "errors" in page
 
 
 def test_openapi_documents_the_api(router):

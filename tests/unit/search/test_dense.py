@@ -118,3 +118,11 @@ def test_a_memory_replica_rebuilds_its_vectors_from_its_snapshot_and_log(tmp_pat
     again = Replica(tmp_path / "r", fsync=False, memory=True)  # snapshot + the log after it
     assert again.status()["vector_count"] == 30
     assert [(h.doc_id, h.score) for h in again.index.dense_search(vs[7], 5)] == want
+
+
+def test_the_time_of_the_last_applied_write_survives_a_reopen(tmp_path):
+    ix = ShardIndex(tmp_path / "ix")
+    assert ix.applied_ts == 0.0
+    ix.apply(1, [{"op": "upsert", "id": "a", "fields": {"body": "x"}}], ts=1_700_000_000.25)
+    ix.close()
+    assert ShardIndex(tmp_path / "ix").applied_ts == 1_700_000_000.25

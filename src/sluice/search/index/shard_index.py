@@ -28,6 +28,7 @@ from sluice.search.index.schema import Schema, check_id, parse_document
 from sluice.search.index.snippets import Snippets, snippet_text
 
 APPLIED_KEY = "sluice.applied_seq"
+APPLIED_TS_KEY = "sluice.applied_ts"  # when the applied entry was sequenced (the router's clock)
 MAX_WILDCARD_TERMS = 100  # terms one wildcard may expand to (the union over every shard)
 
 
@@ -69,8 +70,15 @@ class ShardIndex:
         raw = self.db.get_metadata(APPLIED_KEY)
         return int(raw) if raw else 0
 
-    def apply(self, seq: int, ops: list[dict[str, Any]]) -> None:
-        """Apply one log entry's operations and commit them with its sequence number."""
+    @property
+    def applied_ts(self) -> float:
+        """When the newest applied entry was sequenced (0: never, or before this was kept)."""
+        raw = self.db.get_metadata(APPLIED_TS_KEY)
+        return float(raw) if raw else 0.0
+
+    def apply(self, seq: int, ops: list[dict[str, Any]], ts: float | None = None) -> None:
+        """Apply one log entry's operations and commit them with its sequence number (and the
+        time it was sequenced: the index's freshness survives a restart)."""
         for op in ops:
             kind = op.get("op")
             if kind == "upsert":
@@ -91,6 +99,8 @@ class ShardIndex:
                 self.db.delete_document(id_term(str(op["id"])))
             # an unknown op was refused when it was logged; nothing else to do here
         self.db.set_metadata(APPLIED_KEY, str(seq))
+        if ts:
+            self.db.set_metadata(APPLIED_TS_KEY, repr(float(ts)))
         self.db.commit()
 
     def stats(self, terms: list[str]) -> CollectionStats:

@@ -118,18 +118,22 @@ class RouterRuntime:
             "sharding": self.cfg.search.sharding.value,
             "stats": self.cfg.search.stats.value,
             "auth": self.auth.mode,
+            "errors": self.metrics.error_counts(),
             "cache": {"entries": len(self.cache), "hit_ratio": round(self.cache.hit_ratio, 4),
+                      "hits": self.cache.hits, "lookups": self.cache.lookups,
                       "stats_hits": self.searcher.stats_cache.hits, "stats_misses": self.searcher.stats_cache.misses,
                       "one_round": dict(self.searcher.one_round)},
             "shards": [{
                 "name": s.name, "head_seq": s.head_seq,
                 "p50_ms": _ms(s.latency.quantile(0.5)), "p95_ms": _ms(s.latency.quantile(0.95)),
+                "p99_ms": _ms(s.latency.quantile(0.99)), "index_age_s": _s(s.index_age_s(now)),
                 "index_p95_ms": _ms(s.index_latency.quantile(0.95)),
                 "replicas": [{"name": r.name, "url": r.url, "local": r.local, "up": r.reachable,
                               "applied_seq": r.applied_seq, "log_base": r.log_base, "in_flight": r.in_flight,
                               "serving": r.serving, "added": r.added,
                               "ewma_ms": round(r.ewma_s * 1000, 3),
-                              "freshness_s": round(s.freshness_s(r, now), 3)} for r in s.replicas],
+                              "freshness_s": round(s.freshness_s(r, now), 3),
+                              "index_age_s": _s(s.index_age_s(now, r))} for r in s.replicas],
             } for s in self.topo.shards],
             **({"cold_tier": self.cold.status()} if self.cold is not None else {}),
             **self.extra_status,
@@ -138,3 +142,7 @@ class RouterRuntime:
 
 def _ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000, 3)
+
+
+def _s(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)

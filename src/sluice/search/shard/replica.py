@@ -84,7 +84,6 @@ class Replica:
             shutil.rmtree(leftover, ignore_errors=True)  # a crash while serving or taking a snapshot
         self.index = self._open_index()
         self._lock = threading.Lock()
-        self.last_apply_ts = 0.0  # when the newest applied entry was sequenced (router clock)
         self.snapshots_installed = 0
         self.simulated_cost_s = float(os.environ.get(SIMULATED_COST_ENV) or 0) / 1e6
         self.replayed = self._replay()
@@ -118,12 +117,12 @@ class Replica:
         return n
 
     def _apply(self, entry: dict[str, Any]) -> None:
+        ts = float(entry.get("ts") or 0.0) or None
         try:
-            self.index.apply(entry["seq"], entry["ops"])
+            self.index.apply(entry["seq"], entry["ops"], ts)
         except DocumentError as exc:  # validated before logging; never let one entry wedge the shard
             log.error("entry %d: %s; skipped", entry["seq"], exc)
-            self.index.apply(entry["seq"], [])
-        self.last_apply_ts = float(entry.get("ts") or 0.0)
+            self.index.apply(entry["seq"], [], ts)
 
     @property
     def applied_seq(self) -> int:
@@ -237,4 +236,4 @@ class Replica:
                     "log_base": self.log.base, "log_bytes": self.log.size_bytes,
                     "snapshots_installed": self.snapshots_installed,
                     "doc_count": self.index.doc_count(), "vector_count": len(self.index.vectors),
-                    "last_apply_ts": self.last_apply_ts}
+                    "last_apply_ts": self.index.applied_ts}

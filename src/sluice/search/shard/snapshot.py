@@ -21,7 +21,7 @@ from pathlib import Path
 
 import xapian
 
-from sluice.search.index.shard_index import APPLIED_KEY
+from sluice.search.index.shard_index import APPLIED_KEY, APPLIED_TS_KEY
 
 
 def applied_seq_of(index_dir: Path) -> int:
@@ -33,7 +33,8 @@ def copy_documents(src: xapian.Database, dest: xapian.WritableDatabase) -> None:
     """Every document (same docids, terms, positions, values, data) and the applied entry."""
     for item in src.postlist(""):
         dest.replace_document(item.docid, src.get_document(item.docid))
-    dest.set_metadata(APPLIED_KEY, src.get_metadata(APPLIED_KEY))
+    for key in (APPLIED_KEY, APPLIED_TS_KEY):
+        dest.set_metadata(key, src.get_metadata(key))
     dest.commit()
 
 

@@ -28,6 +28,7 @@ class ReplicaState:
     down_until: float = 0.0
     applied_seq: int = 0  # last known (from its answers and the health poll)
     log_base: int = 0  # its write log holds entries after this one (compaction)
+    applied_ts: float = 0.0  # when its newest applied entry was sequenced (0: unknown)
     reachable: bool = True
     serving: bool = True  # False for a replica added while it catches up (queries skip it)
     added: bool = False  # added by the hot-shard policy (hot_shards.py), removable

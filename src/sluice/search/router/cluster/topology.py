@@ -52,6 +52,12 @@ class ShardRuntime:
         while len(self.ack_times) > ACK_TIMES_KEPT:
             self.ack_times.popitem(last=False)
 
+    def index_age_s(self, now: float, replica: ReplicaState | None = None) -> float | None:
+        """Seconds since the shard's (or one replica's) last applied write: the newest entry
+        a replica applied, by the time it was sequenced; None before any write is known."""
+        ts = max((r.applied_ts for r in self.replicas), default=0.0) if replica is None else replica.applied_ts
+        return max(0.0, now - ts) if ts > 0 else None
+
     def freshness_s(self, replica: ReplicaState, now: float | None = None) -> float:
         """Seconds since the replica's oldest unapplied write was acknowledged (0: up to date)."""
         now = time.time() if now is None else now

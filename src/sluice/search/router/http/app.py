@@ -14,6 +14,7 @@ FastAPI's own refusals (validation, 404, 405) and any unexpected exception (500,
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path as Path_
 from typing import Any
 
@@ -26,7 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sluice.search.errors import DocumentError, QuerySyntaxError, SearchError, SearchErrorKind
 from sluice.search.router.http.openapi_models import BulkResponse, SearchResponseModel, errors, search_body_schema
 from sluice.search.router.http.request_body import read_bounded
-from sluice.search.router.http.responses import error_response, internal_error
+from sluice.search.router.http.responses import error_response as render_error
+from sluice.search.router.http.responses import internal_error
 from sluice.search.router.http.search_endpoint import answer_search
 from sluice.search.router.runtime import RouterRuntime
 from sluice.search.router.writes.bulk import MAX_BULK_BYTES
@@ -38,15 +40,20 @@ def create_router_app(rt: RouterRuntime) -> FastAPI:
     app = FastAPI(title="sluice search", version="1",
                   description="Distributed full-text search: sharded Xapian indexes, exact merged BM25 scores. "
                               "See docs/SEARCH.md.")
-    _add_error_handlers(app)
+    _add_error_handlers(app, rt.metrics.refused)
     _add_service_routes(app, rt)
     _add_search_route(app, rt)
     _add_write_routes(app, rt)
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    """Every refusal in the one error shape (errors.py), FastAPI's own included."""
+def _add_error_handlers(app: FastAPI, count: Callable[[str], None]) -> None:
+    """Every refusal in the one error shape (errors.py), FastAPI's own included, and counted by
+    its type (sluice_search_errors_total, the status JSON)."""
+
+    def error_response(err: SearchError) -> Response:
+        count(err.kind.value)
+        return render_error(err)
 
     @app.exception_handler(SearchError)
     async def _search_error(request: Request, exc: SearchError) -> Response:

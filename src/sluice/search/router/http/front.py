@@ -55,6 +55,7 @@ class RouterFront:
         except Exception:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not state["started"]:
+                self.rt.metrics.refused(internal_error().kind.value)
                 await send_error(send, internal_error())
             elif not state["done"]:
                 raise  # a response cut short: the server drops the connection
@@ -64,10 +65,13 @@ class RouterFront:
         try:
             payload = encode(await answer_search(self.rt, Request(scope, receive)))
         except SearchError as err:
+            self.rt.metrics.refused(err.kind.value)
             await send_error(send, err)
             return
         except Exception:
             log.exception("POST /v1/search failed")
-            await send_error(send, internal_error())
+            err = internal_error()
+            self.rt.metrics.refused(err.kind.value)
+            await send_error(send, err)
             return
         await send_json(send, 200, payload)

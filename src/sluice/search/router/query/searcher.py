@@ -41,7 +41,7 @@ import time
 
 from sluice.search.contract import SearchRequest, SearchResponse, ShardSearchAnswer, ShardSearchRequest
 from sluice.search.dense.embedder import Embedder
-from sluice.search.errors import QuerySyntaxError, SearchError, SearchErrorKind, ShardFailure
+from sluice.search.errors import SearchError, SearchErrorKind
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_syntax import dense_text
@@ -84,11 +84,7 @@ class Searcher:
     def _resolved(self, query: str) -> ResolvedQuery:
         resolved = self._trees.get(query)
         if resolved is None:
-            try:
-                resolved = resolve_query(query, self.analyzer)
-            except QuerySyntaxError:
-                self.metrics.errors.labels(ShardFailure.BAD_QUERY.value).inc()
-                raise
+            resolved = resolve_query(query, self.analyzer)  # a syntax error is counted where it is answered
             if len(self._trees) >= TREES_KEPT:
                 self._trees.clear()
             self._trees[query] = resolved

@@ -61,6 +61,7 @@ class HealthPoller:
                 r.reachable, r.down_until, r.failures = True, 0.0, 0
                 r.applied_seq = int(st["applied_seq"])
                 r.log_base = int(st.get("log_base", 0))
+                r.applied_ts = float(st.get("last_apply_ts") or 0.0)
                 logged[r.url] = int(st["logged_seq"])
                 self.metrics.log_entries.labels(shard.name, r.name).set(logged[r.url] - r.log_base)
             else:
@@ -92,6 +93,9 @@ class HealthPoller:
                 log.info("added replica %s is current (entry %d) and serving", r.name, r.applied_seq)
             self.metrics.applied_seq.labels(shard.name, r.name).set(r.applied_seq)
             self.metrics.freshness.labels(shard.name, r.name).set(shard.freshness_s(r, now))
+            age = shard.index_age_s(now, r)
+            if age is not None:
+                self.metrics.index_age.labels(shard.name, r.name).set(age)
 
     async def _catch_up(self, shard: ShardRuntime, r: ReplicaState, peer: ReplicaState) -> None:
         try:
