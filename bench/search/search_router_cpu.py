@@ -73,8 +73,11 @@ def build(docs: list[dict], data: Path) -> tuple[RouterRuntime, list[float]]:
     return rt, shard_cpu
 
 
+EXTRA: dict = {}  # --snippets N: {"snippet_chars": N} in every body (a tree without snippets refuses the field)
+
+
 async def one(front, query: str) -> None:
-    body = json.dumps({"query": query, "top_k": 10}).encode()
+    body = json.dumps({"query": query, "top_k": 10, **EXTRA}).encode()
     scope = {"type": "http", "method": "POST", "path": "/v1/search", "query_string": b"",
              "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
     sent: list[dict] = []
@@ -118,7 +121,17 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=3000)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--passes", type=int, default=4)
-    asyncio.run(run(ap.parse_args()))
+    ap.add_argument("--snippets", type=int, default=None, help="snippet_chars in every body (unset: the field is "
+                    "not sent, and a tree with snippets makes its default 300-character ones)")
+    ap.add_argument("--profile", default=None, help="write a cProfile of the run to this file")
+    args = ap.parse_args()
+    if args.snippets is not None:
+        EXTRA["snippet_chars"] = args.snippets
+    if args.profile:
+        import cProfile
+        cProfile.runctx("asyncio.run(run(args))", globals(), {"args": args, "run": run}, args.profile)
+    else:
+        asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -56,13 +56,14 @@ class ShardIndex:
 
     @classmethod
     def read_only(cls, db: xapian.Database, schema: Schema | None = None,
-                  params: Bm25Params | None = None) -> "ShardIndex":
-        """An index over an opened read-only database (the cold tier's archives); apply() fails."""
+                  params: Bm25Params | None = None, vectors: bool = True) -> "ShardIndex":
+        """An index over an opened read-only database (the cold tier's archives, the router's
+        local reads); apply() fails. `vectors` False: the caller reads them when it needs them."""
         self = cls.__new__(cls)
         self.path, self.last_matches = None, 0
         self.db, self.analyzer, self.params = db, Analyzer(schema), params or Bm25Params()
         self.snippet_fields = self.analyzer.schema.snippet_fields
-        self.vectors = vectors_of(db)
+        self.vectors = vectors_of(db) if vectors else VectorIndex()
         return self
 
     @property

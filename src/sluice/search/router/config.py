@@ -16,6 +16,7 @@
     range_fields = { year = "number", published = "date" }   # fields a filter may bound (gte / lte)
     vectors = true               # embed documents at ingest (wordllama): modes dense and hybrid
     vector_search = "auto"       # "exact" (brute force), "approximate" (HNSW); auto: exact ≤ 20,000 per shard
+    local_reads = false          # true: queries read local replicas' indexes in the router's process (no hop)
     accept_writes = true         # false: query-only (only one router per deployment sequences writes)
     hot_shards = false           # add a local replica to a shard whose replicas are ≥ 70 % busy
     hot_interval_s = 2.0
@@ -119,6 +120,7 @@ class SearchSettings(_Strict):
     range_fields: dict[str, RangeKind] = Field(default_factory=dict)  # fields a filter may bound (gte / lte)
     vectors: bool = True  # embed every document at ingest (dense and hybrid modes); false: lexical only
     vector_search: VectorSearch = VectorSearch.AUTO  # how shards search their vectors (retrieval.py)
+    local_reads: bool = False  # answer queries from local replicas' indexes in this process (tiers/local_reads.py)
     accept_writes: bool = True  # false: a query-only router (scale these freely; one router sequences writes)
     s3_endpoint: str | None = None  # the cold tier's S3-compatible endpoint (None: AWS)
     cold_cache_mb: int = Field(1024, ge=1)  # disk budget for fetched cold shards (LRU)
@@ -174,8 +176,9 @@ class SearchConfig(_Strict):
 
 
 def embedded_default(data_dir: str = "./search-data") -> SearchConfig:
-    """`sluice search serve` with no config: 2 local shards × 1 replica, hash sharding, open."""
-    return SearchConfig(search=SearchSettings(data_dir=data_dir))
+    """`sluice search serve` with no config: 2 local shards × 1 replica, hash sharding, open;
+    queries read the local replicas' indexes in the router's process (local_reads)."""
+    return SearchConfig(search=SearchSettings(data_dir=data_dir, local_reads=True))
 
 
 def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:

@@ -40,6 +40,17 @@ def plan_replicas(cfg: SearchConfig, sup: Supervisor) -> tuple[list[list[str]], 
     return urls, local
 
 
+def local_index_dirs(cfg: SearchConfig, sup: Supervisor) -> dict[int, Path]:
+    """Each shard's first local replica's index folder (the router reads it with local_reads)."""
+    out: dict[int, Path] = {}
+    for pos, shard in enumerate(cfg.shards):
+        first = next((r for r in sup.replicas if r.name == f"{shard.name}/{shard.replicas.index(LOCAL)}"), None) \
+            if LOCAL in shard.replicas else None
+        if first is not None:
+            out[pos] = first.data_dir / "index"
+    return out
+
+
 class RouterProcess:
     """The router's lifetime in one process: its runtime, its local replicas, the loops beside
     the requests (supervision, hot shards), started with the server and stopped with it."""
@@ -48,7 +59,7 @@ class RouterProcess:
         self.cfg = cfg
         self.sup = Supervisor(Path(cfg.search.data_dir), schema_of(cfg))
         urls, self.local = plan_replicas(cfg, self.sup)
-        self.rt = RouterRuntime(cfg, urls, self.local)
+        self.rt = RouterRuntime(cfg, urls, self.local, local_dirs=local_index_dirs(cfg, self.sup))
         self.tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:

@@ -30,6 +30,7 @@ from sluice.search.router.writes.bulk import plan_bulk
 from sluice.search.router.writes.writer import Writer
 from sluice.search.tiers.archive import S3Location, download
 from sluice.search.tiers.cold_tier import ColdTier
+from sluice.search.tiers.local_reads import LocalReads
 
 
 def schema_of(cfg: SearchConfig) -> Schema:
@@ -40,7 +41,9 @@ def schema_of(cfg: SearchConfig) -> Schema:
 
 class RouterRuntime:
     def __init__(self, cfg: SearchConfig, replica_urls: list[list[str]], local: list[list[bool]] | None = None,
-                 poll_interval_s: float = 0.5):
+                 poll_interval_s: float = 0.5, local_dirs: dict[int, Path] | None = None):
+        """`local_dirs`: shard position → a local replica's index folder (read in-process with
+        `local_reads`: tiers/local_reads.py)."""
         self.cfg = cfg
         local = local or [[False] * len(u) for u in replica_urls]
         self.topo = Topology(cfg, replica_urls, local)
@@ -61,8 +64,10 @@ class RouterRuntime:
             self.cold = ColdTier(Path(s.data_dir) / "cold-cache", s.cold_cache_mb << 20,
                                  lambda url, dest: download(S3Location.parse(url), dest, s.s3_endpoint), self.schema)
         self.embedder = Embedder() if s.vectors else None
+        self.local_reads = LocalReads(local_dirs, self.schema) if s.local_reads and local_dirs else None
         self.searcher = Searcher(self.topo, self.caller, self.metrics, self.cache, Analyzer(self.schema),
-                                 s.stats, s.shard_deadline_ms / 1000, self.cold, self.embedder, s.vector_search)
+                                 s.stats, s.shard_deadline_ms / 1000, self.cold, self.embedder, s.vector_search,
+                                 self.local_reads)
         self.writer = Writer(self.topo, self.http, self.metrics)
         self.poller = HealthPoller(self.topo, self.http, self.metrics, poll_interval_s,
                                    s.log_compact_every, s.log_keep_max)
@@ -104,6 +109,8 @@ class RouterRuntime:
         await self.poller.stop()
         await self.http.aclose()
         await self.shard_query_client.aclose()
+        if self.local_reads is not None:
+            self.local_reads.close()
 
     def not_ready_reason(self) -> str | None:
         if self.poller.polls == 0:
@@ -136,6 +143,8 @@ class RouterRuntime:
                               "index_age_s": _s(s.index_age_s(now, r))} for r in s.replicas],
             } for s in self.topo.shards],
             **({"cold_tier": self.cold.status()} if self.cold is not None else {}),
+            **({"local_reads": {"answered": self.local_reads.answered, "fell_back": self.local_reads.fell_back}}
+               if self.local_reads is not None else {}),
             **self.extra_status,
         }
 

@@ -26,6 +26,7 @@ from sluice.search.router.cluster.topology import ShardRuntime
 from sluice.search.router.query.shard_call import ShardCaller
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.tiers.cold_tier import ColdTier
+from sluice.search.tiers.local_reads import LocalReads, NotCurrent
 
 FOLLOWED_SHARE = 0.5  # of the time left, what a round that another round follows may spend
 Request = StatsRequest | ShardSearchRequest
@@ -52,8 +53,9 @@ class QueryRun:
 
 
 class FanOut:
-    def __init__(self, caller: ShardCaller, metrics: SearchMetrics, cold: ColdTier | None = None):
-        self.caller, self.metrics, self.cold = caller, metrics, cold
+    def __init__(self, caller: ShardCaller, metrics: SearchMetrics, cold: ColdTier | None = None,
+                 local: LocalReads | None = None):
+        self.caller, self.metrics, self.cold, self.local = caller, metrics, cold, local
 
     async def round(self, shards: Sequence[ShardRuntime], request: Request | Callable[[ShardRuntime], Request],
                     deadline: float, run: QueryRun, prefer_chosen: bool = False) -> list[tuple[ShardRuntime, Answer]]:
@@ -88,6 +90,20 @@ class FanOut:
             answer = await self._cold(shard, req, deadline)
             self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(time.perf_counter() - t0)
             return None, answer
+        reader = None if self.local is None else self.local.reader(shard.position)
+        if reader is not None:
+            try:
+                answer = reader.call(req, shard.head_seq)
+            except NotCurrent:
+                self.local.fell_back += 1  # type: ignore[union-attr]
+            else:
+                self.local.answered += 1  # type: ignore[union-attr]
+                elapsed = time.perf_counter() - t0
+                if isinstance(answer, ShardSearchAnswer):
+                    answer.index_s = elapsed
+                shard.latency.add(elapsed)
+                self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(elapsed)
+                return None, answer
         try:
             replica, data = await self.caller.call(shard, req.PATH, req.to_json(), deadline, req.PHASE, prefer)
         except ShardCallError as exc:

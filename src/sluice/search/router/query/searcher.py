@@ -58,6 +58,7 @@ from sluice.search.router.query.result_cache import ResultCache
 from sluice.search.router.query.shard_call import ShardCaller
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.tiers.cold_tier import ColdTier
+from sluice.search.tiers.local_reads import LocalReads
 
 TREES_KEPT = 10_000
 
@@ -65,7 +66,8 @@ TREES_KEPT = 10_000
 class Searcher:
     def __init__(self, topo: Topology, caller: ShardCaller, metrics: SearchMetrics, cache: ResultCache,
                  analyzer: Analyzer, stats_mode: StatsMode, deadline_s: float, cold: ColdTier | None = None,
-                 embedder: Embedder | None = None, vector_search: VectorSearch = VectorSearch.AUTO):
+                 embedder: Embedder | None = None, vector_search: VectorSearch = VectorSearch.AUTO,
+                 local: LocalReads | None = None):
         self.topo, self.metrics, self.cache = topo, metrics, cache
         self.analyzer = analyzer
         self.embedder, self.vector_search = embedder, vector_search
@@ -73,7 +75,7 @@ class Searcher:
         self.stats_mode = stats_mode
         self.deadline_s = deadline_s
         self.stats_cache = StatsCache()
-        self.fan_out = FanOut(caller, metrics, cold)
+        self.fan_out = FanOut(caller, metrics, cold, local)
         self.rounds = StatisticsRounds(self.fan_out, self.stats_cache)
         self._trees: dict[str, ResolvedQuery] = {}  # query text → its resolved tree (parsing costs ~40 µs)
 

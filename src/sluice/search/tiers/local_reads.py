@@ -1,0 +1,97 @@
+"""Queries answered in the router's own process from its local replicas' indexes on disk
+(`local_reads = true`; the embedded default): no process hop on the query path.
+
+Measured with 8 concurrent clients on 2 cores (docs/BENCHMARKS.md "Search throughput"): each
+query's HTTP exchanges with the shard processes — a write that wakes the shard, its HTTP and
+JSON, a write back that wakes the router — cost ~3× the index work they carry. A local
+replica's index is a Xapian database in a folder on this machine, and Xapian lets any number
+of readers in other processes open it while its one writer (the replica process) commits: so
+the router opens it read-only and answers the query protocol's two requests itself, with the
+same code a replica and a cold shard answer with (shard/answers.py), so scores, statistics and
+snippets are the same and merge exactly.
+
+Writes still go to the replica process (the write log, fsync, replication, compaction and
+catch-up are unchanged). A reader is brought to the shard's newest acknowledged entry before it
+answers (`reopen()`, which is cheap when nothing changed): a write is acknowledged only after a
+replica committed it, so a query after an acknowledged write sees it. If the reader cannot reach
+that entry (its replica lags, is being rebuilt from a snapshot, has no index yet) or Xapian
+reports the revision gone under it twice, the query goes to the replicas over HTTP as before.
+The dense vectors are read from the index's value slot on first dense use after each new entry.
+One thread (the router's event loop) uses the readers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import xapian
+
+from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
+from sluice.search.index.schema import Schema
+from sluice.search.index.shard_index import ShardIndex, vectors_of
+from sluice.search.shard.answers import search_answer, stats_answer
+
+log = logging.getLogger("sluice.search.router")
+
+
+class NotCurrent(Exception):
+    """The local index cannot answer at the shard's newest entry: ask a replica instead."""
+
+
+class LocalReader:
+    def __init__(self, index_dir: Path, schema: Schema | None):
+        self.dir, self.schema = index_dir, schema
+        self._index: ShardIndex | None = None
+        self._vectors_at = -1  # the entry the index's vectors were read at
+
+    def _current(self, head_seq: int) -> ShardIndex:
+        ix = self._index
+        if ix is None:
+            if not self.dir.exists():
+                raise NotCurrent("no index yet")
+            ix = self._index = ShardIndex.read_only(xapian.Database(str(self.dir)), self.schema, vectors=False)
+        if ix.applied_seq < head_seq:
+            ix.db.reopen()
+            if ix.applied_seq < head_seq:  # a replaced folder (a snapshot installed): open it anew
+                self.close()
+                raise NotCurrent(f"at entry {ix.applied_seq}, the shard at {head_seq}")
+        return ix
+
+    def call(self, req: StatsRequest | ShardSearchRequest, head_seq: int) -> StatsAnswer | ShardSearchAnswer:
+        """NotCurrent when this reader cannot answer at `head_seq`."""
+        for attempt in (1, 2):
+            ix = self._current(head_seq)
+            try:
+                if isinstance(req, StatsRequest):
+                    return stats_answer(ix, req, ix.applied_seq)
+                if req.vector is not None and self._vectors_at != ix.applied_seq:
+                    ix.vectors, self._vectors_at = vectors_of(ix.db), ix.applied_seq
+                return search_answer(ix, req, ix.applied_seq)
+            except xapian.DatabaseModifiedError:  # the writer reused the blocks of the revision read
+                ix.db.reopen()
+            except (xapian.DatabaseOpeningError, xapian.DatabaseCorruptError) as exc:
+                self.close()
+                raise NotCurrent(str(exc)) from None
+        raise NotCurrent("the index kept changing under the reader")
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+        self._index, self._vectors_at = None, -1
+
+
+class LocalReads:
+    """The readers by shard position (the shards with a local disk replica)."""
+
+    def __init__(self, dirs: dict[int, Path], schema: Schema | None):
+        self.readers = {pos: LocalReader(d, schema) for pos, d in dirs.items()}
+        self.answered = 0
+        self.fell_back = 0
+
+    def reader(self, position: int) -> LocalReader | None:
+        return self.readers.get(position)
+
+    def close(self) -> None:
+        for r in self.readers.values():
+            r.close()
