@@ -13,7 +13,7 @@ from /proc, the router's and the shards' CPU per query. Corpus: Debian's package
 (`--docs`), queries: their one-line summaries' words; `--snippets N` asks for snippets of N
 characters (0: none, the library's plain search) and makes the library compute them too.
 
-    PYTHONPATH=src .venv/bin/python bench/search_throughput.py [--docs 3000] [--queries 2000] [--shards 1,2,4]
+    PYTHONPATH=src .venv/bin/python bench/search/search_throughput.py [--docs 3000] [--queries 2000] [--shards 1,2,4]
 """
 from __future__ import annotations
 
