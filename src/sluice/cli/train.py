@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 # the closed vocabularies (pydantic only: no torch is imported to print --help)
-from sluice.train.settings import Compression, LrSchedule, NonFinite, Parallel, PipelineSchedule
+from sluice.train.settings import Compression, LrSchedule, NonFinite, Parallel, PipelineSchedule, ReplicaSync
 
 # flag dest -> settings field; every flag defaults to None so the file (or the default) decides
 _RUN_FLAGS: list[tuple[str, dict]] = [
@@ -63,6 +63,22 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
                                                         "format (node-exporter's textfile collector)")),
     ("--peak-flops", dict(type=float, metavar="FLOPS", help="per-rank peak FLOP/s for the MFU estimate; "
                                                             "0 = measure a matmul at start (default: 0)")),
+    ("--progress-interval", dict(type=float, metavar="SECONDS", help="a progress line on this terminal at most this "
+                                                                     "often; 0 = every step (default: 10)")),
+    # per-step fault tolerance (torchft), hangs, stragglers
+    ("--replica-groups", dict(type=int, metavar="G", help="split --nproc into G replica groups, each its own torchrun, "
+                                                          "fault-tolerant data parallel across them: a group that dies "
+                                                          "drops out and rejoins from a live peer (default: 1)")),
+    ("--lighthouse", dict(metavar="http://HOST:PORT", help="the torchft Lighthouse the replica groups meet at "
+                                                          "(default: one started by this command)")),
+    ("--replica-sync", dict(choices=[r.value for r in ReplicaSync],
+                            help="across replica groups: every step's gradients, or LocalSGD / DiLoCo's "
+                                 "parameters every --sync-every steps (default: step)")),
+    ("--sync-every", dict(type=int, metavar="N", help="local_sgd / diloco: steps between syncs (default: 8)")),
+    ("--hang-timeout", dict(type=float, metavar="SECONDS", help="a rank silent this long is reported by rank and host "
+                                                               "and killed; its group restarts (default: 60)")),
+    ("--straggler-factor", dict(type=float, metavar="X", help="a rank whose compute is X times the median is named "
+                                                              "in metrics.jsonl's stragglers (default: 1.5)")),
 ]
 
 
@@ -75,6 +91,7 @@ def settings_from_args(args: argparse.Namespace):
     overrides["skip_bad_lines"] = True if args.skip_bad_lines else None
     overrides["async_checkpoint"] = False if args.sync_checkpoint else None
     overrides["tensorboard"] = True if args.tensorboard else None
+    overrides["activation_checkpointing"] = True if args.activation_checkpointing else None
     return load_settings(args.config, overrides)
 
 
@@ -112,6 +129,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="check the settings, tokenize the data into --out and stop (for torchrun on a cluster)")
     run.add_argument("--sync-checkpoint", action="store_true", help="write checkpoints in the step, not in the background")
     run.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUT/tensorboard")
+    run.add_argument("--activation-checkpointing", action="store_true",
+                     help="recompute each decoder layer's activations in the backward pass: less memory, more compute")
     run.set_defaults(func=_run)
     exp = tsub.add_parser("export", help="write a run's checkpoint as an HF folder that sluice serves")
     exp.add_argument("run", metavar="RUN", help="the run folder (--out of `sluice train run`)")

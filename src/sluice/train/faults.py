@@ -1,9 +1,13 @@
 """Deterministic faults for the fault-tolerance tests, never for production.
 
 SLUICE_TRAIN_FAULT holds comma-separated faults:
-- `kill:RANK:STEP`: rank RANK kills itself with SIGKILL at the start of step STEP, in the
-  group's first attempt only (torchrun's restart count 0), after any checkpoint in flight is on
-  disk: a crash at a known point, so the test's expectations are exact, not a race with a timer.
+- `kill:RANK:STEP[:GROUP]`: rank RANK (of replica group GROUP, default 0) kills itself with
+  SIGKILL at the start of step STEP, in the group's first attempt only (torchrun's restart count
+  0), after any checkpoint in flight is on disk: a crash at a known point, so the test's
+  expectations are exact, not a race with a timer.
+- `await_group:GROUP:STEP`: the other replica groups wait at the start of step STEP (before its
+  quorum; at most 300 s) until group GROUP, restarted by its torchrun, is waiting for its first
+  quorum: the rejoin happens at a known step.
 - `delay:SECONDS`: every step takes at least this long, so a test can signal a run mid-way.
 - `hold:WORLD:STEP`: while the group has WORLD ranks, wait at the start of step STEP (after any
   checkpoint in flight is written) until the group is told to stop (SIGTERM: the agent restarts
@@ -30,7 +34,7 @@ ENV = "SLUICE_TRAIN_FAULT"
 class FaultPoint(str, enum.Enum):
     """Where in a step the trainer offers the faults a chance to act (train/trainer.py)."""
 
-    STEP_START = "step_start"  # before the step's rows are read: kill, delay, hold
+    STEP_START = "step_start"  # before the step's rows are read (and its quorum): kill, delay, hold, await_group
     AFTER_BACKWARD = "after_backward"  # the step's loss and gradients are there: nan_loss, inf_grad
 
 
@@ -41,6 +45,8 @@ class FaultSite:
     rank: int
     world: int
     step: int
+    group: int  # the replica group (0 without)
+    run_dir: Any  # the run folder (Path)
     stopping: Callable[[], bool]  # has the group been told to stop?
     settle: Callable[[], None]  # finish the checkpoint in flight (before a kill or a hold)
     loss_sum: Any = None  # AFTER_BACKWARD: the step's summed loss (a float64 tensor)
@@ -49,19 +55,22 @@ class FaultSite:
 
 @dataclass(frozen=True, slots=True)
 class Faults:
-    kill: tuple[int, int] | None = None  # (rank, step)
+    kill: tuple[int, int, int] | None = None  # (rank, step, replica group)
     delay_s: float = 0.0
     holds: tuple[tuple[int, int], ...] = ()  # (world size, step)
     nan_loss: int | None = None  # step
     inf_grad: int | None = None  # step
+    await_group: tuple[int, int] | None = None  # (replica group, step)
 
 
 def parse(spec: str | None) -> Faults:
-    kill, delay, holds, steps = None, 0.0, [], {}
+    kill, delay, holds, steps, await_group = None, 0.0, [], {}, None
     for item in filter(None, (spec or "").split(",")):
         kind, *args = item.split(":")
-        if kind == "kill" and len(args) == 2:
-            kill = (int(args[0]), int(args[1]))
+        if kind == "kill" and len(args) in (2, 3):
+            kill = (int(args[0]), int(args[1]), int(args[2]) if len(args) == 3 else 0)
+        elif kind == "await_group" and len(args) == 2:
+            await_group = (int(args[0]), int(args[1]))
         elif kind == "delay" and len(args) == 1:
             delay = float(args[0])
         elif kind == "hold" and len(args) == 2:
@@ -70,17 +79,36 @@ def parse(spec: str | None) -> Faults:
             steps[kind] = int(args[0])
         else:
             raise ValueError(f"{ENV}: unknown fault {item!r} "
-                             "(kill:RANK:STEP, delay:SECONDS, hold:WORLD:STEP, nan_loss:STEP, inf_grad:STEP)")
-    return Faults(kill, delay, tuple(holds), **steps)
+                             "(kill:RANK:STEP[:GROUP], await_group:GROUP:STEP, delay:SECONDS, hold:WORLD:STEP, "
+                             "nan_loss:STEP, inf_grad:STEP)")
+    return Faults(kill, delay, tuple(holds), **steps, await_group=await_group)
 
 
-def at_step_start(rank: int, step: int, before_kill) -> None:
+def at_step_start(site: FaultSite) -> None:
     faults = parse(os.environ.get(ENV))
     if faults.delay_s:
         time.sleep(faults.delay_s)
-    if faults.kill == (rank, step) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
-        before_kill()
+    if faults.kill == (site.rank, site.step, site.group) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        site.settle()
         os.kill(os.getpid(), signal.SIGKILL)
+    if faults.await_group is not None and faults.await_group[1] == site.step and faults.await_group[0] != site.group:
+        _await_rejoin(site.run_dir, faults.await_group[0])
+
+
+def _await_rejoin(run_dir, group: int) -> None:
+    import json
+
+    from sluice.train.observe.heartbeat import heartbeat_path
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            record = json.loads(heartbeat_path(run_dir, group, 0).read_text())
+            if record["restart"] >= 1 and record["phase"] == "join":
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
 
 
 def hold(step: int, world: int, stopping: Callable[[], bool], before: Callable[[], None]) -> None:
@@ -116,7 +144,7 @@ def after_backward(step: int, loss_sum, params) -> None:
 def fire(point: FaultPoint, site: FaultSite) -> None:
     """Run the faults SLUICE_TRAIN_FAULT names for `point`."""
     if point is FaultPoint.STEP_START:
-        at_step_start(site.rank, site.step, site.settle)
+        at_step_start(site)
         hold(site.step, site.world, site.stopping, site.settle)
     elif point is FaultPoint.AFTER_BACKWARD:
         after_backward(site.step, site.loss_sum, site.params)

@@ -8,6 +8,11 @@ model or data is refused instead of mixing two runs), and the data is tokenized 
 `max_restarts` times after a crash; the workers resume from the newest checkpoint. SIGTERM and
 SIGINT are passed on to torchrun, whose agent passes them to the workers; the workers checkpoint
 and exit, and the agent's own grace period (30 s) bounds the wait.
+
+With replica groups (`replica_groups` G), nproc is split into G groups, each its own torchrun
+(its own rendezvous and restarts), and the launcher runs the Lighthouse they meet at
+(train/replica/lighthouse.py). While ranks train, one thread prints progress and watches for
+hung ranks (train/monitor.py).
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import tempfile
 from pathlib import Path
 
 from sluice.train.data import dataset
+from sluice.train.monitor import Monitor
 from sluice.parent_death import tied_to_this_process
 from sluice.train.errors import TrainConfigError, TrainHaltError
 from sluice.train.model.source import tokenizer_for
 from sluice.train.parallel.fit import check_fits
+from sluice.train.replica.lighthouse import lighthouse_for
 from sluice.train.settings import TrainSettings, write_resolved
 
 # A resumed run must read the same rows with the same model; these decide that.
@@ -73,6 +80,8 @@ def prepare(settings: TrainSettings) -> dict:
     """Validate the run folder and tokenize the data; the data's summary."""
     if importlib.util.find_spec("transformers") is None:
         raise TrainConfigError(["training needs transformers: pip install 'sluice[train]' (or the test extra)"])
+    if settings.replica_groups > 1 and importlib.util.find_spec("torchft") is None:
+        raise TrainConfigError(["replica_groups needs torchft: pip install --no-deps torchft==0.2.0 (see the Makefile)"])
     if settings.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise TrainConfigError(["tensorboard = true needs the tensorboard package: pip install 'sluice[train]'"])
     run_dir = settings.run_dir
@@ -94,14 +103,14 @@ ELASTIC_RDZV_CONF = "last_call_timeout=3"
 
 
 def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:
-    """torchrun for this machine's `nproc` ranks. With several machines (or an elastic range)
+    """torchrun for this machine's `nproc` ranks (one replica group's, with groups). With several machines (or an elastic range)
     every machine runs the same command with the same rdzv_endpoint; the first one there hosts
     the rendezvous store. Machines joining or leaving restart the group, which resumes from the
     newest checkpoint on the new world size (torchrun does not count that as a failure)."""
     endpoint = settings.rdzv_endpoint or f"127.0.0.1:{port}"
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", settings.nnodes, "--nproc-per-node", str(settings.nproc),
+        "--nnodes", settings.nnodes, "--nproc-per-node", str(settings.group_size),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"sluice-{endpoint.rpartition(':')[2]}",
         *(["--rdzv-conf", ELASTIC_RDZV_CONF] if settings.elastic else []),
         "--max-restarts", str(settings.max_restarts),
@@ -123,11 +132,13 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     # after a crash read the dead round's addresses and failed to connect (gloo: connection
     # refused); with a store of their own per round, restarts (and a growing group) work.
     child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    child_env.setdefault("RUST_LOG", "warn")  # torchft's managers log every quorum at info
     fd, outcome = tempfile.mkstemp(prefix="sluice-train-outcome-")
     os.close(fd)
     child_env[OUTCOME_ENV] = outcome
     try:
-        code, signalled = _torchrun(settings, child_env)
+        with lighthouse_for(settings) as lighthouse:
+            code, signalled = _torchruns(settings, child_env, lighthouse)
         halted = Path(outcome).read_text()
     finally:
         Path(outcome).unlink(missing_ok=True)
@@ -144,19 +155,39 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     return code
 
 
-def _torchrun(settings: TrainSettings, child_env: dict[str, str]) -> tuple[int, bool]:
-    """torchrun's exit code, and whether a signal was passed on to it."""
-    proc = subprocess.Popen(tied_to_this_process() + torchrun_argv(settings, free_port()), env=child_env)
+def _torchruns(settings: TrainSettings, child_env: dict[str, str], lighthouse: str | None) -> tuple[int, bool]:
+    """One torchrun (per replica group); the exit code, and whether a signal was passed on."""
+    from sluice.train.replica.sync import GROUP_ENV, LIGHTHOUSE_ENV
+
+    procs = []
+    for group in range(settings.replica_groups):
+        env = child_env if lighthouse is None else {**child_env, GROUP_ENV: str(group), LIGHTHOUSE_ENV: lighthouse}
+        procs.append(subprocess.Popen(tied_to_this_process() + torchrun_argv(settings, free_port()), env=env))
     signalled = False
 
     def forward(signum: int, _frame) -> None:
         nonlocal signalled
         signalled = True
-        proc.send_signal(signum)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return proc.wait(), signalled
+        with Monitor(settings, lambda: {p.pid for p in procs}):
+            codes = [proc.wait() for proc in procs]
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    return _combined(settings, codes), signalled
+
+
+def _combined(settings: TrainSettings, codes: list[int]) -> int:
+    """The run's exit code: a replica group that failed for good does not fail a run that the
+    others finished (that is what the groups are for), but it is reported."""
+    failed = [(g, c) for g, c in enumerate(codes) if c != 0]
+    if not failed or len(codes) == 1:
+        return codes[0] if codes else 1
+    for group, code in failed:
+        print(f"replica group {group} failed (torchrun exit code {code})", file=sys.stderr)
+    return 0 if len(failed) < len(codes) else failed[0][1]

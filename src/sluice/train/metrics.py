@@ -40,6 +40,11 @@ class StepMetrics:
     epoch: float
     world_size: int
     skipped: bool = False  # the step's update was dropped: its loss or gradient norm was not finite
+    # stragglers (train/observe/stragglers.py): each rank's forward + backward seconds, compared
+    rank_compute_max: float | None = None  # the slowest rank's
+    rank_compute_median: float | None = None
+    stragglers: list[int] | None = None  # ranks above straggler_factor x the median (of its replica group)
+    replica_groups: list[int] | None = None  # replica groups that took part in the step (None: no groups)
 
 
 def finite(m: StepMetrics) -> StepMetrics:
@@ -56,25 +61,39 @@ class MetricSink(Protocol):
 
 
 class MetricsWriter:
-    def __init__(self, path: Path, enabled: bool, resume_step: int, sinks: Sequence[MetricSink] = ()):
+    """`resume_step` None (replica groups): the writer of a step is the lowest replica group that
+    took part, which changes as groups leave and come back, and a group restarted mid-run must
+    not cut the lines the others wrote; so the file is cut only when this process writes its
+    first line, and only of the lines from that step on (a whole-job restart's old future)."""
+
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None, sinks: Sequence[MetricSink] = ()):
         self.enabled = enabled
         self.path = path
         self.sinks = list(sinks)  # TensorBoard, a Prometheus textfile (train/observe/sinks.py)
-        if not enabled:
-            return
+        self._file = None
+        if enabled and resume_step is not None:
+            self._open(resume_step)
+
+    def _open(self, keep_upto: int) -> None:
         kept: list[str] = []
-        if path.exists():
-            for line in path.read_text().splitlines():
+        cut = False
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
                 try:
-                    if json.loads(line)["step"] <= resume_step:
+                    if json.loads(line)["step"] <= keep_upto:
                         kept.append(line)
+                        continue
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a line cut by a crash
-        path.write_text("".join(k + "\n" for k in kept))
-        self._file = path.open("a")
+                    pass  # a line cut by a crash
+                cut = True
+        if cut or not self.path.exists():
+            self.path.write_text("".join(k + "\n" for k in kept))
+        self._file = self.path.open("a")
 
     def write(self, m: StepMetrics) -> None:
         if self.enabled:
+            if self._file is None:
+                self._open(m.step - 1)
             m = finite(m)
             self._file.write(json.dumps(asdict(m), allow_nan=False) + "\n")
             self._file.flush()
@@ -83,7 +102,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         if self.enabled:
-            self._file.close()
+            if self._file is not None:
+                self._file.close()
             for sink in self.sinks:
                 sink.close()
 

@@ -48,6 +48,14 @@ class Compression(str, enum.Enum):
     TOPK = "topk"
 
 
+class ReplicaSync(str, enum.Enum):
+    """What replica groups exchange (train/replica/sync.py)."""
+
+    STEP = "step"  # every step's gradients (fault-tolerant DDP / HSDP)
+    LOCAL_SGD = "local_sgd"  # every sync_every steps, the parameters averaged
+    DILOCO = "diloco"  # every sync_every steps, an outer Nesterov step on the averaged parameter change
+
+
 class TrainSettings(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=False)
 
@@ -101,6 +109,19 @@ class TrainSettings(BaseModel):
     tensorboard: bool = False  # event files in RUN_DIR/tensorboard (needs the tensorboard package)
     prometheus_textfile: str | None = None  # a node-exporter textfile, rewritten after every step
     peak_flops: float = Field(0.0, ge=0)  # per rank, FLOP/s, for the MFU; 0 = measured at start
+    # the launcher's progress lines: at most one step line per this many seconds (0: every step)
+    progress_interval: float = Field(10.0, ge=0)
+    activation_checkpointing: bool = False  # recompute each decoder layer's activations in backward
+    # -- per-step fault tolerance (train/replica/): nproc split into replica groups, each its own
+    # torchrun, fault-tolerant data parallel across them through torchft's quorum --
+    replica_groups: int = Field(1, ge=1, le=64)
+    lighthouse: str = Field("", pattern=r"^(https?://[^\s/]+)?$")  # "" = the launcher starts one
+    # across groups: every step's gradients, or LocalSGD / DiLoCo's parameters every sync_every steps
+    replica_sync: ReplicaSync = Field(ReplicaSync.STEP, strict=False)
+    sync_every: int = Field(0, ge=0)  # local_sgd / diloco: steps between syncs (0: 8)
+    # a rank whose liveness heartbeat stops this long is reported and killed (its group restarts)
+    hang_timeout: float = Field(60.0, gt=0, le=3600)
+    straggler_factor: float = Field(1.5, gt=1)  # a rank this many times the median compute is an outlier
 
     @field_validator("model")
     @classmethod
@@ -120,9 +141,9 @@ class TrainSettings(BaseModel):
         if self.batch_size % dp:
             ranks = f"nproc ({dp})" if dp == self.nproc else f"the data-parallel ranks (nproc / tp_size = {dp})"
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of {ranks}")
-        if self.micro_batch_size and (self.batch_size // dp) % self.micro_batch_size:
+        if self.micro_batch_size and (self.group_batch // dp) % self.micro_batch_size:
             raise ValueError(
-                f"batch_size / data-parallel ranks ({self.batch_size // dp}) must be a multiple of "
+                f"batch_size / data-parallel ranks ({self.group_batch // dp}) must be a multiple of "
                 f"micro_batch_size ({self.micro_batch_size})"
             )
         if self.dtype == "bfloat16" and self.device != "cuda":
@@ -131,6 +152,7 @@ class TrainSettings(BaseModel):
             raise ValueError(f"moe_top_k ({self.moe_top_k}) must not exceed moe_experts ({self.moe_experts})")
         if self.nnodes != "1" and not self.rdzv_endpoint:
             raise ValueError(f"nnodes {self.nnodes}: every machine must meet at the same rdzv_endpoint (HOST:PORT)")
+        self._check_replica_groups()
         if self.parallel is Parallel.EP and not self.moe_experts:
             raise ValueError("parallel = ep shards the experts of a MoE model: set moe_experts")
         if self.parallel is Parallel.EP and self.moe_experts % self.nproc:
@@ -138,8 +160,38 @@ class TrainSettings(BaseModel):
         return self
 
     def dims(self, world: int | None = None) -> ParallelDims:
-        """The parallel degrees on `world` ranks (default: nproc, this machine's ranks)."""
-        return ParallelDims.of(self.parallel, self.nproc if world is None else world, self.tp_size)
+        """The parallel degrees of one replica group on `world` ranks (default: this machine's
+        nproc split into its replica groups)."""
+        return ParallelDims.of(self.parallel, self.group_size if world is None else world, self.tp_size)
+
+    @property
+    def group_batch(self) -> int:
+        """Rows of the global batch one replica group trains on per step (all without groups)."""
+        return self.batch_size // self.replica_groups
+
+    @property
+    def group_size(self) -> int:
+        """Ranks per replica group (all of nproc without replica groups)."""
+        return self.nproc // self.replica_groups
+
+    def _check_replica_groups(self) -> None:
+        g = self.replica_groups
+        if g == 1:
+            if self.replica_sync is not ReplicaSync.STEP or self.sync_every:
+                raise ValueError("replica_sync and sync_every apply across replica groups: set replica_groups >= 2")
+            return
+        if self.nproc % g:
+            raise ValueError(f"nproc ({self.nproc}) must be a multiple of replica_groups ({g})")
+        if self.parallel not in (Parallel.DDP, Parallel.FSDP):
+            raise ValueError(f"replica_groups: each group trains with parallel = ddp or fsdp, not {self.parallel.value}")
+        if self.nnodes != "1":
+            raise ValueError("replica_groups replace an elastic or multi-machine torchrun: set nnodes = 1 "
+                             "(each group is its own torchrun; groups on other machines meet at --lighthouse)")
+        if self.batch_size % self.nproc:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of nproc ({self.nproc}): "
+                             f"every rank of every replica group trains on its share")
+        if self.sync_every and self.replica_sync is ReplicaSync.STEP:
+            raise ValueError("sync_every applies to replica_sync = local_sgd or diloco")
 
     def _check_model_parallel(self) -> None:
         """Combinations torch does not compose here, refused naming the setting (docs/TRAINING.md)."""

@@ -8,6 +8,10 @@
       log         one metrics line (rank 0)
     close       wait for the last checkpoint, release the lease, leave the process group
 
+With replica groups (train/replica/) each step begins with the quorum of the groups present
+(a group behind heals from a live peer there), the gradients are summed across the groups after
+the group's own backward pass, and the step stands only if the manager commits it.
+
 Every step ends with one small all-reduce before the update (the loss sum, a stop signal, a
 non-finite value, a lost lease): every rank applies or drops the same step, and a SIGTERM seen by
 any rank stops all ranks after the same step, with a checkpoint, and exit code 0. The launcher
@@ -40,11 +44,15 @@ from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model
 from sluice.train.model.hf_files import write_tokenizer
 from sluice.train.observe.console import progress_bar, say
+from sluice.train.observe.events import Event, EventLog
+from sluice.train.observe.heartbeat import Heartbeat
+from sluice.train.observe.stragglers import spread
 from sluice.train.observe.flops import matmul_params, measure_peak_flops, mfu, step_flops
 from sluice.train.observe.sinks import open_sinks
 from sluice.train.observe.step_split import split_step
 from sluice.train.parallel.modes import wrap_model
 from sluice.train.parallel.wrap import clip_grad_norm
+from sluice.train.replica.driver import ReplicaDriver
 from sluice.train.settings import NonFinite, read_resolved
 from sluice.train.step import forward_backward, gather_rows, trained_tokens
 from sluice.train.stop_signal import StopSignal
@@ -63,6 +71,10 @@ class StepOutcome:
     stopped: bool  # a rank was told to stop: checkpoint and exit after this step
     nonfinite: bool  # a rank saw a loss or norm that is not finite: the update was dropped
     lease_lost: bool  # another group took the run: write nothing more
+    retry: bool  # replica groups: the step was not committed (a peer failed): it runs again
+    groups: list[int] | None  # replica groups that took part (None: no replica groups)
+    rank_times: list[float]  # each rank's forward + backward seconds (stragglers)
+    extra_bytes: int  # sent across replica groups
     started: float  # perf_counter at the step's start
     cpu_started: float  # process_time at the step's start
     data_time: float
@@ -78,6 +90,10 @@ class Trainer:
         self.metrics: MetricsWriter | None = None
         self.bar = None
         self.start = 0  # the step restored from (0: none)
+        self.replicas: ReplicaDriver | None = None  # replica groups (train/replica/driver.py)
+        self.group = ReplicaDriver.group_of(self.settings)
+        self.writes = self.group == 0  # with replica groups, group 0 writes the checkpoints
+        self.heartbeat: Heartbeat | None = None
 
     def run(self) -> int:
         try:
@@ -90,6 +106,9 @@ class Trainer:
     # --- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
         self._join_group()
+        self.events = EventLog(self.run_dir, self.group, self.rank)
+        self.events.emit(Event.STARTED, pid=os.getpid(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        self.heartbeat = Heartbeat(self.run_dir, self.group, self.rank, self.settings.hang_timeout)
         self.store = open_store(self.run_dir, self.settings.checkpoint_store, self.settings.s3_endpoint)
         self._take_lease()  # before anything in the run is read or written
         self._build()
@@ -112,13 +131,13 @@ class Trainer:
             raise TrainConfigError([f"batch_size ({s.batch_size}) must be a multiple of the data-parallel ranks "
                                     f"({self.dims.dp} of a world of {world})"])
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        torch.set_num_threads(s.threads or max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(s.threads or max(1, (os.cpu_count() or 1) // (local_world * s.replica_groups)))
         self.stop = StopSignal()
 
     def _take_lease(self) -> None:
         """Rank 0 takes the run's lease (checkpoint/lease.py) and tells the others whether it did."""
         refused = None
-        if self.rank == 0:
+        if self.rank == 0 and self.writes:
             self.lease = Lease(self.store.lease_records(), self.settings.lease_timeout)
             try:
                 self.lease.acquire(say)
@@ -139,6 +158,9 @@ class Trainer:
             built.module.config.save_pretrained(str(self.run_dir / "model"))
             write_tokenizer(built.tokenizer, self.run_dir / "model")
         # observability: N of the 6·N·D rule (before FSDP2 shards the parameters), the peak
+        if s.activation_checkpointing:  # recompute each layer's activations in backward (transformers')
+            built.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            built.module.train()  # transformers checkpoints only in training mode
         self.params = matmul_params(built.module)
         self.peak = s.peak_flops or measure_peak_flops(self.device, getattr(torch, s.dtype))
         if self.rank == 0:
@@ -148,30 +170,49 @@ class Trainer:
         del built  # a pipeline stage keeps only its own layers: let the rest go
         self.optim = torch.optim.AdamW(self.model.module.parameters(), lr=s.lr, weight_decay=s.weight_decay,
                                        betas=(0.9, 0.95), foreach=True)
-        self.micro = self.dims.micro_batch(s.batch_size, s.micro_batch_size)
+        self.micro = self.dims.micro_batch(s.group_batch, s.micro_batch_size)
 
     def _restore(self) -> None:
         s = self.settings
         self.ckpt = Checkpointer(self.store, s.keep_checkpoints, s.async_checkpoint, report=say,
-                                 guard=self.lease.held if self.lease is not None else None)
-        self.start = self.ckpt.restore(self.model.module, self.optim)
+                                 guard=self.lease.held if self.lease is not None else None, writes=self.writes,
+                                 on_publish=lambda step: self.events.emit(Event.CHECKPOINT, step=step))
+        restore = lambda: self.ckpt.restore(self.model.module, self.optim)  # noqa: E731
+        if s.replica_groups > 1:  # the first quorum: a live peer's state, or the store's
+            self.replicas = ReplicaDriver(self)
+            self.start = self.replicas.join(restore)
+        else:
+            self.start = restore()
+            if self.start:
+                self.events.emit(Event.RESTORED, step=self.start)
         main = self.rank == 0
-        if main:
+        if main and self.writes:
             (self.run_dir / STOPPED_MARKER).unlink(missing_ok=True)
             say(f"world {self.dims.world}, {s.parallel.value}, "
                 + (f"resumed from step {self.start}" if self.start else "starting at step 0")
-                + f", {s.batch_size // self.dims.dp // self.micro} micro-batches per step")
+                + f", {s.group_batch // self.dims.dp // self.micro} micro-batches per step")
         sinks = open_sinks(s.tensorboard, s.prometheus_textfile, self.run_dir, self.start) if main else []
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", main, self.start, sinks)
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", main,
+                                     None if self.replicas is not None else self.start, sinks)
         self.bar = progress_bar(main, s.max_steps, self.start)
 
     # --- the loop ----------------------------------------------------------------------------
     def train(self) -> None:
         s = self.settings
         stopped_at = None
-        for step in range(self.start + 1, s.max_steps + 1):
-            self._fault(FaultPoint.STEP_START, step)
+        step = self.start
+        while step < s.max_steps:
+            step = self._next_step(step)
+            if step > s.max_steps:  # healed from a peer that had finished
+                break
+            assert self.heartbeat is not None
+            self.heartbeat.at(step, "step")
             outcome = self.step(step)
+            if outcome.retry:  # not committed: the next quorum runs the same step again
+                assert self.replicas is not None
+                self.replicas.retried(step)
+                step -= 1
+                continue
             if outcome.lease_lost:  # write nothing more: the run belongs to the other group now
                 raise TrainHaltError(f"the run's lease was taken by another group "
                                      f"({self.lease.lost if self.lease else 'see rank 0'}): "
@@ -187,6 +228,13 @@ class Trainer:
                 break
         self._finish(stopped_at)
 
+    def _next_step(self, done: int) -> int:
+        """The step to train after `done`: the next, or with replica groups the quorum's."""
+        if self.replicas is not None:
+            return self.replicas.next_step()
+        self._fault(FaultPoint.STEP_START, done + 1)
+        return done + 1
+
     def step(self, step: int) -> StepOutcome:
         s, dims = self.settings, self.dims
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -194,7 +242,9 @@ class Trainer:
         for group in self.optim.param_groups:
             group["lr"] = lr
         rows = sampler.global_batch(self.data.rows, s.seed, step - 1, s.batch_size)
-        per, share = s.batch_size // dims.dp, dims.data_rank(self.rank)  # tensor / pipeline ranks share rows
+        # this rank's share: its replica group's part of the batch, then its data-parallel part
+        # (tensor / pipeline ranks share rows)
+        per, share = s.group_batch // dims.dp, self.group * dims.dp + dims.data_rank(self.rank)
         batch = gather_rows(self.data, rows[share * per : (share + 1) * per], self.device)
         tokens = trained_tokens(self.data, rows)
         t1 = time.perf_counter()
@@ -203,28 +253,38 @@ class Trainer:
         else:
             loss_sum = forward_backward(self.model.module, self.model.no_sync, batch, self.micro, tokens, dims.dp)
         self._fault(FaultPoint.AFTER_BACKWARD, step, loss_sum)
+        compute = time.perf_counter() - t1 - self.model.stats.last_wait()
+        total_loss, groups, present_tokens, sent = loss_sum.item(), None, tokens, 0
+        if self.replicas is not None:  # sum with the other groups; the mean over those present
+            total_loss, groups, present_tokens, sent = self.replicas.exchange(step, total_loss, rows, tokens)
         norm = clip_grad_norm(self.model, s.grad_clip).item()  # sluice's own, in every mode (parallel/clip.py)
-        agreed, reduce_time = self._agree(loss_sum.item(), norm)
+        agreed, reduce_time, times = self._agree(total_loss, norm, compute)
         loss, stopped, nonfinite, lost = agreed
-        if not (nonfinite or lost):
+        committed = self.replicas.commit(not (nonfinite or lost)) if self.replicas is not None else True
+        if committed and not (nonfinite or lost):
             self.optim.step()
+            if self.replicas is not None:
+                sent += self.replicas.after_update(step)
         self.optim.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
-        return StepOutcome(step, lr, rows, tokens, loss / max(1, tokens), norm, stopped, nonfinite, lost,
-                           t0, cpu0, t1 - t0, t2 - t1, self.model.stats.take_wait() + reduce_time)
+        return StepOutcome(step, lr, rows, present_tokens, loss / max(1, present_tokens), norm, stopped, nonfinite,
+                           lost, not committed, groups, times, sent, t0, cpu0, t1 - t0, t2 - t1,
+                           self.model.stats.take_wait() + reduce_time)
 
-    def _agree(self, loss_sum: float, norm: float) -> tuple[tuple[float, bool, bool, bool], float]:
+    def _agree(self, loss_sum: float, norm: float, compute: float) -> tuple[tuple[float, bool, bool, bool], float, list[float]]:
         """The step's one small all-reduce, before the update: (the global loss sum, stop, a
-        value not finite, a lost lease) and the seconds it took."""
+        value not finite, a lost lease), the seconds it took, and each rank's compute seconds
+        (one slot per rank, for the stragglers)."""
         bad = not (math.isfinite(loss_sum) and math.isfinite(norm))
         lost = self.lease is not None and self.lease.lost is not None
-        flags = torch.tensor([loss_sum / self.dims.loss_copies, float(self.stop.set), float(bad), float(lost)],
-                             dtype=torch.float64)
+        flags = torch.zeros(4 + self.dims.world, dtype=torch.float64)
+        flags[:4] = torch.tensor([loss_sum / self.dims.loss_copies, float(self.stop.set), float(bad), float(lost)])
+        flags[4 + self.rank] = compute
         started = time.perf_counter()
         if self.dims.world > 1:  # one process has nothing to agree with (a gloo call costs ~1-5 ms)
             dist.all_reduce(flags)
-        total, stop, nonfinite, taken = flags.tolist()
-        return (total, stop > 0, nonfinite > 0, taken > 0), time.perf_counter() - started
+        total, stop, nonfinite, taken, *times = flags.tolist()
+        return (total, stop > 0, nonfinite > 0, taken > 0), time.perf_counter() - started, times
 
     def checkpoint(self, step: int, final: bool) -> float:
         """Publish a background save that finished; save this step if due. The seconds the step
@@ -240,13 +300,17 @@ class Trainer:
     def log(self, o: StepOutcome, checkpoint_time: float) -> None:
         s = self.settings
         comm_bytes, comm_time = self.model.stats.take()
+        comm_bytes += o.extra_bytes
         if self.model.fsdp_bytes_per_micro:
-            comm_bytes = self.model.fsdp_bytes_per_micro * max(1, s.batch_size // self.dims.dp // self.micro)
+            comm_bytes = self.model.fsdp_bytes_per_micro * max(1, s.group_batch // self.dims.dp // self.micro) + o.extra_bytes
         elapsed = time.perf_counter() - o.started
         seen = len(o.rows) * s.seq_len
         split = split_step(elapsed, data=o.data_time, train=o.train_time, comm_wait=o.comm_wait,
                            checkpoint=checkpoint_time)
         assert self.metrics is not None
+        if o.groups is not None and (not o.groups or self.group != min(o.groups)):
+            return  # the lowest replica group present writes the step's line
+        ranks = spread(o.rank_times, s.straggler_factor)
         self.metrics.write(StepMetrics(
             step=o.step, loss=o.loss, tokens=o.tokens, tokens_seen=seen, lr=o.lr, grad_norm=o.norm,
             step_time=elapsed, data_time=split.data, compute_time=split.compute, comm_wait_time=split.comm,
@@ -254,7 +318,8 @@ class Trainer:
             tokens_per_s=seen / elapsed, cpu_time=time.process_time() - o.cpu_started,
             mfu=mfu(step_flops(self.params, seen), elapsed, self.peak, self.dims.world),
             epoch=sampler.epoch_of(self.data.rows, o.step, s.batch_size), world_size=self.dims.world,
-            skipped=o.nonfinite,
+            skipped=o.nonfinite, rank_compute_max=ranks.slowest, rank_compute_median=ranks.median,
+            stragglers=ranks.stragglers, replica_groups=o.groups,
         ))
         if self.bar is not None:
             self.bar.update(1)
@@ -273,16 +338,19 @@ class Trainer:
 
     def _fault(self, point: FaultPoint, step: int, loss_sum: torch.Tensor | None = None) -> None:
         """The trainer's one call into the deterministic test faults (train/faults.py)."""
-        faults.fire(point, faults.FaultSite(self.rank, self.dims.world, step, lambda: self.stop.set, self.ckpt.wait,
-                                            loss_sum, self.model.module.parameters()))
+        faults.fire(point, faults.FaultSite(self.rank, self.dims.world, step, self.group, self.run_dir,
+                                            lambda: self.stop.set, self.ckpt.wait, loss_sum,
+                                            self.model.module.parameters()))
 
     # --- the end -----------------------------------------------------------------------------
     def _finish(self, stopped_at: int | None) -> None:
         """The normal end: the last checkpoint on disk, every rank there."""
         self.ckpt.wait()
-        if self.rank == 0 and stopped_at is not None:
+        if self.rank == 0 and stopped_at is not None and self.writes:
             (self.run_dir / STOPPED_MARKER).write_text(f"{stopped_at}\n")
             say(f"stop signal: checkpoint at step {stopped_at} written, exiting")
+        if self.replicas is not None:
+            self.replicas.finish(stopped_at)
         dist.barrier()
 
     def close(self) -> None:
@@ -296,5 +364,11 @@ class Trainer:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+        if self.replicas is not None:
+            self.replicas.close()
+            self.replicas = None
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+            self.heartbeat = None
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -70,23 +70,29 @@ def _plainly(exc: CheckpointException, rank: int) -> BaseException:
 
 class Checkpointer:
     def __init__(self, root: Path | CheckpointStore, keep: int, use_async: bool,
-                 report: Callable[[str], None] | None = None, guard: Callable[[], bool] | None = None):
+                 report: Callable[[str], None] | None = None, guard: Callable[[], bool] | None = None,
+                 writes: bool = True, on_publish: Callable[[int], None] | None = None):
         # a folder (RUN/checkpoints) or any store (checkpoint/store.py: a folder or S3)
         self.store: CheckpointStore = LocalStore(root) if isinstance(root, Path) else root
         self.keep = keep
         self.use_async = use_async
         self.report = report or log.warning  # rank 0's lines to the person at the terminal
         self.guard = guard  # rank 0: is the run's lease still this group's? (checkpoint/lease.py)
+        # replica groups: one group writes (train/replica/); the others only restore
+        self.writes = writes
+        self.on_publish = on_publish  # rank 0: told each published step (the run's events)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._pending: tuple[int, Future] | None = None
-        if self.rank == 0:
+        if self.rank == 0 and writes:
             self.store.prepare(keep)
         if dist.is_initialized():
             dist.barrier()
 
     def save(self, model: torch.nn.Module, optim: torch.optim.Optimizer, step: int, wait: bool = False) -> float:
         """Start saving the state after `step`; the seconds the training loop was held."""
+        if not self.writes:
+            return 0.0
         started = time.perf_counter()
         self.wait()
         model_sd, optim_sd = get_state_dict(model, optim, options=_OPTIONS)
@@ -128,6 +134,8 @@ class Checkpointer:
                 self.report(f"checkpoint of step {step} not published: the run's lease was lost")
                 return
             log.info("checkpoint %s written", self.store.publish(step, self.keep))
+            if self.on_publish is not None:
+                self.on_publish(step)
 
     def restore(self, model: torch.nn.Module, optim: torch.optim.Optimizer) -> int:
         """Load the newest intact checkpoint into model and optimizer; its step (0 if none)."""

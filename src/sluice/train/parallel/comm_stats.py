@@ -27,6 +27,10 @@ class CommStats:
         self.bytes, self.seconds = 0, 0.0
         return out
 
+    def last_wait(self) -> float:
+        """Seconds from the last bucket's issue to the last completion so far (not reset)."""
+        return max(0.0, self.last_done - self.last_issued) if self.last_issued else 0.0
+
     def take_wait(self) -> float:
         """Seconds from the last bucket's issue to the last completion in this step; resets."""
         wait = max(0.0, self.last_done - self.last_issued) if self.last_issued else 0.0

@@ -1,0 +1,146 @@
+"""The trainer's side of replica groups (train/trainer.py calls these at its phases): joining,
+each step's quorum, the exchange with the other groups and the rescaling to the groups present,
+the commit, and the events the launcher prints (a group missing or back, a step run again, a
+group healed from a peer), with a digest of each rank's weights whenever the groups change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable
+
+import torch
+
+from sluice.train.faults import FaultPoint
+from sluice.train.observe.events import Event
+from sluice.train.observe.heartbeat import heartbeat_path
+from sluice.train.replica.rows import group_tokens
+from sluice.train.replica.state import digest
+from sluice.train.replica.sync import ReplicaLink, replica_group
+from sluice.train.settings import ReplicaSync, TrainSettings
+
+START_WAIT_S = 120.0  # a fresh job's groups wait this long at most for each other's first quorum
+
+
+class ReplicaDriver:
+    def __init__(self, trainer: Any):  # the Trainer (train/trainer.py), which imports this module
+        self.t = trainer
+        s = trainer.settings
+        self.params = list(trainer.model.module.parameters())
+        self.link = ReplicaLink(trainer.group, s.replica_groups, self.params, trainer.optim, s.replica_sync,
+                                s.sync_every, s.hang_timeout, self._healed)
+        self.previous: list[int] | None = None  # the groups of the last committed step
+        self._changed: tuple[list[int], str] | None = None  # this step's new groups and the digest before it
+        self._joined = False  # the join's quorum is the first step's: the peers train it with this group
+
+    @staticmethod
+    def group_of(settings: TrainSettings) -> int:
+        return replica_group() if settings.replica_groups > 1 else 0
+
+    def _emit(self, kind: Event, **fields: object) -> None:
+        self.t.events.emit(kind, **fields)
+
+    def _healed(self, step: int) -> None:
+        if self.t.rank == 0:
+            self._emit(Event.HEALED, step=step)
+
+    # --- joining -------------------------------------------------------------------------------
+    def join(self, restore: Callable[[], int]) -> int:
+        """The first quorum, which is also the first step's: a group behind a live peer takes its
+        state (no disk); a fresh job's groups (all at step 0) each restore the newest checkpoint
+        from the store and train the step after it."""
+        assert self.t.heartbeat is not None
+        self.t.heartbeat.at(0, "join")
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+            self._await_first_quorum()
+        self.link.begin()
+        self._joined = True
+        if self.link.healed:
+            return self.link.committed()
+        start = restore()
+        self.link.set_committed(start)
+        if start and self.t.rank == 0:
+            self._emit(Event.RESTORED, step=start)
+        return start
+
+    def _await_first_quorum(self) -> None:
+        """A fresh job's groups start their first quorum together (bounded): a group still
+        loading its model would otherwise miss the first steps and heal later."""
+        deadline = time.monotonic() + START_WAIT_S
+        groups = range(self.t.settings.replica_groups)
+        while time.monotonic() < deadline:
+            if all(_phase(heartbeat_path(self.t.run_dir, g, 0)) in ("join", "quorum", "step") for g in groups):
+                return
+            time.sleep(0.1)
+
+    # --- each step -----------------------------------------------------------------------------
+    def next_step(self) -> int:
+        upcoming = self.link.committed() + 1
+        assert self.t.heartbeat is not None
+        self.t.heartbeat.at(upcoming, "quorum")
+        self.t._fault(FaultPoint.STEP_START, upcoming)
+        if self._joined:  # the quorum of the join, which the peers already train this step in
+            self._joined = False
+            return upcoming
+        return self.link.begin()
+
+    def exchange(self, step: int, loss_sum: float, rows: list[int], tokens: int) -> tuple[float, list[int], int, int]:
+        """Sum with the groups present; rescale this group's gradients to the mean over the tokens
+        they trained (every step's exchange) or its own (LocalSGD / DiLoCo between syncs).
+        (loss sum over the groups present, the groups, their trained tokens, bytes sent)"""
+        s = self.t.settings
+        per_group = group_tokens(self.t.data, rows, s.replica_groups)
+        ex = self.link.exchange(step, loss_sum)
+        present = sum(per_group[g] for g in ex.groups) or tokens
+        own = per_group[self.t.group] if s.replica_sync is not ReplicaSync.STEP else present
+        if own != tokens:
+            with torch.no_grad():
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(tokens / max(1, own))
+        self._changed = None
+        if ex.groups != self.previous:  # the weights before this step's update, to compare across groups
+            self._changed = (ex.groups, digest(self.params))
+        return ex.loss_sum, ex.groups, present, ex.bytes
+
+    def commit(self, ok: bool) -> bool:
+        committed = self.link.commit(ok)
+        if committed and self._changed is not None:
+            groups, sha = self._changed
+            step = self.link.committed()
+            self._emit(Event.DIGEST, step=step, sha256=sha, groups=groups)
+            if self.previous is not None and self.t.rank == 0 and self.t.group == min(groups):
+                self._emit(Event.GROUPS, step=step, groups=groups, before=self.previous)
+            self.previous = groups
+        return committed
+
+    def after_update(self, step: int) -> int:
+        """LocalSGD / DiLoCo: the parameters' sync at its steps; the bytes sent."""
+        if self.t.settings.replica_sync is ReplicaSync.STEP or not self.link.syncs_at(step):
+            return 0
+        return self.link.sync_parameters()
+
+    def retried(self, step: int) -> None:
+        if self.t.rank == 0:
+            self._emit(Event.RETRY, step=step, why=self.link.error() or "a replica group failed during the step")
+
+    # --- the end -------------------------------------------------------------------------------
+    def finish(self, stopped_at: int | None) -> None:
+        step = self.link.committed()
+        if stopped_at is not None and self.t.rank == 0:
+            self._emit(Event.LEFT, step=stopped_at)
+        self._emit(Event.DIGEST, step=step, sha256=digest(self.params), end=True)
+        if stopped_at is None and self.t.rank == 0:
+            self._emit(Event.FINISHED, step=step)
+
+    def close(self) -> None:
+        self.link.close()
+
+
+def _phase(path) -> str | None:
+    try:
+        return json.loads(path.read_text()).get("phase")
+    except (OSError, ValueError):
+        return None
