@@ -27,7 +27,7 @@ class Monitor:
         run_dir: Path = settings.run_dir
         self.run_dir = run_dir
         self.groups = settings.replica_groups
-        self.progress = Progress(run_dir, settings.max_steps, settings.progress_interval, _say)
+        self.progress = Progress(run_dir, settings.max_steps, settings.progress_interval, _say, settings.replica_groups)
         self.watchdog = Watchdog(run_dir, settings.hang_timeout, torchrun_pids)
         self.watchdog.clear()
         self._stop = threading.Event()
@@ -56,5 +56,6 @@ class Monitor:
                       else "killed; torchrun restarts the job from the newest checkpoint")
             EventLog(self.run_dir, hang.group, hang.rank).emit(
                 Event.HANG, pid=hang.pid, step=hang.step, phase=hang.phase, silent_s=round(hang.silent_s, 1),
+                bound_s=self.watchdog.timeout,
                 action=action)
         self.progress.poll()

@@ -183,7 +183,7 @@ class Trainer:
             self.start = self.replicas.join(restore)
         else:
             self.start = restore()
-            if self.start:
+            if self.start and self.rank == 0:
                 self.events.emit(Event.RESTORED, step=self.start)
         main = self.rank == 0
         if main and self.writes:

@@ -57,14 +57,15 @@ def _groups(groups: list[int] | None) -> str:
     return ",".join(map(str, groups)) if groups else "-"
 
 
-def describe(event: dict) -> str | None:
-    """The terminal line of one event (None: not worth a line)."""
+def describe(event: dict, groups: int = 1) -> str | None:
+    """The terminal line of one event (None: not worth a line); `groups`: the run's replica groups."""
     kind, g = event.get("event"), event.get("group", 0)
     step = event.get("step")
+    who = f"replica group {g}" if groups > 1 else "the ranks"
     if kind == Event.STARTED.value and event.get("rank") == 0 and event.get("restart", 0) > 0:
-        return f"[recovery] replica group {g} restarted by torchrun (attempt {event['restart'] + 1})"
+        return f"[recovery] {who} restarted by torchrun (attempt {event['restart'] + 1})"
     if kind == Event.RESTORED.value and event.get("rank") == 0 and step:
-        return f"[recovery] group {g} resumed from the checkpoint of step {step}"
+        return f"[recovery] {who} resumed from the checkpoint of step {step}"
     if kind == Event.HEALED.value and event.get("rank") == 0:
         return f"[recovery] replica group {g} rejoined at step {step}: weights and optimizer state from a live peer"
     if kind == Event.GROUPS.value:
@@ -81,7 +82,8 @@ def describe(event: dict) -> str | None:
     if kind == Event.HANG.value:
         action = event.get("action", "")
         return (f"[fault] rank {event.get('rank')} of group {g} on host {event.get('host')} (pid {event.get('pid')}) "
-                f"made no progress for {event.get('silent_s', 0):.0f} s at step {step} ({event.get('phase')}): {action}")
+                f"made no progress for {event.get('bound_s', 0):g} s (hang_timeout) at step {step} ({event.get('phase')}): "
+                f"{action}")
     return None
 
 
@@ -91,6 +93,7 @@ class Progress:
     total: int
     interval: float
     say: Callable[[str], None]
+    groups: int = 1  # replica groups
     clock: Callable[[], float] = time.monotonic
     _metrics: _Tail = field(init=False)
     _events_offset: int = 0
@@ -117,9 +120,10 @@ class Progress:
         for event in events:
             if event.get("event") == Event.CHECKPOINT.value:
                 self._checkpoints.append(int(event["step"]))
+                continue
             if event.get("event") == Event.RESTORED.value:
                 self._metrics.keep_after = int(event.get("step") or 0)
-            elif (line := describe(event)) is not None:
+            if (line := describe(event, self.groups)) is not None:
                 self.say(line)
         for m in self._metrics.lines():
             now = self.clock()
