@@ -159,7 +159,7 @@ class Trainer:
             write_tokenizer(built.tokenizer, self.run_dir / "model")
         # observability: N of the 6·N·D rule (before FSDP2 shards the parameters), the peak
         if s.activation_checkpointing:  # recompute each layer's activations in backward (transformers')
-            built.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            built.module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             built.module.train()  # transformers checkpoints only in training mode
         self.params = matmul_params(built.module)
         self.peak = s.peak_flops or measure_peak_flops(self.device, getattr(torch, s.dtype))

@@ -166,3 +166,36 @@ def test_replica_group_settings_are_checked():
             _settings(**bad)
         assert needle in str(exc.value), (bad, str(exc.value))
     assert _settings(nproc=2, replica_groups=2, replica_sync="local_sgd", sync_every=4).sync_every == 4
+
+
+def test_diloco_outer_step_is_nesterov_on_the_averaged_change():
+    import torch
+
+    from sluice.train.replica.sync import DILOCO_MOMENTUM, DILOCO_OUTER_LR, OuterSGD
+
+    p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    outer = OuterSGD([p])
+    with torch.no_grad():
+        p.sub_(torch.tensor([0.1, -0.2]))  # the inner steps moved it
+    (d,) = outer.deltas()
+    assert torch.allclose(d, torch.tensor([0.1, -0.2]))
+    outer.step([d])  # one group: the average is its own change
+    expected = torch.tensor([1.0, 2.0]) - DILOCO_OUTER_LR * (1 + DILOCO_MOMENTUM) * d
+    assert torch.allclose(p.detach(), expected) and torch.equal(outer.anchor[0], p.detach())
+
+
+def test_a_peer_state_loads_into_an_optimizer_that_has_not_stepped_yet():
+    import torch
+
+    from sluice.train.replica.state import digest, load_local_state, local_state
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    opt_a, opt_b = torch.optim.AdamW(a.parameters()), torch.optim.AdamW(b.parameters())
+    a(torch.randn(2, 4)).sum().backward()
+    opt_a.step()
+    assert digest(list(a.parameters())) != digest(list(b.parameters()))
+    load_local_state(list(b.parameters()), opt_b, local_state(list(a.parameters()), opt_a))
+    assert digest(list(a.parameters())) == digest(list(b.parameters()))
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(opt_a.state[pa]["exp_avg"], opt_b.state[pb]["exp_avg"])

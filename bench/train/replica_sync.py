@@ -1,0 +1,68 @@
+"""Less communication across replica groups: bytes per step and loss after N steps, DDP against
+torchft-style replica groups that exchange every step's gradients, LocalSGD and DiLoCo.
+
+    PYTHONPATH=src python bench/train/replica_sync.py [--steps 40] [--sync-every 8] [--model random:tiny]
+
+Runs `sluice train run` once per variant, same data, model, seed and global batch, one after
+another on this machine, 2 processes each: plain DDP over 2 ranks, and 2 replica groups of 1 rank
+(`--replica-groups 2`) with `--replica-sync step | local_sgd | diloco`. Bytes are what a rank hands
+to collectives per step (DDP's buckets; across groups, the gradients or, at a sync step, the
+parameters or their change, plus the 8-byte-per-group step vector), averaged over all steps; the
+loss is the mean over the last 5 steps. Prints a Markdown table (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def make_data(path: Path) -> None:
+    with path.open("w") as f:
+        for i in range(200):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
+                                             {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]}) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--sync-every", type=int, default=8)
+    ap.add_argument("--model", default="random:tiny")
+    ap.add_argument("--seq-len", default="128")
+    args = ap.parse_args()
+    variants = [("DDP, 2 ranks", []),
+                ("replica groups, gradients every step", ["--replica-groups", "2"]),
+                (f"LocalSGD, parameters every {args.sync_every} steps",
+                 ["--replica-groups", "2", "--replica-sync", "local_sgd", "--sync-every", str(args.sync_every)]),
+                (f"DiLoCo, every {args.sync_every} steps",
+                 ["--replica-groups", "2", "--replica-sync", "diloco", "--sync-every", str(args.sync_every)])]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data.jsonl"
+        make_data(data)
+        for i, (name, extra) in enumerate(variants):
+            out = Path(tmp) / f"v{i}"
+            cmd = [sys.executable, "-m", "sluice.cli", "train", "run", "--data", str(data), "--out", str(out),
+                   "--model", args.model, "--nproc", "2", "--max-steps", str(args.steps), "--seq-len", args.seq_len,
+                   "--batch-size", "8", "--lr", "1e-3", "--threads", "1", *extra]
+            subprocess.run(cmd, check=True, capture_output=True)
+            m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+            rows.append((name, statistics.mean(x["comm_bytes"] for x in m), statistics.median(x["step_time"] for x in m),
+                         statistics.mean(x["loss"] for x in m[-5:])))
+    base_bytes, _, base_loss = rows[0][1:]
+    print(f"{args.model}, 2 processes (gloo), {args.steps} steps, global batch 8 x {args.seq_len} tokens\n")
+    print("| exchange | bytes/step/rank | vs DDP | step time (ms, median) | loss (last 5) | vs DDP |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, b, t, loss in rows:
+        print(f"| {name} | {b:,.0f} | {b / base_bytes:.3f}x | {t * 1e3:.1f} | {loss:.4f} | {loss - base_loss:+.4f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
