@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -42,8 +41,9 @@ from sluice.train.launch import STOPPED_MARKER
 from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model
+from sluice.train.outcome import StepOutcome, nonfinite_message
 from sluice.train.model.hf_files import write_tokenizer
-from sluice.train.observe.console import progress_bar, say
+from sluice.train.observe.console import say
 from sluice.train.observe.events import Event, EventLog
 from sluice.train.observe.heartbeat import Heartbeat
 from sluice.train.observe.stragglers import spread
@@ -58,37 +58,12 @@ from sluice.train.step import forward_backward, gather_rows, trained_tokens
 from sluice.train.stop_signal import StopSignal
 
 
-@dataclass(slots=True)
-class StepOutcome:
-    """What one step did, agreed by every rank, for the checkpoint and log phases."""
-
-    step: int
-    lr: float
-    rows: list[int]  # the global batch
-    tokens: int  # its trained tokens
-    loss: float  # the global batch's mean loss (NaN when not finite)
-    norm: float  # the global gradient norm before clipping
-    stopped: bool  # a rank was told to stop: checkpoint and exit after this step
-    nonfinite: bool  # a rank saw a loss or norm that is not finite: the update was dropped
-    lease_lost: bool  # another group took the run: write nothing more
-    retry: bool  # replica groups: the step was not committed (a peer failed): it runs again
-    groups: list[int] | None  # replica groups that took part (None: no replica groups)
-    rank_times: list[float]  # each rank's forward + backward seconds (stragglers)
-    extra_bytes: int  # sent across replica groups
-    started: float  # perf_counter at the step's start
-    cpu_started: float  # process_time at the step's start
-    data_time: float
-    train_time: float  # forward, backward, clip, the closing all-reduce, the update
-    comm_wait: float  # communication waited for
-
-
 class Trainer:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.settings = read_resolved(run_dir / "resolved_config.json")
         self.lease: Lease | None = None
         self.metrics: MetricsWriter | None = None
-        self.bar = None
         self.start = 0  # the step restored from (0: none)
         self.replicas: ReplicaDriver | None = None  # replica groups (train/replica/driver.py)
         self.group = ReplicaDriver.group_of(self.settings)
@@ -194,7 +169,6 @@ class Trainer:
         sinks = open_sinks(s.tensorboard, s.prometheus_textfile, self.run_dir, self.start) if main else []
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", main,
                                      None if self.replicas is not None else self.start, sinks)
-        self.bar = progress_bar(main, s.max_steps, self.start)
 
     # --- the loop ----------------------------------------------------------------------------
     def train(self) -> None:
@@ -222,7 +196,7 @@ class Trainer:
             self.log(outcome, saved)
             if halt:  # a non-finite step never becomes a checkpoint
                 self.ckpt.wait()
-                raise TrainHaltError(self._nonfinite_message(outcome))
+                raise TrainHaltError(nonfinite_message(outcome, self.store))
             if outcome.stopped:
                 stopped_at = step
                 break
@@ -304,7 +278,9 @@ class Trainer:
         if self.model.fsdp_bytes_per_micro:
             comm_bytes = self.model.fsdp_bytes_per_micro * max(1, s.group_batch // self.dims.dp // self.micro) + o.extra_bytes
         elapsed = time.perf_counter() - o.started
-        seen = len(o.rows) * s.seq_len
+        # with replica groups: the rows and ranks of the groups that took part
+        present = len(o.groups) if o.groups else s.replica_groups
+        seen, world = len(o.rows) * s.seq_len * present // s.replica_groups, self.dims.world * present
         split = split_step(elapsed, data=o.data_time, train=o.train_time, comm_wait=o.comm_wait,
                            checkpoint=checkpoint_time)
         assert self.metrics is not None
@@ -316,25 +292,13 @@ class Trainer:
             step_time=elapsed, data_time=split.data, compute_time=split.compute, comm_wait_time=split.comm,
             checkpoint_time=split.checkpoint, other_time=split.other, comm_bytes=comm_bytes, comm_time=comm_time,
             tokens_per_s=seen / elapsed, cpu_time=time.process_time() - o.cpu_started,
-            mfu=mfu(step_flops(self.params, seen), elapsed, self.peak, self.dims.world),
-            epoch=sampler.epoch_of(self.data.rows, o.step, s.batch_size), world_size=self.dims.world,
+            mfu=mfu(step_flops(self.params, seen), elapsed, self.peak, world),
+            epoch=sampler.epoch_of(self.data.rows, o.step, s.batch_size), world_size=world,
             skipped=o.nonfinite, rank_compute_max=ranks.slowest, rank_compute_median=ranks.median,
             stragglers=ranks.stragglers, replica_groups=o.groups,
         ))
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{o.loss:.4f}")
         if o.nonfinite and s.nonfinite is NonFinite.SKIP and self.rank == 0:
             say(f"step {o.step}: the loss or the gradient norm is not finite: its update was skipped (nonfinite = skip)")
-
-    def _nonfinite_message(self, o: StepOutcome) -> str:
-        what = " and ".join(f"the {name} is {value}" for name, value in (("loss", o.loss), ("gradient norm", o.norm))
-                            if not math.isfinite(value))
-        saved = self.store.complete_steps()
-        newest = self.store.step_name(saved[-1]) if saved else "none"
-        return (f"step {o.step}: {what or 'a rank saw a value that is not finite'}: the run stopped before the "
-                f"step's update, saving nothing; the newest checkpoint is {newest} "
-                '(nonfinite = "skip", or --nonfinite skip, drops such steps and goes on)')
 
     def _fault(self, point: FaultPoint, step: int, loss_sum: torch.Tensor | None = None) -> None:
         """The trainer's one call into the deterministic test faults (train/faults.py)."""
@@ -355,9 +319,6 @@ class Trainer:
 
     def close(self) -> None:
         """Whatever ran, on any exit: the open files, the lease, the process group."""
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None

@@ -1,5 +1,5 @@
-"""What rank 0 tells the person at the terminal: a line now and then, and a tqdm bar when stderr
-is a terminal (logs and pipes get the start and stop lines only)."""
+"""What rank 0 tells the person at the terminal: a line now and then (the step lines are the
+launcher's, train/observe/progress.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,3 @@ import sys
 def say(line: str) -> None:
     """A line from rank 0 (the caller checks that it is rank 0)."""
     print(f"[rank 0] {line}", file=sys.stderr, flush=True)
-
-
-def progress_bar(enabled: bool, total: int, start: int):
-    if not enabled or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
