@@ -65,6 +65,7 @@ class Trainer:
         self.lease: Lease | None = None
         self.metrics: MetricsWriter | None = None
         self.start = 0  # the step restored from (0: none)
+        self.quorum_s = 0.0  # the current step's wait for its quorum (replica groups), counted as communication
         self.replicas: ReplicaDriver | None = None  # replica groups (train/replica/driver.py)
         self.group = ReplicaDriver.group_of(self.settings)
         self.writes = self.group == 0  # with replica groups, group 0 writes the checkpoints
@@ -176,7 +177,9 @@ class Trainer:
         stopped_at = None
         step = self.start
         while step < s.max_steps:
+            quorum_started = time.perf_counter()
             step = self._next_step(step)
+            self.quorum_s = time.perf_counter() - quorum_started  # replica groups: the quorum's wait
             if step > s.max_steps:  # healed from a peer that had finished
                 break
             assert self.heartbeat is not None
@@ -241,9 +244,10 @@ class Trainer:
                 sent += self.replicas.after_update(step)
         self.optim.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
+        q = self.quorum_s  # the step began with its quorum (replica groups): communication waited for
         return StepOutcome(step, lr, rows, present_tokens, loss / max(1, present_tokens), norm, stopped, nonfinite,
-                           lost, not committed, groups, times, sent, t0, cpu0, t1 - t0, t2 - t1,
-                           self.model.stats.take_wait() + reduce_time)
+                           lost, not committed, groups, times, sent, t0 - q, cpu0, t1 - t0, t2 - t1 + q,
+                           self.model.stats.take_wait() + reduce_time + q)
 
     def _agree(self, loss_sum: float, norm: float, compute: float) -> tuple[tuple[float, bool, bool, bool], float, list[float]]:
         """The step's one small all-reduce, before the update: (the global loss sum, stop, a
