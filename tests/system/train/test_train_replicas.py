@@ -1,7 +1,8 @@
 """Replica groups (torchft): real torchrun groups meeting at the Lighthouse `sluice train run`
 starts on 127.0.0.1, with deterministic faults (train/faults.py).
 
-- kill -9 of one group's rank mid-run: the other group's processes never restart and commit every
+- kill -9 of one group's rank mid-run (2 groups of 2 ranks, FSDP2 inside each: HSDP; each rank
+  heals its own shard): the other group's processes never restart and commit every
   step once; the steps without the killed group average over the group present (metrics.jsonl
   names the groups of each step); the killed group restarts, heals from the live peer (no
   checkpoint read) and its weights equal the peer's bit for bit (sha256 per rank) when it
@@ -46,7 +47,7 @@ def test_a_killed_group_drops_out_and_rejoins_from_a_live_peer(train_dir, tiny_f
     out = train_dir / "replicas-kill"
     # group 1's rank 1 dies at the start of step 3; group 0 waits at step 6 until group 1 is back
     proc = run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "4",
-                     "--replica-groups", "2", "--checkpoint-every", "3", "--max-restarts", "2",
+                     "--replica-groups", "2", "--parallel", "fsdp", "--checkpoint-every", "3", "--max-restarts", "2",
                      "--progress-interval", "0", *COMMON,
                      env={"SLUICE_TRAIN_FAULT": "kill:1:3:1,await_group:1:6"})
     events = _events(out)
@@ -64,7 +65,7 @@ def test_a_killed_group_drops_out_and_rejoins_from_a_live_peer(train_dir, tiny_f
                  [e for e in events if e["event"] == "digest" and e.get("end")]):
         by_rank = {(e["group"], e["rank"]): e["sha256"] for e in when}
         assert len(by_rank) == 4 and by_rank[(1, 0)] == by_rank[(0, 0)] and by_rank[(1, 1)] == by_rank[(0, 1)]
-    # with both groups the loss is the global batch's: the 2-rank DDP run's
+    # with both groups the loss is the global batch's: the 2-rank DDP run's, though 4 ranks shard it
     reference = losses(ddp2_run)
     assert got[:2] == pytest.approx(reference[:2], rel=1e-4)
     after, uninterrupted = sum(got[5:]) / 3, sum(reference[5:]) / 3

@@ -41,7 +41,9 @@ def load_local_state(params: list[torch.nn.Parameter], optim: torch.optim.Optimi
             elif isinstance(v, torch.Tensor) and hasattr(p, "device_mesh") and v.shape == _local(p).shape:
                 from torch.distributed.tensor import DTensor
 
-                mine[k] = DTensor.from_local(v.clone(), p.device_mesh, p.placements, run_check=False)
+                # the global shape given: FSDP2 shards unevenly (a 517-row embedding is 259 + 258)
+                mine[k] = DTensor.from_local(v.clone(), p.device_mesh, p.placements, run_check=False,
+                                             shape=p.shape, stride=p.stride())
             else:
                 mine[k] = v.clone() if isinstance(v, torch.Tensor) else v
 
