@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python bench/train/activation_checkpointing.py [--steps 4] [--seq-len 1024] [--batch-size 8]
 
-Trains the same random Llama (bench/train_common.py's byte-level tokenizer, 8 layers x 256 wide,
+Trains the same random Llama (bench/train/train_common.py's byte-level tokenizer, 8 layers x 256 wide,
 so the activations of a long row dominate the memory, not the weights and AdamW's state) with
 `sluice train run --nproc 1`, without and then with `--activation-checkpointing`, each in a fresh
 wrapper process whose reaped descendants' peak RSS (getrusage, RUSAGE_CHILDREN) is the worker's
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_common import write_model  # noqa: E402
 
 SHAPE = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=8, num_attention_heads=8,
