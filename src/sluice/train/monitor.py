@@ -1,7 +1,8 @@
-"""The launcher's one background thread while ranks train: progress lines for the terminal
+"""The launcher's two background threads while ranks train: progress lines for the terminal
 (train/observe/progress.py) and the watchdog that finds a rank that stopped (train/watchdog.py),
-polled every half second. What it finds goes to RUN/events.jsonl, and from there to the
-terminal, like every other event."""
+each polled every half second. What the watchdog finds goes to RUN/events.jsonl, and from there
+to the terminal, like every other event. Two threads: a terminal that does not read (a full
+pipe, a paused tty) blocks the progress lines, never the watchdog."""
 
 from __future__ import annotations
 
@@ -31,25 +32,28 @@ class Monitor:
         self.watchdog = Watchdog(run_dir, settings.hang_timeout, torchrun_pids)
         self.watchdog.clear()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sluice-train-monitor", daemon=True)
+        self._threads = [threading.Thread(target=self._every, args=(f,), name=f"sluice-train-{f.__name__}", daemon=True)
+                         for f in (self.watch, self.progress.poll)]
 
     def __enter__(self) -> Monitor:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        for t in self._threads:
+            t.join(timeout=10)
         self.progress.poll(final=True)
 
-    def _run(self) -> None:
+    def _every(self, poll) -> None:
         while not self._stop.wait(POLL_S):
             try:
-                self.poll()
-            except Exception as exc:  # the terminal's lines must never stop the run
-                _say(f"(progress: {type(exc).__name__}: {exc})")
+                poll()
+            except Exception as exc:  # the terminal's lines and the watchdog must never stop the run
+                _say(f"(train monitor: {type(exc).__name__}: {exc})")
 
-    def poll(self) -> None:
+    def watch(self) -> None:
         for hang in self.watchdog.poll():
             action = (f"killed; replica group {hang.group} is evicted, its torchrun restarts it and it "
                       "recovers from a live peer" if self.groups > 1
@@ -58,4 +62,3 @@ class Monitor:
                 Event.HANG, pid=hang.pid, step=hang.step, phase=hang.phase, silent_s=round(hang.silent_s, 1),
                 bound_s=self.watchdog.timeout,
                 action=action)
-        self.progress.poll()

@@ -30,17 +30,20 @@ def test_a_stopped_rank_is_reported_by_rank_and_host_and_the_job_restarts(train_
             "--checkpoint-every", "2", "--hang-timeout", "3", "--progress-interval", "0", *COMMON]
     args[args.index("--max-steps") + 1] = "1000"
     env = {**os.environ, "SLUICE_TRAIN_FAULT": "delay:0.3"}
-    proc = subprocess.Popen(train_cmd("run", *args), env=env, stderr=subprocess.PIPE, text=True)
+    # the launcher's lines go to a file: a pipe nobody reads until the end would fill up
+    log = (train_dir / "hang.stderr").open("w")
+    proc = subprocess.Popen(train_cmd("run", *args), env=env, stderr=log, text=True)
     stopped = None
     try:
         metrics, events = out / "metrics.jsonl", out / "events.jsonl"
         _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "three steps")
         stopped = json.loads((out / "heartbeats" / "g0-r1.json").read_text())["pid"]
         os.kill(stopped, signal.SIGSTOP)
-        _wait_for(lambda: '"restored"' in events.read_text(), "the restarted job")
+        _wait_for(lambda: '"restart": 1' in events.read_text(), "the restarted job")
         proc.send_signal(signal.SIGTERM)  # end the long run: it checkpoints and exits
-        _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+        proc.wait(timeout=RUN_TIMEOUT_S)
     finally:
+        log.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -49,6 +52,7 @@ def test_a_stopped_rank_is_reported_by_rank_and_host_and_the_job_restarts(train_
                 os.kill(stopped, signal.SIGKILL)  # in case the watchdog did not
             except ProcessLookupError:
                 pass
+    err = (train_dir / "hang.stderr").read_text()
     assert proc.returncode == 0, err[-3000:]
     host = socket.gethostname()
     assert f"[fault] rank 1 of group 0 on host {host} (pid {stopped}) made no progress for 3 s (hang_timeout)" in err

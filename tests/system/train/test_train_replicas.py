@@ -96,18 +96,21 @@ def test_sigterm_to_one_group_leaves_the_others_going_and_a_whole_job_restart_re
     out = train_dir / "replicas-spot"
     groups_args = ["--nproc", "2", "--replica-groups", "2", "--progress-interval", "0"]
     env = {**os.environ, "SLUICE_TRAIN_FAULT": "delay:0.3"}  # slow steps: the signal lands mid-run
+    log = (train_dir / "replicas-spot.stderr").open("w")  # not a pipe: nobody reads it until the end
     proc = subprocess.Popen(train_cmd("run", *_args(chat_data, tiny_folder, out, STEPS), *groups_args), env=env,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=log, text=True)
     try:
         metrics = out / "metrics.jsonl"
         _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two steps")
         group1 = json.loads((out / "heartbeats" / "g1-r0.json").read_text())["pid"]
         os.kill(group1, signal.SIGTERM)  # the spot notice reaches group 1's machine only
-        _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+        proc.wait(timeout=RUN_TIMEOUT_S)
     finally:
+        log.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    err = (train_dir / "replicas-spot.stderr").read_text()
     assert proc.returncode == 0, err[-3000:]
     events = _events(out)
     (left,) = [e["step"] for e in events if e["event"] == "left"]
