@@ -38,3 +38,8 @@ class EngineTimeoutError(EngineUnavailableError):
 
 class ContextWindowExceededError(InvalidRequestError):
     """The prompt (plus room for at least one output token) does not fit the context window."""
+
+
+class AdapterError(InvalidRequestError):
+    """A LoRA adapter cannot be served: its folder is missing, damaged (bad JSON, a truncated
+    or missing safetensors file) or does not fit the base model (shapes, target modules, rank)."""

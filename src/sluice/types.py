@@ -185,6 +185,18 @@ class SamplingParams(Sampling):
         return self.temperature == 0.0 or self.top_k == 1
 
 
+@dataclass(slots=True, frozen=True)
+class AdapterRef:
+    """The LoRA adapter a request runs with: `name` (what the fleet registered it as; a
+    worker's resident adapters are keyed by name and source) and `source`, where a worker loads
+    it from (a local folder or s3://bucket/prefix: a PEFT adapter folder). Every request
+    carries both, so any worker of the base model can serve it, loading or reloading it on
+    demand (docs/LORA.md)."""
+
+    name: str
+    source: str
+
+
 def token_cost(prompt_tokens: int, max_tokens: int) -> int:
     """The tokens a request can occupy, prompt + max_tokens: the one estimate the quota
     reservation, the admission queue, the worker's load accounting and the engine's context
@@ -213,6 +225,7 @@ class GenerationRequest:
     # stopped: output positions (hence seeded sampling), max_tokens and stop sequences continue.
     resumed_output_ids: list[int] = field(default_factory=list)
     resumed_text_chars: int = 0
+    adapter: AdapterRef | None = None  # a LoRA adapter on the base model; None: the base alone
 
     @property
     def token_cost(self) -> int:

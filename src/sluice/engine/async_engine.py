@@ -124,6 +124,8 @@ class AsyncEngine:
         else:  # compiling a new grammar can take a while (the first one also builds the
             # tokenizer view, ~1 s): off the event loop, so other streams keep flowing
             await asyncio.get_running_loop().run_in_executor(None, self.engine.validate, request)
+        if request.adapter is not None:  # a LoRA adapter not resident yet loads here, not in a step
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.adapters.prefetch, request.adapter)
         events: asyncio.Queue = asyncio.Queue()
         self._submit(Command.ADD, request, (asyncio.get_running_loop(), events))
         finished = False

@@ -32,12 +32,22 @@ ENGINE_SETTINGS = (
     "decode_split_rows",
     "speculative_tokens",
     "kv_cache_dtype",
+    "max_loras",
+    "max_cpu_loras",
+    "max_lora_rank",
+    "lora_s3_endpoint",
 )
 
 # One source for the defaults other modules report before an engine exists (EngineStats).
 # 8, not 16: on CPU a smaller block costs no measurable throughput and halves the unfilled
 # tail per request (KV waste 4.6 % -> 2.2 % on bench/serving/engine_throughput.py, docs/BENCHMARKS.md)
 DEFAULT_BLOCK_SIZE = 8
+# LoRA: 8 adapters a step as SGLang's max_loras_per_batch (what an 8-adapter step costs against the
+# base step: docs/BENCHMARKS.md, "LoRA"); twice that resident (~20 MB each in fp32 at rank 16 on
+# every linear of the bundled model); rank 64 at most.
+DEFAULT_MAX_LORAS = 8
+DEFAULT_MAX_CPU_LORAS = 16
+DEFAULT_MAX_LORA_RANK = 64
 # Speculative decoding: proposals verified per decode at most (0 = off), and the cap.
 SPECULATIVE_TOKENS_DEFAULT = 0
 MAX_SPECULATIVE_TOKENS = 16
@@ -120,6 +130,14 @@ class EngineConfig:
     # this many tokens proposed from the request's own context (n-gram lookup) in its step, per
     # request, only while its acceptance rate makes it pay; 0 = off. Exact: output is unchanged.
     speculative_tokens: int = SPECULATIVE_TOKENS_DEFAULT
+    # LoRA (docs/LORA.md): distinct adapters among the running requests (so in any step) at most;
+    # 0 = this engine serves no adapters. Adapters kept resident (weights loaded once, shared by
+    # every request; least recently used evicted beyond this, never one in use). The largest rank
+    # it loads. Where s3:// adapters are fetched from (None: AWS, or AWS_ENDPOINT_URL).
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_cpu_loras: int = DEFAULT_MAX_CPU_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    lora_s3_endpoint: str | None = None
     # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
     # sampling seed raises, so the partial-failure path is exercised deterministically.
     fault_fail_seed: int | None = None
@@ -157,6 +175,12 @@ class EngineConfig:
             raise ValueError("decode_split_rows must be 0 (off) to 64")
         if not 0 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_tokens must be 0 (off) to {MAX_SPECULATIVE_TOKENS}")
+        if self.max_loras < 0:
+            raise ValueError("max_loras must be >= 0 (0 = no LoRA adapters)")
+        if self.max_cpu_loras < max(1, self.max_loras):
+            raise ValueError("max_cpu_loras must be >= max_loras (and >= 1): a step's adapters must all be resident")
+        if not 1 <= self.max_lora_rank <= 1024:
+            raise ValueError("max_lora_rank must be 1 to 1024")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be >= 2")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from sluice.engine.adapters import AdapterCache
 from sluice.engine.config import EngineConfig
 from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_manager import KVCacheManager
@@ -68,6 +69,10 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, clock)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics), kv_dtype)
+        # LoRA adapters resident in this engine; those of running requests are never evicted
+        self.adapters = AdapterCache(self.model, config.max_cpu_loras, config.max_lora_rank, config.lora_s3_endpoint,
+                                     in_use=lambda: tuple(self.scheduler.running_adapters))
+        self.runner.adapters = self.adapters
         self.kv.spill = open_spill_tier(config, plan.bytes_per_block, self.runner, self.model.device)
         if config.cuda_graphs:
             if self.model.device.type == "cuda":
@@ -110,6 +115,8 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary (size {self.vocab_size})")
         if req.sampling.guided is not None:
             self.grammars.validate(req.sampling.guided)  # compiles once per spec (cached)
+        if req.adapter is not None and self.config.max_loras == 0:
+            raise InvalidRequestError(f"this engine serves no LoRA adapters (max_loras = 0), so not {req.adapter.name!r}")
 
     def add_request(self, req: GenerationRequest) -> None:
         self.validate(req)
@@ -117,6 +124,9 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {req.request_id!r} is already in use")
         seed = req.sampling.seed if req.sampling.seed is not None else self._rng.getrandbits(63)
         request = Request.from_generation_request(req, seed)
+        if req.adapter is not None:  # resident already when the async front prefetched it
+            fingerprint = self.adapters.prefetch(req.adapter)
+            request.adapter_namespace = "\0".join((req.adapter.name, req.adapter.source, fingerprint))
         if req.sampling.guided is not None:
             request.grammar = self.grammars.matcher(req.sampling.guided)
             # a resumed generation's grammar state is its outputs so far, replayed
@@ -180,7 +190,7 @@ class LLMEngine:
         failed: list[GenerationEvent] = []
         for chunk in out.chunks:
             try:
-                sampled += self._execute(SchedulerOutput(chunks=[chunk]))
+                sampled += self._execute(SchedulerOutput.of([chunk]))
             except Exception as exc:
                 log.exception("engine step failed for request %s; failing it alone", chunk.request.request_id)
                 failed.append(self._finish(chunk.request, FinishReason.ERROR, "", error=f"engine error: {exc}"))
@@ -318,7 +328,16 @@ class LLMEngine:
         s.kv_blocks_resident = self.kv.num_resident_blocks
         s.kv_resident_bytes = s.kv_blocks_resident * self._kv_bytes_per_block
         s.kv_spilled_blocks, s.kv_spill_restored_blocks = self.kv.spill_counts()
+        self._lora_stats(s)
         return dataclasses.replace(s)  # a snapshot copy
+
+    def _lora_stats(self, s: EngineStats) -> None:
+        s.max_loras = self.config.max_loras
+        s.lora_running = sorted({ref.name for ref in self.scheduler.running_adapters})
+        s.lora_waiting = sorted({ref.name for ref in self.scheduler.waiting_adapters()})
+        s.lora_resident = sorted({ref.name for ref in self.adapters.resident()})
+        s.lora_resident_bytes = self.adapters.resident_bytes()
+        s.lora_loads, s.lora_evictions = self.adapters.loads, self.adapters.evictions
 
     def generate(self, requests: list[GenerationRequest]) -> dict[str, GenerationEvent]:
         """Run `requests` to completion (blocking); returns each one's accumulated final event."""

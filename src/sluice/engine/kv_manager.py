@@ -21,11 +21,15 @@ if TYPE_CHECKING:  # the gateway imports this module (prefix_namespace) and must
     from sluice.engine.kv_spill import KVSpillTier
 
 
-def prefix_namespace(tenant: str, share_across_tenants: bool = False) -> str:
+def prefix_namespace(tenant: str, share_across_tenants: bool = False, adapter: str = "") -> str:
     """The namespace a request's cached prefix blocks are hashed in: its tenant's own, so one
     tenant never hits (or times) another's prompt, unless the version shares prefixes across
-    tenants. The router's prefix affinity hashes in the same namespace (routing/dispatch)."""
-    return "" if share_across_tenants else tenant
+    tenants; and its LoRA adapter's (`adapter`: the engine passes the adapter's name, source and
+    files' fingerprint, engine/adapters.py), so K/V computed under one adapter is never reused
+    for another or for the base model. The router's prefix affinity hashes in the same
+    namespace (routing/dispatch; for an adapter, its name and source)."""
+    tenant_part = "" if share_across_tenants else tenant
+    return f"{tenant_part}\0lora\0{adapter}" if adapter else tenant_part
 
 
 @dataclass(slots=True)
@@ -88,7 +92,7 @@ class KVCacheManager:
         return len(self.tables.get(request.request_id, ()))
 
     def _salt(self, request: Request) -> str:
-        return prefix_namespace(request.tenant, self.share_across_tenants)
+        return prefix_namespace(request.tenant, self.share_across_tenants, request.adapter_namespace)
 
     # -- prefix cache ---------------------------------------------------------------------------
     def find_prefix(self, request: Request) -> PrefixHit:

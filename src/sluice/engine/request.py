@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sluice.types import FinishReason, GenerationRequest, SamplingParams, TokenLogprob, token_cost
+from sluice.types import AdapterRef, FinishReason, GenerationRequest, SamplingParams, TokenLogprob, token_cost
 
 if TYPE_CHECKING:  # no torch for whoever only needs the request's shape (routing, config)
     from sluice.engine.speculative import SpecState
@@ -54,6 +54,9 @@ class Request:
     new_logprob: TokenLogprob | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     spec: SpecState | None = None  # speculative decoding: n-gram index, acceptance (engine/speculative.py)
+    adapter: AdapterRef | None = None  # its LoRA adapter (engine/adapters.py); None: the base model
+    # the adapter's prefix-cache namespace (name, source, files' fingerprint; kv_manager.prefix_namespace)
+    adapter_namespace: str = ""
 
     @classmethod
     def from_generation_request(cls, req: GenerationRequest, seed: int) -> "Request":
@@ -67,6 +70,7 @@ class Request:
             seed=seed,
             all_token_ids=[*req.prompt_token_ids, *req.resumed_output_ids],
             prompt_logprobs=None if req.sampling.prompt_logprobs is None else [None],
+            adapter=req.adapter,
         )
 
     @property

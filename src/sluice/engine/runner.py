@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sluice.engine.adapters import AdapterCache
 from sluice.engine.decode_graphs import DecodeGraphs
 from sluice.engine.kv_memory import lazy_zeros, release_slots
 from sluice.engine.request import Request
@@ -21,6 +22,7 @@ from sluice.engine.staging import stage
 from sluice.models.attention import AttentionMetadata, PrefillSpan
 from sluice.models.kernels import Numerics
 from sluice.models.llama import LlamaModel
+from sluice.models.lora.batch import LoraBatch
 from sluice.models.logprobs import log_softmax_rows, token_logprobs
 from sluice.models.sampler import sample
 
@@ -38,6 +40,7 @@ class ModelInput:
     # prompt logprobs: (request, first position) per prefill chunk that asks, in logits order
     # after the sampling rows; each covers consecutive positions (see _prompt_positions)
     prompt_spans: list[tuple[Request, int, int]] | None = None
+    lora: LoraBatch | None = None  # each row's LoRA adapter, when the step has any
 
 
 class ModelRunner:
@@ -61,6 +64,8 @@ class ModelRunner:
         # CUDA graphs for decode-only steps (engine/decode_graphs.py); set by the engine when
         # EngineConfig.cuda_graphs is on and the model is on a CUDA device
         self.graphs: DecodeGraphs | None = None
+        # the engine's resident LoRA adapters, where a step's slots find their weights
+        self.adapters: AdapterCache | None = None
 
     def release_kv(self, first_block: int, end_block: int) -> int:
         """Free the memory of blocks [first_block, end_block) (never-used again: BlockPool.shrink);
@@ -109,6 +114,7 @@ class ModelRunner:
         bs = self.block_size
         sampling: list[ScheduledChunk] = []
         offsets: list[int] = []
+        row_slots: list[int] = []  # per row: its chunk's adapter slot (-1: the base model)
         for c in decodes:
             # a speculative decode is one decode row per position: the known token, then each
             # proposal, each attending to its own context over the request's blocks, so every
@@ -120,6 +126,7 @@ class ModelRunner:
                 slot_mapping.append(c.block_ids[p // bs] * bs + p % bs)
                 sampling.append(c)
                 offsets.append(j)
+                row_slots.append(c.lora_slot)
         meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decodes=len(ids), block_size=bs)
         if decodes:
             meta.block_tables, meta.context_lens = self._decode_tables(sampling, positions)
@@ -129,6 +136,7 @@ class ModelRunner:
         for c in prefills:
             row = len(ids)
             ids.extend(c.request.all_token_ids[c.start : c.end])
+            row_slots.extend([c.lora_slot] * c.num_tokens)
             positions.extend(range(c.start, c.end))
             ctx_slots = self._slots(c.block_ids, 0, c.end)
             slot_mapping.extend(ctx_slots[c.start :])
@@ -147,10 +155,19 @@ class ModelRunner:
             sampling=sampling,
             prompt_spans=spans,
             offsets=offsets,
+            lora=self._lora(out, row_slots),
         )
         if self.model.device.type != "cpu":
             self._stage(inp)
         return inp
+
+    def _lora(self, out: SchedulerOutput, row_slots: list[int]) -> LoraBatch | None:
+        """The step's adapters by slot (reloaded here if one was evicted) and each row's slot."""
+        if not out.adapters:
+            return None
+        assert self.adapters is not None, "a step with LoRA rows needs the engine's adapters"
+        weights = [self.adapters.get(ref) for ref in out.adapters]
+        return LoraBatch(weights, row_slots, self.model.ops)
 
     def _stage(self, inp: ModelInput) -> None:
         """Every host-built input onto the model's device in one asynchronous copy per dtype."""
@@ -220,7 +237,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
         """Run one forward over the step and sample; returns (request, token) per sampled row, in
         the step's order: one per sampling chunk, 1 + its proposals for a speculative decode."""
-        key = self.graphs.bucket(out.chunks) if self.graphs is not None else None
+        # a step with LoRA rows runs eagerly (the captured graphs hold the base model's linears only)
+        key = self.graphs.bucket(out.chunks) if self.graphs is not None and not out.adapters else None
         logits = None
         if key is not None:  # a decode-only step that fits a captured bucket: replay its graph
             assert self.graphs is not None
@@ -230,7 +248,7 @@ class ModelRunner:
             inp = self.prepare(out)
             logits = self.model.forward(
                 inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics,
-                argmax_rows=_argmax_only(inp.sampling),
+                argmax_rows=_argmax_only(inp.sampling), lora=inp.lora,
             )
             if inp.prompt_spans:
                 self._record_prompt_logprobs(logits[len(inp.sampling) :], inp.prompt_spans)

@@ -10,14 +10,20 @@ waiting request may also preempt strictly lower-priority runners to get a seat o
 While decodes run, the batching window (engine/batching_window.py) may hold new arrivals for
 a few steps so that several prompts are prefilled together; its clock is injected.
 
-The scheduler never touches tensors: it hands the runner a SchedulerOutput of block ids and
-token counts.
+LoRA: at most `max_loras` distinct adapters run at once (running requests' adapters; a decode
+runs every step, so this bounds every step's). A head whose adapter would be one too many waits
+at the head of the line until one of the running adapters has no request left. Each scheduled
+chunk carries its adapter's slot in the step (an index into `SchedulerOutput.adapters`, -1 for
+the base model), which is all the runner needs to apply each row's adapter.
+
+The scheduler never touches tensors: it hands the runner a SchedulerOutput of block ids,
+token counts and adapter slots.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +33,7 @@ from sluice.engine.kv_manager import NO_HIT, KVCacheManager, PrefixHit
 from sluice.engine.policy import AdmissionPolicy, SchedulingPolicy, WaitingQueue, pick_victim
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.speculative import SpecState, Speculator
+from sluice.types import AdapterRef
 
 # The adaptive window predicts the next arrival from the rate over the last RATE_HORIZON windows
 # (a time span, not a count: a burst of simultaneous arrivals must not read as a fast stream).
@@ -42,6 +49,7 @@ class ScheduledChunk:
     # a decode's proposed next tokens (engine/speculative.py): computed after the known token,
     # one row each, and kept only as far as the sampler agrees with them
     spec_token_ids: list[int] = field(default_factory=list)
+    lora_slot: int = -1  # its adapter's index in SchedulerOutput.adapters; -1: the base model
 
     @property
     def end(self) -> int:
@@ -62,6 +70,18 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    adapters: list[AdapterRef] = field(default_factory=list)  # the step's LoRA adapters, by slot
+
+    @classmethod
+    def of(cls, chunks: list[ScheduledChunk]) -> SchedulerOutput:
+        """A step of these chunks, each given its adapter's slot (first use, first slot)."""
+        out = cls(chunks=chunks)
+        slots: dict[AdapterRef, int] = {}
+        for c in chunks:
+            ref = c.request.adapter
+            c.lora_slot = -1 if ref is None else slots.setdefault(ref, len(slots))
+        out.adapters = list(slots)
+        return out
 
     @property
     def num_batched_tokens(self) -> int:
@@ -92,6 +112,7 @@ class Scheduler:
         self._arrivals: deque[float] = deque()  # arrival times within the rate horizon
         self._horizon_s = RATE_HORIZON * config.batching_window_ms / 1000.0
         self.speculator = Speculator(config.speculative_tokens) if config.speculative_tokens else None
+        self.running_adapters: Counter[AdapterRef] = Counter()  # running requests per LoRA adapter
 
     # -- membership ----------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -110,7 +131,7 @@ class Scheduler:
     def finish(self, request: Request) -> None:
         """Take a finished or aborted request out of the engine and free its blocks."""
         if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
+            self._stop_running(request)
         elif request.request_id in self.waiting:
             self.waiting.remove(request.request_id)
             self._forget_new(request)
@@ -148,8 +169,30 @@ class Scheduler:
             budget = self._admit(budget, scheduled, out)
         for chunk in scheduled.values():
             chunk.block_ids = self.kv.block_ids(chunk.request)
-        out.chunks = list(scheduled.values())
+        step = SchedulerOutput.of(list(scheduled.values()))
+        out.chunks, out.adapters = step.chunks, step.adapters
         return out
+
+    # -- LoRA adapters -------------------------------------------------------------------------
+    def waiting_adapters(self) -> set[AdapterRef]:
+        return {r.adapter for r in self.waiting if r.adapter is not None}
+
+    def _adapter_fits(self, req: Request) -> bool:
+        """Running `req` keeps the distinct running adapters within max_loras."""
+        ref = req.adapter
+        return ref is None or ref in self.running_adapters or len(self.running_adapters) < self.config.max_loras
+
+    def _start_running(self, req: Request) -> None:
+        self.running.append(req)
+        if req.adapter is not None:
+            self.running_adapters[req.adapter] += 1
+
+    def _stop_running(self, req: Request) -> None:
+        self.running.remove(req)
+        if req.adapter is not None:
+            self.running_adapters[req.adapter] -= 1
+            if self.running_adapters[req.adapter] <= 0:
+                del self.running_adapters[req.adapter]
 
     def _proposals(self, req: Request, budget: int) -> list[int]:
         """Speculative tokens for a decode: never for a constrained request (its grammar would
@@ -211,6 +254,8 @@ class Scheduler:
         if budget <= 0 or len(self.waiting) == 0 or not self._window_open(budget, scheduled):
             return budget
         while budget > 0 and (req := self.waiting.peek()) is not None:
+            if not self._adapter_fits(req):
+                break  # head-of-line: it waits for one of the running adapters to have no request left
             hit = self.kv.find_prefix(req)
             seat = len(self.running) < self.config.max_num_seqs
             if not (seat and self._admissible(req, hit)):
@@ -236,7 +281,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.monotonic()
-            self.running.append(req)
+            self._start_running(req)
             out.admitted.append(req)
             scheduled[req.request_id] = ScheduledChunk(req, req.num_computed_tokens, n, [])
             budget -= n
@@ -289,7 +334,7 @@ class Scheduler:
         return chosen
 
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
+        self._stop_running(req)
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1

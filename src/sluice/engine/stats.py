@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluice.engine.config import DEFAULT_BLOCK_SIZE
 
@@ -38,6 +38,15 @@ class EngineStats:
     kv_spill_restored_blocks: int = 0  # of which read back by prefix hits, cumulative
     spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed and verified, cumulative
     spec_accepted_tokens: int = 0  # of which accepted (each saved a step), cumulative
+    # LoRA (engine/adapters.py): the cap on adapters running at once, the adapters of running and
+    # of waiting requests and those resident (names), their weights' memory, loads and evictions
+    max_loras: int = 0
+    lora_running: list[str] = field(default_factory=list)
+    lora_waiting: list[str] = field(default_factory=list)
+    lora_resident: list[str] = field(default_factory=list)
+    lora_resident_bytes: int = 0
+    lora_loads: int = 0  # cumulative (a reload after an eviction counts)
+    lora_evictions: int = 0  # cumulative
 
     def record_utilization(self, seqs: int, kv_blocks_held: int) -> None:
         """After a step ran: the fullest of its three limits (see batch_utilization)."""
@@ -80,6 +89,9 @@ class EngineStats:
         return (self.kv_table_slots - self.kv_live_tokens) / self.kv_table_slots if self.kv_table_slots else 0.0
 
 
+_NAMES = ("lora_running", "lora_waiting", "lora_resident")
+
+
 def combined(stats: list[EngineStats]) -> EngineStats:
     """Many engines' statistics as one (a gateway's metrics over its workers): every count and
     capacity summed, so the ratios (KV usage, hit rate, batch fill) are the fleet's own; the
@@ -88,7 +100,11 @@ def combined(stats: list[EngineStats]) -> EngineStats:
         return EngineStats()
     out = EngineStats(block_size=stats[0].block_size)
     for f in dataclasses.fields(EngineStats):
-        if f.name != "block_size":
+        if f.name in _NAMES:  # sets of names: the union
+            setattr(out, f.name, sorted({n for s in stats for n in getattr(s, f.name)}))
+        elif f.name == "max_loras":  # a per-engine cap, not a capacity that adds up
+            out.max_loras = max(s.max_loras for s in stats)
+        elif f.name != "block_size":
             setattr(out, f.name, sum(getattr(s, f.name) for s in stats))
     # a ratio, not a count: the engines' mean (batch_utilization, from the summed sums and
     # steps, is already the mean over every engine's steps)

@@ -23,6 +23,8 @@ from sluice.models.attention import AttentionBackend, AttentionMetadata, TorchPa
 from sluice.models.config import ModelConfig
 from sluice.models.kernels import Numerics
 from sluice.models.linear import make_linear
+from sluice.models.lora.batch import LoraBatch
+from sluice.models.lora.weights import Module
 from sluice.models.quantized import QuantizedWeight, QuantType, Weight, as_tensor
 from sluice.models.rope import RotaryTable
 
@@ -188,33 +190,49 @@ class LlamaModel:
         logits_indices: torch.Tensor,  # [N] rows whose next-token logits are needed
         numerics: Numerics = Numerics.EXACT,
         argmax_rows: torch.Tensor | None = None,  # [R] int64: rows of the N whose argmax is all that is used
+        lora: LoraBatch | None = None,  # each row's adapter (models/lora/batch.py); None: the base alone
     ) -> torch.Tensor:  # [N, vocab] fp32
         """The logits of the `logits_indices` rows. A row listed in `argmax_rows` may come back
         with only the logits its argmax needs (the rest -inf; the kernels' greedy head), so it
-        must not be used for anything but its argmax; the torch path returns every row whole."""
+        must not be used for anything but its argmax; the torch path returns every row whole.
+        With `lora`, every linear's output of a row gains its adapter's low-rank product."""
         self.attention.prepare(meta)
+        lora = None if lora is None or lora.is_empty else lora
         if self.ops is not None:
             from sluice.models.kernels.fused_forward import fused_forward
 
             return fused_forward(self, input_ids, positions, meta, kv_caches, logits_indices,
-                                 numerics is Numerics.FAST, argmax_rows)
-        return self._torch_forward(input_ids, positions, meta, kv_caches, logits_indices)
+                                 numerics is Numerics.FAST, argmax_rows, lora)
+        return self._torch_forward(input_ids, positions, meta, kv_caches, logits_indices, lora)
 
-    def _torch_forward(self, input_ids, positions, meta, kv_caches, logits_indices):  # type: ignore[no-untyped-def]
+    def _torch_forward(self, input_ids, positions, meta, kv_caches, logits_indices, lora=None):  # type: ignore[no-untyped-def]
         cfg = self.config
         T = input_ids.shape[0]
         q_end, k_end = self.q_size, self.q_size + self.kv_size
         h = self.embed_rows(input_ids)
         cos = self.rope_cos[positions].unsqueeze(1)
         sin = self.rope_sin[positions].unsqueeze(1)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            qkv = layer.qkv(self._rms_norm(h, layer.input_norm))
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            x = self._rms_norm(h, layer.input_norm)
+            qkv = layer.qkv(x)
+            if lora is not None:
+                lora.apply(qkv, x, i, Module.QKV)
             q = self.rotate(qkv[:, :q_end].view(T, cfg.num_heads, cfg.head_dim), cos, sin)
             k = self.rotate(qkv[:, q_end:k_end].view(T, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = qkv[:, k_end:].view(T, cfg.num_kv_heads, cfg.head_dim)
-            attn = self.attention.forward(q, k, v, k_cache, v_cache, meta)
-            h = h + layer.o(attn.reshape(T, self.q_size))
-            gate_up = layer.gate_up(self._rms_norm(h, layer.post_norm))
-            h = h + layer.down(F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :])
+            attn = self.attention.forward(q, k, v, k_cache, v_cache, meta).reshape(T, self.q_size)
+            o = layer.o(attn)
+            if lora is not None:
+                lora.apply(o, attn, i, Module.O)
+            h = h + o
+            x = self._rms_norm(h, layer.post_norm)
+            gate_up = layer.gate_up(x)
+            if lora is not None:
+                lora.apply(gate_up, x, i, Module.GATE_UP)
+            act = F.silu(gate_up[:, : self.inter]) * gate_up[:, self.inter :]
+            down = layer.down(act)
+            if lora is not None:
+                lora.apply(down, act, i, Module.DOWN)
+            h = h + down
         h = self._rms_norm(h[logits_indices], self.norm)
         return self.lm_head(h).float()

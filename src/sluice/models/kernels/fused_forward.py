@@ -23,6 +23,8 @@ import torch
 
 from sluice.models.attention import AttentionMetadata
 from sluice.models.kernels.paged_attention import KernelPagedAttention
+from sluice.models.lora.batch import LoraBatch, apply_native
+from sluice.models.lora.weights import Module
 
 
 def build_decoder_stack(model: Any) -> Any | None:
@@ -56,7 +58,9 @@ def fused_forward(
     logits_indices: torch.Tensor,
     fast: bool,
     argmax_rows: torch.Tensor | None = None,
+    lora: LoraBatch | None = None,
 ) -> torch.Tensor:
+    """`lora`: each row's adapter; its low-rank products follow every linear (csrc/lora.h)."""
     ops = model.ops
     assert ops is not None
     cfg = model.config
@@ -77,16 +81,23 @@ def fused_forward(
         tables = attention.one_call_tables(meta) if use_stack else None
         if tables is not None:
             delta = model.stack.forward(h, positions, meta.slot_mapping, kv_caches, tables[0], tables[1],
-                                        meta.block_size, fast)
+                                        meta.block_size, fast, None if lora is None else lora.native)
         else:
-            for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
+            for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv_caches)):
                 x = ops.add_rms_norm(h, delta, layer.input_norm, eps)
                 qkv = layer.qkv(x, fast)
+                apply_native(ops, lora, qkv, x, i, Module.QKV)
                 ops.rope_and_cache(qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, heads, kv_heads,
                                    head_dim)
                 attn = attention.attend(qkv, k_cache, v_cache, meta)
-                x = ops.add_rms_norm(h, layer.o(attn, fast), layer.post_norm, eps)
-                delta = layer.down(ops.silu_mul(layer.gate_up(x, fast)), fast)
+                o = layer.o(attn, fast)
+                apply_native(ops, lora, o, attn, i, Module.O)
+                x = ops.add_rms_norm(h, o, layer.post_norm, eps)
+                gate_up = layer.gate_up(x, fast)
+                apply_native(ops, lora, gate_up, x, i, Module.GATE_UP)
+                act = ops.silu_mul(gate_up)
+                delta = layer.down(act, fast)
+                apply_native(ops, lora, delta, act, i, Module.DOWN)
         # only the rows whose logits are sampled need the last residual, norm and LM head. Gathered
         # with index_select, not h[logits_indices]: advanced indexing runs an OpenMP region even at
         # 32 rows, whose thread then spins on the second core for milliseconds after it, against the

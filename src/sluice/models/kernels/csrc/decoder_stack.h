@@ -9,7 +9,8 @@
 // docs/BENCHMARKS.md "Every layer in one extension call").
 //
 // Included by ops.cpp inside its namespace, after the ops it calls (linear_q4, linear_q8,
-// add_rms_norm, silu_mul, rope_and_cache, paged_decode): it adds no op of its own.
+// add_rms_norm, silu_mul, rope_and_cache, paged_decode, and lora_apply after each linear when the
+// step has LoRA rows): it adds no op of its own.
 
 struct StackLinear {
   torch::Tensor packed;
@@ -65,7 +66,8 @@ class DecoderStack {
   // Returns the last layer's down output (the residual not yet added).
   torch::Tensor forward(torch::Tensor& h, const torch::Tensor& positions, const torch::Tensor& slot_mapping,
                         const std::vector<std::pair<torch::Tensor, torch::Tensor>>& kv_caches,
-                        const torch::Tensor& tables, const torch::Tensor& lens, int64_t block_size, bool fast) {
+                        const torch::Tensor& tables, const torch::Tensor& lens, int64_t block_size, bool fast,
+                        const std::shared_ptr<LoraStep>& lora) {
     TORCH_CHECK(kv_caches.size() == layers_.size(), "DecoderStack.forward: ", kv_caches.size(), " caches for ",
                 layers_.size(), " layers");
     TORCH_CHECK(tables.size(0) == h.size(0), "DecoderStack.forward: attention tables for ", tables.size(0),
@@ -75,13 +77,22 @@ class DecoderStack {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const StackLayer& l = layers_[i];
       torch::Tensor k_cache = kv_caches[i].first, v_cache = kv_caches[i].second;
+      const int64_t li = (int64_t)i;
       torch::Tensor x = add_rms_norm(h, delta, l.input_norm, eps_);
       torch::Tensor qkv = l.qkv(x, fast);
+      if (lora) lora_apply(qkv, x, *lora, li, 0);
       rope_and_cache(qkv, positions, cos_, sin_, slot_mapping, k_cache, v_cache, heads_, kv_heads_, head_dim_);
       torch::Tensor attn = torch::empty({T, heads_ * head_dim_}, torch::kFloat32);
       paged_decode(qkv, k_cache, v_cache, tables, lens, block_size, heads_, kv_heads_, scale_, window_, attn);
-      x = add_rms_norm(h, l.o(attn, fast), l.post_norm, eps_);
-      delta = l.down(silu_mul(l.gate_up(x, fast)), fast);
+      torch::Tensor o = l.o(attn, fast);
+      if (lora) lora_apply(o, attn, *lora, li, 1);
+      x = add_rms_norm(h, o, l.post_norm, eps_);
+      torch::Tensor gate_up = l.gate_up(x, fast);
+      if (lora) lora_apply(gate_up, x, *lora, li, 2);
+      torch::Tensor act = silu_mul(gate_up);
+      torch::Tensor down = l.down(act, fast);
+      if (lora) lora_apply(down, act, *lora, li, 3);
+      delta = down;
     }
     TORCH_CHECK(delta.has_value(), "DecoderStack.forward: no layers");
     return *delta;

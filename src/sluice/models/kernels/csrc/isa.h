@@ -66,6 +66,32 @@ struct AttnArgs {
   float* partials;           // per (chunk, KV head): G x (D + 2): output, max, sum
 };
 
+// LoRA (lora_impl.h): one call = up to kLoraRowBlock rows of one adapter, one module of one
+// layer. Aᵀ is [K, R] (R a multiple of 16: the parts' A matrices side by side, zero-padded);
+// each part adds scale · t[:, r_off : r_off + r_len] · Bᵀ (Bᵀ [r_len, out_len]) into its
+// columns [out_off, out_off + out_len) of y.
+constexpr int64_t kLoraRowBlock = 4;
+
+struct LoraPartArgs {
+  const float* bt;
+  int64_t out_off, out_len, r_off, r_len;
+  float scale;
+};
+
+struct LoraArgs {
+  const float* x;  // [rows, ldx]
+  int64_t ldx;
+  float* y;        // [rows, ldy], added into
+  int64_t ldy;
+  const int32_t* rows;  // the m row indices of this call
+  int64_t m;
+  const float* at;
+  int64_t K, R;
+  float* t;  // scratch [kLoraRowBlock, R]
+  const LoraPartArgs* parts;
+  int64_t nparts;
+};
+
 struct KernelTable {
   const char* name;
   // the exact GEMMs need a per-thread scratch of scratch_per_k * K floats when M > direct_max_m
@@ -100,6 +126,8 @@ struct KernelTable {
   int64_t (*head_select)(const float* y, const float* wt, float c, int64_t N, int32_t* idx, int64_t cap);
   // token n's exact logit x . w[n], the same bits as q8_exact's
   float (*q8_dot)(const uint8_t* w, int64_t K, int64_t n, const float* x);
+  // LoRA's shrink and expand for a.m rows of one adapter (lora_impl.h)
+  void (*lora_rows)(const LoraArgs& a);
 };
 
 const KernelTable* avx2_table();

@@ -575,7 +575,8 @@ void paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const to
                   [&](int64_t p0, int64_t p1, int64_t) { t.attn_merge(a, p0, p1); });
 }
 
-// ---- every decoder layer of a step in one call (uses the ops above) ----------------------------
+// ---- LoRA's per-row low-rank products, then every decoder layer of a step in one call ----------
+#include "lora.h"
 #include "decoder_stack.h"
 #include "greedy_head.h"
 
@@ -645,5 +646,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("biases"), py::arg("n"), py::arg("k"), py::arg("q4"))
       .def_property_readonly("num_layers", &DecoderStack::num_layers)
       .def("forward", &DecoderStack::forward, py::arg("h"), py::arg("positions"), py::arg("slot_mapping"),
-           py::arg("kv_caches"), py::arg("tables"), py::arg("lens"), py::arg("block_size"), py::arg("fast"), nogil);
+           py::arg("kv_caches"), py::arg("tables"), py::arg("lens"), py::arg("block_size"), py::arg("fast"),
+           py::arg("lora") = py::none(), nogil);
+  py::class_<LoraAdapter, std::shared_ptr<LoraAdapter>>(m, "LoraAdapter", "one LoRA adapter's weights (lora.h)")
+      .def(py::init<int64_t>(), py::arg("layers"))
+      .def("set_module", &LoraAdapter::set_module, py::arg("layer"), py::arg("module"), py::arg("at"),
+           py::arg("offsets"), py::arg("scales"), py::arg("bts"))
+      .def_property_readonly("num_layers", &LoraAdapter::num_layers);
+  py::class_<LoraStep, std::shared_ptr<LoraStep>>(m, "LoraStep", "one step's adapters and rows by adapter (lora.h)")
+      .def(py::init<std::vector<std::shared_ptr<LoraAdapter>>, torch::Tensor, torch::Tensor, torch::Tensor>(),
+           py::arg("adapters"), py::arg("rows"), py::arg("seg_starts"), py::arg("seg_adapter"));
+  m.def("lora_apply", &lora_apply, py::arg("y"), py::arg("x"), py::arg("step"), py::arg("layer"), py::arg("module"),
+        "y[rows] += each segment's adapter's low-rank product of x (one module of one layer)", nogil);
+  m.attr("LORA_ROW_BLOCK") = py::int_(kLoraRowBlock);
 }
