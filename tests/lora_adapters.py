@@ -52,3 +52,29 @@ def peft_reference(model, adapter_dir: Path):
     import peft
 
     return peft.PeftModel.from_pretrained(copy.deepcopy(model), str(adapter_dir)).eval()
+
+
+def peft_multi(model, adapters: dict[str, Path]):
+    """One PeftModel holding every adapter (on a copy of `model`): `use(peft, name)` picks one,
+    `use(peft, None)` the base model, without a model copy per adapter."""
+    import copy
+
+    import peft
+
+    names = list(adapters)
+    wrapped = peft.PeftModel.from_pretrained(copy.deepcopy(model), str(adapters[names[0]]), adapter_name=names[0])
+    for name in names[1:]:
+        wrapped.load_adapter(str(adapters[name]), adapter_name=name)
+    return wrapped.eval()
+
+
+def greedy_with(peft_model, name: str | None, prompt: list[int], max_new_tokens: int, eos):
+    """transformers + PEFT's greedy reference (tests/reference.py) with adapter `name`, or the
+    base model alone (PEFT's disable_adapter) for None."""
+    from tests.reference import hf_greedy
+
+    if name is None:
+        with peft_model.disable_adapter():
+            return hf_greedy(peft_model, prompt, max_new_tokens, eos=eos)
+    peft_model.set_adapter(name)
+    return hf_greedy(peft_model, prompt, max_new_tokens, eos=eos)
