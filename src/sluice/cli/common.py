@@ -100,6 +100,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="speculative decoding without a draft model: verify up to K tokens proposed from the request's "
         "own context per decode, while it pays; the output is unchanged (0 = off)",
     )
+    g.add_argument("--max-loras", type=int, default=None, metavar="N",
+                   help="LoRA: distinct adapters running at once per worker; 0 = none (default: 8)")
+    g.add_argument("--max-cpu-loras", type=int, default=None, metavar="N",
+                   help="LoRA: adapters kept loaded per worker, least recently used evicted (default: 16)")
+    g.add_argument("--max-lora-rank", type=int, default=None, metavar="R", help="LoRA: the largest rank loaded (default: 64)")
+    g.add_argument("--lora-s3-endpoint", default=None, metavar="URL",
+                   help="LoRA: the S3-compatible endpoint of s3:// adapters (default: AWS_ENDPOINT_URL, else AWS)")
 
 
 
@@ -107,7 +114,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 _ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "kv_idle_gib", "kv_spill_gib",
                     "kv_spill_dir", "max_model_len",
                     "scheduling_policy", "admission_policy", "kernels", "numerics", "kv_cache_dtype", "device",
-                    "batching_window", "batching_window_ms", "threads", "decode_split_rows", "speculative_tokens")
+                    "batching_window", "batching_window_ms", "threads", "decode_split_rows", "speculative_tokens",
+                    "max_loras", "max_cpu_loras", "max_lora_rank", "lora_s3_endpoint")
 
 
 def engine_setting_values(args: argparse.Namespace) -> dict[str, object]:

@@ -24,6 +24,8 @@ def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazi
         **{name: getattr(args, name) for name in _SAME_NAME},
         **{f"{name}_s": getattr(args, name) for name in _SECONDS},
         autoscale=True if args.autoscale else None,
+        lora_modules=args.lora_modules,
+        gaie_metrics=True if args.gaie_metrics else None,
         **engine_setting_values(args),
     )
 
@@ -131,6 +133,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--autoscale", action="store_true", default=False,
         help="without --fleet: scale the spawned worker with the local autoscaler (a warm pool of one, at most "
         "autoscale_max_workers workers; env SLUICE_AUTOSCALE); with --fleet, say `autoscale` per version (docs/FLEET.md)",
+    )
+    p.add_argument(
+        "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+        help="LoRA adapters served on the base model from start-up: a request's `model` names one; PATH is a "
+        "PEFT adapter folder or s3://bucket/prefix (env SLUICE_LORA_MODULES, a JSON list; docs/LORA.md)",
+    )
+    p.add_argument(
+        "--gaie-metrics", action="store_true", default=False,
+        help="/metrics also under the names the Gateway API Inference Extension reads (vllm:num_requests_waiting, "
+        "vllm:kv_cache_usage_perc, vllm:lora_requests_info)",
     )
     p.add_argument("--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)")
     p.add_argument("--send-timeout", type=float, default=None, metavar="S", help="cut a connection whose reader acknowledges nothing for this long while data waits (default: 30)")

@@ -3,7 +3,7 @@
 Validated at start-up; a bad value stops `sluice serve` with a message naming the setting,
 before any model loads. `Settings` is flat (one env var, file key and attribute per setting),
 declared by concern in this package's sections: where it listens (listen.py), the model and its
-workers (model.py), the engine (engine.py), the wire (wire.py), logs and traces
+workers (model.py), the engine (engine.py), LoRA adapters (lora.py), the wire (wire.py), logs and traces
 (observability.py), resume and retries (resume.py), safety (safety.py), the gateway
 (gateway.py); the vocabularies they share are in device.py and stores.py.
 """
@@ -22,6 +22,7 @@ from sluice.config.device import DEVICE_NAMES, is_device_name
 from sluice.config.engine import EngineSection
 from sluice.config.gateway import GatewaySection
 from sluice.config.listen import ListenSection
+from sluice.config.lora import LoraSection
 from sluice.config.model import ModelSection
 from sluice.config.observability import ObservabilitySection
 from sluice.config.resume import ResumeSection
@@ -40,8 +41,8 @@ class SettingsError(SluiceError):
 
 # The sections are listed last to first: pydantic collects fields from the bases in reverse, so
 # the settings keep the order they are described in (listen, model, engine, wire, ...).
-class Settings(GatewaySection, SafetySection, ResumeSection, ObservabilitySection, WireSection, EngineSection,
-               ModelSection, ListenSection, BaseSettings):
+class Settings(GatewaySection, SafetySection, ResumeSection, ObservabilitySection, WireSection, LoraSection,
+               EngineSection, ModelSection, ListenSection, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="forbid", validate_default=True)
 
 

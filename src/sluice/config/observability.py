@@ -17,3 +17,6 @@ class ObservabilitySection(BaseModel):
     trace_exporter: Literal["none", "otlp", "file"] = "none"
     otlp_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces (default: the SDK's)
     trace_file: str | None = None  # file exporter: spans go to <trace_file>.<service>.<pid>.jsonl
+    # /metrics also under the names the Gateway API Inference Extension's endpoint picker reads
+    # (vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:lora_requests_info; docs/LORA.md)
+    gaie_metrics: bool = False

@@ -9,6 +9,7 @@ Leaving `generate()` early (client disconnect, task cancellation) aborts the req
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import queue
@@ -19,9 +20,9 @@ from typing import Any
 
 from sluice.engine.engine import LLMEngine
 from sluice.engine.stats import EngineStats
-from sluice.errors import EngineDeadError, SluiceError
+from sluice.errors import EngineDeadError, InvalidRequestError, SluiceError
 from sluice.thread_name import name_this_thread
-from sluice.types import GenerationEvent, GenerationRequest
+from sluice.types import AdapterRef, GenerationEvent, GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,34 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._submit(Command.ABORT, request_id, None)
+
+    async def load_adapter(self, adapter: AdapterRef) -> tuple[int, float]:
+        """Make a LoRA adapter resident ahead of its requests (off the event loop and off the
+        engine thread); (its bytes, the load's seconds, 0 if it was resident). AdapterError when
+        it cannot be served; nothing else changes then."""
+        engine = self.engine
+        if engine.config.max_loras == 0:
+            raise InvalidRequestError(f"this engine serves no LoRA adapters (max_loras = 0), so not {adapter.name!r}")
+        cache = engine.adapters
+        loads = cache.loads
+        weights = await asyncio.get_running_loop().run_in_executor(None, cache.get, adapter)
+        self._refresh_resident()
+        return weights.nbytes, (cache.last_load_s if cache.loads != loads else 0.0)
+
+    def unload_adapter(self, name: str) -> int:
+        """Drop the resident adapters of that name (a later request for one reloads it)."""
+        dropped = self.engine.adapters.unload(name)
+        self._refresh_resident()
+        return dropped
+
+    def _refresh_resident(self) -> None:
+        """The snapshot's resident adapters now, not at the next step (an idle engine takes none):
+        a copy with those fields replaced (the cache is thread-safe; nothing else is read here)."""
+        cache = self.engine.adapters
+        snap = dataclasses.replace(self._stats)
+        snap.lora_resident = sorted({ref.name for ref in cache.resident()})
+        snap.lora_resident_bytes, snap.lora_loads, snap.lora_evictions = cache.resident_bytes(), cache.loads, cache.evictions
+        self._stats = snap
 
     def stats(self) -> EngineStats:
         """A snapshot taken after the last step (lock-free for the caller)."""

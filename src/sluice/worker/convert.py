@@ -8,6 +8,7 @@ import json
 from sluice.engine.stats import EngineStats
 from sluice.errors import InvalidRequestError
 from sluice.types import (
+    AdapterRef,
     CallSyntax,
     FinishReason,
     GenerationEvent,
@@ -49,6 +50,8 @@ def request_to_pb(req: GenerationRequest) -> pb.GenerateRequest:
         tenant=req.tenant,
         resumed_output_ids=req.resumed_output_ids,
         resumed_text_chars=req.resumed_text_chars,
+        adapter_name=req.adapter.name if req.adapter else "",
+        adapter_source=req.adapter.source if req.adapter else "",
     )
 
 
@@ -75,7 +78,16 @@ def request_from_pb(msg: pb.GenerateRequest) -> GenerationRequest:
         tenant=msg.tenant,
         resumed_output_ids=list(msg.resumed_output_ids),
         resumed_text_chars=msg.resumed_text_chars,
+        adapter=adapter_from_pb(msg.adapter_name, msg.adapter_source),
     )
+
+
+def adapter_from_pb(name: str, source: str) -> AdapterRef | None:
+    if not name and not source:
+        return None
+    if not name or not source:
+        raise InvalidRequestError("a LoRA adapter needs both a name and a source")
+    return AdapterRef(name, source)
 
 
 def guided_to_pb(g: GuidedDecoding) -> pb.Guided:

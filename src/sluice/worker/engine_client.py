@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sluice.engine.stats import EngineStats
-from sluice.types import GenerationEvent, GenerationRequest
+from sluice.types import AdapterRef, GenerationEvent, GenerationRequest
 
 
 @dataclass(slots=True, frozen=True)
@@ -29,6 +29,15 @@ class ModelInfo:
     name: str  # the served model id (what /v1/models lists)
     max_model_len: int  # prompt + output tokens must fit in this
     vocab_size: int
+
+
+@dataclass(slots=True, frozen=True)
+class AdapterLoad:
+    """A LoRA adapter made resident on an engine: its weights' memory and the load's time (0 when
+    it was resident already)."""
+
+    bytes: int
+    load_s: float
 
 
 @runtime_checkable
@@ -50,6 +59,15 @@ class EngineClient(Protocol):
 
     async def ready(self) -> bool:
         """True once the model is loaded and the engine loop runs."""
+        ...
+
+    async def load_adapter(self, adapter: AdapterRef) -> AdapterLoad:
+        """Load (and check) a LoRA adapter ahead of its requests; AdapterError naming what is
+        wrong with a damaged one, the engine unchanged."""
+        ...
+
+    async def unload_adapter(self, name: str) -> int:
+        """Drop the engine's resident adapters of that name; how many."""
         ...
 
     async def close(self) -> None: ...

@@ -20,10 +20,10 @@ import grpc
 
 from sluice.engine.stats import EngineStats
 from sluice.errors import EngineUnavailableError, InvalidRequestError, SluiceError
-from sluice.types import GenerationEvent, GenerationRequest
+from sluice.types import AdapterRef, GenerationEvent, GenerationRequest
 from sluice.worker.channel_options import CLIENT_OPTIONS
 from sluice.worker.convert import event_from_pb, request_to_pb, stats_from_json
-from sluice.worker.engine_client import ModelInfo
+from sluice.worker.engine_client import AdapterLoad, ModelInfo
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
 from sluice.worker.status_codes import error_from
@@ -159,6 +159,15 @@ class GrpcEngineClient:
     async def info(self) -> ModelInfo:
         r = await self._unary("Info", pb.InfoRequest())
         return ModelInfo(name=r.name, max_model_len=r.max_model_len, vocab_size=r.vocab_size)
+
+    async def load_adapter(self, adapter: AdapterRef, timeout: float = 120.0) -> AdapterLoad:
+        """A load reads the adapter (an S3 fetch included), hence the long default deadline."""
+        reply = await self._unary("LoadAdapter", pb.AdapterRequest(name=adapter.name, source=adapter.source), timeout)
+        return AdapterLoad(reply.bytes, reply.load_s)
+
+    async def unload_adapter(self, name: str) -> int:
+        reply = await self._unary("UnloadAdapter", pb.AdapterRequest(name=name))
+        return reply.unloaded
 
     async def health(self, timeout: float = 2.0) -> tuple[bool, str]:
         reply = await self._unary("Health", pb.HealthRequest(), timeout=timeout)

@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind
 
 from sluice.engine.async_engine import AsyncEngine
 from sluice.errors import EngineDeadError, InvalidRequestError
-from sluice.worker.convert import event_to_pb, request_from_pb, stats_to_json
+from sluice.worker.convert import adapter_from_pb, event_to_pb, request_from_pb, stats_to_json
 from sluice.worker.engine_client import ModelInfo
 from sluice.request_context import request_id_var
 from sluice.trace_context import extract_context, tracer
@@ -167,6 +167,23 @@ class EngineServicer(pb_grpc.EngineServicer):
         await self._require_engine(context)
         assert self.info is not None
         return pb.InfoResponse(name=self.info.name, max_model_len=self.info.max_model_len, vocab_size=self.info.vocab_size)
+
+    async def LoadAdapter(self, request: pb.AdapterRequest, context: grpc.aio.ServicerContext) -> pb.AdapterResponse:
+        engine = await self._require_engine(context)
+        try:
+            adapter = adapter_from_pb(request.name, request.source)
+            if adapter is None:
+                raise InvalidRequestError("LoadAdapter needs a name and a source")
+            size, seconds = await engine.load_adapter(adapter)
+        except InvalidRequestError as exc:  # AdapterError included: a damaged adapter, nothing else harmed
+            code, trailers = status_for(exc)
+            context.set_trailing_metadata(trailers)
+            await context.abort(code, str(exc))
+        return pb.AdapterResponse(bytes=size, load_s=seconds)
+
+    async def UnloadAdapter(self, request: pb.AdapterRequest, context: grpc.aio.ServicerContext) -> pb.AdapterResponse:
+        engine = await self._require_engine(context)
+        return pb.AdapterResponse(unloaded=engine.unload_adapter(request.name))
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
         if self.engine is None:

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Sequence
 from sluice.engine.async_engine import AsyncEngine
 from sluice.engine.stats import EngineStats
 from sluice.errors import EngineDeadError, EngineUnavailableError
-from sluice.types import GenerationEvent, GenerationRequest
-from sluice.worker.engine_client import ModelInfo
+from sluice.types import AdapterRef, GenerationEvent, GenerationRequest
+from sluice.worker.engine_client import AdapterLoad, ModelInfo
 
 
 class InProcessEngineClient:
@@ -38,6 +38,12 @@ class InProcessEngineClient:
 
     async def ready(self) -> bool:
         return self.engine.is_running
+
+    async def load_adapter(self, adapter: AdapterRef) -> AdapterLoad:
+        return AdapterLoad(*await self.engine.load_adapter(adapter))
+
+    async def unload_adapter(self, name: str) -> int:
+        return self.engine.unload_adapter(name)
 
     async def close(self) -> None:
         # shutdown() joins the engine thread (up to a step): off the event loop

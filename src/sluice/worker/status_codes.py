@@ -11,6 +11,7 @@ from __future__ import annotations
 import grpc
 
 from sluice.errors import (
+    AdapterError,
     ContextWindowExceededError,
     EngineRefusedError,
     EngineTimeoutError,
@@ -21,6 +22,7 @@ from sluice.errors import (
 
 ERROR_KIND_KEY = "sluice-error-kind"
 CONTEXT_WINDOW = "context_window"
+ADAPTER = "adapter"  # a LoRA adapter that cannot be served (AdapterError)
 # UNAVAILABLE for this request only: the worker is up (a failed call without it — refused
 # connection, broken stream, a worker not ready or draining — says the worker cannot serve now)
 REQUEST_REFUSED = "request_refused"
@@ -45,6 +47,8 @@ def status_for(exc: SluiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, str]
     """The status code and trailing metadata the server answers `exc` with."""
     if isinstance(exc, ContextWindowExceededError):
         return grpc.StatusCode.INVALID_ARGUMENT, ((ERROR_KIND_KEY, CONTEXT_WINDOW),)
+    if isinstance(exc, AdapterError):
+        return grpc.StatusCode.INVALID_ARGUMENT, ((ERROR_KIND_KEY, ADAPTER),)
     if isinstance(exc, InvalidRequestError):
         return grpc.StatusCode.INVALID_ARGUMENT, ()
     return grpc.StatusCode.UNAVAILABLE, ()
@@ -68,6 +72,8 @@ def error_for(code: grpc.StatusCode | int, details: str, kind: str = "") -> Slui
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         if kind == CONTEXT_WINDOW:
             return ContextWindowExceededError(details or "prompt is too long")
+        if kind == ADAPTER:
+            return AdapterError(details or "the LoRA adapter cannot be served")
         return InvalidRequestError(details or "invalid request")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return EngineTimeoutError("the engine did not finish before the deadline")

@@ -87,7 +87,7 @@ class CallSyntax(_message.Message):
     def __init__(self, trigger: _Optional[str] = ..., begin: _Optional[str] = ..., middle: _Optional[str] = ..., end: _Optional[str] = ..., separator: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant", "resumed_output_ids", "resumed_text_chars")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant", "resumed_output_ids", "resumed_text_chars", "adapter_name", "adapter_source")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,8 @@ class GenerateRequest(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     RESUMED_OUTPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_SOURCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
@@ -102,7 +104,9 @@ class GenerateRequest(_message.Message):
     tenant: str
     resumed_output_ids: _containers.RepeatedScalarFieldContainer[int]
     resumed_text_chars: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., resumed_output_ids: _Optional[_Iterable[int]] = ..., resumed_text_chars: _Optional[int] = ...) -> None: ...
+    adapter_name: str
+    adapter_source: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., resumed_output_ids: _Optional[_Iterable[int]] = ..., resumed_text_chars: _Optional[int] = ..., adapter_name: _Optional[str] = ..., adapter_source: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "output_tokens", "cached_tokens")
@@ -234,6 +238,24 @@ class InfoResponse(_message.Message):
     max_model_len: int
     vocab_size: int
     def __init__(self, name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
+
+class AdapterRequest(_message.Message):
+    __slots__ = ("name", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    source: str
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class AdapterResponse(_message.Message):
+    __slots__ = ("bytes", "load_s", "unloaded")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    UNLOADED_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    load_s: float
+    unloaded: int
+    def __init__(self, bytes: _Optional[int] = ..., load_s: _Optional[float] = ..., unloaded: _Optional[int] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

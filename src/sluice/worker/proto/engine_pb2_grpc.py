@@ -64,6 +64,16 @@ class EngineStub:
                 request_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.HealthRequest.SerializeToString,
                 response_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/sluice.worker.v1.Engine/LoadAdapter',
+                request_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterRequest.SerializeToString,
+                response_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/sluice.worker.v1.Engine/UnloadAdapter',
+                request_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterRequest.SerializeToString,
+                response_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -112,6 +122,22 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """LoRA adapters (docs/LORA.md). A request names its adapter (GenerateRequest.adapter_*), and a
+        worker loads one it does not hold on demand; LoadAdapter loads (and checks) one ahead of its
+        first request, so a damaged adapter is refused at once (INVALID_ARGUMENT naming the problem)
+        and routing finds it resident. UnloadAdapter drops it from memory (a later request reloads).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +170,16 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.HealthRequest.FromString,
                     response_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.HealthResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterRequest.FromString,
+                    response_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterRequest.FromString,
+                    response_serializer=sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +344,60 @@ class Engine:
             '/sluice.worker.v1.Engine/Health',
             sluice_dot_worker_dot_proto_dot_engine__pb2.HealthRequest.SerializeToString,
             sluice_dot_worker_dot_proto_dot_engine__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.worker.v1.Engine/LoadAdapter',
+            sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterRequest.SerializeToString,
+            sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.worker.v1.Engine/UnloadAdapter',
+            sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterRequest.SerializeToString,
+            sluice_dot_worker_dot_proto_dot_engine__pb2.AdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
