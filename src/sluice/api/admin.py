@@ -9,6 +9,9 @@ exist (404), so a deployment that does not want them exposes nothing.
     POST /admin/fleet/models/{model}/rollout        {"to": "VERSION", ...[rollout] overrides}
     POST /admin/fleet/models/{model}/rollback
     POST /admin/fleet/reload                        reread the fleet file
+    GET  /admin/fleet/adapters                      LoRA adapters: name, version, source, base, where resident
+    POST /admin/fleet/adapters                      {"name": N, "path": P[, "base": "MODEL/VERSION"]}: load one
+    DELETE /admin/fleet/adapters/{name}             unload a run-time adapter
 
 HTTP only: parsing and the error shape. What each operation does is serving/fleet_admin.py.
 Errors are Anthropic-shaped; an invalid reload or rollout plan adds `error.problems`, one line
@@ -29,6 +32,7 @@ from sluice.api import openapi_doc as doc
 from sluice.api.auth import presented_key
 from sluice.api.errors import STATUS_FOR_KIND, ApiError, bad_request
 from sluice.api.json_body import json_object
+from sluice.serving.adapter_admin import AdapterAdmin
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.runtime import ServingRuntime
 
@@ -122,6 +126,35 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
         ops = admin(request)
         try:
             return await ops.rollback(model)
+        except AdminError as exc:
+            return _refused(request, exc)
+
+    def adapters(request: Request) -> AdapterAdmin:
+        guard.check(request)
+        return AdapterAdmin(rt.require_fleet())
+
+    @router.get("/admin/fleet/adapters", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=doc.LOOKUP))
+    async def list_adapters(request: Request) -> Any:
+        return adapters(request).listing()
+
+    @router.post("/admin/fleet/adapters", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409, 529)))
+    async def load_adapter(request: Request) -> Any:
+        ops = adapters(request)
+        body = await _body(request)
+        name, path, base = body.get("name"), body.get("path"), body.get("base")
+        if set(body) - {"name", "path", "base"} or not isinstance(name, str) or not isinstance(path, str) \
+                or not name or not path or (base is not None and (not isinstance(base, str) or not base)):
+            raise bad_request('the body must be {"name": NAME, "path": PATH[, "base": "MODEL/VERSION"]}')
+        try:
+            return await ops.load(name, path, base)
+        except AdminError as exc:
+            return _refused(request, exc)
+
+    @router.delete("/admin/fleet/adapters/{name:path}", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    async def unload_adapter(name: str, request: Request) -> Any:
+        ops = adapters(request)
+        try:
+            return await ops.unload(name)
         except AdminError as exc:
             return _refused(request, exc)
 

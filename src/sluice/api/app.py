@@ -16,7 +16,7 @@ from sluice.api.auth import TIER_STATE
 from sluice.api.anthropic import routes as anthropic_routes
 from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
-from sluice.api.openai import completions_routes
+from sluice.api.openai import completions_routes, lora_routes
 from sluice.api.openai import routes as openai_routes
 from sluice.api.openai import tokenize_routes
 from sluice.gateway.authenticator import OpenAccess
@@ -107,6 +107,7 @@ def create_app(rt: ServingRuntime) -> FastAPI:
     app.include_router(tokenize_routes.build_router(rt, pipeline))
     admin_guard = admin.guard_for(rt)
     app.include_router(admin.build_router(rt, admin_guard))
+    app.include_router(lora_routes.build_router(rt, admin_guard))
     app.include_router(status_page.build_router(rt, admin_guard))
     app.add_middleware(
         RequestContextMiddleware,

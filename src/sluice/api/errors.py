@@ -117,7 +117,8 @@ def retry_headers(seconds: float) -> dict[str, str]:
 
 
 def is_openai_path(path: str) -> bool:
-    return path.startswith(("/v1/chat/", "/v1/completions", "/openai/", "/tokenize", "/detokenize"))
+    return path.startswith(("/v1/chat/", "/v1/completions", "/openai/", "/tokenize", "/detokenize",
+                            "/v1/load_lora_adapter", "/v1/unload_lora_adapter"))
 
 
 def api_error_for(exc: ServingError) -> ApiError:

@@ -139,6 +139,12 @@ class ModelInfo(_Doc):
     created_at: str
     max_input_tokens: int | None
     max_tokens: int | None
+    # OpenAI's model object (and vLLM's lineage): a LoRA adapter's parent is its base model
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    parent: str | None
 
 
 class ModelList(_Doc):

@@ -5,6 +5,7 @@
     sluice fleet rollout MODEL --to VERSION [--steps 10,25,50,100] [--interval S] [--wait]
     sluice fleet rollback MODEL
     sluice fleet reload
+    sluice fleet adapters | load-adapter NAME PATH [--base MODEL/VERSION] | unload-adapter NAME   (fleet_adapters.py)
 
 `--url` (default http://127.0.0.1:8000, env SLUICE_URL) and the admin key (`--admin-key`, else
 env SLUICE_ADMIN_KEY) say where and as whom; `--json` prints the server's answer as it came.
@@ -228,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fleet", help="fleet status, traffic weights, rollouts, rollback, reload (admin API)",
+    p = sub.add_parser("fleet", help="fleet status, traffic weights, rollouts, rollback, reload, LoRA adapters (admin API)",
                        description="Operate a running server's fleet over its admin API (docs/FLEET.md). Exit codes: "
                        "0 done, 1 refused by the server, 2 usage / no admin key / no server, 3 rollout --wait rolled back.")
     p.add_argument("--url", default=None, help=f"the server (default: env SLUICE_URL, else {DEFAULT_URL})")
@@ -266,4 +267,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(action=_rollback)
     rl = acts.add_parser("reload", parents=[common], help="reread the fleet file (an invalid one changes nothing)")
     rl.set_defaults(action=_reload)
+    from sluice.cli import fleet_adapters
+
+    fleet_adapters.register(acts, common)
     p.set_defaults(func=_run)

@@ -25,6 +25,8 @@ class ServingMetrics:
         self._declare_http(self.registry)
         self._declare_gateway(self.registry)
         self._declare_engine(self.registry)
+        self._declare_lora(self.registry)
+        self.gaie: GaieMetrics | None = None  # enable_gaie(): the names GAIE's endpoint picker reads
 
     def _declare_http(self, r: CollectorRegistry) -> None:
         """This API process's requests and connections, the safety layers' verdicts, the search tool's calls."""
@@ -128,6 +130,27 @@ class ServingMetrics:
                                "Warm-pool workers (loaded, warmed up, no traffic until the autoscaler promotes them)",
                                ["model", "version"], registry=r)
 
+    def _declare_lora(self, r: CollectorRegistry) -> None:
+        """Per LoRA adapter (its model id; bounded by the fleet, as versions are): requests that
+        ended and their tokens, counted by the gateway when each request ends."""
+        self.lora_requests = Counter("sluice_lora_requests", "Requests served with a LoRA adapter, by adapter and "
+                                     "version (<model>/<version>)", ["adapter", "version"], registry=r)
+        self.lora_tokens = Counter("sluice_lora_tokens", "Tokens of requests served with a LoRA adapter, by adapter, "
+                                   "version and kind (prompt, output)", ["adapter", "version", "kind"], registry=r)
+        self.lora_resident = Gauge("sluice_engine_lora_resident_adapters", "LoRA adapters resident on the version's workers",
+                                   ["model", "version"], registry=r)
+        self.lora_resident_bytes = Gauge("sluice_engine_lora_resident_bytes", "Memory of the resident LoRA adapters' weights",
+                                         ["model", "version"], registry=r)
+
+    def count_lora(self, adapter: str, version: str, prompt_tokens: int, output_tokens: int) -> None:
+        self.lora_requests.labels(adapter, version).inc()
+        self.lora_tokens.labels(adapter, version, "prompt").inc(prompt_tokens)
+        self.lora_tokens.labels(adapter, version, "output").inc(output_tokens)
+
+    def enable_gaie(self) -> None:
+        if self.gaie is None:
+            self.gaie = GaieMetrics(self.registry)
+
     def _engine_values(self, s: EngineStats) -> list[tuple[Gauge, float]]:
         return [(self.running, s.num_running), (self.waiting, s.num_waiting), (self.kv_usage, s.kv_usage),
                 (self.kv_used, s.kv_blocks_used), (self.kv_total, s.kv_blocks_total),
@@ -145,11 +168,15 @@ class ServingMetrics:
         for gauge, _ in self._engine_values(EngineStats()):
             gauge.clear()
         self.engine_up.clear()
+        self.lora_resident.clear()
+        self.lora_resident_bytes.clear()
         for (model, version), s in by_version.items():
             self.engine_up.labels(model, version).set(0 if s is None else 1)
             if s is not None:
                 for gauge, value in self._engine_values(s):
                     gauge.labels(model, version).set(value)
+                self.lora_resident.labels(model, version).set(len(s.lora_resident))
+                self.lora_resident_bytes.labels(model, version).set(s.lora_resident_bytes)
 
     def observe_workers(self, counts: dict[tuple[str, str, str], int]) -> None:
         """(model, <model>/<version>, state) -> number of workers; combinations gone since the
@@ -181,3 +208,31 @@ class ServingMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class GaieMetrics:
+    """Opt-in (`gaie_metrics`): the series the Gateway API Inference Extension's endpoint picker
+    scrapes from a model server, under vLLM's names (its model-server protocol,
+    kubernetes-sigs/gateway-api-inference-extension docs/proposals/003-model-server-protocol;
+    the picker's default specs read vllm:kv_cache_usage_perc, older copies of the document say
+    vllm:gpu_cache_usage_perc). One series each, for this server's engines together, labelled
+    with the served base model's id as vLLM labels `model_name`. The colons are vLLM's names;
+    Prometheus' linter flags them, and they are what the picker asks for."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting: the admission queue and the engines' queues",
+                             ["model_name"], registry=r)
+        self.running = Gauge("vllm:num_requests_running", "Requests running in the engines", ["model_name"], registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage", ["model_name"],
+                              registry=r)
+        # the value is the time of the last update (the picker takes the newest series)
+        self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on LoRA requests",
+                               ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
+
+    def observe(self, model_name: str, s: EngineStats, queued: int, now: float) -> None:
+        for gauge in (self.waiting, self.running, self.kv_usage, self.lora_info):
+            gauge.clear()
+        self.waiting.labels(model_name).set(queued + s.num_waiting)
+        self.running.labels(model_name).set(s.num_running)
+        self.kv_usage.labels(model_name).set(s.kv_usage)
+        self.lora_info.labels(str(s.max_loras), ",".join(s.lora_running), ",".join(s.lora_waiting)).set(now)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.config import Settings
+from sluice.config.lora import parse_lora_module
 from sluice.engine.config import EngineConfig
 from sluice.routing.fleet_file.default_fleet import INLINE, fleet_from_settings
 from sluice.routing.fleet.fleet import Fleet
@@ -31,7 +32,20 @@ async def start_fleet(settings: Settings, registry: Registry) -> Fleet:
     fleet = Fleet.build(settings, registry)
     inline = await inline_engine(settings) if settings.worker == INLINE and not settings.fleet else None
     await fleet.start(inline=inline)
+    await register_lora_modules(fleet, settings)
     return fleet
+
+
+async def register_lora_modules(fleet: Fleet, settings: Settings) -> None:
+    """`--lora-modules NAME=PATH ...`: each adapter checked by a worker of the fleet's base model
+    and served as model NAME, before the server reports ready (a damaged one stops start-up with
+    the worker's words). They are run-time adapters: /v1/unload_lora_adapter may remove them."""
+    for item in settings.lora_modules:
+        name, path = parse_lora_module(item)
+        try:
+            await fleet.adapters.load(name, path)
+        except Exception as exc:
+            raise ValueError(f"--lora-modules {name}={path}: {exc}") from None
 
 
 async def inline_engine(settings: Settings) -> EngineClient:

@@ -97,6 +97,9 @@ async def generate(rt: ServingRuntime, planner: Planner, plan: RoutePlan, reques
         span.end()
         with CancelScope(shield=True):  # accounting survives the response's cancellation
             plan = attempted.plan
+            adapter = fleet.adapter_ref(plan.model_id, plan.version)
+            if adapter is not None and (final is not None or failed):
+                m.count_lora(adapter.name, plan.version_header, len(request.prompt_token_ids), output_tokens)
             await fleet.router.settle(plan, len(request.prompt_token_ids) + output_tokens)
             # a rollout's target is judged once per request: failed if any attempt on it failed
             # (even when a retry on another version rescued the request), else by the end

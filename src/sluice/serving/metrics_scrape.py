@@ -8,7 +8,9 @@ nothing below serving to answer a scrape.
 
 from __future__ import annotations
 
-from sluice.engine.stats import combined
+import time
+
+from sluice.engine.stats import EngineStats, combined
 from sluice.serving.runtime import ServingRuntime
 
 
@@ -18,9 +20,22 @@ async def scrape(rt: ServingRuntime) -> bytes:
         # per version: engines that do not answer are left out; engine_up says when none does
         answered = await rt.fleet.fresh_stats()
         rt.metrics.observe_engines({key: combined(s) if s else None for key, s in answered.items()})
+        if rt.settings.gaie_metrics:
+            _observe_gaie(rt, combined([s for stats in answered.values() for s in stats]))
         rt.metrics.observe_workers(rt.fleet.worker_counts())
         rt.metrics.observe_warm_pool(rt.fleet.warm_pool_counts())
         rt.metrics.observe_scaling(rt.fleet.scaling_signals())
     if rt.gateway is not None:
         rt.metrics.observe_gateway(rt.gateway)
     return rt.metrics.render()
+
+
+def _observe_gaie(rt: ServingRuntime, engines: EngineStats) -> None:
+    """The Gateway API Inference Extension's names (observability/metrics.py GaieMetrics), for this
+    server's engines together; waiting counts the admission queue too (not yet in an engine)."""
+    rt.metrics.enable_gaie()
+    assert rt.fleet is not None and rt.metrics.gaie is not None
+    queued = rt.gateway.admission.depth if rt.gateway is not None else 0
+    models = list(rt.fleet.registry.fleet.models)
+    bases = [m for m in models if rt.fleet.parent_of(m) is None] or models
+    rt.metrics.gaie.observe(bases[0] if bases else "", engines, queued, time.time())

@@ -81,7 +81,12 @@ class Planner:
         except ModelUnavailableError as exc:
             raise ServingError(ErrorKind.OVERLOADED, str(exc), retry_after_s=2) from None
         self.current = plan
-        return plan, self._priced[id(self.fleet.version(plan.model_id, plan.version).tokenizer)]
+        priced = self._priced[id(self.fleet.version(plan.model_id, plan.version).tokenizer)]
+        # a LoRA adapter version shares its base's tokenizer (so its priced prompt), not its adapter
+        adapter = self.fleet.adapter_ref(plan.model_id, plan.version)
+        if adapter != priced.generation.adapter:
+            priced = Priced(priced.prompt, dataclasses.replace(priced.generation, adapter=adapter))
+        return plan, priced
 
     async def replan(self, old: RoutePlan, tried: set[str]) -> tuple[RoutePlan, GenerationRequest]:
         """A retry that found no worker left in its version: plan again without the tried

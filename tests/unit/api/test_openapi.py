@@ -53,6 +53,8 @@ def test_every_route_is_documented_with_its_body_and_error_shape(doc):
         "DELETE /v1/messages/batches/{batch_id}", "GET /v1/messages/batches/{batch_id}/results", "GET /admin/fleet",
         "PUT /admin/fleet/models/{model}/weights", "POST /admin/fleet/models/{model}/rollout",
         "POST /admin/fleet/models/{model}/rollback", "POST /admin/fleet/reload",
+        "GET /admin/fleet/adapters", "POST /admin/fleet/adapters", "DELETE /admin/fleet/adapters/{name}",
+        "POST /v1/load_lora_adapter", "POST /v1/unload_lora_adapter",
     }
     bodies = {"/v1/messages": "MessagesRequest", "/v1/messages/count_tokens": "CountTokensRequest",
               "/v1/messages/batches": "BatchCreate", "/v1/chat/completions": "ChatCompletionRequest",
@@ -61,7 +63,8 @@ def test_every_route_is_documented_with_its_body_and_error_shape(doc):
         op = doc["paths"][path]["post"]
         assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/" + model)
     for path, ops in doc["paths"].items():
-        family = "OpenAIError" if path.startswith(("/v1/chat/", "/v1/completions", "/tokenize", "/detokenize")) else "AnthropicError"
+        family = "OpenAIError" if path.startswith(("/v1/chat/", "/v1/completions", "/tokenize", "/detokenize",
+                                                   "/v1/load_lora_adapter", "/v1/unload_lora_adapter")) else "AnthropicError"
         for op in ops.values():
             assert "422" not in op["responses"] or path in ("/v1/messages", "/v1/chat/completions", "/v1/completions")
             for status, response in op["responses"].items():

@@ -79,7 +79,9 @@ def test_unknown_key_and_wrong_type_name_their_lines():
 
 def test_missing_field_points_at_its_table():
     found = problems(MINIMAL.replace('weights = "bundled"\n', ""))
-    assert found == ["fleet.toml:4: models.m.versions.v1.weights: required field is missing"]
+    # weights or, for a LoRA adapter version, adapter + base (docs/LORA.md)
+    assert found == ["fleet.toml:4: models.m.versions.v1: weights is required (or adapter and base, for a LoRA "
+                     "adapter version)"]
 
 
 def test_value_rules():

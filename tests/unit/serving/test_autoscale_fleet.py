@@ -94,8 +94,8 @@ class Scenario:
         self.dispatched: list[str] = []
         begin = self.fleet.pool.begin
 
-        def recording_begin(worker_id: str, cost: int):
-            d = begin(worker_id, cost)
+        def recording_begin(worker_id: str, cost: int, *more):
+            d = begin(worker_id, cost, *more)
             if d is not None:
                 self.dispatched.append(worker_id)
             return d

@@ -32,8 +32,13 @@ from sluice.streaming.recorder import detach
 
 
 def _model_info(rt: ServingRuntime, model_id: str) -> dict[str, Any]:
+    """Anthropic's model object with OpenAI's fields beside it (one /v1/models for both SDKs).
+    A LoRA adapter names its base model as `parent`, as vLLM does; `root` is the id itself (no
+    server path is shown to clients)."""
     created = datetime.fromtimestamp(rt.created_at, timezone.utc).isoformat().replace("+00:00", "Z")
-    window = rt.require_fleet().model_window(rt.check_model(model_id))
+    fleet = rt.require_fleet()
+    canonical = rt.check_model(model_id)
+    window = fleet.model_window(canonical)
     return {
         "type": "model",
         "id": model_id,
@@ -41,6 +46,11 @@ def _model_info(rt: ServingRuntime, model_id: str) -> dict[str, Any]:
         "created_at": created,
         "max_input_tokens": window - 1 if window else None,
         "max_tokens": window - 1 if window else None,
+        "object": "model",
+        "created": int(rt.created_at),
+        "owned_by": "sluice",
+        "root": model_id,
+        "parent": fleet.parent_of(canonical),
     }
 
 

@@ -102,6 +102,7 @@ class HealthPoller:
                 self.pool.mark_restarted(h.worker_id)  # a fresh process: its prefix cache is empty
             h.failures, h.stats = 0, stats
             self.pool.report_load(h.worker_id, stats.outstanding_tokens)
+            self.pool.report_adapters(h.worker_id, stats.lora_resident)
             if entry.status is WorkerStatus.STARTING:
                 log.info("worker %s (%s/%s) is warm (%s)", h.worker_id, h.model_id, h.version, h.join_status.value)
                 self.pool.set_status(h.worker_id, h.join_status)

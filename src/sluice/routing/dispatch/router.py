@@ -142,19 +142,35 @@ class FleetRouter:
         fleet = self.registry.fleet.routing
         picker = self._picker(plan.model_id, plan.version)
         engine = self.engine_config(plan.model_id, plan.version)
+        adapter = request.adapter
+        namespace = "\0".join((adapter.name, adapter.source)) if adapter is not None else ""
         key = affinity_key(request.prompt_token_ids, engine.block_size, fleet.affinity_key_blocks,
-                           prefix_namespace(request.tenant, engine.share_prefix_across_tenants))
+                           prefix_namespace(request.tenant, engine.share_prefix_across_tenants, namespace))
         tried = set(exclude)
         while cands := self.pool.candidates(plan.model_id, plan.version, tried):
+            if adapter is not None:
+                cands = self._holding(cands, adapter.name)
             if fleet.worker_choice is WorkerChoice.ROUND_ROBIN:
                 pick = self._next_in_turn(plan, cands)
             else:
                 pick = picker.pick(cands, key)
-            dispatch = self.pool.begin(pick.worker_id, request.token_cost)
+            dispatch = self.pool.begin(pick.worker_id, request.token_cost, (plan.model_id, plan.version),
+                                       adapter.name if adapter is not None else None)
             if dispatch is not None:
                 return dispatch, pick
             tried.add(pick.worker_id)  # its half-open probe slot was taken meanwhile
         return None
+
+    def _holding(self, cands: list[Candidate], adapter: str) -> list[Candidate]:
+        """The candidates that hold the LoRA adapter already, while one of them is within the
+        load bound (the same bound prefix affinity keeps); otherwise all: a worker that lacks it
+        loads it on the request's arrival (tens of milliseconds), which beats queueing behind
+        an overloaded holder."""
+        fleet = self.registry.fleet.routing
+        bound = fleet.load_bound * min(c.load_tokens for c in cands) + fleet.load_slack_tokens
+        holders = [c for c in cands if c.load_tokens <= bound and
+                   (w := self.pool.get(c.worker_id)) is not None and adapter in w.adapters]
+        return holders or cands
 
     def _picker(self, model_id: str, version: str) -> WorkerPicker:
         fleet = self.registry.fleet.routing
@@ -259,6 +275,7 @@ class FleetRouter:
         """The version's engine settings as its workers run them (the fleet file's overrides on
         the server's defaults: `EngineSettings.apply`, the one place that merges them), kept
         until a reload gives the version a new spec (building one costs ~0.2 ms)."""
+        model_id, version = self.pool.base_of(model_id, version)  # an adapter version runs its base's engine
         spec = self.registry.version(model_id, version)
         cached = self._engines.get((model_id, version))
         if cached is None or cached[0] is not spec:

@@ -9,6 +9,12 @@ callbacks hear of every worker whose KV cache is gone — removed, down (back to
 stopped, or seen to have restarted (`mark_restarted`) — so the router's prefix table forgets
 what it sent there.
 
+LoRA adapter versions (routing/fleet_file/adapters.py) have no workers of their own: they
+borrow their base version's (`set_adapter_bases`), so its workers are theirs for candidates,
+warmth and drains, while the requests in flight on an adapter version are counted per version.
+Each worker's resident adapters (its stats' `lora_resident`, and what this gateway sent it
+since) tell the router which workers hold an adapter already.
+
 Load = max(reported, dispatched). The worker's stats (tokens queued + running) cover every
 gateway's requests but arrive a poll late; this gateway's own in-flight dispatches (each
 counted at its estimate, prompt + max_tokens, until it finishes) are exact and immediate
@@ -53,6 +59,7 @@ class WorkerEntry:
     # bumped each time the worker comes up again (warm after being down, or seen restarted): a
     # stream that lost the worker may continue on it once this moved (routing/dispatch/failover.py)
     incarnation: int = 0
+    adapters: frozenset[str] = frozenset()  # LoRA adapters resident there (names), as last known
 
     @property
     def load_tokens(self) -> int:
@@ -66,6 +73,7 @@ class Dispatch:
     worker_id: str
     cost_tokens: int
     permit: Permit = field(repr=False)
+    version_key: tuple[str, str] | None = None  # an adapter version's (model, version): counted per version
 
 
 class WorkerPool:
@@ -74,6 +82,8 @@ class WorkerPool:
         self._clock = clock
         self._workers: dict[str, WorkerEntry] = {}
         self.on_cache_lost: list[Callable[[str], None]] = []  # called with the worker id
+        self._bases: dict[tuple[str, str], tuple[str, str]] = {}  # adapter version -> its base version
+        self._adapter_inflight: dict[tuple[str, str], int] = {}  # adapter version -> requests in flight
 
     # -- membership ---------------------------------------------------------------------------
     def add(self, worker_id: str, model_id: str, version: str, address: str, *,
@@ -92,7 +102,17 @@ class WorkerPool:
     def get(self, worker_id: str) -> WorkerEntry | None:
         return self._workers.get(worker_id)
 
+    def set_adapter_bases(self, bases: dict[tuple[str, str], tuple[str, str]]) -> None:
+        """(model, version) of each adapter version -> its base's: whose workers serve it."""
+        self._bases = dict(bases)
+
+    def base_of(self, model_id: str, version: str) -> tuple[str, str]:
+        """The version whose workers serve (model, version): its base for an adapter, itself otherwise."""
+        return self._bases.get((model_id, version), (model_id, version))
+
     def workers(self, model_id: str, version: str | None = None) -> list[WorkerEntry]:
+        if version is not None:
+            model_id, version = self.base_of(model_id, version)
         return [w for w in self._workers.values()
                 if w.model_id == model_id and (version is None or w.version == version)]
 
@@ -120,6 +140,10 @@ class WorkerPool:
         if (w := self._workers.get(worker_id)) is not None:
             w.reported_tokens = max(0, outstanding_tokens)
 
+    def report_adapters(self, worker_id: str, names: Collection[str]) -> None:
+        if (w := self._workers.get(worker_id)) is not None:
+            w.adapters = frozenset(names)
+
     def record_health(self, worker_id: str, healthy: bool) -> None:
         if (w := self._workers.get(worker_id)) is not None:
             w.breaker.record_health(healthy)
@@ -135,9 +159,12 @@ class WorkerPool:
         return [Candidate(w.worker_id, w.load_tokens) for w in self.workers(model_id, version)
                 if w.worker_id not in exclude and self.takes_requests(w)]
 
-    def begin(self, worker_id: str, cost_tokens: int) -> Dispatch | None:
+    def begin(self, worker_id: str, cost_tokens: int, version_key: tuple[str, str] | None = None,
+              adapter: str | None = None) -> Dispatch | None:
         """Take the worker's breaker permit and count the request's load; None when the worker
-        cannot take it after all (its half-open probe slot was just taken)."""
+        cannot take it after all (its half-open probe slot was just taken). `version_key`: the
+        (model, version) it serves, counted there when that is an adapter version; `adapter`:
+        the adapter it carries, resident there from now on."""
         w = self._workers.get(worker_id)
         if w is None or w.status is not WorkerStatus.WARM:
             return None
@@ -146,9 +173,20 @@ class WorkerPool:
             return None
         w.dispatched_tokens += cost_tokens
         w.inflight += 1
-        return Dispatch(worker_id, cost_tokens, permit)
+        if adapter is not None and adapter not in w.adapters:
+            w.adapters = w.adapters | {adapter}
+        key = version_key if version_key in self._bases else None
+        if key is not None:
+            self._adapter_inflight[key] = self._adapter_inflight.get(key, 0) + 1
+        return Dispatch(worker_id, cost_tokens, permit, key)
 
     def finish(self, dispatch: Dispatch, outcome: Outcome) -> None:
+        if dispatch.version_key is not None:
+            left = self._adapter_inflight.get(dispatch.version_key, 0) - 1
+            if left > 0:
+                self._adapter_inflight[dispatch.version_key] = left
+            else:
+                self._adapter_inflight.pop(dispatch.version_key, None)
         w = self._workers.get(dispatch.worker_id)
         if w is None:
             return  # removed meanwhile
@@ -158,7 +196,10 @@ class WorkerPool:
 
     # -- version-level views ------------------------------------------------------------------
     def inflight(self, model_id: str, version: str) -> int:
-        """This gateway's requests still running on the version (a drain waits for 0)."""
+        """This gateway's requests still running on the version (a drain waits for 0); an adapter
+        version's own requests, not its base workers' others."""
+        if (model_id, version) in self._bases:
+            return self._adapter_inflight.get((model_id, version), 0)
         return sum(w.inflight for w in self.workers(model_id, version))
 
     def warm(self, model_id: str, version: str) -> bool:

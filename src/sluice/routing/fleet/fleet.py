@@ -34,16 +34,18 @@ from sluice.routing.dispatch.health_poller import HealthPoller, WorkerHandle
 from sluice.routing.dispatch.router import FleetRouter
 from sluice.routing.dispatch.version_router import version_header
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
+from sluice.routing.fleet.adapters import FleetAdapters
 from sluice.routing.fleet.autoscaler import LocalAutoscaler
 from sluice.routing.fleet.local_replicas import LocalReplicas
 from sluice.routing.fleet.members import FleetMembers
-from sluice.routing.fleet.reload import apply_reload, check_reload, has_quotas
+from sluice.routing.fleet.reload import apply_reload, check_reload, has_quotas, runtime_specs
 from sluice.routing.fleet.status import fleet_status
 from sluice.routing.fleet.versions import VersionRuntime, VersionRuntimes
 from sluice.routing.quota.semantics import QuotaStore
 from sluice.routing.quota.stores import make_quota_store
 from sluice.routing.scaling.observation import Demand
 from sluice.routing.scaling.signal import model_signals
+from sluice.routing.fleet_file.adapters import adapter_ref
 from sluice.routing.fleet_file.schema import FleetSpec
 from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.follower import StateFollower
@@ -51,6 +53,7 @@ from sluice.routing.state.rollout import RolloutSignals
 from sluice.routing.state.rollout_driver import RolloutDriver
 from sluice.routing.state.routing_state import RoutingStateStore, leading_version
 from sluice.routing.state.stores import make_routing_state_store
+from sluice.types import AdapterRef
 from sluice.worker.engine_client import EngineClient
 from sluice.worker.grpc_client import GrpcEngineClient
 
@@ -79,12 +82,15 @@ class Fleet:
     runtimes: VersionRuntimes = field(init=False)
     replicas: LocalReplicas = field(init=False)
     autoscaler: LocalAutoscaler = field(init=False)
+    adapters: FleetAdapters = field(init=False)
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reload at a time
     tick_s: float = TICK_S
 
     def __post_init__(self) -> None:
         self.members = FleetMembers(self.registry, self.pool, self.handles)
-        self.runtimes = VersionRuntimes(self.handles.values)
+        self.runtimes = VersionRuntimes(self.handles.values, self.pool.base_of)
+        self.adapters = FleetAdapters(self.registry, self.pool, self.members, self.runtimes)
+        self.adapters.sync_bases()  # LoRA adapter versions borrow their base's workers
         self.replicas = LocalReplicas(self.members, self.registry, self.follower, self.settings)
         # idle until a version says `autoscale`; `demand` is read at each tick (serving sets it late)
         self.autoscaler = LocalAutoscaler(self.members, self.replicas, self.registry, self.follower,
@@ -122,9 +128,10 @@ class Fleet:
             (model_id, model), = self.registry.fleet.models.items()
             (name, _), = model.versions.items()
             self.members.add_worker(model_id, name, INLINE_WORKER, inline)
+        specs = runtime_specs(self.registry.fleet)  # an adapter version uses its base's tokenizer
         for model_id, model in self.registry.fleet.models.items():
             for name, version in model.versions.items():
-                await asyncio.to_thread(self.runtimes.add, model_id, name, version)
+                await asyncio.to_thread(self.runtimes.add, model_id, name, specs[(model_id, name)])
                 for address in version.workers:
                     self.members.add_remote(model_id, name, address)
         # versions that carry traffic start now; one staged with traffic 0 starts when a
@@ -147,6 +154,20 @@ class Fleet:
     # -- what the serving path asks -------------------------------------------------------------
     def version(self, model_id: str, version: str) -> VersionRuntime:
         return self.runtimes.get(model_id, version)
+
+    def adapter_ref(self, model_id: str, version: str) -> AdapterRef | None:
+        """The LoRA adapter a request of this version carries to its worker; None for weights (or a
+        version gone since: an adapter unloaded while its last requests finish)."""
+        model = self.registry.fleet.models.get(model_id)
+        spec = model.versions.get(version) if model is not None else None
+        return adapter_ref(model_id, spec) if spec is not None else None
+
+    def parent_of(self, model_id: str) -> str | None:
+        """The base model an adapter model runs on (its leading version's base), None for a model
+        with weights: /v1/models' `parent`, as vLLM lists adapters."""
+        version = self.leading_version(model_id)
+        base = self.pool.base_of(model_id, version)
+        return base[0] if base != (model_id, version) else None
 
     def leading_version(self, model_id: str) -> str:
         """The version most of the model's traffic goes to now (routing_state.leading_version)."""
@@ -193,7 +214,10 @@ class Fleet:
     def scaling_signals(self) -> dict[str, float]:
         """model id -> its scaling signal (scaling/signal.py), for every model of the fleet: the
         `sluice_scaling_signal{model}` gauge, the autoscaler's numbers pooled per model."""
-        models = {m: list(model.versions) for m, model in self.registry.fleet.models.items()}
+        # an adapter model scales nothing of its own: its work lands on its base's workers, whose
+        # signal carries it (in flight on them, and its share of the queue)
+        models = {m: list(model.versions) for m, model in self.registry.fleet.models.items()
+                  if not all(v.is_adapter for v in model.versions.values())}
         return model_signals(models, self.pool, self.handles.values(), self.demand())
 
     @property

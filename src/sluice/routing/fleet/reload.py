@@ -28,6 +28,7 @@ from sluice.models.tokenizer import Tokenizer
 from sluice.routing.fleet.local_replicas import LocalReplicas
 from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.fleet.versions import VersionRuntimes
+from sluice.routing.fleet_file.adapters import adapter_bases
 from sluice.routing.fleet_file.loader import dotted_path
 from sluice.routing.fleet_file.schema import FleetSpec, VersionSpec
 
@@ -35,7 +36,7 @@ from sluice.routing.fleet_file.schema import FleetSpec, VersionSpec
 def has_quotas(fleet: FleetSpec) -> bool:
     return any(p.quota is not None for m in fleet.models.values() for p in m.tiers.values())
 
-IDENTITY_FIELDS = ("weights", "dtype", "engine", "fault_injection")
+IDENTITY_FIELDS = ("weights", "dtype", "engine", "fault_injection", "adapter", "base")
 
 
 async def check_reload(old: FleetSpec, new: FleetSpec, running: set[tuple[str, str]],
@@ -43,15 +44,19 @@ async def check_reload(old: FleetSpec, new: FleetSpec, running: set[tuple[str, s
     """The problems (`field.path: why`, empty when fit), loading the new versions' tokenizers.
     `running`: the (model, version) pairs that have workers now."""
     problems = []
+    bases = adapter_bases(new)
     for model_id, model in new.models.items():
         for name, spec in model.versions.items():
             loc = ("models", model_id, "versions", name)
             before = old.models[model_id].versions.get(name) if model_id in old.models else None
-            if before is not None and (model_id, name) in running:
+            # an adapter version serves while its base has workers
+            if before is not None and bases.get((model_id, name), (model_id, name)) in running:
                 for f in IDENTITY_FIELDS:
                     if getattr(before, f) != getattr(spec, f):
                         problems.append(f"{dotted_path((*loc, f))}: cannot change while the version has workers; "
                                         "add a new version and roll out to it")
+            if spec.is_adapter:
+                continue  # its base's tokenizer (checked with the base)
             try:
                 await asyncio.to_thread(tokenizer_for, spec)
             except Exception as exc:
@@ -59,11 +64,19 @@ async def check_reload(old: FleetSpec, new: FleetSpec, running: set[tuple[str, s
     return problems
 
 
+def runtime_specs(spec: FleetSpec) -> dict[tuple[str, str], VersionSpec]:
+    """Every version's spec for its runtime (tokenizer): an adapter version takes its base's."""
+    bases = adapter_bases(spec)
+    return {(m, v): spec.models[b[0]].versions[b[1]] if (b := bases.get((m, v))) else vs
+            for m, model in spec.models.items() for v, vs in model.versions.items()}
+
+
 async def apply_reload(spec: FleetSpec, members: FleetMembers, replicas: LocalReplicas,
                        runtimes: VersionRuntimes) -> dict[str, list[str]]:
     """Bring the workers in step with the (swapped) fleet file `spec`; returns what changed."""
     declared = {(m, v): vs for m, model in spec.models.items() for v, vs in model.versions.items()}
-    runtimes.sync(declared)
+    members.pool.set_adapter_bases(adapter_bases(spec))
+    runtimes.sync(runtime_specs(spec))
     remote = {addr: key for key, vs in declared.items() for addr in vs.workers}
     added: list[str] = []
     removed: list[str] = []

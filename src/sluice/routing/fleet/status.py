@@ -39,6 +39,7 @@ def fleet_status(registry: Registry, snapshot: RoutingSnapshot, driven_here: set
                     "weights": spec.weights, "traffic": weights.get(name, 0.0),
                     "share": round(100.0 * weights.get(name, 0.0) / total, 2) if total else 0.0,
                     "state": live.state_of(name).value, "replicas": spec.replicas, "workers": spec.workers,
+                    **({"adapter": spec.adapter, "base": spec.base} if spec.is_adapter else {}),
                 }
                 for name, spec in model.versions.items()
             },

@@ -24,6 +24,8 @@ class VersionRuntime:
 @dataclass
 class VersionRuntimes:
     handles: Callable[[], Iterable[WorkerHandle]]  # the fleet's workers, where model info comes from
+    # whose workers serve a version: its base for a LoRA adapter version (WorkerPool.base_of)
+    base_of: Callable[[str, str], tuple[str, str]] = lambda m, v: (m, v)
     versions: dict[tuple[str, str], VersionRuntime] = field(default_factory=dict)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)  # weights path -> tokenizer
 
@@ -41,6 +43,7 @@ class VersionRuntimes:
         return self._tokenizers[key]
 
     def add(self, model_id: str, version: str, spec: VersionSpec) -> None:
+        """`spec`: the version's, or for an adapter version its base's (whose tokenizer it uses)."""
         self.versions[(model_id, version)] = VersionRuntime(self.tokenizer_for(spec))
 
     def sync(self, declared: dict[tuple[str, str], VersionSpec]) -> None:
@@ -54,8 +57,9 @@ class VersionRuntimes:
     def get(self, model_id: str, version: str) -> VersionRuntime:
         runtime = self.versions[(model_id, version)]
         if runtime.info is None:
+            serving = self.base_of(model_id, version)
             runtime.info = next((h.info for h in self.handles()
-                                 if (h.model_id, h.version) == (model_id, version) and h.info is not None), None)
+                                 if (h.model_id, h.version) == serving and h.info is not None), None)
         return runtime
 
     def max_model_len(self, model_id: str, version: str) -> int:

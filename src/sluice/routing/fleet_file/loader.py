@@ -11,6 +11,8 @@ Checks beyond the schema, which need the whole file:
 - a worker address serves one version only;
 - weights that local replicas will load exist (a `.gguf` file, or a folder with config.json);
   remote-only versions are not checked: their weights live on the worker's host;
+- an adapter version's base names a version with weights, and a local adapter folder exists
+  (its contents are checked by the worker that loads it);
 - optionally, tier names are ones the gateway knows ("*" always is).
 """
 
@@ -20,7 +22,8 @@ from collections.abc import Collection
 from pathlib import Path
 
 from sluice.routing.errors import FleetFileError
-from sluice.routing.fleet_file.schema import AUTOSCALE_TAGS, FleetSpec, WeightsKind
+from sluice.routing.fleet_file.adapters import resolve_base
+from sluice.routing.fleet_file.schema import AUTOSCALE_TAGS, FleetSpec, VersionSpec, WeightsKind
 from sluice.toml_config import dotted_path, parse_toml, read_text, report, validate
 from sluice.toml_lines import KeyPath
 
@@ -98,6 +101,7 @@ def cross_check(
                 else:
                     addresses[addr] = (*vloc, "workers", i)
             found += _autoscale_problems(fleet, model_id, name, vloc)
+            found += _adapter_problems(fleet, version, vloc, check_paths)
             if check_paths and version.replicas > 0:
                 problem = _weights_problem(version.weights_kind, Path(version.weights))
                 if problem:
@@ -120,6 +124,21 @@ def _autoscale_problems(fleet: FleetSpec, model_id: str, name: str, vloc: KeyPat
         return [((*vloc, "replicas"), f"with autoscale, replicas is the serving count at start-up: it must lie within "
                                       f"min_serving..max_workers ({scaling.min_serving}..{scaling.max_workers})")]
     return []
+
+
+def _adapter_problems(fleet: FleetSpec, version: VersionSpec, vloc: KeyPath, check_paths: bool) -> list[tuple[KeyPath, str]]:
+    if version.base is None or version.adapter is None:
+        return []
+    found: list[tuple[KeyPath, str]] = []
+    base = resolve_base(fleet, version.base)
+    if isinstance(base, str):
+        return [((*vloc, "base"), base)]
+    # like weights: checked where local replicas will read it (remote workers read their own host's)
+    local = fleet.models[base[0]].versions[base[1]].replicas > 0
+    if check_paths and local and not version.adapter.startswith("s3://") and \
+            not (Path(version.adapter) / "adapter_config.json").is_file():
+        found.append(((*vloc, "adapter"), f"{version.adapter} is not a PEFT adapter folder (no adapter_config.json)"))
+    return found
 
 
 def _weights_problem(kind: WeightsKind, path: Path) -> str | None:

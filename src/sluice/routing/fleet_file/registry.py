@@ -5,6 +5,10 @@ model id or alias they name to the model's canonical id; the router asks it for 
 the fallback chain. A reload (SIGHUP, the admin API) builds and checks a whole new fleet first
 and swaps it in only if it is valid: an invalid reload leaves the running fleet untouched and
 reports why, so a typo in the file never takes the fleet down.
+
+LoRA adapters registered at run time (`/v1/load_lora_adapter`, the admin API, `--lora-modules`)
+are models of one adapter version laid over the file's fleet (fleet_file/adapters.py): they
+survive a reload unless the new file takes their name or drops their base.
 """
 
 from __future__ import annotations
@@ -12,9 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import re
+
 from sluice.routing.errors import FleetFileError, UnknownModelError, UnknownVersionError
+from sluice.routing.fleet_file.adapters import adapter_model, resolve_base
 from sluice.routing.fleet_file.loader import dotted_path, cross_check, load_fleet
 from sluice.routing.fleet_file.schema import FleetSpec, ModelSpec, VersionSpec
+
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")  # schema.ModelId
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,7 +37,9 @@ class ReloadResult:
 
 class Registry:
     def __init__(self, fleet: FleetSpec, source: str | Path | None = None):
-        self._fleet = fleet
+        self._file = fleet  # what the file (or the settings) declares
+        self._runtime: dict[str, ModelSpec] = {}  # adapters registered at run time, by model id
+        self._fleet = fleet  # the file's fleet with the run-time adapters laid over it
         self._names = _names(fleet)
         self.source = Path(source) if source is not None else None  # the file reload() rereads
         self.generation = 0  # bumps on every applied reload
@@ -72,6 +83,45 @@ class Registry:
         """The model, then its fallbacks in order, as canonical ids."""
         return [model_id, *(self._names[fb] for fb in self.model(model_id).fallbacks)]
 
+    # -- adapters registered at run time -----------------------------------------------------
+    def add_adapter(self, name: str, source: str, base: str) -> ModelSpec:
+        """Serve a LoRA adapter as model `name` on `base` (MODEL/VERSION or MODEL); ValueError
+        saying why not (a taken name, an unknown base)."""
+        if not _MODEL_ID.match(name):
+            raise ValueError(f"adapter name {name!r}: letters, digits and . _ : / @ - (at most 128 characters)")
+        if name in self._names:
+            raise ValueError(f"{name!r} already names a model of this fleet")
+        resolved = resolve_base(self._fleet, base)
+        if isinstance(resolved, str):
+            raise ValueError(resolved)
+        model = adapter_model(source, "/".join(resolved))
+        self._runtime[name] = model
+        self._lay_over()
+        return model
+
+    def remove_adapter(self, name: str) -> ModelSpec:
+        """Stop serving a run-time adapter; KeyError for an unknown name, ValueError for a model
+        the fleet file declares (remove it there and reload)."""
+        if name not in self._runtime:
+            if name in self._names:
+                raise ValueError(f"{name!r} is declared by the fleet file: remove it there and reload")
+            raise KeyError(name)
+        model = self._runtime.pop(name)
+        self._lay_over()
+        return model
+
+    def runtime_adapters(self) -> dict[str, ModelSpec]:
+        return dict(self._runtime)
+
+    def _lay_over(self) -> None:
+        """The file's fleet with the run-time adapters whose name is free and base still there."""
+        names = _names(self._file)
+        kept = {n: m for n, m in self._runtime.items()
+                if n not in names and isinstance(resolve_base(self._file, next(iter(m.versions.values())).base or ""), tuple)}
+        self._runtime = kept
+        self._fleet = self._file.model_copy(update={"models": {**self._file.models, **kept}}) if kept else self._file
+        self._names = _names(self._fleet)
+
     # -- reload -------------------------------------------------------------------------------
     def reload(self, new: FleetSpec | str | Path | None = None) -> ReloadResult:
         """Swap in a new fleet (a FleetSpec, a file, or the file this registry came from) if it
@@ -90,15 +140,16 @@ class Registry:
         except FleetFileError as exc:
             return ReloadResult(False, str(exc))
         old = self._fleet.models
-        result = ReloadResult(
-            True,
-            added=tuple(m for m in fleet.models if m not in old),
-            removed=tuple(m for m in old if m not in fleet.models),
-            changed=tuple(m for m in fleet.models if m in old and old[m] != fleet.models[m]),
-        )
-        self._fleet, self._names = fleet, _names(fleet)
+        self._file = fleet
+        self._lay_over()
+        new = self._fleet.models
         self.generation += 1
-        return result
+        return ReloadResult(
+            True,
+            added=tuple(m for m in new if m not in old),
+            removed=tuple(m for m in old if m not in new),
+            changed=tuple(m for m in new if m in old and old[m] != new[m]),
+        )
 
 
 def _names(fleet: FleetSpec) -> dict[str, str]:

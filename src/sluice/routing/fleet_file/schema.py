@@ -121,6 +121,10 @@ class EngineSettings(_Strict):
     kv_cache_dtype: KVCacheDtype | None = Field(None, strict=False)
     batching_window: BatchingWindow | None = Field(None, strict=False)
     batching_window_ms: float | None = Field(None, ge=0)
+    # LoRA (docs/LORA.md): adapters running at once, resident, and the largest rank
+    max_loras: int | None = Field(None, ge=0)
+    max_cpu_loras: int | None = Field(None, ge=1)
+    max_lora_rank: int | None = Field(None, ge=1, le=1024)
 
     @field_validator("device")
     @classmethod
@@ -145,8 +149,18 @@ class EngineSettings(_Strict):
         return dataclasses.replace(base, **self.overrides())
 
 
+# what an adapter version may not set: it runs on its base version's workers and engine
+_NOT_FOR_ADAPTERS = ("weights", "dtype", "replicas", "workers", "max_outstanding_tokens", "fault_injection")
+
+
 class VersionSpec(_Strict):
-    weights: str = Field(min_length=1)  # "bundled", a .gguf file or an HF folder
+    # "bundled", a .gguf file or an HF folder; None only for an adapter version
+    weights: str | None = Field(None, min_length=1)
+    # A LoRA adapter version (docs/LORA.md): a PEFT adapter folder (or s3://bucket/prefix) served on
+    # the workers of `base` ("MODEL/VERSION", or "MODEL" when that model has one version). It has
+    # no workers of its own; rollouts, weights and pins treat it as any other version.
+    adapter: str | None = Field(None, min_length=1)
+    base: str | None = Field(None, min_length=1)
     dtype: Literal["float32", "bfloat16"] | None = None  # None = the server's dtype
     engine: EngineSettings = EngineSettings()
     replicas: int = Field(0, ge=0, le=64)  # local workers `sluice serve` spawns
@@ -168,11 +182,11 @@ class VersionSpec(_Strict):
             FaultSpec.parse(v)  # ValueError names the bad item
         return v
 
-    @field_validator("weights")
+    @field_validator("weights", "adapter")
     @classmethod
-    def _resolve(cls, v: str, info: ValidationInfo) -> str:
+    def _resolve(cls, v: str | None, info: ValidationInfo) -> str | None:
         # Relative paths are relative to the fleet file, as an operator reading it expects.
-        if v == BUNDLED:
+        if v is None or v == BUNDLED or v.startswith("s3://"):
             return v
         base = (info.context or {}).get("base_dir")
         path = Path(v).expanduser()
@@ -197,9 +211,24 @@ class VersionSpec(_Strict):
 
     @model_validator(mode="after")
     def _has_workers(self) -> VersionSpec:
+        if self.adapter is not None or self.base is not None:
+            if self.adapter is None or self.base is None:
+                raise ValueError("an adapter version needs both adapter (its folder) and base (MODEL/VERSION)")
+            given = [f for f in _NOT_FOR_ADAPTERS if f in self.model_fields_set]
+            if given or self.engine != EngineSettings() or self.autoscale is not False:
+                what = ", ".join(given) or ("engine" if self.engine != EngineSettings() else "autoscale")
+                raise ValueError(f"an adapter version runs on its base version's workers and engine: {what} "
+                                 "cannot be set on it")
+            return self
+        if self.weights is None:
+            raise ValueError("weights is required (or adapter and base, for a LoRA adapter version)")
         if self.replicas == 0 and not self.workers:
             raise ValueError("a version needs replicas >= 1 or at least one address in workers")
         return self
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.adapter is not None
 
     @property
     def weights_kind(self) -> WeightsKind:
