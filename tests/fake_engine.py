@@ -11,8 +11,9 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from sluice.engine.stats import EngineStats
-from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
-from sluice.worker.engine_client import ModelInfo
+from sluice.errors import AdapterError
+from sluice.types import AdapterRef, FinishReason, GenerationEvent, GenerationRequest, Usage
+from sluice.worker.engine_client import AdapterLoad, ModelInfo
 from sluice.worker.warmup import is_warmup
 
 
@@ -37,6 +38,8 @@ class FakeEngine:
         self.requests: list[GenerationRequest] = []
         self.release = asyncio.Event()  # lets a hang go on
         self.up = True  # what ready() answers (a test takes the worker down)
+        self.adapters: set[str] = set()  # LoRA adapters "resident" (names), reported in stats
+        self.damaged: dict[str, str] = {}  # adapter source -> the AdapterError a load raises
 
     async def generate(self, request: GenerationRequest, trace_metadata=()) -> AsyncGenerator[GenerationEvent, None]:
         if is_warmup(request.request_id):  # the fleet's warm-up: one token, not counted
@@ -46,6 +49,8 @@ class FakeEngine:
         s = self.script
         self.started.append(request.request_id)
         self.requests.append(request)
+        if request.adapter is not None:  # a worker loads an adapter a request names
+            self.adapters.add(request.adapter.name)
         n_prompt = len(request.prompt_token_ids)
         done = False
         try:
@@ -72,7 +77,19 @@ class FakeEngine:
         self.aborted.append(request_id)
 
     async def stats(self) -> EngineStats:
-        return EngineStats(block_size=8, kv_blocks_total=100)
+        return EngineStats(block_size=8, kv_blocks_total=100, max_loras=8, lora_resident=sorted(self.adapters))
+
+    async def load_adapter(self, adapter: AdapterRef) -> AdapterLoad:
+        if adapter.source in self.damaged:
+            raise AdapterError(self.damaged[adapter.source])
+        self.adapters.add(adapter.name)
+        return AdapterLoad(1 << 20, 0.01)
+
+    async def unload_adapter(self, name: str) -> int:
+        if name in self.adapters:
+            self.adapters.discard(name)
+            return 1
+        return 0
 
     async def info(self) -> ModelInfo:
         return self.info_
