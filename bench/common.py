@@ -30,3 +30,34 @@ def pct(values: list[float], q: float) -> float:
 def log(msg: str = "") -> None:
     """Progress on stderr, so that stdout holds only the result (JSON)."""
     print(msg, file=sys.stderr, flush=True)
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_lora_adapter(folder: Path, cfg, rank: int = 16, seed: int = 0, std: float = 0.02) -> Path:  # noqa: ANN001
+    """A random PEFT adapter folder (adapter_config.json + adapter_model.safetensors, PEFT's keys)
+    of `rank` on every linear of a model (`cfg`: sluice's ModelConfig), fp32 as PEFT saves it:
+    what the LoRA benchmarks load, without a download or PEFT at bench time."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from sluice.models.lora.adapter_folder import linear_shape
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(cfg.num_layers):
+        for t in LORA_TARGETS:
+            out_f, in_f = linear_shape(cfg, t)
+            section = "self_attn" if t in LORA_TARGETS[:4] else "mlp"
+            key = f"base_model.model.model.layers.{layer}.{section}.{t}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, in_f, generator=g) * std
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, rank, generator=g) * std
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(LORA_TARGETS),
+        "bias": "none", "lora_dropout": 0.0}))
+    return folder

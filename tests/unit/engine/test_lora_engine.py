@@ -63,9 +63,10 @@ def _engine(folder, kernels: str, **config) -> LLMEngine:
     return LLMEngine(loaded, EngineConfig(block_size=4, **{"num_kv_blocks": 512, **config}))
 
 
-@pytest.mark.parametrize("kernels", ["auto", "torch"])
-def test_one_batch_of_base_and_three_adapters_equals_peft(kernels, tiny_llama_dir, adapters, references):
-    engine = _engine(tiny_llama_dir, kernels, max_num_batched_tokens=32)
+@pytest.mark.parametrize("kernels, speculative", [("auto", 0), ("torch", 0), ("auto", 3)])
+def test_one_batch_of_base_and_three_adapters_equals_peft(kernels, speculative, tiny_llama_dir, adapters, references):
+    """Speculative decoding too: a proposal's rows run with their request's adapter."""
+    engine = _engine(tiny_llama_dir, kernels, max_num_batched_tokens=32, speculative_tokens=speculative)
     reqs = [_request(i, adapters) for i in range(len(PROMPTS))]
     results = engine.generate(reqs)
     assert engine.stats().lora_loads == 3, "each adapter loaded once and shared"
