@@ -178,6 +178,13 @@ def _damaged(tmp_path, adapters, how: str):
         key = next(k for k in tensors if "q_proj.lora_B" in k)
         tensors[key] = torch.zeros(32, 8)
         save_file(tensors, str(weights))
+    elif how == "nan":
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(weights))
+        key = next(k for k in tensors if "down_proj.lora_A" in k)
+        tensors[key][0, 0] = float("nan")
+        save_file(tensors, str(weights))
     elif how == "dora":
         raw = json.loads(cfg.read_text())
         cfg.write_text(json.dumps({**raw, "use_dora": True}))
@@ -192,6 +199,7 @@ def _damaged(tmp_path, adapters, how: str):
     ("unknown_target", "'lm_head' is not a linear of this base model"),
     ("wrong_shape", "do not fit the base model's q_proj"),
     ("dora", "DoRA"),
+    ("nan", "down_proj.lora_A.weight' holds non-finite values"),
 ])
 def test_a_damaged_adapter_is_refused_and_the_engine_keeps_serving(how, message, tiny_llama_dir, adapters,
                                                                    references, tmp_path):
