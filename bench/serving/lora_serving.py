@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=64, help="requests per load per round (default 2 x streams)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--speculative-tokens", type=int, default=0,
-                   help="the server's speculative decoding (default 0: off; its gain depends on the text, and random "
-                        "adapters' text is noise, so with it on the two loads would not do the same work)")
+    p.add_argument("--speculative-tokens", type=int, default=3,
+                   help="the server's speculative decoding (default 3, serve's default; 0 = off)")
+    p.add_argument("--std", type=float, default=0.002, help="the random adapters' weight spread (default 0.002)")
     args = p.parse_args(argv)
 
     from sluice.models.bundled import default_model_path
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = file_config(open_gguf(default_model_path()))
     root = Path(tempfile.mkdtemp(prefix="sluice-lora-serve-"))
     names = [f"a{i}" for i in range(args.adapters)]
-    modules = [f"{n}={write_lora_adapter(root / n, cfg, args.rank, seed=i)}" for i, n in enumerate(names)]
+    modules = [f"{n}={write_lora_adapter(root / n, cfg, args.rank, seed=i, std=args.std)}" for i, n in enumerate(names)]
     server = start_server(["--lora-modules", *modules, "--max-loras", str(args.adapters),
                            "--speculative-tokens", str(args.speculative_tokens)], timeout=600)
     try:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         server.stop()
     tok_s = {label: tokens / wall for label, (tokens, wall) in totals.items()}
     result = {"streams": args.streams, "adapters": args.adapters, "rank": args.rank, "max_tokens": args.max_tokens,
-              "speculative_tokens": args.speculative_tokens,
+              "speculative_tokens": args.speculative_tokens, "std": args.std,
               "base_tok_s": tok_s["base"], "lora_tok_s": tok_s["lora"], "ratio": tok_s["lora"] / tok_s["base"],
               "load": os.getloadavg()}
     print(f"{args.streams} streams: base {tok_s['base']:.1f} tok/s, over {args.adapters} adapters "

@@ -109,7 +109,9 @@ def render_status(s: dict[str, Any], now: float | None = None) -> str:
         for name, v in m["versions"].items():
             mine = [w for w in workers if w["model"] == model_id and w["version"] == name]
             warm = sum(1 for w in mine if w["status"] == "warm")
-            rows.append([name, v["state"], f"{v['traffic']:g}", f"{v['share']:.1f} %", f"{warm}/{len(mine)} warm"])
+            # a LoRA adapter version runs on its base's workers (docs/LORA.md)
+            where = f"adapter on {v['base']}" if v.get("adapter") else f"{warm}/{len(mine)} warm"
+            rows.append([name, v["state"], f"{v['traffic']:g}", f"{v['share']:.1f} %", where])
         out.append(_table(rows))
         if m.get("rollout"):
             out.append("  " + _rollout_line(m["rollout"], now))

@@ -19,12 +19,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sluice.errors import AdapterError
 from sluice.models.lora.adapter_folder import read_adapter
 from sluice.models.lora.source import adapter_files
 from sluice.models.lora.weights import LoraWeights
 from sluice.types import AdapterRef
+
+if TYPE_CHECKING:
+    from sluice.models.llama import LlamaModel
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class Resident:
 
 
 class AdapterCache:
-    def __init__(self, model, max_cpu_loras: int, max_rank: int, s3_endpoint: str | None = None,  # type: ignore[no-untyped-def]
+    def __init__(self, model: LlamaModel, max_cpu_loras: int, max_rank: int, s3_endpoint: str | None = None,
                  in_use: Callable[[], Collection[AdapterRef]] = tuple, cache_dir: Path | None = None):
         """`model`: the LlamaModel the adapters bind to; `in_use`: adapters not to evict."""
         self.model = model

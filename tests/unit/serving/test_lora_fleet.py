@@ -106,6 +106,9 @@ def test_an_adapter_version_runs_on_its_base_workers_with_its_adapter(tmp_path, 
             assert "support" not in h.fleet.scaling_signals(), "an adapter has no workers of its own to scale"
             status = h.fleet.status()["models"]["support"]["versions"]["v2"]
             assert status["adapter"] == "s3://adapters/support/v2" and status["base"] == "m"
+            from sluice.cli.fleet import render_status
+
+            assert "adapter on m/v1" in render_status(h.fleet.status())  # `sluice fleet status`
 
     run(go())
 

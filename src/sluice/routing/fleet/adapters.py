@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.errors import AdapterError, EngineUnavailableError
+from sluice.errors import EngineUnavailableError
 from sluice.routing.dispatch.worker_pool import WorkerPool
 from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.fleet.versions import VersionRuntimes
@@ -108,5 +108,3 @@ class FleetAdapters:
                         "runtime": model_id in runtime, "resident_on": holders})
         return out
 
-
-__all__ = ["AdapterConflictError", "AdapterError", "FleetAdapters"]
