@@ -65,6 +65,15 @@ _RUN_FLAGS: list[tuple[str, dict]] = [
                                                             "0 = measure a matmul at start (default: 0)")),
     ("--progress-interval", dict(type=float, metavar="SECONDS", help="a progress line on this terminal at most this "
                                                                      "often; 0 = every step (default: 10)")),
+    # LoRA (train/model/lora.py): PEFT's adapters train, the base stays frozen
+    ("--lora-rank", dict(type=int, metavar="R", help="train a LoRA adapter of rank R on a frozen base (one process, "
+                                                     "ddp or fsdp); checkpoints hold the adapter; export writes a PEFT "
+                                                     "adapter folder (default: full fine-tuning)")),
+    ("--lora-alpha", dict(type=float, metavar="A", help="LoRA's scale is A / R (default: 2 x R)")),
+    ("--lora-dropout", dict(type=float, metavar="P", help="dropout on the adapters' input while training, "
+                                                          "0 <= P < 1 (default: 0)")),
+    ("--lora-targets", dict(type=lambda v: [t.strip() for t in v.split(",")], metavar="q,k,v,o,gate,up,down",
+                            help="the decoder linears that get adapters (default: all seven)")),
     # per-step fault tolerance (torchft), hangs, stragglers
     ("--replica-groups", dict(type=int, metavar="G", help="split --nproc into G replica groups, each its own torchrun, "
                                                           "fault-tolerant data parallel across them: a group that dies "
@@ -110,8 +119,8 @@ def _run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from sluice.train.export import export_run
 
-    step, out = export_run(Path(args.run), Path(args.out), args.step)
-    print(f"exported step {step} of {args.run} to {out}", file=sys.stderr)
+    step, out, kind = export_run(Path(args.run), Path(args.out), args.step, merge=args.merge)
+    print(f"exported step {step} of {args.run} to {out} ({kind.value})", file=sys.stderr)
     return 0
 
 
@@ -132,8 +141,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--activation-checkpointing", action="store_true",
                      help="recompute each decoder layer's activations in the backward pass: less memory, more compute")
     run.set_defaults(func=_run)
-    exp = tsub.add_parser("export", help="write a run's checkpoint as an HF folder that sluice serves")
+    exp = tsub.add_parser("export", help="write a run's checkpoint as an HF folder (a LoRA run: a PEFT adapter "
+                                         "folder) that sluice serves")
     exp.add_argument("run", metavar="RUN", help="the run folder (--out of `sluice train run`)")
-    exp.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
+    exp.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
     exp.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest)")
+    exp.add_argument("--merge", action="store_true", help="a LoRA run: write the base with the adapter merged "
+                                                          "in, as a whole HF model folder (needs the run's base model)")
     exp.set_defaults(func=_export)

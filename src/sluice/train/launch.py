@@ -36,8 +36,9 @@ from sluice.train.parallel.fit import check_fits
 from sluice.train.replica.lighthouse import lighthouse_for
 from sluice.train.settings import TrainSettings, write_resolved
 
-# A resumed run must read the same rows with the same model; these decide that.
-SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed", "moe_experts", "moe_top_k")
+# A resumed run must read the same rows with the same model (and the same adapter's shape and scale); these decide that.
+SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed", "moe_experts", "moe_top_k",
+                   "lora_rank", "lora_alpha", "lora_targets")
 STOPPED_MARKER = "stopped"  # written by rank 0 (train/trainer.py) after a stop signal
 # a file of this machine's launcher where its workers leave the error that halted the run
 # (train/errors.py TrainHaltError): they exit 0 so that torchrun does not restart them

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from sluice.train.parallel.dims import ParallelDims
 
 
 @dataclass(slots=True)
@@ -39,3 +45,19 @@ def nonfinite_message(o: StepOutcome, store) -> str:
     return (f"step {o.step}: {what or 'a rank saw a value that is not finite'}: the run stopped before the "
             f"step's update, saving nothing; the newest checkpoint is {newest} "
             '(nonfinite = "skip", or --nonfinite skip, drops such steps and goes on)')
+
+
+def agree(loss_sum: float, norm: float, compute: float, stop: bool, lost: bool, dims: ParallelDims,
+          rank: int) -> tuple[tuple[float, bool, bool, bool], float, list[float]]:
+    """The step's one small all-reduce, before the update: (the global loss sum, stop, a value
+    not finite, a lost lease), the seconds it took, and each rank's compute seconds (one slot
+    per rank, for the stragglers)."""
+    bad = not (math.isfinite(loss_sum) and math.isfinite(norm))
+    flags = torch.zeros(4 + dims.world, dtype=torch.float64)
+    flags[:4] = torch.tensor([loss_sum / dims.loss_copies, float(stop), float(bad), float(lost)])
+    flags[4 + rank] = compute
+    started = time.perf_counter()
+    if dims.world > 1:  # one process has nothing to agree with (a gloo call costs ~1-5 ms)
+        dist.all_reduce(flags)
+    total, stopped, nonfinite, taken, *times = flags.tolist()
+    return (total, stopped > 0, nonfinite > 0, taken > 0), time.perf_counter() - started, times

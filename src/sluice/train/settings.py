@@ -12,13 +12,15 @@ from __future__ import annotations
 import enum
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from sluice.toml_config import dotted_path, parse_toml, pydantic_problems, read_text
 from sluice.toml_lines import line_of
 from sluice.train.errors import TrainConfigError
+from sluice.train.model import lora_spec
+from sluice.train.model.lora_spec import LoraTarget
 # the parallel modes' vocabularies live with the degrees they imply (parallel/dims.py)
 from sluice.train.parallel.dims import DEFAULT_TP_SIZE, MODEL_PARALLEL, Parallel, ParallelDims, PipelineSchedule
 
@@ -112,6 +114,11 @@ class TrainSettings(BaseModel):
     # the launcher's progress lines: at most one step line per this many seconds (0: every step)
     progress_interval: float = Field(10.0, ge=0)
     activation_checkpointing: bool = False  # recompute each decoder layer's activations in backward
+    # -- LoRA (train/model/lora.py): PEFT's adapters on these linears train, the rest stays frozen --
+    lora_rank: int | None = Field(None, gt=0, le=1024)  # None: full fine-tuning
+    lora_alpha: float | None = Field(None, gt=0, allow_inf_nan=False)  # the scale is alpha / rank; None: 2 x rank
+    lora_dropout: float = Field(0.0, ge=0, lt=1)  # on each adapter's input, in training only
+    lora_targets: list[Annotated[LoraTarget, Strict(False)]] | None = None  # None: all seven linears
     # -- per-step fault tolerance (train/replica/): nproc split into replica groups, each its own
     # torchrun, fault-tolerant data parallel across them through torchft's quorum --
     replica_groups: int = Field(1, ge=1, le=64)
@@ -153,6 +160,8 @@ class TrainSettings(BaseModel):
         if self.nnodes != "1" and not self.rdzv_endpoint:
             raise ValueError(f"nnodes {self.nnodes}: every machine must meet at the same rdzv_endpoint (HOST:PORT)")
         self._check_replica_groups()
+        lora_spec.check(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets, self.parallel,
+                        self.moe_experts)
         if self.parallel is Parallel.EP and not self.moe_experts:
             raise ValueError("parallel = ep shards the experts of a MoE model: set moe_experts")
         if self.parallel is Parallel.EP and self.moe_experts % self.nproc:

@@ -40,8 +40,9 @@ from sluice.train.faults import FaultPoint
 from sluice.train.launch import STOPPED_MARKER
 from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
-from sluice.train.model.build import build_model
-from sluice.train.outcome import StepOutcome, nonfinite_message
+from sluice.train.model.build import build_model, trainable
+from sluice.train.model.lora import FrozenBase, seed_dropout
+from sluice.train.outcome import StepOutcome, agree, nonfinite_message
 from sluice.train.model.hf_files import write_tokenizer
 from sluice.train.observe.console import say
 from sluice.train.observe.events import Event, EventLog
@@ -130,6 +131,8 @@ class Trainer:
         s = self.settings
         self.data = dataset.load(self.run_dir / "data")
         built = build_model(s)
+        # a LoRA run: the base checked against the run's record, then watched (model/lora.py)
+        self.base = FrozenBase(built.module, s, self.run_dir, self.rank == 0 and self.writes) if s.lora_rank else None
         if self.rank == 0:
             built.module.config.save_pretrained(str(self.run_dir / "model"))
             write_tokenizer(built.tokenizer, self.run_dir / "model")
@@ -144,7 +147,9 @@ class Trainer:
                 f"({'configured' if s.peak_flops else 'measured'})")
         self.model = wrap_model(built.module.to(self.device), s, self.dims, self.device)
         del built  # a pipeline stage keeps only its own layers: let the rest go
-        self.optim = torch.optim.AdamW(self.model.module.parameters(), lr=s.lr, weight_decay=s.weight_decay,
+        if self.base is not None:
+            self.base.watch(self.model.module, self.events)
+        self.optim = torch.optim.AdamW(trainable(self.model.module), lr=s.lr, weight_decay=s.weight_decay,
                                        betas=(0.9, 0.95), foreach=True)
         self.micro = self.dims.micro_batch(s.group_batch, s.micro_batch_size)
 
@@ -222,6 +227,7 @@ class Trainer:
         # this rank's share: its replica group's part of the batch, then its data-parallel part
         # (tensor / pipeline ranks share rows)
         per, share = s.group_batch // dims.dp, self.group * dims.dp + dims.data_rank(self.rank)
+        seed_dropout(s, step, share)  # LoRA dropout's masks: a function of the step, as the rows are
         batch = gather_rows(self.data, rows[share * per : (share + 1) * per], self.device)
         tokens = trained_tokens(self.data, rows)
         t1 = time.perf_counter()
@@ -235,7 +241,8 @@ class Trainer:
         if self.replicas is not None:  # sum with the other groups; the mean over those present
             total_loss, groups, present_tokens, sent = self.replicas.exchange(step, total_loss, rows, tokens)
         norm = clip_grad_norm(self.model, s.grad_clip).item()  # sluice's own, in every mode (parallel/clip.py)
-        agreed, reduce_time, times = self._agree(total_loss, norm, compute)
+        lost = self.lease is not None and self.lease.lost is not None
+        agreed, reduce_time, times = agree(total_loss, norm, compute, self.stop.set, lost, self.dims, self.rank)
         loss, stopped, nonfinite, lost = agreed
         committed = self.replicas.commit(not (nonfinite or lost)) if self.replicas is not None else True
         if committed and not (nonfinite or lost):
@@ -248,21 +255,6 @@ class Trainer:
         return StepOutcome(step, lr, rows, present_tokens, loss / max(1, present_tokens), norm, stopped, nonfinite,
                            lost, not committed, groups, times, sent, t0 - q, cpu0, t1 - t0, t2 - t1 + q,
                            self.model.stats.take_wait() + reduce_time + q)
-
-    def _agree(self, loss_sum: float, norm: float, compute: float) -> tuple[tuple[float, bool, bool, bool], float, list[float]]:
-        """The step's one small all-reduce, before the update: (the global loss sum, stop, a
-        value not finite, a lost lease), the seconds it took, and each rank's compute seconds
-        (one slot per rank, for the stragglers)."""
-        bad = not (math.isfinite(loss_sum) and math.isfinite(norm))
-        lost = self.lease is not None and self.lease.lost is not None
-        flags = torch.zeros(4 + self.dims.world, dtype=torch.float64)
-        flags[:4] = torch.tensor([loss_sum / self.dims.loss_copies, float(self.stop.set), float(bad), float(lost)])
-        flags[4 + self.rank] = compute
-        started = time.perf_counter()
-        if self.dims.world > 1:  # one process has nothing to agree with (a gloo call costs ~1-5 ms)
-            dist.all_reduce(flags)
-        total, stop, nonfinite, taken, *times = flags.tolist()
-        return (total, stop > 0, nonfinite > 0, taken > 0), time.perf_counter() - started, times
 
     def checkpoint(self, step: int, final: bool) -> float:
         """Publish a background save that finished; save this step if due. The seconds the step
@@ -319,6 +311,8 @@ class Trainer:
             say(f"stop signal: checkpoint at step {stopped_at} written, exiting")
         if self.replicas is not None:
             self.replicas.finish(stopped_at)
+        if self.base is not None:
+            self.base.finish()
         dist.barrier()
 
     def close(self) -> None:

@@ -78,7 +78,7 @@ def test_a_run_resumes_from_the_bucket_exactly(s3, aws, train_dir, tiny_folder, 
 
     from sluice.train.export import export_run
 
-    step, folder = export_run(out, train_dir / "s3-export")
+    step, folder, _ = export_run(out, train_dir / "s3-export")
     assert step == STEPS and (folder / "config.json").exists()
 
 

@@ -4,7 +4,8 @@ The state is {model, optimizer, train: {step}}, taken with DCP's get_state_dict,
 code saves a plain module, a DDP replica or FSDP2 shards, and a checkpoint loads into any world
 size and either wrapping (DCP reshards on load). Nothing else needs saving for an exact resume:
 the data order is a function of (seed, step) (data/sampler.py), the learning rate of the step,
-and the training forward uses no randomness (no dropout in the Llama family).
+and the training forward uses no randomness (no dropout in the Llama family; a LoRA run's
+dropout draws from a generator seeded by the step, train/model/lora.py).
 
 Asynchronous saves (DCP async_save) copy the state to CPU memory at once and write it from a
 background thread over a process group of their own (a gloo group: the training collectives
@@ -45,6 +46,17 @@ log = logging.getLogger("sluice.train.checkpoint")
 # of a key all ranks write, so an index-keyed `param_groups.0.params` saved by one stage would
 # be read back by the other (a pipeline checkpoint would not resume as a pipeline).
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# A LoRA run (train/model/lora.py) saves its trainable parameters only: the frozen base is the
+# model it started from, rebuilt at every start, so its checkpoints hold the adapters and their
+# AdamW state. Loading is then not strict about the frozen keys the checkpoint lacks (DCP itself
+# still fails on any requested key the checkpoint does not hold).
+_TRAINABLE_ONLY = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False)
+
+
+def state_options(model: torch.nn.Module) -> StateDictOptions:
+    """How `model`'s state is saved and loaded: whole, or (frozen parameters) the trainable part."""
+    return _TRAINABLE_ONLY if any(not p.requires_grad for p in model.parameters()) else _OPTIONS
+
 
 def damage_in(exc: CheckpointException) -> CheckpointDamaged | None:
     """The first damage any rank found during a DCP load (None: it failed for another reason)."""
@@ -95,7 +107,7 @@ class Checkpointer:
             return 0.0
         started = time.perf_counter()
         self.wait()
-        model_sd, optim_sd = get_state_dict(model, optim, options=_OPTIONS)
+        model_sd, optim_sd = get_state_dict(model, optim, options=state_options(model))
         global_views(model, model_sd, optim_sd)  # expert-parallel shards saved as parts of one tensor
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
         writer = self.store.writer(step)
@@ -165,7 +177,7 @@ class Checkpointer:
                 found = exc
             if (damage := self._agree(found)) is not None:
                 return damage
-            model_sd, optim_sd = get_state_dict(model, optim, options=_OPTIONS)
+            model_sd, optim_sd = get_state_dict(model, optim, options=state_options(model))
             global_views(model, model_sd, optim_sd)
             state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
             try:
@@ -177,7 +189,8 @@ class Checkpointer:
         finally:
             reader.close()
         state = local_views(state)
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=state_options(model))
         if state["train"]["step"] != step:
             raise RuntimeError(f"{self.store.step_name(step)} holds step {state['train']['step']}, not {step}")
         return None

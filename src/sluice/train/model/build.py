@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,6 +29,12 @@ class TrainableModel:
     module: torch.nn.Module  # a transformers *ForCausalLM
     tokenizer: Tokenizer
     source: str  # what it was built from, for the run's records
+    peft: Any = None  # a LoRA run: PEFT's PeftModel around `module` (model/lora.py), for writing the adapter
+
+
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer updates (all of them, but a LoRA run's adapters only)."""
+    return [p for p in module.parameters() if p.requires_grad]
 
 
 def hf_config(cfg: ModelConfig):
@@ -103,4 +110,9 @@ def build_model(settings: TrainSettings) -> TrainableModel:
     module.config.use_cache = False
     if settings.dtype == "bfloat16":
         module = module.to(torch.bfloat16)
-    return TrainableModel(module, tok, source)
+    peft = None
+    if settings.lora_rank:  # PEFT's adapters injected in place, the base frozen (model/lora.py)
+        from sluice.train.model.lora import add_lora
+
+        peft = add_lora(module, settings)
+    return TrainableModel(module, tok, source, peft)

@@ -24,15 +24,22 @@ import torch
 FLOPS_PER_PARAM_TOKEN = 6  # forward 2 + backward 4
 
 
+def _weight(p: torch.nn.Parameter) -> float:
+    # a frozen parameter (a LoRA run's base) costs 4 of the 6: forward, and the gradient of the
+    # activations through it in backward, but no gradient of its own
+    return 1.0 if p.requires_grad else 4 / FLOPS_PER_PARAM_TOKEN
+
+
 def matmul_params(module: torch.nn.Module) -> int:
-    """N of the 6·N·D rule: every parameter except an untied input embedding table."""
-    total = sum(p.numel() for p in module.parameters())
+    """N of the 6·N·D rule: every parameter except an untied input embedding table, a frozen
+    one counted for the 4 FLOPs per token it costs."""
+    total = sum(p.numel() * _weight(p) for p in module.parameters())
     get_in, get_out = getattr(module, "get_input_embeddings", None), getattr(module, "get_output_embeddings", None)
     emb = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
     if emb is not None and (head is None or head.weight is not emb.weight):
-        total -= emb.weight.numel()
-    return total
+        total -= emb.weight.numel() * _weight(emb.weight)
+    return round(total)
 
 
 def step_flops(params: int, tokens: int) -> float:

@@ -46,8 +46,10 @@ def clip_grad_norm(model: Wrapped, max_norm: float) -> torch.Tensor:
     return clipper(model.module, plain_copies=world)(max_norm)  # one process, DDP, FSDP2's DTensors
 
 
-def _param_bytes(module: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+def _fsdp_bytes(module: torch.nn.Module) -> int:
+    """Bytes FSDP2 moves per micro-batch at full size: every parameter all-gathered in forward and
+    backward, a trained one's gradient reduce-scattered too (a LoRA run's frozen base has none)."""
+    return sum(p.numel() * p.element_size() * (3 if p.requires_grad else 2) for p in module.parameters())
 
 
 def wrap(module: torch.nn.Module, dims: ParallelDims, compression: Compression, device: torch.device) -> Wrapped:
@@ -70,13 +72,12 @@ def wrap(module: torch.nn.Module, dims: ParallelDims, compression: Compression, 
         return Wrapped(ddp, module, stats, ddp.no_sync)
     from torch.distributed.fsdp import fully_shard
 
-    total = _param_bytes(module)
+    total = _fsdp_bytes(module)
     mesh = dims.build_mesh(device.type)
     for layer in module.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(module, mesh=mesh)
     stats.timed = False
-    # forward all-gather + backward all-gather of the (W-1)/W shards not held, and the
-    # reduce-scatter of the gradients: ~3·(W-1)/W of the parameters' bytes per micro-batch
-    per_micro = int(3 * total * (dims.dp - 1) / dims.dp)
+    # of the (W-1)/W shards not held: ~3·(W-1)/W of the parameters' bytes per micro-batch
+    per_micro = int(total * (dims.dp - 1) / dims.dp)
     return Wrapped(module, module, stats, nullcontext, fsdp_bytes_per_micro=per_micro)

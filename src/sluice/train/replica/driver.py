@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from sluice.train.faults import FaultPoint
+from sluice.train.model.build import trainable
 from sluice.train.observe.events import Event
 from sluice.train.observe.heartbeat import heartbeat_path
 from sluice.train.replica.rows import group_tokens
@@ -28,7 +29,9 @@ class ReplicaDriver:
     def __init__(self, trainer: Any):  # the Trainer (train/trainer.py), which imports this module
         self.t = trainer
         s = trainer.settings
-        self.params = list(trainer.model.module.parameters())
+        # what the groups exchange, heal and digest: the trained parameters (a LoRA run's adapters;
+        # its frozen base is the same model in every group, built from the same source)
+        self.params = trainable(trainer.model.module)
         self.link = ReplicaLink(trainer.group, s.replica_groups, self.params, trainer.optim, s.replica_sync,
                                 s.sync_every, s.hang_timeout, self._healed)
         self.previous: list[int] | None = None  # the groups of the last committed step
