@@ -117,3 +117,54 @@ def exported(train_dir: Path, ddp2_run: Path) -> Path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"exported step {STEPS}" in proc.stderr
     return out
+
+
+# --- LoRA (tests/system/train/test_train_lora.py, test_train_lora_replicas.py, the fleet test) ---
+# rank 4 on every linear, alpha 8 (scale 2); the tiny folder's 3 layers
+LORA = ["--lora-rank", "4", "--lora-alpha", "8"]
+
+
+@pytest.fixture(scope="session")
+def lora_one(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
+    """A LoRA run in one process, no dropout: the reference for the data-parallel LoRA runs."""
+    return run_in_process("--data", str(chat_data), "--out", str(train_dir / "lora-one"), "--model", str(tiny_folder),
+                          "--nproc", "1", *LORA, *COMMON)
+
+
+@pytest.fixture(scope="session")
+def lora_ddp2(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
+    """2 ranks, DDP, LoRA with dropout, a checkpoint every 3 steps, uninterrupted."""
+    out = train_dir / "lora-ddp2"
+    run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
+              "--checkpoint-every", "3", *LORA, "--lora-dropout", "0.1", *COMMON)
+    return out
+
+
+@pytest.fixture(scope="session")
+def lora_export(train_dir: Path, lora_ddp2: Path) -> Path:
+    """`sluice train export` of the 2-rank LoRA run: a PEFT adapter folder."""
+    out = train_dir / "exports" / "lora-r1"
+    proc = subprocess.run(train_cmd("export", str(lora_ddp2), "--out", str(out)), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"exported step {STEPS} of {lora_ddp2} to {out} (a PEFT LoRA adapter folder)" in proc.stderr
+    return out
+
+
+def base_sha256(folder: Path) -> str:
+    """sha256 of a model folder's weights in transformers' parameter order, as sluice's LoRA
+    runs digest their frozen base (each tensor's bytes, in turn)."""
+    import hashlib
+
+    from transformers import AutoModelForCausalLM
+
+    module = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    h = hashlib.sha256()
+    for p in module.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def events(run: Path, kind: str) -> list[dict]:
+    lines = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    return [e for e in lines if e["event"] == kind]
