@@ -7,7 +7,8 @@ SLUICE_TRAIN_FAULT holds comma-separated faults:
   expectations are exact, not a race with a timer.
 - `await_group:GROUP:STEP`: the other replica groups wait at the start of step STEP (before its
   quorum; at most 300 s) until group GROUP, restarted by its torchrun, is waiting for its first
-  quorum: the rejoin happens at a known step.
+  quorum (or past it, if it restarted fast enough to rejoin earlier): the rejoin happens at STEP
+  at the latest.
 - `delay:SECONDS`: every step takes at least this long, so a test can signal a run mid-way.
 - `hold:WORLD:STEP`: while the group has WORLD ranks, wait at the start of step STEP (after any
   checkpoint in flight is written) until the group is told to stop (SIGTERM: the agent restarts
@@ -104,7 +105,7 @@ def _await_rejoin(run_dir, group: int) -> None:
     while time.monotonic() < deadline:
         try:
             record = json.loads(heartbeat_path(run_dir, group, 0).read_text())
-            if record["restart"] >= 1 and record["phase"] == "join":
+            if record["restart"] >= 1 and record["phase"] in ("join", "quorum", "step"):
                 return
         except (OSError, ValueError, KeyError):
             pass

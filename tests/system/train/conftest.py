@@ -122,6 +122,8 @@ def exported(train_dir: Path, ddp2_run: Path) -> Path:
 # --- LoRA (tests/system/train/test_train_lora.py, test_train_lora_replicas.py, the fleet test) ---
 # rank 4 on every linear, alpha 8 (scale 2); the tiny folder's 3 layers
 LORA = ["--lora-rank", "4", "--lora-alpha", "8"]
+# their parameters: A [4, in] and B [out, 4] on q, k, v, o (hidden 64, kv 32), gate, up, down (mlp 160)
+ADAPTER_PARAMS = 3 * 4 * sum(i + o for i, o in ((64, 64), (64, 32), (64, 32), (64, 64), (64, 160), (64, 160), (160, 64)))
 
 
 @pytest.fixture(scope="session")

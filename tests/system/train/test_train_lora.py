@@ -19,8 +19,8 @@ from sluice.train.checkpoint import layout
 from sluice.train.checkpoint.manifest import read_manifest, verify_file
 from sluice.train.errors import TrainHaltError
 from sluice.train.model.lora_spec import LoraTarget
-from tests.system.train.conftest import (COMMON, LORA, RUN_TIMEOUT_S, STEPS, base_sha256, events, losses,
-                                         run_in_process, run_train, train_cmd)
+from tests.system.train.conftest import (ADAPTER_PARAMS, COMMON, LORA, RUN_TIMEOUT_S, STEPS, base_sha256, events,
+                                         losses, run_in_process, run_train, train_cmd)
 
 VOCAB = 259  # the tiny folder's byte-level vocabulary
 
@@ -31,13 +31,6 @@ def lora_fsdp2(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
               "--parallel", "fsdp", *LORA, *COMMON)
     return out
-
-
-def _adapter_tensors(folder: Path) -> int:
-    """Parameters of rank-4 adapters on the tiny folder's 7 linears × 3 layers (hidden 64, kv 32, mlp 160)."""
-    shapes = {"q": (64, 64), "k": (64, 32), "v": (64, 32), "o": (64, 64), "gate": (64, 160), "up": (64, 160),
-              "down": (160, 64)}
-    return 3 * sum(4 * (i + o) for i, o in shapes.values())
 
 
 def test_only_the_adapter_trains_on_one_process_ddp_and_fsdp(tiny_folder, lora_one, lora_ddp2, lora_fsdp2):
@@ -69,9 +62,9 @@ def test_checkpoints_hold_the_adapter_and_its_optimizer_state(lora_ddp2):
     assert len(model) == 2 * 7 * 3 and all(".lora_A." in k or ".lora_B." in k for k in model), sorted(model)[:4]
     assert not [k for k in meta if k.startswith(("model.", "optim.")) and ".lora_" not in k]  # nothing of the base
     numel = lambda ms: sum(torch.Size(m.size).numel() for m in ms)  # noqa: E731
-    assert numel(model.values()) == _adapter_tensors(folder)
+    assert numel(model.values()) == ADAPTER_PARAMS
     moments = [m for k, m in tensors.items() if k.endswith((".exp_avg", ".exp_avg_sq"))]
-    assert numel(moments) == 2 * _adapter_tensors(folder)  # AdamW's two moments of each adapter tensor
+    assert numel(moments) == 2 * ADAPTER_PARAMS  # AdamW's two moments of each adapter tensor
     # the manifest still covers every data file, with its sha256
     sums = read_manifest(folder / "manifest.json", str(folder))
     assert set(sums) == {p.name for p in folder.glob("*.distcp")} | {".metadata"}
