@@ -109,14 +109,13 @@ def _load(store: CheckpointStore, step: int, module) -> None:
     against the checkpoint's manifest."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    from sluice.train.checkpoint.checkpointer import first_failure, state_options
+    from sluice.train.checkpoint.checkpointer import first_failure, model_state, state_options
 
     # the same state-dict function (and options) the run saved with: tied weights appear once,
     # under one name; a LoRA run's frozen base is not in its checkpoints
-    options = state_options(module)
-    state = {"model": get_model_state_dict(module, options=options)}
+    state = {"model": model_state(module)[0]}
     reader = store.reader(step)  # checks what it reads against the checkpoint's manifest
     try:
         reader.check_metadata()
@@ -128,4 +127,4 @@ def _load(store: CheckpointStore, step: int, module) -> None:
         raise CheckpointError(f"cannot read {store.describe()} step {step}: {cause}") from None
     finally:
         reader.close()
-    set_model_state_dict(module, state["model"], options=options)
+    set_model_state_dict(module, state["model"], options=state_options(module))

@@ -89,15 +89,15 @@ def test_a_lora_run_is_resumed_only_with_the_same_adapter_shape(tmp_path: Path):
         check_same_run(load_settings(None, {**BASE, "out": str(tmp_path)}), tmp_path)  # full fine-tuning
 
 
-def _tiny_lora(rank: int = 2):
+def _tiny_lora(rank: int = 2, tied: bool = False, seed: int = 0):
     import transformers
 
     from sluice.train.model.lora import add_lora
 
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+                                   num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)
     module = transformers.LlamaForCausalLM(cfg)
-    add_lora(module, load_settings(None, {**BASE, "lora_rank": rank, "model": "random:tiny"}))
+    add_lora(module, load_settings(None, {**BASE, "lora_rank": rank, "model": "random:tiny", "seed": seed}))
     return module
 
 
@@ -115,3 +115,25 @@ def test_the_checkpoint_options_and_the_flops_see_the_frozen_base():
     frozen = sum(p.numel() for p in module.parameters() if not p.requires_grad) - 64 * 16  # the embedding: a lookup
     train = sum(p.numel() for p in module.parameters() if p.requires_grad)
     assert matmul_params(module) == round(frozen * 4 / 6 + train)
+
+
+def test_a_tied_head_stays_out_of_a_lora_checkpoint(tmp_path: Path):
+    """A frozen embedding tied to the head has two names; neither is saved (the bundled model ties)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from sluice.train.checkpoint.checkpointer import Checkpointer
+    from sluice.train.model.build import trainable
+
+    module = _tiny_lora(tied=True)
+    assert module.lm_head.weight is module.model.embed_tokens.weight
+    with torch.no_grad():
+        for p in trainable(module):
+            p.normal_()
+    Checkpointer(tmp_path, 1, False).save(module, torch.optim.AdamW(trainable(module)), step=1, wait=True)
+    folder = next(tmp_path.glob("step-*"))
+    keys = [k for k in FileSystemReader(str(folder)).read_metadata().state_dict_metadata if k.startswith("model.")]
+    assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys), keys
+    fresh = _tiny_lora(tied=True, seed=1)  # other adapter values, the restore replaces them
+    assert Checkpointer(tmp_path, 1, False).restore(fresh, torch.optim.AdamW(trainable(fresh))) == 1
+    for a, b in zip(trainable(module), trainable(fresh)):
+        assert torch.equal(a, b)

@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
 
 from sluice.errors import SluiceError
 from sluice.train.checkpoint.store import CheckpointStore, LocalStore
@@ -56,6 +57,24 @@ _TRAINABLE_ONLY = StateDictOptions(flatten_optimizer_state_dict=True, ignore_fro
 def state_options(model: torch.nn.Module) -> StateDictOptions:
     """How `model`'s state is saved and loaded: whole, or (frozen parameters) the trainable part."""
     return _TRAINABLE_ONLY if any(not p.requires_grad for p in model.parameters()) else _OPTIONS
+
+
+def model_state(model: torch.nn.Module, optim: torch.optim.Optimizer | None = None) -> tuple[dict, dict]:
+    """(model, optimizer) state dicts as DCP saves and loads them, without any frozen tensor.
+
+    `ignore_frozen_params` drops the names `named_parameters()` gives, which names a tied tensor
+    once: the frozen embedding of a model whose head is tied to it (SmolLM2) stayed in a LoRA
+    checkpoint as `lm_head.weight` (113 MB of the bundled model's 150 MB). Every name of a frozen
+    tensor is dropped here (without DDP's `module.` prefix, which DCP's names lack too)."""
+    options = state_options(model)
+    if optim is None:
+        model_sd, optim_sd = get_model_state_dict(model, options=options), {}
+    else:
+        model_sd, optim_sd = get_state_dict(model, optim, options=options)
+    if options.ignore_frozen_params:
+        frozen = {n.removeprefix("module.") for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k not in frozen}
+    return model_sd, optim_sd
 
 
 def damage_in(exc: CheckpointException) -> CheckpointDamaged | None:
@@ -107,7 +126,7 @@ class Checkpointer:
             return 0.0
         started = time.perf_counter()
         self.wait()
-        model_sd, optim_sd = get_state_dict(model, optim, options=state_options(model))
+        model_sd, optim_sd = model_state(model, optim)
         global_views(model, model_sd, optim_sd)  # expert-parallel shards saved as parts of one tensor
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
         writer = self.store.writer(step)
@@ -177,7 +196,7 @@ class Checkpointer:
                 found = exc
             if (damage := self._agree(found)) is not None:
                 return damage
-            model_sd, optim_sd = get_state_dict(model, optim, options=state_options(model))
+            model_sd, optim_sd = model_state(model, optim)
             global_views(model, model_sd, optim_sd)
             state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
             try:
