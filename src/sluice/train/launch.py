@@ -81,6 +81,8 @@ def prepare(settings: TrainSettings) -> dict:
     """Validate the run folder and tokenize the data; the data's summary."""
     if importlib.util.find_spec("transformers") is None:
         raise TrainConfigError(["training needs transformers: pip install 'sluice[train]' (or the test extra)"])
+    if settings.lora_rank and importlib.util.find_spec("peft") is None:
+        raise TrainConfigError(["lora_rank needs PEFT: pip install 'sluice[train]' (or peft>=0.21.2 after torch)"])
     if settings.replica_groups > 1 and importlib.util.find_spec("torchft") is None:
         raise TrainConfigError(["replica_groups needs torchft: pip install --no-deps torchft==0.2.0 (see the Makefile)"])
     if settings.tensorboard and importlib.util.find_spec("tensorboard") is None:
