@@ -21,7 +21,6 @@ and tokenized the data into RUN/data/.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from datetime import timedelta

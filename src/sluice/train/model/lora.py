@@ -11,7 +11,7 @@ which is what serving loads (docs/LORA.md).
 
 What sluice adds:
 - a checkpoint holds the trainable parameters and their optimizer state only
-  (checkpoint/checkpointer.py: DCP with `ignore_frozen_params`);
+  (checkpoint/checkpointer.py `model_state`: no name of a frozen tensor, a tied head included);
 - the base must stay the one the run began with: its sha256 is recorded in RUN/model/base.json
   at the first start and checked on every start and by `export --merge`, so a run never resumes,
   nor merges, an adapter onto other weights than it trained against;
