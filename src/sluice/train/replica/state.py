@@ -52,5 +52,6 @@ def digest(params: list[torch.nn.Parameter]) -> str:
     """sha256 of this rank's parameter bytes: equal digests, equal weights bit for bit."""
     h = hashlib.sha256()
     for p in params:
-        h.update(_local(p).detach().contiguous().cpu().numpy().tobytes())
+        # as bytes: numpy has no bfloat16 (a bf16 run on CUDA), and fp32's bytes are the same either way
+        h.update(_local(p).detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
