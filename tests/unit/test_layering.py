@@ -3,7 +3,8 @@ it, and no files import each other in a loop.
 
     serving:   cli → api → serving → gateway, safety → streaming → routing → observability → worker → engine → models
     inside routing/:  fleet → scaling → dispatch → state, quota → fleet_file
-    types, config, errors, tool_types, request_context, trace_context, redis_client, aio, toml_lines, toml_config, heap, openmp_wait, thread_name:
+    types, config, errors, tool_types, request_context, trace_context, redis_client, aio, toml_lines, toml_config, heap, openmp_wait, thread_name,
+    common (what the three systems share: API keys, S3, restart back-off, uvicorn's protocol, fault specs):
     leaves anyone may import
 
 Training (train/) and search (search/) are towers of their own beside serving: each may import
@@ -25,7 +26,7 @@ from tests.paths import ROOT
 
 SRC = ROOT / "src" / "sluice"
 ORDER = ["cli", "api", "serving", "gateway|safety", "streaming", "routing", "observability", "worker", "engine", "models"]
-LEAVES = {"types", "config", "errors", "tool_types", "request_context", "trace_context", "redis_client", "aio", "toml_lines", "toml_config", "parent_death", "heap", "openmp_wait", "thread_name", "__init__"}
+LEAVES = {"types", "config", "common", "errors", "tool_types", "request_context", "trace_context", "redis_client", "aio", "toml_lines", "toml_config", "parent_death", "heap", "openmp_wait", "thread_name", "__init__"}
 RANK = {pkg: i for i, group in enumerate(ORDER) for pkg in group.split("|")}
 TOWERS = {"train": {"models", "observability"}, "search": {"observability"}}  # what each may import
 # the fleet layer's own floors; `errors` is routing's leaf

@@ -1,7 +1,7 @@
 """The admin API (`/admin/*`): the fleet's state and its operations, behind its own key.
 
-Only the `admin_key` setting opens it (`Authorization: Bearer KEY` or `x-api-key: KEY`, compared
-in constant time); tenant keys never do, and without an admin key configured the routes do not
+Only the `admin_key` setting opens it (`x-api-key: KEY` or `Authorization: Bearer KEY`, in that
+precedence, compared in constant time: common/api_keys.py); tenant keys never do, and without an admin key configured the routes do not
 exist (404), so a deployment that does not want them exposes nothing.
 
     GET  /admin/fleet                               the fleet: models, versions, rollouts, workers
@@ -21,16 +21,14 @@ per problem (the fleet file's `FILE:LINE: field: why`).
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from sluice.api import openapi_doc as doc
-from sluice.api.auth import presented_key
 from sluice.api.errors import STATUS_FOR_KIND, ApiError, bad_request
+from sluice.common.api_keys import KeyDigests, presented_key
 from sluice.api.json_body import json_object
 from sluice.serving.adapter_admin import AdapterAdmin
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
@@ -39,17 +37,16 @@ from sluice.serving.runtime import ServingRuntime
 
 class AdminGuard:
     def __init__(self, admin_key: str | None):
-        self._digest = hashlib.sha256(admin_key.encode()).digest() if admin_key else None
+        self._key = KeyDigests([admin_key] if admin_key else [])
 
     @property
     def enabled(self) -> bool:
-        return self._digest is not None
+        return bool(self._key)
 
     def check(self, request: Request) -> None:
-        if self._digest is None:
+        if not self._key:
             raise ApiError(404, f"Not found: {request.method} {request.url.path}", type="not_found_error")
-        key = presented_key(request) or _basic_password(request)
-        if key is None or not hmac.compare_digest(hashlib.sha256(key.encode()).digest(), self._digest):
+        if not self._key.matches(presented_key(request.headers) or _basic_password(request)):
             # Basic lets a browser ask for the key (the status page); the SDK-style headers work too
             raise ApiError(401, "the admin API needs the admin key", type="authentication_error",
                            headers={"www-authenticate": 'Basic realm="sluice admin"'})

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
+from sluice.common.api_keys import KeyDigests
 from sluice.gateway.key_store import KeyStore
 from sluice.gateway.limits import Limits
 from sluice.gateway.principal import Principal
@@ -48,14 +48,14 @@ class OpenAccess:
 
 
 class SingleKey:
-    """One key for local use. Only its SHA-256 is kept; comparison is constant time."""
+    """One key for local use. Only its SHA-256 is kept; comparison is constant time (common/api_keys.py)."""
 
     def __init__(self, key: str, principal: Principal | None = None):
-        self._digest = hashlib.sha256(key.encode()).digest()
+        self._key = KeyDigests([key])
         self._principal = principal or Principal()
 
     def matches(self, presented_key: str) -> bool:
-        return hmac.compare_digest(hashlib.sha256(presented_key.encode()).digest(), self._digest)
+        return self._key.matches(presented_key)
 
     async def authenticate(self, presented_key: str | None) -> Principal | None:
         if presented_key is None:
