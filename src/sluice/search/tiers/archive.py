@@ -2,39 +2,35 @@
 
 `make_archive` takes a consistent snapshot with Xapian's own compaction (a read-only open sees
 one committed revision even while the replica keeps writing) and tars it; `upload` / `download`
-move it through any S3-compatible endpoint (boto3; credentials from the usual AWS_* variables).
+move it through any S3-compatible endpoint (the client and the URL as common/s3.py makes and
+reads them, for checkpoints too: credentials from the usual AWS_* variables).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import tarfile
 import tempfile
 from pathlib import Path
 
 import xapian
 
+from sluice.common.s3 import S3Url, s3_client
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class S3Location:
-    bucket: str
-    key: str
+
+class S3Location(S3Url):
+    """An archive's place: one object, s3://BUCKET/KEY (its key is the URL's path)."""
+
+    __slots__ = ()
 
     @classmethod
     def parse(cls, url: str) -> "S3Location":
-        if not url.startswith("s3://") or "/" not in url[5:] or url.endswith("/"):
+        try:
+            where = S3Url.parse(url)
+        except ValueError:
+            where = None
+        if where is None or not where.path or url.endswith("/"):
             raise ValueError(f"an archive location is s3://BUCKET/KEY, got {url!r}")
-        bucket, key = url[5:].split("/", 1)
-        return cls(bucket, key)
-
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
-
-
-def s3_client(endpoint_url: str | None):
-    import boto3
-
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1")
+        return cls(where.bucket, where.path)
 
 
 def make_archive(index_dir: Path, out_file: Path) -> None:
@@ -51,7 +47,7 @@ def upload(index_dir: Path, where: S3Location, endpoint_url: str | None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         f = Path(tmp) / "index.tar.gz"
         make_archive(index_dir, f)
-        s3_client(endpoint_url).upload_file(str(f), where.bucket, where.key)
+        s3_client(endpoint_url).upload_file(str(f), where.bucket, where.path)
         return f.stat().st_size
 
 
@@ -59,7 +55,7 @@ def download(where: S3Location, dest_dir: Path, endpoint_url: str | None) -> Pat
     """Fetch and unpack an archive into dest_dir; returns the index folder."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     f = dest_dir / "archive.tar.gz"
-    s3_client(endpoint_url).download_file(where.bucket, where.key, str(f))
+    s3_client(endpoint_url).download_file(where.bucket, where.path, str(f))
     with tarfile.open(f, "r:gz") as tar:
         tar.extractall(dest_dir, filter="data")
     f.unlink()

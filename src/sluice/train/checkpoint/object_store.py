@@ -1,7 +1,8 @@
 """Checkpoints in S3-compatible object storage (`checkpoint_store = "s3://bucket/prefix"`).
 
-boto3 is the client (the search tier's cold archive uses it too; any S3-compatible endpoint
-through `s3_endpoint`, credentials from the usual AWS_* variables). DCP's storage hooks carry
+boto3 is the client, made and the URL read as the search tier's cold archive does (common/s3.py:
+any S3-compatible endpoint through `s3_endpoint`, credentials from the usual AWS_* variables,
+botocore's standard retries). DCP's storage hooks carry
 it: the writer is sluice's verified file writer (checkpoint/verified.py: DCP's, hashing what it
 writes) on a local staging folder that, in `write_data`, uploads each rank's files as they are
 written (inside DCP's background thread when the save is asynchronous) and, in the coordinator's
@@ -17,7 +18,6 @@ and clean-up delete `.metadata` first, so a half-deleted step never looks comple
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from sluice.common.s3 import S3ClientUnavailable, S3Url, error_code, s3_client
 from sluice.train.checkpoint.layout import MANIFEST, METADATA
 from sluice.train.checkpoint.lease import LEASE, Holder, parse_holder
 from sluice.train.checkpoint.manifest import data_files
@@ -39,25 +40,18 @@ _STEP = re.compile(r"step-(\d{8})")
 
 def parse_url(url: str) -> tuple[str, str]:
     """`s3://bucket/some/prefix` → ("bucket", "some/prefix") (no slashes at the ends)."""
-    if not url.startswith("s3://"):
-        raise CheckpointError(f"checkpoint_store {url!r} is not an s3:// URL")
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    return bucket, prefix.strip("/")
-
-
-def _code(exc: Exception) -> str | None:
-    """An S3 error's code (botocore's ClientError), else None."""
-    response = getattr(exc, "response", None)
-    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    try:
+        where = S3Url.parse(url)
+    except ValueError:
+        raise CheckpointError(f"checkpoint_store {url!r} is not an s3:// URL") from None
+    return where.bucket, where.path
 
 
 def make_client(endpoint: str):
     try:
-        import boto3
-    except ImportError:
+        return s3_client(endpoint)
+    except S3ClientUnavailable:
         raise CheckpointError("checkpoints in object storage need boto3: pip install 'sluice[train]'") from None
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.client("s3", endpoint_url=endpoint or None, region_name=region)
 
 
 class S3Store:
@@ -144,7 +138,7 @@ class S3Store:
         try:
             self.client.download_file(self.bucket, key, str(local))
         except Exception as exc:
-            if _code(exc) in ("404", "NoSuchKey"):
+            if error_code(exc) in ("404", "NoSuchKey"):
                 raise CheckpointDamaged(self.step_name(step), f"{name} is missing") from None
             raise self._failed("downloading", key, exc) from exc
 
@@ -167,7 +161,7 @@ class S3LeaseRecords:
         try:
             found = self.store.client.get_object(Bucket=self.store.bucket, Key=self.key)
         except Exception as exc:
-            if _code(exc) in ("404", "NoSuchKey"):
+            if error_code(exc) in ("404", "NoSuchKey"):
                 return None, None
             raise self.store._failed("reading", self.key, exc) from exc
         return parse_holder(found["Body"].read()), found["ETag"]
@@ -178,7 +172,7 @@ class S3LeaseRecords:
         try:
             self.store.client.put_object(Bucket=self.store.bucket, Key=self.key, Body=body, **condition)
         except Exception as exc:
-            if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            if error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 return False
             raise self.store._failed("writing", self.key, exc) from exc
         return True
