@@ -3,8 +3,8 @@
 The worker is restarted on the same unix socket address, so the gateway's gRPC channel simply
 reconnects (the client's reconnect backoff is capped at 1 s, channel_options.py). While it is
 down the fleet's health poller (routing/dispatch/health_poller.py) says so: /ready is 503 and generation
-requests get 529 with retry-after before any stream opens. After `RestartPolicy.max_restarts` exits within its
-window the supervisor gives up and calls `on_give_up`; `sluice serve` then exits non-zero so
+requests get 529 with retry-after before any stream opens. After `RestartBackoff.max_restarts` exits within its
+window (common/backoff.py) the supervisor gives up and calls `on_give_up`; `sluice serve` then exits non-zero so
 that its own supervisor (systemd, Kubernetes) restarts the whole process or alerts.
 
 Detecting an exit: the child's PID is polled every `poll_s` (0.2 s): cheaper and simpler than a
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from sluice.aio import cancel_and_wait
 from sluice.errors import EngineUnavailableError
 from sluice.worker.grpc_client import GrpcEngineClient
-from sluice.worker.restart_policy import RestartPolicy
+from sluice.common.backoff import RestartBackoff
 from sluice.worker.spawn import LocalWorker, start_local_worker, wait_ready
 
 log = logging.getLogger("sluice.worker")
@@ -34,7 +34,7 @@ class WorkerSupervisor:
         dtype: str,
         engine_args: Sequence[str],
         start_timeout_s: float,
-        policy: RestartPolicy,
+        policy: RestartBackoff,
         on_give_up: Callable[[str], None] | None = None,
         poll_s: float = 0.2,
         clock: Callable[[], float] = time.monotonic,

@@ -31,7 +31,7 @@ from sluice.routing.state.replica_plan import ReplicaGoal, replica_goal
 from sluice.routing.state.routing_state import effective_weights
 from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.worker.grpc_client import GrpcEngineClient
-from sluice.worker.restart_policy import RestartPolicy
+from sluice.common.backoff import RestartBackoff
 from sluice.worker.supervisor import WorkerSupervisor
 
 log = logging.getLogger("sluice.routing")
@@ -64,7 +64,7 @@ class LocalReplicas:
         launch = replica_launch(s, spec, local_replica_count(self.registry.fleet))
         supervisor = WorkerSupervisor(
             launch.model, launch.dtype, launch.engine_args, s.worker_start_timeout_s,
-            RestartPolicy(s.worker_max_restarts, s.worker_restart_window_s),
+            RestartBackoff(s.worker_max_restarts, s.worker_restart_window_s),
         )
         try:
             client = await supervisor.start(GrpcEngineClient)

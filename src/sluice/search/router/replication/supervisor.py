@@ -3,7 +3,9 @@
 Each local replica gets a fixed port (picked free at start) and a data folder
 `<data_dir>/<shard>/replica-<i>`, both kept across restarts, so a restarted replica comes back
 at the same URL with its log and index and catches up on what it missed. A replica that exits
-is restarted after a back-off that doubles per quick exit (0.5 s … 10 s), reset after 30 s up.
+is restarted after a back-off that doubles with each exit within 30 s of the ones before
+(0.5 s … 10 s) and never gives up: the restart policy of serving's workers (common/backoff.py),
+without its bound, since a router without a shard's replicas serves nothing of that shard.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from sluice.common.backoff import RestartBackoff
 from sluice.search.index.schema import Schema
 from sluice.parent_death import tied_to_this_process
 
@@ -38,9 +42,9 @@ class LocalReplica:
     port: int
     data_dir: Path
     proc: subprocess.Popen | None = None
-    started_at: float = 0.0
-    backoff_s: float = 0.5
-    next_start: float = 0.0
+    backoff: RestartBackoff = dataclasses.field(
+        default_factory=lambda: RestartBackoff(max_restarts=None, window_s=30.0, base_s=0.5, max_s=10.0))
+    next_start: float = 0.0  # when an exited replica restarts (0.0: not waiting to)
     restarts: int = 0
 
     @property
@@ -49,8 +53,10 @@ class LocalReplica:
 
 
 class Supervisor:
-    def __init__(self, data_dir: Path, schema: Schema, log_dir: Path | None = None):
+    def __init__(self, data_dir: Path, schema: Schema, log_dir: Path | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.data_dir = data_dir
+        self.clock = clock
         self.schema = schema
         self.log_dir = log_dir or data_dir / "logs"
         self.replicas: list[LocalReplica] = []
@@ -91,7 +97,6 @@ class Supervisor:
         r.proc = subprocess.Popen(tied_to_this_process() + cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   start_new_session=True)
         out.close()
-        r.started_at = time.monotonic()
 
     def start_all(self) -> None:
         """Call from the thread that will live as long as the router (PR_SET_PDEATHSIG follows
@@ -101,16 +106,15 @@ class Supervisor:
 
     def check(self) -> list[LocalReplica]:
         """Restart replicas that exited (respecting their back-off); returns those restarted."""
-        now = time.monotonic()
+        now = self.clock()
         restarted = []
         for r in self.replicas:
             if r.proc is None or r.proc.poll() is None:
                 continue
             if r.next_start == 0.0:
-                up_for = now - r.started_at
-                r.backoff_s = 0.5 if up_for > 30 else min(10.0, r.backoff_s * 2)
-                r.next_start = now + (0.0 if up_for > 30 else r.backoff_s)
-                log.warning("local replica %s exited with %s; restarting", r.name, r.proc.returncode)
+                delay = r.backoff.on_exit(now) or 0.0  # never None: no bound
+                r.next_start = now + delay
+                log.warning("local replica %s exited with %s; restarting it in %.1fs", r.name, r.proc.returncode, delay)
             if now >= r.next_start:
                 r.next_start = 0.0
                 r.restarts += 1
