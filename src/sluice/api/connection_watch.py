@@ -14,6 +14,10 @@ resume). No error event can be written to such a reader: its buffers are full â€
 
 The watch also stamps when each connection closed, so the app can measure how long a disconnect
 takes to become an engine abort (`sluice_disconnect_abort_seconds`).
+
+Both the watch and the read guard live in a subclass of uvicorn's private httptools protocol,
+found through common/uvicorn_protocol.py; where the installed uvicorn's differs, `watched_protocol`
+returns None and the server runs on uvicorn's own protocol, without them (with a warning).
 """
 
 from __future__ import annotations
@@ -28,14 +32,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from sluice.api.read_guard import ReadGuard, raw_error_response
+from sluice.common.uvicorn_protocol import fallback_warning, httptools_protocol
 
 log = logging.getLogger("sluice.server")
 SCOPE_KEY = "sluice.connection"
 LINGER_S = 2.0  # after refusing a request: how long its remaining bytes are read and dropped
 _OUTQ = getattr(termios, "TIOCOUTQ", None)  # == SIOCOUTQ on Linux; elsewhere only our buffer counts
+# the class the watched protocol extends; `object` where uvicorn's differs (then never served)
+_HTTPTOOLS: type = httptools_protocol() or object
 
 
 class ConnectionState:
@@ -142,7 +147,7 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
-class WatchedHttpToolsProtocol(HttpToolsProtocol):
+class WatchedHttpToolsProtocol(_HTTPTOOLS):  # type: ignore[misc, valid-type]
     """uvicorn's httptools protocol with a ConnectionWatch on each connection and a ReadGuard's
     limits on each request; `watched_protocol` makes the subclass that names the two."""
 
@@ -241,9 +246,14 @@ class WatchedHttpToolsProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_S, self.transport.close)
 
 
-def watched_protocol(watch: ConnectionWatch, guard: ReadGuard | None = None) -> type[HttpToolsProtocol]:
+def watched_protocol(watch: ConnectionWatch, guard: ReadGuard | None = None) -> type | None:
     """uvicorn's httptools protocol with this watch on each connection, and the read limits of
-    `guard` (read_guard.py) on each request: a subclass per server, as uvicorn takes a class."""
+    `guard` (read_guard.py) on each request: a subclass per server, as uvicorn takes a class.
+    None (said in a warning) when the installed uvicorn's protocol is not the one this extends:
+    the server then runs on uvicorn's default protocol."""
+    if _HTTPTOOLS is object or httptools_protocol() is None:
+        fallback_warning("sluice serve", "the stalled-reader watch and the read guard's header limits")
+        return None
     read_guard = guard or ReadGuard()
 
     class ServerProtocol(WatchedHttpToolsProtocol):

@@ -88,7 +88,7 @@ def build_server(app: object, rt: ServingRuntime, access_log: bool = False) -> D
     )
     config = uvicorn.Config(
         app,
-        http=watched_protocol(watch, guard),
+        http=watched_protocol(watch, guard) or "auto",  # "auto": uvicorn's own (common/uvicorn_protocol.py)
         log_level=s.log_level,
         log_config=None,  # logging is ours (observability/logs.py): uvicorn must not replace the handlers
         access_log=access_log,

@@ -12,15 +12,17 @@ keep-alive handling (`on_response_complete`). Everything else, and any request t
 take, goes through uvicorn unchanged.
 
 It builds on uvicorn's HttpToolsProtocol internals (its parser callbacks, `url`, `cycle`,
-`on_response_complete`), so `query_protocol_for` checks they are there and otherwise returns
-None: the shard then serves with uvicorn's default protocol and the ASGI query path
-(tests/unit/search/test_fast_paths.py checks that this protocol is the one in use).
+`on_response_complete`), found through common/uvicorn_protocol.py as serving's protocol is: where
+the installed uvicorn's differs, `query_protocol_for` returns None and the shard serves with
+uvicorn's default protocol and the ASGI query path (tests/unit/search/test_fast_paths.py checks
+that this protocol is the one in use; tests/unit/common/test_uvicorn_protocol.py the fallback).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sluice.common.uvicorn_protocol import fallback_warning, httptools_protocol
 from sluice.search.shard.query_path import MAX_BODY_BYTES, TOO_LARGE_PAYLOAD, Handler, QueryPath
 
 _REASONS = {200: b"OK", 400: b"Bad Request", 413: b"Payload Too Large"}
@@ -29,13 +31,8 @@ _REASONS = {200: b"OK", 400: b"Bad Request", 413: b"Payload Too Large"}
 def query_protocol_for(query_path: QueryPath) -> type | None:
     """A protocol class for uvicorn's `http=` answering `query_path`'s requests, or None when
     the installed uvicorn's httptools protocol is not the one this was written against."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # httptools missing: uvicorn's h11 protocol
-        return None
-    needed = ("on_message_begin", "on_url", "on_headers_complete", "on_body", "on_message_complete",
-              "on_response_complete")
-    if not all(callable(getattr(HttpToolsProtocol, name, None)) for name in needed):
+    HttpToolsProtocol = httptools_protocol()
+    if HttpToolsProtocol is None:
         return None
     handlers = {path.encode(): h for path, h in query_path.handlers.items()}
 
@@ -92,4 +89,7 @@ def query_protocol_for(query_path: QueryPath) -> type | None:
 def uvicorn_http_option(query_path: QueryPath) -> dict[str, Any]:
     """The `http=` option for uvicorn.run: this protocol when it fits the installed uvicorn."""
     cls = query_protocol_for(query_path)
-    return {} if cls is None else {"http": cls}
+    if cls is None:
+        fallback_warning("sluice search shard", "answering query requests inside the protocol")
+        return {}
+    return {"http": cls}
