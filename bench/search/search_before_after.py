@@ -30,7 +30,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 sys.path.insert(0, str(HERE))
-from sluice.search import corpus  # noqa: E402
+sys.path.insert(0, str(HERE.parents[1]))  # the root: tests/corpus.py
+from tests import corpus  # noqa: E402
 from sluice.search.index.query_tree import resolve  # noqa: E402
 from sluice.search.index.schema import parse_document  # noqa: E402
 from sluice.search.index.shard_index import ShardIndex  # noqa: E402

@@ -21,8 +21,9 @@ import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
-from sluice.search import corpus  # noqa: E402
+from tests import corpus  # noqa: E402
 from sluice.search.index.bm25 import CollectionStats  # noqa: E402
 from sluice.search.index.hits import merge  # noqa: E402
 from sluice.search.index.query_tree import resolve, terms_of  # noqa: E402

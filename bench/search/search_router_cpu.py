@@ -28,12 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from sluice.search import corpus
-from sluice.search.index.schema import parse_document
-from sluice.search.router.config import parse_config
-from sluice.search.router.runtime import RouterRuntime
-from sluice.search.shard.replica import Replica
-from sluice.search.shard.server import create_shard_app
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
+from tests import corpus  # noqa: E402
+from sluice.search.index.schema import parse_document  # noqa: E402
+from sluice.search.router.config import parse_config  # noqa: E402
+from sluice.search.router.runtime import RouterRuntime  # noqa: E402
+from sluice.search.shard.replica import Replica  # noqa: E402
+from sluice.search.shard.server import create_shard_app  # noqa: E402
 
 NAMED = (Path(sys.modules[RouterRuntime.__module__].__file__).parent / "http").is_dir()  # this tree's layout
 if NAMED:

@@ -29,8 +29,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
-from sluice.search import corpus  # noqa: E402
+from tests import corpus  # noqa: E402
 from sluice.search.index.analyzer import Analyzer  # noqa: E402
 from sluice.search.index.query_tree import resolve  # noqa: E402
 

@@ -33,11 +33,11 @@ TOWERS = {"train": {"models", "observability"}, "search": {"observability"}}  # 
 ROUTING_ORDER = ["fleet", "scaling", "dispatch", "state|quota", "fleet_file"]
 ROUTING_RANK = {pkg: i for i, group in enumerate(ROUTING_ORDER) for pkg in group.split("|")}
 # the search tower's own floors (docs/ARCHITECTURE.md): the router over the tiers over the shard
-# over the service and the contract over the index over dense retrieval's vectors; errors, strict_json and corpus are the
-# tower's leaves. Inside the router: main → http → runtime → query | writes | replication →
-# cluster → config | search_metrics | auth.
+# over the service and the contract over the index over dense retrieval's vectors; errors and
+# strict_json are the tower's leaves. Inside the router: main → http → runtime → query | writes |
+# replication → cluster → config | search_metrics | auth.
 SEARCH_ORDER = ["router", "tiers", "shard", "service", "contract", "retrieval", "index", "dense"]
-SEARCH_LEAVES = {"errors", "strict_json", "corpus", "__init__"}
+SEARCH_LEAVES = {"errors", "strict_json", "__init__"}
 ROUTER_ORDER = ["main", "http", "runtime", "query|writes|replication", "cluster", "config|search_metrics|auth"]
 # what the API may import besides leaves and itself (docs/ARCHITECTURE.md: api → serving → gateway/safety/streaming)
 API_REACHES = {"serving", "gateway", "safety", "streaming", "observability"}

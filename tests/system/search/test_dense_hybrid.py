@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from sluice.search import corpus
+from tests import corpus
 from sluice.search.dense.embedder import Embedder, attach_vectors
 from sluice.search.index.hits import merge
 from sluice.search.index.query_syntax import dense_text

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sluice.search import corpus
 from sluice.search.contract import DEFAULT_SNIPPET_CHARS
+from tests import corpus
 from sluice.search.index.hits import merge
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.schema import parse_document

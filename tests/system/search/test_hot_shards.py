@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 
-from sluice.search import corpus
+from tests import corpus
 from tests.system.search.cluster import HTTP, ingest, query_load, search, start_router, status, wait_for
 
 CONFIG = """[search]

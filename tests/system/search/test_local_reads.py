@@ -10,7 +10,7 @@ import signal
 
 import httpx
 
-from sluice.search import corpus
+from tests import corpus
 from tests.system.search.cluster import ingest, search, start_router, status
 
 HTTP_CONFIG = '[search]\nlocal_reads = false\n[[shards]]\nname = "s0"\n[[shards]]\nname = "s1"\n'

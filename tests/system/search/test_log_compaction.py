@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from sluice.search import corpus
+from tests import corpus
 from tests.system.search.cluster import ingest, restart, search, start_router, start_shard, status, wait_for
 
 

@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from sluice.search import corpus
+from tests import corpus
 from tests.system.search.cluster import ingest, query_load, restart, search, start_router, start_shard, status, wait_for
 
 N_DOCS = 600

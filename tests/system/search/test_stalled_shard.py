@@ -12,7 +12,7 @@ import re
 import signal
 from collections import Counter
 
-from sluice.search import corpus
+from tests import corpus
 from sluice.search.router.cluster.topology import hash_shard
 from tests.system.search.cluster import ingest, search, start_router, status, wait_for
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sluice.search import corpus
 from sluice.search.dense.embedder import Embedder, attach_vectors
 from sluice.search.index.query_syntax import dense_text
+from tests import corpus
 from sluice.search.index.hits import merge
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex

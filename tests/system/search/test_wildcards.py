@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import xapian
 
-from sluice.search import corpus
+from tests import corpus
 from sluice.search.index.analyzer import ID_SLOT
 from sluice.search.index.bm25 import Bm25Params
 from sluice.search.index.hits import Hit, merge

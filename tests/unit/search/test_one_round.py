@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from sluice.search import corpus
+from tests import corpus
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_tree import resolve, scored_leaves, terms_of

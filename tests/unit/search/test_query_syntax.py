@@ -52,7 +52,7 @@ def test_a_plain_words_terms_are_the_term_generators():
     gives, over the corpus's vocabulary and a few edge cases."""
     import re
 
-    from sluice.search import corpus
+    from tests import corpus
     from sluice.search.index.analyzer import Analyzer
 
     a = Analyzer()

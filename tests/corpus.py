@@ -1,5 +1,7 @@
-"""Reproducible test and benchmark text, nothing downloaded: Debian package descriptions and a
-synthetic Zipfian generator (fixed seed) for sizes beyond them.
+"""Reproducible text for search's tests and benchmarks, nothing downloaded: Debian package
+descriptions and a synthetic Zipfian generator (fixed seed) for sizes beyond them. Test
+machinery, so it lives here and not in src/; bench/search/ imports it (`from tests import corpus`,
+with the repository root on sys.path, as every bench script puts it).
 
 `debian_packages()` reads `apt-cache dumpavail` (the package lists `apt-get update` fetched;
 tens of thousands of short real documents: title = the one-line summary, body = the long
