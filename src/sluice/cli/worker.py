@@ -44,8 +44,6 @@ def _run(args: argparse.Namespace) -> int:
         config = EngineConfig.from_settings(settings)
         if args.engine_config:  # every EngineConfig field at once (how `sluice serve` starts its workers)
             config = EngineConfig(**{**dataclasses.asdict(config), **json.loads(args.engine_config)})
-        if faults.fail_seed is not None:
-            config.fault_fail_seed = faults.fail_seed
         from sluice.models.device import resolve_device
 
         resolve_device(config.device)  # a CUDA device that is not there: one line and exit 2, before listening

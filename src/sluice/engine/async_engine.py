@@ -54,17 +54,13 @@ class AsyncEngine:
         self,
         engine: LLMEngine | None = None,
         factory: Callable[[], LLMEngine] | None = None,
-        before_step: Callable[[], None] | None = None,
         idle_release_s: float | None = IDLE_RELEASE_S,
     ):
-        """`before_step` runs on the engine thread before every step (the worker's step_delay_s
-        fault injection: a slow accelerator); None in production. `idle_release_s`: idle seconds
-        before the engine releases memory (None: never)."""
+        """`idle_release_s`: idle seconds before the engine releases memory (None: never)."""
         if (engine is None) == (factory is None):
             raise ValueError("pass exactly one of engine or factory")
         self._engine: LLMEngine | None = engine  # set on the engine thread when a factory builds it
         self._factory = factory
-        self._before_step = before_step
         self._idle_release_s = idle_release_s
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
@@ -207,8 +203,6 @@ class AsyncEngine:
                 self._drain_commands()
                 if self.engine.has_unfinished():
                     release_due = True
-                    if self._before_step is not None:
-                        self._before_step()
                     events = self.engine.step()
                     # the snapshot first: whoever sees a step's events sees at least that step's
                     # stats (a consumer checking num_running on its first token saw the idle

@@ -138,9 +138,6 @@ class EngineConfig:
     max_cpu_loras: int = DEFAULT_MAX_CPU_LORAS
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     lora_s3_endpoint: str | None = None
-    # Testing aid, off by default (docs/ENGINE.md): a step containing a request with this
-    # sampling seed raises, so the partial-failure path is exercised deterministically.
-    fault_fail_seed: int | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "EngineConfig":

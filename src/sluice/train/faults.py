@@ -18,6 +18,10 @@ SLUICE_TRAIN_FAULT holds comma-separated faults:
   NaN leaves them), after the backward pass.
 - `inf_grad:STEP`: at step STEP one gradient element is +inf (an overflow in the backward pass),
   the loss finite.
+
+The spec is read once, when a rank's Trainer starts (`from_env`; parsed by common/fault_spec.py):
+without one the trainer holds None and a step meets one `is None` per fault point — no
+environment read, no parsing, nothing built.
 """
 
 from __future__ import annotations
@@ -29,7 +33,17 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from sluice.common.fault_spec import FaultGrammar, FaultKind
+
 ENV = "SLUICE_TRAIN_FAULT"
+GRAMMAR = FaultGrammar(ENV, ":", (
+    FaultKind("kill", "kill:RANK:STEP[:GROUP]", (int, int, int), optional=1),
+    FaultKind("await_group", "await_group:GROUP:STEP", (int, int)),
+    FaultKind("delay", "delay:SECONDS", (float,)),
+    FaultKind("hold", "hold:WORLD:STEP", (int, int)),
+    FaultKind("nan_loss", "nan_loss:STEP", (int,)),
+    FaultKind("inf_grad", "inf_grad:STEP", (int,)),
+))
 
 
 class FaultPoint(str, enum.Enum):
@@ -66,27 +80,27 @@ class Faults:
 
 def parse(spec: str | None) -> Faults:
     kill, delay, holds, steps, await_group = None, 0.0, [], {}, None
-    for item in filter(None, (spec or "").split(",")):
-        kind, *args = item.split(":")
-        if kind == "kill" and len(args) in (2, 3):
-            kill = (int(args[0]), int(args[1]), int(args[2]) if len(args) == 3 else 0)
-        elif kind == "await_group" and len(args) == 2:
-            await_group = (int(args[0]), int(args[1]))
-        elif kind == "delay" and len(args) == 1:
-            delay = float(args[0])
-        elif kind == "hold" and len(args) == 2:
-            holds.append((int(args[0]), int(args[1])))
-        elif kind in ("nan_loss", "inf_grad") and len(args) == 1:
-            steps[kind] = int(args[0])
-        else:
-            raise ValueError(f"{ENV}: unknown fault {item!r} "
-                             "(kill:RANK:STEP[:GROUP], await_group:GROUP:STEP, delay:SECONDS, hold:WORLD:STEP, "
-                             "nan_loss:STEP, inf_grad:STEP)")
+    for fault in GRAMMAR.parse(spec):
+        if fault.name == "kill":
+            kill = (*fault.args, 0)[:3]  # the replica group: 0 when left out
+        elif fault.name == "await_group":
+            await_group = fault.args
+        elif fault.name == "delay":
+            delay = fault.args[0]
+        elif fault.name == "hold":
+            holds.append(fault.args)
+        else:  # nan_loss, inf_grad
+            steps[fault.name] = fault.args[0]
     return Faults(kill, delay, tuple(holds), **steps, await_group=await_group)
 
 
-def at_step_start(site: FaultSite) -> None:
+def from_env() -> Faults | None:
+    """The faults SLUICE_TRAIN_FAULT names, or None when it names none (production)."""
     faults = parse(os.environ.get(ENV))
+    return faults if faults != Faults() else None
+
+
+def at_step_start(faults: Faults, site: FaultSite) -> None:
     if faults.delay_s:
         time.sleep(faults.delay_s)
     if faults.kill == (site.rank, site.step, site.group) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
@@ -112,8 +126,8 @@ def _await_rejoin(run_dir, group: int) -> None:
         time.sleep(0.1)
 
 
-def hold(step: int, world: int, stopping: Callable[[], bool], before: Callable[[], None]) -> None:
-    if (world, step) not in parse(os.environ.get(ENV)).holds:
+def hold(faults: Faults, step: int, world: int, stopping: Callable[[], bool], before: Callable[[], None]) -> None:
+    if (world, step) not in faults.holds:
         return
     import torch
     import torch.distributed as dist
@@ -127,9 +141,8 @@ def hold(step: int, world: int, stopping: Callable[[], bool], before: Callable[[
         time.sleep(0.1)
 
 
-def after_backward(step: int, loss_sum, params) -> None:
+def after_backward(faults: Faults, step: int, loss_sum, params) -> None:
     """Make the step's loss (a float64 tensor, changed in place) or gradients non-finite."""
-    faults = parse(os.environ.get(ENV))
     if step not in (faults.nan_loss, faults.inf_grad):
         return
     grads = [p.grad for p in params if p.grad is not None]
@@ -142,10 +155,10 @@ def after_backward(step: int, loss_sum, params) -> None:
         g.view(-1)[0] = float("inf")
 
 
-def fire(point: FaultPoint, site: FaultSite) -> None:
-    """Run the faults SLUICE_TRAIN_FAULT names for `point`."""
+def fire(faults: Faults, point: FaultPoint, site: FaultSite) -> None:
+    """Run `faults` (what SLUICE_TRAIN_FAULT named at start-up) for `point`."""
     if point is FaultPoint.STEP_START:
-        at_step_start(site)
-        hold(site.step, site.world, site.stopping, site.settle)
+        at_step_start(faults, site)
+        hold(faults, site.step, site.world, site.stopping, site.settle)
     elif point is FaultPoint.AFTER_BACKWARD:
-        after_backward(site.step, site.loss_sum, site.params)
+        after_backward(faults, site.step, site.loss_sum, site.params)

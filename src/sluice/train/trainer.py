@@ -70,6 +70,7 @@ class Trainer:
         self.group = ReplicaDriver.group_of(self.settings)
         self.writes = self.group == 0  # with replica groups, group 0 writes the checkpoints
         self.heartbeat: Heartbeat | None = None
+        self.faults = faults.from_env()  # the tests' faults (train/faults.py), read once; None in production
 
     def run(self) -> int:
         try:
@@ -296,10 +297,13 @@ class Trainer:
             say(f"step {o.step}: the loss or the gradient norm is not finite: its update was skipped (nonfinite = skip)")
 
     def _fault(self, point: FaultPoint, step: int, loss_sum: torch.Tensor | None = None) -> None:
-        """The trainer's one call into the deterministic test faults (train/faults.py)."""
-        faults.fire(point, faults.FaultSite(self.rank, self.dims.world, step, self.group, self.run_dir,
-                                            lambda: self.stop.set, self.ckpt.wait, loss_sum,
-                                            self.model.module.parameters()))
+        """The trainer's one call into the deterministic test faults (train/faults.py): None,
+        and nothing done, unless SLUICE_TRAIN_FAULT named some when the rank started."""
+        if self.faults is None:
+            return
+        faults.fire(self.faults, point, faults.FaultSite(self.rank, self.dims.world, step, self.group, self.run_dir,
+                                                         lambda: self.stop.set, self.ckpt.wait, loss_sum,
+                                                         self.model.module.parameters()))
 
     # --- the end -----------------------------------------------------------------------------
     def _finish(self, stopped_at: int | None) -> None:

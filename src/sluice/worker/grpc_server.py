@@ -10,14 +10,13 @@ Cancelling the RPC (client gone, deadline passed) cancels the handler, whose gen
 aborts the engine request: its KV blocks are freed within one engine step.
 Stream serves many requests on one call (worker/stream_session.py): sluice's own gateway uses it,
 so an engine step reaches the gateway as one message instead of one per request. Both serve each
-request through `request_batches`: the same checks, faults, span and errors.
+request through `request_batches`: the same checks, span and errors (and a test's faults, when
+the worker was started with some: worker/faults.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
@@ -32,10 +31,10 @@ from sluice.worker.engine_client import ModelInfo
 from sluice.request_context import request_id_var
 from sluice.trace_context import extract_context, tracer
 from sluice.types import GenerationEvent
-from sluice.worker.faults import FaultSpec
+from sluice.worker.faults import RequestFaults
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
-from sluice.worker.status_codes import REFUSED_TRAILERS, RequestFailed, status_for
+from sluice.worker.status_codes import RequestFailed, status_for
 from sluice.worker.stream_session import StreamSession
 
 log = logging.getLogger("sluice.worker")
@@ -44,9 +43,8 @@ log = logging.getLogger("sluice.worker")
 class EngineServicer(pb_grpc.EngineServicer):
     """Serves one AsyncEngine; starts without one (`set_engine` once the model is loaded)."""
 
-    def __init__(self, faults: FaultSpec = FaultSpec()) -> None:
-        self.faults = faults  # a testing aid (worker/faults.py); inactive by default
-        self.tokens_sent = 0  # output tokens sent, all requests (for exit_after_tokens)
+    def __init__(self, faults: RequestFaults | None = None) -> None:
+        self.faults = faults  # a testing aid (worker/faults.py), installed at start-up; None in production
         self.engine: AsyncEngine | None = None
         self.info: ModelInfo | None = None
         self.detail = "loading the model"
@@ -111,9 +109,6 @@ class EngineServicer(pb_grpc.EngineServicer):
         if self.draining:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "worker draining")
         request_id_var.set(request.request_id)  # this handler's task: its log lines carry the id
-        faults = self.faults if not FaultSpec.exempt(request.request_id) else FaultSpec()
-        if faults.fail_all:
-            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_all", REFUSED_TRAILERS)
         span = tracer().start_span("worker.generate", context=extract_context(trace_metadata),
                                    kind=SpanKind.SERVER, attributes={
                                        "sluice.request_id": request.request_id,
@@ -124,9 +119,10 @@ class EngineServicer(pb_grpc.EngineServicer):
         last: GenerationEvent | None = None
         self.active += 1
         try:
-            if faults.delay_first_token_s:
-                await asyncio.sleep(faults.delay_first_token_s)
-            async for batch in engine.generate_batches(request_from_pb(request)):
+            batches = engine.generate_batches(request_from_pb(request))
+            if self.faults is not None:
+                batches = self.faults.around(request.request_id, batches)
+            async for batch in batches:
                 if first_at is None and any(e.token_ids for e in batch):
                     first_at = time.perf_counter()
                     queued = next((e.queue_time_s for e in batch if e.queue_time_s is not None), None)
@@ -134,12 +130,6 @@ class EngineServicer(pb_grpc.EngineServicer):
                         span.set_attribute("sluice.queue_time_s", queued)
                 last = batch[-1]
                 yield batch
-                if faults.exit_after_tokens is not None:
-                    self.tokens_sent += sum(len(e.token_ids) for e in batch)
-                    if self.tokens_sent >= faults.exit_after_tokens:
-                        log.error("injected fault: exiting after %d output tokens", self.tokens_sent)
-                        await asyncio.sleep(0.05)  # let the last message leave
-                        os._exit(137)
         except (InvalidRequestError, EngineDeadError) as exc:
             code, trailers = status_for(exc)
             raise RequestFailed(code, str(exc), trailers) from None

@@ -101,7 +101,7 @@ async def run_worker(
     `faults`: a testing aid (worker/faults.py), inactive by default."""
     if faults.active:
         _say(f"sluice worker: warning: fault injection is on ({faults}) — a testing aid")
-    servicer = EngineServicer(faults)
+    servicer = EngineServicer(faults.request_faults())
     health = WorkerHealth()
     server = await _start_server(listen, servicer, health)
     if server is None:
@@ -114,8 +114,7 @@ async def run_worker(
     loop.add_signal_handler(signal.SIGUSR1, drain.set)
 
     load = _ModelLoad(model, dtype, config, progress, faults)
-    slow_step = (lambda: time.sleep(faults.step_delay_s)) if faults.step_delay_s else None
-    engine = AsyncEngine(factory=load.build, before_step=slow_step).start()
+    engine = AsyncEngine(factory=load.build).start()
     stop_wait = asyncio.ensure_future(stop.wait())
     await asyncio.wait({asyncio.ensure_future(load.built.wait()), stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
@@ -185,7 +184,10 @@ class _ModelLoad:
             config = self.config
             self.loaded = load_model(self.model, self.dtype, device=config.device, progress=self.progress,
                                      kernels=config.kernels)
-            return LLMEngine(self.loaded, config)
+            engine = LLMEngine(self.loaded, config)
+            if self.faults.active:
+                self.faults.install_on_engine(engine)  # the testing aid's engine faults (worker/faults.py)
+            return engine
         finally:
             self.loop.call_soon_threadsafe(self.built.set)
 

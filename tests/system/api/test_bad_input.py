@@ -237,13 +237,16 @@ def test_async_duplicate_id_fails_only_the_duplicate(tiny_llama):
 def test_a_fault_in_one_request_fails_it_alone_and_its_batch_goes_on(tiny_llama):
     """Partial batch failure: a step that raises is split into its requests; only the one whose
     own step fails ends with ERROR, the others run on to the same tokens they get alone
-    (`fault_fail_seed`: the testing aid that makes one request's step raise)."""
+    (`fail_seed`: the worker's testing aid that makes one request's step raise, worker/faults.py)."""
+    from sluice.worker.faults import FaultSpec
+
     params = [SamplingParams(max_tokens=12, temperature=0.7, seed=s) for s in (11, 13, 17)]
     prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
     alone = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64))
     expected = {f"r{i}": alone.generate([GenerationRequest(f"r{i}", p, s)])[f"r{i}"].token_ids
                 for i, (p, s) in enumerate(zip(prompts, params))}
-    faulty = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64, fault_fail_seed=13))
+    faulty = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64))
+    FaultSpec(fail_seed=13).install_on_engine(faulty)
     out = faulty.generate([GenerationRequest(f"r{i}", p, s) for i, (p, s) in enumerate(zip(prompts, params))])
     assert out["r1"].finish_reason is FinishReason.ERROR and "injected fault" in (out["r1"].error or "")
     assert out["r0"].token_ids == expected["r0"] and out["r2"].token_ids == expected["r2"]
