@@ -27,6 +27,8 @@ from tests.paths import ROOT
 SRC = ROOT / "src" / "sluice"
 ORDER = ["cli", "api", "serving", "gateway|safety", "streaming", "routing", "observability", "worker", "engine", "models"]
 LEAVES = {"types", "config", "common", "errors", "tool_types", "request_context", "trace_context", "redis_client", "aio", "toml_lines", "toml_config", "parent_death", "heap", "openmp_wait", "thread_name", "__init__"}
+# common/: what the systems share, one leaf module per concept (docs/ARCHITECTURE.md lists them)
+COMMON_LEAVES = {"api_keys", "s3", "backoff", "uvicorn_protocol", "fault_spec", "__init__"}
 RANK = {pkg: i for i, group in enumerate(ORDER) for pkg in group.split("|")}
 TOWERS = {"train": {"models", "observability"}, "search": {"observability"}}  # what each may import
 # the fleet layer's own floors; `errors` is routing's leaf
@@ -71,6 +73,11 @@ def test_every_package_has_a_place_in_the_order():
     assert packages <= placed, f"place these in ORDER: {sorted(packages - placed)}"
     routing = {p.name for p in (SRC / "routing").iterdir() if p.is_dir() and not p.name.startswith("__")}
     assert routing <= set(ROUTING_RANK), f"place these in ROUTING_ORDER: {sorted(routing - set(ROUTING_RANK))}"
+
+
+def test_every_shared_leaf_is_declared():
+    found = {p.stem for p in (SRC / "common").glob("*.py")}
+    assert found == COMMON_LEAVES, f"declare the modules of common/ in COMMON_LEAVES (and docs/ARCHITECTURE.md): {found ^ COMMON_LEAVES}"
 
 
 def test_no_import_points_up_or_sideways():
