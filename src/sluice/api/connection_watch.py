@@ -39,6 +39,10 @@ log = logging.getLogger("sluice.server")
 SCOPE_KEY = "sluice.connection"
 LINGER_S = 2.0  # after refusing a request: how long its remaining bytes are read and dropped
 _OUTQ = getattr(termios, "TIOCOUTQ", None)  # == SIOCOUTQ on Linux; elsewhere only our buffer counts
+# At the header deadline, bytes the kernel holds unread mean the peer spoke in time and the loop
+# has not read them yet: busy, it runs due timers before reading sockets (uvloop's order). The
+# verdict waits this long, once, so the next poll reads them first.
+READ_GRACE_S = 0.05
 # the class the watched protocol extends; `object` where uvicorn's differs (then never served)
 _HTTPTOOLS: type = httptools_protocol() or object
 
@@ -136,6 +140,17 @@ class ConnectionWatch:
         state.transport.abort()  # RST; uvicorn's connection_lost reports http.disconnect
 
 
+def _unread(transport: asyncio.BaseTransport) -> int:
+    """Bytes received on the connection that nothing has read yet (FIONREAD; 0 where unknown)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):  # closed meanwhile (fd -1)
+        return 0
+
+
 def set_nodelay(transport: asyncio.BaseTransport) -> None:
     """Disable Nagle on the connection: responses are written whole, so waiting to coalesce
     small segments only adds the peer's delayed-ACK time (~40 ms) to every kept-alive request."""
@@ -158,6 +173,7 @@ class WatchedHttpToolsProtocol(_HTTPTOOLS):  # type: ignore[misc, valid-type]
     _header_bytes = 0
     _tail = b""  # the last bytes seen, to find a header terminator split across reads
     _header_timer: asyncio.TimerHandle | None = None
+    _header_grace = False  # the header deadline already waited for unread bytes once
     _rejected = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -223,7 +239,10 @@ class WatchedHttpToolsProtocol(_HTTPTOOLS):  # type: ignore[misc, valid-type]
     def _header_timeout(self) -> None:
         self._header_timer = None
         if self._header_phase and not self.transport.is_closing():
-            if self._header_bytes == 0:  # connected and never said anything: nobody to answer
+            if self._header_bytes == 0 and not self._header_grace and _unread(self.transport) > 0:
+                self._header_grace = True
+                self._header_timer = self.loop.call_later(READ_GRACE_S, self._header_timeout)
+            elif self._header_bytes == 0:  # connected and never said anything: nobody to answer
                 self._guard.count(408)
                 self._rejected = True
                 self._end_request()

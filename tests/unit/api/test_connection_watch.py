@@ -92,3 +92,67 @@ def test_a_slow_reader_and_an_idle_peer_are_not_cut():
         idle_server.close()
 
     asyncio.run(run())
+
+
+
+def test_a_request_sent_before_the_header_deadline_is_served_however_busy_the_loop():
+    """Between reading sockets and running due timers the loop runs callbacks; one that holds it
+    past a connection's header deadline (a busy process, starved of the CPU) used to leave that
+    connection's request unread when its deadline fired, so it was taken for a connection that
+    never spoke and closed without an answer ("server disconnected without sending a response").
+    The bytes waiting in the kernel now count: the request is read and answered. The loop is
+    held on purpose, by another connection's read callback that sleeps past the deadline, so
+    this holds on any machine."""
+    import threading
+    import time
+
+    import uvicorn
+    import uvloop
+
+    from sluice.api.connection_watch import watched_protocol
+    from sluice.api.read_guard import ReadGuard, ReadLimits
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    busy = threading.Event()
+    guard = ReadGuard(ReadLimits(header_timeout_s=0.3))
+
+    class Holding(watched_protocol(ConnectionWatch(60.0), guard)):  # type: ignore[misc]
+        def data_received(self, data: bytes) -> None:
+            if data == b"HOLD":  # the loop is busy for 1 s inside its read callbacks
+                busy.set()
+                time.sleep(1.0)
+                return
+            super().data_received(data)
+
+    server = uvicorn.Server(uvicorn.Config(app, http=Holding, log_level="warning", lifespan="off"))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    loop = uvloop.new_event_loop()  # as uvicorn serves (its loop="auto")
+    thread = threading.Thread(target=lambda: loop.run_until_complete(server.serve(sockets=[listener])), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        holder = socket.create_connection(listener.getsockname(), timeout=60)
+        client = socket.create_connection(listener.getsockname(), timeout=60)
+        while len(guard.incomplete) < 2:  # both accepted: the client's 0.3 s header deadline runs
+            assert time.monotonic() < deadline, "the connections were not accepted"
+            time.sleep(0.01)
+        holder.sendall(b"HOLD")
+        assert busy.wait(60)
+        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # in time: the loop just cannot read it yet
+        response = b""
+        while b"ok" not in response and (chunk := client.recv(4096)):
+            response += chunk
+        assert response.startswith(b"HTTP/1.1 200"), response
+        client.close()
+        holder.close()
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        loop.close()
