@@ -1,6 +1,7 @@
 # sluice: two commands from a fresh clone.
 #   make serve   install into .venv (once) and serve the bundled model on 127.0.0.1:8000
-#   make test    install into .venv (once) and run the whole test suite
+#   make test    install into .venv (once), check the style (make lint) and run the whole test suite
+#   make lint    ruff (format and lint) and mypy on src/, tests/, bench/ and deploy/
 #   make fuzz    a longer randomized pass of the OpenAPI fuzz tests, serving and search (FUZZ_EXAMPLES=500)
 #   make bench   run the engine throughput benchmark (docs/BENCHMARKS.md)
 #   make search  install into .venv (once) and run `sluice search serve` on 127.0.0.1:8100
@@ -18,7 +19,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: install serve search test fuzz bench proto deploy-generate clean
+.PHONY: install serve search lint test fuzz bench proto deploy-generate clean
 
 # $(call apt_need,COMMAND,PACKAGE): install Debian's PACKAGE unless COMMAND is already there
 apt_need = command -v $(1) >/dev/null || { \
@@ -75,6 +76,13 @@ proto: install
 # regenerate deploy/ files from their sources (KEDA ScaledObject, Prometheus rules, dashboard)
 deploy-generate: install
 	$(BIN)/python -m deploy.generate
+
+# the checked style (pyproject.toml's [tool.ruff] and [tool.mypy] say which rules and why)
+LINT_PATHS := src tests bench deploy
+lint: install
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy $(LINT_PATHS)
 
 test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -57,7 +57,16 @@ def write_lora_adapter(folder: Path, cfg, rank: int = 16, seed: int = 0, std: fl
             tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, rank, generator=g) * std
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(LORA_TARGETS),
-        "bias": "none", "lora_dropout": 0.0}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "target_modules": list(LORA_TARGETS),
+                "bias": "none",
+                "lora_dropout": 0.0,
+            }
+        )
+    )
     return folder

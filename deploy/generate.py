@@ -22,8 +22,8 @@ from pathlib import Path
 import yaml
 
 from sluice.routing.fleet_file.loader import load_fleet
-from sluice.routing.scaling.keda_scaledobject import scaled_object, worker_model
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
+from sluice.routing.scaling.keda_scaledobject import scaled_object, worker_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "deploy/k8s/base/fleet.toml"  # the gateways' fleet file (ConfigMap sluice-fleet)
@@ -57,8 +57,10 @@ def outputs(settings: ScalingSettings, fleet: Path = FLEET) -> dict[Path, Callab
     """Each generated file and how to render it (lazily: the dashboard needs its builder)."""
 
     def keda() -> str:
-        return _yaml(scaled_object(settings, model=fleet_model(fleet)),
-                     "src/sluice/routing/fleet_file/scaling_settings.py and deploy/k8s/base/fleet.toml")
+        return _yaml(
+            scaled_object(settings, model=fleet_model(fleet)),
+            "src/sluice/routing/fleet_file/scaling_settings.py and deploy/k8s/base/fleet.toml",
+        )
 
     def rules() -> str:
         from deploy.tools.prometheus_rules import rule_groups
@@ -87,9 +89,15 @@ def load_scaling(path: str | None) -> ScalingSettings:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m deploy.generate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 if a file is stale")
-    ap.add_argument("--scaling", metavar="FILE", help="a TOML file with a [scaling] table (default: the built-in defaults)")
-    ap.add_argument("--fleet", metavar="FILE", default=str(FLEET),
-                    help="the fleet file whose model the workers serve (default: deploy/k8s/base/fleet.toml)")
+    ap.add_argument(
+        "--scaling", metavar="FILE", help="a TOML file with a [scaling] table (default: the built-in defaults)"
+    )
+    ap.add_argument(
+        "--fleet",
+        metavar="FILE",
+        default=str(FLEET),
+        help="the fleet file whose model the workers serve (default: deploy/k8s/base/fleet.toml)",
+    )
     ap.add_argument("--out", metavar="DIR", help="write under DIR instead of the repository (same relative paths)")
     args = ap.parse_args(argv)
     stale = []

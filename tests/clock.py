@@ -6,9 +6,9 @@ setting `t` moves the monotonic reading alone."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-NOON_UTC = datetime(2026, 1, 5, 12, 0, tzinfo=timezone.utc)  # a Monday
+NOON_UTC = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)  # a Monday
 
 
 class FakeClock:

@@ -54,8 +54,9 @@ def debian_descriptions() -> dict[str, str]:
     try:
         out: dict[str, str] = {}
         for f in files:
-            text = subprocess.run([helper, "cat-file", f], capture_output=True, text=True, timeout=120,
-                                  check=True).stdout
+            text = subprocess.run(
+                [helper, "cat-file", f], capture_output=True, text=True, timeout=120, check=True
+            ).stdout
             for fields in _paragraphs(text):
                 name, desc = fields.get("Package"), fields.get("Description-en")
                 if name and desc and name not in out:
@@ -74,7 +75,9 @@ def debian_packages(limit: int | None = None) -> list[Doc]:
     if shutil.which("apt-cache") is None:
         return []
     try:
-        text = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True, timeout=120, check=True).stdout
+        text = subprocess.run(
+            ["apt-cache", "dumpavail"], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     docs: list[Doc] = []
@@ -87,8 +90,15 @@ def debian_packages(limit: int | None = None) -> list[Doc]:
         seen.add(name)
         title = desc.partition("\n")[0]
         body = _long_part(desc) or long_descriptions.get(name, "")
-        docs.append({"id": name, "title": title.strip(), "body": body, "section": fields.get("Section", "misc"),
-                     "package": name})
+        docs.append(
+            {
+                "id": name,
+                "title": title.strip(),
+                "body": body,
+                "section": fields.get("Section", "misc"),
+                "package": name,
+            }
+        )
         if limit is not None and len(docs) >= limit:
             break
     return docs
@@ -104,8 +114,14 @@ def zipf_documents(n: int, seed: int = 7, vocab_size: int = 20000, start: int = 
     docs = []
     for i in range(start, start + n):
         words = rng.choices(vocab, weights, k=rng.randint(20, 120))
-        docs.append({"id": f"z{i}", "title": " ".join(words[:6]), "body": " ".join(words[6:]),
-                     "section": sections[i % len(sections)]})
+        docs.append(
+            {
+                "id": f"z{i}",
+                "title": " ".join(words[:6]),
+                "body": " ".join(words[6:]),
+                "section": sections[i % len(sections)],
+            }
+        )
     return docs
 
 

@@ -43,8 +43,14 @@ class FakeEngine:
 
     async def generate(self, request: GenerationRequest, trace_metadata=()) -> AsyncGenerator[GenerationEvent, None]:
         if is_warmup(request.request_id):  # the fleet's warm-up: one token, not counted
-            yield GenerationEvent(request.request_id, "", [0], finished=True, finish_reason=FinishReason.LENGTH,
-                                  usage=Usage(len(request.prompt_token_ids), 1, 0))
+            yield GenerationEvent(
+                request.request_id,
+                "",
+                [0],
+                finished=True,
+                finish_reason=FinishReason.LENGTH,
+                usage=Usage(len(request.prompt_token_ids), 1, 0),
+            )
             return
         s = self.script
         self.started.append(request.request_id)
@@ -67,8 +73,9 @@ class FakeEngine:
                 if last:  # a consumer stops reading at the final event: it is not an abort
                     done = True
                     self.finished.append(request.request_id)
-                yield GenerationEvent(request.request_id, text, [i], finished=last,
-                                      finish_reason=s.finish if last else None, usage=usage)
+                yield GenerationEvent(
+                    request.request_id, text, [i], finished=last, finish_reason=s.finish if last else None, usage=usage
+                )
         finally:
             if not done:
                 self.aborted.append(request.request_id)

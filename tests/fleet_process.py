@@ -63,19 +63,33 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = 600.0, ever
 
 
 def warm_workers(proc: Proc, model: str = MODEL, version: str | None = None) -> list[dict]:
-    return [w for w in status(proc)["workers"] if w["status"] == "warm" and w["model"] == model
-            and (version is None or w["version"] == version)]
+    return [
+        w
+        for w in status(proc)["workers"]
+        if w["status"] == "warm" and w["model"] == model and (version is None or w["version"] == version)
+    ]
 
 
 def rollout_of(proc: Proc, model: str = MODEL) -> dict | None:
     return status(proc)["models"][model]["rollout"]
 
 
-def ask(proc: Proc, key: str | None, user: str | None = None, model: str = MODEL, headers: dict | None = None,
-        max_tokens: int = 1, text: str = "Say hello.") -> httpx.Response:
+def ask(
+    proc: Proc,
+    key: str | None,
+    user: str | None = None,
+    model: str = MODEL,
+    headers: dict | None = None,
+    max_tokens: int = 1,
+    text: str = "Say hello.",
+) -> httpx.Response:
     """One non-streaming Messages call (response cache bypassed: every call is routed)."""
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0,
-                            "messages": [{"role": "user", "content": text}]}
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": text}],
+    }
     if user is not None:
         body["metadata"] = {"user_id": user}
     h = {"sluice-cache": "bypass", **(headers or {})}
@@ -86,12 +100,21 @@ def ask(proc: Proc, key: str | None, user: str | None = None, model: str = MODEL
 
 def stream(proc: Proc, key: str | None, user: str, max_tokens: int, text: str) -> dict[str, Any]:
     """One streamed Messages call: its events, text, version header and final usage."""
-    body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "stream": True, "metadata": {"user_id": user},
-            "messages": [{"role": "user", "content": text}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "metadata": {"user_id": user},
+        "messages": [{"role": "user", "content": text}],
+    }
     h = {"sluice-cache": "bypass", **({"x-api-key": key} if key else {})}
     events, parts, final = [], [], {}
     began = time.monotonic()
-    with httpx.Client(timeout=300) as c, connect_sse(c, "POST", proc.base_url + "/v1/messages", json=body, headers=h) as es:
+    with (
+        httpx.Client(timeout=300) as c,
+        connect_sse(c, "POST", proc.base_url + "/v1/messages", json=body, headers=h) as es,
+    ):
         version = es.response.headers.get("sluice-model-version")
         status_code = es.response.status_code
         if status_code == 200:
@@ -104,15 +127,27 @@ def stream(proc: Proc, key: str | None, user: str, max_tokens: int, text: str) -
                     final = data
                 elif sse.event == "error":
                     final = data  # what went wrong, for the assertion's message
-    return {"status": status_code, "events": events, "text": "".join(parts), "final": final, "version": version,
-            "began": began, "at": time.monotonic()}
+    return {
+        "status": status_code,
+        "events": events,
+        "text": "".join(parts),
+        "final": final,
+        "version": version,
+        "began": began,
+        "at": time.monotonic(),
+    }
 
 
 def complete(reply: dict[str, Any], max_tokens: int) -> bool:
     """A stream that ended properly and was not cut short: message_stop, no error, and either
     the model's own end of turn or exactly max_tokens tokens."""
     final = reply["final"]
-    if reply["status"] != 200 or "error" in reply["events"] or not reply["events"] or reply["events"][-1] != "message_stop":
+    if (
+        reply["status"] != 200
+        or "error" in reply["events"]
+        or not reply["events"]
+        or reply["events"][-1] != "message_stop"
+    ):
         return False
     reason = final.get("delta", {}).get("stop_reason")
     tokens = final.get("usage", {}).get("output_tokens")
@@ -130,4 +165,3 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-

@@ -14,8 +14,8 @@ from starlette.types import Receive, Scope, Send
 from sluice.api.app import create_app
 from sluice.config import load_settings
 from sluice.gateway.authenticator import Authenticator, OpenAccess
-from sluice.routing.fleet_file.default_fleet import fleet_from_settings
 from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.default_fleet import fleet_from_settings
 from sluice.routing.fleet_file.registry import Registry
 from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.replay_log import ReplayLog
@@ -24,15 +24,21 @@ from tests.fake_engine import FakeEngine, Script
 MODEL = "fake-model"
 
 
-def unready_app(authenticator: Authenticator | None = None, replay: ReplayLog | None = None,
-                **settings: Any) -> tuple[FastAPI, ServingRuntime]:
+def unready_app(
+    authenticator: Authenticator | None = None, replay: ReplayLog | None = None, **settings: Any
+) -> tuple[FastAPI, ServingRuntime]:
     """The app before its engine is up (its OpenAPI document is already complete)."""
-    rt = ServingRuntime(load_settings(None, **{"served_model_name": MODEL, **settings}),
-                        authenticator=authenticator or OpenAccess(), replay_log=replay)
+    rt = ServingRuntime(
+        load_settings(None, **{"served_model_name": MODEL, **settings}),
+        authenticator=authenticator or OpenAccess(),
+        replay_log=replay,
+    )
     return create_app(rt), rt
 
 
-async def make_ready(rt: ServingRuntime, tiny_dir: Path, script: Script | None = None, max_model_len: int = 256) -> FakeEngine:
+async def make_ready(
+    rt: ServingRuntime, tiny_dir: Path, script: Script | None = None, max_model_len: int = 256
+) -> FakeEngine:
     """Start a fleet of one scripted engine (the tiny model's tokenizer) and mark `rt` ready.
     Run it on the loop that serves the app: the fleet's tasks live there."""
     engine = FakeEngine(script, max_model_len)
@@ -43,8 +49,9 @@ async def make_ready(rt: ServingRuntime, tiny_dir: Path, script: Script | None =
     return engine
 
 
-async def scripted_app(tiny_dir: Path, script: Script | None = None, max_model_len: int = 256,
-                       **kw: Any) -> tuple[FastAPI, ServingRuntime, FakeEngine]:
+async def scripted_app(
+    tiny_dir: Path, script: Script | None = None, max_model_len: int = 256, **kw: Any
+) -> tuple[FastAPI, ServingRuntime, FakeEngine]:
     app, rt = unready_app(**kw)
     return app, rt, await make_ready(rt, tiny_dir, script, max_model_len)
 

@@ -13,8 +13,14 @@ from sluice.models.lora.adapter_config import TARGETS, LoraConfig
 from sluice.models.lora.adapter_folder import AdapterTensors, LoraPair, linear_shape
 
 
-def random_adapter(cfg: ModelConfig, rank: int = 8, targets: tuple[str, ...] = TARGETS, seed: int = 0,
-                   alpha: float = 16.0, std: float = 0.1) -> AdapterTensors:
+def random_adapter(
+    cfg: ModelConfig,
+    rank: int = 8,
+    targets: tuple[str, ...] = TARGETS,
+    seed: int = 0,
+    alpha: float = 16.0,
+    std: float = 0.1,
+) -> AdapterTensors:
     g = torch.Generator().manual_seed(seed)
     pairs = {}
     for layer in range(cfg.num_layers):
@@ -26,16 +32,26 @@ def random_adapter(cfg: ModelConfig, rank: int = 8, targets: tuple[str, ...] = T
     return AdapterTensors(LoraConfig(rank, alpha), pairs, 0)
 
 
-def peft_adapter(model, out: Path, rank: int = 8, alpha: int = 16, seed: int = 0,
-                 targets: tuple[str, ...] = TARGETS, std: float = 0.05, **extra) -> Path:
+def peft_adapter(
+    model,
+    out: Path,
+    rank: int = 8,
+    alpha: int = 16,
+    seed: int = 0,
+    targets: tuple[str, ...] = TARGETS,
+    std: float = 0.05,
+    **extra,
+) -> Path:
     """Wrap `model` (a transformers CausalLM, left unchanged) with a fresh LoRA of `rank`,
     randomise A and B, save the adapter folder to `out`. Returns `out`."""
     import copy
 
     import peft
 
-    wrapped = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(
-        r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, **extra))
+    wrapped = peft.get_peft_model(
+        copy.deepcopy(model),
+        peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, **extra),
+    )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in wrapped.named_parameters():

@@ -44,8 +44,9 @@ class Routed:
 def _generation(req: RouteRequest) -> GenerationRequest:
     """The engine-facing request whose token cost is `req.cost_tokens`."""
     prompt = list(req.prompt_token_ids)
-    return GenerationRequest(req.key, prompt, SamplingParams(max_tokens=max(1, req.cost_tokens - len(prompt))),
-                             tenant=req.tenant)
+    return GenerationRequest(
+        req.key, prompt, SamplingParams(max_tokens=max(1, req.cost_tokens - len(prompt))), tenant=req.tenant
+    )
 
 
 async def route(router: FleetRouter, req: RouteRequest) -> Routed:

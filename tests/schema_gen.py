@@ -11,7 +11,23 @@ from __future__ import annotations
 import random
 from typing import Any
 
-WORDS = ["name", "city", "age", "score", "tags", "kind", "items", "count", "level", "color", "owner", "price", "size", "notes", "id"]
+WORDS = [
+    "name",
+    "city",
+    "age",
+    "score",
+    "tags",
+    "kind",
+    "items",
+    "count",
+    "level",
+    "color",
+    "owner",
+    "price",
+    "size",
+    "notes",
+    "id",
+]
 
 
 def _leaf(rng: random.Random) -> dict[str, Any]:
@@ -50,7 +66,12 @@ def _node(rng: random.Random, depth: int) -> dict[str, Any]:
     if r < 0.7:
         return _object(rng, depth - 1)
     if r < 0.9:
-        return {"type": "array", "items": _node(rng, depth - 1), "minItems": rng.randint(0, 1), "maxItems": rng.randint(1, 3)}
+        return {
+            "type": "array",
+            "items": _node(rng, depth - 1),
+            "minItems": rng.randint(0, 1),
+            "maxItems": rng.randint(1, 3),
+        }
     return {"anyOf": [_leaf(rng), _leaf(rng)]}
 
 
@@ -69,9 +90,16 @@ def random_schema(seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     schema = _object(rng, depth=2)
     if rng.random() < 0.25:
-        schema["$defs"] = {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99},
-                                                                      "y": {"type": "integer", "minimum": 0, "maximum": 99}},
-                                     "required": ["x", "y"]}}
+        schema["$defs"] = {
+            "point": {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "integer", "minimum": 0, "maximum": 99},
+                    "y": {"type": "integer", "minimum": 0, "maximum": 99},
+                },
+                "required": ["x", "y"],
+            }
+        }
         schema["properties"]["where"] = {"$ref": "#/$defs/point"}
         schema["required"].append("where")
     return schema

@@ -54,7 +54,11 @@ def _spawn(args: list[str], env: dict[str, str] | None, name: str) -> Proc:
     full_env.update(env or {})
     with open(log_path, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env
+            [sys.executable, "-m", "sluice.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
         )
     return Proc(process, log_path)
 
@@ -93,8 +97,11 @@ def start_worker(address: str, args: list[str] = (), timeout: float = 180.0) -> 
 def metric(base_url: str, name: str) -> float:
     """A metric's value from /metrics: summed over its series (the engine gauges carry model and
     version labels; a fleet of one version has one series). KeyError when it has none."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in httpx.get(base_url + "/metrics", timeout=5).text.splitlines()
-              if line.startswith((name + " ", name + "{"))]
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in httpx.get(base_url + "/metrics", timeout=5).text.splitlines()
+        if line.startswith((name + " ", name + "{"))
+    ]
     if not values:
         raise KeyError(name)
     return sum(values)

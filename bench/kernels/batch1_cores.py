@@ -34,8 +34,10 @@ sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (slui
 
 import torch  # noqa: E402  (after sleep_when_idle)
 
-SENTENCE = ("The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
-            "in a leather book while ships passed in the night. ")
+SENTENCE = (
+    "The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
+    "in a leather book while ships passed in the night. "
+)
 NEVER = 1 << 62
 
 
@@ -59,11 +61,17 @@ def main(argv: list[str] | None = None) -> None:
     engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0, numerics=os.environ.get("NUMERICS", "exact")))
     default_attn, default_cut = ops.attn_split_work(), ops.split_cut()
     serial_cut = [ops.DECODE_MAX_ROWS + 1, DECODE_SPLIT_MIN_WORK]  # above every decode-sized call
-    modes = {"serial": (NEVER, serial_cut), "attention": (ATTN_SPLIT_MIN_WORK, serial_cut),
-             "all": (ATTN_SPLIT_MIN_WORK, [1, DECODE_SPLIT_MIN_WORK])}
+    modes = {
+        "serial": (NEVER, serial_cut),
+        "attention": (ATTN_SPLIT_MIN_WORK, serial_cut),
+        "all": (ATTN_SPLIT_MIN_WORK, [1, DECODE_SPLIT_MIN_WORK]),
+    }
     text = loaded.tokenizer.encode(SENTENCE * 200)
     result: dict = {"threads": args.threads, "steps": args.steps}
-    print(f"{'context':>7} {'mode':>9} {'wall ms':>8} {'CPU ms':>7} {'tok/s':>6} {'wall/serial':>11} {'helper chunks':>13}", file=sys.stderr)
+    print(
+        f"{'context':>7} {'mode':>9} {'wall ms':>8} {'CPU ms':>7} {'tok/s':>6} {'wall/serial':>11} {'helper chunks':>13}",
+        file=sys.stderr,
+    )
     try:
         for ctx in (int(c) for c in args.contexts.split(",")):
             rid = f"c{ctx}"
@@ -93,8 +101,13 @@ def main(argv: list[str] | None = None) -> None:
                 w, c = statistics.median(wall[mode]) * 1e3, statistics.median(cpu[mode]) * 1e3
                 ratio = statistics.median(a / b for a, b in zip(wall[mode], wall["serial"]))
                 hc = helped[mode] / args.steps
-                result[f"{ctx}_{mode}"] = {"wall_ms": w, "cpu_ms": c, "tok_s": 1e3 / w, "wall_ratio": ratio,
-                                           "helper_chunks_per_step": hc}
+                result[f"{ctx}_{mode}"] = {
+                    "wall_ms": w,
+                    "cpu_ms": c,
+                    "tok_s": 1e3 / w,
+                    "wall_ratio": ratio,
+                    "helper_chunks_per_step": hc,
+                }
                 print(f"{ctx:>7} {mode:>9} {w:8.2f} {c:7.2f} {1e3 / w:6.1f} {ratio:11.3f} {hc:13.1f}", file=sys.stderr)
     finally:
         ops.set_attn_split_work(default_attn)

@@ -58,8 +58,14 @@ def copy_bandwidth(device: torch.device, mib: int, reps: int) -> dict:
             times.append(dt)
     assert torch.equal(dst[:1024], src[:1024]) and torch.equal(dst[-1024:], src[-1024:])
     med = statistics.median(times)
-    return {"buffer_mib": mib, "reps": reps, "median_s": med, "min_s": min(times),
-            "gb_s": 2 * n * 4 / med / 1e9, "gb_s_best": 2 * n * 4 / min(times) / 1e9}
+    return {
+        "buffer_mib": mib,
+        "reps": reps,
+        "median_s": med,
+        "min_s": min(times),
+        "gb_s": 2 * n * 4 / med / 1e9,
+        "gb_s_best": 2 * n * 4 / min(times) / 1e9,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,14 +83,24 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shapes.split(","):
         for dtype in args.dtypes.split(","):
             b = decode_weight_bytes(shape, dtype)
-            floors[f"{shape}/{dtype}"] = {"weight_bytes": b, "floor_ms_per_step": 1000 * b / (bw["gb_s"] * 1e9),
-                                          "floor_tok_s_per_stream": bw["gb_s"] * 1e9 / b}
-    record = {"bench": "copy_floor", "device": str(device),
-              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-              "copy": bw, "floors": floors}
+            floors[f"{shape}/{dtype}"] = {
+                "weight_bytes": b,
+                "floor_ms_per_step": 1000 * b / (bw["gb_s"] * 1e9),
+                "floor_tok_s_per_stream": bw["gb_s"] * 1e9 / b,
+            }
+    record = {
+        "bench": "copy_floor",
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "copy": bw,
+        "floors": floors,
+    }
     for k, f in floors.items():
-        print(f"{k:<18} {f['weight_bytes'] / 1e6:9.1f} MB/step  floor {f['floor_ms_per_step']:.4f} ms/step "
-              f"({f['floor_tok_s_per_stream']:.0f} tok/s per stream at batch 1)", file=sys.stderr)
+        print(
+            f"{k:<18} {f['weight_bytes'] / 1e6:9.1f} MB/step  floor {f['floor_ms_per_step']:.4f} ms/step "
+            f"({f['floor_tok_s_per_stream']:.0f} tok/s per stream at batch 1)",
+            file=sys.stderr,
+        )
     print(f"copy bandwidth {bw['gb_s']:.0f} GB/s (best {bw['gb_s_best']:.0f})", file=sys.stderr)
     print(json.dumps(record), flush=True)
     if args.json_out:

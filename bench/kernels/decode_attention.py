@@ -33,8 +33,10 @@ import sys
 import time
 from pathlib import Path
 
-SENTENCE = ("The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
-            "in a leather book while ships passed in the night. ")
+SENTENCE = (
+    "The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
+    "in a leather book while ships passed in the night. "
+)
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 8
 
 
@@ -59,12 +61,21 @@ def _kernel_figures(contexts: list[int], reps: int, kv_dtype: str, tag: str) -> 
     for ctx in contexts:
         nb = -(-ctx // BLOCK)
         pool = 4 * nb + 1  # the sequence's blocks scattered over a larger pool, as in a real cache
-        caches = [(torch.randn(KV_HEADS, pool * BLOCK, HEAD_DIM, generator=g).to(dtype),
-                   torch.randn(KV_HEADS, pool * BLOCK, HEAD_DIM, generator=g).to(dtype)) for _ in range(LAYERS)]
+        caches = [
+            (
+                torch.randn(KV_HEADS, pool * BLOCK, HEAD_DIM, generator=g).to(dtype),
+                torch.randn(KV_HEADS, pool * BLOCK, HEAD_DIM, generator=g).to(dtype),
+            )
+            for _ in range(LAYERS)
+        ]
         table = (torch.randperm(pool - 1, generator=g)[:nb] + 1).to(torch.int32)
-        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=1, block_size=BLOCK,
-                                 block_tables=table.view(1, -1).contiguous(),
-                                 context_lens=torch.tensor([ctx], dtype=torch.int32))
+        meta = AttentionMetadata(
+            slot_mapping=torch.empty(0, dtype=torch.long),
+            num_decodes=1,
+            block_size=BLOCK,
+            block_tables=table.view(1, -1).contiguous(),
+            context_lens=torch.tensor([ctx], dtype=torch.int32),
+        )
         kernel.prepare(meta)
         q = torch.randn(1, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=g)
         wall, cpu = [], []
@@ -96,8 +107,9 @@ def _engine_figures(engine, text: list[int], contexts: list[int], steps: int, ta
     for ctx in contexts:
         rid = f"c{ctx}"
         engine.kv.reset_prefix_cache()
-        engine.add_request(GenerationRequest(rid, text[:ctx], SamplingParams(max_tokens=steps + 4, temperature=0.0,
-                                                                            ignore_eos=True)))
+        engine.add_request(
+            GenerationRequest(rid, text[:ctx], SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True))
+        )
         while engine.stats().num_running == 0 or engine.requests[rid].num_output_tokens < 2:
             engine.step()  # the prefill and a first decode, not timed
         wall, cpu = [], []
@@ -132,13 +144,26 @@ def measure(args: argparse.Namespace) -> None:
 def drive(args: argparse.Namespace) -> None:
     here = Path(__file__).resolve().parents[2]
     sides = {"before": args.before.resolve(), "after": here}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--measure", "--contexts", args.contexts,
-           "--reps", str(args.reps), "--steps", str(args.steps), "--threads", args.threads, "--kv-cache-dtype", args.kv_cache_dtype]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--measure",
+        "--contexts",
+        args.contexts,
+        "--reps",
+        str(args.reps),
+        "--steps",
+        str(args.steps),
+        "--threads",
+        args.threads,
+        "--kv-cache-dtype",
+        args.kv_cache_dtype,
+    ]
     if args.kernel_only:
         cmd.append("--kernel-only")
     figures: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     for r in range(args.rounds):
-        for side in (["before", "after"] if r % 2 == 0 else ["after", "before"]):
+        for side in ["before", "after"] if r % 2 == 0 else ["after", "before"]:
             env = dict(os.environ, PYTHONPATH=str(sides[side] / "src"))
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=sides[side], timeout=600)
             if res.returncode != 0:

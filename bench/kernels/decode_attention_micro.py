@@ -27,23 +27,33 @@ HERE = Path(__file__).resolve().parent
 CSRC = Path("src/sluice/models/kernels/csrc")
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-mavx2", "-mfma", "-mf16c"]
 # --isa avx512: the AVX-512 build of the kernels (simd_avx512.h), as the extension uses where the CPU has it
-ISA_FLAGS = {"avx2": ([], "simd_avx2.h"), "avx512": (["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"], "simd_avx512.h")}
+ISA_FLAGS = {
+    "avx2": ([], "simd_avx2.h"),
+    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"], "simd_avx512.h"),
+}
 # (name, context, repetitions, layers, scatter)
-CASES = [("memory_contiguous", 1368, 4, 30, 1), ("memory_scattered", 1368, 4, 30, 4), ("l3", 1368, 50, 1, 1),
-         ("l2", 128, 500, 1, 1),
-         # a 32-stream decode step's attention: 32 sequences x 30 layers of ~128 context tokens, each
-         # its own cache, blocks spread at random (as 32 requests allocating side by side leave them)
-         ("batch32_scattered", 128, 2, 960, 4)]
+CASES = [
+    ("memory_contiguous", 1368, 4, 30, 1),
+    ("memory_scattered", 1368, 4, 30, 4),
+    ("l3", 1368, 50, 1, 1),
+    ("l2", 128, 500, 1, 1),
+    # a 32-stream decode step's attention: 32 sequences x 30 layers of ~128 context tokens, each
+    # its own cache, blocks spread at random (as 32 requests allocating side by side leave them)
+    ("batch32_scattered", 128, 2, 960, 4),
+]
 
 
 def _side(tmp: Path, name: str, checkout: Path, isa: str) -> Path:
     tu = tmp / f"{name}.cpp"
-    tu.write_text(f'#define SLUICE_ISA_NS ns_{name}\n#define SLUICE_ISA_NAME "{name}"\n#include "{ISA_FLAGS[isa][1]}"\n'
-                  f'#include "kernels_impl.h"\nnamespace sluice {{ const KernelTable* table_{name}() '
-                  f'{{ return &ns_{name}::kTable; }} }}\n')
+    tu.write_text(
+        f'#define SLUICE_ISA_NS ns_{name}\n#define SLUICE_ISA_NAME "{name}"\n#include "{ISA_FLAGS[isa][1]}"\n'
+        f'#include "kernels_impl.h"\nnamespace sluice {{ const KernelTable* table_{name}() '
+        f"{{ return &ns_{name}::kTable; }} }}\n"
+    )
     obj = tmp / f"{name}.o"
-    subprocess.run(["c++", *FLAGS, *ISA_FLAGS[isa][0], "-I", str(checkout / CSRC), "-c", str(tu), "-o", str(obj)],
-                   check=True)
+    subprocess.run(
+        ["c++", *FLAGS, *ISA_FLAGS[isa][0], "-I", str(checkout / CSRC), "-c", str(tu), "-o", str(obj)], check=True
+    )
     return obj
 
 
@@ -57,16 +67,30 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(d)
         objs = [_side(tmp, "before", args.before.resolve(), args.isa), _side(tmp, "after", HERE.parents[1], args.isa)]
         exe = tmp / "micro"
-        subprocess.run(["c++", *FLAGS, "-I", str(HERE.parents[1] / CSRC), str(HERE / "csrc" / "decode_attention_micro.cpp"),
-                        *map(str, objs), "-o", str(exe)], check=True)
+        subprocess.run(
+            [
+                "c++",
+                *FLAGS,
+                "-I",
+                str(HERE.parents[1] / CSRC),
+                str(HERE / "csrc" / "decode_attention_micro.cpp"),
+                *map(str, objs),
+                "-o",
+                str(exe),
+            ],
+            check=True,
+        )
         result: dict = {}
-        print(f"{'case':>18} {'before':>8} {'after':>8} {'read':>8} {'after/before':>12}  (us per layer, p25)",
-              file=sys.stderr)
+        print(
+            f"{'case':>18} {'before':>8} {'after':>8} {'read':>8} {'after/before':>12}  (us per layer, p25)",
+            file=sys.stderr,
+        )
         for name, ctx, reps, layers, scatter in CASES:
             if args.cases and name not in args.cases.split(","):
                 continue
-            out = subprocess.run([str(exe), str(ctx), str(reps), str(layers), str(scatter)], check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [str(exe), str(ctx), str(reps), str(layers), str(scatter)], check=True, capture_output=True, text=True
+            ).stdout
             fig = json.loads(out)
             result[name] = fig
             b, a, r = fig["before_us_p25"], fig["after_us_p25"], fig["read_us_p25"]

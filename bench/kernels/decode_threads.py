@@ -53,8 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     tok = loaded.tokenizer
     result: dict = {"threads": args.threads, "default_cut": list(default)}
     sides = {name: (lambda cut=cut: ops.set_split_cut(*cut)) for name, cut in cuts.items()}
-    result.update(compare_levels(engine, tok, args.streams, args.steps, sides, "pool", "serial",
-                                 restore=lambda: ops.set_split_cut(*default)))
+    result.update(
+        compare_levels(
+            engine, tok, args.streams, args.steps, sides, "pool", "serial", restore=lambda: ops.set_split_cut(*default)
+        )
+    )
     result["load"] = os.getloadavg()
     print(f"load average {result['load']}", file=sys.stderr)
     print(json.dumps(result))

@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the kernels' decoder stack is not in use here (no kernels, or weights not Q4_1/Q8_0)")
     engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0))
     tok = loaded.tokenizer
-    sides = {"stack": lambda: setattr(loaded.model, "stack", stack),
-             "loop": lambda: setattr(loaded.model, "stack", None)}
+    sides = {
+        "stack": lambda: setattr(loaded.model, "stack", stack),
+        "loop": lambda: setattr(loaded.model, "stack", None),
+    }
     result: dict = {"threads": args.threads}
     result.update(compare_levels(engine, tok, args.streams, args.steps, sides, "stack", "loop", restore=sides["stack"]))
     result["load"] = os.getloadavg()

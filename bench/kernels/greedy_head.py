@@ -51,8 +51,10 @@ def head_alone(ops, head, fed: dict, streams: list[int], reps: int) -> dict[str,
                     times.append(1000 * (time.perf_counter() - t))
                 best[name] = min(times)
             out[f"x{k}"] = best
-            print(f"head alone, {k:>2} rows: full {best['full']:.2f} ms, greedy {best['greedy']:.2f} ms "
-                  f"({best['greedy'] / best['full']:.3f}x)")
+            print(
+                f"head alone, {k:>2} rows: full {best['full']:.2f} ms, greedy {best['greedy']:.2f} ms "
+                f"({best['greedy'] / best['full']:.3f}x)"
+            )
     finally:
         ops.set_pool_hot(False)
     return out
@@ -83,8 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0))
     tok = loaded.tokenizer
     argmax_only = runner._argmax_only
-    sides = {"greedy": lambda: setattr(runner, "_argmax_only", argmax_only),
-             "full": lambda: setattr(runner, "_argmax_only", lambda sampling: None)}
+    sides = {
+        "greedy": lambda: setattr(runner, "_argmax_only", argmax_only),
+        "full": lambda: setattr(runner, "_argmax_only", lambda sampling: None),
+    }
     head = loaded.model.lm_head
     fed: list[torch.Tensor] = []  # every input the greedy head got (a copy: ~10 us a step)
     argmax_logits = type(head).argmax_logits
@@ -95,13 +99,21 @@ def main(argv: list[str] | None = None) -> None:
 
     type(head).argmax_logits = recording
     result: dict = {"threads": args.threads}
-    result.update(compare_levels(engine, tok, args.streams, args.steps, sides, "greedy", "full", restore=sides["greedy"]))
+    result.update(
+        compare_levels(engine, tok, args.streams, args.steps, sides, "greedy", "full", restore=sides["greedy"])
+    )
     type(head).argmax_logits = argmax_logits
     last = {x.shape[0]: x for x in fed}  # each batch size's last step
     result["head_alone_ms"] = head_alone(loaded.model.ops, head, last, args.streams, args.reps)
-    kept = sorted(n for x in fed for n in torch.isfinite(head.argmax_logits(x, torch.arange(x.shape[0]))).sum(dim=1).tolist())
-    result["candidates_per_row"] = {"rows": len(kept), "median": kept[len(kept) // 2],
-                                    "p90": kept[int(0.9 * (len(kept) - 1))], "max": kept[-1]}
+    kept = sorted(
+        n for x in fed for n in torch.isfinite(head.argmax_logits(x, torch.arange(x.shape[0]))).sum(dim=1).tolist()
+    )
+    result["candidates_per_row"] = {
+        "rows": len(kept),
+        "median": kept[len(kept) // 2],
+        "p90": kept[int(0.9 * (len(kept) - 1))],
+        "max": kept[-1],
+    }
     print(f"candidates per row: {result['candidates_per_row']}")
     result["load"] = os.getloadavg()
     print(f"load average {result['load']}", file=sys.stderr)

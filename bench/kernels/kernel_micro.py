@@ -49,25 +49,36 @@ def linears(ops, ms: list[int]) -> list[dict]:  # noqa: ANN001
         parts = []
         for n in names:
             t = tensors[n]
-            parts.append(QuantizedWeight.from_blocks(QuantType(t.tensor_type.name), int(t.shape[1]), int(t.shape[0]), t.data))
+            parts.append(
+                QuantizedWeight.from_blocks(QuantType(t.tensor_type.name), int(t.shape[1]), int(t.shape[0]), t.data)
+            )
         return QuantizedWeight.concat(parts)
 
     out = []
-    for label, names in (("gate_up", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]), ("head", ["token_embd.weight"])):
+    for label, names in (
+        ("gate_up", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]),
+        ("head", ["token_embd.weight"]),
+    ):
         w = weight(names)
         kernel, dense = PackedLinear(ops, w), Linear(w.dequantize())
         for m in ms:
             x = torch.randn(m, w.cols)
             reps, inner = (40, max(1, 64 // m)) if label == "gate_up" else (5, 1)
-            row = {"weight": label, "M": m,
-                   "onednn_us": 1e6 * best_cpu(lambda: dense(x), reps, inner),
-                   "exact_us": 1e6 * best_cpu(lambda: kernel(x), reps, inner)}
+            row = {
+                "weight": label,
+                "M": m,
+                "onednn_us": 1e6 * best_cpu(lambda: dense(x), reps, inner),
+                "exact_us": 1e6 * best_cpu(lambda: kernel(x), reps, inner),
+            }
             if w.qtype is QuantType.Q4_1:
                 row["fast_us"] = 1e6 * best_cpu(lambda: kernel(x, fast=True), reps, inner)
             row["exact_gvfma_s"] = m * w.rows * w.cols / 16 / row["exact_us"] / 1e3
             out.append(row)
-            print(f"{label:8s} M={m:4d} oneDNN {row['onednn_us']:9.0f} us  exact {row['exact_us']:9.0f} us "
-                  f"({row['exact_gvfma_s']:.1f} Gvfma/s)  fast {row.get('fast_us', float('nan')):8.0f} us", file=sys.stderr)
+            print(
+                f"{label:8s} M={m:4d} oneDNN {row['onednn_us']:9.0f} us  exact {row['exact_us']:9.0f} us "
+                f"({row['exact_gvfma_s']:.1f} Gvfma/s)  fast {row.get('fast_us', float('nan')):8.0f} us",
+                file=sys.stderr,
+            )
     return out
 
 
@@ -83,9 +94,16 @@ def attention(ops) -> list[dict]:  # noqa: ANN001
         k_cache, v_cache = torch.randn(kvh, blocks * bs, d), torch.randn(kvh, blocks * bs, d)
         table = (torch.randperm(blocks - 1) + 1)[: b * nb].view(b, nb).int().contiguous()
         # one metadata per backend: prepare() keeps each backend's own per-step layout in it
-        metas = [AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=b, block_size=bs,
-                                   block_tables=table, context_lens=torch.full((b,), ctx, dtype=torch.int32))
-                 for _ in range(2)]
+        metas = [
+            AttentionMetadata(
+                slot_mapping=torch.empty(0, dtype=torch.long),
+                num_decodes=b,
+                block_size=bs,
+                block_tables=table,
+                context_lens=torch.full((b,), ctx, dtype=torch.int32),
+            )
+            for _ in range(2)
+        ]
         q = torch.randn(b, (heads + 2 * kvh) * d)
         ref, kern = TorchPagedAttention(heads, kvh, d), KernelPagedAttention(ops, heads, kvh, d)
         ref.prepare(metas[0])
@@ -93,7 +111,10 @@ def attention(ops) -> list[dict]:  # noqa: ANN001
         t = best_cpu(lambda: ref.attend(q, k_cache, v_cache, metas[0]), 20)
         k = best_cpu(lambda: kern.attend(q, k_cache, v_cache, metas[1]), 20)
         out.append({"batch": b, "context": ctx, "torch_ms": 1e3 * t, "kernel_ms": 1e3 * k, "ratio": t / k})
-        print(f"attention batch {b} x {ctx}: torch {1e3 * t:.3f} ms, kernel {1e3 * k:.3f} ms ({t / k:.1f}x)", file=sys.stderr)
+        print(
+            f"attention batch {b} x {ctx}: torch {1e3 * t:.3f} ms, kernel {1e3 * k:.3f} ms ({t / k:.1f}x)",
+            file=sys.stderr,
+        )
     return out
 
 
@@ -107,8 +128,10 @@ def prefill(lengths: list[int]) -> list[dict]:
     def forward(loaded, ids: list[int], numerics: Numerics) -> None:  # noqa: ANN001
         m, n = loaded.model, len(ids)
         cfg = m.config
-        caches = [(torch.zeros(cfg.num_kv_heads, n, cfg.head_dim), torch.zeros(cfg.num_kv_heads, n, cfg.head_dim))
-                  for _ in range(cfg.num_layers)]
+        caches = [
+            (torch.zeros(cfg.num_kv_heads, n, cfg.head_dim), torch.zeros(cfg.num_kv_heads, n, cfg.head_dim))
+            for _ in range(cfg.num_layers)
+        ]
         slots = torch.arange(n)
         meta = AttentionMetadata(slot_mapping=slots, prefills=[PrefillSpan(0, n, slots, None)], block_size=1)
         m.forward(torch.tensor(ids), torch.arange(n), meta, caches, torch.tensor([n - 1]), numerics=numerics)
@@ -118,12 +141,20 @@ def prefill(lengths: list[int]) -> list[dict]:
         ids = [(7 * i) % 40000 + 100 for i in range(n)]
         row = {"tokens": n}
         for _ in range(3):  # interleaved, best of 3
-            for name, loaded, num in (("torch", on_torch, Numerics.EXACT), ("exact", on_kernels, Numerics.EXACT),
-                                      ("fast", on_kernels, Numerics.FAST)):
-                row[name + "_s"] = min(row.get(name + "_s", float("inf")), best_cpu(lambda: forward(loaded, ids, num), 1))
+            for name, loaded, num in (
+                ("torch", on_torch, Numerics.EXACT),
+                ("exact", on_kernels, Numerics.EXACT),
+                ("fast", on_kernels, Numerics.FAST),
+            ):
+                row[name + "_s"] = min(
+                    row.get(name + "_s", float("inf")), best_cpu(lambda: forward(loaded, ids, num), 1)
+                )
         out.append(row)
-        print(f"prefill {n} tokens (CPU s): torch {row['torch_s']:.3f}, exact {row['exact_s']:.3f}, "
-              f"fast {row['fast_s']:.3f}", file=sys.stderr)
+        print(
+            f"prefill {n} tokens (CPU s): torch {row['torch_s']:.3f}, exact {row['exact_s']:.3f}, "
+            f"fast {row['fast_s']:.3f}",
+            file=sys.stderr,
+        )
     return out
 
 
@@ -142,9 +173,14 @@ def main(argv: list[str] | None = None) -> None:
     ops = kernel_ops()
     if ops is None:
         raise SystemExit("the kernels are unavailable on this machine")
-    record = {"bench": "kernel_micro", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "isa": ops.isa(),
-              "threads": args.threads, "linears": linears(ops, [int(m) for m in args.ms.split(",")]),
-              "attention": attention(ops)}
+    record = {
+        "bench": "kernel_micro",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "isa": ops.isa(),
+        "threads": args.threads,
+        "linears": linears(ops, [int(m) for m in args.ms.split(",")]),
+        "attention": attention(ops),
+    }
     if not args.skip_prefill:
         record["prefill"] = prefill([int(n) for n in args.prefill_lengths.split(",")])
     print(json.dumps(record))

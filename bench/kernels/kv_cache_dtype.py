@@ -23,8 +23,10 @@ import time
 
 import torch
 
-SENTENCE = ("The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
-            "in a leather book while ships passed in the night. ")
+SENTENCE = (
+    "The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
+    "in a leather book while ships passed in the night. "
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,12 +46,16 @@ def main(argv: list[str] | None = None) -> None:
     if not loaded.model.uses_kernels:
         raise SystemExit("the CPU kernels are unavailable here")
     pairs = [(n, kv) for n in args.numerics.split(",") for kv in ("auto", "float16")]
-    engines = {pair: LLMEngine(loaded, EngineConfig(numerics=pair[0], kv_cache_dtype=pair[1], speculative_tokens=0))
-               for pair in pairs}
+    engines = {
+        pair: LLMEngine(loaded, EngineConfig(numerics=pair[0], kv_cache_dtype=pair[1], speculative_tokens=0))
+        for pair in pairs
+    }
     text = loaded.tokenizer.encode(SENTENCE * 200)
     result: dict = {"threads": args.threads, "steps": args.steps}
-    print(f"{'context':>7} {'numerics':>8} {'kv':>8} {'wall ms':>8} {'CPU ms':>7} {'tok/s (CPU)':>11} {'16/32 CPU':>9}",
-          file=sys.stderr)
+    print(
+        f"{'context':>7} {'numerics':>8} {'kv':>8} {'wall ms':>8} {'CPU ms':>7} {'tok/s (CPU)':>11} {'16/32 CPU':>9}",
+        file=sys.stderr,
+    )
     for ctx in (int(c) for c in args.contexts.split(",")):
         ids = text[:ctx]
         params = SamplingParams(max_tokens=args.steps + 4, temperature=0.0, ignore_eos=True)
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         cpu: dict = {pair: [] for pair in engines}
         order = list(engines)
         for s in range(args.steps):
-            for pair in order[s % len(order):] + order[: s % len(order)]:
+            for pair in order[s % len(order) :] + order[: s % len(order)]:
                 c0, w0 = time.thread_time(), time.perf_counter()
                 engines[pair].step()
                 wall[pair].append(1000 * (time.perf_counter() - w0))
@@ -78,10 +84,18 @@ def main(argv: list[str] | None = None) -> None:
             if kv == "float16":
                 base = (numerics, "auto")
                 ratio = statistics.median(a / b for a, b in zip(cpu[pair], cpu[base]))
-            row[f"{numerics}/{kv}"] = {"wall_ms": w, "cpu_ms": c, "tok_s_cpu": 1000 / c,
-                                       **({"ratio_cpu_vs_fp32_cache": ratio} if ratio is not None else {})}
-            print(f"{ctx:7d} {numerics:>8} {kv:>8} {w:8.2f} {c:7.2f} {1000 / c:11.1f} "
-                  f"{'' if ratio is None else f'{ratio:9.3f}'}", file=sys.stderr, flush=True)
+            row[f"{numerics}/{kv}"] = {
+                "wall_ms": w,
+                "cpu_ms": c,
+                "tok_s_cpu": 1000 / c,
+                **({"ratio_cpu_vs_fp32_cache": ratio} if ratio is not None else {}),
+            }
+            print(
+                f"{ctx:7d} {numerics:>8} {kv:>8} {w:8.2f} {c:7.2f} {1000 / c:11.1f} "
+                f"{'' if ratio is None else f'{ratio:9.3f}'}",
+                file=sys.stderr,
+                flush=True,
+            )
         result[f"ctx{ctx}"] = row
     result["load"] = os.getloadavg()
     print(f"load average {result['load']}", file=sys.stderr)

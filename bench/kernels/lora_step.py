@@ -65,11 +65,14 @@ def main(argv: list[str] | None = None) -> None:
     from sluice.types import AdapterRef
 
     loaded = load_model(progress=False)
-    engine = LLMEngine(loaded, EngineConfig(speculative_tokens=0, max_loras=args.adapters,
-                                            max_cpu_loras=max(16, args.adapters)))
+    engine = LLMEngine(
+        loaded, EngineConfig(speculative_tokens=0, max_loras=args.adapters, max_cpu_loras=max(16, args.adapters))
+    )
     root = Path(tempfile.mkdtemp(prefix="sluice-lora-bench-"))
-    refs = [AdapterRef(f"a{i}", str(write_lora_adapter(root / f"a{i}", loaded.config, args.rank, seed=i)))
-            for i in range(args.adapters)]
+    refs = [
+        AdapterRef(f"a{i}", str(write_lora_adapter(root / f"a{i}", loaded.config, args.rank, seed=i)))
+        for i in range(args.adapters)
+    ]
     for ref in refs:
         engine.adapters.prefetch(ref)
     log(f"{args.adapters} adapters of rank {args.rank} resident")
@@ -83,14 +86,27 @@ def main(argv: list[str] | None = None) -> None:
     med = medians(times, "lora", "base")
     loads = load_times(engine, refs[0], args.loads)
     per_adapter = engine.adapters.get(refs[0]).nbytes
-    result = {"threads": args.threads, "rows": args.rows, "adapters": args.adapters, "rank": args.rank,
-              "step": med, "load_ms_median": statistics.median(loads), "load_ms_all": loads,
-              "adapter_bytes": per_adapter, "adapter_file_bytes": (Path(refs[0].source) / "adapter_model.safetensors").stat().st_size,
-              "isa": getattr(loaded.model.ops, "isa", lambda: "torch")(), "load": os.getloadavg()}
-    print(f"{args.rows}-row decode step: base {med['base_wall_ms']:.2f} ms, {args.adapters} adapters "
-          f"{med['lora_wall_ms']:.2f} ms, lora/base (paired) {med['ratio_wall']:.3f}")
-    print(f"adapter load: median {result['load_ms_median']:.1f} ms; memory per resident adapter "
-          f"{per_adapter / 2**20:.1f} MiB")
+    result = {
+        "threads": args.threads,
+        "rows": args.rows,
+        "adapters": args.adapters,
+        "rank": args.rank,
+        "step": med,
+        "load_ms_median": statistics.median(loads),
+        "load_ms_all": loads,
+        "adapter_bytes": per_adapter,
+        "adapter_file_bytes": (Path(refs[0].source) / "adapter_model.safetensors").stat().st_size,
+        "isa": getattr(loaded.model.ops, "isa", lambda: "torch")(),
+        "load": os.getloadavg(),
+    }
+    print(
+        f"{args.rows}-row decode step: base {med['base_wall_ms']:.2f} ms, {args.adapters} adapters "
+        f"{med['lora_wall_ms']:.2f} ms, lora/base (paired) {med['ratio_wall']:.3f}"
+    )
+    print(
+        f"adapter load: median {result['load_ms_median']:.1f} ms; memory per resident adapter "
+        f"{per_adapter / 2**20:.1f} MiB"
+    )
     print(json.dumps(result))
 
 

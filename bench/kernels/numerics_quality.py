@@ -50,16 +50,47 @@ TEXT = (
     "as the land. Choosing what to omit is the mapmaker's real craft, and every map, however modern, is an "
     "argument about what matters to the person who will hold it."
 )
-TOPICS = ["rivers", "glaciers", "honeybees", "volcanoes", "chess openings", "sourdough bread", "lighthouses",
-          "coral reefs", "jazz", "windmills", "comets", "silk", "owls", "tides", "clocks", "salt", "deserts",
-          "violins", "bridges", "tea", "copper", "maple trees", "sailing ships", "caves", "trains", "the moon"]
-ASKS = ["Explain what {} are and why they matter.", "Give three surprising facts about {}.",
-        "Write a short paragraph for children about {}.", "What would a beginner need to know about {}?"]
+TOPICS = [
+    "rivers",
+    "glaciers",
+    "honeybees",
+    "volcanoes",
+    "chess openings",
+    "sourdough bread",
+    "lighthouses",
+    "coral reefs",
+    "jazz",
+    "windmills",
+    "comets",
+    "silk",
+    "owls",
+    "tides",
+    "clocks",
+    "salt",
+    "deserts",
+    "violins",
+    "bridges",
+    "tea",
+    "copper",
+    "maple trees",
+    "sailing ships",
+    "caves",
+    "trains",
+    "the moon",
+]
+ASKS = [
+    "Explain what {} are and why they matter.",
+    "Give three surprising facts about {}.",
+    "Write a short paragraph for children about {}.",
+    "What would a beginner need to know about {}?",
+]
 
 
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:  # noqa: ANN001
-    return [tokenizer.encode_chat([{"role": "user", "content": ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)])}])
-            for i in range(n)]
+    return [
+        tokenizer.encode_chat([{"role": "user", "content": ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)])}])
+        for i in range(n)
+    ]
 
 
 def sluice_greedy(loaded, numerics: str, prompts: list[list[int]], tokens: int, kv: str = "auto") -> list[list[int]]:  # noqa: ANN001
@@ -76,9 +107,14 @@ def sluice_greedy(loaded, numerics: str, prompts: list[list[int]], tokens: int, 
 
 def hf_greedy(model, prompt: list[int], tokens: int) -> list[int]:  # noqa: ANN001
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            do_sample=False,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -94,11 +130,18 @@ def sluice_perplexity(loaded, numerics: str, ids: list[int], kv: str = "auto") -
     cfg = m.config
     n = len(ids)
     dtype = kv_cache_dtype(kv, m.dtype)
-    caches = [(torch.zeros(cfg.num_kv_heads, n, cfg.head_dim, dtype=dtype),
-               torch.zeros(cfg.num_kv_heads, n, cfg.head_dim, dtype=dtype)) for _ in range(cfg.num_layers)]
+    caches = [
+        (
+            torch.zeros(cfg.num_kv_heads, n, cfg.head_dim, dtype=dtype),
+            torch.zeros(cfg.num_kv_heads, n, cfg.head_dim, dtype=dtype),
+        )
+        for _ in range(cfg.num_layers)
+    ]
     slots = torch.arange(n)
     meta = AttentionMetadata(slot_mapping=slots, prefills=[PrefillSpan(0, n, slots, None)], block_size=1)
-    logits = m.forward(torch.tensor(ids), torch.arange(n), meta, caches, torch.arange(n - 1), numerics=Numerics(numerics))
+    logits = m.forward(
+        torch.tensor(ids), torch.arange(n), meta, caches, torch.arange(n - 1), numerics=Numerics(numerics)
+    )
     return _ppl(logits, ids)
 
 
@@ -118,8 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--modes", default="torch,exact,fast,exact+kv16,fast+kv16",
-                   help="comma-separated (default: all five)")
+    p.add_argument(
+        "--modes", default="torch,exact,fast,exact+kv16,fast+kv16", help="comma-separated (default: all five)"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     import transformers
@@ -134,8 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     if not on_kernels.model.uses_kernels:
         raise SystemExit("the kernels are unavailable on this machine; the fast numerics need them")
     wanted = args.modes.split(",")
-    modes = {"exact": (on_kernels, "exact", "auto"), "fast": (on_kernels, "fast", "auto"),
-             "exact+kv16": (on_kernels, "exact", "float16"), "fast+kv16": (on_kernels, "fast", "float16")}
+    modes = {
+        "exact": (on_kernels, "exact", "auto"),
+        "fast": (on_kernels, "fast", "auto"),
+        "exact+kv16": (on_kernels, "exact", "float16"),
+        "fast+kv16": (on_kernels, "fast", "float16"),
+    }
     if "torch" in wanted:
         modes["torch"] = (load_model(progress=False, kernels="torch"), "exact", "auto")
     modes = {name: modes[name] for name in wanted}
@@ -160,10 +208,23 @@ def main(argv: list[str] | None = None) -> None:
         if name == "transformers":
             print(f"{name:<14}{'(reference)':>14}{'':>15}{r['perplexity']:12.4f}", file=sys.stderr)
         else:
-            print(f"{name:<14}{100 * r['equal_token_share']:13.1f}%{r['prompts_equal_to_the_end']:>9}/{len(prompts):<5}"
-                  f"{r['perplexity']:12.4f}", file=sys.stderr)
-    print(json.dumps({"bench": "numerics_quality", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                      "prompts": len(prompts), "tokens": args.tokens, "text_tokens": len(text_ids), "result": result}))
+            print(
+                f"{name:<14}{100 * r['equal_token_share']:13.1f}%{r['prompts_equal_to_the_end']:>9}/{len(prompts):<5}"
+                f"{r['perplexity']:12.4f}",
+                file=sys.stderr,
+            )
+    print(
+        json.dumps(
+            {
+                "bench": "numerics_quality",
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "prompts": len(prompts),
+                "tokens": args.tokens,
+                "text_tokens": len(text_ids),
+                "result": result,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

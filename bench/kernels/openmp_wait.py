@@ -40,7 +40,6 @@ def child() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.*
     from bench.serving.engine_throughput import prompts
-
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
     from sluice.models.loader import load_model
@@ -88,8 +87,11 @@ def child() -> None:
     out = {}
     for name in PHASES:
         rested, chunks = ops.pool_rested_calls(), ops.helper_chunks()
-        out[name] = {"ms": runs[name](), "rested_calls": ops.pool_rested_calls() - rested,
-                     "helper_chunks": ops.helper_chunks() - chunks}
+        out[name] = {
+            "ms": runs[name](),
+            "rested_calls": ops.pool_rested_calls() - rested,
+            "helper_chunks": ops.helper_chunks() - chunks,
+        }
     print(json.dumps(out), flush=True)
 
 
@@ -107,10 +109,15 @@ def main() -> None:
             env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
             if POLICIES[policy]:
                 env["OMP_WAIT_POLICY"] = POLICIES[policy]
-            run = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True)
+            run = subprocess.run(
+                [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True
+            )
             results[policy].append(json.loads(run.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1} {policy:8s} " + "  ".join(f"{n} {results[policy][-1][n]['ms']:.1f} ms" for n in PHASES),
-                  file=sys.stderr, flush=True)
+            print(
+                f"round {r + 1} {policy:8s} " + "  ".join(f"{n} {results[policy][-1][n]['ms']:.1f} ms" for n in PHASES),
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"\n{'phase':14s} {'default ms':>11s} {'passive ms':>11s} {'ratio':>6s}   rested calls default / passive")
     summary = {}
     for n in PHASES:

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
-def paired_decode_steps(engine: Any, tok: Any, k: int, steps: int, sides: dict[str, Callable[[], None]],
-                        first_id: int = 0, sampling: dict[str, float] | None = None) -> dict[str, dict[str, list[float]]]:
+def paired_decode_steps(
+    engine: Any,
+    tok: Any,
+    k: int,
+    steps: int,
+    sides: dict[str, Callable[[], None]],
+    first_id: int = 0,
+    sampling: dict[str, float] | None = None,
+) -> dict[str, dict[str, list[float]]]:
     """Per side, the wall and process-CPU milliseconds of each of its `steps` decode steps over a
     batch of `k` requests (aborted afterwards). Request ids start after `first_id`; `sampling`:
     SamplingParams fields (temperature, top_p, ...; default greedy)."""
@@ -49,19 +57,32 @@ def medians(times: dict[str, dict[str, list[float]]], new: str, old: str) -> dic
     return out
 
 
-def compare_levels(engine: Any, tok: Any, streams: list[int], steps: int, sides: dict[str, Callable[[], None]],
-                   new: str, old: str, restore: Callable[[], None]) -> dict[str, dict[str, float]]:
+def compare_levels(
+    engine: Any,
+    tok: Any,
+    streams: list[int],
+    steps: int,
+    sides: dict[str, Callable[[], None]],
+    new: str,
+    old: str,
+    restore: Callable[[], None],
+) -> dict[str, dict[str, float]]:
     """paired_decode_steps at each batch size in `streams`, `restore` after each (the engine's
     default side); prints one table row per level and returns the medians per level ("xK")."""
     result, n = {}, 0
-    print(f"{'streams':>7} {old + ' wall':>12} {new + ' wall':>12} {old + ' CPU':>12} {new + ' CPU':>12} "
-          f"{new + '/' + old + ' wall (paired)':>26}")
+    print(
+        f"{'streams':>7} {old + ' wall':>12} {new + ' wall':>12} {old + ' CPU':>12} {new + ' CPU':>12} "
+        f"{new + '/' + old + ' wall (paired)':>26}"
+    )
     for k in streams:
         times = paired_decode_steps(engine, tok, k, steps, sides, first_id=n)
         n += k
         restore()
         med = medians(times, new, old)
         result[f"x{k}"] = med
-        print(f"{k:>7} {med[old + '_wall_ms']:12.2f} {med[new + '_wall_ms']:12.2f} {med[old + '_cpu_ms']:12.2f} "
-              f"{med[new + '_cpu_ms']:12.2f} {med['ratio_wall']:26.3f}", flush=True)
+        print(
+            f"{k:>7} {med[old + '_wall_ms']:12.2f} {med[new + '_wall_ms']:12.2f} {med[old + '_cpu_ms']:12.2f} "
+            f"{med[new + '_cpu_ms']:12.2f} {med['ratio_wall']:26.3f}",
+            flush=True,
+        )
     return result

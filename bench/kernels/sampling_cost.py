@@ -25,11 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.*
 
-import bench.serving.engine_throughput  # noqa: E402, F401  (sets torch's OpenMP passive before torch loads)
+import torch  # noqa: E402
 from paired_steps import medians, paired_decode_steps  # noqa: E402
 
-import torch  # noqa: E402
-
+import bench.serving.engine_throughput  # noqa: E402, F401  (sets torch's OpenMP passive before torch loads)
 import sluice.engine.runner as runner_mod  # noqa: E402
 import sluice.models.sampler as sampler  # noqa: E402
 from sluice.engine.config import EngineConfig  # noqa: E402
@@ -79,6 +78,7 @@ def main() -> None:
         def switch() -> None:
             active[0] = name
             sampler._nucleus = nucleus
+
         return switch
 
     runner_mod.sample = timed_sample
@@ -96,9 +96,13 @@ def main() -> None:
         level = medians(steps, "current", "topk")
         level.update({f"{name}_sample_ms": statistics.median(v[: args.steps]) for name, v in sample_ms.items()})
         out[f"x{k}"] = level
-        print(f"x{k:<3d} step {level['topk_wall_ms']:7.2f} -> {level['current_wall_ms']:7.2f} ms "
-              f"(paired {level['ratio_wall']:.3f}); sample {level['topk_sample_ms']:6.2f} -> "
-              f"{level['current_sample_ms']:6.2f} ms", file=sys.stderr, flush=True)
+        print(
+            f"x{k:<3d} step {level['topk_wall_ms']:7.2f} -> {level['current_wall_ms']:7.2f} ms "
+            f"(paired {level['ratio_wall']:.3f}); sample {level['topk_sample_ms']:6.2f} -> "
+            f"{level['current_sample_ms']:6.2f} ms",
+            file=sys.stderr,
+            flush=True,
+        )
     out["load"] = os.getloadavg()
     print(json.dumps(out))
 

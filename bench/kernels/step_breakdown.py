@@ -40,8 +40,19 @@ sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (slui
 
 import torch  # noqa: E402  (after sleep_when_idle)
 
-PARTS = ("linear:qkv", "linear:o", "linear:gate_up", "linear:down", "linear:head", "attention", "rope+cache",
-         "glue", "sampling", "prepare", "engine")
+PARTS = (
+    "linear:qkv",
+    "linear:o",
+    "linear:gate_up",
+    "linear:down",
+    "linear:head",
+    "attention",
+    "rope+cache",
+    "glue",
+    "sampling",
+    "prepare",
+    "engine",
+)
 
 
 class Clock:
@@ -88,8 +99,20 @@ def instrument(clock: Clock) -> None:
             for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
                 x = tm("glue", ops.add_rms_norm, h, delta, layer.input_norm, eps)
                 qkv = tm("linear:qkv", layer.qkv, x, fast)
-                tm("rope+cache", ops.rope_and_cache, qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache,
-                   heads, kv_heads, head_dim)
+                tm(
+                    "rope+cache",
+                    ops.rope_and_cache,
+                    qkv,
+                    positions,
+                    cos,
+                    sin,
+                    meta.slot_mapping,
+                    k_cache,
+                    v_cache,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                )
                 attn = tm("attention", attention.attend, qkv, k_cache, v_cache, meta)
                 o = tm("linear:o", layer.o, attn, fast)
                 x = tm("glue", ops.add_rms_norm, h, o, layer.post_norm, eps)
@@ -150,14 +173,27 @@ def isolated_linears(model, m: int, reps: int) -> list[dict]:  # noqa: ANN001
     layer = model.layers[0]
     n_layers = len(model.layers)
     out = []
-    for name, lin, count in (("qkv", layer.qkv, n_layers), ("o", layer.o, n_layers), ("gate_up", layer.gate_up, n_layers),
-                             ("down", layer.down, n_layers), ("head", model.lm_head, 1)):
+    for name, lin, count in (
+        ("qkv", layer.qkv, n_layers),
+        ("o", layer.o, n_layers),
+        ("gate_up", layer.gate_up, n_layers),
+        ("down", layer.down, n_layers),
+        ("head", model.lm_head, 1),
+    ):
         x = torch.randn(m, lin.in_features)
         dense = Linear(_dequantized(model, lin))
         k, d = best(lambda: lin(x)), best(lambda: dense(x))
-        out.append({"linear": name, "N": lin.out_features, "K": lin.in_features, "count": count,
-                    "kernel_us": 1e6 * k, "onednn_us": 1e6 * d,
-                    "kernel_gflops": 2 * m * lin.out_features * lin.in_features / k / 1e9})
+        out.append(
+            {
+                "linear": name,
+                "N": lin.out_features,
+                "K": lin.in_features,
+                "count": count,
+                "kernel_us": 1e6 * k,
+                "onednn_us": 1e6 * d,
+                "kernel_gflops": 2 * m * lin.out_features * lin.in_features / k / 1e9,
+            }
+        )
     return out
 
 
@@ -175,15 +211,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-tokens", type=int, default=48)
     p.add_argument("--reps", type=int, default=7, help="repetitions of each isolated linear (best of)")
     p.add_argument("--skip-linears", action="store_true")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1). Above 1 the decode calls split over the kernels' helper pool "
-                   "(the engine's default cut) and the parts are given in wall time, which then is what they cost")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1). Above 1 the decode calls split over the kernels' helper pool "
+        "(the engine's default cut) and the parts are given in wall time, which then is what they cost",
+    )
     p.add_argument("--json", help="write every figure here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.*
     from bench.serving.engine_throughput import prompts, submit
-
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
     from sluice.models.loader import load_model
@@ -199,13 +238,17 @@ def main(argv: list[str] | None = None) -> None:
     rows = decode_steps(engine, clock, args.streams, args.steps, basis)
     while engine.has_unfinished():
         engine.step()
-    print(f"decode steps at {args.streams} streams: {len(rows)} recorded, {args.threads} thread(s), parts in {basis} "
-          f"time, load average "
-          f"{' '.join(f'{x:.1f}' for x in __import__('os').getloadavg())}")
+    print(
+        f"decode steps at {args.streams} streams: {len(rows)} recorded, {args.threads} thread(s), parts in {basis} "
+        f"time, load average "
+        f"{' '.join(f'{x:.1f}' for x in __import__('os').getloadavg())}"
+    )
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     total = med[f"{basis}_ms"]
-    print(f"step: CPU {total:.1f} ms median (min {min(r['cpu_ms'] for r in rows):.1f}), wall {med['wall_ms']:.1f} ms; "
-          f"{args.streams * 1000 / total:.0f} tok/s per {'busy core' if basis == 'cpu' else 'second'}")
+    print(
+        f"step: CPU {total:.1f} ms median (min {min(r['cpu_ms'] for r in rows):.1f}), wall {med['wall_ms']:.1f} ms; "
+        f"{args.streams * 1000 / total:.0f} tok/s per {'busy core' if basis == 'cpu' else 'second'}"
+    )
     print(f"{'part':16s} {basis + ' ms':>8s} {'share':>6s}   (median over steps; min-max)")
     for part in PARTS:
         vals = [r[part] for r in rows]
@@ -217,8 +260,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nisolated linears at M = {args.streams} (best of {args.reps}, CPU time):")
         iso = isolated_linears(model, args.streams, args.reps)
         for r in iso:
-            print(f"  {r['linear']:8s} {r['N']:6d}x{r['K']:<5d} kernel {r['kernel_us']:8.0f} us  oneDNN fp32 "
-                  f"{r['onednn_us']:8.0f} us  ({r['onednn_us'] / r['kernel_us']:.2f}x)  {r['kernel_gflops']:.1f} GFLOP/s")
+            print(
+                f"  {r['linear']:8s} {r['N']:6d}x{r['K']:<5d} kernel {r['kernel_us']:8.0f} us  oneDNN fp32 "
+                f"{r['onednn_us']:8.0f} us  ({r['onednn_us'] / r['kernel_us']:.2f}x)  {r['kernel_gflops']:.1f} GFLOP/s"
+            )
         k = sum(r["kernel_us"] * r["count"] for r in iso) / 1e3
         d = sum(r["onednn_us"] * r["count"] for r in iso) / 1e3
         print(f"  per step: kernel {k:.1f} ms, oneDNN fp32 {d:.1f} ms")

@@ -63,16 +63,30 @@ def main(argv: list[str] | None = None) -> None:
     ratios = []
     for i in range(args.pairs):
         ms = {}
-        for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
-            out = subprocess.run([sys.executable, __file__, "--child", mode, "--threads", str(args.threads),
-                                  "--steps", str(args.steps)], check=True, capture_output=True, text=True)
+        for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", mode, "--threads", str(args.threads), "--steps", str(args.steps)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             ms[mode] = json.loads(out.stdout.strip().splitlines()[-1])["step_ms"]
         ratios.append(ms["on"] / ms["off"])
-        print(f"pair {i + 1}: huge pages {ms['on']:.2f} ms, 4 KiB pages {ms['off']:.2f} ms, ratio {ratios[-1]:.3f}",
-              file=sys.stderr)
+        print(
+            f"pair {i + 1}: huge pages {ms['on']:.2f} ms, 4 KiB pages {ms['off']:.2f} ms, ratio {ratios[-1]:.3f}",
+            file=sys.stderr,
+        )
     print(f"median ratio on/off: {statistics.median(ratios):.3f}", file=sys.stderr)
-    print(json.dumps({"threads": args.threads, "ratios": ratios, "median_ratio": statistics.median(ratios),
-                      "load_average": os.getloadavg()}))
+    print(
+        json.dumps(
+            {
+                "threads": args.threads,
+                "ratios": ratios,
+                "median_ratio": statistics.median(ratios),
+                "load_average": os.getloadavg(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ load average before and after.
 
     PYTHONPATH=src .venv/bin/python bench/search/search_before_after.py --before /tmp/old/src [--passes 2] [--json out.json]
 """
+
 import argparse
 import json
 import os
@@ -31,11 +32,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))  # the root: tests/corpus.py
-from tests import corpus  # noqa: E402
+from search_latency import RawClient, cpu_s, pct  # noqa: E402
+
 from sluice.search.index.query_tree import resolve  # noqa: E402
 from sluice.search.index.schema import parse_document  # noqa: E402
 from sluice.search.index.shard_index import ShardIndex  # noqa: E402
-from search_latency import RawClient, cpu_s, pct  # noqa: E402
+from tests import corpus  # noqa: E402
 
 BLOCK = 25
 
@@ -61,13 +63,18 @@ class Library:
 
 def start(tmp: Path, name: str, src: str, shards: int, stats: str) -> tuple[subprocess.Popen, str]:
     cfg = tmp / f"{name}.toml"
-    cfg.write_text(f'[search]\ncache_entries = 0\nstats = "{stats}"\ndata_dir = "{tmp}/{name}"\n'
-                   + "".join(f'[[shards]]\nname = "s{i}"\nreplicas = ["local"]\n' for i in range(shards)))
+    cfg.write_text(
+        f'[search]\ncache_entries = 0\nstats = "{stats}"\ndata_dir = "{tmp}/{name}"\n'
+        + "".join(f'[[shards]]\nname = "s{i}"\nreplicas = ["local"]\n' for i in range(shards))
+    )
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
-    p = subprocess.Popen([sys.executable, "-m", "sluice.cli", "search", "serve", "--port", str(port),
-                          "--config", str(cfg)], stdout=open(tmp / f"{name}.log", "wb"),
-                         stderr=subprocess.STDOUT, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "sluice.cli", "search", "serve", "--port", str(port), "--config", str(cfg)],
+        stdout=open(tmp / f"{name}.log", "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     return p, f"http://127.0.0.1:{port}"
 
 
@@ -85,8 +92,10 @@ def main() -> int:
     queries = corpus.queries(docs, args.queries)
     warmup = corpus.queries(docs, 50, seed=99)  # other queries: the measured ones stay unseen
     tmp = Path(tempfile.mkdtemp(prefix="sluice-search-ab-"))
-    routers = {name: start(tmp, name, src, args.shards, args.stats)
-               for name, src in (("before", args.before), ("after", str(HERE.parents[1] / "src")))}
+    routers = {
+        name: start(tmp, name, src, args.shards, args.stats)
+        for name, src in (("before", args.before), ("after", str(HERE.parents[1] / "src")))
+    }
     load0 = os.getloadavg()
     try:
         http = httpx.Client(timeout=60)
@@ -99,23 +108,31 @@ def main() -> int:
                     pass
                 time.sleep(0.2)
             for i in range(0, len(docs), 500):
-                body = "\n".join(json.dumps(d) for d in docs[i:i + 500])
+                body = "\n".join(json.dumps(d) for d in docs[i : i + 500])
                 http.post(url + "/v1/search/documents", content=body).raise_for_status()
         clients = {"library": Library(docs), **{n: RawClient(u) for n, (p, u) in routers.items()}}
-        pids = {n: [p.pid, *http.get(u + "/v1/search/status").json()["local_pids"].values()]
-                for n, (p, u) in routers.items()}
+        pids = {
+            n: [p.pid, *http.get(u + "/v1/search/status").json()["local_pids"].values()]
+            for n, (p, u) in routers.items()
+        }
         for c in clients.values():
             for q in warmup:
                 c.post("/v1/search", {"query": q, "top_k": 10})
-        out: dict = {"docs": len(docs), "queries": len(queries), "shards": args.shards, "stats": args.stats,
-                     "load_average_before": [round(x, 2) for x in load0], "passes": []}
+        out: dict = {
+            "docs": len(docs),
+            "queries": len(queries),
+            "shards": args.shards,
+            "stats": args.stats,
+            "load_average_before": [round(x, 2) for x in load0],
+            "passes": [],
+        }
         for n_pass in range(args.passes):
             lat: dict[str, list[float]] = {n: [] for n in clients}
             cpu = {n: [0.0, 0.0] for n in routers}
             for block in range(0, len(queries), BLOCK):
                 for n, c in clients.items():
                     c0 = [cpu_s(x) for x in pids[n]] if n in pids else None
-                    for q in queries[block:block + BLOCK]:
+                    for q in queries[block : block + BLOCK]:
                         t = time.perf_counter()
                         c.post("/v1/search", {"query": q, "top_k": 10})
                         lat[n].append(time.perf_counter() - t)

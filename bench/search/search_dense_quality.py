@@ -25,7 +25,6 @@ import random
 import re
 import sys
 import time
-
 from pathlib import Path
 
 import numpy as np
@@ -83,11 +82,18 @@ def main() -> None:
     embed_s = time.perf_counter() - t0
     index = ShardIndex(None)
     t0 = time.perf_counter()
-    index.apply(1, [{"op": "upsert", "id": d["id"], "fields": {"body": d["body"], "section": d["section"]},
-                     "vector": encode(v)} for d, v in zip(docs, vecs)])
+    index.apply(
+        1,
+        [
+            {"op": "upsert", "id": d["id"], "fields": {"body": d["body"], "section": d["section"]}, "vector": encode(v)}
+            for d, v in zip(docs, vecs)
+        ],
+    )
     index_s = time.perf_counter() - t0
-    print(f"{len(docs)} documents (embedded in {embed_s:.1f} s, indexed in {index_s:.1f} s), {len(queries)} queries, "
-          f"{sum(len(r) > 1 for r in relevant)} with more than one relevant document")
+    print(
+        f"{len(docs)} documents (embedded in {embed_s:.1f} s, indexed in {index_s:.1f} s), {len(queries)} queries, "
+        f"{sum(len(r) > 1 for r in relevant)} with more than one relevant document"
+    )
 
     window = 100
     lexical: list[list[Hit]] = []
@@ -108,19 +114,26 @@ def main() -> None:
         approx.append(index.dense_search(v, K, exact=False))
         timings["dense approximate"] += time.perf_counter() - t
 
-    rows = [("lexical (BM25)", ([h.doc_id for h in r] for r in lexical)),
-            ("dense (exact)", ([h.doc_id for h in r] for r in dense))]
+    rows = [
+        ("lexical (BM25)", ([h.doc_id for h in r] for r in lexical)),
+        ("dense (exact)", ([h.doc_id for h in r] for r in dense)),
+    ]
     for w in (20, 50, 100):
         for fusion, weight in ((Fusion.RRF, 0.5), (Fusion.RRF, 0.3), (Fusion.WEIGHTED, 0.5), (Fusion.WEIGHTED, 0.3)):
             name = f"hybrid {fusion.value}, dense_weight {weight}, window {w}"
-            rows.append((name, [[h.doc_id for h in fuse(lx[:w], dn[:w], K, fusion, 60, weight)]
-                                for lx, dn in zip(lexical, dense)]))
+            rows.append(
+                (
+                    name,
+                    [[h.doc_id for h in fuse(lx[:w], dn[:w], K, fusion, 60, weight)] for lx, dn in zip(lexical, dense)],
+                )
+            )
     print(f"\n| mode | recall@{K} | MRR@{K} |\n|---|---|---|")
     for name, rankings in rows:
         r, m = score(list(rankings), relevant)
         print(f"| {name} | {r:.3f} | {m:.3f} |")
-    overlap = np.mean([len({h.doc_id for h in a} & {h.doc_id for h in e[:K]}) / max(1, min(K, len(e)))
-                       for a, e in zip(approx, dense)])
+    overlap = np.mean(
+        [len({h.doc_id for h in a} & {h.doc_id for h in e[:K]}) / max(1, min(K, len(e))) for a, e in zip(approx, dense)]
+    )
     print(f"\napproximate (HNSW) dense recall@{K} against exact: {overlap:.4f}")
     for name, s in timings.items():
         print(f"{name}: {s / len(queries) * 1000:.3f} ms a query (top {window if name != 'dense approximate' else K})")

@@ -23,12 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
-from tests import corpus  # noqa: E402
 from sluice.search.index.bm25 import CollectionStats  # noqa: E402
 from sluice.search.index.hits import merge  # noqa: E402
 from sluice.search.index.query_tree import resolve, terms_of  # noqa: E402
 from sluice.search.index.schema import parse_document  # noqa: E402
 from sluice.search.index.shard_index import ShardIndex  # noqa: E402
+from tests import corpus  # noqa: E402
 
 
 def build(docs, n, place):
@@ -74,9 +74,11 @@ def main() -> int:
             for g, w in zip(got_g, want):
                 max_rel = max(max_rel, abs(g.score - w.score) / abs(w.score) if w.score else abs(g.score))
         n = len(queries)
-        out[name] = {"shard_sizes": [s.doc_count() for s in shards],
-                     "global": {"identical_top10": f"{same_g}/{n}", "max_rel_score_diff": max_rel},
-                     "local": {"identical_top10": f"{same_l}/{n}", "mean_top10_overlap": round(overlap / n, 4)}}
+        out[name] = {
+            "shard_sizes": [s.doc_count() for s in shards],
+            "global": {"identical_top10": f"{same_g}/{n}", "max_rel_score_diff": max_rel},
+            "local": {"identical_top10": f"{same_l}/{n}", "mean_top10_overlap": round(overlap / n, 4)},
+        }
     print(json.dumps({"docs": len(docs), "queries": len(queries), "shards": args.shards, **out}, indent=2))
     return 0
 

@@ -41,10 +41,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
-from tests import corpus  # noqa: E402
 from sluice.search.index.query_tree import resolve  # noqa: E402
 from sluice.search.index.schema import parse_document  # noqa: E402
 from sluice.search.index.shard_index import ShardIndex  # noqa: E402
+from tests import corpus  # noqa: E402
 
 
 def free_port() -> int:
@@ -59,8 +59,12 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def summary(lat_s: list[float], wall_s: float) -> dict:
-    return {"p50_ms": round(pct(lat_s, 0.5) * 1000, 3), "p99_ms": round(pct(lat_s, 0.99) * 1000, 3),
-            "mean_ms": round(statistics.fmean(lat_s) * 1000, 3), "qps": round(len(lat_s) / wall_s, 1)}
+    return {
+        "p50_ms": round(pct(lat_s, 0.5) * 1000, 3),
+        "p99_ms": round(pct(lat_s, 0.99) * 1000, 3),
+        "mean_ms": round(statistics.fmean(lat_s) * 1000, 3),
+        "qps": round(len(lat_s) / wall_s, 1),
+    }
 
 
 def library(docs, queries) -> dict:
@@ -98,12 +102,16 @@ class RawClient:
 
     def post(self, path: str, obj: dict) -> dict:
         body = json.dumps(obj).encode()
-        self.sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+        self.sock.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % (path.encode(), len(body)) + body
+        )
         while b"\r\n\r\n" not in self.buf:
             self.buf += self.sock.recv(65536)
         head, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        n = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        n = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
         while len(self.buf) < n:
             self.buf += self.sock.recv(65536)
         data, self.buf = self.buf[:n], self.buf[n:]
@@ -116,13 +124,18 @@ class RawClient:
 def router(tmp: Path, name: str, shards: int, replicas: int = 1, stats: str = "global", hedge: bool = True):
     cfg = tmp / f"{name}.toml"
     reps = ", ".join(['"local"'] * replicas)
-    cfg.write_text(f'[search]\ncache_entries = 0\nstats = "{stats}"\nhedge = {str(hedge).lower()}\n'
-                   f'data_dir = "{tmp / name}"\n'
-                   + "".join(f'[[shards]]\nname = "s{i}"\nreplicas = [{reps}]\n' for i in range(shards)))
+    cfg.write_text(
+        f'[search]\ncache_entries = 0\nstats = "{stats}"\nhedge = {str(hedge).lower()}\n'
+        f'data_dir = "{tmp / name}"\n'
+        + "".join(f'[[shards]]\nname = "s{i}"\nreplicas = [{reps}]\n' for i in range(shards))
+    )
     port = free_port()
     log = open(tmp / f"{name}.log", "wb")
-    p = subprocess.Popen([sys.executable, "-m", "sluice.cli", "search", "serve", "--port", str(port),
-                          "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "sluice.cli", "search", "serve", "--port", str(port), "--config", str(cfg)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -139,7 +152,7 @@ def router(tmp: Path, name: str, shards: int, replicas: int = 1, stats: str = "g
 def ingest(http: httpx.Client, url: str, docs) -> float:
     t0 = time.perf_counter()
     for i in range(0, len(docs), 500):
-        body = "\n".join(json.dumps(d) for d in docs[i:i + 500])
+        body = "\n".join(json.dumps(d) for d in docs[i : i + 500])
         r = http.post(url + "/v1/search/documents", content=body)
         r.raise_for_status()
     return len(docs) / (time.perf_counter() - t0)
@@ -182,14 +195,27 @@ def main() -> int:
     docs = corpus.documents(args.docs)
     queries = corpus.queries(docs, args.queries)
     warmup = corpus.queries(docs, 50, seed=99)
-    results: dict = {"docs": len(docs), "queries": len(queries), "load_average_before": os.getloadavg(),
-                     "library": library(docs, queries)}
+    results: dict = {
+        "docs": len(docs),
+        "queries": len(queries),
+        "load_average_before": os.getloadavg(),
+        "library": library(docs, queries),
+    }
     print(f"library alone: {results['library']}", flush=True)
-    runs = [("1 shard", 1, 1, "global", True), ("2 shards", 2, 1, "global", True), ("4 shards", 4, 1, "global", True),
-            ("2 shards, local stats", 2, 1, "local", True), ("2x2 hedge off", 2, 2, "global", False),
-            ("2x2 hedge on", 2, 2, "global", True)]
-    with tempfile.TemporaryDirectory(prefix="sluice-search-bench-") as d, httpx.Client(timeout=60, transport=httpx.HTTPTransport(
-            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])) as http:
+    runs = [
+        ("1 shard", 1, 1, "global", True),
+        ("2 shards", 2, 1, "global", True),
+        ("4 shards", 4, 1, "global", True),
+        ("2 shards, local stats", 2, 1, "local", True),
+        ("2x2 hedge off", 2, 2, "global", False),
+        ("2x2 hedge on", 2, 2, "global", True),
+    ]
+    with (
+        tempfile.TemporaryDirectory(prefix="sluice-search-bench-") as d,
+        httpx.Client(
+            timeout=60, transport=httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        ) as http,
+    ):
         for name, shards, reps, stats, hedge in runs:
             p, url = router(Path(d), name.replace(" ", "_").replace(",", ""), shards, reps, stats, hedge)
             try:

@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
-from tests import corpus  # noqa: E402
 from sluice.search.index.schema import parse_document  # noqa: E402
 from sluice.search.router.config import parse_config  # noqa: E402
 from sluice.search.router.runtime import RouterRuntime  # noqa: E402
 from sluice.search.shard.replica import Replica  # noqa: E402
 from sluice.search.shard.server import create_shard_app  # noqa: E402
+from tests import corpus  # noqa: E402
 
 NAMED = (Path(sys.modules[RouterRuntime.__module__].__file__).parent / "http").is_dir()  # this tree's layout
 if NAMED:
@@ -44,8 +44,10 @@ else:  # an earlier checkout's
     from sluice.search.router.app import create_router_app  # type: ignore[no-redef]
     from sluice.search.router.fast_http.search_path import SearchFastPath as Front  # type: ignore[no-redef]
 
-CONFIG = ('[search]\ncache_entries = 0\n[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'
-          '[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:10"]\n')
+CONFIG = (
+    '[search]\ncache_entries = 0\n[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'
+    '[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:10"]\n'
+)
 
 
 def build(docs: list[dict], data: Path) -> tuple[RouterRuntime, list[float]]:
@@ -54,8 +56,11 @@ def build(docs: list[dict], data: Path) -> tuple[RouterRuntime, list[float]]:
     apps = {}
     for i, s in enumerate(rt.topo.shards):
         replica = Replica(data / s.name, fsync=False)
-        ops = [{"op": "upsert", "id": d.doc_id, "fields": d.fields}
-               for d in map(parse_document, docs) if rt.topo.shard_for(d) == i]
+        ops = [
+            {"op": "upsert", "id": d.doc_id, "fields": d.fields}
+            for d in map(parse_document, docs)
+            if rt.topo.shard_for(d) == i
+        ]
         replica.append(1, ops)
         apps[s.replicas[0].url] = create_shard_app(replica)
         s.head_seq = 1
@@ -79,8 +84,13 @@ EXTRA: dict = {}  # --snippets N: {"snippet_chars": N} in every body (a tree wit
 
 async def one(front, query: str) -> None:
     body = json.dumps({"query": query, "top_k": 10, **EXTRA}).encode()
-    scope = {"type": "http", "method": "POST", "path": "/v1/search", "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/search",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    }
     sent: list[dict] = []
 
     async def receive() -> dict:
@@ -111,8 +121,13 @@ async def run(args: argparse.Namespace) -> list[dict]:
         for q in queries:
             await one(front, q)
         total = time.process_time() - t0
-        out.append({"pass": p, "router_cpu_ms_per_query": round(1000 * (total - shard_cpu[0]) / len(queries), 3),
-                    "shards_cpu_ms_per_query": round(1000 * shard_cpu[0] / len(queries), 3)})
+        out.append(
+            {
+                "pass": p,
+                "router_cpu_ms_per_query": round(1000 * (total - shard_cpu[0]) / len(queries), 3),
+                "shards_cpu_ms_per_query": round(1000 * shard_cpu[0] / len(queries), 3),
+            }
+        )
         print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -122,14 +137,20 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=3000)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--passes", type=int, default=4)
-    ap.add_argument("--snippets", type=int, default=None, help="snippet_chars in every body (unset: the field is "
-                    "not sent, and a tree with snippets makes its default 300-character ones)")
+    ap.add_argument(
+        "--snippets",
+        type=int,
+        default=None,
+        help="snippet_chars in every body (unset: the field is "
+        "not sent, and a tree with snippets makes its default 300-character ones)",
+    )
     ap.add_argument("--profile", default=None, help="write a cProfile of the run to this file")
     args = ap.parse_args()
     if args.snippets is not None:
         EXTRA["snippet_chars"] = args.snippets
     if args.profile:
         import cProfile
+
         cProfile.runctx("asyncio.run(run(args))", globals(), {"args": args, "run": run}, args.profile)
     else:
         asyncio.run(run(args))

@@ -31,9 +31,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
-from tests import corpus  # noqa: E402
 from sluice.search.index.analyzer import Analyzer  # noqa: E402
 from sluice.search.index.query_tree import resolve  # noqa: E402
+from tests import corpus  # noqa: E402
 
 
 def pct(xs, q):
@@ -46,11 +46,25 @@ def measure(docs, queries, samples: int) -> list[float]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
-        p = subprocess.Popen([sys.executable, "-m", "sluice.cli", "search", "shard", "--listen", f"127.0.0.1:{port}",
-                              "--data", d, "--no-fsync"], stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "search",
+                "shard",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--data",
+                d,
+                "--no-fsync",
+            ],
+            stderr=subprocess.DEVNULL,
+        )
         url = f"http://127.0.0.1:{port}"
-        http = httpx.Client(timeout=60, transport=httpx.HTTPTransport(
-            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
+        http = httpx.Client(
+            timeout=60, transport=httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        )
         try:
             for _ in range(600):
                 try:
@@ -65,7 +79,9 @@ def measure(docs, queries, samples: int) -> list[float]:
             lat = []
             for i in range(samples + 50):
                 t = time.perf_counter()
-                http.post(url + "/v1/shard/search", json={"tree": trees[i % len(trees)], "top_k": 10}).raise_for_status()
+                http.post(
+                    url + "/v1/shard/search", json={"tree": trees[i % len(trees)], "top_k": 10}
+                ).raise_for_status()
                 if i >= 50:
                     lat.append(time.perf_counter() - t)
             return lat
@@ -74,8 +90,15 @@ def measure(docs, queries, samples: int) -> list[float]:
             p.wait(30)
 
 
-def simulate(lat: list[float], shards: int, trials: int, hedge: bool, rng: random.Random,
-             stall_rate: float = 0.0, stall_s: float = 0.0) -> list[float]:
+def simulate(
+    lat: list[float],
+    shards: int,
+    trials: int,
+    hedge: bool,
+    rng: random.Random,
+    stall_rate: float = 0.0,
+    stall_s: float = 0.0,
+) -> list[float]:
     p95 = pct(lat, 0.95)
 
     def draw() -> float:
@@ -99,20 +122,24 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=400)
     ap.add_argument("--shards", type=int, default=100)
     ap.add_argument("--trials", type=int, default=5000)
-    ap.add_argument("--stall-rate", type=float, default=0.01, help="also simulate this fraction of shard requests "
-                                                                     "stalling (a GC pause, a noisy neighbour)")
+    ap.add_argument(
+        "--stall-rate",
+        type=float,
+        default=0.01,
+        help="also simulate this fraction of shard requests stalling (a GC pause, a noisy neighbour)",
+    )
     ap.add_argument("--stall-ms", type=float, default=200.0)
     args = ap.parse_args()
     docs = corpus.documents(args.docs)
     lat = measure(docs, corpus.queries(docs, 300), args.samples)
     rng = random.Random(3)
     ms = lambda x: round(x * 1000, 2)  # noqa: E731
-    res = {"one_shard": {"p50_ms": ms(pct(lat, .5)), "p95_ms": ms(pct(lat, .95)), "p99_ms": ms(pct(lat, .99))}}
+    res = {"one_shard": {"p50_ms": ms(pct(lat, 0.5)), "p95_ms": ms(pct(lat, 0.95)), "p99_ms": ms(pct(lat, 0.99))}}
     for stall in (0.0, args.stall_rate):
         for hedge in (False, True):
             q = simulate(lat, args.shards, args.trials, hedge, rng, stall, args.stall_ms / 1000)
             name = f"{args.shards}_shards_{'hedged' if hedge else 'plain'}" + (f"_stalls_{stall:g}" if stall else "")
-            res[name] = {"p50_ms": ms(pct(q, .5)), "p99_ms": ms(pct(q, .99))}
+            res[name] = {"p50_ms": ms(pct(q, 0.5)), "p99_ms": ms(pct(q, 0.99))}
     print(json.dumps(res, indent=2))
     return 0
 

@@ -15,6 +15,7 @@ characters (0: none, the library's plain search) and makes the library compute t
 
     PYTHONPATH=src .venv/bin/python bench/search/search_throughput.py [--docs 3000] [--queries 2000] [--shards 1,2,4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))  # the root: tests/corpus.py
-from tests import corpus  # noqa: E402
+import search_latency  # noqa: E402
+from search_latency import RawClient, cpu_s, ingest, pct  # noqa: E402
+
 from sluice.search.index.query_tree import resolve  # noqa: E402
 from sluice.search.index.shard_index import ShardIndex  # noqa: E402
-from search_latency import RawClient, cpu_s, ingest, pct  # noqa: E402
-import search_latency  # noqa: E402
+from tests import corpus  # noqa: E402
 
 
 def load(clients: list, queries: list[str], body: dict) -> tuple[list[float], float]:
@@ -54,7 +56,7 @@ def load(clients: list, queries: list[str], body: dict) -> tuple[list[float], fl
         with lock:
             lat.extend(mine)
 
-    threads = [threading.Thread(target=run, args=(c, queries[i::len(clients)])) for i, c in enumerate(clients)]
+    threads = [threading.Thread(target=run, args=(c, queries[i :: len(clients)])) for i, c in enumerate(clients)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -67,6 +69,7 @@ def library(docs: list[dict], queries: list[str], n_clients: int, snippets: int,
     path = tmp / "library"
     if path.exists():
         import shutil
+
         shutil.rmtree(path)
     ix = ShardIndex(path)
     ix.apply(1, [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in docs])
@@ -79,21 +82,38 @@ def library(docs: list[dict], queries: list[str], n_clients: int, snippets: int,
     for q in queries[:200]:
         handles[0].search(resolve(q, handles[0].analyzer), 10)
     lat, wall = load([client(h) for h in handles], queries, {})
-    return {"qps": round(len(queries) / wall, 1), "p50_ms": round(pct(lat, 0.5) * 1000, 3),
-            "p99_ms": round(pct(lat, 0.99) * 1000, 3)}
+    return {
+        "qps": round(len(queries) / wall, 1),
+        "p50_ms": round(pct(lat, 0.5) * 1000, 3),
+        "p99_ms": round(pct(lat, 0.99) * 1000, 3),
+    }
 
 
-def router(docs: list[dict], queries: list[str], warmup: list[str], shards: int, n_clients: int, snippets: int,
-           tmp: Path, local_reads: bool) -> dict:
+def router(
+    docs: list[dict],
+    queries: list[str],
+    warmup: list[str],
+    shards: int,
+    n_clients: int,
+    snippets: int,
+    tmp: Path,
+    local_reads: bool,
+) -> dict:
     name = f"r{shards}{'-local' if local_reads else ''}"
     cfg = tmp / f"{name}.toml"
-    cfg.write_text(f'[search]\ndata_dir = "{tmp / name}"\nlocal_reads = {str(local_reads).lower()}\n'
-                   + "".join(f'[[shards]]\nname = "s{i}"\n' for i in range(shards)))
+    cfg.write_text(
+        f'[search]\ndata_dir = "{tmp / name}"\nlocal_reads = {str(local_reads).lower()}\n'
+        + "".join(f'[[shards]]\nname = "s{i}"\n' for i in range(shards))
+    )
     port = search_latency.free_port()
     import subprocess
+
     log = open(tmp / f"{name}.log", "wb")
-    p = subprocess.Popen([sys.executable, "-m", "sluice.cli", "search", "serve", "--port", str(port), "--config", str(cfg)],
-                         stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "sluice.cli", "search", "serve", "--port", str(port), "--config", str(cfg)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -117,6 +137,7 @@ def router(docs: list[dict], queries: list[str], warmup: list[str], shards: int,
         def client(c: RawClient):
             def ask(q: str) -> None:
                 partial[0] += c.post("/v1/search", {"query": q, "top_k": 10, "snippet_chars": snippets})["partial"]
+
             return ask
 
         cpu0 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids)
@@ -127,11 +148,15 @@ def router(docs: list[dict], queries: list[str], warmup: list[str], shards: int,
             rounds = {**st["cache"]["one_round"], **({"local_reads": st["local_reads"]} if "local_reads" in st else {})}
         for c in conns:
             c.close()
-        return {"qps": round(len(queries) / wall, 1), "p50_ms": round(pct(lat, 0.5) * 1000, 3),
-                "p99_ms": round(pct(lat, 0.99) * 1000, 3), "partial": partial[0],
-                "router_cpu_ms_per_query": round((cpu1[0] - cpu0[0]) / len(queries) * 1000, 3),
-                "shards_cpu_ms_per_query": round((cpu1[1] - cpu0[1]) / len(queries) * 1000, 3),
-                "one_round": rounds}
+        return {
+            "qps": round(len(queries) / wall, 1),
+            "p50_ms": round(pct(lat, 0.5) * 1000, 3),
+            "p99_ms": round(pct(lat, 0.99) * 1000, 3),
+            "partial": partial[0],
+            "router_cpu_ms_per_query": round((cpu1[0] - cpu0[0]) / len(queries) * 1000, 3),
+            "shards_cpu_ms_per_query": round((cpu1[1] - cpu0[1]) / len(queries) * 1000, 3),
+            "one_round": rounds,
+        }
     finally:
         p.terminate()
         p.wait(30)
@@ -145,13 +170,16 @@ def main() -> int:
     ap.add_argument("--shards", default="1,2,4")
     ap.add_argument("--snippets", type=int, default=0)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--modes", default="local,http", help="local: local_reads (the embedded default); http: "
-                    "every query to the shard processes over HTTP")
+    ap.add_argument(
+        "--modes",
+        default="local,http",
+        help="local: local_reads (the embedded default); http: every query to the shard processes over HTTP",
+    )
     args = ap.parse_args()
     docs = corpus.documents(args.docs)
     titles = list(dict.fromkeys(" ".join(re.findall(r"\w+", d["title"])) for d in docs if d.get("title")))
     titles = [t for t in titles if t]
-    warmup, queries = titles[:200], titles[200:200 + args.queries]
+    warmup, queries = titles[:200], titles[200 : 200 + args.queries]
     print(f"{len(docs)} documents, {len(queries)} distinct queries, {args.clients} clients, snippets {args.snippets}")
     out = {}
     with tempfile.TemporaryDirectory() as d:

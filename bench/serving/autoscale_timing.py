@@ -35,13 +35,13 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # the fleet forks worker
 
 from sluice.config import load_settings  # noqa: E402
 from sluice.gateway.principal import Principal  # noqa: E402
+from sluice.routing.dispatch.worker_pool import WorkerStatus  # noqa: E402
 from sluice.routing.fleet.fleet import Fleet  # noqa: E402
 from sluice.routing.fleet_file.registry import Registry  # noqa: E402
-from sluice.routing.dispatch.worker_pool import WorkerStatus  # noqa: E402
 from sluice.serving.outcomes import TextDelta  # noqa: E402
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.pipeline import ServingPipeline  # noqa: E402
 from sluice.serving.prompt import Conversation, Role, Turn  # noqa: E402
-from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest  # noqa: E402
 from sluice.serving.runtime import ServingRuntime  # noqa: E402
 
@@ -75,8 +75,14 @@ max_num_seqs = 8
 
 
 def request(text: str, max_tokens: int) -> ServingRequest:
-    return ServingRequest(request_id=f"msg_{os.urandom(6).hex()}", route=Route.MESSAGES, principal=Principal(),
-                          model="smollm2", conversation=Conversation([Turn(Role.USER, [text])]), budget=OutputBudget(max_tokens))
+    return ServingRequest(
+        request_id=f"msg_{os.urandom(6).hex()}",
+        route=Route.MESSAGES,
+        principal=Principal(),
+        model="smollm2",
+        conversation=Conversation([Turn(Role.USER, [text])]),
+        budget=OutputBudget(max_tokens),
+    )
 
 
 async def first_token(pipeline: ServingPipeline, req: ServingRequest) -> float:
@@ -148,8 +154,10 @@ async def main(args: argparse.Namespace) -> dict:
             fleet.autoscaler.on_decision.append(on_decision)
             sent = time.perf_counter()  # the same probe on the idle fleet: the TTFT floor
             baseline.append(await first_token(pipeline, request("Hi", 1)) - sent)
-            load = [asyncio.create_task(to_the_end(pipeline, request(f"Write a long story about ship {i}.", 380)))
-                    for i in range(2)]
+            load = [
+                asyncio.create_task(to_the_end(pipeline, request(f"Write a long story about ship {i}.", 380)))
+                for i in range(2)
+            ]
             await asyncio.wait_for(promoted.wait(), 120)
             t2 = await first_token(pipeline, request("Hi", 1))
             fleet.autoscaler.on_decision.remove(on_decision)
@@ -164,34 +172,57 @@ async def main(args: argparse.Namespace) -> dict:
                 fleet.pool.set_status(worker_id, WorkerStatus.STANDBY)
                 fleet.handles[worker_id].join_status = WorkerStatus.STANDBY
             fleet.autoscaler.scalers.clear()
-            await until(lambda: len(ids(fleet, WorkerStatus.WARM)) == 1 and len(fleet.pool.workers(*KEY)) >= 2,
-                        "the reset")
+            await until(
+                lambda: len(ids(fleet, WorkerStatus.WARM)) == 1 and len(fleet.pool.workers(*KEY)) >= 2, "the reset"
+            )
             for worker_id in ids(fleet, WorkerStatus.STANDBY)[1:]:  # the round's refill start
                 fleet.replicas.retire(worker_id, "benchmark reset")
-            await until(lambda: len(fleet.pool.workers(*KEY)) == 2 and not any(
-                fleet.autoscaler.scalers.get(KEY) and fleet.autoscaler.scalers[KEY].starts for _ in [0]),
-                "the refill to stop", every=0.05)
+            await until(
+                lambda: (
+                    len(fleet.pool.workers(*KEY)) == 2
+                    and not any(fleet.autoscaler.scalers.get(KEY) and fleet.autoscaler.scalers[KEY].starts for _ in [0])
+                ),
+                "the refill to stop",
+                every=0.05,
+            )
         fleet.autoscaler.on_decision.clear()
         for _ in range(args.cold_rounds):
             t0 = time.perf_counter()
             worker_id = await fleet.replicas.start_one(*KEY, join=WorkerStatus.STANDBY)
             cold_loaded.append(time.perf_counter() - t0)
-            await until(lambda: (w := fleet.pool.get(worker_id)) is not None and w.status is WorkerStatus.STANDBY,
-                        "the cold worker to warm up")
+            await until(
+                lambda: (w := fleet.pool.get(worker_id)) is not None and w.status is WorkerStatus.STANDBY,
+                "the cold worker to warm up",
+            )
             cold_warm.append(time.perf_counter() - t0)
             await fleet.replicas.drop(fleet.handles[worker_id])
     finally:
         await fleet.close()
 
     def summary(xs: list[float]) -> dict:
-        return {"median_ms": round(1000 * statistics.median(xs), 1), "max_ms": round(1000 * max(xs), 1),
-                "all_ms": [round(1000 * x, 1) for x in xs]} if xs else {}
+        return (
+            {
+                "median_ms": round(1000 * statistics.median(xs), 1),
+                "max_ms": round(1000 * max(xs), 1),
+                "all_ms": [round(1000 * x, 1) for x in xs],
+            }
+            if xs
+            else {}
+        )
 
-    return {"interval_s": args.interval, "rounds": args.rounds, "cpus": os.cpu_count(),
-            "load_average_1m": round(os.getloadavg()[0], 2),
-            "promotion": {"detect": summary(detect), "first_token": summary(ttft), "total": summary(total),
-                          "idle_probe_ttft": summary(baseline)},
-            "cold_start": {"loaded": summary(cold_loaded), "warm": summary(cold_warm)}}
+    return {
+        "interval_s": args.interval,
+        "rounds": args.rounds,
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "promotion": {
+            "detect": summary(detect),
+            "first_token": summary(ttft),
+            "total": summary(total),
+            "idle_probe_ttft": summary(baseline),
+        },
+        "cold_start": {"loaded": summary(cold_loaded), "warm": summary(cold_warm)},
+    }
 
 
 if __name__ == "__main__":

@@ -57,8 +57,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from bench.common import log, pct  # noqa: E402
 
 MODES = ("flush", "hold", "adaptive")
-TOPICS = ["rivers", "glaciers", "honeybees", "volcanoes", "sourdough", "lighthouses", "coral reefs", "jazz",
-          "windmills", "comets", "silk", "owls", "tides", "clocks", "salt", "deserts", "violins", "bridges"]
+TOPICS = [
+    "rivers",
+    "glaciers",
+    "honeybees",
+    "volcanoes",
+    "sourdough",
+    "lighthouses",
+    "coral reefs",
+    "jazz",
+    "windmills",
+    "comets",
+    "silk",
+    "owls",
+    "tides",
+    "clocks",
+    "salt",
+    "deserts",
+    "violins",
+    "bridges",
+]
 
 
 @dataclass(slots=True)
@@ -188,9 +206,15 @@ def chat_prompt(tokenizer, i: int) -> list[int]:
 
 
 def burst(tokenizer, args, seed: int) -> Run:
-    background = [Arrival(0.0, chat_prompt(tokenizer, 1000 + i), 100_000, measured=False) for i in range(args.background)]
+    background = [
+        Arrival(0.0, chat_prompt(tokenizer, 1000 + i), 100_000, measured=False) for i in range(args.background)
+    ]
     bursts = [
-        Arrival(args.burst_start + k * args.burst_gap, chat_prompt(tokenizer, seed * 100 + k * args.burst_size + j), args.out_tokens)
+        Arrival(
+            args.burst_start + k * args.burst_gap,
+            chat_prompt(tokenizer, seed * 100 + k * args.burst_size + j),
+            args.out_tokens,
+        )
         for k in range(args.bursts)
         for j in range(args.burst_size)
     ]
@@ -227,11 +251,15 @@ SCENARIOS = {"burst": burst, "poisson": poisson, "saturated": saturated}
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--window-ms", type=float, default=EngineConfig().batching_window_ms, help="hold window / adaptive cap")
+    p.add_argument(
+        "--window-ms", type=float, default=EngineConfig().batching_window_ms, help="hold window / adaptive cap"
+    )
     p.add_argument("--only", choices=list(SCENARIOS), action="append", help="run only these scenarios")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see the note on --cost)")
     p.add_argument(
-        "--cost", choices=["cpu", "wall"], default="cpu",
+        "--cost",
+        choices=["cpu", "wall"],
+        default="cpu",
         help="what a step advances the virtual clock by: its CPU time / threads (default) or its wall time. With one "
         "thread, CPU time is close to the step's wall time on an idle machine and far steadier on a shared one "
         "(with two, OpenMP threads spin at barriers while their partner is descheduled, which inflates it)",
@@ -291,30 +319,58 @@ def main() -> None:
             for mode in MODES:
                 r = got[mode]
                 r["cpu_share"] = share
-                log(f"round {rnd + 1} {scenario:9} {mode:8} TTFT p50/p95 {r['ttft_p50_ms']:7.0f}/{r['ttft_p95_ms']:7.0f} ms  "
+                log(
+                    f"round {rnd + 1} {scenario:9} {mode:8} TTFT p50/p95 {r['ttft_p50_ms']:7.0f}/{r['ttft_p95_ms']:7.0f} ms  "
                     f"ITL p50/p95 {r['itl_p50_ms']:6.0f}/{r['itl_p95_ms']:6.0f} ms  {r['tok_s']:6.1f} tok/s  "
-                    f"util {r['utilization']:.2f}  held {r['held_steps']:4d}/{r['steps']:4d}  cpu {share:.2f}")
+                    f"util {r['utilization']:.2f}  held {r['held_steps']:4d}/{r['steps']:4d}  cpu {share:.2f}"
+                )
                 results[scenario][mode].append(r)
             for mode in ratios[scenario]:
-                ratios[scenario][mode].append({k: got[mode][k] / got["flush"][k] if got["flush"][k] else float("nan")
-                                               for k in ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "tok_s")})
+                ratios[scenario][mode].append(
+                    {
+                        k: got[mode][k] / got["flush"][k] if got["flush"][k] else float("nan")
+                        for k in ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "tok_s")
+                    }
+                )
     summary: dict = {}
     log(f"\nmedian over {args.rounds} round(s); window {args.window_ms:g} ms; ratios are mode / flush within a round")
-    log(f"{'scenario':10}{'mode':9}{'TTFT p50':>10}{'TTFT p95':>10}{'ITL p50':>9}{'ITL p95':>9}{'tok/s':>8}{'util':>7}"
-        f"  {'ratio TTFT p50/p95':>19}{'ratio ITL p50/p95':>19}{'ratio tok/s':>12}")
+    log(
+        f"{'scenario':10}{'mode':9}{'TTFT p50':>10}{'TTFT p95':>10}{'ITL p50':>9}{'ITL p95':>9}{'tok/s':>8}{'util':>7}"
+        f"  {'ratio TTFT p50/p95':>19}{'ratio ITL p50/p95':>19}{'ratio tok/s':>12}"
+    )
     for scenario in scenarios:
         summary[scenario] = {}
         for mode in MODES:
             med = {k: statistics.median(r[k] for r in results[scenario][mode]) for k in results[scenario][mode][0]}
-            rat = {k: statistics.median(r[k] for r in ratios[scenario][mode]) for k in ratios[scenario][mode][0]} if mode != "flush" else {}
+            rat = (
+                {k: statistics.median(r[k] for r in ratios[scenario][mode]) for k in ratios[scenario][mode][0]}
+                if mode != "flush"
+                else {}
+            )
             summary[scenario][mode] = {"median": med, "ratio_vs_flush": rat, "runs": results[scenario][mode]}
-            rtxt = (f"  {rat['ttft_p50_ms']:9.2f}/{rat['ttft_p95_ms']:<9.2f}{rat['itl_p50_ms']:9.2f}/{rat['itl_p95_ms']:<9.2f}"
-                    f"{rat['tok_s']:12.2f}") if rat else ""
-            log(f"{scenario:10}{mode:9}{med['ttft_p50_ms']:10.0f}{med['ttft_p95_ms']:10.0f}{med['itl_p50_ms']:9.0f}"
-                f"{med['itl_p95_ms']:9.0f}{med['tok_s']:8.1f}{med['utilization']:7.2f}{rtxt}")
+            rtxt = (
+                (
+                    f"  {rat['ttft_p50_ms']:9.2f}/{rat['ttft_p95_ms']:<9.2f}{rat['itl_p50_ms']:9.2f}/{rat['itl_p95_ms']:<9.2f}"
+                    f"{rat['tok_s']:12.2f}"
+                )
+                if rat
+                else ""
+            )
+            log(
+                f"{scenario:10}{mode:9}{med['ttft_p50_ms']:10.0f}{med['ttft_p95_ms']:10.0f}{med['itl_p50_ms']:9.0f}"
+                f"{med['itl_p95_ms']:9.0f}{med['tok_s']:8.1f}{med['utilization']:7.2f}{rtxt}"
+            )
     params = {k: v for k, v in vars(args).items() if k not in ("only",)}
-    print(json.dumps({"bench": "batching_window", "params": params, "scenarios": summary,
-                      "engine_config": dataclasses.asdict(engine_config(args, "flush", "poisson"))}))
+    print(
+        json.dumps(
+            {
+                "bench": "batching_window",
+                "params": params,
+                "scenarios": summary,
+                "engine_config": dataclasses.asdict(engine_config(args, "flush", "poisson")),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,24 @@ sys.path.insert(0, str(ROOT))
 
 from tests.server_process import MODEL, free_port  # noqa: E402
 
-TOPICS = ["the sea", "a mountain", "bread", "trains", "owls", "rain", "chess", "a library", "copper", "tea",
-          "bridges", "the moon", "gardens", "violins", "deserts", "bees"]
+TOPICS = [
+    "the sea",
+    "a mountain",
+    "bread",
+    "trains",
+    "owls",
+    "rain",
+    "chess",
+    "a library",
+    "copper",
+    "tea",
+    "bridges",
+    "the moon",
+    "gardens",
+    "violins",
+    "deserts",
+    "bees",
+]
 
 
 class Server:
@@ -51,9 +67,14 @@ class Server:
         full.update(env)
         full["PYTHONPATH"] = str(src / "src")
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--port", str(self.port)],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full,
-                                         cwd=src)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sluice.cli", "serve", "--port", str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full,
+                cwd=src,
+            )
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 600) -> None:
@@ -92,8 +113,13 @@ class Server:
 
 
 async def one_stream(client: httpx.AsyncClient, url: str, i: int, max_tokens: int) -> tuple[float, list[float], int]:
-    body = {"model": MODEL, "max_tokens": max_tokens, "stream": True, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} ({i})."}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} ({i})."}],
+    }
     t0 = time.perf_counter()
     ttft, stamps, tokens = float("nan"), [], 0
     async with aconnect_sse(client, "POST", url + "/v1/messages", json=body) as es:
@@ -122,8 +148,12 @@ async def level(url: str, streams: int, requests: int, max_tokens: int) -> dict[
         wall = time.perf_counter() - t0
     ttfts = [r[0] for r in results]
     itls = [x for r in results for x in r[1]]
-    return {"ttft_p50_ms": 1000 * statistics.median(ttfts), "itl_p50_ms": 1000 * statistics.median(itls) if itls else float("nan"),
-            "tok_s": sum(r[2] for r in results) / wall, "tokens": sum(r[2] for r in results)}
+    return {
+        "ttft_p50_ms": 1000 * statistics.median(ttfts),
+        "itl_p50_ms": 1000 * statistics.median(itls) if itls else float("nan"),
+        "tok_s": sum(r[2] for r in results) / wall,
+        "tokens": sum(r[2] for r in results),
+    }
 
 
 def main() -> None:
@@ -139,8 +169,10 @@ def main() -> None:
     def env(pairs: list[str]) -> dict[str, str]:
         return dict(kv.split("=", 1) for kv in pairs)
 
-    servers = {"before": Server("before", args.before.resolve(), env(args.env_before)),
-               "after": Server("after", ROOT, env(args.env_after))}
+    servers = {
+        "before": Server("before", args.before.resolve(), env(args.env_before)),
+        "after": Server("after", ROOT, env(args.env_after)),
+    }
     try:
         for s in servers.values():
             s.wait_ready()
@@ -156,9 +188,12 @@ def main() -> None:
                     res["gateway_cpu_ms_per_token"] = 1000 * (g1 - g0) / max(1, res["tokens"])
                     res["worker_cpu_ms_per_token"] = 1000 * (w1 - w0) / max(1, res["tokens"])
                     figures[name][lv].append(res)
-                    print(f"round {r + 1} {name:6s} x{lv:<3d} ttft {res['ttft_p50_ms']:7.1f} ms  itl {res['itl_p50_ms']:6.1f} ms  "
-                          f"{res['tok_s']:6.1f} tok/s  cpu/token gateway {res['gateway_cpu_ms_per_token']:5.2f} "
-                          f"worker {res['worker_cpu_ms_per_token']:5.2f} ms", file=sys.stderr)
+                    print(
+                        f"round {r + 1} {name:6s} x{lv:<3d} ttft {res['ttft_p50_ms']:7.1f} ms  itl {res['itl_p50_ms']:6.1f} ms  "
+                        f"{res['tok_s']:6.1f} tok/s  cpu/token gateway {res['gateway_cpu_ms_per_token']:5.2f} "
+                        f"worker {res['worker_cpu_ms_per_token']:5.2f} ms",
+                        file=sys.stderr,
+                    )
         out: dict[str, object] = {}
         print(f"\n{'level':>6} {'metric':>24} {'before':>9} {'after':>9} {'after/before':>13}", file=sys.stderr)
         for lv in levels:

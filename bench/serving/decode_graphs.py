@@ -44,8 +44,14 @@ def make_engine(loaded, graphs: bool, max_seqs: int, blocks: int) -> LLMEngine: 
     config = EngineConfig(max_num_seqs=max_seqs, num_kv_blocks=blocks, max_num_batched_tokens=8192, cuda_graphs=graphs)
     engine = LLMEngine(loaded, config)
     if graphs and engine.runner.graphs is None:  # the CPU: the graph path with an eager stand-in
-        engine.runner.graphs = DecodeGraphs(loaded.model, engine.runner.kv_caches, config.block_size, max_seqs,
-                                            -(-engine.max_model_len // config.block_size), capture=EagerReplay)
+        engine.runner.graphs = DecodeGraphs(
+            loaded.model,
+            engine.runner.kv_caches,
+            config.block_size,
+            max_seqs,
+            -(-engine.max_model_len // config.block_size),
+            capture=EagerReplay,
+        )
     return engine
 
 
@@ -105,30 +111,42 @@ def main(argv: list[str] | None = None) -> None:
     max_seqs = max(levels)
     blocks = max_seqs * -(-(max(map(len, ids)) + args.out_tokens + 16) // 8) + 64
     engines = {"on": make_engine(loaded, True, max_seqs, blocks), "off": make_engine(loaded, False, max_seqs, blocks)}
-    record: dict = {"bench": "decode_graphs", "model": loaded.config.name, "dtype": args.dtype,
-                    "device": str(loaded.model.device),
-                    "gpu": torch.cuda.get_device_name(loaded.model.device) if loaded.model.device.type == "cuda" else None,
-                    "out_tokens": args.out_tokens, "levels": {}}
+    record: dict = {
+        "bench": "decode_graphs",
+        "model": loaded.config.name,
+        "dtype": args.dtype,
+        "device": str(loaded.model.device),
+        "gpu": torch.cuda.get_device_name(loaded.model.device) if loaded.model.device.type == "cuda" else None,
+        "out_tokens": args.out_tokens,
+        "levels": {},
+    }
     with torch.inference_mode():
         for k in levels:
             for e in engines.values():  # warm-up: captures this level's buckets
                 run_sluice(e, ids[:k], args.out_tokens, 1)
             runs: dict[str, list[dict]] = {"on": [], "off": []}
             for rep in range(args.reps):
-                for name in (("on", "off") if rep % 2 == 0 else ("off", "on")):
+                for name in ("on", "off") if rep % 2 == 0 else ("off", "on"):
                     runs[name].append(run_sluice(engines[name], ids[:k], args.out_tokens, 1))
             ratios = [a["per_stream_tok_s"] / b["per_stream_tok_s"] for a, b in zip(runs["on"], runs["off"])]
-            level = {name: {"per_stream_tok_s": statistics.median(r["per_stream_tok_s"] for r in rs),
-                            "ttft_ms": statistics.median(r["ttft_ms"] for r in rs),
-                            "tok_s": statistics.median(r["tok_s"] for r in rs)} for name, rs in runs.items()}
+            level = {
+                name: {
+                    "per_stream_tok_s": statistics.median(r["per_stream_tok_s"] for r in rs),
+                    "ttft_ms": statistics.median(r["ttft_ms"] for r in rs),
+                    "tok_s": statistics.median(r["tok_s"] for r in rs),
+                }
+                for name, rs in runs.items()
+            }
             level["graphs_vs_eager_per_stream"] = statistics.median(ratios)
             level["per_rep_ratios"] = ratios
             for name, e in engines.items():
                 level[name]["launches_per_step"] = launches_per_step(e, ids[:k], args.profile_steps)
             record["levels"][str(k)] = level
-            log(f"x{k}: per-stream tok/s graphs {level['on']['per_stream_tok_s']:.1f} vs eager "
+            log(
+                f"x{k}: per-stream tok/s graphs {level['on']['per_stream_tok_s']:.1f} vs eager "
                 f"{level['off']['per_stream_tok_s']:.1f} = {level['graphs_vs_eager_per_stream']:.2f}x; launches/step "
-                f"on {level['on']['launches_per_step']}, off {level['off']['launches_per_step']}")
+                f"on {level['on']['launches_per_step']}, off {level['off']['launches_per_step']}"
+            )
     graphs = engines["on"].runner.graphs
     record["graph_replays"] = graphs.replays if graphs is not None else None
     record["buckets"] = sorted(graphs.graphs) if graphs is not None else []

@@ -185,9 +185,14 @@ def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
             res = {}
             for name in ENGINES:  # one after another: TTFT is a single long step sequence
                 t = interleaved({name: engines[name]}, {name: timers[name]}, [p], 32, submit)[name]
-                res[name] = {"ttft_ms": 1000 * t.first_token, "decode_step_ms": 1000 * statistics.median(t.steps),
-                             "decode_cpu_ms": 1000 * statistics.median(t.cpu), "ttft_cpu_ms": 1000 * t.first_token_cpu,
-                             "attention_share": statistics.median(t.attention), "prompt_tokens": len(p)}
+                res[name] = {
+                    "ttft_ms": 1000 * t.first_token,
+                    "decode_step_ms": 1000 * statistics.median(t.steps),
+                    "decode_cpu_ms": 1000 * statistics.median(t.cpu),
+                    "ttft_cpu_ms": 1000 * t.first_token_cpu,
+                    "attention_share": statistics.median(t.attention),
+                    "prompt_tokens": len(p),
+                }
             for name in ENGINES:
                 res[name]["ttft_vs_torch"] = res["torch"]["ttft_ms"] / res[name]["ttft_ms"]
                 res[name]["ttft_cpu_vs_torch"] = res["torch"]["ttft_cpu_ms"] / res[name]["ttft_cpu_ms"]
@@ -199,8 +204,14 @@ def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
     memory = {"torch": rss_after_load("torch"), "kernels": rss_after_load("auto")}
     summary = _summarize(runs)
     _print(summary, memory, log, args)
-    return {"bench": "engine_paths", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "isa": on_kernels.model.ops.isa(), "summary": summary, "memory": memory, "runs": runs}
+    return {
+        "bench": "engine_paths",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "isa": on_kernels.model.ops.isa(),
+        "summary": summary,
+        "memory": memory,
+        "runs": runs,
+    }
 
 
 def _summarize(runs: list[dict]) -> dict:
@@ -218,10 +229,14 @@ def _summarize(runs: list[dict]) -> dict:
 
 def _print(summary: dict, memory: dict, log, args) -> None:  # noqa: ANN001
     log()
-    log(f"paths side by side: {args.out_tokens} tokens/request, {args.threads} threads, {args.runs} run(s), "
-        "medians over runs")
-    head = (f"{'phase':<12}{'engine':<9}{'decode ms':>10}{'stream tok/s':>14}{'agg tok/s':>11}{'attn %':>8}"
-            f"{'x torch':>9}{'CPU ms':>8}{'CPU x':>7}{'TTFT ms':>9}")
+    log(
+        f"paths side by side: {args.out_tokens} tokens/request, {args.threads} threads, {args.runs} run(s), "
+        "medians over runs"
+    )
+    head = (
+        f"{'phase':<12}{'engine':<9}{'decode ms':>10}{'stream tok/s':>14}{'agg tok/s':>11}{'attn %':>8}"
+        f"{'x torch':>9}{'CPU ms':>8}{'CPU x':>7}{'TTFT ms':>9}"
+    )
     log(head)
     log("-" * len(head))
     for phase, engines in summary.items():
@@ -229,13 +244,17 @@ def _print(summary: dict, memory: dict, log, args) -> None:  # noqa: ANN001
             step = v.get("decode_step_ms")
             streams = int(phase[1:]) if phase.startswith("x") else 1
             ratio = v.get("speedup_vs_torch") or v.get("decode_vs_torch")
-            log(f"{phase:<12}{name:<9}{step or 0:10.2f}{1000 / step if step else 0:14.1f}"
+            log(
+                f"{phase:<12}{name:<9}{step or 0:10.2f}{1000 / step if step else 0:14.1f}"
                 f"{streams * 1000 / step if step else 0:11.1f}{100 * v.get('attention_share', 0):8.1f}"
                 f"{ratio or 0:9.2f}{v.get('decode_cpu_ms') or 0:8.1f}{v.get('cpu_speedup_vs_torch') or 0:7.2f}"
-                f"{v.get('ttft_ms') or 0:9.0f}")
+                f"{v.get('ttft_ms') or 0:9.0f}"
+            )
         log()
     for name, m in memory.items():
         if "error" in m:
             log(f"memory {name}: failed: {m['error']}")
         else:
-            log(f"memory {name:<8} weights {m['weight_mb']:7.1f} MB, resident after load +{m['resident_weights_mb']:7.1f} MB")
+            log(
+                f"memory {name:<8} weights {m['weight_mb']:7.1f} MB, resident after load +{m['resident_weights_mb']:7.1f} MB"
+            )

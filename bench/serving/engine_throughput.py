@@ -76,11 +76,48 @@ from sluice.types import GenerationRequest, SamplingParams
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
 from bench.common import log  # noqa: E402
 
-SUBJECTS = ["Rivers", "Glaciers", "The printing press", "Honeybees", "Volcanoes", "Chess openings", "Sourdough",
-            "Lighthouses", "The Roman roads", "Coral reefs", "Jazz", "Windmills", "Comets", "Silk", "Paper maps",
-            "Owls", "Tides", "Clocks", "Salt", "Deserts", "Violins", "Bridges", "Tea", "Copper", "Maple trees",
-            "Sailing ships", "Caves", "Trains", "The moon", "Gardens", "Libraries", "Kites", "Penguins",
-            "Earthquakes", "Bread ovens", "Telescopes", "Rainforests", "Canals", "Mushrooms", "Typewriters"]
+SUBJECTS = [
+    "Rivers",
+    "Glaciers",
+    "The printing press",
+    "Honeybees",
+    "Volcanoes",
+    "Chess openings",
+    "Sourdough",
+    "Lighthouses",
+    "The Roman roads",
+    "Coral reefs",
+    "Jazz",
+    "Windmills",
+    "Comets",
+    "Silk",
+    "Paper maps",
+    "Owls",
+    "Tides",
+    "Clocks",
+    "Salt",
+    "Deserts",
+    "Violins",
+    "Bridges",
+    "Tea",
+    "Copper",
+    "Maple trees",
+    "Sailing ships",
+    "Caves",
+    "Trains",
+    "The moon",
+    "Gardens",
+    "Libraries",
+    "Kites",
+    "Penguins",
+    "Earthquakes",
+    "Bread ovens",
+    "Telescopes",
+    "Rainforests",
+    "Canals",
+    "Mushrooms",
+    "Typewriters",
+]
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 # (name, comparison, threshold): what docs/BENCHMARKS.md states as the engine's targets
@@ -102,10 +139,12 @@ def prompt_messages(i: int, nonce: bool = False) -> list[dict]:
     if i >= len(SUBJECTS):  # 256 streams: a numbered subject, so prompts still share only the header
         s = f"{s} {i // len(SUBJECTS)}"
     lower = s[0].lower() + s[1:]
-    user = (f"{s}: I am preparing a short lecture for curious students on this topic. Please explain what "
-            f"{lower} are or were, where they can be found, why they matter to people, and one surprising fact "
-            f"about {lower} that most people do not know. Keep it friendly, accurate and concrete, and finish "
-            f"with a question the students could discuss afterwards.")
+    user = (
+        f"{s}: I am preparing a short lecture for curious students on this topic. Please explain what "
+        f"{lower} are or were, where they can be found, why they matter to people, and one surprising fact "
+        f"about {lower} that most people do not know. Keep it friendly, accurate and concrete, and finish "
+        f"with a question the students could discuss afterwards."
+    )
     system = f"[{i:04d}] {SYSTEM}" if nonce else SYSTEM
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -196,8 +235,9 @@ def run_sluice(engine: LLMEngine, ids: list[list[int]], out_tokens: int, threads
     }
 
 
-def run_interleaved(engines: dict[str, LLMEngine], ids: list[list[int]], out_tokens: int, threads: int,
-                    bar: tqdm | None = None) -> dict[str, dict]:
+def run_interleaved(
+    engines: dict[str, LLMEngine], ids: list[list[int]], out_tokens: int, threads: int, bar: tqdm | None = None
+) -> dict[str, dict]:
     """The same workload on several engines at once, one step() of each in turn (the lead swaps
     every round), each engine's throughput taken over its own busy time. A slow second on a
     shared machine then lands on every engine alike: differences of 1 % stay measurable."""
@@ -237,9 +277,14 @@ def run_interleaved(engines: dict[str, LLMEngine], ids: list[list[int]], out_tok
         return statistics.median(a / b for a, b in zip(steps[k], base)) if len(steps[k]) == len(base) else None
 
     return {
-        k: {"tok_s": tokens[k] / busy[k], "busy_s": busy[k], "cpu_share": share, "steps": len(steps[k]),
+        k: {
+            "tok_s": tokens[k] / busy[k],
+            "busy_s": busy[k],
+            "cpu_share": share,
+            "steps": len(steps[k]),
             "step_time_vs_last": paired(k),
-            "prefix_cache_hit_tokens": engines[k].stats().prefix_cache_hits - hits0[k]}
+            "prefix_cache_hit_tokens": engines[k].stats().prefix_cache_hits - hits0[k],
+        }
         for k in names
     }
 
@@ -262,8 +307,9 @@ def hf_one_at_a_time(model, ids: list[list[int]], out_tokens: int, threads: int,
         _sync(model.device)
         ttfts.append(time.perf_counter() - s)
         s = time.perf_counter()
-        out = model.generate(x, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens,
-                             do_sample=False)
+        out = model.generate(
+            x, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens, do_sample=False
+        )
         _sync(model.device)
         gen.append(time.perf_counter() - s)
         assert out.shape[1] - len(p) == out_tokens
@@ -281,8 +327,14 @@ def hf_one_at_a_time(model, ids: list[list[int]], out_tokens: int, threads: int,
     }
 
 
-def x1_paired(engine: LLMEngine, hf, ids: list[list[int]], out_tokens: int, threads: int,  # noqa: ANN001
-              bar: tqdm | None = None) -> tuple[dict, dict | None, list[float]]:
+def x1_paired(
+    engine: LLMEngine,
+    hf,
+    ids: list[list[int]],
+    out_tokens: int,
+    threads: int,  # noqa: ANN001
+    bar: tqdm | None = None,
+) -> tuple[dict, dict | None, list[float]]:
     """One request at a time, each prompt through transformers then straight away through sluice,
     so the per-token decode ratio compares requests seconds apart. Returns (sluice, hf, ratios)."""
     ours, theirs, ratios = [], [], []
@@ -303,22 +355,33 @@ def merge_single(results: list[dict]) -> dict:
     return merged
 
 
-def hf_static_batch(model, pad: int, ids: list[list[int]], out_tokens: int, threads: int,
-                    bar: tqdm | None = None) -> dict:
+def hf_static_batch(
+    model, pad: int, ids: list[list[int]], out_tokens: int, threads: int, bar: tqdm | None = None
+) -> dict:
     width = max(len(p) for p in ids)
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in ids], device=model.device)  # left padding
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids], device=model.device)
     meter = Meter(threads)
     t0 = time.perf_counter()
-    out = model.generate(input_ids, attention_mask=mask, max_new_tokens=out_tokens, min_new_tokens=out_tokens,
-                         do_sample=False, pad_token_id=pad)
+    out = model.generate(
+        input_ids,
+        attention_mask=mask,
+        max_new_tokens=out_tokens,
+        min_new_tokens=out_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+    )
     _sync(model.device)
     wall = time.perf_counter() - t0
     assert out.shape[1] - width == out_tokens
     if bar is not None:
         bar.update(len(ids) * out_tokens)
-    return {"tok_s": len(ids) * out_tokens / wall, "wall_s": wall, "per_stream_tok_s": out_tokens / wall,
-            "cpu_share": meter.cpu_share()}
+    return {
+        "tok_s": len(ids) * out_tokens / wall,
+        "wall_s": wall,
+        "per_stream_tok_s": out_tokens / wall,
+        "cpu_share": meter.cpu_share(),
+    }
 
 
 # -- summary ------------------------------------------------------------------------------------
@@ -374,10 +437,14 @@ def print_table(phases: list[str], summary: dict, ratios: dict, targets: dict, n
         return format(v, fmt) if v is not None else "-"
 
     log()
-    log(f"{args.out_tokens} output tokens/request, {args.dtype} on {args.device}, {args.threads} threads, {args.runs} run(s); "
-        "each cell: median (min) over runs")
-    head = (f"{'phase':<14}{'out tok/s':>18}{'TTFT ms':>16}{'stream tok/s':>16}{'ms/token':>10}{'KV waste':>10}"
-            f"{'CPU share':>11}")
+    log(
+        f"{args.out_tokens} output tokens/request, {args.dtype} on {args.device}, {args.threads} threads, {args.runs} run(s); "
+        "each cell: median (min) over runs"
+    )
+    head = (
+        f"{'phase':<14}{'out tok/s':>18}{'TTFT ms':>16}{'stream tok/s':>16}{'ms/token':>10}{'KV waste':>10}"
+        f"{'CPU share':>11}"
+    )
     log(head)
     log("-" * len(head))
     for phase in phases:
@@ -404,36 +471,67 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3, help="repetitions of every phase (default: 3)")
     p.add_argument("--out-tokens", type=int, default=128, help="output tokens per request, EOS ignored (default: 128)")
-    p.add_argument("--batch", type=int, default=32,
-                   help="N: the largest sluice concurrency, the transformers static batch and the cache on/off "
-                        "concurrency (default: 32)")
-    p.add_argument("--hf-requests", type=int, default=4,
-                   help="requests per run one at a time: transformers and sluice x1 alternate request by "
-                        "request on the same prompts (default: 4)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=32,
+        help="N: the largest sluice concurrency, the transformers static batch and the cache on/off "
+        "concurrency (default: 32)",
+    )
+    p.add_argument(
+        "--hf-requests",
+        type=int,
+        default=4,
+        help="requests per run one at a time: transformers and sluice x1 alternate request by "
+        "request on the same prompts (default: 4)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
-    p.add_argument("--device", default="cpu",
-                   help="where sluice and transformers run: cpu, cuda, cuda:N or auto (default: cpu, the documented "
-                        "figures); on a GPU use --batch 256 for the 1/8/32/256-stream levels (docs/BENCHMARKS.md, GPU)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights and KV of both sides (default: float32, the exact mode)")
-    p.add_argument("--random-init", choices=sorted(SHAPES), default=None,
-                   help="a random-initialised model of these shapes instead of the bundled one (small: the "
-                        "bundled model's, 1b: Llama-3.2-1B's), synthetic prompt ids; for machines no checkpoint reaches")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where sluice and transformers run: cpu, cuda, cuda:N or auto (default: cpu, the documented "
+        "figures); on a GPU use --batch 256 for the 1/8/32/256-stream levels (docs/BENCHMARKS.md, GPU)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and KV of both sides (default: float32, the exact mode)",
+    )
+    p.add_argument(
+        "--random-init",
+        choices=sorted(SHAPES),
+        default=None,
+        help="a random-initialised model of these shapes instead of the bundled one (small: the "
+        "bundled model's, 1b: Llama-3.2-1B's), synthetic prompt ids; for machines no checkpoint reaches",
+    )
     p.add_argument("--seed", type=int, default=0, help="--random-init: the weights' seed (default: 0)")
     p.add_argument("--json-out", default=None, help="also write the final JSON record to this file")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke check: 1 run, --batch 8, --out-tokens 32, --hf-requests 1")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke check: 1 run, --batch 8, --out-tokens 32, --hf-requests 1"
+    )
     p.add_argument("--skip-hf", action="store_true", help="skip the transformers phases (no ratios against it)")
     p.add_argument("--skip-cache", action="store_true", help="skip the prefix-cache on/off phases")
-    p.add_argument("--only", default="",
-                   help="comma-separated sluice phases to run, e.g. 'x32' or 'x1,x32' (default: all); "
-                        "the transformers and cache phases still run unless skipped")
-    p.add_argument("--paths", action="store_true",
-                   help="instead: sluice's torch path, CPU kernels (exact) and fast numerics side by side at 1, 8 "
-                        "and N streams, long prompts, resident memory (see bench/serving/engine_paths.py)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an EngineConfig field for every sluice phase (repeatable), e.g. "
-                        "--set max_num_batched_tokens=1024; for exploration: the documented figures use the defaults")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated sluice phases to run, e.g. 'x32' or 'x1,x32' (default: all); "
+        "the transformers and cache phases still run unless skipped",
+    )
+    p.add_argument(
+        "--paths",
+        action="store_true",
+        help="instead: sluice's torch path, CPU kernels (exact) and fast numerics side by side at 1, 8 "
+        "and N streams, long prompts, resident memory (see bench/serving/engine_paths.py)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an EngineConfig field for every sluice phase (repeatable), e.g. "
+        "--set max_num_batched_tokens=1024; for exploration: the documented figures use the defaults",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.runs, args.batch, args.out_tokens, args.hf_requests = 1, 8, 32, 1
@@ -501,8 +599,10 @@ def main(argv: list[str] | None = None) -> None:
         ids = prompts(loaded.tokenizer, n)
         nonce_ids = prompts(loaded.tokenizer, n, nonce=True)
     tok = loaded.tokenizer
-    log(f"prompt lengths: {min(map(len, ids))}-{max(map(len, ids))} tokens; engine config overrides: "
-        f"{args.config or 'none (defaults)'}")
+    log(
+        f"prompt lengths: {min(map(len, ids))}-{max(map(len, ids))} tokens; engine config overrides: "
+        f"{args.config or 'none (defaults)'}"
+    )
     hf = None
     if not args.skip_hf:
         import transformers
@@ -513,8 +613,13 @@ def main(argv: list[str] | None = None) -> None:
             hf = hf_model(args.random_init, state, args.dtype, loaded.model.device)
         else:
             path = default_model_path()
-            hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                      dtype=getattr(torch, args.dtype)).to(loaded.model.device).eval()
+            hf = (
+                AutoModelForCausalLM.from_pretrained(
+                    str(path.parent), gguf_file=path.name, dtype=getattr(torch, args.dtype)
+                )
+                .to(loaded.model.device)
+                .eval()
+            )
     del state
     pad = tok.eos_token_ids[0] if tok.eos_token_ids else 0
 
@@ -531,9 +636,12 @@ def main(argv: list[str] | None = None) -> None:
         for e in {id(e): e for e in engines.values()}.values():
             run_sluice(e, ids[:2], 8, args.threads)
         if hf is not None:
-            hf.generate(torch.tensor([ids[0]], device=hf.device),
-                        attention_mask=torch.ones(1, len(ids[0]), dtype=torch.long, device=hf.device),
-                        max_new_tokens=4, do_sample=False)
+            hf.generate(
+                torch.tensor([ids[0]], device=hf.device),
+                attention_mask=torch.ones(1, len(ids[0]), dtype=torch.long, device=hf.device),
+                max_new_tokens=4,
+                do_sample=False,
+            )
         per_run = {f"sluice x{k}": k for k in levels}
         if "sluice x1" in per_run:
             per_run["sluice x1"] = args.hf_requests
@@ -581,10 +689,15 @@ def main(argv: list[str] | None = None) -> None:
     record = {
         "bench": "engine_throughput",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "python": platform.python_version(), "torch": torch.__version__,
-                    "device": str(loaded.model.device),
-                    "gpu": torch.cuda.get_device_name(loaded.model.device) if loaded.model.device.type == "cuda" else None},
+        "machine": {
+            "cpu": _cpu_name(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": str(loaded.model.device),
+            "gpu": torch.cuda.get_device_name(loaded.model.device) if loaded.model.device.type == "cuda" else None,
+        },
         "model": loaded.config.name,
         "weight_bytes": loaded.model.weight_bytes(),
         "graph_replays": engines["main"].runner.graphs.replays if engines["main"].runner.graphs is not None else None,

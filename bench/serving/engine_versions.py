@@ -69,7 +69,15 @@ print(json.dumps(out))
 
 def measure(checkout: Path, args: argparse.Namespace) -> dict:
     env = dict(os.environ, PYTHONPATH=str(checkout / "src"), OMP_NUM_THREADS=str(args.threads))
-    cmd = [sys.executable, "-c", CHILD, str(args.threads), ",".join(map(str, args.streams)), str(args.out_tokens), args.kernels]
+    cmd = [
+        sys.executable,
+        "-c",
+        CHILD,
+        str(args.threads),
+        ",".join(map(str, args.streams)),
+        str(args.out_tokens),
+        args.kernels,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{checkout}: exit {done.returncode}\n{done.stderr[-2000:]}")
@@ -84,7 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32], help="concurrent requests (default 1 8 32)")
     p.add_argument("--out-tokens", type=int, default=48, help="output tokens per request (default 48)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each side once per round (default 3)")
-    p.add_argument("--kernels", default="torch", choices=["torch", "auto"], help="the after side's compute path (default torch)")
+    p.add_argument(
+        "--kernels", default="torch", choices=["torch", "auto"], help="the after side's compute path (default torch)"
+    )
     args = p.parse_args(argv)
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for r in range(args.rounds):

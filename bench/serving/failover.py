@@ -49,27 +49,47 @@ from bench.common import pct  # noqa: E402
 from bench.serving.fleet_common import ADMIN, MODEL, fleet_status, load_average, stream, wait_warm  # noqa: E402
 from tests.server_process import start_server  # noqa: E402
 
-TOPICS = ["a lighthouse", "the tide", "a fishing boat", "gulls", "a storm", "the harbour", "a map", "sand",
-          "a lantern", "the reef", "whales", "a sailor"]
+TOPICS = [
+    "a lighthouse",
+    "the tide",
+    "a fishing boat",
+    "gulls",
+    "a storm",
+    "the harbour",
+    "a map",
+    "sand",
+    "a lantern",
+    "the reef",
+    "whales",
+    "a sailor",
+]
 MIGRATED = re.compile(r"request (msg_\w+): worker \S+ lost after (\d+) output tokens")
 RETRIED = re.compile(r"request (msg_\w+): worker \S+ failed before any output")
 
 
 def fleet_file(replicas: int = 2, routing: str = "") -> Path:
     path = Path(tempfile.mkdtemp(prefix="sluice-bench-")) / "fleet.toml"
-    path.write_text(f'{routing}[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 100\nreplicas = {replicas}\n'
-                    f'[models."{MODEL}".versions.v1.engine]\nkv_cache_gib = 0.25\nmax_num_seqs = 16\n')
+    path.write_text(
+        f'{routing}[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 100\nreplicas = {replicas}\n'
+        f'[models."{MODEL}".versions.v1.engine]\nkv_cache_gib = 0.25\nmax_num_seqs = 16\n'
+    )
     return path
 
 
 async def restart_round(url: str, r: int, max_tokens: int, kill_after: float) -> dict:
     """One stream on the only worker; kill -9 it; time its restart and the stream's resumption."""
-    body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Round {r}: tell a long story about {TOPICS[r % len(TOPICS)]}."}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": f"Round {r}: tell a long story about {TOPICS[r % len(TOPICS)]}."}],
+    }
     async with httpx.AsyncClient(timeout=600) as client:
         task = asyncio.ensure_future(stream(client, url, body))
         while True:
-            busy = [w for w in (await asyncio.to_thread(fleet_status, url))["workers"] if w["inflight"] > 0 and w["pid"]]
+            busy = [
+                w for w in (await asyncio.to_thread(fleet_status, url))["workers"] if w["inflight"] > 0 and w["pid"]
+            ]
             if busy or task.done():
                 break
             await asyncio.sleep(0.02)
@@ -89,13 +109,21 @@ async def restart_round(url: str, r: int, max_tokens: int, kill_after: float) ->
     resumed = max(gaps)[1] if gaps else float("nan")  # the delta that ended the outage
     # the stream's own TTFT (queue + prefill on a warm worker): what a continuation pays at
     # least, since it re-prefills the prompt and the tokens sent so far on the new process
-    return {"ok": reply.ok, "restart_s": round(warm - killed, 2), "resume_after_warm_ms": round(1000 * (resumed - warm)),
-            "ttft_ms": round(1000 * reply.ttft), "deltas_after_kill": len(after)}
+    return {
+        "ok": reply.ok,
+        "restart_s": round(warm - killed, 2),
+        "resume_after_warm_ms": round(1000 * (resumed - warm)),
+        "ttft_ms": round(1000 * reply.ttft),
+        "deltas_after_kill": len(after),
+    }
 
 
 def main_restart(args: argparse.Namespace) -> None:
-    proc = start_server(["--fleet", str(fleet_file(1, "[routing]\nmigration_wait_s = 60\n"))],
-                        env={"SLUICE_ADMIN_KEY": ADMIN}, timeout=600)
+    proc = start_server(
+        ["--fleet", str(fleet_file(1, "[routing]\nmigration_wait_s = 60\n"))],
+        env={"SLUICE_ADMIN_KEY": ADMIN},
+        timeout=600,
+    )
     try:
         load0 = load_average()
         rounds = []
@@ -103,9 +131,17 @@ def main_restart(args: argparse.Namespace) -> None:
             wait_warm(proc.base_url, 1)
             rounds.append(asyncio.run(restart_round(proc.base_url, r, args.max_tokens, args.kill_after)))
         delays = [x["resume_after_warm_ms"] for x in rounds]
-        print(json.dumps({"rounds": rounds, "lost_streams": sum(1 for x in rounds if not x["ok"]),
-                          "resume_after_warm_ms_max": max(delays), "migration_wait_s": 60,
-                          "load_average": [round(load0, 1), round(load_average(), 1)]}))
+        print(
+            json.dumps(
+                {
+                    "rounds": rounds,
+                    "lost_streams": sum(1 for x in rounds if not x["ok"]),
+                    "resume_after_warm_ms_max": max(delays),
+                    "migration_wait_s": 60,
+                    "load_average": [round(load0, 1), round(load_average(), 1)],
+                }
+            )
+        )
     finally:
         proc.stop()
 
@@ -113,10 +149,15 @@ def main_restart(args: argparse.Namespace) -> None:
 async def one_round(url: str, r: int, streams: int, max_tokens: int, kill_after: float) -> tuple[list, int]:
     """Start the streams, wait until all run on a worker, stream `kill_after` s, kill -9 the
     busiest worker; returns the replies and how many streams were on it."""
+
     def body(i: int) -> dict:
         topic = TOPICS[(r * streams + i) % len(TOPICS)]
-        return {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
-                "messages": [{"role": "user", "content": f"Round {r}: tell a long story about {topic}."}]}
+        return {
+            "model": MODEL,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": f"Round {r}: tell a long story about {topic}."}],
+        }
 
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=streams + 4)) as client:
         tasks = [asyncio.ensure_future(stream(client, url, body(i))) for i in range(streams)]
@@ -140,8 +181,11 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--kill-after", type=float, default=1.0, help="seconds of streaming before the kill (default 1)")
-    ap.add_argument("--restart", action="store_true",
-                    help="measure a stream's resumption on its only worker restarted at the same address")
+    ap.add_argument(
+        "--restart",
+        action="store_true",
+        help="measure a stream's resumption on its only worker restarted at the same address",
+    )
     args = ap.parse_args()
     if args.restart:
         return main_restart(args)
@@ -154,7 +198,9 @@ def main() -> None:
         load0 = load_average()
         for r in range(args.rounds):
             wait_warm(proc.base_url, 2)
-            replies, on_victim = asyncio.run(one_round(proc.base_url, r, args.streams, args.max_tokens, args.kill_after))
+            replies, on_victim = asyncio.run(
+                one_round(proc.base_url, r, args.streams, args.max_tokens, args.kill_after)
+            )
             migrated = {m.group(1) for m in MIGRATED.finditer(proc.log())}
             retried = {m.group(1) for m in RETRIED.finditer(proc.log())}
             lost += sum(1 for x in replies if not x.ok)
@@ -162,16 +208,28 @@ def main() -> None:
             stayed = [x for x in replies if x.message_id not in migrated and x.ok and len(x.deltas) > 1]
             gaps = [b - a for x in stayed for a, b in zip(x.deltas, x.deltas[1:])]
             typical = statistics.median(gaps) if gaps else 0.0
-            round_extra = [max(b - a for a, b in zip(x.deltas, x.deltas[1:])) - typical for x in moved if len(x.deltas) > 1]
+            round_extra = [
+                max(b - a for a, b in zip(x.deltas, x.deltas[1:])) - typical for x in moved if len(x.deltas) > 1
+            ]
             extra += round_extra
             migrated_total += len(moved)
-            per_round.append({"on_killed_worker": on_victim, "migrated": len(moved),
-                              "retried_before_output": sum(1 for x in replies if x.message_id in retried),
-                              "median_delta_gap_ms": round(1000 * typical, 1),
-                              "extra_ms": [round(1000 * e) for e in round_extra]})
-        result = {"rounds": per_round, "migrated_streams": migrated_total, "lost_streams": lost,
-                  "extra_latency_p50_ms": 1000 * pct(extra, 0.5), "extra_latency_p99_ms": 1000 * pct(extra, 0.99),
-                  "load_average": [round(load0, 1), round(load_average(), 1)]}
+            per_round.append(
+                {
+                    "on_killed_worker": on_victim,
+                    "migrated": len(moved),
+                    "retried_before_output": sum(1 for x in replies if x.message_id in retried),
+                    "median_delta_gap_ms": round(1000 * typical, 1),
+                    "extra_ms": [round(1000 * e) for e in round_extra],
+                }
+            )
+        result = {
+            "rounds": per_round,
+            "migrated_streams": migrated_total,
+            "lost_streams": lost,
+            "extra_latency_p50_ms": 1000 * pct(extra, 0.5),
+            "extra_latency_p99_ms": 1000 * pct(extra, 0.99),
+            "load_average": [round(load0, 1), round(load_average(), 1)],
+        }
         print(json.dumps(result))
     finally:
         proc.stop()

@@ -47,10 +47,17 @@ class Reply:
 
     @property
     def ok(self) -> bool:
-        return self.status == 200 and bool(self.events) and self.events[-1] == "message_stop" and "error" not in self.events
+        return (
+            self.status == 200
+            and bool(self.events)
+            and self.events[-1] == "message_stop"
+            and "error" not in self.events
+        )
 
 
-async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Reply:
+async def stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> Reply:
     reply = Reply(time.perf_counter())
     h = {"sluice-cache": "bypass", **(headers or {})}
     async with aconnect_sse(client, "POST", url + "/v1/messages", json={**body, "stream": True}, headers=h) as es:

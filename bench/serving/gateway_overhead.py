@@ -96,8 +96,12 @@ async def e2e(bare_url: str, gw_url: str, key: str, n: int) -> dict:
 
 async def coalescing(on_url: str, off_url: str, rounds: int) -> dict:
     def body(i: int) -> dict:
-        return {"model": MODEL, "max_tokens": 32, "temperature": 0,
-                "messages": [{"role": "user", "content": f"Write a sentence about topic number {i % 16}."}]}
+        return {
+            "model": MODEL,
+            "max_tokens": 32,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": f"Write a sentence about topic number {i % 16}."}],
+        }
 
     async def wave(url: str) -> tuple[float, int]:
         async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as c:
@@ -137,10 +141,14 @@ def main() -> None:
         empty = Path(tempfile.mkdtemp())
         bare = start_server(["--worker", address], env={"SLUICE_DATA_DIR": str(empty)})
         procs.append(bare)
-        gated = start_server(["--worker", address], env={"SLUICE_DATA_DIR": str(data), "SLUICE_LIMITS_STORE": "redis",
-                                                           "SLUICE_REDIS_URL": redis.url})
+        gated = start_server(
+            ["--worker", address],
+            env={"SLUICE_DATA_DIR": str(data), "SLUICE_LIMITS_STORE": "redis", "SLUICE_REDIS_URL": redis.url},
+        )
         procs.append(gated)
-        off = start_server(["--worker", address], env={"SLUICE_DATA_DIR": str(empty), "SLUICE_ENABLE_COALESCING": "false"})
+        off = start_server(
+            ["--worker", address], env={"SLUICE_DATA_DIR": str(empty), "SLUICE_ENABLE_COALESCING": "false"}
+        )
         procs.append(off)
         e2e_res = asyncio.run(e2e(bare.base_url, gated.base_url, key, args.http_n))
         print(f"http: {e2e_res}", file=sys.stderr)

@@ -33,9 +33,15 @@ from tests.tiny_models import write_tiny_model  # noqa: E402
 async def run(tokens: int, streams: int, prof: cProfile.Profile | None) -> dict:
     tiny = write_tiny_model(Path(tempfile.mkdtemp()) / "tiny", "llama")
     app, _rt, _engine = await scripted_app(tiny, Script(texts=[f" w{i}" for i in range(tokens)]), max_model_len=4096)
-    body = {"model": MODEL, "max_tokens": tokens + 8, "stream": True, "temperature": 0,
-            "messages": [{"role": "user", "content": "hello there"}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": tokens + 8,
+        "stream": True,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "hello there"}],
+    }
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
+
         async def one() -> int:
             n = 0
             async with c.stream("POST", "/v1/chat/completions", json=body) as r:

@@ -51,8 +51,9 @@ def main() -> None:
     def steps(count: int) -> list[float]:
         nonlocal n
         n += 1
-        engine.add_request(GenerationRequest(f"g{n}", ids, SamplingParams(max_tokens=count + 2, temperature=0.0,
-                                                                          ignore_eos=True)))
+        engine.add_request(
+            GenerationRequest(f"g{n}", ids, SamplingParams(max_tokens=count + 2, temperature=0.0, ignore_eos=True))
+        )
         engine.step()  # the prefill
         out = []
         while engine.has_unfinished():
@@ -87,9 +88,11 @@ def main() -> None:
         "thread_wakeups_per_step": len(late) / max(1, len(shared)),
         "load": os.getloadavg(),
     }
-    print(f"decode step alone {res['step_alone_ms']:.2f} ms, with the thread {res['step_with_thread_ms']:.2f} ms; "
-          f"thread wake-up late by p50 {res['thread_wake_late_p50_ms']:.2f} / p90 {res['thread_wake_late_p90_ms']:.2f} ms "
-          f"({res['thread_wakeups_per_step']:.1f} per step); load {res['load']}")
+    print(
+        f"decode step alone {res['step_alone_ms']:.2f} ms, with the thread {res['step_with_thread_ms']:.2f} ms; "
+        f"thread wake-up late by p50 {res['thread_wake_late_p50_ms']:.2f} / p90 {res['thread_wake_late_p90_ms']:.2f} ms "
+        f"({res['thread_wakeups_per_step']:.1f} per step); load {res['load']}"
+    )
     print(json.dumps(res))
 
 

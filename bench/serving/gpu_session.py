@@ -94,18 +94,59 @@ def parts(args: argparse.Namespace, tmp: Path, out: Path) -> list[tuple[str, int
     shapes = ["tiny"] if dry else ["small", "1b"]
     bench_common = ["--device", dev, "--dtype", dtype, "--runs", "1", "--skip-cache", "--threads", "1"]
     if dry:
-        bench_common += ["--batch", "8", "--out-tokens", "16", "--hf-requests", "1",
-                         "--set", "max_num_seqs=8", "--set", "num_kv_blocks=256"]
+        bench_common += [
+            "--batch",
+            "8",
+            "--out-tokens",
+            "16",
+            "--hf-requests",
+            "1",
+            "--set",
+            "max_num_seqs=8",
+            "--set",
+            "num_kv_blocks=256",
+        ]
     else:  # 256 streams of ~100-token prompts + 128 tokens: 256 x 29 blocks of 8, well inside 16 GiB
-        bench_common += ["--batch", "256", "--out-tokens", "128", "--hf-requests", "2",
-                         "--set", "max_num_seqs=256", "--set", "max_num_batched_tokens=8192",
-                         "--set", "kv_cache_gib=16"]
+        bench_common += [
+            "--batch",
+            "256",
+            "--out-tokens",
+            "128",
+            "--hf-requests",
+            "2",
+            "--set",
+            "max_num_seqs=256",
+            "--set",
+            "max_num_batched_tokens=8192",
+            "--set",
+            "kv_cache_gib=16",
+        ]
     graphs_common = ["--device", dev, "--dtype", dtype] + (
-        ["--streams", "1,8", "--out-tokens", "16", "--reps", "1", "--profile-steps", "2"] if dry
-        else ["--streams", "1,32", "--out-tokens", "64", "--reps", "2", "--profile-steps", "5"])
-    tests = [PY, "-m", "pytest", "tests/unit/models/test_gpu.py", "-q", "-rs", "-p", "no:cacheprovider",
-             f"--junitxml={out / 'tests.xml'}"] + (["-k", "paged_attention"] if dry else [])
-    floor = [PY, "bench/kernels/copy_floor.py", "--device", dev, "--shapes", ",".join(shapes), "--json-out", str(tmp / "floor.json")]
+        ["--streams", "1,8", "--out-tokens", "16", "--reps", "1", "--profile-steps", "2"]
+        if dry
+        else ["--streams", "1,32", "--out-tokens", "64", "--reps", "2", "--profile-steps", "5"]
+    )
+    tests = [
+        PY,
+        "-m",
+        "pytest",
+        "tests/unit/models/test_gpu.py",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={out / 'tests.xml'}",
+    ] + (["-k", "paged_attention"] if dry else [])
+    floor = [
+        PY,
+        "bench/kernels/copy_floor.py",
+        "--device",
+        dev,
+        "--shapes",
+        ",".join(shapes),
+        "--json-out",
+        str(tmp / "floor.json"),
+    ]
     if dry:
         floor += ["--mib", "64", "--reps", "3"]
     out_parts: list[tuple[str, int, list[str], Path | None]] = [
@@ -114,16 +155,56 @@ def parts(args: argparse.Namespace, tmp: Path, out: Path) -> list[tuple[str, int
         ("tests", 240 if not dry else 300, tests, None),
     ]
     first, second = shapes[0], shapes[-1]
-    out_parts.append((f"graphs-{first}", 100 if not dry else 300, [PY, "bench/serving/decode_graphs.py", "--random-init", first, *graphs_common,
-                                               "--json-out", str(tmp / f"graphs-{first}.json")], tmp / f"graphs-{first}.json"))
+    out_parts.append(
+        (
+            f"graphs-{first}",
+            100 if not dry else 300,
+            [
+                PY,
+                "bench/serving/decode_graphs.py",
+                "--random-init",
+                first,
+                *graphs_common,
+                "--json-out",
+                str(tmp / f"graphs-{first}.json"),
+            ],
+            tmp / f"graphs-{first}.json",
+        )
+    )
     for shape, box in ((first, 130), (second, 160)) if second != first else ((first, 300),):
-        out_parts.append((f"bench-{shape}", box if not dry else 300,
-                          [PY, "bench/serving/engine_throughput.py", "--random-init", shape, *bench_common,
-                           "--json-out", str(tmp / f"bench-{shape}.json")], tmp / f"bench-{shape}.json"))
+        out_parts.append(
+            (
+                f"bench-{shape}",
+                box if not dry else 300,
+                [
+                    PY,
+                    "bench/serving/engine_throughput.py",
+                    "--random-init",
+                    shape,
+                    *bench_common,
+                    "--json-out",
+                    str(tmp / f"bench-{shape}.json"),
+                ],
+                tmp / f"bench-{shape}.json",
+            )
+        )
     if second != first:
-        out_parts.append((f"graphs-{second}", 100, [PY, "bench/serving/decode_graphs.py", "--random-init", second,
-                                                    *graphs_common, "--json-out", str(tmp / f"graphs-{second}.json")],
-                          tmp / f"graphs-{second}.json"))
+        out_parts.append(
+            (
+                f"graphs-{second}",
+                100,
+                [
+                    PY,
+                    "bench/serving/decode_graphs.py",
+                    "--random-init",
+                    second,
+                    *graphs_common,
+                    "--json-out",
+                    str(tmp / f"graphs-{second}.json"),
+                ],
+                tmp / f"graphs-{second}.json",
+            )
+        )
     return out_parts
 
 
@@ -134,8 +215,21 @@ def install_wheels(log) -> str | None:  # noqa: ANN001
         log("no .whl/ folder: nothing to install (bash bench/serving/gpu_wheels.sh makes it)\n")
         return None
     site = Path(tempfile.gettempdir()) / "sluice-site"
-    cmd = [PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade",
-           "--target", str(site), *map(str, wheels)]
+    cmd = [
+        PY,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--no-cache-dir",
+        "--upgrade",
+        "--target",
+        str(site),
+        *map(str, wheels),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     log(f"$ pip install {len(wheels)} wheels -> {site}: rc {r.returncode}\n{r.stdout}{r.stderr}\n")
     return str(site) if r.returncode == 0 else None
@@ -144,8 +238,9 @@ def install_wheels(log) -> str | None:  # noqa: ANN001
 def run_part(argv: list[str], box: float, env: dict, log) -> tuple[int | None, float, str]:  # noqa: ANN001
     """Run one part in its own process group; kill the group past `box` seconds. (rc, s, output)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=box)
         rc: int | None = proc.returncode
@@ -172,8 +267,12 @@ def last_json_line(text: str) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT") or "gpu-session-out", help="results folder (default: $OUT)")
-    p.add_argument("--budget", type=float, default=450.0,
-                   help="seconds for all parts together (default: 450; the call's timeout_s leaves ~1 min more)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=450.0,
+        help="seconds for all parts together (default: 450; the call's timeout_s leaves ~1 min more)",
+    )
     p.add_argument("--parts", default="", help="comma-separated part names to run (default: all), e.g. for a rerun")
     p.add_argument("--cpu-dry-run", action="store_true", help="the same parts on the CPU at tiny sizes")
     args = p.parse_args(argv)
@@ -190,8 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     site = install_wheels(log)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT / "src"), str(ROOT), site, env.get("PYTHONPATH")) if x)
-    results: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dry_run": args.cpu_dry_run,
-                     "budget_s": args.budget, "parts": {}}
+    results: dict = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "dry_run": args.cpu_dry_run,
+        "budget_s": args.budget,
+        "parts": {},
+    }
     wanted = {s.strip() for s in args.parts.split(",") if s.strip()}
     for name, box, cmd, json_file in parts(args, tmp, out):
         if wanted and name not in wanted:
@@ -209,8 +312,13 @@ def main(argv: list[str] | None = None) -> int:
             result = json.loads(json_file.read_text())
         elif json_file is None:
             result = last_json_line(output) if name == "env" else None
-        results["parts"][name] = {"rc": rc, "seconds": round(seconds, 1), "timed_out": rc is None, "result": result,
-                                  "tail": output[-3000:]}
+        results["parts"][name] = {
+            "rc": rc,
+            "seconds": round(seconds, 1),
+            "timed_out": rc is None,
+            "result": result,
+            "tail": output[-3000:],
+        }
         (out / "results.json").write_text(json.dumps(results, indent=1))
         (out / "summary.md").write_text(summarize(results))
         status = "timed out" if rc is None else f"rc {rc}"

@@ -22,8 +22,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jsonschema
 import torch
@@ -64,20 +65,52 @@ PROBES: dict[str, dict[str, Any]] = {
     "uniqueItems": {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 2},
     "contains": {"type": "array", "items": {"type": "integer"}, "contains": {"const": 7}},
     "required": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-    "additionalProperties: false": {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+    "additionalProperties: false": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "additionalProperties": False,
+    },
     "additionalProperties: schema": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1},
-    "patternProperties": {"type": "object", "patternProperties": {"^x_": {"type": "integer"}}, "additionalProperties": False, "minProperties": 1},
+    "patternProperties": {
+        "type": "object",
+        "patternProperties": {"^x_": {"type": "integer"}},
+        "additionalProperties": False,
+        "minProperties": 1,
+    },
     "propertyNames": {"type": "object", "propertyNames": {"pattern": "^[a-c]$"}, "minProperties": 1},
-    "minProperties/maxProperties": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2, "maxProperties": 2},
+    "minProperties/maxProperties": {
+        "type": "object",
+        "additionalProperties": {"type": "integer"},
+        "minProperties": 2,
+        "maxProperties": 2,
+    },
     "anyOf": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 3}]},
     "oneOf": {"oneOf": [{"type": "integer", "maximum": 0}, {"type": "integer", "minimum": 10}]},
     "allOf": {"allOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 9}]},
     "type list (nullable)": {"type": ["string", "null"], "maxLength": 3},
     "$ref/$defs": {"$defs": {"p": {"type": "integer", "minimum": 0}}, "type": "array", "items": {"$ref": "#/$defs/p"}},
-    "recursive $ref": {"$defs": {"n": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}, "additionalProperties": False}}, "$ref": "#/$defs/n"},
+    "recursive $ref": {
+        "$defs": {
+            "n": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2}},
+                "additionalProperties": False,
+            }
+        },
+        "$ref": "#/$defs/n",
+    },
     "not": {"type": "integer", "not": {"const": 3}},
-    "if/then/else": {"type": "object", "properties": {"a": {"type": "integer"}}, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
-    "dependentRequired": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}},
+    "if/then/else": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "if": {"required": ["a"]},
+        "then": {"required": ["b"]},
+    },
+    "dependentRequired": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "dependentRequired": {"a": ["b"]},
+    },
 }
 
 

@@ -44,14 +44,30 @@ from bench.common import log  # noqa: E402
 LONG_JSON = json_schema_guidance(
     {
         "type": "object",
-        "properties": {"notes": {"type": "array", "items": {"type": "string", "minLength": 4, "maxLength": 40}, "minItems": 40}},
+        "properties": {
+            "notes": {"type": "array", "items": {"type": "string", "minLength": 4, "maxLength": 40}, "minItems": 40}
+        },
         "required": ["notes"],
     }
 )
 TOOLS = [
-    ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}),
+    ToolSpec(
+        "get_weather",
+        {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+        },
+    ),
     ToolSpec("get_time", {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}),
-    ToolSpec("search", {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 20}}, "required": ["query"]}),
+    ToolSpec(
+        "search",
+        {
+            "type": "object",
+            "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 20}},
+            "required": ["query"],
+        },
+    ),
 ]
 AUTO_TEXT = tool_guidance(TOOLS, ToolChoice(), HERMES)
 
@@ -64,7 +80,7 @@ class GrammarClock:
         self._apply = bitmask.apply_grammars
         self._accept = GrammarMatcher.accept
 
-    def __enter__(self) -> "GrammarClock":
+    def __enter__(self) -> GrammarClock:
         clock, apply, accept = self, self._apply, self._accept
 
         def timed_apply(*args, **kw):  # type: ignore[no-untyped-def]
@@ -121,7 +137,7 @@ def bench_steps(loaded, prompt: list[int], rows_list: list[int], steps: int) -> 
         meter = Meter()
         for s in range(steps):
             names = list(variants)
-            for name in names[s % len(names):] + names[: s % len(names)]:
+            for name in names[s % len(names) :] + names[: s % len(names)]:
                 with GrammarClock() as clock:
                     t = time.perf_counter()
                     events = engines[name].step()
@@ -134,9 +150,16 @@ def bench_steps(loaded, prompt: list[int], rows_list: list[int], steps: int) -> 
         for name in variants:
             t = statistics.median(times[name])
             share = statistics.median(shares[name])
-            figures[f"rows{rows}_{name}"] = {"step_ms": t * 1e3, "vs_none": t / base, "grammar_share": share, "cpu_share": cpu}
-            log(f"  rows {rows:2d}  {name:15s} step {t * 1e3:8.1f} ms  x{t / base:5.3f} of none   "
-                f"grammar {share * 100:5.2f} % of the step   cpu share {cpu:.2f}")
+            figures[f"rows{rows}_{name}"] = {
+                "step_ms": t * 1e3,
+                "vs_none": t / base,
+                "grammar_share": share,
+                "cpu_share": cpu,
+            }
+            log(
+                f"  rows {rows:2d}  {name:15s} step {t * 1e3:8.1f} ms  x{t / base:5.3f} of none   "
+                f"grammar {share * 100:5.2f} % of the step   cpu share {cpu:.2f}"
+            )
     return figures
 
 
@@ -189,9 +212,17 @@ def bench_mix(loaded, prompt: list[int], n: int, tokens: int) -> dict:  # noqa: 
     figures = {}
     for name in kinds:
         tok_s = produced[name] / busy[name]
-        figures[name] = {"tok_s": tok_s, "vs_none": tok_s / base, "tokens": produced[name], "grammar_share": grammar[name] / busy[name], "cpu_share": cpu}
-        log(f"  {name:16s} {tok_s:8.1f} tok/s  x{tok_s / base:5.3f}   {produced[name]} tokens   "
-            f"grammar {grammar[name] / busy[name] * 100:5.2f} % of the time   cpu share {cpu:.2f}")
+        figures[name] = {
+            "tok_s": tok_s,
+            "vs_none": tok_s / base,
+            "tokens": produced[name],
+            "grammar_share": grammar[name] / busy[name],
+            "cpu_share": cpu,
+        }
+        log(
+            f"  {name:16s} {tok_s:8.1f} tok/s  x{tok_s / base:5.3f}   {produced[name]} tokens   "
+            f"grammar {grammar[name] / busy[name] * 100:5.2f} % of the time   cpu share {cpu:.2f}"
+        )
     return figures
 
 
@@ -205,7 +236,9 @@ def main() -> None:
     args = ap.parse_args()
     loaded = load_model(progress=False)
     engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=1024, max_num_seqs=64))
-    prompt = loaded.tokenizer.encode_chat([{"role": "user", "content": "Write down some notes about the history of Paris."}])
+    prompt = loaded.tokenizer.encode_chat(
+        [{"role": "user", "content": "Write down some notes about the history of Paris."}]
+    )
     engine.grammars.matcher(LONG_JSON)  # warm: the tokenizer view is built once per engine
     result = {"threads": torch.get_num_threads(), "compile": bench_compile(engine, args.rounds)}
     result["steps"] = bench_steps(loaded, prompt, args.rows, args.steps)

@@ -39,7 +39,9 @@ def main() -> None:
     args = ap.parse_args()
     for port in args.ports:
         fresh, kept = median_ms(port, False, args.n), median_ms(port, True, args.n)
-        print(f"127.0.0.1:{port}  fresh connection {fresh:.2f} ms   kept-alive {kept:.2f} ms   ratio {kept / fresh:.2f}")
+        print(
+            f"127.0.0.1:{port}  fresh connection {fresh:.2f} ms   kept-alive {kept:.2f} ms   ratio {kept / fresh:.2f}"
+        )
 
 
 if __name__ == "__main__":

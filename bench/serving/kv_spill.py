@@ -58,7 +58,7 @@ def main() -> None:
         cached: dict[str, int] = {}
         resident_after: list[int] = []
         for r in range(args.rounds):
-            for mode in (["resident", "spilled", "none"] if r % 2 == 0 else ["none", "spilled", "resident"]):
+            for mode in ["resident", "spilled", "none"] if r % 2 == 0 else ["none", "spilled", "resident"]:
                 engine.kv.spill = tier  # a clean pool: every block given back, no cache entry left
                 engine.kv.reset_prefix_cache()
                 engine.release_idle_memory()
@@ -75,12 +75,19 @@ def main() -> None:
                 figures[mode].append(took)
         engine.kv.spill = tier
         med = {k: statistics.median(v) for k, v in figures.items()}
-        results["contexts"][n] = {**{f"{k}_ms": 1000 * v for k, v in med.items()}, "cached_tokens": cached,
-                                  "kv_resident_after_rest_bytes": max(resident_after)}
-        print(f"{n:5d} tokens: next turn's first token  resident {1000 * med['resident']:7.1f} ms  "
-              f"spilled {1000 * med['spilled']:7.1f} ms  none {1000 * med['none']:7.1f} ms  "
-              f"(cached {cached}); the rest {1000 * med['rest_s']:.1f} ms, KV resident after it "
-              f"{max(resident_after) / 2**20:.1f} MiB", file=sys.stderr, flush=True)
+        results["contexts"][n] = {
+            **{f"{k}_ms": 1000 * v for k, v in med.items()},
+            "cached_tokens": cached,
+            "kv_resident_after_rest_bytes": max(resident_after),
+        }
+        print(
+            f"{n:5d} tokens: next turn's first token  resident {1000 * med['resident']:7.1f} ms  "
+            f"spilled {1000 * med['spilled']:7.1f} ms  none {1000 * med['none']:7.1f} ms  "
+            f"(cached {cached}); the rest {1000 * med['rest_s']:.1f} ms, KV resident after it "
+            f"{max(resident_after) / 2**20:.1f} MiB",
+            file=sys.stderr,
+            flush=True,
+        )
     print(json.dumps(results))
 
 

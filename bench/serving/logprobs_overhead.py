@@ -37,8 +37,13 @@ def decode(model, rows: int, steps: int) -> dict[str, float]:  # type: ignore[no
     for name, n in VARIANTS.items():
         eng = _engine(model)
         for i in range(rows):
-            eng.add_request(GenerationRequest(f"{name}-{i}", prompt, SamplingParams(
-                max_tokens=steps + 8, temperature=0.0, ignore_eos=True, logprobs=n)))
+            eng.add_request(
+                GenerationRequest(
+                    f"{name}-{i}",
+                    prompt,
+                    SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True, logprobs=n),
+                )
+            )
         eng.step()  # the prefill
         engines[name] = eng
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
@@ -57,8 +62,15 @@ def scoring(model, prompt_len: int, rounds: int) -> dict[str, float]:  # type: i
     for r in range(rounds):
         for name, n in (("plain", None), ("prompt_logprobs=1", 1)):
             t = time.perf_counter()
-            eng.generate([GenerationRequest(f"{name}-{r}", base, SamplingParams(max_tokens=1, temperature=0.0,
-                                                                              prompt_logprobs=n, logprobs=n))])
+            eng.generate(
+                [
+                    GenerationRequest(
+                        f"{name}-{r}",
+                        base,
+                        SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=n, logprobs=n),
+                    )
+                ]
+            )
             times[name].append(time.perf_counter() - t)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
@@ -73,9 +85,14 @@ def main() -> None:
     model = load_model(progress=False)
     dec = decode(model, args.rows, args.steps)
     sc = scoring(model, args.prompt, args.rounds)
-    out = {"decode_step_s": dec, "decode_ratio": {k: v / dec["none"] for k, v in dec.items()},
-           "scoring_s": sc, "scoring_ratio": sc["prompt_logprobs=1"] / sc["plain"],
-           "rows": args.rows, "prompt_tokens": args.prompt}
+    out = {
+        "decode_step_s": dec,
+        "decode_ratio": {k: v / dec["none"] for k, v in dec.items()},
+        "scoring_s": sc,
+        "scoring_ratio": sc["prompt_logprobs=1"] / sc["plain"],
+        "rows": args.rows,
+        "prompt_tokens": args.prompt,
+    }
     for name, v in dec.items():
         print(f"decode, {args.rows} rows, {name:11s}: {v * 1000:7.2f} ms/step  x{v / dec['none']:.3f}", file=sys.stderr)
     for name, v in sc.items():

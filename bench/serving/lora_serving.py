@@ -32,8 +32,14 @@ from tests.server_process import start_server  # noqa: E402  (reuses the test la
 
 
 async def one(client: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int) -> int:
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": False,
-            "messages": [{"role": "user", "content": f"Write a short story about a lighthouse keeper (note {i})."}]}
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": False,
+        "messages": [{"role": "user", "content": f"Write a short story about a lighthouse keeper (note {i})."}],
+    }
     r = await client.post(url + "/v1/chat/completions", json=body)
     r.raise_for_status()
     return r.json()["usage"]["completion_tokens"]
@@ -60,8 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=64, help="requests per load per round (default 2 x streams)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--speculative-tokens", type=int, default=3,
-                   help="the server's speculative decoding (default 3, serve's default; 0 = off)")
+    p.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=3,
+        help="the server's speculative decoding (default 3, serve's default; 0 = off)",
+    )
     p.add_argument("--std", type=float, default=0.002, help="the random adapters' weight spread (default 0.002)")
     args = p.parse_args(argv)
 
@@ -72,28 +82,48 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(tempfile.mkdtemp(prefix="sluice-lora-serve-"))
     names = [f"a{i}" for i in range(args.adapters)]
     modules = [f"{n}={write_lora_adapter(root / n, cfg, args.rank, seed=i, std=args.std)}" for i, n in enumerate(names)]
-    server = start_server(["--lora-modules", *modules, "--max-loras", str(args.adapters),
-                           "--speculative-tokens", str(args.speculative_tokens)], timeout=600)
+    server = start_server(
+        [
+            "--lora-modules",
+            *modules,
+            "--max-loras",
+            str(args.adapters),
+            "--speculative-tokens",
+            str(args.speculative_tokens),
+        ],
+        timeout=600,
+    )
     try:
         totals = {"base": [0, 0.0], "lora": [0, 0.0]}
         asyncio.run(closed_loop(server.base_url, [MODEL, *names], args.streams, args.streams, 8))  # warm-up
         for r in range(args.rounds):
             order = [("base", [MODEL]), ("lora", names)]
             for label, models in order if r % 2 == 0 else order[::-1]:
-                tokens, wall = asyncio.run(closed_loop(server.base_url, models, args.streams, args.requests,
-                                                       args.max_tokens))
+                tokens, wall = asyncio.run(
+                    closed_loop(server.base_url, models, args.streams, args.requests, args.max_tokens)
+                )
                 totals[label][0] += tokens
                 totals[label][1] += wall
                 log(f"round {r + 1} {label}: {tokens / wall:.1f} tok/s")
     finally:
         server.stop()
     tok_s = {label: tokens / wall for label, (tokens, wall) in totals.items()}
-    result = {"streams": args.streams, "adapters": args.adapters, "rank": args.rank, "max_tokens": args.max_tokens,
-              "speculative_tokens": args.speculative_tokens, "std": args.std,
-              "base_tok_s": tok_s["base"], "lora_tok_s": tok_s["lora"], "ratio": tok_s["lora"] / tok_s["base"],
-              "load": os.getloadavg()}
-    print(f"{args.streams} streams: base {tok_s['base']:.1f} tok/s, over {args.adapters} adapters "
-          f"{tok_s['lora']:.1f} tok/s, ratio {result['ratio']:.3f}")
+    result = {
+        "streams": args.streams,
+        "adapters": args.adapters,
+        "rank": args.rank,
+        "max_tokens": args.max_tokens,
+        "speculative_tokens": args.speculative_tokens,
+        "std": args.std,
+        "base_tok_s": tok_s["base"],
+        "lora_tok_s": tok_s["lora"],
+        "ratio": tok_s["lora"] / tok_s["base"],
+        "load": os.getloadavg(),
+    }
+    print(
+        f"{args.streams} streams: base {tok_s['base']:.1f} tok/s, over {args.adapters} adapters "
+        f"{tok_s['lora']:.1f} tok/s, ratio {result['ratio']:.3f}"
+    )
     print(json.dumps(result))
 
 

@@ -34,14 +34,30 @@ from bench.serving.fleet_common import ADMIN, MODEL, cpu_seconds, fleet_status, 
 from tests.server_process import start_server  # noqa: E402
 
 TENANTS = [f"tenant-{c}" for c in "abcdefgh"]
-COMPANIES = ["Aldermoor Freight", "Brightwater Bakery", "Copperline Rail", "Driftwood Books", "Emberfield Farms",
-             "Foxglove Clinic", "Granite Peak Gear", "Harbourlight Insurance"]
-RULES = ["Always greet the customer by name when it is known.", "Never promise a delivery date you cannot check.",
-         "Refunds above fifty euros need a supervisor's approval.", "Keep every answer under five sentences.",
-         "Offer the help centre link when a question is about accounts.", "Apologise once, not repeatedly.",
-         "Escalate any safety concern to a human at once.", "Do not discuss competitors or their prices.",
-         "Summarise the customer's problem before answering it.", "Use plain words; avoid internal jargon.",
-         "Confirm order numbers digit by digit.", "End with a question that checks the problem is solved."]
+COMPANIES = [
+    "Aldermoor Freight",
+    "Brightwater Bakery",
+    "Copperline Rail",
+    "Driftwood Books",
+    "Emberfield Farms",
+    "Foxglove Clinic",
+    "Granite Peak Gear",
+    "Harbourlight Insurance",
+]
+RULES = [
+    "Always greet the customer by name when it is known.",
+    "Never promise a delivery date you cannot check.",
+    "Refunds above fifty euros need a supervisor's approval.",
+    "Keep every answer under five sentences.",
+    "Offer the help centre link when a question is about accounts.",
+    "Apologise once, not repeatedly.",
+    "Escalate any safety concern to a human at once.",
+    "Do not discuss competitors or their prices.",
+    "Summarise the customer's problem before answering it.",
+    "Use plain words; avoid internal jargon.",
+    "Confirm order numbers digit by digit.",
+    "End with a question that checks the problem is solved.",
+]
 
 
 def system_prompt(i: int, tokenizer, target: int = 300) -> str:
@@ -56,9 +72,11 @@ def system_prompt(i: int, tokenizer, target: int = 300) -> str:
 
 def fleet_file(choice: str, kv_blocks: int) -> Path:
     path = Path(tempfile.mkdtemp(prefix="sluice-bench-")) / "fleet.toml"
-    path.write_text(f'[routing]\nworker_choice = "{choice}"\n[models."{MODEL}".versions.v1]\nweights = "bundled"\n'
-                    f'traffic = 100\nreplicas = 2\n[models."{MODEL}".versions.v1.engine]\nnum_kv_blocks = {kv_blocks}\n'
-                    'max_num_seqs = 4\n')
+    path.write_text(
+        f'[routing]\nworker_choice = "{choice}"\n[models."{MODEL}".versions.v1]\nweights = "bundled"\n'
+        f'traffic = 100\nreplicas = 2\n[models."{MODEL}".versions.v1.engine]\nnum_kv_blocks = {kv_blocks}\n'
+        "max_num_seqs = 4\n"
+    )
     return path
 
 
@@ -78,23 +96,36 @@ async def run(urls: dict[str, str], keys: list[str], prompts: list[str], rounds:
     cpu0 = {v: cpu_seconds(p) for v, p in pids.items()}
     async with httpx.AsyncClient(timeout=300) as client:
         for step, (r, t) in enumerate(sequence):
-            body = {"model": MODEL, "max_tokens": 4, "temperature": 0, "system": prompts[t],
-                    "messages": [{"role": "user", "content": f"Question {r}: when are you open on Sundays?"}]}
+            body = {
+                "model": MODEL,
+                "max_tokens": 4,
+                "temperature": 0,
+                "system": prompts[t],
+                "messages": [{"role": "user", "content": f"Question {r}: when are you open on Sundays?"}],
+            }
             variants = list(urls) if step % 2 == 0 else list(urls)[::-1]
             for v in variants:
                 reply = await stream(client, urls[v], body, {"x-api-key": keys[t]})
                 assert reply.ok, reply.events
                 u = reply.usage
                 stats[v]["read"] += u["cache_read_input_tokens"]
-                stats[v]["prompt"] += u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+                stats[v]["prompt"] += (
+                    u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+                )
                 stats[v]["ttft"].append(reply.ttft)
     out = {}
     for v, s in stats.items():
-        out[v] = {"cached_fraction": s["read"] / s["prompt"], "ttft_p50_ms": 1000 * pct(s["ttft"], 0.5),
-                  "ttft_p90_ms": 1000 * pct(s["ttft"], 0.9), "requests": len(s["ttft"]),
-                  "gateway_cpu_ms_per_request": 1000 * (cpu_seconds(pids[v]) - cpu0[v]) / len(s["ttft"])}
+        out[v] = {
+            "cached_fraction": s["read"] / s["prompt"],
+            "ttft_p50_ms": 1000 * pct(s["ttft"], 0.5),
+            "ttft_p90_ms": 1000 * pct(s["ttft"], 0.9),
+            "requests": len(s["ttft"]),
+            "gateway_cpu_ms_per_request": 1000 * (cpu_seconds(pids[v]) - cpu0[v]) / len(s["ttft"]),
+        }
     a, rr = out["affinity"], out["round_robin"]
-    out["cached_fraction_ratio"] = a["cached_fraction"] / rr["cached_fraction"] if rr["cached_fraction"] else float("inf")
+    out["cached_fraction_ratio"] = (
+        a["cached_fraction"] / rr["cached_fraction"] if rr["cached_fraction"] else float("inf")
+    )
     out["ttft_p50_ratio_rr_over_affinity"] = rr["ttft_p50_ms"] / a["ttft_p50_ms"]
     return out
 

@@ -52,8 +52,13 @@ async def run(url: str, clients: int, interval: float, lead_s: float) -> dict:
         n = 0
         async with httpx.AsyncClient(timeout=300) as http:
             while not stop.is_set():
-                body = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0, "metadata": {"user_id": f"u{c}-{n}"},
-                        "messages": [{"role": "user", "content": f"One sentence about the number {n}."}]}
+                body = {
+                    "model": MODEL,
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0,
+                    "metadata": {"user_id": f"u{c}-{n}"},
+                    "messages": [{"role": "user", "content": f"One sentence about the number {n}."}],
+                }
                 started = time.perf_counter() - t0
                 try:
                     r = await stream(http, url, body)
@@ -66,16 +71,30 @@ async def run(url: str, clients: int, interval: float, lead_s: float) -> dict:
     async def watch() -> None:
         while not stop.is_set():
             ro = (await asyncio.to_thread(fleet_status, url))["models"][MODEL]["rollout"]
-            label = "before" if ro is None else ro["phase"] + (f" {ro['steps'][ro['step']]:g} %" if ro["phase"] == "shifting" else "")
+            label = (
+                "before"
+                if ro is None
+                else ro["phase"] + (f" {ro['steps'][ro['step']]:g} %" if ro["phase"] == "shifting" else "")
+            )
             if not phases or phases[-1][1] != label:
                 phases.append((time.perf_counter() - t0, label))
-            if ro is not None and ro["phase"] in ("done", "rolled_back") and time.perf_counter() - t0 > phases[-1][0] + lead_s:
+            if (
+                ro is not None
+                and ro["phase"] in ("done", "rolled_back")
+                and time.perf_counter() - t0 > phases[-1][0] + lead_s
+            ):
                 stop.set()
             await asyncio.sleep(0.25)
 
     tasks = [asyncio.ensure_future(client_loop(c)) for c in range(clients)] + [asyncio.ensure_future(watch())]
     await asyncio.sleep(lead_s)
-    plan = {"to": "v2", "steps": [10, 25, 50, 100], "step_interval_s": interval, "max_ttft_p95_s": 600, "min_requests": 1000}
+    plan = {
+        "to": "v2",
+        "steps": [10, 25, 50, 100],
+        "step_interval_s": interval,
+        "max_ttft_p95_s": 600,
+        "min_requests": 1000,
+    }
     async with httpx.AsyncClient(timeout=60) as http:
         r = await http.post(url + f"/admin/fleet/models/{MODEL}/rollout", json=plan, headers=ADMIN_HEADERS)
         r.raise_for_status()
@@ -86,12 +105,17 @@ async def run(url: str, clients: int, interval: float, lead_s: float) -> dict:
 
 def chart(records: list, phases: list, bucket: float) -> tuple[str, list[dict]]:
     end = max(s for s, _, _ in records)
-    rows, lines = [], [f"{'t (s)':>7}  {'v1':>3} {'v2':>3}  phase", f"{'':>7}  (each # = one request started in the bucket)"]
+    rows, lines = (
+        [],
+        [f"{'t (s)':>7}  {'v1':>3} {'v2':>3}  phase", f"{'':>7}  (each # = one request started in the bucket)"],
+    )
     b = 0.0
     while b <= end:
         in_b = [(v, ok) for s, v, ok in records if b <= s < b + bucket]
         v1, v2 = sum(v == "v1" for v, _ in in_b), sum(v == "v2" for v, _ in in_b)
-        phase = [label for at, label in phases if at < b + bucket][-1] if any(at < b + bucket for at, _ in phases) else ""
+        phase = (
+            [label for at, label in phases if at < b + bucket][-1] if any(at < b + bucket for at, _ in phases) else ""
+        )
         rows.append({"t": b, "v1": v1, "v2": v2, "phase": phase})
         lines.append(f"{b:7.0f}  {v1:3d} {v2:3d}  {phase:<16} {'1' * v1}{'2' * v2}")
         b += bucket
@@ -112,11 +136,19 @@ def main() -> None:
         text, rows = chart(out["records"], out["phases"], args.bucket)
         print(text)
         records = out["records"]
-        print(json.dumps({"requests": len(records), "failed_or_truncated": sum(not ok for *_, ok in records),
-                          "served": {v: sum(x == v for _, x, _ in records) for v in ("v1", "v2")},
-                          "phases": [(round(at, 1), label) for at, label in out["phases"]],
-                          "rollout_requested_at_s": round(out["rollout_at"], 1),
-                          "load_average": [round(load0, 1), round(load_average(), 1)], "buckets": rows}))
+        print(
+            json.dumps(
+                {
+                    "requests": len(records),
+                    "failed_or_truncated": sum(not ok for *_, ok in records),
+                    "served": {v: sum(x == v for _, x, _ in records) for v in ("v1", "v2")},
+                    "phases": [(round(at, 1), label) for at, label in out["phases"]],
+                    "rollout_requested_at_s": round(out["rollout_at"], 1),
+                    "load_average": [round(load0, 1), round(load_average(), 1)],
+                    "buckets": rows,
+                }
+            )
+        )
     finally:
         proc.stop()
 

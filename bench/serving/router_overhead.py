@@ -74,7 +74,7 @@ async def measure(urls: dict[str, str], w1: str, n: int, max_tokens: int, pids: 
                 await stream(client, url, body(prompt(f"warm-{v}", warm), max_tokens))
             await grpc_ttft(grpc, tokenizer, prompt("warm-grpc", warm), max_tokens)
         for i in range(n):
-            order = variants[i % len(variants):] + variants[:i % len(variants)]
+            order = variants[i % len(variants) :] + variants[: i % len(variants)]
             for v in order:
                 if v == "grpc_direct":
                     ttft[v].append(await grpc_ttft(grpc, tokenizer, prompt(v, i), max_tokens))
@@ -108,8 +108,10 @@ def main() -> None:
     try:
         procs += [start_worker(a, WORKER_ARGS) for a in addrs]
         path = Path(tempfile.mkdtemp(prefix="sluice-bench-")) / "fleet.toml"
-        path.write_text(f'[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 100\n'
-                        f'workers = ["{addrs[0]}", "{addrs[1]}"]\n')
+        path.write_text(
+            f'[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 100\n'
+            f'workers = ["{addrs[0]}", "{addrs[1]}"]\n'
+        )
         routed = start_server(["--fleet", str(path)], env={"SLUICE_ADMIN_KEY": ADMIN})
         direct = start_server(["--worker", addrs[0]], env={"SLUICE_ADMIN_KEY": ADMIN})
         procs += [routed, direct]

@@ -34,14 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import pct  # noqa: E402
 from sluice.routing.dispatch.circuit_breaker import Outcome  # noqa: E402
-from sluice.routing.fleet_file.loader import parse_fleet  # noqa: E402
-from sluice.routing.quota.memory_store import MemoryQuotaStore  # noqa: E402
-from sluice.routing.quota.redis_store import RedisQuotaStore  # noqa: E402
-from sluice.routing.fleet_file.registry import Registry  # noqa: E402
 from sluice.routing.dispatch.router import FleetRouter  # noqa: E402
 from sluice.routing.dispatch.version_router import choose_version, sticky_key  # noqa: E402
 from sluice.routing.dispatch.worker_picker import WorkerPicker, affinity_key  # noqa: E402
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus  # noqa: E402
+from sluice.routing.fleet_file.loader import parse_fleet  # noqa: E402
+from sluice.routing.fleet_file.registry import Registry  # noqa: E402
+from sluice.routing.quota.memory_store import MemoryQuotaStore  # noqa: E402
+from sluice.routing.quota.redis_store import RedisQuotaStore  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 from tests.routing_calls import RouteRequest, finish, route  # noqa: E402 (plan + dispatch + settle, as serving calls them)
 
@@ -66,8 +66,11 @@ def requests(n: int, prompt_tokens: int, seed: int) -> list[RouteRequest]:
     for i in range(n):
         t = i % 8
         prompt = systems[t] + [rng.randrange(50_000) for _ in range(prompt_tokens - 300)]
-        out.append(RouteRequest("m", f"tenant{t}", "standard", sticky_key(f"tenant{t}", user_id=f"u{i}"),
-                                prompt, prompt_tokens + 256))
+        out.append(
+            RouteRequest(
+                "m", f"tenant{t}", "standard", sticky_key(f"tenant{t}", user_id=f"u{i}"), prompt, prompt_tokens + 256
+            )
+        )
     return out
 
 
@@ -117,7 +120,7 @@ async def main() -> None:
     try:
         for rnd in range(args.rounds):
             reqs = requests(args.n, args.prompt_tokens, rnd)
-            order = variants[rnd % len(variants):] + variants[: rnd % len(variants)]
+            order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
             for v in order:
                 c0, w0 = time.process_time(), time.perf_counter()
                 samples[v] += await run(v, reqs)

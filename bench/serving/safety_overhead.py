@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
-from bench.common import pct  # noqa: E402
-
 import httpx
 from httpx_sse import aconnect_sse
+
+from bench.common import pct  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -66,16 +66,25 @@ def in_process() -> dict:
 
     l2 = asyncio.run(classify())
     return {
-        "l1_us_p50": 1e6 * pct(l1, 0.5), "l1_us_p99": 1e6 * pct(l1, 0.99),
-        "l3_us_per_token_p50": 1e6 * pct(per_token, 0.5), "l3_us_per_token_p99": 1e6 * pct(per_token, 0.99),
-        "l2_ms_p50": 1000 * pct(l2, 0.5), "l2_ms_p99": 1000 * pct(l2, 0.99),
+        "l1_us_p50": 1e6 * pct(l1, 0.5),
+        "l1_us_p99": 1e6 * pct(l1, 0.99),
+        "l3_us_per_token_p50": 1e6 * pct(per_token, 0.5),
+        "l3_us_per_token_p99": 1e6 * pct(per_token, 0.99),
+        "l2_ms_p50": 1000 * pct(l2, 0.5),
+        "l2_ms_p99": 1000 * pct(l2, 0.99),
         "mean_holdback_chars": statistics.mean(holdback),
     }
 
 
 async def one(c: httpx.AsyncClient, url: str, i: int, rec: dict) -> None:
-    body = {"model": MODEL, "max_tokens": 48, "stream": True, "temperature": 0.7, "seed": i,
-            "messages": [{"role": "user", "content": f"Tell me something about the number {i}."}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 48,
+        "stream": True,
+        "temperature": 0.7,
+        "seed": i,
+        "messages": [{"role": "user", "content": f"Tell me something about the number {i}."}],
+    }
     t0 = time.perf_counter()
     first = last = None
     async with aconnect_sse(c, "POST", url + "/v1/messages", json=body) as es:
@@ -116,8 +125,10 @@ async def http(on_url: str, off_url: str, rounds: int, singles: int) -> dict:
                 rec["tps"].append(burst["tokens"] / (time.perf_counter() - t0))
         for name, rec in recs.items():
             out[name] = {
-                "ttft_ms_p50": 1000 * pct(rec["ttft"], 0.5), "ttft_ms_p99": 1000 * pct(rec["ttft"], 0.99),
-                "itl_ms_p50": 1000 * pct(rec["itl"], 0.5), "end_ms_p50": 1000 * pct(rec["end"], 0.5),
+                "ttft_ms_p50": 1000 * pct(rec["ttft"], 0.5),
+                "ttft_ms_p99": 1000 * pct(rec["ttft"], 0.99),
+                "itl_ms_p50": 1000 * pct(rec["itl"], 0.5),
+                "end_ms_p50": 1000 * pct(rec["end"], 0.5),
                 "tok_s_32": statistics.median(rec["tps"]),
             }
     # paired: the same seed on both sides samples the same reply, so per-request differences
@@ -127,8 +138,10 @@ async def http(on_url: str, off_url: str, rounds: int, singles: int) -> dict:
     on, off = out["on"], out["off"]
     out["added"] = {
         "ttft_ms_paired_p50": 1000 * statistics.median(paired) if paired else float("nan"),
-        "ttft_ms_p50": on["ttft_ms_p50"] - off["ttft_ms_p50"], "ttft_ms_p99": on["ttft_ms_p99"] - off["ttft_ms_p99"],
-        "itl_ms_p50": on["itl_ms_p50"] - off["itl_ms_p50"], "end_ms_p50": on["end_ms_p50"] - off["end_ms_p50"],
+        "ttft_ms_p50": on["ttft_ms_p50"] - off["ttft_ms_p50"],
+        "ttft_ms_p99": on["ttft_ms_p99"] - off["ttft_ms_p99"],
+        "itl_ms_p50": on["itl_ms_p50"] - off["itl_ms_p50"],
+        "end_ms_p50": on["end_ms_p50"] - off["end_ms_p50"],
         "throughput_ratio_32": on["tok_s_32"] / off["tok_s_32"],
     }
     return out

@@ -33,8 +33,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.common import pct  # noqa: E402
 from tests.server_process import MODEL, start_server  # noqa: E402  (reuses the test launcher)
 
-TOPICS = ["the sea", "a mountain", "bread", "trains", "owls", "rain", "chess", "a library", "copper", "tea",
-          "bridges", "the moon", "gardens", "violins", "deserts", "bees"]
+TOPICS = [
+    "the sea",
+    "a mountain",
+    "bread",
+    "trains",
+    "owls",
+    "rain",
+    "chess",
+    "a library",
+    "copper",
+    "tea",
+    "bridges",
+    "the moon",
+    "gardens",
+    "violins",
+    "deserts",
+    "bees",
+]
 
 
 def prompt(i: int) -> str:
@@ -63,8 +79,13 @@ class Recorder:
 
 
 async def http_stream(client: httpx.AsyncClient, url: str, i: int, max_tokens: int, rec: Recorder) -> None:
-    body = {"model": MODEL, "max_tokens": max_tokens, "stream": True, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt(i)}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": prompt(i)}],
+    }
     t0 = time.perf_counter()
     first = last = None
     n = 0
@@ -182,7 +203,8 @@ async def main_async(args: argparse.Namespace) -> dict:
             for _ in range(args.rounds):
                 for c in levels:
                     rec, wall = await closed_loop(
-                        c, per_level[c], lambda i, r: http_stream(client, url, i, args.max_tokens, r))
+                        c, per_level[c], lambda i, r: http_stream(client, url, i, args.max_tokens, r)
+                    )
                     runs.setdefault(("http", c), []).append(rec.summary(wall))
                     bar.update()
                     rec, wall = await closed_loop(c, per_level[c], lambda i, r: inproc.one(i, args.max_tokens, r))
@@ -195,7 +217,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                 target = results["closed_loop" if kind == "http" else "in_process"]
                 target[str(c)] = {"median": med, "best": best}
             print(f"open loop: {args.rate} req/s for {args.duration}s ...", file=sys.stderr)
-            rec, wall = await open_loop(args.rate, args.duration, lambda i, r: http_stream(client, url, i, args.max_tokens, r))
+            rec, wall = await open_loop(
+                args.rate, args.duration, lambda i, r: http_stream(client, url, i, args.max_tokens, r)
+            )
             results["open_loop"] = {"rate_rps": args.rate, **rec.summary(wall)}
     finally:
         inproc.engine.shutdown()
@@ -206,29 +230,40 @@ async def main_async(args: argparse.Namespace) -> dict:
     results["overhead"] = {
         "throughput_ratio_32": h32["output_tok_s"] / i32["output_tok_s"] if i32["output_tok_s"] else None,
         "added_ttft_p50_ms_8": h8["ttft_p50_ms"] - i8["ttft_p50_ms"],
-        "added_ttft_p50_ms_1": results["closed_loop"]["1"]["median"]["ttft_p50_ms"] - results["in_process"]["1"]["median"]["ttft_p50_ms"],
+        "added_ttft_p50_ms_1": results["closed_loop"]["1"]["median"]["ttft_p50_ms"]
+        - results["in_process"]["1"]["median"]["ttft_p50_ms"],
     }
     results["targets"] = {
         "ttft_p50_8_under_200ms": h8["ttft_p50_ms"] < 200,
         "per_stream_8_at_least_25_tok_s": h8["per_stream_tok_s"] >= 25,
         "aggregate_32_above_120_tok_s": h32["output_tok_s"] > 120,
-        "overhead_32_within_5pct": results["overhead"]["throughput_ratio_32"] is not None and results["overhead"]["throughput_ratio_32"] >= 0.95,
+        "overhead_32_within_5pct": results["overhead"]["throughput_ratio_32"] is not None
+        and results["overhead"]["throughput_ratio_32"] >= 0.95,
         "added_ttft_p50_within_2ms": results["overhead"]["added_ttft_p50_ms_1"] <= 2,
     }
     return results
 
 
 def report(results: dict) -> None:
-    print(f"\n{'load':<14}{'TTFT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>8}{'tok/s':>9}{'stream':>8}{'err':>5}", file=sys.stderr)
+    print(
+        f"\n{'load':<14}{'TTFT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>8}{'tok/s':>9}{'stream':>8}{'err':>5}",
+        file=sys.stderr,
+    )
     for kind in ("closed_loop", "in_process"):
         for c, r in results[kind].items():
             m = r["median"]
             label = f"{'http' if kind == 'closed_loop' else 'engine'} x{c}"
-            print(f"{label:<14}{m['ttft_p50_ms']:>9.0f}ms{m['ttft_p99_ms']:>7.0f}ms{m['itl_p50_ms']:>7.0f}ms{m['itl_p99_ms']:>6.0f}ms"
-                  f"{m['output_tok_s']:>9.1f}{m['per_stream_tok_s']:>8.1f}{m['errors']:>5.0f}", file=sys.stderr)
+            print(
+                f"{label:<14}{m['ttft_p50_ms']:>9.0f}ms{m['ttft_p99_ms']:>7.0f}ms{m['itl_p50_ms']:>7.0f}ms{m['itl_p99_ms']:>6.0f}ms"
+                f"{m['output_tok_s']:>9.1f}{m['per_stream_tok_s']:>8.1f}{m['errors']:>5.0f}",
+                file=sys.stderr,
+            )
     o = results["open_loop"]
-    print(f"open {o['rate_rps']}/s   {o['ttft_p50_ms']:>9.0f}ms{o['ttft_p99_ms']:>7.0f}ms{o['itl_p50_ms']:>7.0f}ms{o['itl_p99_ms']:>6.0f}ms"
-          f"{o['output_tok_s']:>9.1f}{o['per_stream_tok_s']:>8.1f}{o['errors']:>5.0f}", file=sys.stderr)
+    print(
+        f"open {o['rate_rps']}/s   {o['ttft_p50_ms']:>9.0f}ms{o['ttft_p99_ms']:>7.0f}ms{o['itl_p50_ms']:>7.0f}ms{o['itl_p99_ms']:>6.0f}ms"
+        f"{o['output_tok_s']:>9.1f}{o['per_stream_tok_s']:>8.1f}{o['errors']:>5.0f}",
+        file=sys.stderr,
+    )
     print(f"overhead: {results['overhead']}", file=sys.stderr)
     for name, ok in results["targets"].items():
         print(f"  {'met    ' if ok else 'NOT met'}  {name}", file=sys.stderr)
@@ -239,7 +274,9 @@ def main() -> None:
     p.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default: 64)")
     p.add_argument("--rounds", type=int, default=2, help="alternating HTTP / in-process rounds per level (default: 2)")
-    p.add_argument("--min-requests", type=int, default=8, help="requests per level at least (default: 8; else 2x concurrency)")
+    p.add_argument(
+        "--min-requests", type=int, default=8, help="requests per level at least (default: 8; else 2x concurrency)"
+    )
     p.add_argument("--rate", type=float, default=2.0, help="open-loop arrivals per second (default: 2)")
     p.add_argument("--duration", type=float, default=30.0, help="open-loop duration in seconds (default: 30)")
     p.add_argument("--quick", action="store_true", help="one round, short open loop, 24 tokens: a smoke run")

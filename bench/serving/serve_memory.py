@@ -41,8 +41,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import log  # noqa: E402
 from serve_load import Recorder, http_stream  # noqa: E402  (the same streaming client)
+
+from bench.common import log  # noqa: E402
 from tests.server_process import free_port, metric  # noqa: E402
 
 MIB = 2**20
@@ -165,7 +166,10 @@ class Server:
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sluice.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), *extra],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
             )
         self.seen: set[int] = set()
 
@@ -249,9 +253,14 @@ def kv_resident(url: str) -> float | None:
 
 
 def describe(m: dict[str, dict[str, int]]) -> str:
-    return "  ".join(f"{k}: RSS {v['rss'] / MIB:.0f} PSS {v['pss'] / MIB:.0f} anon {v['anon'] / MIB:.0f}"
-                     + (f" unique {v['unique'] / MIB:.0f}" if "unique" in v else "")
-                     for k, v in m.items()) + " MiB"
+    return (
+        "  ".join(
+            f"{k}: RSS {v['rss'] / MIB:.0f} PSS {v['pss'] / MIB:.0f} anon {v['anon'] / MIB:.0f}"
+            + (f" unique {v['unique'] / MIB:.0f}" if "unique" in v else "")
+            for k, v in m.items()
+        )
+        + " MiB"
+    )
 
 
 def show_breakdown(server: Server, label: str) -> dict[str, list]:
@@ -290,9 +299,11 @@ def main() -> None:
             r["kv_resident_bytes"] = kv = kv_resident(server.url)
             result["waves"].append(r)
             pk = r["peak_total"]
-            log(f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors, "
+            log(
+                f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors, "
                 f"{r['wall_s']:.1f} s): peak total RSS {pk['rss'] / MIB:.0f} PSS {pk['pss'] / MIB:.0f} MiB; "
-                f"after: {describe(r['after'])}" + ("" if kv is None else f"; KV resident {kv / MIB:.0f} MiB"))
+                f"after: {describe(r['after'])}" + ("" if kv is None else f"; KV resident {kv / MIB:.0f} MiB")
+            )
         if args.breakdown and args.waves:
             result["after_breakdown"] = show_breakdown(server, "after")
     finally:

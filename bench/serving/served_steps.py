@@ -47,13 +47,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tests.server_process import MODEL, start_server  # noqa: E402
 from vs_llamacpp import level  # noqa: E402  (bench/serving/vs_llamacpp.py: the same load)
+
+from tests.server_process import MODEL, start_server  # noqa: E402
 
 # Loaded by every Python process of the server tree (PYTHONPATH), it wraps LLMEngine.step once
 # sluice.engine.engine is imported, and logs the collector's passes. Lines: "step <perf_counter
 # start> <wall> <thread cpu> <seqs> <tokens>" and "gc <start> <generation> <seconds>".
-SITECUSTOMIZE = r'''
+SITECUSTOMIZE = r"""
 import importlib.abc, importlib.util, os, sys, time, gc
 _dir = os.environ.get("SLUICE_BENCH_TRACE_DIR")
 if _dir:
@@ -90,7 +91,7 @@ if _dir:
             spec.loader.exec_module = exec_module
             return spec
     sys.meta_path.insert(0, _Hook())
-'''
+"""
 
 
 def thread_sched(procs: dict[str, psutil.Process]) -> dict[str, tuple[float, float, int, str]]:
@@ -138,12 +139,15 @@ def summarize(steps: list, gcs: dict, t0: float, t1: float, streams: int) -> dic
             if d:
                 gc_out[f"{pid}/gen{gen}"] = {"count": len(d), "total_ms": 1e3 * sum(d), "max_ms": 1e3 * max(d)}
     return {
-        "wall_s": t1 - t0, "steps": len(mine), "busy_share": busy / (t1 - t0) if t1 > t0 else float("nan"),
+        "wall_s": t1 - t0,
+        "steps": len(mine),
+        "busy_share": busy / (t1 - t0) if t1 > t0 else float("nan"),
         "gaps_s": sum(gaps),
         "decode_steps": len(decode),
         "decode_wall_ms_p50": 1e3 * statistics.median(s[1] for s in decode) if decode else float("nan"),
         "decode_engine_cpu_ms_p50": 1e3 * statistics.median(s[2] for s in decode) if decode else float("nan"),
-        "other_steps": len(other), "other_steps_wall_s": sum(s[1] for s in other),
+        "other_steps": len(other),
+        "other_steps_wall_s": sum(s[1] for s in other),
         "gc": gc_out,
     }
 
@@ -154,8 +158,13 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (default 128)")
     p.add_argument("--levels", type=int, default=2, help="how many times to run the load (default 2)")
     p.add_argument("--min-cores", type=float, default=0.003, help="threads below this many cores are not listed")
-    p.add_argument("--sluice-env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment for `sluice serve` and its worker (repeatable)")
+    p.add_argument(
+        "--sluice-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment for `sluice serve` and its worker (repeatable)",
+    )
     args = p.parse_args()
     trace_dir = Path(tempfile.mkdtemp(prefix="sluice-served-steps-"))
     (trace_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -167,8 +176,11 @@ def main() -> None:
     try:
         asyncio.run(level(server.base_url, MODEL, 1, 16, 0))  # warm: the first request's one-off costs
         gateway = psutil.Process(server.process.pid)
-        procs = {"gateway": gateway, "client": psutil.Process(),  # the client: this process, the load's HTTP side
-                 **{f"worker{i}": w for i, w in enumerate(gateway.children())}}
+        procs = {
+            "gateway": gateway,
+            "client": psutil.Process(),  # the client: this process, the load's HTTP side
+            **{f"worker{i}": w for i, w in enumerate(gateway.children())},
+        }
         for n in range(args.levels):
             before = thread_sched(procs)
             t0 = time.perf_counter()
@@ -177,32 +189,57 @@ def main() -> None:
             after = thread_sched(procs)
             wall = t1 - t0
             zero = (0.0, 0.0, 0, "")  # a thread that started during the level
-            threads = {k: {"name": v[3], "cores": (v[0] - before.get(k, zero)[0]) / wall,
-                           "waiting_cores": (v[1] - before.get(k, zero)[1]) / wall,
-                           "preempted_per_s": (v[2] - before.get(k, zero)[2]) / wall}
-                       for k, v in after.items()}
+            threads = {
+                k: {
+                    "name": v[3],
+                    "cores": (v[0] - before.get(k, zero)[0]) / wall,
+                    "waiting_cores": (v[1] - before.get(k, zero)[1]) / wall,
+                    "preempted_per_s": (v[2] - before.get(k, zero)[2]) / wall,
+                }
+                for k, v in after.items()
+            }
             steps, gcs = read_traces(trace_dir)
             row = summarize(steps, gcs, t0, t1, args.streams)
             row["aggregate_tok_s"] = load["aggregate_tok_s"]
-            row["threads"] = {k: {f: round(x, 4) if isinstance(x, float) else x for f, x in v.items()}
-                              for k, v in sorted(threads.items(), key=lambda kv: -kv[1]["cores"])
-                              if v["cores"] >= args.min_cores}
+            row["threads"] = {
+                k: {f: round(x, 4) if isinstance(x, float) else x for f, x in v.items()}
+                for k, v in sorted(threads.items(), key=lambda kv: -kv[1]["cores"])
+                if v["cores"] >= args.min_cores
+            }
             results.append(row)
-            print(f"level {n + 1}: {row['aggregate_tok_s']:.1f} tok/s; engine busy {100 * row['busy_share']:.1f} % "
-                  f"(gaps {row['gaps_s']:.2f} s); {row['decode_steps']} decode steps of {args.streams}: wall "
-                  f"{row['decode_wall_ms_p50']:.1f} ms, engine thread CPU {row['decode_engine_cpu_ms_p50']:.1f} ms "
-                  f"(p50); {row['other_steps']} other steps {row['other_steps_wall_s']:.2f} s", file=sys.stderr)
+            print(
+                f"level {n + 1}: {row['aggregate_tok_s']:.1f} tok/s; engine busy {100 * row['busy_share']:.1f} % "
+                f"(gaps {row['gaps_s']:.2f} s); {row['decode_steps']} decode steps of {args.streams}: wall "
+                f"{row['decode_wall_ms_p50']:.1f} ms, engine thread CPU {row['decode_engine_cpu_ms_p50']:.1f} ms "
+                f"(p50); {row['other_steps']} other steps {row['other_steps_wall_s']:.2f} s",
+                file=sys.stderr,
+            )
             print(f"    {'thread':44s} {'cores':>6s} {'waiting':>8s} {'preempted/s':>12s}", file=sys.stderr)
             for key, t in row["threads"].items():
-                print(f"    {key + ' ' + t['name']:44s} {t['cores']:6.3f} {t['waiting_cores']:8.3f} "
-                      f"{t['preempted_per_s']:12.0f}", file=sys.stderr)
+                print(
+                    f"    {key + ' ' + t['name']:44s} {t['cores']:6.3f} {t['waiting_cores']:8.3f} "
+                    f"{t['preempted_per_s']:12.0f}",
+                    file=sys.stderr,
+                )
             for key, g in row["gc"].items():
-                print(f"    gc {key:12s} {g['count']:4d} collections, {g['total_ms']:.1f} ms, "
-                      f"longest {g['max_ms']:.1f} ms", file=sys.stderr)
+                print(
+                    f"    gc {key:12s} {g['count']:4d} collections, {g['total_ms']:.1f} ms, "
+                    f"longest {g['max_ms']:.1f} ms",
+                    file=sys.stderr,
+                )
     finally:
         server.stop()
-    print(json.dumps({"streams": args.streams, "max_tokens": args.max_tokens, "server_pid": server.process.pid,
-                      "levels": results, "load": os.getloadavg()}))
+    print(
+        json.dumps(
+            {
+                "streams": args.streams,
+                "max_tokens": args.max_tokens,
+                "server_pid": server.process.pid,
+                "levels": results,
+                "load": os.getloadavg(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

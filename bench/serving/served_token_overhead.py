@@ -105,6 +105,7 @@ class InProcess:
                 self.times[name].append(time.perf_counter() - t0)
                 if cpu:
                     self.times["step_cpu"].append(time.thread_time() - c0)
+
         return wrapper
 
     def round(self, tokens: int) -> dict[str, list[float]]:
@@ -115,8 +116,9 @@ class InProcess:
         for v in self.times.values():
             v.clear()
         self.n += 1
-        req = GenerationRequest(f"b{self.n}", list(self.prompt_ids),
-                                SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+        req = GenerationRequest(
+            f"b{self.n}", list(self.prompt_ids), SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+        )
         stamps: list[float] = []
 
         async def consume() -> None:
@@ -143,7 +145,9 @@ async def grpc_round(address: str, prompt_ids: list[int], tokens: int, n: int) -
     client = GrpcEngineClient(address)
     stamps: list[float] = []
     try:
-        req = GenerationRequest(f"g{n}", list(prompt_ids), SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+        req = GenerationRequest(
+            f"g{n}", list(prompt_ids), SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+        )
         async for ev in client.generate(req):
             if ev.token_ids:
                 stamps.extend([time.perf_counter()] * len(ev.token_ids))
@@ -153,8 +157,14 @@ async def grpc_round(address: str, prompt_ids: list[int], tokens: int, n: int) -
 
 
 async def http_round(base_url: str, tokens: int) -> list[float]:
-    body = {"model": MODEL, "max_tokens": tokens, "stream": True, "temperature": 0, "ignore_eos": True,
-            "messages": [{"role": "user", "content": PROMPT}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": tokens,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
     stamps: list[float] = []
     async with httpx.AsyncClient(timeout=300) as c:
         async with aconnect_sse(c, "POST", base_url + "/v1/chat/completions", json=body) as es:
@@ -184,9 +194,16 @@ def main() -> None:
         wproc, gproc, me = psutil.Process(worker.process.pid), psutil.Process(gateway.process.pid), psutil.Process()
         local = InProcess(args.threads)
         samples: dict[str, list[float]] = {k: [] for k in (*LAYERS, "step_cpu")}
-        cpu = {"grpc": {"worker": 0.0, "worker_engine_thread": 0.0, "worker_other_threads": 0.0, "client": 0.0},
-               "http": {"worker": 0.0, "worker_engine_thread": 0.0, "worker_other_threads": 0.0, "gateway": 0.0,
-                        "client": 0.0}}
+        cpu = {
+            "grpc": {"worker": 0.0, "worker_engine_thread": 0.0, "worker_other_threads": 0.0, "client": 0.0},
+            "http": {
+                "worker": 0.0,
+                "worker_engine_thread": 0.0,
+                "worker_other_threads": 0.0,
+                "gateway": 0.0,
+                "client": 0.0,
+            },
+        }
         tokens_out = {"grpc": 0, "http": 0}
         # warm-up: one short stream per layer (first-call costs: prefix cache, JIT, connections)
         local.round(8)
@@ -249,8 +266,11 @@ def main() -> None:
             res[f"{layer}_{who}_cpu_ms_per_token"] = 1000 * total / max(1, tokens_out[layer])
     print(f"engine step CPU (thread) {res['step_cpu_ms']:.2f} ms/token", file=sys.stderr)
     for layer in cpu:
-        print(f"{layer}: CPU per token " + ", ".join(f"{who} {res[f'{layer}_{who}_cpu_ms_per_token']:.2f} ms"
-                                                      for who in cpu[layer]), file=sys.stderr)
+        print(
+            f"{layer}: CPU per token "
+            + ", ".join(f"{who} {res[f'{layer}_{who}_cpu_ms_per_token']:.2f} ms" for who in cpu[layer]),
+            file=sys.stderr,
+        )
     print(f"load average {res['load']}", file=sys.stderr)
     print(json.dumps(res))
 

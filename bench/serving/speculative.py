@@ -28,12 +28,12 @@ import json
 import sys
 import time
 
+from workloads import WORKLOADS  # noqa: E402  (bench/serving/workloads.py: the prompts, shared with vs_llamacpp.py)
+
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.models.loader import load_model
 from sluice.types import GenerationRequest, SamplingParams
-
-from workloads import WORKLOADS  # noqa: E402  (bench/serving/workloads.py: the prompts, shared with vs_llamacpp.py)
 
 
 def run_pair(engines: list[LLMEngine], reqs: list[GenerationRequest]) -> list[dict]:
@@ -42,8 +42,18 @@ def run_pair(engines: list[LLMEngine], reqs: list[GenerationRequest]) -> list[di
     for e in engines:
         for r in reqs:
             e.add_request(r)
-        res.append({"wall": 0.0, "cpu": 0.0, "first": {}, "last": {}, "tokens": {r.request_id: [] for r in reqs},
-                    "steps": 0, "p0": e.stats().spec_proposed_tokens, "a0": e.stats().spec_accepted_tokens})
+        res.append(
+            {
+                "wall": 0.0,
+                "cpu": 0.0,
+                "first": {},
+                "last": {},
+                "tokens": {r.request_id: [] for r in reqs},
+                "steps": 0,
+                "p0": e.stats().spec_proposed_tokens,
+                "a0": e.stats().spec_accepted_tokens,
+            }
+        )
     lead = 0
     while any(e.has_unfinished() for e in engines):
         for i in (lead, 1 - lead):
@@ -86,8 +96,10 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     loaded = load_model(progress=False, kernels=args.kernels)
-    engines = [LLMEngine(loaded, EngineConfig(num_kv_blocks=1024, speculative_tokens=k, threads=args.threads))
-               for k in (0, args.k)]
+    engines = [
+        LLMEngine(loaded, EngineConfig(num_kv_blocks=1024, speculative_tokens=k, threads=args.threads))
+        for k in (0, args.k)
+    ]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=7)
 
     def req(name: str, suffix: str = "") -> GenerationRequest:
@@ -96,10 +108,16 @@ def main() -> None:
 
     log = sys.stderr
     results: dict = {"config": vars(args), "workloads": {}}
-    print(f"kernels={args.kernels} uses_kernels={loaded.model.uses_kernels} threads={args.threads} k={args.k} "
-          f"max_tokens={args.max_tokens} temperature={args.temperature}", file=log)
-    print(f"{'workload':<18}{'tokens':>7}{'off tok/s':>11}{'on tok/s':>10}{'x wall':>8}{'x CPU':>7}"
-          f"{'accepted':>14}{'steps off/on':>14}", file=log)
+    print(
+        f"kernels={args.kernels} uses_kernels={loaded.model.uses_kernels} threads={args.threads} k={args.k} "
+        f"max_tokens={args.max_tokens} temperature={args.temperature}",
+        file=log,
+    )
+    print(
+        f"{'workload':<18}{'tokens':>7}{'off tok/s':>11}{'on tok/s':>10}{'x wall':>8}{'x CPU':>7}"
+        f"{'accepted':>14}{'steps off/on':>14}",
+        file=log,
+    )
     mismatches = 0
     rounds = [(n, [req(n)]) for n in WORKLOADS]
     if args.batch:
@@ -121,11 +139,22 @@ def main() -> None:
             c1 = sum(rate(on, r.request_id, 1) for r in reqs) / len(reqs)
             n = sum(len(on["tokens"][r.request_id]) for r in reqs)
         accepted = f"{on['accepted']}/{on['proposed']}"
-        print(f"{label:<18}{n:>7}{w0:>11.1f}{w1:>10.1f}{w1 / w0:>8.2f}{c1 / c0:>7.2f}{accepted:>14}"
-              f"{off['steps']:>7}/{on['steps']:<6}", file=log, flush=True)
+        print(
+            f"{label:<18}{n:>7}{w0:>11.1f}{w1:>10.1f}{w1 / w0:>8.2f}{c1 / c0:>7.2f}{accepted:>14}"
+            f"{off['steps']:>7}/{on['steps']:<6}",
+            file=log,
+            flush=True,
+        )
         results["workloads"][label] = {
-            "tokens": n, "off_tok_s": w0, "on_tok_s": w1, "x_wall": w1 / w0, "x_cpu": c1 / c0,
-            "accepted": on["accepted"], "proposed": on["proposed"], "steps_off": off["steps"], "steps_on": on["steps"],
+            "tokens": n,
+            "off_tok_s": w0,
+            "on_tok_s": w1,
+            "x_wall": w1 / w0,
+            "x_cpu": c1 / c0,
+            "accepted": on["accepted"],
+            "proposed": on["proposed"],
+            "steps_off": off["steps"],
+            "steps_on": on["steps"],
         }
     print("outputs equal" if not mismatches else f"OUTPUTS DIFFER for {mismatches} requests", file=log)
     results["outputs_equal"] = not mismatches

@@ -39,13 +39,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
-from bench.common import log  # noqa: E402
-
 import httpx
+
+from bench.common import log  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serve_load import Recorder, http_stream  # noqa: E402  (the same streaming client)
+
 from tests.server_process import free_port, metric  # noqa: E402
 
 MIB = 2**20
@@ -76,7 +77,11 @@ def children(pid: int) -> list[int]:
 class Server:
     """`sluice serve` with its output in a log file we poll, timing when each marker appears."""
 
-    MARKERS = {"listening": "sluice: listening on", "worker_ready": "sluice worker listening", "log_ready": "sluice: ready"}
+    MARKERS = {
+        "listening": "sluice: listening on",
+        "worker_ready": "sluice worker listening",
+        "log_ready": "sluice: ready",
+    }
 
     def __init__(self, extra: list[str]):
         self.port = free_port()
@@ -87,7 +92,10 @@ class Server:
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sluice.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), *extra],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
             )
         self.times: dict[str, float] = {}
 
@@ -157,8 +165,14 @@ async def wave(server: Server, streams: int, max_tokens: int, offset: int) -> di
         wall = time.perf_counter() - t0
         done.set()
         await sampler
-    return {"peak": peak, "after": server.memory(), "output_tokens": rec.tokens, "errors": rec.errors,
-            "wall_s": wall, "kv_resident_bytes": optional_metric(server.url, "sluice_engine_kv_resident_bytes")}
+    return {
+        "peak": peak,
+        "after": server.memory(),
+        "output_tokens": rec.tokens,
+        "errors": rec.errors,
+        "wall_s": wall,
+        "kv_resident_bytes": optional_metric(server.url, "sluice_engine_kv_resident_bytes"),
+    }
 
 
 PHASES = textwrap.dedent("""
@@ -187,8 +201,13 @@ PHASES = textwrap.dedent("""
 
 
 def in_process() -> dict:
-    out = subprocess.run([sys.executable, "-c", PHASES], capture_output=True, text=True, check=True,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")})
+    out = subprocess.run(
+        [sys.executable, "-c", PHASES],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -201,8 +220,10 @@ def optional_metric(url: str, name: str) -> float | None:
 
 def describe(m: dict[str, dict[str, int]]) -> str:
     s, w = m["serve"], m["worker"]
-    return (f"RSS serve {s['rss'] / MIB:.0f} (anon {s['anon'] / MIB:.0f}) + worker {w['rss'] / MIB:.0f} "
-            f"(anon {w['anon'] / MIB:.0f}) = {(s['rss'] + w['rss']) / MIB:.0f} MiB")
+    return (
+        f"RSS serve {s['rss'] / MIB:.0f} (anon {s['anon'] / MIB:.0f}) + worker {w['rss'] / MIB:.0f} "
+        f"(anon {w['anon'] / MIB:.0f}) = {(s['rss'] + w['rss']) / MIB:.0f} MiB"
+    )
 
 
 def load_share() -> float:
@@ -217,7 +238,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--serve-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
     p.add_argument(
-        "--skip-in-process", action="store_true",
+        "--skip-in-process",
+        action="store_true",
         help="skip the in-process phase timing (e.g. to measure an older checkout through PYTHONPATH)",
     )
     args = p.parse_args()
@@ -244,18 +266,32 @@ def main() -> None:
             r = asyncio.run(wave(server, args.streams, args.max_tokens, offset=w * args.streams))
             waves.append(r)
             pk = r["peak"]
-            log(f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors): "
+            log(
+                f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors): "
                 f"peak RSS serve {pk['serve'] / MIB:.0f} + worker {pk['worker'] / MIB:.0f} = {pk['total'] / MIB:.0f} MiB "
                 f"(worker anonymous {pk['worker_anon'] / MIB:.0f}); after: {describe(r['after'])}; "
-                + ("" if r["kv_resident_bytes"] is None else f"KV written {r['kv_resident_bytes'] / MIB:.0f} MiB"))
+                + ("" if r["kv_resident_bytes"] is None else f"KV written {r['kv_resident_bytes'] / MIB:.0f} MiB")
+            )
     finally:
         server.stop()
     phases = {} if args.skip_in_process else in_process()
     log("in-process: " + "  ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     med = {k: statistics.median(s[k] for s in starts) for k in starts[0]}
     log(f"median cold start (process start -> /ready): {med['ready']:.2f} s over {args.starts} start(s)")
-    print(json.dumps({"bench": "startup_memory", "params": vars(args), "starts": starts, "median_start": med,
-                      "idle": idle, "kv_blocks_total": ceiling, "waves": waves, "in_process": phases}))
+    print(
+        json.dumps(
+            {
+                "bench": "startup_memory",
+                "params": vars(args),
+                "starts": starts,
+                "median_start": med,
+                "idle": idle,
+                "kv_blocks_total": ceiling,
+                "waves": waves,
+                "in_process": phases,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,13 @@ def sums(base_url: str) -> dict[str, tuple[float, float]]:
 
 
 async def one(c: httpx.AsyncClient, url: str, i: int) -> float | None:
-    body = {"model": MODEL, "max_tokens": 8, "stream": True, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Tell me something about the number {i}."}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 8,
+        "stream": True,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": f"Tell me something about the number {i}."}],
+    }
     t0 = time.perf_counter()
     ttft = None
     async with aconnect_sse(c, "POST", url + "/v1/messages", json=body) as es:
@@ -102,9 +107,12 @@ def main() -> None:
         for proc in procs:
             proc.stop()
     for name, r in res.items():
-        print(f"{name:7s} client TTFT {r['client_ttft_ms_mean']:6.1f} ms = outside generate "
-              f"{r['outside_generate_ms_mean']:5.1f} + generate→first token {r['generate_to_first_token_ms_mean']:5.1f} "
-              f"(engine queue {r['engine_queue_ms_mean']:.1f})", file=sys.stderr)
+        print(
+            f"{name:7s} client TTFT {r['client_ttft_ms_mean']:6.1f} ms = outside generate "
+            f"{r['outside_generate_ms_mean']:5.1f} + generate→first token {r['generate_to_first_token_ms_mean']:5.1f} "
+            f"(engine queue {r['engine_queue_ms_mean']:.1f})",
+            file=sys.stderr,
+        )
     print(json.dumps(res))
 
 

@@ -42,11 +42,28 @@ from httpx_sse import aconnect_sse
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.server_process import MODEL, free_port, start_server  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402  (bench/serving/workloads.py, beside this script)
 
-SUBJECTS = ["the sea", "a mountain", "bread", "trains", "owls", "rain", "chess", "a library", "copper", "tea",
-            "bridges", "the moon", "gardens", "violins", "deserts", "bees"]
+from tests.server_process import MODEL, free_port, start_server  # noqa: E402
+
+SUBJECTS = [
+    "the sea",
+    "a mountain",
+    "bread",
+    "trains",
+    "owls",
+    "rain",
+    "chess",
+    "a library",
+    "copper",
+    "tea",
+    "bridges",
+    "the moon",
+    "gardens",
+    "violins",
+    "deserts",
+    "bees",
+]
 
 
 class LlamaCpp:
@@ -58,13 +75,44 @@ class LlamaCpp:
         self.log = Path(tempfile.mkdtemp(prefix="llamacpp-")) / "out.log"
         if server:
             self.kind = "llama-server (C++, continuous batching)"
-            cmd = [server, "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", "8192", "-np", str(slots),
-                   "-cb", "--host", "127.0.0.1", "--port", str(self.port)]
+            cmd = [
+                server,
+                "-m",
+                str(gguf),
+                "-t",
+                str(threads),
+                "-tb",
+                str(threads),
+                "-c",
+                "8192",
+                "-np",
+                str(slots),
+                "-cb",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ]
         else:
             assert python is not None
             self.kind = "llama-cpp-python server (one request at a time)"
-            cmd = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--n_threads", str(threads),
-                   "--n_threads_batch", str(threads), "--n_ctx", "8192", "--host", "127.0.0.1", "--port", str(self.port)]
+            cmd = [
+                python,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(gguf),
+                "--n_threads",
+                str(threads),
+                "--n_threads_batch",
+                str(threads),
+                "--n_ctx",
+                "8192",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ]
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 300
@@ -91,16 +139,29 @@ class LlamaCpp:
 
 # --context: a text put before the request (one sentence is ~33 tokens of the bundled tokenizer;
 # the prompt's real length is reported from `usage`)
-SENTENCE = ("The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
-            "in a leather book while ships passed in the night. ")
+SENTENCE = (
+    "The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "
+    "in a leather book while ships passed in the night. "
+)
 CONTEXT = {"text": "", "workload": ""}
 
 
 async def one_stream(c: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int) -> dict[str, float]:
-    body = {"model": model, "max_tokens": max_tokens, "stream": True, "temperature": 0, "ignore_eos": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": CONTEXT["text"]
-                          + (CONTEXT["workload"] or f"Write a long story about {SUBJECTS[i % len(SUBJECTS)]} ({i}).")}]}
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        "messages": [
+            {
+                "role": "user",
+                "content": CONTEXT["text"]
+                + (CONTEXT["workload"] or f"Write a long story about {SUBJECTS[i % len(SUBJECTS)]} ({i})."),
+            }
+        ],
+    }
     t0 = time.perf_counter()
     first = last = None
     usage_tokens = None
@@ -123,8 +184,12 @@ async def one_stream(c: httpx.AsyncClient, url: str, model: str, i: int, max_tok
     # per-stream decode: the tokens after the first over the time from the first text to the
     # last output chunk (tokens from `usage`, so chunks of several tokens count right)
     decode = (tokens - 1) / (last - first) if first is not None and last is not None and last > first else float("nan")
-    return {"ttft": first - t0 if first is not None else float("nan"), "decode": decode, "tokens": tokens,
-            "prompt_tokens": prompt_tokens}
+    return {
+        "ttft": first - t0 if first is not None else float("nan"),
+        "decode": decode,
+        "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
+    }
 
 
 async def level(url: str, model: str, streams: int, max_tokens: int, offset: int) -> dict[str, float]:
@@ -139,10 +204,12 @@ async def level(url: str, model: str, streams: int, max_tokens: int, offset: int
         t0 = time.perf_counter()
         results = await asyncio.gather(*(bounded(i) for i in range(requests)))
         wall = time.perf_counter() - t0
-    return {"ttft_p50_ms": 1000 * statistics.median(r["ttft"] for r in results),
-            "per_stream_tok_s": statistics.median(r["decode"] for r in results),
-            "aggregate_tok_s": sum(r["tokens"] for r in results) / wall,
-            "prompt_tokens": statistics.median(r["prompt_tokens"] for r in results)}
+    return {
+        "ttft_p50_ms": 1000 * statistics.median(r["ttft"] for r in results),
+        "per_stream_tok_s": statistics.median(r["decode"] for r in results),
+        "aggregate_tok_s": sum(r["tokens"] for r in results) / wall,
+        "prompt_tokens": statistics.median(r["prompt_tokens"] for r in results),
+    }
 
 
 def main() -> None:
@@ -155,15 +222,29 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds; the lead alternates (default: 2)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (default: 128)")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default: 2, the cores here)")
-    p.add_argument("--context", type=int, default=0, metavar="TOKENS",
-                   help="put ~TOKENS tokens of text before each request (decode at long context; default: 0)")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default=None,
-                   help="one prompt of bench/serving/workloads.py for every request (repetitive work: quote, edit, code, json; "
-                   "default: a different story per request)")
+    p.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="put ~TOKENS tokens of text before each request (decode at long context; default: 0)",
+    )
+    p.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default=None,
+        help="one prompt of bench/serving/workloads.py for every request (repetitive work: quote, edit, code, json; "
+        "default: a different story per request)",
+    )
     p.add_argument("--sluice-arg", action="append", default=[], help="extra `sluice serve` argument (repeatable)")
-    p.add_argument("--sluice-env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment for `sluice serve` and its worker (repeatable), e.g. SLUICE_KERNEL_ISA=avx2 to "
-                   "run the AVX2 kernels on an AVX-512 machine")
+    p.add_argument(
+        "--sluice-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment for `sluice serve` and its worker (repeatable), e.g. SLUICE_KERNEL_ISA=avx2 to "
+        "run the AVX2 kernels on an AVX-512 machine",
+    )
     args = p.parse_args()
     CONTEXT["text"] = SENTENCE * round(args.context / 33)
     CONTEXT["workload"] = WORKLOADS[args.workload] if args.workload else ""
@@ -187,12 +268,20 @@ def main() -> None:
                 for name in order:
                     res = asyncio.run(level(*sides[name], lv, args.max_tokens, 100 * r))
                     figures[name][lv].append(res)
-                    print(f"round {r + 1} {name:9s} x{lv:<3d} TTFT {res['ttft_p50_ms']:7.1f} ms  per stream "
-                          f"{res['per_stream_tok_s']:6.1f} tok/s  aggregate {res['aggregate_tok_s']:6.1f} tok/s  "
-                          f"prompt {res['prompt_tokens']:.0f} tokens",
-                          file=sys.stderr, flush=True)
-        out: dict = {"llama_cpp": llama.kind, "gguf": gguf.name, "max_tokens": args.max_tokens, "rounds": args.rounds,
-                     "load": os.getloadavg()}
+                    print(
+                        f"round {r + 1} {name:9s} x{lv:<3d} TTFT {res['ttft_p50_ms']:7.1f} ms  per stream "
+                        f"{res['per_stream_tok_s']:6.1f} tok/s  aggregate {res['aggregate_tok_s']:6.1f} tok/s  "
+                        f"prompt {res['prompt_tokens']:.0f} tokens",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        out: dict = {
+            "llama_cpp": llama.kind,
+            "gguf": gguf.name,
+            "max_tokens": args.max_tokens,
+            "rounds": args.rounds,
+            "load": os.getloadavg(),
+        }
         print(f"\nllama.cpp side: {llama.kind}", file=sys.stderr)
         print(f"{'level':>6} {'metric':>18} {'sluice':>9} {'llama.cpp':>10} {'ratio':>7}", file=sys.stderr)
         for lv in levels:
@@ -205,8 +294,11 @@ def main() -> None:
         # the rounds' spread: on a shared machine one round's ratio can sit far from the median's
         for lv in levels:
             rounds = out[f"x{lv}_aggregate_tok_s"]["ratio_per_round"]
-            print(f"x{lv} aggregate ratio per round: {' '.join(f'{x:.2f}' for x in rounds)} "
-                  f"(median {statistics.median(rounds):.2f})", file=sys.stderr)
+            print(
+                f"x{lv} aggregate ratio per round: {' '.join(f'{x:.2f}' for x in rounds)} "
+                f"(median {statistics.median(rounds):.2f})",
+                file=sys.stderr,
+            )
         print(json.dumps(out))
     finally:
         if llama is not None:

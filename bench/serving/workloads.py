@@ -21,12 +21,16 @@ TYPOS = (
 CODE = (
     "def summarize(values):\n    x = 0\n    count = 0\n    for value in values:\n        x = x + value\n"
     "        count = count + 1\n    if count == 0:\n        return None\n    mean = x / count\n"
-    "    return {\"total\": x, \"count\": count, \"mean\": mean}\n"
+    '    return {"total": x, "count": count, "mean": mean}\n'
 )
 RECORD = {
-    "id": 4182, "name": "Ada Lovelace", "email": "ada@example.org", "age": 36,
+    "id": 4182,
+    "name": "Ada Lovelace",
+    "email": "ada@example.org",
+    "age": 36,
     "address": {"street": "12 St James's Square", "city": "London", "country": "United Kingdom"},
-    "interests": ["mathematics", "poetry", "the Analytical Engine"], "active": True,
+    "interests": ["mathematics", "poetry", "the Analytical Engine"],
+    "active": True,
 }
 WORKLOADS = {
     "quote": "Repeat the following text exactly, word for word:\n\n" + PARAGRAPH,

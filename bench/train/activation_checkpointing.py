@@ -26,8 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_common import write_model  # noqa: E402
 
-SHAPE = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=8, num_attention_heads=8,
-             num_key_value_heads=4, max_position_embeddings=4096)
+SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=688,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=4096,
+)
 
 
 def make_data(path: Path) -> None:
@@ -58,25 +64,60 @@ def main() -> int:
         make_data(data)
         for i, ckpt in enumerate((False, True, False, True)):
             out = Path(tmp) / f"ac{i}"
-            cmd = [sys.executable, "-m", "sluice.cli", "train", "run", "--data", str(data), "--out", str(out),
-                   "--model", str(model), "--nproc", "1", "--max-steps", str(args.steps), "--seq-len", args.seq_len,
-                   "--batch-size", args.batch_size, "--lr", "1e-3", "--threads", "1",
-                   *(["--activation-checkpointing"] if ckpt else [])]
-            peak = subprocess.run([sys.executable, __file__, "--one", *cmd], check=True, capture_output=True,
-                                  text=True).stdout.split()[-1]
+            cmd = [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "train",
+                "run",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--model",
+                str(model),
+                "--nproc",
+                "1",
+                "--max-steps",
+                str(args.steps),
+                "--seq-len",
+                args.seq_len,
+                "--batch-size",
+                args.batch_size,
+                "--lr",
+                "1e-3",
+                "--threads",
+                "1",
+                *(["--activation-checkpointing"] if ckpt else []),
+            ]
+            peak = subprocess.run(
+                [sys.executable, __file__, "--one", *cmd], check=True, capture_output=True, text=True
+            ).stdout.split()[-1]
             m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
             results[ckpt].append((int(peak) / 1024, [(x["step_time"], x["cpu_time"]) for x in m[1:]], m[-1]["loss"]))
-    rows = [(ckpt, max(r[0] for r in runs), min(t for r in runs for t, _ in r[1]),
-             min(c for r in runs for _, c in r[1]), runs[-1][2]) for ckpt, runs in results.items()]
+    rows = [
+        (
+            ckpt,
+            max(r[0] for r in runs),
+            min(t for r in runs for t, _ in r[1]),
+            min(c for r in runs for _, c in r[1]),
+            runs[-1][2],
+        )
+        for ckpt, runs in results.items()
+    ]
     (_, base_mem, base_time, base_cpu, _), (_, mem, t, cpu, _) = rows
-    print(f"random Llama {SHAPE['num_hidden_layers']} layers x {SHAPE['hidden_size']}, one process, fp32 CPU, "
-          f"batch {args.batch_size} x {args.seq_len} tokens, {args.steps} steps\n")
+    print(
+        f"random Llama {SHAPE['num_hidden_layers']} layers x {SHAPE['hidden_size']}, one process, fp32 CPU, "
+        f"batch {args.batch_size} x {args.seq_len} tokens, {args.steps} steps\n"
+    )
     print("| activation checkpointing | peak RSS (MiB) | step time (s, fastest) | CPU s per step (least) | last loss |")
     print("|---|---:|---:|---:|---:|")
     for ckpt, peak_mib, step, step_cpu, loss in rows:
         print(f"| {'on' if ckpt else 'off'} | {peak_mib:,.0f} | {step:.2f} | {step_cpu:.2f} | {loss:.4f} |")
-    print(f"\nsaved {base_mem - mem:,.0f} MiB ({(base_mem - mem) / base_mem:.0%} of the peak); "
-          f"step time x{t / base_time:.2f}, CPU time x{cpu / base_cpu:.2f}")
+    print(
+        f"\nsaved {base_mem - mem:,.0f} MiB ({(base_mem - mem) / base_mem:.0%} of the peak); "
+        f"step time x{t / base_time:.2f}, CPU time x{cpu / base_cpu:.2f}"
+    )
     return 0
 
 

@@ -49,9 +49,16 @@ def measure() -> dict[str, float]:
     from sluice.train.trainer import Trainer
 
     os.environ.pop("SLUICE_TRAIN_FAULT", None)
-    trainer = SimpleNamespace(rank=0, dims=SimpleNamespace(world=1), stop=SimpleNamespace(set=False),
-                              ckpt=SimpleNamespace(wait=lambda: None), model=SimpleNamespace(module=torch.nn.Linear(4, 4)),
-                              run_dir=Path("."), group=0, faults=None)  # faults: this tree's Trainer read none
+    trainer = SimpleNamespace(
+        rank=0,
+        dims=SimpleNamespace(world=1),
+        stop=SimpleNamespace(set=False),
+        ckpt=SimpleNamespace(wait=lambda: None),
+        model=SimpleNamespace(module=torch.nn.Linear(4, 4)),
+        run_dir=Path("."),
+        group=0,
+        faults=None,
+    )  # faults: this tree's Trainer read none
     loss = torch.zeros((), dtype=torch.float64)
 
     def train_step() -> None:
@@ -59,8 +66,9 @@ def measure() -> dict[str, float]:
         Trainer._fault(trainer, FaultPoint.AFTER_BACKWARD, 3, loss)  # type: ignore[arg-type]
 
     out = SimpleNamespace(chunks=[SimpleNamespace(request=SimpleNamespace(seed=None))] * 8)
-    engine = SimpleNamespace(runner=SimpleNamespace(execute=lambda o: o),
-                             config=SimpleNamespace(fault_fail_seed=None))  # what an earlier tree read
+    engine = SimpleNamespace(
+        runner=SimpleNamespace(execute=lambda o: o), config=SimpleNamespace(fault_fail_seed=None)
+    )  # what an earlier tree read
 
     def engine_step() -> None:
         LLMEngine._execute(engine, out)  # type: ignore[arg-type]
@@ -72,9 +80,11 @@ def measure() -> dict[str, float]:
         noop(trainer, FaultPoint.STEP_START, 3)
         noop(trainer, FaultPoint.AFTER_BACKWARD, 3, loss)
 
-    return {"train_step_ns": round(_best_ns(train_step, CALLS // 10), 1),
-            "two_empty_calls_ns": round(_best_ns(bare_calls, CALLS // 10), 1),
-            "engine_step_ns": round(_best_ns(engine_step), 1)}
+    return {
+        "train_step_ns": round(_best_ns(train_step, CALLS // 10), 1),
+        "two_empty_calls_ns": round(_best_ns(bare_calls, CALLS // 10), 1),
+        "engine_step_ns": round(_best_ns(engine_step), 1),
+    }
 
 
 def main() -> None:
@@ -93,8 +103,11 @@ def main() -> None:
         for name, src in trees.items():
             env = {**os.environ, "PYTHONPATH": src}
             env.pop("SLUICE_TRAIN_FAULT", None)
-            got = json.loads(subprocess.run([sys.executable, __file__, "--child"], env=env, check=True,
-                                            capture_output=True, text=True).stdout)
+            got = json.loads(
+                subprocess.run(
+                    [sys.executable, __file__, "--child"], env=env, check=True, capture_output=True, text=True
+                ).stdout
+            )
             log(f"round {r + 1}: {name} {got}")
             best[name] = {k: min(v, best.get(name, {}).get(k, float("inf"))) for k, v in got.items()}
     print(json.dumps(best, indent=1))

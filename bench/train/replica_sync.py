@@ -25,8 +25,17 @@ from pathlib import Path
 def make_data(path: Path) -> None:
     with path.open("w") as f:
         for i in range(200):
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
-                                             {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"What is {i} plus {i}?"},
+                            {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+                        ]
+                    }
+                )
+                + "\n"
+            )
 
 
 def main() -> int:
@@ -36,25 +45,60 @@ def main() -> int:
     ap.add_argument("--model", default="random:tiny")
     ap.add_argument("--seq-len", default="128")
     args = ap.parse_args()
-    variants = [("DDP, 2 ranks", []),
-                ("replica groups, gradients every step", ["--replica-groups", "2"]),
-                (f"LocalSGD, parameters every {args.sync_every} steps",
-                 ["--replica-groups", "2", "--replica-sync", "local_sgd", "--sync-every", str(args.sync_every)]),
-                (f"DiLoCo, every {args.sync_every} steps",
-                 ["--replica-groups", "2", "--replica-sync", "diloco", "--sync-every", str(args.sync_every)])]
+    variants = [
+        ("DDP, 2 ranks", []),
+        ("replica groups, gradients every step", ["--replica-groups", "2"]),
+        (
+            f"LocalSGD, parameters every {args.sync_every} steps",
+            ["--replica-groups", "2", "--replica-sync", "local_sgd", "--sync-every", str(args.sync_every)],
+        ),
+        (
+            f"DiLoCo, every {args.sync_every} steps",
+            ["--replica-groups", "2", "--replica-sync", "diloco", "--sync-every", str(args.sync_every)],
+        ),
+    ]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.jsonl"
         make_data(data)
         for i, (name, extra) in enumerate(variants):
             out = Path(tmp) / f"v{i}"
-            cmd = [sys.executable, "-m", "sluice.cli", "train", "run", "--data", str(data), "--out", str(out),
-                   "--model", args.model, "--nproc", "2", "--max-steps", str(args.steps), "--seq-len", args.seq_len,
-                   "--batch-size", "8", "--lr", "1e-3", "--threads", "1", *extra]
+            cmd = [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "train",
+                "run",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--model",
+                args.model,
+                "--nproc",
+                "2",
+                "--max-steps",
+                str(args.steps),
+                "--seq-len",
+                args.seq_len,
+                "--batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+                "--threads",
+                "1",
+                *extra,
+            ]
             subprocess.run(cmd, check=True, capture_output=True)
             m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-            rows.append((name, statistics.mean(x["comm_bytes"] for x in m), statistics.median(x["step_time"] for x in m),
-                         statistics.mean(x["loss"] for x in m[-5:])))
+            rows.append(
+                (
+                    name,
+                    statistics.mean(x["comm_bytes"] for x in m),
+                    statistics.median(x["step_time"] for x in m),
+                    statistics.mean(x["loss"] for x in m[-5:]),
+                )
+            )
     base_bytes, _, base_loss = rows[0][1:]
     print(f"{args.model}, 2 processes (gloo), {args.steps} steps, global batch 8 x {args.seq_len} tokens\n")
     print("| exchange | bytes/step/rank | vs DDP | step time (ms, median) | loss (last 5) | vs DDP |")

@@ -38,8 +38,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    configs = [("none", []), ("async", ["--checkpoint-every", str(args.every)]),
-               ("sync", ["--checkpoint-every", str(args.every), "--sync-checkpoint"])]
+    configs = [
+        ("none", []),
+        ("async", ["--checkpoint-every", str(args.every)]),
+        ("sync", ["--checkpoint-every", str(args.every), "--sync-checkpoint"]),
+    ]
     means: dict[str, list[float]] = {name: [] for name, _ in configs}
     held: dict[str, list[float]] = {name: [] for name, _ in configs}
     cpu: dict[str, list[float]] = {name: [] for name, _ in [*configs, ("start", [])]}
@@ -49,29 +52,52 @@ def main() -> int:
         data = write_data(tmp_path / "data.jsonl")
 
         def run(out: str, steps: int, flags: list[str], into: list[float]) -> list[dict]:
-            return sluice_in_process("--data", str(data), "--out", str(tmp_path / out), "--model", str(model),
-                                     "--nproc", "1", "--threads", "1", "--seq-len", "128", "--batch-size", "8",
-                                     "--lr", "1e-3", "--max-steps", str(steps), *flags, cpu=into)
+            return sluice_in_process(
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / out),
+                "--model",
+                str(model),
+                "--nproc",
+                "1",
+                "--threads",
+                "1",
+                "--seq-len",
+                "128",
+                "--batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+                "--max-steps",
+                str(steps),
+                *flags,
+                cpu=into,
+            )
 
         for r in range(args.rounds):
             run(f"start-{r}", 2, [], cpu["start"])
             for name, flags in configs:
-                lines = run(f"{name}-{r}", args.steps, flags, cpu[name])[args.warmup:-1]
+                lines = run(f"{name}-{r}", args.steps, flags, cpu[name])[args.warmup : -1]
                 means[name].append(statistics.mean(x["step_time"] for x in lines))
                 held[name].append(sum(x["checkpoint_time"] for x in lines) / sum(x["step_time"] for x in lines))
         state_mb = sum(p.stat().st_size for p in (tmp_path / "sync-0" / "checkpoints").rglob("*") if p.is_file()) / 1e6
     med = {k: statistics.median(v) for k, v in cpu.items()}
     step_cpu = (med["none"] - med["start"]) / (args.steps - 2)  # CPU seconds of one step without checkpoints
-    print(f"random Llama ~0.7 M parameters (a checkpoint: {state_mb:.1f} MB, weights + AdamW state), 8 x 128 tokens "
-          f"per step, a checkpoint every {args.every} steps, {args.steps} steps x {args.rounds} rounds (medians), "
-          f"1 thread, load average {os.getloadavg()[0]:.1f}\n")
+    print(
+        f"random Llama ~0.7 M parameters (a checkpoint: {state_mb:.1f} MB, weights + AdamW state), 8 x 128 tokens "
+        f"per step, a checkpoint every {args.every} steps, {args.steps} steps x {args.rounds} rounds (medians), "
+        f"1 thread, load average {os.getloadavg()[0]:.1f}\n"
+    )
     print("| checkpoints | held (share of step time) | CPU overhead per step | wall: mean step (ms) | wall overhead |")
     print("|---|---:|---:|---:|---:|")
     base = statistics.median(means["none"])
     for name, _ in configs:
         extra = (med[name] - med["none"]) / args.steps / step_cpu
         wall = statistics.median(means[name])
-        print(f"| {name} | {statistics.median(held[name]):.1%} | {extra:+.1%} | {wall * 1e3:.0f} | {wall / base - 1:+.1%} |")
+        print(
+            f"| {name} | {statistics.median(held[name]):.1%} | {extra:+.1%} | {wall * 1e3:.0f} | {wall / base - 1:+.1%} |"
+        )
     print(f"\none step without checkpoints: {step_cpu * 1e3:.0f} ms of CPU")
     return 0
 

@@ -13,8 +13,14 @@ from pathlib import Path
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ~0.7 M parameters: a step of 8 × 128 tokens takes a few hundred ms on one CPU core
-SHAPE = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=1024)
+SHAPE = dict(
+    hidden_size=128,
+    intermediate_size=344,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
 
 
 def write_model(path: Path, shape: dict = SHAPE, seed: int = 0) -> Path:
@@ -30,29 +36,55 @@ def write_model(path: Path, shape: dict = SHAPE, seed: int = 0) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL)
-    config = transformers.LlamaConfig(**shape, vocab_size=len(vocab), eos_token_id=2, bos_token_id=1,
-                                      tie_word_embeddings=True, rope_theta=10000.0)
+    config = transformers.LlamaConfig(
+        **shape, vocab_size=len(vocab), eos_token_id=2, bos_token_id=1, tie_word_embeddings=True, rope_theta=10000.0
+    )
     torch.manual_seed(seed)
     transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": None,
-                                                            "add_bos_token": False}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "bos_token": None, "add_bos_token": False})
+    )
     return path
 
 
 def write_data(path: Path, n: int = 400) -> Path:
     with path.open("w") as f:
         for i in range(n):
-            f.write(json.dumps({"system": "Answer in one sentence.", "messages": [
-                {"role": "user", "content": f"What is {i} plus {i}, and is it even?"},
-                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}, which is even like every double."}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "system": "Answer in one sentence.",
+                        "messages": [
+                            {"role": "user", "content": f"What is {i} plus {i}, and is it even?"},
+                            {
+                                "role": "assistant",
+                                "content": f"{i} plus {i} is {2 * i}, which is even like every double.",
+                            },
+                        ],
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
 def sluice_train(data: Path, out: Path, model: Path, *flags: str, env: dict | None = None) -> list[dict]:
     """`sluice train run` to completion; its metrics.jsonl lines."""
-    cmd = [sys.executable, "-m", "sluice.cli", "train", "run", "--data", str(data), "--out", str(out),
-           "--model", str(model), *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sluice.cli",
+        "train",
+        "run",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--model",
+        str(model),
+        *flags,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if proc.returncode:
         raise SystemExit(f"sluice train run failed:\n{proc.stderr[-3000:]}")
@@ -81,8 +113,16 @@ def sluice_in_process(*argv: str, cpu: list[float] | None = None) -> list[dict]:
 
     settings = settings_from_args(build_parser().parse_args(["train", "run", *argv]))
     launch.prepare(settings)
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port()), "RANK": "0",
-                       "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(launch.free_port()),
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+        }
+    )
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     started = time.process_time()
     try:

@@ -24,8 +24,17 @@ HOOKS = ["none", "fp16", "bf16", "powersgd", "topk"]
 def make_data(path: Path) -> None:
     with path.open("w") as f:
         for i in range(200):
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
-                                             {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"What is {i} plus {i}?"},
+                            {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+                        ]
+                    }
+                )
+                + "\n"
+            )
 
 
 def main() -> int:
@@ -40,23 +49,54 @@ def main() -> int:
         make_data(data)
         for hook in HOOKS:
             out = Path(tmp) / hook
-            cmd = [sys.executable, "-m", "sluice.cli", "train", "run", "--data", str(data), "--out", str(out),
-                   "--model", args.model, "--nproc", "2", "--max-steps", str(args.steps), "--seq-len", args.seq_len,
-                   "--batch-size", "8", "--lr", "1e-3", "--compression", hook, "--threads", "1"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "train",
+                "run",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--model",
+                args.model,
+                "--nproc",
+                "2",
+                "--max-steps",
+                str(args.steps),
+                "--seq-len",
+                args.seq_len,
+                "--batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+                "--compression",
+                hook,
+                "--threads",
+                "1",
+            ]
             subprocess.run(cmd, check=True, capture_output=True)
             m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
             steady = m[2:] or m  # PowerSGD sends everything for its first two steps
-            rows.append((hook, statistics.median(x["comm_bytes"] for x in steady),
-                         statistics.median(x["step_time"] for x in steady),
-                         statistics.median(x["comm_time"] for x in steady),
-                         statistics.mean(x["loss"] for x in m[-5:])))
+            rows.append(
+                (
+                    hook,
+                    statistics.median(x["comm_bytes"] for x in steady),
+                    statistics.median(x["step_time"] for x in steady),
+                    statistics.median(x["comm_time"] for x in steady),
+                    statistics.mean(x["loss"] for x in m[-5:]),
+                )
+            )
     base_bytes, base_time, _, base_loss = rows[0][1:]
     print(f"{args.model}, 2 ranks DDP (gloo), {args.steps} steps, batch 8 x {args.seq_len} tokens\n")
     print("| hook | bytes/step/rank | vs none | step time (ms) | comm time (ms) | loss (last 5) | vs none |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for hook, b, t, c, loss in rows:
-        print(f"| {hook} | {b:,.0f} | {b / base_bytes:.3f}x | {t * 1e3:.1f} | {c * 1e3:.1f} | {loss:.4f} | "
-              f"{loss - base_loss:+.4f} |")
+        print(
+            f"| {hook} | {b:,.0f} | {b / base_bytes:.3f}x | {t * 1e3:.1f} | {c * 1e3:.1f} | {loss:.4f} | "
+            f"{loss - base_loss:+.4f} |"
+        )
     return 0
 
 

@@ -29,8 +29,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 SEQ, ROWS, VOCAB = 64, 16, 512
-SHAPE = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=8, num_attention_heads=4,
-             num_key_value_heads=4, max_position_embeddings=SEQ)
+SHAPE = dict(
+    hidden_size=128,
+    intermediate_size=344,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=SEQ,
+)
 
 
 def _model():
@@ -62,6 +68,7 @@ def _count_compute() -> None:
                 return fn(*args, **kwargs)
             finally:
                 BUSY[0] += time.perf_counter() - t0
+
         return run
 
     _PipelineStageBase.forward_one_chunk = timed(_PipelineStageBase.forward_one_chunk)
@@ -106,8 +113,8 @@ def _pipelined(schedule, micro_batches: int, steps: int) -> tuple[float, float, 
 
 
 def _worker(rank: int, world: int, port: int, micros: list[int], steps: int) -> None:
-    from sluice.train.parallel.fit import bubble_fraction
     from sluice.train.parallel.dims import PipelineSchedule as Schedule
+    from sluice.train.parallel.fit import bubble_fraction
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -124,9 +131,11 @@ def _worker(rank: int, world: int, port: int, micros: list[int], steps: int) -> 
                 raise SystemExit(f"{schedule.value} m={m}: loss {loss} != one process {ref_loss}")
             rows.append((m, schedule.value, step, idle, bubble_fraction(world, m)))
     if rank == 0:
-        print(f"{world} stages x {SHAPE['num_hidden_layers'] // world} layers (hidden {SHAPE['hidden_size']}), "
-              f"batch {ROWS} x {SEQ} tokens, gloo, 1 thread per rank, median of {steps} steps; "
-              "losses equal one process's (rel 1e-5) for every row\n")
+        print(
+            f"{world} stages x {SHAPE['num_hidden_layers'] // world} layers (hidden {SHAPE['hidden_size']}), "
+            f"batch {ROWS} x {SEQ} tokens, gloo, 1 thread per rank, median of {steps} steps; "
+            "losses equal one process's (rel 1e-5) for every row\n"
+        )
         print("| m | schedule | step (ms) | bubble measured | (p−1)/(m+p−1) |")
         print("|---:|---|---:|---:|---:|")
         for m, name, step, idle, ideal in rows:

@@ -77,8 +77,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     threads = 1
-    common = ["--seq-len", str(SEQ), "--batch-size", str(BATCH), "--lr", "1e-3", "--max-steps", str(args.steps),
-              "--threads", str(threads)]
+    common = [
+        "--seq-len",
+        str(SEQ),
+        "--batch-size",
+        str(BATCH),
+        "--lr",
+        "1e-3",
+        "--max-steps",
+        str(args.steps),
+        "--threads",
+        str(threads),
+    ]
     per_round: dict[str, list[float]] = {PLAIN: [], ONE: []}
     mfus: list[float] = []
     results: dict[str, float] = {}
@@ -91,10 +101,11 @@ def main() -> int:
         # one process: the plain loop and sluice's loop alternate in rounds, in this process
         for r in range(args.rounds):
             times, cpus = plain_loop(str(model), args.steps, threads)
-            per_round[PLAIN].append(BATCH * SEQ / statistics.median(times[args.warmup:]))
-            cpu_rounds[PLAIN].append(statistics.median(cpus[args.warmup:]))
-            lines = sluice_in_process("--data", str(data), "--out", str(tmp_path / f"one-{r}"), "--model", str(model),
-                                      "--nproc", "1", *common)[args.warmup:]
+            per_round[PLAIN].append(BATCH * SEQ / statistics.median(times[args.warmup :]))
+            cpu_rounds[PLAIN].append(statistics.median(cpus[args.warmup :]))
+            lines = sluice_in_process(
+                "--data", str(data), "--out", str(tmp_path / f"one-{r}"), "--model", str(model), "--nproc", "1", *common
+            )[args.warmup :]
             per_round[ONE].append(BATCH * SEQ / median(lines, "step_time"))
             mfus.append(median(lines, "mfu"))
             cpu_rounds[ONE].append(median(lines, "cpu_time"))
@@ -102,16 +113,30 @@ def main() -> int:
         cpu[PLAIN], cpu[ONE] = min(cpu_rounds[PLAIN]), min(cpu_rounds[ONE])
         # two processes: torchrun groups, once each
         for name, flags in [(DDP2, []), (FSDP2, ["--parallel", "fsdp"])]:
-            lines = steady(sluice_train(data, tmp_path / name.split(",")[1].strip().replace(" ", "-"), model,
-                                        *common, "--nproc", "2", *flags), args.warmup)
+            lines = steady(
+                sluice_train(
+                    data,
+                    tmp_path / name.split(",")[1].strip().replace(" ", "-"),
+                    model,
+                    *common,
+                    "--nproc",
+                    "2",
+                    *flags,
+                ),
+                args.warmup,
+            )
             results[name] = BATCH * SEQ / median(lines, "step_time")
             cpu[name] = median(lines, "cpu_time")
     one, plain = results[ONE], results[PLAIN]
-    print(f"random Llama ~0.7 M parameters, {BATCH} x {SEQ} tokens per step, {args.steps} steps (median after "
-          f"{args.warmup}; one process: best of {args.rounds} alternating rounds), 1 thread per process, "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
-    print("| configuration | tokens/s | vs plain loop | scaling efficiency (wall) | CPU per step per rank (ms) "
-          "| scaling efficiency (CPU) |")
+    print(
+        f"random Llama ~0.7 M parameters, {BATCH} x {SEQ} tokens per step, {args.steps} steps (median after "
+        f"{args.warmup}; one process: best of {args.rounds} alternating rounds), 1 thread per process, "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n"
+    )
+    print(
+        "| configuration | tokens/s | vs plain loop | scaling efficiency (wall) | CPU per step per rank (ms) "
+        "| scaling efficiency (CPU) |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for name, tps in results.items():
         procs = 2 if name in (DDP2, FSDP2) else 1

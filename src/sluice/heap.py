@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-from typing import Callable
+from collections.abc import Callable
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

@@ -83,8 +83,10 @@ def report(source: str, lines: dict[KeyPath, int], found: Sequence[Problem]) -> 
     """One line per problem, in file order (problems without a line last)."""
     located = [(line_of(lines, loc), loc, msg) for loc, msg in found]
     located.sort(key=lambda t: (t[0] is None, t[0] or 0))
-    return [f"{source}:{line}: {dotted_path(loc)}: {msg}" if line is not None else f"{source}: {dotted_path(loc)}: {msg}"
-            for line, loc, msg in located]
+    return [
+        f"{source}:{line}: {dotted_path(loc)}: {msg}" if line is not None else f"{source}: {dotted_path(loc)}: {msg}"
+        for line, loc, msg in located
+    ]
 
 
 def validate(

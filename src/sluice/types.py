@@ -99,7 +99,9 @@ class GuidedDecoding:
         if self.kind is not GuidedKind.TOOL_CALLS:
             return
         if self.calls is None or not self.calls.trigger or not self.calls.begin.startswith(self.calls.trigger):
-            raise InvalidRequestError("guided decoding: tool calls need a call syntax whose begin starts with its trigger")
+            raise InvalidRequestError(
+                "guided decoding: tool calls need a call syntax whose begin starts with its trigger"
+            )
         high = self.min_calls if self.max_calls is None else self.max_calls
         if not 0 <= self.min_calls <= high <= INT32_MAX:  # int32 on the worker protocol
             raise InvalidRequestError(f"guided decoding: bad call bounds {self.min_calls}..{self.max_calls}")

@@ -22,11 +22,40 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
 from tests.paths import ROOT
 
 SRC = ROOT / "src" / "sluice"
-ORDER = ["cli", "api", "serving", "gateway|safety", "streaming", "routing", "observability", "worker", "engine", "models"]
-LEAVES = {"types", "config", "common", "errors", "tool_types", "request_context", "trace_context", "redis_client", "aio", "toml_lines", "toml_config", "parent_death", "heap", "openmp_wait", "thread_name", "__init__"}
+ORDER = [
+    "cli",
+    "api",
+    "serving",
+    "gateway|safety",
+    "streaming",
+    "routing",
+    "observability",
+    "worker",
+    "engine",
+    "models",
+]
+LEAVES = {
+    "types",
+    "config",
+    "common",
+    "errors",
+    "tool_types",
+    "request_context",
+    "trace_context",
+    "redis_client",
+    "aio",
+    "toml_lines",
+    "toml_config",
+    "parent_death",
+    "heap",
+    "openmp_wait",
+    "thread_name",
+    "__init__",
+}
 # common/: what the systems share, one leaf module per concept (docs/ARCHITECTURE.md lists them)
 COMMON_LEAVES = {"api_keys", "s3", "backoff", "uvicorn_protocol", "fault_spec", "__init__"}
 RANK = {pkg: i for i, group in enumerate(ORDER) for pkg in group.split("|")}
@@ -77,7 +106,9 @@ def test_every_package_has_a_place_in_the_order():
 
 def test_every_shared_leaf_is_declared():
     found = {p.stem for p in (SRC / "common").glob("*.py")}
-    assert found == COMMON_LEAVES, f"declare the modules of common/ in COMMON_LEAVES (and docs/ARCHITECTURE.md): {found ^ COMMON_LEAVES}"
+    assert found == COMMON_LEAVES, (
+        f"declare the modules of common/ in COMMON_LEAVES (and docs/ARCHITECTURE.md): {found ^ COMMON_LEAVES}"
+    )
 
 
 def test_no_import_points_up_or_sideways():
@@ -89,8 +120,11 @@ def test_no_import_points_up_or_sideways():
             back_edges += [f"{rel} (a leaf) imports sluice.{t}" for t in _imports(path) if t not in LEAVES]
             continue
         if owner in TOWERS:
-            back_edges += [f"{rel} (the {owner} tower) imports sluice.{t}" for t in _imports(path)
-                           if t != owner and t not in LEAVES and t not in TOWERS[owner]]
+            back_edges += [
+                f"{rel} (the {owner} tower) imports sluice.{t}"
+                for t in _imports(path)
+                if t != owner and t not in LEAVES and t not in TOWERS[owner]
+            ]
             continue
         if owner not in RANK:
             continue
@@ -137,7 +171,7 @@ def floor_violations(pkg: str, order: list[str], leaves: set[str]) -> list[str]:
             continue
         for module in _modules(path):
             parts = module.split(".")
-            if parts[:len(prefix)] != prefix or len(parts) <= len(prefix):
+            if parts[: len(prefix)] != prefix or len(parts) <= len(prefix):
                 continue
             target = parts[len(prefix)]
             if target in leaves or target == owner or target not in rank:
@@ -154,8 +188,9 @@ def test_search_floors_point_down():
     router = {p.name.removesuffix(".py") for p in (SRC / "search" / "router").iterdir() if not p.name.startswith("__")}
     placed = {x for g in ROUTER_ORDER for x in g.split("|")}
     assert router <= placed, f"place these in ROUTER_ORDER: {router - placed}"
-    bad = (floor_violations("search", SEARCH_ORDER, SEARCH_LEAVES)
-           + floor_violations("search.router", ROUTER_ORDER, {"__init__"}))
+    bad = floor_violations("search", SEARCH_ORDER, SEARCH_LEAVES) + floor_violations(
+        "search.router", ROUTER_ORDER, {"__init__"}
+    )
     assert not bad, "search imports against its floors:\n" + "\n".join(bad)
 
 
@@ -217,11 +252,19 @@ def test_no_import_cycles_between_files():
         if v not in index:
             visit(v)
     # a package's __init__ that re-exports its modules is not a cycle of concepts
-    cycles = [c for c in cycles if not all(m.endswith("__init__") or any(m == o.rsplit(".", 1)[0] for o in c) for m in c)]
+    cycles = [
+        c for c in cycles if not all(m.endswith("__init__") or any(m == o.rsplit(".", 1)[0] for o in c) for m in c)
+    ]
     assert not cycles, "files that import each other in a loop:\n" + "\n".join(" ↔ ".join(c) for c in cycles)
 
 
 def test_no_folder_holds_more_than_twenty_modules():
-    crowded = {str(d.relative_to(SRC)): n for d in [SRC, *SRC.rglob("*")] if d.is_dir() and "__pycache__" not in d.parts
-               and "proto" not in d.parts and (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 20}
+    crowded = {
+        str(d.relative_to(SRC)): n
+        for d in [SRC, *SRC.rglob("*")]
+        if d.is_dir()
+        and "__pycache__" not in d.parts
+        and "proto" not in d.parts
+        and (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 20
+    }
     assert not crowded, f"split these folders by concept: {crowded}"

@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse
 
 from sluice.api import openapi_doc as doc
 from sluice.api.errors import STATUS_FOR_KIND, ApiError, bad_request
-from sluice.common.api_keys import KeyDigests, presented_key
 from sluice.api.json_body import json_object
+from sluice.common.api_keys import KeyDigests, presented_key
 from sluice.serving.adapter_admin import AdapterAdmin
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.runtime import ServingRuntime
@@ -48,8 +48,12 @@ class AdminGuard:
             raise ApiError(404, f"Not found: {request.method} {request.url.path}", type="not_found_error")
         if not self._key.matches(presented_key(request.headers) or _basic_password(request)):
             # Basic lets a browser ask for the key (the status page); the SDK-style headers work too
-            raise ApiError(401, "the admin API needs the admin key", type="authentication_error",
-                           headers={"www-authenticate": 'Basic realm="sluice admin"'})
+            raise ApiError(
+                401,
+                "the admin API needs the admin key",
+                type="authentication_error",
+                headers={"www-authenticate": 'Basic realm="sluice admin"'},
+            )
 
 
 def _basic_password(request: Request) -> str | None:
@@ -92,7 +96,10 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
     async def fleet_status(request: Request) -> Any:
         return admin(request).status()
 
-    @router.put("/admin/fleet/models/{model:path}/weights", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    @router.put(
+        "/admin/fleet/models/{model:path}/weights",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)),
+    )
     async def set_weights(model: str, request: Request) -> Any:
         ops = admin(request)
         body = await _body(request)
@@ -106,7 +113,10 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
         except AdminError as exc:
             return _refused(request, exc)
 
-    @router.post("/admin/fleet/models/{model:path}/rollout", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    @router.post(
+        "/admin/fleet/models/{model:path}/rollout",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)),
+    )
     async def start_rollout(model: str, request: Request) -> Any:
         ops = admin(request)
         body = await _body(request)
@@ -118,7 +128,10 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
         except AdminError as exc:
             return _refused(request, exc)
 
-    @router.post("/admin/fleet/models/{model:path}/rollback", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    @router.post(
+        "/admin/fleet/models/{model:path}/rollback",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)),
+    )
     async def rollback(model: str, request: Request) -> Any:
         ops = admin(request)
         try:
@@ -134,20 +147,31 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
     async def list_adapters(request: Request) -> Any:
         return adapters(request).listing()
 
-    @router.post("/admin/fleet/adapters", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409, 529)))
+    @router.post(
+        "/admin/fleet/adapters", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409, 529))
+    )
     async def load_adapter(request: Request) -> Any:
         ops = adapters(request)
         body = await _body(request)
         name, path, base = body.get("name"), body.get("path"), body.get("base")
-        if set(body) - {"name", "path", "base"} or not isinstance(name, str) or not isinstance(path, str) \
-                or not name or not path or (base is not None and (not isinstance(base, str) or not base)):
+        if (
+            set(body) - {"name", "path", "base"}
+            or not isinstance(name, str)
+            or not isinstance(path, str)
+            or not name
+            or not path
+            or (base is not None and (not isinstance(base, str) or not base))
+        ):
             raise bad_request('the body must be {"name": NAME, "path": PATH[, "base": "MODEL/VERSION"]}')
         try:
             return await ops.load(name, path, base)
         except AdminError as exc:
             return _refused(request, exc)
 
-    @router.delete("/admin/fleet/adapters/{name:path}", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
+    @router.delete(
+        "/admin/fleet/adapters/{name:path}",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)),
+    )
     async def unload_adapter(name: str, request: Request) -> Any:
         ops = adapters(request)
         try:

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice import __version__
-from sluice.api import admin, status_page
-from sluice.api import openapi_doc
+from sluice.api import admin, openapi_doc, status_page
 from sluice.api.anthropic import batches, resume
-from sluice.api.auth import TIER_STATE
 from sluice.api.anthropic import routes as anthropic_routes
+from sluice.api.auth import TIER_STATE
 from sluice.api.errors import ApiError, api_error_for
 from sluice.api.middleware import RequestContextMiddleware, error_response
-from sluice.api.openai import completions_routes, lora_routes
+from sluice.api.openai import completions_routes, lora_routes, tokenize_routes
 from sluice.api.openai import routes as openai_routes
-from sluice.api.openai import tokenize_routes
 from sluice.gateway.authenticator import OpenAccess
 from sluice.serving.errors import ServingError
 from sluice.serving.metrics_scrape import scrape
@@ -47,8 +46,12 @@ def _count_response(scope: dict, status: int, rt: ServingRuntime, headers: list[
 def create_app(rt: ServingRuntime) -> FastAPI:
     docs = rt.settings.openapi
     app = FastAPI(
-        title="sluice", version=__version__, description=DESCRIPTION,
-        openapi_url="/openapi.json" if docs else None, docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+        title="sluice",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_url="/openapi.json" if docs else None,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
     )
     app.state.runtime = rt
     openapi_doc.install(app, rt.settings, isinstance(rt.authenticator, OpenAccess))

@@ -16,7 +16,6 @@ from sluice.gateway.authenticator import Authenticator
 from sluice.gateway.principal import Principal
 from sluice.trace_context import tracer
 
-
 TIER_STATE = "tier"  # request.state key: the caller's tier, for the request metrics' `tier` label
 
 

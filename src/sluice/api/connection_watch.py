@@ -133,7 +133,9 @@ class ConnectionWatch:
         peer = state.transport.get_extra_info("peername")
         log.warning(
             "cut a stalled reader %s: %d bytes unacknowledged, none acknowledged for %.1fs",
-            peer[0] if peer else "?", pending, now - state.progress_at,
+            peer[0] if peer else "?",
+            pending,
+            now - state.progress_at,
         )
         if self.on_stall is not None:
             self.on_stall(state)

@@ -86,7 +86,10 @@ class ApiError(Exception):
             self.headers.setdefault("x-should-retry", "false")
 
     def anthropic_body(self, request_id: str | None) -> dict[str, Any]:
-        error: dict[str, Any] = {"type": self.type or ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message}
+        error: dict[str, Any] = {
+            "type": self.type or ANTHROPIC_TYPES.get(self.status, "api_error"),
+            "message": self.message,
+        }
         if self.code:
             error["details"] = {"error_code": self.code}
         return {"type": "error", "error": error, "request_id": request_id}
@@ -117,8 +120,17 @@ def retry_headers(seconds: float) -> dict[str, str]:
 
 
 def is_openai_path(path: str) -> bool:
-    return path.startswith(("/v1/chat/", "/v1/completions", "/openai/", "/tokenize", "/detokenize",
-                            "/v1/load_lora_adapter", "/v1/unload_lora_adapter"))
+    return path.startswith(
+        (
+            "/v1/chat/",
+            "/v1/completions",
+            "/openai/",
+            "/tokenize",
+            "/detokenize",
+            "/v1/load_lora_adapter",
+            "/v1/unload_lora_adapter",
+        )
+    )
 
 
 def api_error_for(exc: ServingError) -> ApiError:

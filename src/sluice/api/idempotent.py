@@ -30,15 +30,17 @@ Frames = Callable[[AsyncIterator[ReplayEvent]], AsyncIterator[ServerSentEvent]]
 Follow = Callable[[str, int], AsyncIterator[ReplayEvent]]  # a stream's replay log, live, after a seq
 
 
-async def begin(request: Request, rt: ServingRuntime, principal: Principal, sreq: ServingRequest, body: BaseModel,
-                stream: bool) -> Attempt:
+async def begin(
+    request: Request, rt: ServingRuntime, principal: Principal, sreq: ServingRequest, body: BaseModel, stream: bool
+) -> Attempt:
     """This request's attempt: RUN (with a claim when it carries a key), REPLAY or FOLLOW."""
     key = idempotency_key(request)
     if key is None:
         return Attempt(Action.RUN)
     fp = fingerprint(sreq.route.value, body.model_dump(mode="json"))
-    return await rt.idempotency.begin(principal.tenant, key, fp, sreq.request_id if stream else None,
-                                      rt.settings.request_timeout_s)
+    return await rt.idempotency.begin(
+        principal.tenant, key, fp, sreq.request_id if stream else None, rt.settings.request_timeout_s
+    )
 
 
 def reply(payload: dict, headers: dict[str, str]) -> tuple[JSONResponse, StoredReply]:
@@ -47,8 +49,14 @@ def reply(payload: dict, headers: dict[str, str]) -> tuple[JSONResponse, StoredR
     return response, StoredReply(response.status_code, dict(headers), bytes(response.body).decode())
 
 
-def replayed(rt: ServingRuntime, attempt: Attempt, frames: Frames, ping: Callable[[], ServerSentEvent],
-             follow: Follow, after: int = 0) -> Response:
+def replayed(
+    rt: ServingRuntime,
+    attempt: Attempt,
+    frames: Frames,
+    ping: Callable[[], ServerSentEvent],
+    follow: Follow,
+    after: int = 0,
+) -> Response:
     """What a retry gets: the kept JSON reply, or the stream from after event `after` (kept
     events, or `follow(stream_id, after)` while the first attempt still runs)."""
     kept = attempt.reply

@@ -54,7 +54,9 @@ def _text(s: str, path: tuple[str | int, ...]) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad_request(f"{_where(path)}: contains a lone UTF-16 surrogate, which is not valid Unicode text") from None
+        raise bad_request(
+            f"{_where(path)}: contains a lone UTF-16 surrogate, which is not valid Unicode text"
+        ) from None
 
 
 def _where(path: tuple[str | int, ...]) -> str:

@@ -32,7 +32,9 @@ def error_response(err: ApiError, path: str, request_id: str | None) -> JSONResp
 
 class RequestContextMiddleware:
     def __init__(
-        self, app: ASGIApp, max_body_bytes: int,
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
         on_response: Callable[[Scope, int, list[tuple[bytes, bytes]]], None] | None = None,
         body_timeout_s: float = 60.0,
     ):
@@ -80,8 +82,11 @@ class RequestContextMiddleware:
                 async with asyncio.timeout(self.body_timeout_s):
                     body, disconnected = await _read_body(receive, self.max_body_bytes)
             except TimeoutError:
-                slow = ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g}s",
-                                headers={"connection": "close"})
+                slow = ApiError(
+                    408,
+                    f"the request body did not arrive within {self.body_timeout_s:g}s",
+                    headers={"connection": "close"},
+                )
                 await error_response(slow, scope["path"], request_id)(scope, receive, send_with_id)
                 return
             if body is None:

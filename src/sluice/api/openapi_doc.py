@@ -24,6 +24,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from sluice.api.anthropic.batch_schema import BatchCreate
 from sluice.api.anthropic.convert import VERSIONS
 from sluice.api.anthropic.schema import CountTokensRequest, MessagesRequest
 from sluice.api.headers import BACKGROUND_HEADER, CACHE_HEADER, IDEMPOTENCY_HEADER, QUEUE_TIMEOUT_HEADER
@@ -32,7 +33,6 @@ from sluice.api.openai.schema import ChatCompletionRequest
 from sluice.api.openai.tokenize_schema import DetokenizeRequest, TokenizeRequest
 from sluice.api.openapi_models import RESPONSE_MODELS
 from sluice.config import Settings
-from sluice.api.anthropic.batch_schema import BatchCreate
 
 REF = "#/components/schemas/{model}"
 # rules the routes check in their own words (api/anthropic/prompt.py, batches.py), stated for schema readers
@@ -42,7 +42,12 @@ RULES = (
     ("TextBlock", "text", "minLength", 1),  # "text content blocks must be non-empty"
     ("BatchItem", "custom_id", "pattern", "^[A-Za-z0-9_-]{1,64}$"),  # api/anthropic/batches.py CUSTOM_ID
 )
-LENIENT_MODELS = ("MessagesRequest", "CountTokensRequest", "ChatCompletionRequest", "CompletionRequest")  # reject_unknown_fields = false
+LENIENT_MODELS = (
+    "MessagesRequest",
+    "CountTokensRequest",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+)  # reject_unknown_fields = false
 
 
 class Family(str, enum.Enum):
@@ -79,15 +84,21 @@ def header(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
     return {"name": name, "in": "header", "required": False, "schema": schema, "description": description}
 
 
-ANTHROPIC_VERSION = header("anthropic-version", {"type": "string", "enum": list(VERSIONS)},
-                           "the API version; a missing header means `default_anthropic_version`")
+ANTHROPIC_VERSION = header(
+    "anthropic-version",
+    {"type": "string", "enum": list(VERSIONS)},
+    "the API version; a missing header means `default_anthropic_version`",
+)
 IDEMPOTENCY_KEY = header(
-    IDEMPOTENCY_HEADER, {"type": "string", "minLength": 1, "maxLength": 257},
+    IDEMPOTENCY_HEADER,
+    {"type": "string", "minLength": 1, "maxLength": 257},
     "a retry with the same key and body within `idempotency_ttl_s` gets the first attempt's response "
     "(a stream: attaches to it) and is not generated or charged again (docs/API.md)",
 )
 SLUICE_HEADERS = [
-    header(QUEUE_TIMEOUT_HEADER, {"type": "number", "exclusiveMinimum": 0}, "seconds this request may wait for admission"),
+    header(
+        QUEUE_TIMEOUT_HEADER, {"type": "number", "exclusiveMinimum": 0}, "seconds this request may wait for admission"
+    ),
     header(CACHE_HEADER, {"type": "string"}, "`bypass`: skip the response cache"),
 ]
 BACKGROUND = header(BACKGROUND_HEADER, {"type": "string"}, "`true`: keep generating after a disconnect (resume)")
@@ -130,7 +141,10 @@ def operation(
         },
     }
     if body is not None:
-        out["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=body)}}}}
+        out["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": REF.format(model=body)}}},
+        }
     if params:
         out["parameters"] = params
     if public:
@@ -143,8 +157,13 @@ HEALTH = operation(Family.ANTHROPIC, ok="Health", public=True)
 READY = operation(Family.ANTHROPIC, ok="Readiness", public=True)
 READY["responses"]["503"] = {  # not ready (a Readiness body), or the read guard's 503 (an error body)
     "description": "not ready (loading, failed: <why>, draining, unavailable: <why>), or " + _WHY[503],
-    "content": {"application/json": {"schema": {"anyOf": [{"$ref": REF.format(model="Readiness")},
-                                                          {"$ref": REF.format(model=Family.ANTHROPIC.value)}]}}},
+    "content": {
+        "application/json": {
+            "schema": {
+                "anyOf": [{"$ref": REF.format(model="Readiness")}, {"$ref": REF.format(model=Family.ANTHROPIC.value)}]
+            }
+        }
+    },
 }
 METRICS = operation(Family.ANTHROPIC, media="text/plain", public=True)
 
@@ -154,8 +173,15 @@ def document(app: FastAPI, settings: Settings, open_access: bool) -> dict[str, A
     components = doc.setdefault("components", {})
     schemas: dict[str, Any] = components.setdefault("schemas", {})
 
-    requests: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest, BatchCreate, ChatCompletionRequest,
-                                             CompletionRequest, TokenizeRequest, DetokenizeRequest)
+    requests: tuple[type[BaseModel], ...] = (
+        MessagesRequest,
+        CountTokensRequest,
+        BatchCreate,
+        ChatCompletionRequest,
+        CompletionRequest,
+        TokenizeRequest,
+        DetokenizeRequest,
+    )
     _, defs = models_json_schema(
         [(m, "validation") for m in requests] + [(m, "serialization") for m in RESPONSE_MODELS], ref_template=REF
     )

@@ -24,8 +24,15 @@ class ErrorCode(_Doc):
 
 class AnthropicErrorDetail(_Doc):
     type: Literal[
-        "invalid_request_error", "authentication_error", "permission_error", "not_found_error", "timeout_error",
-        "request_too_large", "rate_limit_error", "api_error", "overloaded_error",
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "timeout_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "overloaded_error",
     ]
     message: str
     details: ErrorCode | None = None
@@ -121,8 +128,9 @@ class MessageObject(_Doc):
     role: Literal["assistant"]
     model: str
     content: list[OutputText | OutputToolUse | OutputSearchResult]
-    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal",
-                         "model_context_window_exceeded"]
+    stop_reason: Literal[
+        "end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal", "model_context_window_exceeded"
+    ]
     stop_sequence: str | None
     usage: MessageUsage
     stop_details: StopDetails | None = None
@@ -292,6 +300,19 @@ class Readiness(_Doc):
 
 
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
-    AnthropicError, OpenAIError, MessageObject, TokenCount, ModelInfo, ModelList, MessageBatch, MessageBatchList,
-    DeletedBatch, ChatCompletion, TextCompletion, TokenizeResult, DetokenizeResult, Health, Readiness,
+    AnthropicError,
+    OpenAIError,
+    MessageObject,
+    TokenCount,
+    ModelInfo,
+    ModelList,
+    MessageBatch,
+    MessageBatchList,
+    DeletedBatch,
+    ChatCompletion,
+    TextCompletion,
+    TokenizeResult,
+    DetokenizeResult,
+    Health,
+    Readiness,
 )

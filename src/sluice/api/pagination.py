@@ -8,7 +8,9 @@ from typing import Any
 from sluice.api.errors import bad_request
 
 
-def page(ids: list[str], limit: int, after_id: str | None, before_id: str | None, render: Callable[[str], Any]) -> dict[str, Any]:
+def page(
+    ids: list[str], limit: int, after_id: str | None, before_id: str | None, render: Callable[[str], Any]
+) -> dict[str, Any]:
     """One page of `ids` (already in list order). The SDK pages on `has_more` and `last_id`,
     so both must be exact (reference §8.2)."""
     if not 1 <= limit <= 1000:

@@ -54,7 +54,9 @@ def raw_error_response(status: int, message: str, url: bytes = b"") -> bytes:
     path = url.split(b"?", 1)[0].decode("latin-1")
     body = err.openai_body() if is_openai_path(path) else err.anthropic_body(request_id)
     payload = json.dumps(body, separators=(",", ":")).encode()
-    reason = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}.get(status, "Error")
+    reason = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}.get(
+        status, "Error"
+    )
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n"
         f"request-id: {request_id}\r\nx-should-retry: {'false' if status == 431 else 'true'}\r\nconnection: close\r\n\r\n"

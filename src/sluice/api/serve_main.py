@@ -146,9 +146,17 @@ async def reload_fleet(admin: FleetAdmin) -> None:
     except AdminError as exc:
         log.error("SIGHUP: the fleet file was NOT reloaded; the running fleet is kept: %s", exc.message)
         return
-    log.info("SIGHUP: fleet file reloaded (models added %s, removed %s, changed %s; workers added %s, removed %s; "
-             "replicas starting %s, stopping %s)", r["added"], r["removed"], r["changed"], r["workers_added"],
-             r["workers_removed"], r["replicas_starting"], r["replicas_stopping"])
+    log.info(
+        "SIGHUP: fleet file reloaded (models added %s, removed %s, changed %s; workers added %s, removed %s; "
+        "replicas starting %s, stopping %s)",
+        r["added"],
+        r["removed"],
+        r["changed"],
+        r["workers_added"],
+        r["workers_removed"],
+        r["replicas_starting"],
+        r["replicas_stopping"],
+    )
 
 
 async def follow_capacity(rt: ServingRuntime, fleet: Fleet, every_s: float) -> None:

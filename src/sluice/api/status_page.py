@@ -28,8 +28,13 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
     @router.get("/status", response_class=HTMLResponse, include_in_schema=False)
     async def status_page(request: Request) -> HTMLResponse:
         guard.check(request)
-        return HTMLResponse(page, headers={"content-security-policy": "default-src 'self'; script-src 'unsafe-inline' 'self'; "
-                                                                      "style-src 'unsafe-inline'"})
+        return HTMLResponse(
+            page,
+            headers={
+                "content-security-policy": "default-src 'self'; script-src 'unsafe-inline' 'self'; "
+                "style-src 'unsafe-inline'"
+            },
+        )
 
     @router.get("/status/data", include_in_schema=False)
     async def status_data(request: Request) -> Any:
@@ -42,7 +47,12 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
             gateway = {"queue_depth": q.depth, "inflight": q.inflight, "scaling_signal": q.scaling_signal()}
         # the autoscaling input per model (sluice_scaling_signal{model}); the card shows these
         gateway["scaling_signals"] = fleet.scaling_signals()
-        return {"fleet": fleet.status(), "gateway": gateway, "latency": rt.metrics.recent.series(),
-                "ready": rt.ready, "draining": rt.draining}
+        return {
+            "fleet": fleet.status(),
+            "gateway": gateway,
+            "latency": rt.metrics.recent.series(),
+            "ready": rt.ready,
+            "draining": rt.draining,
+        }
 
     return router

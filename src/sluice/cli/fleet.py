@@ -27,8 +27,14 @@ from urllib.parse import quote
 EXIT_REFUSED, EXIT_USAGE, EXIT_ROLLED_BACK = 1, 2, 3
 DEFAULT_URL = "http://127.0.0.1:8000"
 # `rollout` flags → the rollout plan's fields (docs/FLEET.md, [rollout])
-PLAN_FLAGS = {"interval": "step_interval_s", "max_error_rate": "max_error_rate", "max_ttft_p95": "max_ttft_p95_s",
-              "min_requests": "min_requests", "warm_timeout": "warm_timeout_s", "drain_timeout": "drain_timeout_s"}
+PLAN_FLAGS = {
+    "interval": "step_interval_s",
+    "max_error_rate": "max_error_rate",
+    "max_ttft_p95": "max_ttft_p95_s",
+    "min_requests": "min_requests",
+    "warm_timeout": "warm_timeout_s",
+    "drain_timeout": "drain_timeout_s",
+}
 
 
 class Refused(Exception):
@@ -49,8 +55,9 @@ class AdminClient:
     def __init__(self, url: str, key: str, timeout_s: float):
         import httpx
 
-        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s,
-                                  headers={"authorization": f"Bearer {key}"})
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"), timeout=timeout_s, headers={"authorization": f"Bearer {key}"}
+        )
         self.url = url
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -66,7 +73,9 @@ class AdminClient:
             data = {}
         if r.status_code >= 400:
             err = data.get("error", {}) if isinstance(data, dict) else {}
-            raise Refused(r.status_code, err.get("message") or r.text[:500] or r.reason_phrase, err.get("problems") or [])
+            raise Refused(
+                r.status_code, err.get("message") or r.text[:500] or r.reason_phrase, err.get("problems") or []
+            )
         return data
 
 
@@ -119,8 +128,17 @@ def render_status(s: dict[str, Any], now: float | None = None) -> str:
         out.append("workers")
         rows = [["ID", "VERSION", "STATUS", "BREAKER", "INFLIGHT", "LOAD", "PID"]]
         for w in workers:
-            rows.append([w["id"], f"{w['model']}/{w['version']}", w["status"], w["breaker"], str(w["inflight"]),
-                         str(w["load_tokens"]), str(w["pid"] or "-")])
+            rows.append(
+                [
+                    w["id"],
+                    f"{w['model']}/{w['version']}",
+                    w["status"],
+                    w["breaker"],
+                    str(w["inflight"]),
+                    str(w["load_tokens"]),
+                    str(w["pid"] or "-"),
+                ]
+            )
         out.append(_table(rows))
     return "\n".join(out)
 
@@ -146,7 +164,10 @@ def _weights(client: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     r = client.call("PUT", _model_path(args.model) + "/weights", {"weights": weights})
     if not args.json:
         total = sum(w for w in r["weights"].values() if w > 0) or 1.0
-        print(f"weights of {r['model']}: " + ", ".join(f"{v}={w:g} ({100 * w / total:.1f} %)" for v, w in r["weights"].items()))
+        print(
+            f"weights of {r['model']}: "
+            + ", ".join(f"{v}={w:g} ({100 * w / total:.1f} %)" for v, w in r["weights"].items())
+        )
         if r.get("replicas_starting"):
             print("starting local replicas of: " + ", ".join(r["replicas_starting"]))
     return r
@@ -158,14 +179,18 @@ def _rollout(client: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
         try:
             body["steps"] = [float(x) for x in args.steps.split(",") if x.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--steps {args.steps!r}: expected percentages like 10,25,50,100") from None
+            raise argparse.ArgumentTypeError(
+                f"--steps {args.steps!r}: expected percentages like 10,25,50,100"
+            ) from None
     body.update({field: getattr(args, flag) for flag, field in PLAN_FLAGS.items() if getattr(args, flag) is not None})
     r = client.call("POST", _model_path(args.model) + "/rollout", body)
     rollout = r["rollout"]
     if not args.json:
         steps = ", ".join(f"{s:g}" for s in rollout["steps"]) or "none below 100"
-        print(f"rollout of {r['model']} to {rollout['target']} started: warming, then steps {steps} % "
-              f"(each {rollout['plan']['step_interval_s']:g} s), then drain")
+        print(
+            f"rollout of {r['model']} to {rollout['target']} started: warming, then steps {steps} % "
+            f"(each {rollout['plan']['step_interval_s']:g} s), then drain"
+        )
     return _follow(client, r["model"], args.json) if args.wait else r
 
 
@@ -194,10 +219,19 @@ def _rollback(client: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
 def _reload(client: AdminClient, args: argparse.Namespace) -> dict[str, Any]:
     r = client.call("POST", "/admin/fleet/reload")
     if not args.json:
-        parts = [f"{label} {', '.join(r[k])}" for k, label in
-                 (("added", "models added:"), ("removed", "models removed:"), ("changed", "models changed:"),
-                  ("workers_added", "workers added:"), ("workers_removed", "workers removed:"),
-                  ("replicas_starting", "replicas starting:"), ("replicas_stopping", "replicas stopping:")) if r.get(k)]
+        parts = [
+            f"{label} {', '.join(r[k])}"
+            for k, label in (
+                ("added", "models added:"),
+                ("removed", "models removed:"),
+                ("changed", "models changed:"),
+                ("workers_added", "workers added:"),
+                ("workers_removed", "workers removed:"),
+                ("replicas_starting", "replicas starting:"),
+                ("replicas_stopping", "replicas stopping:"),
+            )
+            if r.get(k)
+        ]
         print("fleet file reloaded" + ("; " + "; ".join(parts) if parts else " (no changes)"))
     return r
 
@@ -231,11 +265,16 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fleet", help="fleet status, traffic weights, rollouts, rollback, reload, LoRA adapters (admin API)",
-                       description="Operate a running server's fleet over its admin API (docs/FLEET.md). Exit codes: "
-                       "0 done, 1 refused by the server, 2 usage / no admin key / no server, 3 rollout --wait rolled back.")
+    p = sub.add_parser(
+        "fleet",
+        help="fleet status, traffic weights, rollouts, rollback, reload, LoRA adapters (admin API)",
+        description="Operate a running server's fleet over its admin API (docs/FLEET.md). Exit codes: "
+        "0 done, 1 refused by the server, 2 usage / no admin key / no server, 3 rollout --wait rolled back.",
+    )
     p.add_argument("--url", default=None, help=f"the server (default: env SLUICE_URL, else {DEFAULT_URL})")
-    p.add_argument("--admin-key", default=None, metavar="KEY", help="the server's admin_key (default: env SLUICE_ADMIN_KEY)")
+    p.add_argument(
+        "--admin-key", default=None, metavar="KEY", help="the server's admin_key (default: env SLUICE_ADMIN_KEY)"
+    )
     p.add_argument("--json", action="store_true", help="print the server's JSON answer")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="HTTP timeout in seconds (default: 30)")
     # the same options after the action too (`sluice fleet status --json`); SUPPRESS keeps a
@@ -252,17 +291,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("model")
     w.add_argument("assignments", nargs="+", metavar="VERSION=WEIGHT")
     w.set_defaults(action=_weights)
-    r = acts.add_parser("rollout", parents=[common], help="shift a model's traffic to a version step by step, with automatic rollback")
+    r = acts.add_parser(
+        "rollout", parents=[common], help="shift a model's traffic to a version step by step, with automatic rollback"
+    )
     r.add_argument("model")
     r.add_argument("--to", required=True, metavar="VERSION", help="the version to roll out")
-    r.add_argument("--steps", default=None, metavar="P,P,...", help="percent of traffic per step, rising, ending at 100 (default: the fleet file's)")
-    r.add_argument("--interval", type=float, default=None, metavar="S", help="seconds each step is held and judged (step_interval_s)")
-    r.add_argument("--max-error-rate", type=float, default=None, metavar="X", help="roll back above this failure fraction")
+    r.add_argument(
+        "--steps",
+        default=None,
+        metavar="P,P,...",
+        help="percent of traffic per step, rising, ending at 100 (default: the fleet file's)",
+    )
+    r.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds each step is held and judged (step_interval_s)",
+    )
+    r.add_argument(
+        "--max-error-rate", type=float, default=None, metavar="X", help="roll back above this failure fraction"
+    )
     r.add_argument("--max-ttft-p95", type=float, default=None, metavar="S", help="roll back above this TTFT p95")
-    r.add_argument("--min-requests", type=int, default=None, metavar="N", help="outcomes needed before the thresholds judge")
-    r.add_argument("--warm-timeout", type=float, default=None, metavar="S", help="roll back if the target is not warm by then")
-    r.add_argument("--drain-timeout", type=float, default=None, metavar="S", help="longest wait for the old version to drain")
-    r.add_argument("--wait", action="store_true", help="follow the rollout until it is done (exit 0) or rolled back (exit 3)")
+    r.add_argument(
+        "--min-requests", type=int, default=None, metavar="N", help="outcomes needed before the thresholds judge"
+    )
+    r.add_argument(
+        "--warm-timeout", type=float, default=None, metavar="S", help="roll back if the target is not warm by then"
+    )
+    r.add_argument(
+        "--drain-timeout", type=float, default=None, metavar="S", help="longest wait for the old version to drain"
+    )
+    r.add_argument(
+        "--wait", action="store_true", help="follow the rollout until it is done (exit 0) or rolled back (exit 3)"
+    )
     r.set_defaults(action=_rollout)
     b = acts.add_parser("rollback", parents=[common], help="roll back a model's running rollout (from any gateway)")
     b.add_argument("model")

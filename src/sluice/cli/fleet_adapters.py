@@ -23,8 +23,17 @@ def _adapters(client: Any, args: argparse.Namespace) -> dict[str, Any]:
     r = client.call("GET", "/admin/fleet/adapters")
     if not args.json:
         rows = [["NAME", "VERSION", "BASE", "SOURCE", "RUNTIME", "RESIDENT ON"]]
-        rows += [[a["name"], a["version"], a["base"], a["source"], "yes" if a["runtime"] else "no",
-                  ", ".join(a["resident_on"]) or "-"] for a in r["adapters"]]
+        rows += [
+            [
+                a["name"],
+                a["version"],
+                a["base"],
+                a["source"],
+                "yes" if a["runtime"] else "no",
+                ", ".join(a["resident_on"]) or "-",
+            ]
+            for a in r["adapters"]
+        ]
         print(_table(rows) if r["adapters"] else "no LoRA adapters")
     return r
 
@@ -33,8 +42,10 @@ def _load(client: Any, args: argparse.Namespace) -> dict[str, Any]:
     body = {"name": args.name, "path": args.path, **({"base": args.base} if args.base else {})}
     r = client.call("POST", "/admin/fleet/adapters", body)
     if not args.json:
-        print(f"adapter {r['name']} serves on {r['base']} ({r['bytes'] / 2**20:.1f} MiB, checked and loaded by "
-              f"{r['worker']} in {r['load_ms']:g} ms)")
+        print(
+            f"adapter {r['name']} serves on {r['base']} ({r['bytes'] / 2**20:.1f} MiB, checked and loaded by "
+            f"{r['worker']} in {r['load_ms']:g} ms)"
+        )
     return r
 
 
@@ -48,8 +59,11 @@ def _unload(client: Any, args: argparse.Namespace) -> dict[str, Any]:
 def register(acts: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     a = acts.add_parser("adapters", parents=[common], help="LoRA adapters: name, version, base, source, where resident")
     a.set_defaults(action=_adapters)
-    ld = acts.add_parser("load-adapter", parents=[common],
-                         help="serve a LoRA adapter as model NAME without a restart (checked by a worker first)")
+    ld = acts.add_parser(
+        "load-adapter",
+        parents=[common],
+        help="serve a LoRA adapter as model NAME without a restart (checked by a worker first)",
+    )
     ld.add_argument("name", help="the model id clients will send")
     ld.add_argument("path", help="a PEFT adapter folder on the workers' host, or s3://bucket/prefix")
     ld.add_argument("--base", default=None, metavar="MODEL/VERSION", help="its base (default: the fleet's only one)")

@@ -9,7 +9,6 @@ import time
 from sluice.cli.common import add_kernel_args, add_model_args
 
 
-
 def _generate(args: argparse.Namespace) -> int:
     from sluice.openmp_wait import sleep_when_idle
 

@@ -42,8 +42,11 @@ def _create(args: argparse.Namespace) -> int:
         print(f"sluice keys: error: {exc}", file=sys.stderr)
         return 2
     if args.tier not in tiers and not args.allow_custom_tier:
-        print(f"sluice keys: error: unknown tier {args.tier!r} ({', '.join(tiers)}); "
-              "define it under [tiers.NAME] in the settings file (--config)", file=sys.stderr)
+        print(
+            f"sluice keys: error: unknown tier {args.tier!r} ({', '.join(tiers)}); "
+            "define it under [tiers.NAME] in the settings file (--config)",
+            file=sys.stderr,
+        )
         return 2
     key, rec = _store(args).create(args.tenant, args.tier, Limits(args.rpm, args.itpm, args.otpm, args.max_concurrent))
     print(f"key_id: {rec.key_id}  tenant: {rec.tenant}  tier: {rec.tier}", file=sys.stderr)
@@ -58,7 +61,9 @@ def _list(args: argparse.Namespace) -> int:
 
     rows = _store(args).list()
     now = time.time()
-    print(f"{'key_id':<18}{'tenant':<16}{'tier':<10}{'hint':<16}{'limits (rpm/itpm/otpm/conc)':<30}{'created':<21}status")
+    print(
+        f"{'key_id':<18}{'tenant':<16}{'tier':<10}{'hint':<16}{'limits (rpm/itpm/otpm/conc)':<30}{'created':<21}status"
+    )
     for r in rows:
         o = r.overrides
         limits = "/".join("-" if v is None else str(v) for v in (o.rpm, o.itpm, o.otpm, o.max_concurrent))
@@ -92,7 +97,9 @@ def _rotate(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("keys", help="manage API keys (tenants, tiers, limits)")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="where keys.db lives (default: settings data_dir)")
-    p.add_argument("--config", default=None, metavar="FILE", help="the server's TOML settings file (data_dir, [tiers.NAME])")
+    p.add_argument(
+        "--config", default=None, metavar="FILE", help="the server's TOML settings file (data_dir, [tiers.NAME])"
+    )
     ks = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     c = ks.add_parser("create", help="create a key and print it once")
     c.add_argument("--tenant", required=True, help="the tenant the key belongs to")
@@ -110,8 +117,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_revoke)
     o = ks.add_parser("rotate", help="issue a new key with the same tenant and limits; revoke the old one")
     o.add_argument("key_id")
-    o.add_argument("--grace", type=float, default=0.0, metavar="SECONDS", help="keep the old key working this long (default: 0)")
+    o.add_argument(
+        "--grace", type=float, default=0.0, metavar="SECONDS", help="keep the old key working this long (default: 0)"
+    )
     o.set_defaults(func=_rotate)
     for parser in (c, lst, r, o):
         parser.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR", help="where keys.db lives")
-        parser.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE", help="the server's TOML settings file")
+        parser.add_argument(
+            "--config", default=argparse.SUPPRESS, metavar="FILE", help="the server's TOML settings file"
+        )

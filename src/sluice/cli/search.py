@@ -1,9 +1,9 @@
 """`sluice search`: the distributed search service (docs/SEARCH.md).
 
-    sluice search serve [--host H] [--port P] [--config search.toml] [--data DIR]
-    sluice search shard --listen HOST:PORT --data DIR
-    sluice search ingest docs.jsonl [--url URL] [--batch N] [--key KEY]
-    sluice search archive --data DIR --to s3://BUCKET/KEY [--s3-endpoint URL]
+sluice search serve [--host H] [--port P] [--config search.toml] [--data DIR]
+sluice search shard --listen HOST:PORT --data DIR
+sluice search ingest docs.jsonl [--url URL] [--batch N] [--key KEY]
+sluice search archive --data DIR --to s3://BUCKET/KEY [--s3-endpoint URL]
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ def _ingest(args: argparse.Namespace) -> int:
     accepted, bad, failed_batches = 0, 0, 0
     started = time.perf_counter()
     nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-    with f, httpx.Client(base_url=args.url.rstrip("/"), timeout=120, headers=headers, transport=nodelay) as http, \
-            tqdm(total=size, unit="B", unit_scale=True, desc="ingest", disable=args.quiet) as bar:
+    with (
+        f,
+        httpx.Client(base_url=args.url.rstrip("/"), timeout=120, headers=headers, transport=nodelay) as http,
+        tqdm(total=size, unit="B", unit_scale=True, desc="ingest", disable=args.quiet) as bar,
+    ):
         line_base = 0
         while True:
             lines = [ln for ln in (f.readline() for _ in range(args.batch)) if ln]
@@ -90,60 +93,99 @@ def _ingest(args: argparse.Namespace) -> int:
                 print(f"{args.file}:{line_base + e['line']}: {e['message']}", file=sys.stderr)
             if r.status_code != 200:
                 failed_batches += 1
-                print(f"\nsluice search ingest: lines {line_base + 1}-{line_base + len(lines)}: HTTP {r.status_code}: "
-                      f"{json.dumps(data.get('failed') or data.get('error'))[:300]}", file=sys.stderr)
+                print(
+                    f"\nsluice search ingest: lines {line_base + 1}-{line_base + len(lines)}: HTTP {r.status_code}: "
+                    f"{json.dumps(data.get('failed') or data.get('error'))[:300]}",
+                    file=sys.stderr,
+                )
             line_base += len(lines)
             bar.update(sum(len(x) for x in lines))
     secs = time.perf_counter() - started
-    print(f"sluice search ingest: {accepted} documents in {secs:.1f}s ({accepted / max(secs, 1e-9):.0f}/s); "
-          f"{bad} bad lines; {failed_batches} failed batches", file=sys.stderr)
+    print(
+        f"sluice search ingest: {accepted} documents in {secs:.1f}s ({accepted / max(secs, 1e-9):.0f}/s); "
+        f"{bad} bad lines; {failed_batches} failed batches",
+        file=sys.stderr,
+    )
     return 0 if not bad and not failed_batches else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("search", help="the distributed search service: serve, shard, ingest, archive",
-                       description="Distributed full-text search: a router over shards × replicas of Xapian indexes, "
-                                   "exact merged BM25 scores (docs/SEARCH.md).")
+    p = sub.add_parser(
+        "search",
+        help="the distributed search service: serve, shard, ingest, archive",
+        description="Distributed full-text search: a router over shards × replicas of Xapian indexes, "
+        "exact merged BM25 scores (docs/SEARCH.md).",
+    )
     ss = p.add_subparsers(dest="search_command", required=True, metavar="SUBCOMMAND")
 
-    serve = ss.add_parser("serve", help="the router; with no --config: 2 local shards × 1 replica under ./search-data",
-                          description="Run the search router. Without --config: the embedded default, two local "
-                                      "shards with one replica each (supervised child processes, restarted if they "
-                                      "die), hash sharding, no keys, data under ./search-data.")
+    serve = ss.add_parser(
+        "serve",
+        help="the router; with no --config: 2 local shards × 1 replica under ./search-data",
+        description="Run the search router. Without --config: the embedded default, two local "
+        "shards with one replica each (supervised child processes, restarted if they "
+        "die), hash sharding, no keys, data under ./search-data.",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100)
-    serve.add_argument("--config", metavar="FILE", help="search.toml: shards, replicas (local / HOST:PORT), "
-                                                        "sharding, deadlines, keys (docs/SEARCH.md)")
-    serve.add_argument("--data", metavar="DIR", help="where local replicas keep their data (default ./search-data, "
-                                                     "or the config's data_dir)")
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="search.toml: shards, replicas (local / HOST:PORT), sharding, deadlines, keys (docs/SEARCH.md)",
+    )
+    serve.add_argument(
+        "--data",
+        metavar="DIR",
+        help="where local replicas keep their data (default ./search-data, or the config's data_dir)",
+    )
     serve.set_defaults(func=_serve)
 
-    shard = ss.add_parser("shard", help="one shard replica process (a write log + a Xapian index over HTTP)",
-                          description="Run one shard replica: its write log and Xapian index under --data, "
-                                      "served to the router at --listen. List it in the router's config as HOST:PORT.")
+    shard = ss.add_parser(
+        "shard",
+        help="one shard replica process (a write log + a Xapian index over HTTP)",
+        description="Run one shard replica: its write log and Xapian index under --data, "
+        "served to the router at --listen. List it in the router's config as HOST:PORT.",
+    )
     shard.add_argument("--listen", required=True, metavar="HOST:PORT")
     shard.add_argument("--data", required=True, metavar="DIR")
-    shard.add_argument("--schema", metavar="JSON", help='{"default_fields": ["title", "body"]} (the router passes '
-                                                       "its own to local replicas)")
-    shard.add_argument("--no-fsync", action="store_true", help="do not fsync the write log (benchmarks only: an "
-                                                               "acknowledged write may be lost on power failure)")
-    shard.add_argument("--memory", action="store_true", help="hot tier: keep the index in memory, rebuilt from the "
-                                                             "write log at start (the log stays on disk)")
+    shard.add_argument(
+        "--schema",
+        metavar="JSON",
+        help='{"default_fields": ["title", "body"]} (the router passes its own to local replicas)',
+    )
+    shard.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="do not fsync the write log (benchmarks only: an acknowledged write may be lost on power failure)",
+    )
+    shard.add_argument(
+        "--memory",
+        action="store_true",
+        help="hot tier: keep the index in memory, rebuilt from the write log at start (the log stays on disk)",
+    )
     shard.set_defaults(func=_shard)
 
-    arch = ss.add_parser("archive", help="snapshot a replica's index into object storage (the cold tier)",
-                         description="Compact a replica's Xapian index (a consistent snapshot, even while it "
-                                     "serves) and upload it as a .tar.gz; a config shard with archive = that URL "
-                                     "then serves it read-only, fetched on its first query.")
+    arch = ss.add_parser(
+        "archive",
+        help="snapshot a replica's index into object storage (the cold tier)",
+        description="Compact a replica's Xapian index (a consistent snapshot, even while it "
+        "serves) and upload it as a .tar.gz; a config shard with archive = that URL "
+        "then serves it read-only, fetched on its first query.",
+    )
     arch.add_argument("--data", required=True, metavar="DIR", help="the replica's data folder (holds index/)")
     arch.add_argument("--to", required=True, metavar="s3://BUCKET/KEY")
-    arch.add_argument("--s3-endpoint", metavar="URL", help="an S3-compatible endpoint (default: AWS); "
-                                                           "credentials from AWS_* variables")
+    arch.add_argument(
+        "--s3-endpoint",
+        metavar="URL",
+        help="an S3-compatible endpoint (default: AWS); credentials from AWS_* variables",
+    )
     arch.set_defaults(func=_archive)
 
-    ingest = ss.add_parser("ingest", help="bulk-load an NDJSON file into a running router, with a progress bar",
-                           description="POST an NDJSON file (one {\"id\", fields...} per line) to the router in "
-                                       "batches. Bad lines are printed as FILE:LINE: problem; exit 1 if any.")
+    ingest = ss.add_parser(
+        "ingest",
+        help="bulk-load an NDJSON file into a running router, with a progress bar",
+        description='POST an NDJSON file (one {"id", fields...} per line) to the router in '
+        "batches. Bad lines are printed as FILE:LINE: problem; exit 1 if any.",
+    )
     ingest.add_argument("file", metavar="DOCS.jsonl")
     ingest.add_argument("--url", default=os.environ.get("SLUICE_SEARCH_URL", DEFAULT_URL))
     ingest.add_argument("--batch", type=int, default=500, help="lines per request (default 500)")

@@ -8,10 +8,19 @@ from pathlib import Path
 
 from sluice.cli.common import DTYPE_CHOICES, DTYPE_HELP, add_engine_args, engine_setting_values
 
-
 # flags whose value is the setting of the same name
-_SAME_NAME = ("host", "port", "api_key", "model", "served_model_name", "dtype", "worker", "fleet", "log_level",
-              "log_format")
+_SAME_NAME = (
+    "host",
+    "port",
+    "api_key",
+    "model",
+    "served_model_name",
+    "dtype",
+    "worker",
+    "fleet",
+    "log_level",
+    "log_format",
+)
 # flags that name seconds without the unit the settings carry
 _SECONDS = ("ping_interval", "send_timeout", "max_stream_duration", "shutdown_grace")
 
@@ -65,8 +74,8 @@ def _prestart_worker(settings) -> None:  # Settings
         return
     if settings.model and not Path(settings.model).expanduser().exists():
         return  # the gateway says so itself, once (the worker would print the same error too)
-    from sluice.routing.fleet_file.default_fleet import fleet_from_settings
     from sluice.routing.fleet.replica_launch import local_replica_count, replica_launch
+    from sluice.routing.fleet_file.default_fleet import fleet_from_settings
     from sluice.worker.spawn import prestart_local_worker
 
     try:
@@ -107,14 +116,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the Anthropic Messages and OpenAI chat APIs over HTTP")
     p.add_argument("--host", default=None, help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port to listen on; 0 picks a free one (default: 8000)")
-    p.add_argument("--api-key", default=None, metavar="KEY", help="require this API key (env SLUICE_API_KEY); unset = open, local only")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require this API key (env SLUICE_API_KEY); unset = open, local only",
+    )
     p.add_argument(
         "--model",
         metavar="PATH",
         default=None,
         help="a .gguf file or a Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--served-model-name", default=None, metavar="NAME", help="the model id clients send (default: from the model)")
+    p.add_argument(
+        "--served-model-name", default=None, metavar="NAME", help="the model id clients send (default: from the model)"
+    )
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help=DTYPE_HELP + " (default: float32)")
     p.add_argument(
         "--worker",
@@ -123,34 +139,61 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="use a running `sluice worker` at ADDR (host:port or unix:/path) instead of starting one; "
         "'inline' runs the engine in this process",
     )
-    p.add_argument("--config", default=None, metavar="FILE", help="a TOML settings file (keys as in SLUICE_* without the prefix)")
     p.add_argument(
-        "--fleet", default=None, metavar="FILE",
+        "--config", default=None, metavar="FILE", help="a TOML settings file (keys as in SLUICE_* without the prefix)"
+    )
+    p.add_argument(
+        "--fleet",
+        default=None,
+        metavar="FILE",
         help="a fleet file (TOML: models, versions, local replicas and remote workers; docs/FLEET.md); "
         "env SLUICE_FLEET; SIGHUP reloads it",
     )
     p.add_argument(
-        "--autoscale", action="store_true", default=False,
+        "--autoscale",
+        action="store_true",
+        default=False,
         help="without --fleet: scale the spawned worker with the local autoscaler (a warm pool of one, at most "
         "autoscale_max_workers workers; env SLUICE_AUTOSCALE); with --fleet, say `autoscale` per version (docs/FLEET.md)",
     )
     p.add_argument(
-        "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
         help="LoRA adapters served on the base model from start-up: a request's `model` names one; PATH is a "
         "PEFT adapter folder or s3://bucket/prefix (env SLUICE_LORA_MODULES, a JSON list; docs/LORA.md)",
     )
     p.add_argument(
-        "--gaie-metrics", action="store_true", default=False,
+        "--gaie-metrics",
+        action="store_true",
+        default=False,
         help="/metrics also under the names the Gateway API Inference Extension reads (vllm:num_requests_waiting, "
         "vllm:kv_cache_usage_perc, vllm:lora_requests_info)",
     )
-    p.add_argument("--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)")
-    p.add_argument("--send-timeout", type=float, default=None, metavar="S", help="cut a connection whose reader acknowledges nothing for this long while data waits (default: 30)")
-    p.add_argument("--max-stream-duration", type=float, default=None, metavar="S", help="longest a stream may run (default: 600)")
-    p.add_argument("--shutdown-grace", type=float, default=None, metavar="S", help="time open streams get on SIGTERM (default: 10)")
+    p.add_argument(
+        "--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)"
+    )
+    p.add_argument(
+        "--send-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="cut a connection whose reader acknowledges nothing for this long while data waits (default: 30)",
+    )
+    p.add_argument(
+        "--max-stream-duration", type=float, default=None, metavar="S", help="longest a stream may run (default: 600)"
+    )
+    p.add_argument(
+        "--shutdown-grace", type=float, default=None, metavar="S", help="time open streams get on SIGTERM (default: 10)"
+    )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None, help="(default: info)")
-    p.add_argument("--log-format", choices=["json", "text"], default=None,
-                   help="json: one object per line with request and trace ids; text: for a terminal (default: json)")
+    p.add_argument(
+        "--log-format",
+        choices=["json", "text"],
+        default=None,
+        help="json: one object per line with request and trace ids; text: for a terminal (default: json)",
+    )
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_engine_args(p)
     p.set_defaults(func=_run)

@@ -54,7 +54,9 @@ def _run(args: argparse.Namespace) -> int:
     from sluice.worker.worker_main import run_worker
 
     name_this_thread("sluice-worker")  # the process's name in ps and top: the main thread's
-    return asyncio.run(run_worker(args.listen, args.model, args.dtype, config, progress=PROGRESS[args.progress], faults=faults))
+    return asyncio.run(
+        run_worker(args.listen, args.model, args.dtype, config, progress=PROGRESS[args.progress], faults=faults)
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,19 +69,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         "'liveness' = alive.",
     )
     p.add_argument(
-        "--listen", default="127.0.0.1:50051", metavar="ADDR", help="host:port or unix:/path to listen on (default: 127.0.0.1:50051)"
+        "--listen",
+        default="127.0.0.1:50051",
+        metavar="ADDR",
+        help="host:port or unix:/path to listen on (default: 127.0.0.1:50051)",
     )
     # `sluice serve` pipes its child's stderr (to keep a tail for error messages) yet wants the
     # load bar on the user's terminal: it passes --progress always when its own stderr is one.
     p.add_argument(
-        "--progress", choices=list(PROGRESS), default="auto", help="model load progress bar (default: auto = on a terminal)"
+        "--progress",
+        choices=list(PROGRESS),
+        default="auto",
+        help="model load progress bar (default: auto = on a terminal)",
     )
     p.add_argument(
-        "--engine-config", default=None, metavar="JSON",
+        "--engine-config",
+        default=None,
+        metavar="JSON",
         help="EngineConfig fields as a JSON object, over the flags below (how `sluice serve` starts its workers)",
     )
     p.add_argument(
-        "--fault-injection", default=None, metavar="SPEC",
+        "--fault-injection",
+        default=None,
+        metavar="SPEC",
         help="TESTING AID, never for production: fail_seed=N, exit_after_tokens=N, fail_all, delay_first_token_s=S, step_delay_s=S, "
         "load_delay_s=S "
         "(comma-separated; env SLUICE_FAULT_INJECTION; see docs/FLEET.md)",

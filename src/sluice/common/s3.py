@@ -32,7 +32,7 @@ class S3Url:
     path: str
 
     @classmethod
-    def parse(cls, url: str) -> "S3Url":
+    def parse(cls, url: str) -> S3Url:
         """Raises ValueError when `url` is not s3://BUCKET[/PATH]."""
         bucket, _, path = url.removeprefix(SCHEME).partition("/")
         if not url.startswith(SCHEME) or not bucket:
@@ -53,10 +53,14 @@ def s3_client(endpoint: str | None = None) -> Any:
         import boto3
         from botocore.config import Config
     except ImportError:
-        raise S3ClientUnavailable("object storage needs boto3 (pip install 'sluice[train]' or 'sluice[search-cold]')") from None
+        raise S3ClientUnavailable(
+            "object storage needs boto3 (pip install 'sluice[train]' or 'sluice[search-cold]')"
+        ) from None
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    retries = {"mode": os.environ.get("AWS_RETRY_MODE") or "standard",
-               "total_max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS") or 3)}
+    retries = {
+        "mode": os.environ.get("AWS_RETRY_MODE") or "standard",
+        "total_max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS") or 3),
+    }
     return boto3.client("s3", endpoint_url=endpoint or None, region_name=region, config=Config(retries=retries))
 
 

@@ -22,8 +22,17 @@ log = logging.getLogger("sluice.server")
 
 # the methods the subclasses override or call on uvicorn's class (its instance attributes are
 # set in __init__, so they cannot be checked on the class)
-HOOKS = ("connection_made", "connection_lost", "data_received", "on_message_begin", "on_url",
-         "on_headers_complete", "on_body", "on_message_complete", "on_response_complete")
+HOOKS = (
+    "connection_made",
+    "connection_lost",
+    "data_received",
+    "on_message_begin",
+    "on_url",
+    "on_headers_complete",
+    "on_body",
+    "on_message_complete",
+    "on_response_complete",
+)
 
 
 def httptools_protocol() -> type | None:
@@ -39,5 +48,9 @@ def httptools_protocol() -> type | None:
 
 
 def fallback_warning(server: str, lost: str) -> None:
-    log.warning("%s: uvicorn's httptools protocol is not the one sluice was written against "
-                "(pyproject.toml pins uvicorn); serving with uvicorn's default protocol, without %s", server, lost)
+    log.warning(
+        "%s: uvicorn's httptools protocol is not the one sluice was written against "
+        "(pyproject.toml pins uvicorn); serving with uvicorn's default protocol, without %s",
+        server,
+        lost,
+    )

@@ -31,8 +31,17 @@ from sluice.config.stores import StoreFailMode, StoreKind, by_store_kind
 from sluice.config.wire import MB, WireSection
 from sluice.errors import SluiceError
 
-__all__ = ["DEVICE_NAMES", "MB", "Settings", "SettingsError", "StoreFailMode", "StoreKind", "by_store_kind",
-           "is_device_name", "load_settings"]
+__all__ = [
+    "DEVICE_NAMES",
+    "MB",
+    "Settings",
+    "SettingsError",
+    "StoreFailMode",
+    "StoreKind",
+    "by_store_kind",
+    "is_device_name",
+    "load_settings",
+]
 
 
 class SettingsError(SluiceError):
@@ -41,8 +50,18 @@ class SettingsError(SluiceError):
 
 # The sections are listed last to first: pydantic collects fields from the bases in reverse, so
 # the settings keep the order they are described in (listen, model, engine, wire, ...).
-class Settings(GatewaySection, SafetySection, ResumeSection, ObservabilitySection, WireSection, LoraSection,
-               EngineSection, ModelSection, ListenSection, BaseSettings):
+class Settings(
+    GatewaySection,
+    SafetySection,
+    ResumeSection,
+    ObservabilitySection,
+    WireSection,
+    LoraSection,
+    EngineSection,
+    ModelSection,
+    ListenSection,
+    BaseSettings,
+):
     model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="forbid", validate_default=True)
 
 

@@ -22,10 +22,12 @@ class ResumeSection(BaseModel):
     idempotency_ttl_s: float = Field(3600.0, gt=0)
 
     @model_validator(mode="after")
-    def _retries_follow_streams_everywhere(self) -> "ResumeSection":
+    def _retries_follow_streams_everywhere(self) -> ResumeSection:
         # a retry of a keyed stream follows the first attempt's replay log: with keys shared
         # across replicas, the log must be too, or a retry on another replica finds nothing
         if self.idempotency_store is StoreKind.REDIS and self.replay_store is not StoreKind.REDIS:
-            raise ValueError("idempotency_store = 'redis' needs replay_store = 'redis' (a retried stream is "
-                             "followed through the replay log, from any replica)")
+            raise ValueError(
+                "idempotency_store = 'redis' needs replay_store = 'redis' (a retried stream is "
+                "followed through the replay log, from any replica)"
+            )
         return self

@@ -51,8 +51,15 @@ class Resident:
 
 
 class AdapterCache:
-    def __init__(self, model: LlamaModel, max_cpu_loras: int, max_rank: int, s3_endpoint: str | None = None,
-                 in_use: Callable[[], Collection[AdapterRef]] = tuple, cache_dir: Path | None = None):
+    def __init__(
+        self,
+        model: LlamaModel,
+        max_cpu_loras: int,
+        max_rank: int,
+        s3_endpoint: str | None = None,
+        in_use: Callable[[], Collection[AdapterRef]] = tuple,
+        cache_dir: Path | None = None,
+    ):
         """`model`: the LlamaModel the adapters bind to; `in_use`: adapters not to evict."""
         self.model = model
         self.capacity = max_cpu_loras
@@ -132,8 +139,14 @@ class AdapterCache:
             raise AdapterError(f"adapter {ref.name!r}: {exc}") from None
         self.loads += 1
         self.last_load_s = time.perf_counter() - started
-        log.info("LoRA adapter %s loaded from %s in %.0f ms (rank %d, %.1f MiB)", ref.name, ref.source,
-                 self.last_load_s * 1000, weights.rank, weights.nbytes / 2**20)
+        log.info(
+            "LoRA adapter %s loaded from %s in %.0f ms (rank %d, %.1f MiB)",
+            ref.name,
+            ref.source,
+            self.last_load_s * 1000,
+            weights.rank,
+            weights.nbytes / 2**20,
+        )
         return Resident(weights, files.fingerprint)
 
     def _evict(self, keep: AdapterRef) -> None:

@@ -39,6 +39,7 @@ class Command(enum.Enum):
     ADD = "add"  # payload: a GenerationRequest, with the sink its events go to
     ABORT = "abort"  # payload: a request id
 
+
 class AsyncEngine:
     """Runs an LLMEngine on its own thread.
 
@@ -89,7 +90,7 @@ class AsyncEngine:
         return self._engine
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> "AsyncEngine":
+    def start(self) -> AsyncEngine:
         self._thread.start()
         return self
 
@@ -173,7 +174,11 @@ class AsyncEngine:
         cache = self.engine.adapters
         snap = dataclasses.replace(self._stats)
         snap.lora_resident = sorted({ref.name for ref in cache.resident()})
-        snap.lora_resident_bytes, snap.lora_loads, snap.lora_evictions = cache.resident_bytes(), cache.loads, cache.evictions
+        snap.lora_resident_bytes, snap.lora_loads, snap.lora_evictions = (
+            cache.resident_bytes(),
+            cache.loads,
+            cache.evictions,
+        )
         self._stats = snap
 
     def stats(self) -> EngineStats:

@@ -140,7 +140,7 @@ class EngineConfig:
     lora_s3_endpoint: str | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "EngineConfig":
+    def from_settings(cls, settings: Settings) -> EngineConfig:
         return cls(**{name: getattr(settings, name) for name in ENGINE_SETTINGS if getattr(settings, name) is not None})
 
     def __post_init__(self) -> None:

@@ -97,8 +97,13 @@ def pad_decodes(chunks: Sequence[ScheduledChunk], block_size: int, batch: int, b
         assert c.end <= blocks * block_size, "a context wider than the bucket"
         table[i * blocks : i * blocks + len(row)] = row
         lens[i] = c.end
-    return PaddedDecode(batch, blocks, n, torch.tensor(ids + positions + slots, dtype=torch.int64),
-                        torch.tensor(table + lens, dtype=torch.int32))
+    return PaddedDecode(
+        batch,
+        blocks,
+        n,
+        torch.tensor(ids + positions + slots, dtype=torch.int64),
+        torch.tensor(table + lens, dtype=torch.int32),
+    )
 
 
 class Replayable(Protocol):
@@ -153,8 +158,15 @@ class EagerReplay:
 class DecodeGraphs:
     """The captured decode steps of one runner (its model and KV caches)."""
 
-    def __init__(self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
-                 max_batch: int, max_blocks: int, capture: Capture | None = None):
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int,
+        max_batch: int,
+        max_blocks: int,
+        capture: Capture | None = None,
+    ):
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -214,8 +226,15 @@ class DecodeGraphs:
         rows = torch.arange(batch, device=longs.device)
 
         def step() -> torch.Tensor:
-            meta = AttentionMetadata(slot_mapping=slots, num_decodes=batch, block_tables=tables, context_lens=lens,
-                                     block_size=bs, max_context_len=blocks * bs, min_context_len=0)
+            meta = AttentionMetadata(
+                slot_mapping=slots,
+                num_decodes=batch,
+                block_tables=tables,
+                context_lens=lens,
+                block_size=bs,
+                max_context_len=blocks * bs,
+                min_context_len=0,
+            )
             return self.model.forward(ids, positions, meta, self.kv_caches, rows)
 
         return step

@@ -31,8 +31,8 @@ from sluice.engine.stop_rules import stop_reason
 from sluice.errors import ContextWindowExceededError, InvalidRequestError
 from sluice.heap import trim_heap
 from sluice.models.detokenizer import IncrementalDetokenizer
-from sluice.models.kernels import Numerics, set_decode_split
 from sluice.models.grammar.compiler import GrammarCompiler
+from sluice.models.kernels import Numerics, set_decode_split
 from sluice.models.loader import LoadedModel
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, Usage
 
@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     """`clock` is what the batching window reads (injected by tests; monotonic seconds)."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, loaded: LoadedModel, config: EngineConfig | None = None, clock: Callable[[], float] = time.monotonic
+    ):
         self.config = config = config or EngineConfig()
         if config.threads:  # on the thread that will step the engine: OpenMP's count is per thread
             torch.set_num_threads(config.threads)
@@ -53,31 +55,51 @@ class LLMEngine:
         context = config.max_model_len or loaded.config.max_position
         kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.model.dtype)
         plan = plan_kv_pool(
-            config, kv_bytes_per_block(self.model, config.block_size, kv_dtype), context,
+            config,
+            kv_bytes_per_block(self.model, config.block_size, kv_dtype),
+            context,
             lambda: available_memory(self.model.device),
         )
         num_blocks = plan.num_blocks
         self.max_model_len = min(context, (num_blocks - 1) * config.block_size)
         log.info(
             "KV pool on %s: %d blocks of %d tokens (%.2f GiB reserved, %s; sized by %s), context %d",
-            self.model.device, num_blocks, config.block_size, plan.reserved_bytes / GIB,
-            "touched on first use" if self.model.device.type == "cpu" else "zero-filled", plan.sized_by,
+            self.model.device,
+            num_blocks,
+            config.block_size,
+            plan.reserved_bytes / GIB,
+            "touched on first use" if self.model.device.type == "cpu" else "zero-filled",
+            plan.sized_by,
             self.max_model_len,
         )
         self.kv = KVCacheManager(
-            num_blocks, config.block_size, config.enable_prefix_caching, config.share_prefix_across_tenants, plan.max_idle_blocks
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.share_prefix_across_tenants,
+            plan.max_idle_blocks,
         )
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, clock)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, Numerics(config.numerics), kv_dtype)
         # LoRA adapters resident in this engine; those of running requests are never evicted
-        self.adapters = AdapterCache(self.model, config.max_cpu_loras, config.max_lora_rank, config.lora_s3_endpoint,
-                                     in_use=lambda: tuple(self.scheduler.running_adapters))
+        self.adapters = AdapterCache(
+            self.model,
+            config.max_cpu_loras,
+            config.max_lora_rank,
+            config.lora_s3_endpoint,
+            in_use=lambda: tuple(self.scheduler.running_adapters),
+        )
         self.runner.adapters = self.adapters
         self.kv.spill = open_spill_tier(config, plan.bytes_per_block, self.runner, self.model.device)
         if config.cuda_graphs:
             if self.model.device.type == "cuda":
-                self.runner.graphs = DecodeGraphs(self.model, self.runner.kv_caches, config.block_size,
-                                                  config.max_num_seqs, -(-self.max_model_len // config.block_size))
+                self.runner.graphs = DecodeGraphs(
+                    self.model,
+                    self.runner.kv_caches,
+                    config.block_size,
+                    config.max_num_seqs,
+                    -(-self.max_model_len // config.block_size),
+                )
             else:
                 log.info("cuda_graphs is on but the model is on %s: decode steps run eagerly", self.model.device)
         self.requests: dict[str, Request] = {}
@@ -116,7 +138,9 @@ class LLMEngine:
         if req.sampling.guided is not None:
             self.grammars.validate(req.sampling.guided)  # compiles once per spec (cached)
         if req.adapter is not None and self.config.max_loras == 0:
-            raise InvalidRequestError(f"this engine serves no LoRA adapters (max_loras = 0), so not {req.adapter.name!r}")
+            raise InvalidRequestError(
+                f"this engine serves no LoRA adapters (max_loras = 0), so not {req.adapter.name!r}"
+            )
 
     def add_request(self, req: GenerationRequest) -> None:
         self.validate(req)
@@ -170,9 +194,7 @@ class LLMEngine:
         s.last_step_tokens = out.num_batched_tokens
         s.last_step_seqs = len(out.chunks)
         s.record_utilization(len(self.scheduler.running), self.kv.num_usable_blocks - self.kv.num_free_blocks)
-        s.prompt_tokens_computed += sum(
-            max(0, min(c.end, c.request.num_prompt_tokens) - c.start) for c in out.chunks
-        )
+        s.prompt_tokens_computed += sum(max(0, min(c.end, c.request.num_prompt_tokens) - c.start) for c in out.chunks)
         return rejected + failed + self._append_sampled(out, sampled)
 
     def _execute(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
@@ -205,7 +227,11 @@ class LLMEngine:
             grammar = chunk.request.grammar
             if grammar is not None and chunk.samples and not grammar.sync(chunk.request.output_token_ids):
                 out.chunks.remove(chunk)
-                failed.append(self._finish(chunk.request, FinishReason.ERROR, "", error="constrained decoding: the output no longer parses"))
+                failed.append(
+                    self._finish(
+                        chunk.request, FinishReason.ERROR, "", error="constrained decoding: the output no longer parses"
+                    )
+                )
         return failed
 
     def _append_sampled(self, out: SchedulerOutput, sampled: list[tuple[Request, int]]) -> list[GenerationEvent]:

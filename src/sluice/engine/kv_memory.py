@@ -81,7 +81,9 @@ def plan_kv_pool(
     if config.num_kv_blocks is not None:
         return KVPoolPlan(config.num_kv_blocks, bytes_per_block, idle, PoolSizing.BLOCKS)
     if config.kv_cache_gib is not None:
-        return KVPoolPlan(max(2, int(config.kv_cache_gib * GIB) // bytes_per_block), bytes_per_block, idle, PoolSizing.GIB)
+        return KVPoolPlan(
+            max(2, int(config.kv_cache_gib * GIB) // bytes_per_block), bytes_per_block, idle, PoolSizing.GIB
+        )
     want = config.max_num_seqs * math.ceil(context_len / config.block_size) + 1
     cap = max(2, int(config.kv_memory_fraction * available_bytes()) // bytes_per_block)
     if want <= cap:

@@ -64,7 +64,9 @@ class KVSpillStore:
             raise ValueError("bytes_per_block must be > 0")
         self.capacity = capacity_bytes // bytes_per_block
         if self.capacity < 1:
-            raise ValueError(f"kv_spill_gib holds no KV block ({capacity_bytes} bytes < one block of {bytes_per_block})")
+            raise ValueError(
+                f"kv_spill_gib holds no KV block ({capacity_bytes} bytes < one block of {bytes_per_block})"
+            )
         self.directory = Path(directory)
         if not self.directory.is_dir():
             raise ValueError(f"kv_spill_dir {str(self.directory)!r} is not a directory")
@@ -78,7 +80,9 @@ class KVSpillStore:
         self.blocks_read = 0
         kind = filesystem_type(self.directory)
         if kind in _MEMORY_FILESYSTEMS:
-            log.warning("kv_spill_dir %s is on %s: spilled KV stays in memory; point it at a disk", self.directory, kind)
+            log.warning(
+                "kv_spill_dir %s is on %s: spilled KV stays in memory; point it at a disk", self.directory, kind
+            )
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -241,16 +245,22 @@ class KVSpillTier:
         return self.store.clear()
 
     def _disable(self, what: str, error: Exception) -> None:
-        log.warning("KV spill %s failed (%s): the spill tier is off, prefix-cache entries given back are dropped",
-                    what, error)
+        log.warning(
+            "KV spill %s failed (%s): the spill tier is off, prefix-cache entries given back are dropped", what, error
+        )
         self.store.close()
 
 
-def open_spill_tier(config: EngineConfig, bytes_per_block: int, copier: BlockCopier, device: torch.device) -> KVSpillTier | None:
+def open_spill_tier(
+    config: EngineConfig, bytes_per_block: int, copier: BlockCopier, device: torch.device
+) -> KVSpillTier | None:
     """The engine's spill tier, or None where there is none: kv_spill_gib 0, no prefix cache, no
     idle budget (kv_idle_gib None: nothing is given back), or a CUDA pool (never given back). A
     kv_spill_dir that cannot hold the file stops start-up with an error naming it."""
-    if not (config.kv_spill_gib and config.enable_prefix_caching and config.kv_idle_gib is not None) or device.type != "cpu":
+    if (
+        not (config.kv_spill_gib and config.enable_prefix_caching and config.kv_idle_gib is not None)
+        or device.type != "cpu"
+    ):
         return None
     directory = config.kv_spill_dir or tempfile.gettempdir()
     try:

@@ -52,7 +52,11 @@ class WaitingQueue:
 
     def victim_key(self, request: Request) -> tuple:
         """Larger = preempted first: lowest priority (fcfs: all equal), then newest."""
-        return (request.priority if self.policy is SchedulingPolicy.PRIORITY else 0, request.arrival_time, request.seq_no)
+        return (
+            request.priority if self.policy is SchedulingPolicy.PRIORITY else 0,
+            request.arrival_time,
+            request.seq_no,
+        )
 
     def push(self, request: Request) -> None:
         if request.request_id in self._entries:

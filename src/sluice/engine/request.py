@@ -59,7 +59,7 @@ class Request:
     adapter_namespace: str = ""
 
     @classmethod
-    def from_generation_request(cls, req: GenerationRequest, seed: int) -> "Request":
+    def from_generation_request(cls, req: GenerationRequest, seed: int) -> Request:
         return cls(
             request_id=req.request_id,
             prompt_token_ids=list(req.prompt_token_ids),

@@ -22,8 +22,8 @@ from sluice.engine.staging import stage
 from sluice.models.attention import AttentionMetadata, PrefillSpan
 from sluice.models.kernels import Numerics
 from sluice.models.llama import LlamaModel
-from sluice.models.lora.batch import LoraBatch
 from sluice.models.logprobs import log_softmax_rows, token_logprobs
+from sluice.models.lora.batch import LoraBatch
 from sluice.models.sampler import sample
 
 
@@ -44,8 +44,14 @@ class ModelInput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, numerics: Numerics = Numerics.EXACT,
-                 kv_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        numerics: Numerics = Numerics.EXACT,
+        kv_dtype: torch.dtype | None = None,
+    ):
         """`kv_dtype`: what the KV cache stores (default: the model's dtype; float16 is the
         opt-in 16-bit cache: the attention backends widen what they read to the model's dtype)."""
         self.model = model
@@ -174,8 +180,15 @@ class ModelRunner:
         meta = inp.meta
         masks = [s for s in meta.prefills if s.mask is not None]
         tables = [meta.block_tables, meta.context_lens] if meta.num_decodes else []
-        host = [inp.input_ids, inp.positions, inp.logits_indices, meta.slot_mapping, *tables,
-                *(s.slots for s in meta.prefills), *(s.mask for s in masks)]
+        host = [
+            inp.input_ids,
+            inp.positions,
+            inp.logits_indices,
+            meta.slot_mapping,
+            *tables,
+            *(s.slots for s in meta.prefills),
+            *(s.mask for s in masks),
+        ]
         moved = iter(stage(host, self.model.device))  # type: ignore[arg-type]
         inp.input_ids, inp.positions, inp.logits_indices, meta.slot_mapping = (next(moved) for _ in range(4))
         if meta.num_decodes:
@@ -186,7 +199,9 @@ class ModelRunner:
             span.mask = next(moved)
 
     @staticmethod
-    def _prompt_spans(prefills: list[ScheduledChunk], first_row: int, logits_rows: list[int]) -> list[tuple[Request, int, int]] | None:
+    def _prompt_spans(
+        prefills: list[ScheduledChunk], first_row: int, logits_rows: list[int]
+    ) -> list[tuple[Request, int, int]] | None:
         """Extra logits rows for prompt logprobs: position p's logits score prompt token p + 1,
         so a chunk over [start, end) scores tokens start+1 .. min(end, P-1). Positions already
         scored (a recompute after preemption) are skipped. Appended to `logits_rows`."""
@@ -247,8 +262,14 @@ class ModelRunner:
         if logits is None:
             inp = self.prepare(out)
             logits = self.model.forward(
-                inp.input_ids, inp.positions, inp.meta, self.kv_caches, inp.logits_indices, numerics=self.numerics,
-                argmax_rows=_argmax_only(inp.sampling), lora=inp.lora,
+                inp.input_ids,
+                inp.positions,
+                inp.meta,
+                self.kv_caches,
+                inp.logits_indices,
+                numerics=self.numerics,
+                argmax_rows=_argmax_only(inp.sampling),
+                lora=inp.lora,
             )
             if inp.prompt_spans:
                 self._record_prompt_logprobs(logits[len(inp.sampling) :], inp.prompt_spans)
@@ -268,7 +289,9 @@ class ModelRunner:
             [r.grammar for r in reqs],
         )
         if logprobs is not None:
-            scored = token_logprobs(logprobs, [tokens[i] for i in asking], [reqs[i].sampling.logprobs or 0 for i in asking])
+            scored = token_logprobs(
+                logprobs, [tokens[i] for i in asking], [reqs[i].sampling.logprobs or 0 for i in asking]
+            )
             for i, lp in zip(asking, scored):
                 reqs[i].new_logprob = lp
         return list(zip(reqs, tokens))
@@ -277,6 +300,9 @@ class ModelRunner:
 def _argmax_only(sampling: list[ScheduledChunk]) -> torch.Tensor | None:
     """The sampled rows whose logits serve only their argmax (greedy, no logprobs, no grammar
     mask): the model may return them with just the logits that argmax needs."""
-    rows = [i for i, c in enumerate(sampling)
-            if c.request.sampling.greedy and c.request.sampling.logprobs is None and c.request.grammar is None]
+    rows = [
+        i
+        for i, c in enumerate(sampling)
+        if c.request.sampling.greedy and c.request.sampling.logprobs is None and c.request.grammar is None
+    ]
     return torch.tensor(rows, dtype=torch.int64) if rows else None

@@ -201,7 +201,11 @@ class Scheduler:
         accepted tokens and the bonus pick must fit), nor the step's budget, nor memory the
         decode alone would not need (speculation never preempts anyone)."""
         assert self.speculator is not None
-        if req.grammar is not None or req.sampling.logprobs is not None or req.num_computed_tokens != req.num_tokens - 1:
+        if (
+            req.grammar is not None
+            or req.sampling.logprobs is not None
+            or req.num_computed_tokens != req.num_tokens - 1
+        ):
             return []
         limit = min(
             req.sampling.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens - 1, budget - 1

@@ -18,8 +18,9 @@ from sluice.types import FinishReason
 log = logging.getLogger("sluice.engine.engine")  # the engine's logger: its records read as before the split
 
 
-def stop_reason(request: Request, token: int, detok: IncrementalDetokenizer, eos_ids: frozenset[int] | set[int],
-                max_model_len: int) -> tuple[FinishReason | None, str | None]:
+def stop_reason(
+    request: Request, token: int, detok: IncrementalDetokenizer, eos_ids: frozenset[int] | set[int], max_model_len: int
+) -> tuple[FinishReason | None, str | None]:
     """(why the reply ends, an error message for ERROR) after `token` was appended to
     `request.all_token_ids`; (None, None) while it goes on. Feeds the detokenizer the token
     unless it is a stop token or EOS (their text is never shown)."""

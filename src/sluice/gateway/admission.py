@@ -63,7 +63,7 @@ class _Entry:
 class Lease:
     """Capacity held by one dispatched request; release it when the request ends."""
 
-    def __init__(self, queue: "AdmissionQueue", tokens: int, waited_s: float):
+    def __init__(self, queue: AdmissionQueue, tokens: int, waited_s: float):
         self._queue = queue
         self.tokens = tokens
         self.waited_s = waited_s
@@ -181,7 +181,11 @@ class AdmissionQueue:
             return False
         # with nothing in flight, one entry always goes: a single ticket larger than the token
         # capacity must not wait forever
-        if self.max_inflight_tokens is not None and self.inflight and self.inflight_tokens + tokens > self.max_inflight_tokens:
+        if (
+            self.max_inflight_tokens is not None
+            and self.inflight
+            and self.inflight_tokens + tokens > self.max_inflight_tokens
+        ):
             return False
         return self.gate is None or self.gate(tokens)
 

@@ -36,8 +36,14 @@ def _principal(tenant: str, tier: Tier, key_id: str, overrides: Limits | None = 
     if overrides is not None:  # a key's own limits win over its tier's
         set_fields = {k: getattr(overrides, k) for k in ("rpm", "itpm", "otpm", "max_concurrent")}
         limits = replace(limits, **{k: v for k, v in set_fields.items() if v is not None})
-    return Principal(tenant=tenant, tier=tier.name, key_id=key_id, priority=tier.priority, limits=limits,
-                     queue_deadline_s=tier.queue_deadline_s)
+    return Principal(
+        tenant=tenant,
+        tier=tier.name,
+        key_id=key_id,
+        priority=tier.priority,
+        limits=limits,
+        queue_deadline_s=tier.queue_deadline_s,
+    )
 
 
 class OpenAccess:
@@ -72,8 +78,13 @@ class KeyStoreAuthenticator:
     """
 
     def __init__(
-        self, store: KeyStore, tiers: dict[str, Tier] | None = None, single: SingleKey | None = None,
-        fallback_tier: str = "standard", cache_ttl_s: float = 5.0, clock: Callable[[], float] = time.time,
+        self,
+        store: KeyStore,
+        tiers: dict[str, Tier] | None = None,
+        single: SingleKey | None = None,
+        fallback_tier: str = "standard",
+        cache_ttl_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
     ):
         self.store = store
         self.tiers = tiers or DEFAULT_TIERS

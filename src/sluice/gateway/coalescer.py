@@ -61,7 +61,7 @@ class Subscription:
 
     __slots__ = ("_coalescer", "_key", "_flight", "_left")
 
-    def __init__(self, coalescer: "Coalescer", key: str, flight: _Flight):
+    def __init__(self, coalescer: Coalescer, key: str, flight: _Flight):
         self._coalescer, self._key, self._flight = coalescer, key, flight
         self._left = False
         flight.subscribers += 1

@@ -9,11 +9,11 @@ from sluice.config import Settings
 from sluice.gateway.admission import AdmissionQueue
 from sluice.gateway.authenticator import KeyStoreAuthenticator, OpenAccess, SingleKey
 from sluice.gateway.coalescer import Coalescer
-from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.gateway import Gateway
 from sluice.gateway.key_store import SQLiteKeyStore
 from sluice.gateway.limiter import make_limiter
 from sluice.gateway.principal import Principal
+from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.tiers import load_tiers
 
 log = logging.getLogger("sluice.gateway")
@@ -39,10 +39,17 @@ def build_authenticator(settings: Settings):  # -> Authenticator
         mode = "keys" if has_keys else ("single" if single else "open")
     if mode == "keys":
         log.info("authentication: key store %s", path)
-        auth = KeyStoreAuthenticator(SQLiteKeyStore(path), tiers, single, settings.default_tier, settings.key_cache_ttl_s)
+        auth = KeyStoreAuthenticator(
+            SQLiteKeyStore(path), tiers, single, settings.default_tier, settings.key_cache_ttl_s
+        )
         for key_id, tier in auth.keys_with_unknown_tiers():
-            log.warning("key %s has tier %r, which is not defined (%s): it is served as the default tier %r",
-                        key_id, tier, ", ".join(tiers), settings.default_tier)
+            log.warning(
+                "key %s has tier %r, which is not defined (%s): it is served as the default tier %r",
+                key_id,
+                tier,
+                ", ".join(tiers),
+                settings.default_tier,
+            )
         return auth, mode
     if mode == "single":
         if single is None:
@@ -60,5 +67,9 @@ def build_gateway(settings: Settings, engine_max_seqs: int, capacity_tokens: int
     )
     limiter = make_limiter(settings.limits_store, settings.redis_url, settings.on_store_error)
     coalescer = Coalescer() if settings.enable_coalescing else None
-    cache = ResponseCache(settings.response_cache_ttl_s, settings.response_cache_entries) if settings.response_cache else None
+    cache = (
+        ResponseCache(settings.response_cache_ttl_s, settings.response_cache_entries)
+        if settings.response_cache
+        else None
+    )
     return Gateway(admission, limiter, coalescer, cache)

@@ -12,17 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from contextlib import aclosing
 import time
 from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from sluice.gateway.admission import AdmissionQueue, Lease, Overloaded, Ticket
 from sluice.gateway.coalescer import Coalescer, Subscription
-from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.limiter import GuardedLimiter
 from sluice.gateway.limits import Decision, LimitReason
 from sluice.gateway.principal import Principal
+from sluice.gateway.response_cache import ResponseCache
 from sluice.types import GenerationEvent, GenerationRequest
 
 Producer = Callable[[], AsyncGenerator[GenerationEvent, None]]
@@ -55,7 +55,7 @@ class RateLimited(Exception):
 
 @dataclass
 class Session:
-    gateway: "Gateway"
+    gateway: Gateway
     principal: Principal
     decision: Decision
     reserved_output: int
@@ -68,7 +68,7 @@ class Session:
     kind: SessionKind = SessionKind.ENGINE
     output_tokens: int = 0
     _closed: bool = field(default=False, repr=False)
-    _renewing: "asyncio.Task | None" = field(default=None, repr=False)
+    _renewing: asyncio.Task | None = field(default=None, repr=False)
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         """The generation's events, however it is served; leaving early closes the source (for
@@ -173,10 +173,13 @@ class Gateway:
         max_tokens = request.sampling.max_tokens
         decision = Decision(True)
         if self.limiter is not None and principal.limits is not None:
-            decision = await self.limiter.acquire(principal.limit_key, principal.limits, len(request.prompt_token_ids),
-                                                   max_tokens)
+            decision = await self.limiter.acquire(
+                principal.limit_key, principal.limits, len(request.prompt_token_ids), max_tokens
+            )
             if not decision.allowed:
-                self.counts[Outcome.RATE_LIMITED if decision.reason is not LimitReason.STORE_UNAVAILABLE else Outcome.OVERLOADED] += 1
+                self.counts[
+                    Outcome.RATE_LIMITED if decision.reason is not LimitReason.STORE_UNAVAILABLE else Outcome.OVERLOADED
+                ] += 1
                 raise RateLimited(decision)
         if limited is not None:
             limited.set()
@@ -194,7 +197,9 @@ class Gateway:
                 self._join(session, key, None)  # rides an existing generation: needs no engine capacity
                 return session
             wait = principal.queue_deadline_s if deadline_s is None else min(deadline_s, principal.queue_deadline_s)
-            ticket = Ticket(principal.priority if band is None else band, request.token_cost, self._clock() + wait, principal.tenant)
+            ticket = Ticket(
+                principal.priority if band is None else band, request.token_cost, self._clock() + wait, principal.tenant
+            )
             lease = await self.admission.acquire(ticket)
             session.queue_time_s = lease.waited_s
             if key is not None and self.coalescer is not None:
@@ -216,4 +221,3 @@ class Gateway:
         except BaseException:
             await session.close()
             raise
-

@@ -177,7 +177,18 @@ class SQLiteKeyStore:
         o = overrides
         self._exec(
             f"INSERT INTO api_keys ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,NULL)",
-            (rec.key_id, hash_key(key), rec.hint, tenant, tier, o.rpm, o.itpm, o.otpm, o.max_concurrent, rec.created_at),
+            (
+                rec.key_id,
+                hash_key(key),
+                rec.hint,
+                tenant,
+                tier,
+                o.rpm,
+                o.itpm,
+                o.otpm,
+                o.max_concurrent,
+                rec.created_at,
+            ),
         )
         return key, rec
 

@@ -37,7 +37,9 @@ class RateLimiter(Protocol):
         limits.max_concurrent is set."""
         ...
 
-    async def settle(self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None) -> None:
+    async def settle(
+        self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None
+    ) -> None:
         """The request ended (success, abort or error): refund reserved − actual output tokens
         and release the concurrency lease. Call exactly once per allowed acquire."""
         ...
@@ -88,7 +90,9 @@ class GuardedLimiter:
         self._ok()
         return decision
 
-    async def settle(self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None) -> None:
+    async def settle(
+        self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None
+    ) -> None:
         try:
             await self.inner.settle(key, limits, reserved_output, actual_output, lease)
         except Exception as exc:  # a lost refund costs the key some tokens until refill; a lost

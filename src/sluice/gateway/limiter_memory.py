@@ -17,8 +17,9 @@ from sluice.gateway.token_bucket import WINDOW_S, Bucket, refill, reset_s, wait_
 
 
 class MemoryLimiter:
-    def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
-                 lease_ttl_s: float = 900.0) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S, lease_ttl_s: float = 900.0
+    ) -> None:
         self._clock = clock
         self.window_s = window_s
         self.lease_ttl_s = lease_ttl_s
@@ -54,7 +55,9 @@ class MemoryLimiter:
             self._prune(now)
         return Decision(allowed, retry, states, reason, lease)
 
-    async def settle(self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None) -> None:
+    async def settle(
+        self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None
+    ) -> None:
         refund = reserved_output - actual_output
         if refund > 0 and limits.otpm:
             now = self._clock()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import uuid
 
-
 from sluice.gateway.limits import BucketState, Decision, LimitReason, Limits
 from sluice.gateway.token_bucket import WINDOW_S, reset_s
 from sluice.redis_client import redis_client
@@ -29,7 +28,9 @@ local window = tonumber(ARGV[1])"""
 # KEYS: bucket keys..., concurrency key.  ARGV: window, lease_ttl, max_concurrent (-1 = none),
 # lease id, then (limit, cost) per bucket. Returns {allowed, retry_after, reason, left...}
 # (numbers as strings: Lua numbers would be truncated to integers on the way out).
-ACQUIRE = NOW_AND_WINDOW + """
+ACQUIRE = (
+    NOW_AND_WINDOW
+    + """
 local lease_ttl = tonumber(ARGV[2])
 local max_conc = tonumber(ARGV[3])
 local nb = #KEYS - 1
@@ -75,9 +76,12 @@ if allowed == 1 and max_conc >= 0 then
 end
 return out
 """
+)
 
 # KEYS: output bucket, concurrency key. ARGV: window, limit (-1 = none), refund, lease ('' = none)
-SETTLE = NOW_AND_WINDOW + """
+SETTLE = (
+    NOW_AND_WINDOW
+    + """
 local limit = tonumber(ARGV[2])
 local refund = tonumber(ARGV[3])
 if limit > 0 and refund > 0 then
@@ -92,6 +96,7 @@ end
 if ARGV[4] ~= '' then redis.call('ZREM', KEYS[2], ARGV[4]) end
 return 1
 """
+)
 
 
 # KEYS: concurrency key. ARGV: lease_ttl, lease. Extends a live lease (XX: a gone one stays gone).
@@ -107,8 +112,14 @@ return 1
 
 
 class RedisLimiter:
-    def __init__(self, url: str, prefix: str = "sluice", lease_ttl_s: float = 900.0, window_s: float = WINDOW_S,
-                 max_connections: int = 64):
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "sluice",
+        lease_ttl_s: float = 900.0,
+        window_s: float = WINDOW_S,
+        max_connections: int = 64,
+    ):
         # Short timeouts: a limiter that hangs would stall every request behind it. A blocking
         # pool: a burst waits briefly for a connection instead of failing with "too many".
         self.redis = redis_client(url, max_connections=max_connections)
@@ -127,7 +138,12 @@ class RedisLimiter:
         dims = list(limits.buckets().items())
         lease = uuid.uuid4().hex if limits.max_concurrent is not None else ""
         keys = [self._key(key, d) for d, _ in dims] + [self._key(key, "concurrency")]
-        argv: list = [self.window_s, self.lease_ttl_s, -1 if limits.max_concurrent is None else limits.max_concurrent, lease]
+        argv: list = [
+            self.window_s,
+            self.lease_ttl_s,
+            -1 if limits.max_concurrent is None else limits.max_concurrent,
+            lease,
+        ]
         for dim, limit in dims:
             argv += [limit, costs[dim]]
         res = await self._acquire(keys=keys, args=argv)
@@ -141,7 +157,9 @@ class RedisLimiter:
             states[dim] = BucketState(limit, left_f, reset_s(left_f, limit, self.window_s))
         return Decision(allowed, retry, states, reason, (lease or None) if allowed else None)
 
-    async def settle(self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None) -> None:
+    async def settle(
+        self, key: str, limits: Limits, reserved_output: int, actual_output: int, lease: str | None
+    ) -> None:
         refund = max(0, reserved_output - actual_output)
         if not (limits.otpm and refund) and lease is None:
             return  # nothing to give back: skip the round trip

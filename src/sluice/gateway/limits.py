@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-
+from datetime import UTC, datetime, timedelta
 
 DIMENSIONS = ("requests", "input_tokens", "output_tokens")
 
@@ -19,11 +18,13 @@ class Limits:
 
     def buckets(self) -> dict[str, int]:
         """The limited dimensions and their per-minute limits (None / 0 = unlimited)."""
-        return {k: v for k, v in (("requests", self.rpm), ("input_tokens", self.itpm), ("output_tokens", self.otpm)) if v}
+        return {
+            k: v for k, v in (("requests", self.rpm), ("input_tokens", self.itpm), ("output_tokens", self.otpm)) if v
+        }
 
 
 def rfc3339(seconds_from_now: float, now: datetime | None = None) -> str:
-    t = (now or datetime.now(timezone.utc)) + timedelta(seconds=max(0.0, seconds_from_now))
+    t = (now or datetime.now(UTC)) + timedelta(seconds=max(0.0, seconds_from_now))
     return t.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 

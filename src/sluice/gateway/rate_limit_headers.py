@@ -6,7 +6,6 @@ import math
 
 from sluice.gateway.limits import Decision, rfc3339
 
-
 _NAMES = {"requests": "requests", "input_tokens": "input-tokens", "output_tokens": "output-tokens"}
 
 

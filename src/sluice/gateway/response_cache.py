@@ -35,8 +35,13 @@ def _size(events: list[GenerationEvent]) -> int:
 class ResponseCache:
     """Finished replies by flight key, with TTL + LRU bounds on entries and bytes."""
 
-    def __init__(self, ttl_s: float = 300.0, max_entries: int = 1000, max_bytes: int = 64 * 1024 * 1024,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        ttl_s: float = 300.0,
+        max_entries: int = 1000,
+        max_bytes: int = 64 * 1024 * 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.ttl_s, self.max_entries, self.max_bytes = ttl_s, max_entries, max_bytes
         self._clock = clock
         self._items: OrderedDict[str, _Cached] = OrderedDict()

@@ -50,5 +50,10 @@ def load_tiers(table: dict[str, Any] | None) -> dict[str, Tier]:
                 raise ValueError(f"tiers.{name}.{k}: must be a positive integer")
         base = tiers.get(name, Tier(name, 1, Limits(), 30.0))
         limits = replace(base.limits, **{k: spec[k] for k in _LIMIT_KEYS if k in spec})
-        tiers[name] = Tier(name, int(spec.get("priority", base.priority)), limits, float(spec.get("queue_deadline_s", base.queue_deadline_s)))
+        tiers[name] = Tier(
+            name,
+            int(spec.get("priority", base.priority)),
+            limits,
+            float(spec.get("queue_deadline_s", base.queue_deadline_s)),
+        )
     return tiers

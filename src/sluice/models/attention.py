@@ -92,15 +92,18 @@ class _DecodeLayout:
     bias: torch.Tensor | None  # [1, num_decodes, 1, max_context] 0 / -inf, or None
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> None:
     if k.dtype != k_cache.dtype:  # the opt-in 16-bit cache (EngineConfig.kv_cache_dtype)
         k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: PrefillSpan,
-                      scale: float) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: PrefillSpan, scale: float
+) -> torch.Tensor:
     """One prefill chunk through scaled_dot_product_attention; q [q_len, H, D] -> [q_len, H, D]."""
     qp = q.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
     kp = k_cache.index_select(1, span.slots).unsqueeze(0)  # [1, KVH, ctx, D]
@@ -152,7 +155,9 @@ class TorchPagedAttention:
             padded = not bool(valid.all())
         bias = None
         if padded:
-            bias = torch.zeros(valid.shape, dtype=torch.float32, device=table.device).masked_fill_(~valid, float("-inf"))
+            bias = torch.zeros(valid.shape, dtype=torch.float32, device=table.device).masked_fill_(
+                ~valid, float("-inf")
+            )
             bias = bias.view(1, table.shape[0], 1, max_ctx)
         meta.derived = _DecodeLayout(slots, bias)
 
@@ -176,8 +181,9 @@ class TorchPagedAttention:
             out[span.start : span.end] = prefill_attention(q[span.start : span.end], k_cache, v_cache, span, self.scale)
         return out
 
-    def _gather(self, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(
+        self, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode rows' K and V out of the paged cache, [kv heads, rows, context, head dim], in
         the query's dtype (a 16-bit cache is widened after the gather: only what is read)."""
         b, ctx = slots.shape

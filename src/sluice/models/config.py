@@ -45,7 +45,7 @@ class ModelConfig:
             raise ModelLoadError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any], name: str = "model") -> "ModelConfig":
+    def from_hf_dict(cls, cfg: dict[str, Any], name: str = "model") -> ModelConfig:
         """Build from a Hugging Face `config.json` dictionary."""
         try:
             arch = cfg.get("model_type", "")

@@ -60,8 +60,9 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-def make_linear(weight: "Weight", bias: torch.Tensor | None, ops: ModuleType | None, device: torch.device,
-                dtype: torch.dtype) -> "Linear | PackedLinear":
+def make_linear(
+    weight: Weight, bias: torch.Tensor | None, ops: ModuleType | None, device: torch.device, dtype: torch.dtype
+) -> Linear | PackedLinear:
     """The kernel linear for a weight still in supported GGUF blocks when the kernels run;
     otherwise today's Linear over the dequantized (fp32) tensor."""
     from sluice.models.kernels.packed_linear import SUPPORTED, PackedLinear

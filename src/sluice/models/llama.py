@@ -100,8 +100,9 @@ class LlamaModel:
             return make_linear(weight, bias, self.ops, self.device, self.dtype)
 
         embed = w.take("model.embed_tokens.weight")
-        self.layers = [_Layer(w, f"model.layers.{i}.", config.attention_bias, linear, self.dtype)
-                       for i in range(config.num_layers)]
+        self.layers = [
+            _Layer(w, f"model.layers.{i}.", config.attention_bias, linear, self.dtype) for i in range(config.num_layers)
+        ]
         self.norm = w.tensor("model.norm.weight", self.dtype)
         head = w.maybe("lm_head.weight")
         tied = config.tie_word_embeddings or head is None
@@ -134,16 +135,19 @@ class LlamaModel:
             if self.ops is not None:
                 from sluice.models.kernels.paged_attention import KernelPagedAttention
 
-                attention = KernelPagedAttention(self.ops, config.num_heads, config.num_kv_heads, config.head_dim,
-                                                 config.sliding_window)
+                attention = KernelPagedAttention(
+                    self.ops, config.num_heads, config.num_kv_heads, config.head_dim, config.sliding_window
+                )
             elif self.device.type == "cuda":
                 from sluice.models.sdpa_attention import SdpaPagedAttention
 
-                attention = SdpaPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
-                                               config.sliding_window, self.dtype)
+                attention = SdpaPagedAttention(
+                    config.num_heads, config.num_kv_heads, config.head_dim, config.sliding_window, self.dtype
+                )
             else:
-                attention = TorchPagedAttention(config.num_heads, config.num_kv_heads, config.head_dim,
-                                                config.sliding_window)
+                attention = TorchPagedAttention(
+                    config.num_heads, config.num_kv_heads, config.head_dim, config.sliding_window
+                )
         self.attention = attention
         # the kernel path's layers in one extension call per step (models/kernels/fused_forward.py)
         self.stack: Any = None
@@ -201,8 +205,17 @@ class LlamaModel:
         if self.ops is not None:
             from sluice.models.kernels.fused_forward import fused_forward
 
-            return fused_forward(self, input_ids, positions, meta, kv_caches, logits_indices,
-                                 numerics is Numerics.FAST, argmax_rows, lora)
+            return fused_forward(
+                self,
+                input_ids,
+                positions,
+                meta,
+                kv_caches,
+                logits_indices,
+                numerics is Numerics.FAST,
+                argmax_rows,
+                lora,
+            )
         return self._torch_forward(input_ids, positions, meta, kv_caches, logits_indices, lora)
 
     def _torch_forward(self, input_ids, positions, meta, kv_caches, logits_indices, lora=None):  # type: ignore[no-untyped-def]

@@ -35,7 +35,7 @@ class QuantizedWeight:
     data: np.ndarray  # uint8 [rows, cols / 32 * block bytes]
 
     @classmethod
-    def from_blocks(cls, qtype: QuantType, rows: int, cols: int, raw: np.ndarray) -> "QuantizedWeight":
+    def from_blocks(cls, qtype: QuantType, rows: int, cols: int, raw: np.ndarray) -> QuantizedWeight:
         # A writable view is kept as it is (models/gguf/file.py maps the file copy-on-write, and
         # the kernels' packing copies the blocks anyway); a read-only one (gguf's GGUFReader) is
         # copied, so torch.from_numpy can take it.
@@ -59,7 +59,7 @@ class QuantizedWeight:
         return torch.from_numpy(np.ascontiguousarray(array.reshape(self.rows, self.cols), dtype=np.float32)).to(dtype)
 
     @staticmethod
-    def concat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
+    def concat(parts: list[QuantizedWeight]) -> QuantizedWeight:
         first = parts[0]
         assert all(p.qtype == first.qtype and p.cols == first.cols for p in parts)
         data = np.concatenate([p.data for p in parts])

@@ -27,30 +27,60 @@ from typing import Any
 import torch
 
 from sluice.models.config import ModelConfig
+from sluice.models.device import resolve_device
 from sluice.models.llama import LlamaModel
 from sluice.models.loader import DTYPES, LoadedModel
-from sluice.models.device import resolve_device
 from sluice.models.tokenizer import Tokenizer
 
 EOS_ID = 0
 
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(
-        model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0,
-        rms_norm_eps=1e-6, tie_word_embeddings=False,
+        model_type="llama",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
     ),
     "small": dict(  # SmolLM2-135M(-Instruct), the bundled model's shapes
-        model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=True,
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
     ),
     "1b": dict(  # Llama-3.2-1B
-        model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=16384,
-        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                          original_max_position_embeddings=8192),
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=16384,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=32.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
     ),
 }
 
@@ -67,8 +97,9 @@ def hf_config(shape: str | dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def random_state_dict(shape: str | dict[str, Any], seed: int = 0, dtype: str | torch.dtype = "float32",
-                      device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def random_state_dict(
+    shape: str | dict[str, Any], seed: int = 0, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
     """Hugging Face-named weights drawn on `device` from `seed` (fp32 draws, then cast)."""
     cfg = hf_config(shape)
     target = resolve_device(device) if isinstance(device, str) else device
@@ -113,9 +144,13 @@ def synthetic_tokenizer(vocab_size: int, eos_id: int = EOS_ID) -> Tokenizer:
     return Tokenizer(backend=backend, eos_token=f"t{eos_id}", eos_token_ids=[eos_id])
 
 
-def load_random_model(shape: str | dict[str, Any], seed: int = 0, dtype: str = "float32",
-                      device: str | torch.device = "cpu",
-                      state: dict[str, torch.Tensor] | None = None) -> LoadedModel:
+def load_random_model(
+    shape: str | dict[str, Any],
+    seed: int = 0,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    state: dict[str, torch.Tensor] | None = None,
+) -> LoadedModel:
     """A LoadedModel of `shape` with weights from `seed` (or the given `state`), on the portable
     torch path (no CPU kernels: the GPU's path, and what a CPU test of it should run)."""
     cfg = hf_config(shape)
@@ -125,12 +160,20 @@ def load_random_model(shape: str | dict[str, Any], seed: int = 0, dtype: str = "
     name = shape if isinstance(shape, str) else "custom"
     config = ModelConfig.from_hf_dict(cfg, name=f"random-{name}")
     model = LlamaModel(config, state, device=target)
-    return LoadedModel(config=config, model=model, tokenizer=synthetic_tokenizer(config.vocab_size),
-                       path=Path(f"random-init:{name}:seed{seed}"))
+    return LoadedModel(
+        config=config,
+        model=model,
+        tokenizer=synthetic_tokenizer(config.vocab_size),
+        path=Path(f"random-init:{name}:seed{seed}"),
+    )
 
 
-def hf_model(shape: str | dict[str, Any], state: dict[str, torch.Tensor], dtype: str = "float32",
-             device: str | torch.device = "cpu"):  # type: ignore[no-untyped-def]
+def hf_model(
+    shape: str | dict[str, Any],
+    state: dict[str, torch.Tensor],
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+):  # type: ignore[no-untyped-def]
     """transformers' LlamaForCausalLM of the same shape with the same weights, in eval mode.
 
     transformers is a test / benchmark dependency, imported here only."""

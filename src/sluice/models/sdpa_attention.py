@@ -36,8 +36,14 @@ class _SdpaLayout:
 class SdpaPagedAttention(TorchPagedAttention):
     """TorchPagedAttention with the decode product in scaled_dot_product_attention."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None,
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        sliding_window: int | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
         super().__init__(num_heads, num_kv_heads, head_dim, sliding_window)
         self.dtype = dtype
 

@@ -31,31 +31,51 @@ class ServingMetrics:
     def _declare_http(self, r: CollectorRegistry) -> None:
         """This API process's requests and connections, the safety layers' verdicts, the search tool's calls."""
         self.requests = Counter(
-            "sluice_http_requests", "HTTP requests by route, status, model version (<model>/<version>, or none) and tier",
-            ["route", "status", "version", "tier"], registry=r,
+            "sluice_http_requests",
+            "HTTP requests by route, status, model version (<model>/<version>, or none) and tier",
+            ["route", "status", "version", "tier"],
+            registry=r,
         )
-        self.ttft = Histogram("sluice_time_to_first_token_seconds", "Time to first token",
-                              ["route", "version", "tier"], buckets=_LATENCY, registry=r)
-        self.itl = Histogram("sluice_inter_token_latency_seconds", "Time between output tokens", buckets=_ITL, registry=r)
-        self.e2e = Histogram("sluice_request_duration_seconds", "End-to-end generation time", ["route"], buckets=_LATENCY, registry=r)
+        self.ttft = Histogram(
+            "sluice_time_to_first_token_seconds",
+            "Time to first token",
+            ["route", "version", "tier"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "sluice_inter_token_latency_seconds", "Time between output tokens", buckets=_ITL, registry=r
+        )
+        self.e2e = Histogram(
+            "sluice_request_duration_seconds", "End-to-end generation time", ["route"], buckets=_LATENCY, registry=r
+        )
         self.queue_time = Histogram(
-            "sluice_queue_time_seconds", "Time from arrival until the engine starts the request", buckets=_LATENCY, registry=r
+            "sluice_queue_time_seconds",
+            "Time from arrival until the engine starts the request",
+            buckets=_LATENCY,
+            registry=r,
         )
         self.output_tokens = Counter("sluice_output_tokens", "Output tokens generated", registry=r)
         self.prompt_tokens = Counter("sluice_prompt_tokens", "Prompt tokens received", registry=r)
-        self.aborted = Counter("sluice_requests_aborted", "Requests aborted (disconnect, timeout, kill)", ["reason"], registry=r)
+        self.aborted = Counter(
+            "sluice_requests_aborted", "Requests aborted (disconnect, timeout, kill)", ["reason"], registry=r
+        )
         self.disconnect_abort = Histogram(
             "sluice_disconnect_abort_seconds",
             "Time from a streaming client's connection closing to its generation being cancelled",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
         )
         self.stalled_readers_cut = Counter(
-            "sluice_stalled_readers_cut", "Connections aborted because the peer acknowledged nothing for send_timeout_s", registry=r
+            "sluice_stalled_readers_cut",
+            "Connections aborted because the peer acknowledged nothing for send_timeout_s",
+            registry=r,
         )
         self.read_refused = Counter(
             "sluice_http_read_refused",
             "Requests refused while being read (408 slow headers/body, 431 headers too large, 503 too many incomplete)",
-            ["status"], registry=r,
+            ["status"],
+            registry=r,
         )
         self.inflight = Gauge("sluice_http_inflight_generations", "Generations open on this API process", registry=r)
         self.gc_frozen = Gauge(
@@ -64,7 +84,10 @@ class ServingMetrics:
             registry=r,
         )
         self.safety_verdicts = Counter(
-            "sluice_safety_verdicts", "Safety verdicts (blocks and kills) by layer and category", ["layer", "category"], registry=r
+            "sluice_safety_verdicts",
+            "Safety verdicts (blocks and kills) by layer and category",
+            ["layer", "category"],
+            registry=r,
         )
         # the Messages API search tool (serving/search_tool/): "ok" or the error result's code
         self.search_tool_calls = Counter(
@@ -74,19 +97,29 @@ class ServingMetrics:
     def _declare_gateway(self, r: CollectorRegistry) -> None:
         """Admission, the queue, and the scaling signal (per model)."""
         self.gateway_requests = Counter(
-            "sluice_gateway_requests", "Admitted requests by how they were served (engine, coalesced, cached)", ["kind"], registry=r
+            "sluice_gateway_requests",
+            "Admitted requests by how they were served (engine, coalesced, cached)",
+            ["kind"],
+            registry=r,
         )
         self.gateway_queue_time = Histogram(
             "sluice_gateway_queue_time_seconds", "Time waited in the admission queue", buckets=_LATENCY, registry=r
         )
-        self.gateway_rejected = Gauge("sluice_gateway_rejected_total", "Requests refused by the gateway", ["reason"], registry=r)
+        self.gateway_rejected = Gauge(
+            "sluice_gateway_rejected_total", "Requests refused by the gateway", ["reason"], registry=r
+        )
         self.queue_depth = Gauge("sluice_gateway_queue_depth", "Requests waiting for admission", registry=r)
-        self.queued_tokens = Gauge("sluice_gateway_queued_tokens", "Estimated tokens (prompt + max_tokens) waiting", registry=r)
-        self.inflight_requests = Gauge("sluice_gateway_inflight_requests", "Requests dispatched to the engine", registry=r)
+        self.queued_tokens = Gauge(
+            "sluice_gateway_queued_tokens", "Estimated tokens (prompt + max_tokens) waiting", registry=r
+        )
+        self.inflight_requests = Gauge(
+            "sluice_gateway_inflight_requests", "Requests dispatched to the engine", registry=r
+        )
         self.scaling_signal = Gauge(
             "sluice_scaling_signal",
             "Per model: (estimated tokens queued + in flight) / its serving workers' token capacity (autoscaling input)",
-            ["model"], registry=r,
+            ["model"],
+            registry=r,
         )
 
     def _declare_engine(self, r: CollectorRegistry) -> None:
@@ -102,45 +135,86 @@ class ServingMetrics:
         self.hit_rate = Gauge("sluice_engine_prefix_cache_hit_rate", "Prefix-cache hit rate (tokens)", ev, registry=r)
         self.preemptions = Gauge("sluice_engine_preemptions_total", "Preemptions since start", ev, registry=r)
         self.step_tokens = Gauge("sluice_engine_batch_tokens", "Tokens in the last engine step", ev, registry=r)
-        self.batch_fill = Gauge("sluice_engine_batch_fill_ratio", "Last step's tokens over the step budget", ev, registry=r)
+        self.batch_fill = Gauge(
+            "sluice_engine_batch_fill_ratio", "Last step's tokens over the step budget", ev, registry=r
+        )
         # utilization: the fullest of a step's three limits (docs/ENGINE.md); the mean over any
         # range is rate(sluice_engine_batch_utilization_sum) / rate(sluice_engine_steps_total)
         self.batch_utilization = Gauge(
             "sluice_engine_batch_utilization_ratio",
-            "Last step's fill of its binding limit: max(tokens/budget, running/max_num_seqs, KV held/usable)", ev, registry=r,
+            "Last step's fill of its binding limit: max(tokens/budget, running/max_num_seqs, KV held/usable)",
+            ev,
+            registry=r,
         )
         self.batch_utilization_sum = Gauge(
-            "sluice_engine_batch_utilization_sum", "Per-step batch utilization summed over steps since start", ev, registry=r
+            "sluice_engine_batch_utilization_sum",
+            "Per-step batch utilization summed over steps since start",
+            ev,
+            registry=r,
         )
         self.held_steps = Gauge(
-            "sluice_engine_held_steps_total", "Steps in which the batching window held new arrivals back", ev, registry=r
+            "sluice_engine_held_steps_total",
+            "Steps in which the batching window held new arrivals back",
+            ev,
+            registry=r,
         )
-        self.kv_resident = Gauge("sluice_engine_kv_resident_bytes", "KV pool memory written at least once", ev, registry=r)
-        self.kv_spilled = Gauge("sluice_engine_kv_spilled_blocks", "Prefix-cache blocks kept in the KV spill file",
-                                ev, registry=r)
-        self.kv_restored = Gauge("sluice_engine_kv_spill_restored_blocks_total",
-                                 "Blocks prefix hits read back from the KV spill file since start", ev, registry=r)
+        self.kv_resident = Gauge(
+            "sluice_engine_kv_resident_bytes", "KV pool memory written at least once", ev, registry=r
+        )
+        self.kv_spilled = Gauge(
+            "sluice_engine_kv_spilled_blocks", "Prefix-cache blocks kept in the KV spill file", ev, registry=r
+        )
+        self.kv_restored = Gauge(
+            "sluice_engine_kv_spill_restored_blocks_total",
+            "Blocks prefix hits read back from the KV spill file since start",
+            ev,
+            registry=r,
+        )
         self.engine_steps = Gauge("sluice_engine_steps_total", "Engine steps since start", ev, registry=r)
-        self.engine_up = Gauge("sluice_engine_up", "1 when some worker of the version answered the last stats call", ev,
-                               registry=r)
+        self.engine_up = Gauge(
+            "sluice_engine_up", "1 when some worker of the version answered the last stats call", ev, registry=r
+        )
         # the fleet (read at scrape time)
-        self.workers = Gauge("sluice_workers", "Workers by model, version (<model>/<version>) and state",
-                             ["model", "version", "state"], registry=r)
-        self.warm_pool = Gauge("sluice_warm_pool_workers",
-                               "Warm-pool workers (loaded, warmed up, no traffic until the autoscaler promotes them)",
-                               ["model", "version"], registry=r)
+        self.workers = Gauge(
+            "sluice_workers",
+            "Workers by model, version (<model>/<version>) and state",
+            ["model", "version", "state"],
+            registry=r,
+        )
+        self.warm_pool = Gauge(
+            "sluice_warm_pool_workers",
+            "Warm-pool workers (loaded, warmed up, no traffic until the autoscaler promotes them)",
+            ["model", "version"],
+            registry=r,
+        )
 
     def _declare_lora(self, r: CollectorRegistry) -> None:
         """Per LoRA adapter (its model id; bounded by the fleet, as versions are): requests that
         ended and their tokens, counted by the gateway when each request ends."""
-        self.lora_requests = Counter("sluice_lora_requests", "Requests served with a LoRA adapter, by adapter and "
-                                     "version (<model>/<version>)", ["adapter", "version"], registry=r)
-        self.lora_tokens = Counter("sluice_lora_tokens", "Tokens of requests served with a LoRA adapter, by adapter, "
-                                   "version and kind (prompt, output)", ["adapter", "version", "kind"], registry=r)
-        self.lora_resident = Gauge("sluice_engine_lora_resident_adapters", "LoRA adapters resident on the version's workers",
-                                   ["model", "version"], registry=r)
-        self.lora_resident_bytes = Gauge("sluice_engine_lora_resident_bytes", "Memory of the resident LoRA adapters' weights",
-                                         ["model", "version"], registry=r)
+        self.lora_requests = Counter(
+            "sluice_lora_requests",
+            "Requests served with a LoRA adapter, by adapter and version (<model>/<version>)",
+            ["adapter", "version"],
+            registry=r,
+        )
+        self.lora_tokens = Counter(
+            "sluice_lora_tokens",
+            "Tokens of requests served with a LoRA adapter, by adapter, version and kind (prompt, output)",
+            ["adapter", "version", "kind"],
+            registry=r,
+        )
+        self.lora_resident = Gauge(
+            "sluice_engine_lora_resident_adapters",
+            "LoRA adapters resident on the version's workers",
+            ["model", "version"],
+            registry=r,
+        )
+        self.lora_resident_bytes = Gauge(
+            "sluice_engine_lora_resident_bytes",
+            "Memory of the resident LoRA adapters' weights",
+            ["model", "version"],
+            registry=r,
+        )
 
     def count_lora(self, adapter: str, version: str, prompt_tokens: int, output_tokens: int) -> None:
         self.lora_requests.labels(adapter, version).inc()
@@ -152,14 +226,24 @@ class ServingMetrics:
             self.gaie = GaieMetrics(self.registry)
 
     def _engine_values(self, s: EngineStats) -> list[tuple[Gauge, float]]:
-        return [(self.running, s.num_running), (self.waiting, s.num_waiting), (self.kv_usage, s.kv_usage),
-                (self.kv_used, s.kv_blocks_used), (self.kv_total, s.kv_blocks_total),
-                (self.hit_rate, s.prefix_cache_hit_rate), (self.preemptions, s.num_preemptions),
-                (self.step_tokens, s.last_step_tokens), (self.batch_fill, s.batch_fill),
-                (self.batch_utilization, s.last_step_utilization), (self.batch_utilization_sum, s.batch_utilization_sum),
-                (self.held_steps, s.num_held_steps), (self.kv_resident, s.kv_resident_bytes),
-                (self.kv_spilled, s.kv_spilled_blocks), (self.kv_restored, s.kv_spill_restored_blocks),
-                (self.engine_steps, s.num_steps)]
+        return [
+            (self.running, s.num_running),
+            (self.waiting, s.num_waiting),
+            (self.kv_usage, s.kv_usage),
+            (self.kv_used, s.kv_blocks_used),
+            (self.kv_total, s.kv_blocks_total),
+            (self.hit_rate, s.prefix_cache_hit_rate),
+            (self.preemptions, s.num_preemptions),
+            (self.step_tokens, s.last_step_tokens),
+            (self.batch_fill, s.batch_fill),
+            (self.batch_utilization, s.last_step_utilization),
+            (self.batch_utilization_sum, s.batch_utilization_sum),
+            (self.held_steps, s.num_held_steps),
+            (self.kv_resident, s.kv_resident_bytes),
+            (self.kv_spilled, s.kv_spilled_blocks),
+            (self.kv_restored, s.kv_spill_restored_blocks),
+            (self.engine_steps, s.num_steps),
+        ]
 
     def observe_engines(self, by_version: dict[tuple[str, str], EngineStats | None]) -> None:
         """(model, <model>/<version>) -> the version's engines combined (engine/stats.py
@@ -220,14 +304,23 @@ class GaieMetrics:
     Prometheus' linter flags them, and they are what the picker asks for."""
 
     def __init__(self, r: CollectorRegistry) -> None:
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting: the admission queue and the engines' queues",
-                             ["model_name"], registry=r)
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting",
+            "Requests waiting: the admission queue and the engines' queues",
+            ["model_name"],
+            registry=r,
+        )
         self.running = Gauge("vllm:num_requests_running", "Requests running in the engines", ["model_name"], registry=r)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage", ["model_name"],
-                              registry=r)
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage", ["model_name"], registry=r
+        )
         # the value is the time of the last update (the picker takes the newest series)
-        self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on LoRA requests",
-                               ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
+        self.lora_info = Gauge(
+            "vllm:lora_requests_info",
+            "Running stats on LoRA requests",
+            ["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            registry=r,
+        )
 
     def observe(self, model_name: str, s: EngineStats, queued: int, now: float) -> None:
         for gauge in (self.waiting, self.running, self.kv_usage, self.lora_info):

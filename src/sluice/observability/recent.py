@@ -19,7 +19,9 @@ class RecentLatency:
         self.window_s = window_s
         self._clock = clock
         self._samples: dict[str, deque[tuple[float, float]]] = {
-            "ttft": deque(maxlen=max_samples), "itl": deque(maxlen=max_samples)}
+            "ttft": deque(maxlen=max_samples),
+            "itl": deque(maxlen=max_samples),
+        }
 
     def record(self, kind: str, seconds: float) -> None:
         self._samples[kind].append((self._clock(), seconds))

@@ -42,7 +42,9 @@ def configure(exporter: str, service: str, otlp_endpoint: str | None = None, tra
     elif exporter == "file":
         if not trace_file:
             raise ValueError("trace_exporter = 'file' needs trace_file")
-        provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(f"{trace_file}.{service}.{os.getpid()}.jsonl")))
+        provider.add_span_processor(
+            SimpleSpanProcessor(JsonLinesExporter(f"{trace_file}.{service}.{os.getpid()}.jsonl"))
+        )
     else:
         raise ValueError(f"unknown trace_exporter {exporter!r}: none, otlp or file")
     trace.set_tracer_provider(provider)
@@ -60,18 +62,24 @@ class JsonLinesExporter:
         with open(self.path, "a", encoding="utf-8") as f:
             for span in spans:
                 ctx, parent = span.get_span_context(), span.parent
-                f.write(json.dumps({
-                    "name": span.name,
-                    "service": span.resource.attributes.get("service.name"),
-                    "trace_id": f"{ctx.trace_id:032x}",
-                    "span_id": f"{ctx.span_id:016x}",
-                    "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
-                    "start_ns": span.start_time,
-                    "end_ns": span.end_time,
-                    "attributes": dict(span.attributes or {}),
-                    "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events],
-                    "status": span.status.status_code.name,
-                }, default=str) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "name": span.name,
+                            "service": span.resource.attributes.get("service.name"),
+                            "trace_id": f"{ctx.trace_id:032x}",
+                            "span_id": f"{ctx.span_id:016x}",
+                            "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
+                            "start_ns": span.start_time,
+                            "end_ns": span.end_time,
+                            "attributes": dict(span.attributes or {}),
+                            "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events],
+                            "status": span.status.status_code.name,
+                        },
+                        default=str,
+                    )
+                    + "\n"
+                )
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -39,7 +39,7 @@ class AhoCorasick:
         self._built = False
         return len(self.patterns) - 1
 
-    def build(self) -> "AhoCorasick":
+    def build(self) -> AhoCorasick:
         queue = deque(self.goto[0].values())
         for s in queue:
             self.fail[s] = 0

@@ -57,8 +57,9 @@ def decoded_blobs(text: str) -> list[tuple[int, int, str]]:
         else:
             body = raw.rstrip("=")
             try:
-                data = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_" if ("-" in raw or "_" in raw) else None,
-                                        validate=True)
+                data = base64.b64decode(
+                    body + "=" * (-len(body) % 4), altchars=b"-_" if ("-" in raw or "_" in raw) else None, validate=True
+                )
             except (binascii.Error, ValueError):
                 data = None
         decoded = _printable(data) if data else None

@@ -50,8 +50,12 @@ class MultiPattern:
             return
         db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         try:
-            db.compile(expressions=expressions, ids=list(range(len(expressions))),
-                       elements=len(expressions), flags=[_FLAGS] * len(expressions))
+            db.compile(
+                expressions=expressions,
+                ids=list(range(len(expressions))),
+                elements=len(expressions),
+                flags=[_FLAGS] * len(expressions),
+            )
         except hyperscan.error as exc:
             raise PatternError(str(exc)) from None
         self._db = db

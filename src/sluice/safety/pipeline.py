@@ -44,13 +44,15 @@ class SafetyPipeline:
         self._output_action = {c.name: c.output_action for c in policy.categories}
         cs = policy.classifier
         uses_classifier = cs.enabled and any(c.classifier_threshold for c in policy.categories)
-        self.classifier = classifier if classifier is not None else (
-            Classifier(cs.workers, cs.max_pending) if uses_classifier else None
+        self.classifier = (
+            classifier
+            if classifier is not None
+            else (Classifier(cs.workers, cs.max_pending) if uses_classifier else None)
         )
         self.stats = SafetyStats()
 
     @classmethod
-    def from_file(cls, path: str | None = None) -> "SafetyPipeline":
+    def from_file(cls, path: str | None = None) -> SafetyPipeline:
         return cls(load_policy(path))
 
     # -- L1 -------------------------------------------------------------------------------------
@@ -70,8 +72,9 @@ class SafetyPipeline:
         return self._input_action.get(verdict.category, verdict.action)
 
     # -- L2 and the periodic L3 window check ------------------------------------------------------
-    async def classify(self, text: str, layer: Layer = Layer.L2, deadline_s: float | None = None,
-                       output: bool = False) -> Verdict | None:
+    async def classify(
+        self, text: str, layer: Layer = Layer.L2, deadline_s: float | None = None, output: bool = False
+    ) -> Verdict | None:
         """A verdict when a category's threshold is crossed, or when the classifier cannot
         answer (saturated, past `deadline_s`, unavailable) and that category fails closed."""
         if self.classifier is None:
@@ -93,8 +96,13 @@ class SafetyPipeline:
             assert result.scores is not None
             score = sum(result.scores.get(c, 0.0) for c in cat.classifier_classes)  # related classes pool
             if score >= cat.classifier_threshold:
-                return Verdict(layer, cat.name, "classifier:" + "+".join(cat.classifier_classes),
-                               score=round(score, 4), action=action)
+                return Verdict(
+                    layer,
+                    cat.name,
+                    "classifier:" + "+".join(cat.classifier_classes),
+                    score=round(score, 4),
+                    action=action,
+                )
         return None
 
     # -- L3 ---------------------------------------------------------------------------------------

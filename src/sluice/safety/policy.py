@@ -25,9 +25,18 @@ class FailMode(str, enum.Enum):
     OPEN = "open"  # allow
     CLOSED = "closed"  # refuse
 
+
 # svguardian's classes (the classifier a category's threshold applies to)
-CLASSIFIER_CLASSES = ("prompt_injection", "jailbreak", "data_exfiltration", "pii", "social_engineering",
-                      "harmful_content", "model_attack", "benign")
+CLASSIFIER_CLASSES = (
+    "prompt_injection",
+    "jailbreak",
+    "data_exfiltration",
+    "pii",
+    "social_engineering",
+    "harmful_content",
+    "model_attack",
+    "benign",
+)
 
 
 class PolicyError(SluiceError):
@@ -69,8 +78,17 @@ class SafetyPolicy:
         return next((c for c in self.categories if c.name == name), None)
 
 
-_CATEGORY_KEYS = {"description", "literals", "regexes", "input_action", "output_action", "check_output",
-                  "fail_mode", "classifier_threshold", "classifier_classes"}
+_CATEGORY_KEYS = {
+    "description",
+    "literals",
+    "regexes",
+    "input_action",
+    "output_action",
+    "check_output",
+    "fail_mode",
+    "classifier_threshold",
+    "classifier_classes",
+}
 
 
 def _strings(where: str, value: Any) -> list[str]:
@@ -120,12 +138,16 @@ def _category(name: str, cname: str, spec: Any) -> Category:
     if not isinstance(check_output, bool):
         raise PolicyError(f"{at}.check_output must be true or false")
     return Category(
-        cname, tuple(literals), tuple(regexes),
+        cname,
+        tuple(literals),
+        tuple(regexes),
         _action(f"{at}.input_action", spec.get("input_action", "block_400"), INPUT_ACTIONS),
         _action(f"{at}.output_action", spec.get("output_action", "refuse"), OUTPUT_ACTIONS),
         check_output,
         FailMode(_choice(f"{at}.fail_mode", spec.get("fail_mode", "open"), tuple(m.value for m in FailMode))),
-        None if threshold is None else float(threshold), tuple(classes), str(spec.get("description", "")),
+        None if threshold is None else float(threshold),
+        tuple(classes),
+        str(spec.get("description", "")),
     )
 
 

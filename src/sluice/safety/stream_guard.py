@@ -52,8 +52,7 @@ class GuardStats:
 
 
 class StreamGuard:
-    def __init__(self, patterns: PatternSet, action: dict[str, Action] | None = None,
-                 shared: GuardStats | None = None):
+    def __init__(self, patterns: PatternSet, action: dict[str, Action] | None = None, shared: GuardStats | None = None):
         self.p = patterns
         self._shared = shared  # the pipeline's totals across streams
         self._action = action or {}

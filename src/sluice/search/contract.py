@@ -23,16 +23,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from sluice.search import strict_json
+from sluice.search.dense import vectors
 from sluice.search.errors import SearchError, SearchErrorKind
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.filters import Clause, FilterError, check_wire, decode_filter
 from sluice.search.index.hits import Hit
 from sluice.search.index.query_syntax import MAX_QUERY_CHARS
-from sluice.search.index.schema import RangeKind
 from sluice.search.index.query_tree import Tree, check_tree, scored_leaves
+from sluice.search.index.schema import RangeKind
 from sluice.search.index.snippets import MAX_SNIPPET_CHARS
 from sluice.search.retrieval import HybridOptions, RetrievalMode, decode_mode
-from sluice.search.dense import vectors
 
 DEFAULT_TOP_K = 10
 MIN_TOP_K = 0
@@ -45,8 +45,22 @@ MAX_PREFIXES = 64  # wildcard prefixes in one statistics request (at most one pe
 DEFAULT_SNIPPET_CHARS = 300
 SEARCH_FIELDS = frozenset({"query", "top_k", "snippet_chars", "filter", "mode", "hybrid"})
 
-__all__ = ["DEFAULT_SNIPPET_CHARS", "MAX_SNIPPET_CHARS", "DEFAULT_TOP_K", "MAX_QUERY_CHARS", "MAX_TOP_K", "MIN_TOP_K", "SearchRequest", "SearchResponse",
-           "StatsRequest", "StatsAnswer", "ShardSearchRequest", "ShardSearchAnswer", "BulkAnswer", "DeleteAnswer"]
+__all__ = [
+    "DEFAULT_SNIPPET_CHARS",
+    "MAX_SNIPPET_CHARS",
+    "DEFAULT_TOP_K",
+    "MAX_QUERY_CHARS",
+    "MAX_TOP_K",
+    "MIN_TOP_K",
+    "SearchRequest",
+    "SearchResponse",
+    "StatsRequest",
+    "StatsAnswer",
+    "ShardSearchRequest",
+    "ShardSearchAnswer",
+    "BulkAnswer",
+    "DeleteAnswer",
+]
 
 
 def _invalid(message: str) -> SearchError:
@@ -96,8 +110,13 @@ class SearchRequest:
 
     def options_key(self) -> tuple[Any, ...]:
         """Everything but the query that changes the answer (the result cache's key)."""
-        return (self.top_k, self.snippet_chars, None if self.filter is None else json.dumps(self.filter, separators=(",", ":")),
-                self.mode.value, None if self.hybrid is None else self.hybrid.key())
+        return (
+            self.top_k,
+            self.snippet_chars,
+            None if self.filter is None else json.dumps(self.filter, separators=(",", ":")),
+            self.mode.value,
+            None if self.hybrid is None else self.hybrid.key(),
+        )
 
     @classmethod
     def decode(cls, body: bytes, max_top_k: int, ranges: dict[str, RangeKind] | None = None) -> SearchRequest:
@@ -125,9 +144,14 @@ class SearchRequest:
         if data.get("hybrid") is not None and mode is not RetrievalMode.HYBRID:
             raise _invalid('hybrid: only with "mode": "hybrid"')
         hybrid = HybridOptions.decode(data.get("hybrid"), top_k) if mode is RetrievalMode.HYBRID else None
-        return cls(query, top_k,
-                   _bounded_int(data.get("snippet_chars", DEFAULT_SNIPPET_CHARS), "snippet_chars", 0, MAX_SNIPPET_CHARS),
-                   clauses, mode, hybrid)
+        return cls(
+            query,
+            top_k,
+            _bounded_int(data.get("snippet_chars", DEFAULT_SNIPPET_CHARS), "snippet_chars", 0, MAX_SNIPPET_CHARS),
+            clauses,
+            mode,
+            hybrid,
+        )
 
 
 @dataclasses.dataclass(slots=True)
@@ -144,10 +168,15 @@ class SearchResponse:
         return self.shards_answered < self.shards
 
     def to_json(self) -> dict[str, Any]:
-        return {"hits": [h.to_json() for h in self.hits], "shards": self.shards,
-                "shards_answered": self.shards_answered,
-                "partial": self.partial, "failed_shards": self.failed, "took_ms": round(self.took_ms, 3),
-                "cached": self.cached}
+        return {
+            "hits": [h.to_json() for h in self.hits],
+            "shards": self.shards,
+            "shards_answered": self.shards_answered,
+            "partial": self.partial,
+            "failed_shards": self.failed,
+            "took_ms": round(self.took_ms, 3),
+            "cached": self.cached,
+        }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,8 +195,10 @@ class StatsRequest:
     @classmethod
     def decode(cls, data: Any) -> StatsRequest:
         data = _object(data)
-        return cls(_strings(data.get("terms"), "terms", MAX_TERMS),
-                   _strings(data.get("prefixes", []), "prefixes", MAX_PREFIXES))
+        return cls(
+            _strings(data.get("terms"), "terms", MAX_TERMS),
+            _strings(data.get("prefixes", []), "prefixes", MAX_PREFIXES),
+        )
 
 
 @dataclasses.dataclass(slots=True)
@@ -177,17 +208,22 @@ class StatsAnswer:
     expansions: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # prefix → {term: freq}
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.stats.to_json(), "applied_seq": self.applied_seq,
-                **({"expansions": self.expansions} if self.expansions else {})}
+        return {
+            **self.stats.to_json(),
+            "applied_seq": self.applied_seq,
+            **({"expansions": self.expansions} if self.expansions else {}),
+        }
 
     @classmethod
     def decode(cls, data: dict[str, Any]) -> StatsAnswer:
         seq = data.get("applied_seq")
         expansions = data.get("expansions", {})
         if not isinstance(expansions, dict) or not all(
-                isinstance(p, str) and isinstance(terms, dict)
-                and all(isinstance(t, str) and t.startswith(p) and isinstance(f, int) for t, f in terms.items())
-                for p, terms in expansions.items()):
+            isinstance(p, str)
+            and isinstance(terms, dict)
+            and all(isinstance(t, str) and t.startswith(p) and isinstance(f, int) for t, f in terms.items())
+            for p, terms in expansions.items()
+        ):
             raise ValueError("malformed expansions")
         return cls(CollectionStats.from_json(data), seq if isinstance(seq, int) else -1, expansions)
 
@@ -270,13 +306,19 @@ class ShardSearchAnswer:
         seq, index_s = data.get("applied_seq"), data.get("index_s")
         freqs, parts = data.get("term_freqs"), data.get("parts")
         if freqs is not None:
-            if not isinstance(freqs, dict) or not all(isinstance(t, str) and isinstance(f, int)
-                                                      for t, f in freqs.items()):
+            if not isinstance(freqs, dict) or not all(
+                isinstance(t, str) and isinstance(f, int) for t, f in freqs.items()
+            ):
                 raise ValueError("malformed term_freqs")
             if not isinstance(parts, list) or len(parts) != len(hits) or not all(isinstance(p, dict) for p in parts):
                 raise ValueError("parts do not match the hits")
-        return cls(hits, seq if isinstance(seq, int) else -1,
-                   float(index_s) if isinstance(index_s, (int, float)) else None, freqs, parts)
+        return cls(
+            hits,
+            seq if isinstance(seq, int) else -1,
+            float(index_s) if isinstance(index_s, (int, float)) else None,
+            freqs,
+            parts,
+        )
 
 
 @dataclasses.dataclass(slots=True)

@@ -17,8 +17,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from sluice.search.contract import (BulkAnswer, DeleteAnswer, SearchRequest, SearchResponse, ShardSearchAnswer,
-                                    ShardSearchRequest, StatsAnswer, StatsRequest)
+from sluice.search.contract import (
+    BulkAnswer,
+    DeleteAnswer,
+    SearchRequest,
+    SearchResponse,
+    ShardSearchAnswer,
+    ShardSearchRequest,
+    StatsAnswer,
+    StatsRequest,
+)
 
 
 @runtime_checkable

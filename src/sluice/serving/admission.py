@@ -57,8 +57,14 @@ async def open_session(
     try:
         with tracer().start_as_current_span("gateway.admission") as span:
             session = await gw.open(
-                req.principal, gen, produce,
-                key=key, use_cache=req.use_cache, deadline_s=req.queue_timeout_s, band=req.band, limited=limited,
+                req.principal,
+                gen,
+                produce,
+                key=key,
+                use_cache=req.use_cache,
+                deadline_s=req.queue_timeout_s,
+                band=req.band,
+                limited=limited,
             )
             span.set_attribute("sluice.session", session.kind.value)
             span.set_attribute("sluice.queue_time_s", session.queue_time_s)
@@ -66,9 +72,15 @@ async def open_session(
         d = exc.decision
         headers = rate_limit_headers(d)
         if d.reason is LimitReason.STORE_UNAVAILABLE:
-            raise ServingError(ErrorKind.OVERLOADED, "rate limiting is unavailable; try again shortly",
-                               retry_after_s=1.0, headers=headers) from None
-        raise ServingError(ErrorKind.RATE_LIMITED, _WHAT.get(d.reason, "rate limit exceeded"), headers=headers) from None
+            raise ServingError(
+                ErrorKind.OVERLOADED,
+                "rate limiting is unavailable; try again shortly",
+                retry_after_s=1.0,
+                headers=headers,
+            ) from None
+        raise ServingError(
+            ErrorKind.RATE_LIMITED, _WHAT.get(d.reason, "rate limit exceeded"), headers=headers
+        ) from None
     except Overloaded as exc:
         raise overloaded(f"Overloaded: {exc.reason}", exc.retry_after_s) from None
     rt.metrics.gateway_requests.labels(session.kind.value).inc()
@@ -77,8 +89,12 @@ async def open_session(
     return session
 
 
-async def until_admitted(opening: "asyncio.Future[Any]", disconnected: Disconnected | None, timeout: float | None,
-                         decided: asyncio.Event | None = None) -> bool:
+async def until_admitted(
+    opening: asyncio.Future[Any],
+    disconnected: Disconnected | None,
+    timeout: float | None,
+    decided: asyncio.Event | None = None,
+) -> bool:
     """Wait for `opening` at most `timeout` seconds (None: until done); True once it is done.
     `decided`: the timeout counts only once it is set — a refusal that may still come from
     the rate limits (a store that hangs until its own timeout) is waited for, so it is a real
@@ -89,6 +105,7 @@ async def until_admitted(opening: "asyncio.Future[Any]", disconnected: Disconnec
     before its response started)."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
+
     def step() -> float:
         if deadline is None or (decided is not None and not decided.is_set() and loop.time() >= deadline):
             return _POLL_S

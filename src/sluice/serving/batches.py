@@ -54,14 +54,18 @@ class Batch:
 
 
 class BatchStore:
-    def __init__(self, retention_s: float = 86_400.0, max_batches: int = 10_000, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, retention_s: float = 86_400.0, max_batches: int = 10_000, clock: Callable[[], float] = time.time
+    ):
         self.retention_s, self.max_batches = retention_s, max_batches
         self._clock = clock
         self._batches: dict[str, Batch] = {}  # insertion order = creation order
 
     def _evict(self) -> None:
         now = self._clock()
-        for bid in [b.id for b in self._batches.values() if b.ended_at is not None and b.ended_at + self.retention_s <= now]:
+        for bid in [
+            b.id for b in self._batches.values() if b.ended_at is not None and b.ended_at + self.retention_s <= now
+        ]:
             del self._batches[bid]
 
     def add(self, batch: Batch) -> None:
@@ -69,8 +73,11 @@ class BatchStore:
         if len(self._batches) >= self.max_batches:
             oldest_ended = next((b for b in self._batches.values() if b.ended_at is not None), None)
             if oldest_ended is None:
-                raise ServingError(ErrorKind.RATE_LIMITED, f"too many batches in progress (at most {self.max_batches})",
-                                   retry_after_s=60)
+                raise ServingError(
+                    ErrorKind.RATE_LIMITED,
+                    f"too many batches in progress (at most {self.max_batches})",
+                    retry_after_s=60,
+                )
             del self._batches[oldest_ended.id]
         self._batches[batch.id] = batch
 
@@ -84,7 +91,9 @@ class BatchStore:
     def for_tenant(self, tenant: str) -> list[Batch]:
         """The tenant's batches, newest first."""
         self._evict()
-        return sorted((b for b in self._batches.values() if b.tenant == tenant), key=lambda b: b.created_at, reverse=True)
+        return sorted(
+            (b for b in self._batches.values() if b.tenant == tenant), key=lambda b: b.created_at, reverse=True
+        )
 
     def delete(self, tenant: str, batch_id: str) -> None:
         batch = self.get(tenant, batch_id)
@@ -93,7 +102,9 @@ class BatchStore:
         del self._batches[batch_id]
 
 
-async def run_batch(batch: Batch, execute: Callable[[Any], Awaitable[Result]], concurrency: int, clock: Callable[[], float] = time.time) -> None:
+async def run_batch(
+    batch: Batch, execute: Callable[[Any], Awaitable[Result]], concurrency: int, clock: Callable[[], float] = time.time
+) -> None:
     """Run the items `concurrency` at a time; stops starting items once the batch is canceled."""
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     for item in batch.items:

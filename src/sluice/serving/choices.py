@@ -48,13 +48,15 @@ def per_choice(req: ServingRequest, n: int, first_index: int = 0) -> list[Servin
     out = []
     for i in range(n):
         index = first_index + i
-        out.append(dataclasses.replace(
-            req,
-            request_id=f"{req.request_id}-{index}",
-            sampling=dataclasses.replace(req.sampling, seed=choice_seed(req.sampling.seed, i)),
-            dedup_body=None if req.dedup_body is None else {**req.dedup_body, "_choice": index},
-            budget=OutputBudget(req.budget.limit),
-        ))
+        out.append(
+            dataclasses.replace(
+                req,
+                request_id=f"{req.request_id}-{index}",
+                sampling=dataclasses.replace(req.sampling, seed=choice_seed(req.sampling.seed, i)),
+                dedup_body=None if req.dedup_body is None else {**req.dedup_body, "_choice": index},
+                budget=OutputBudget(req.budget.limit),
+            )
+        )
     return out
 
 
@@ -110,4 +112,3 @@ async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Outcome]]:
             await asyncio.gather(*tasks, return_exceptions=True)
             for g in gens:
                 await g.close()
-

@@ -81,26 +81,42 @@ class FleetAdmin:
             raise AdminError(ErrorKind.INVALID_REQUEST, "no weights given: name at least one version")
         unknown = [v for v in weights if v not in spec.versions]
         if unknown:
-            raise AdminError(ErrorKind.INVALID_REQUEST, f"model {model_id!r} has no version {', '.join(map(repr, unknown))}; "
-                             f"versions: {', '.join(spec.versions)}")
-        bad = [v for v, w in weights.items() if not (isinstance(w, (int, float)) and math.isfinite(w) and 0 <= w <= MAX_WEIGHT)]
+            raise AdminError(
+                ErrorKind.INVALID_REQUEST,
+                f"model {model_id!r} has no version {', '.join(map(repr, unknown))}; "
+                f"versions: {', '.join(spec.versions)}",
+            )
+        bad = [
+            v
+            for v, w in weights.items()
+            if not (isinstance(w, (int, float)) and math.isfinite(w) and 0 <= w <= MAX_WEIGHT)
+        ]
         if bad:
-            raise AdminError(ErrorKind.INVALID_REQUEST, f"weights must be numbers from 0 to {MAX_WEIGHT:g}: {', '.join(bad)}")
+            raise AdminError(
+                ErrorKind.INVALID_REQUEST, f"weights must be numbers from 0 to {MAX_WEIGHT:g}: {', '.join(bad)}"
+            )
         store = self.fleet.state_store
         for _ in range(CAS_ATTEMPTS):
             state = (await store.load()).model(model_id)
             if _running(state):
                 assert state.rollout is not None
-                raise AdminError(ErrorKind.CONFLICT, f"a rollout of {model_id!r} to {state.rollout['target']!r} is "
-                                 "running; it owns the weights until it ends (or roll it back)")
+                raise AdminError(
+                    ErrorKind.CONFLICT,
+                    f"a rollout of {model_id!r} to {state.rollout['target']!r} is "
+                    "running; it owns the weights until it ends (or roll it back)",
+                )
             new = {**current_weights(spec, state), **{v: float(w) for v, w in weights.items()}}
             versions = dict(state.versions)
             versions.update({v: VersionState.ACTIVE for v, w in weights.items() if w > 0})
             if not any(w > 0 and versions.get(v, VersionState.ACTIVE) is VersionState.ACTIVE for v, w in new.items()):
-                raise AdminError(ErrorKind.INVALID_REQUEST, f"model {model_id!r} would have no traffic: give an "
-                                 "active version a weight > 0")
+                raise AdminError(
+                    ErrorKind.INVALID_REQUEST,
+                    f"model {model_id!r} would have no traffic: give an active version a weight > 0",
+                )
             try:
-                await store.put(model_id, ModelRoutingState(new, versions, state.rollout), expect_revision=state.revision)
+                await store.put(
+                    model_id, ModelRoutingState(new, versions, state.rollout), expect_revision=state.revision
+                )
             except StateConflictError:
                 continue  # another gateway wrote meanwhile: reread and apply ours on top
             await self._refresh()
@@ -114,13 +130,19 @@ class FleetAdmin:
         model_id = self._model(model)
         spec = self.fleet.registry.model(model_id)
         if to not in spec.versions:
-            raise AdminError(ErrorKind.NOT_FOUND, f"model {model_id!r} has no version {to!r}; versions: {', '.join(spec.versions)}")
+            raise AdminError(
+                ErrorKind.NOT_FOUND, f"model {model_id!r} has no version {to!r}; versions: {', '.join(spec.versions)}"
+            )
         try:
             plan = RolloutSpec.model_validate({**self.fleet.registry.fleet.rollout.model_dump(), **overrides})
         except ValidationError as exc:
-            problems = [f"{'.'.join(map(str, e['loc'])) or 'plan'}: {e['msg'].removeprefix('Value error, ')}"
-                        for e in exc.errors(include_url=False)]
-            raise AdminError(ErrorKind.INVALID_REQUEST, "invalid rollout plan: " + "; ".join(problems), problems) from None
+            problems = [
+                f"{'.'.join(map(str, e['loc'])) or 'plan'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors(include_url=False)
+            ]
+            raise AdminError(
+                ErrorKind.INVALID_REQUEST, "invalid rollout plan: " + "; ".join(problems), problems
+            ) from None
         try:
             rollout = await self.fleet.driver.start(model_id, to, plan)
         except (RolloutError, StateConflictError) as exc:  # one is running, or the target has all traffic already
@@ -149,8 +171,9 @@ class FleetAdmin:
     async def reload(self) -> dict[str, Any]:
         registry = self.fleet.registry
         if registry.source is None:
-            raise AdminError(ErrorKind.CONFLICT, "this server runs without a fleet file (--fleet / SLUICE_FLEET): "
-                             "nothing to reload")
+            raise AdminError(
+                ErrorKind.CONFLICT, "this server runs without a fleet file (--fleet / SLUICE_FLEET): nothing to reload"
+            )
         async with self.fleet.reload_lock:
             try:
                 tiers = list(load_tiers(self.settings_tiers))
@@ -162,8 +185,14 @@ class FleetAdmin:
                 raise AdminError(ErrorKind.INVALID_REQUEST, "invalid fleet file:\n  " + "\n  ".join(problems), problems)
             result = registry.reload(new)
             if not result.applied:  # cross-checks the loader already ran; kept for completeness
-                raise AdminError(ErrorKind.INVALID_REQUEST, result.error or "invalid fleet file",
-                                 (result.error or "").splitlines())
+                raise AdminError(
+                    ErrorKind.INVALID_REQUEST, result.error or "invalid fleet file", (result.error or "").splitlines()
+                )
             changes = await self.fleet.apply_reload()
-        return {"applied": True, "added": list(result.added), "removed": list(result.removed),
-                "changed": list(result.changed), **changes}
+        return {
+            "applied": True,
+            "added": list(result.added),
+            "removed": list(result.removed),
+            "changed": list(result.changed),
+            **changes,
+        }

@@ -9,8 +9,8 @@ from typing import Any
 from sluice.config import Settings
 from sluice.config.lora import parse_lora_module
 from sluice.engine.config import EngineConfig
-from sluice.routing.fleet_file.default_fleet import INLINE, fleet_from_settings
 from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.default_fleet import INLINE, fleet_from_settings
 from sluice.routing.fleet_file.registry import Registry
 from sluice.worker.engine_client import EngineClient, ModelInfo
 

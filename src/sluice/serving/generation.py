@@ -30,8 +30,9 @@ def to_serving_error(exc: InvalidRequestError | EngineUnavailableError) -> Servi
     return overloaded(f"no engine is available: {exc}", retry_after_s=2)
 
 
-async def generate(rt: ServingRuntime, planner: Planner, plan: RoutePlan, request: GenerationRequest, route: str,
-                   tier: str) -> AsyncIterator[GenerationEvent]:
+async def generate(
+    rt: ServingRuntime, planner: Planner, plan: RoutePlan, request: GenerationRequest, route: str, tier: str
+) -> AsyncIterator[GenerationEvent]:
     """The engine's events for the planned request (`route` and `tier` label its metrics);
     leaving early closes the worker stream
     (an abort: the worker frees the request's KV blocks within a step)."""
@@ -50,12 +51,17 @@ async def generate(rt: ServingRuntime, planner: Planner, plan: RoutePlan, reques
     m.prompt_tokens.inc(len(request.prompt_token_ids))
     # not the current span: this generator's frames run in its consumer's context, so the span
     # is passed down explicitly (its context reaches the worker in the gRPC metadata)
-    span = tracer().start_span("generate", attributes={
-        "sluice.request_id": request.request_id, "sluice.version": plan.version_header,
-        "sluice.prompt_tokens": len(request.prompt_token_ids), "sluice.max_tokens": request.sampling.max_tokens})
+    span = tracer().start_span(
+        "generate",
+        attributes={
+            "sluice.request_id": request.request_id,
+            "sluice.version": plan.version_header,
+            "sluice.prompt_tokens": len(request.prompt_token_ids),
+            "sluice.max_tokens": request.sampling.max_tokens,
+        },
+    )
     try:
-        stream = generate_on_fleet(fleet.router, fleet.handles, plan, request,
-                                   planner.replan, policy, attempted, span)
+        stream = generate_on_fleet(fleet.router, fleet.handles, plan, request, planner.replan, policy, attempted, span)
         async with aclosing(stream):
             async for event in stream:
                 now = time.perf_counter()
@@ -87,11 +93,17 @@ async def generate(rt: ServingRuntime, planner: Planner, plan: RoutePlan, reques
         m.inflight.dec()
         if final is None:
             m.aborted.labels("client").inc()
-        span.set_attributes({
-            "sluice.output_tokens": output_tokens, "sluice.workers": ",".join(attempted.workers),
-            "sluice.retries": attempted.retries, "sluice.migrations": attempted.migrations,
-            "sluice.finish_reason": final.finish_reason.value if final is not None and final.finish_reason else "none",
-        })
+        span.set_attributes(
+            {
+                "sluice.output_tokens": output_tokens,
+                "sluice.workers": ",".join(attempted.workers),
+                "sluice.retries": attempted.retries,
+                "sluice.migrations": attempted.migrations,
+                "sluice.finish_reason": final.finish_reason.value
+                if final is not None and final.finish_reason
+                else "none",
+            }
+        )
         if first is not None:
             span.set_attribute("sluice.ttft_s", first - started)
         span.end()

@@ -19,9 +19,9 @@ from sluice.errors import InvalidRequestError
 from sluice.models.grammar.compiler import check_guided
 from sluice.models.tools.format import HERMES, ToolFormat, tool_format
 from sluice.models.tools.guidance import json_object_guidance, json_schema_guidance, tool_guidance
-from sluice.tool_types import ToolChoice, ToolChoiceMode
 from sluice.serving.errors import invalid
 from sluice.serving.prompt import Conversation
+from sluice.tool_types import ToolChoice, ToolChoiceMode
 from sluice.types import GuidedDecoding, GuidedKind
 
 
@@ -48,12 +48,16 @@ def resolve_tool_format(setting: str) -> ToolFormat:
     return tool_format(setting)
 
 
-def guided_for(conv: Conversation, choice: ToolChoice, output: OutputFormat | None, fmt: ToolFormat) -> GuidedDecoding | None:
+def guided_for(
+    conv: Conversation, choice: ToolChoice, output: OutputFormat | None, fmt: ToolFormat
+) -> GuidedDecoding | None:
     """The spec (None: unconstrained), checked; raises ServingError (400) naming the problem."""
     forced = choice.mode in (ToolChoiceMode.ANY, ToolChoiceMode.TOOL)
     if conv.prefill and (output is not None or forced):
         # the grammar starts where the reply starts; a prefill would put text before it
-        raise invalid("messages: a final assistant prefill cannot be combined with a structured output format or a forced tool_choice")
+        raise invalid(
+            "messages: a final assistant prefill cannot be combined with a structured output format or a forced tool_choice"
+        )
     try:
         if not conv.tools and output is not None and output.schema is None:
             spec = json_object_guidance()

@@ -109,7 +109,9 @@ class Failed:
 
     def as_error(self) -> ServingError:
         """The refusal this failure is when no response has started yet (a real HTTP status)."""
-        return ServingError(self.kind, self.message, retry_after_s=self.retry_after_s if self.retry_after_s is not None else 1.0)
+        return ServingError(
+            self.kind, self.message, retry_after_s=self.retry_after_s if self.retry_after_s is not None else 1.0
+        )
 
 
 ToolPiece = ToolCallStarted | ToolInputDelta | ToolCallDone | ServerToolResult

@@ -34,28 +34,36 @@ from anyio import CancelScope
 
 from sluice.gateway.gateway import Session
 from sluice.gateway.rate_limit_headers import rate_limit_headers
+from sluice.models.tokenizer import Tokenizer
+from sluice.models.tools.format import ToolFormat
+from sluice.routing.dispatch.router import RoutePlan
+from sluice.routing.fleet_file.search_service import SearchServiceSpec
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.verdict import Verdict
 from sluice.serving.admission import Disconnected, open_session, until_admitted
-from sluice.serving.stages.deadline import with_deadline
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.generation import generate
 from sluice.serving.guided import parses_calls, resolve_tool_format
-from sluice.serving.stages.guarded_stream import guarded
-from sluice.models.tokenizer import Tokenizer
-from sluice.serving.stages.lookahead import Lookahead
-from sluice.models.tools.format import ToolFormat
-from sluice.serving.outcomes import (Failed, Final, Finished, Outcome, ServerToolResult, TextDelta, ToolCallDone,
-                                     ToolPiece)
-from sluice.routing.dispatch.router import RoutePlan
+from sluice.serving.outcomes import (
+    Failed,
+    Final,
+    Finished,
+    Outcome,
+    ServerToolResult,
+    TextDelta,
+    ToolCallDone,
+    ToolPiece,
+)
 from sluice.serving.planning import Planner
 from sluice.serving.prompt import BuiltPrompt, Conversation, build_prompt
 from sluice.serving.request import FALLBACK_HEADER, QUOTA_WARNING_HEADER, VERSION_HEADER, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.serving.safety_check import check_input
-from sluice.serving.stages.tool_stream import with_tool_calls
-from sluice.routing.fleet_file.search_service import SearchServiceSpec
 from sluice.serving.search_tool.tool_loop import SearchRounds, attached_service
+from sluice.serving.stages.deadline import with_deadline
+from sluice.serving.stages.guarded_stream import guarded
+from sluice.serving.stages.lookahead import Lookahead
+from sluice.serving.stages.tool_stream import with_tool_calls
 from sluice.types import GenerationRequest, TokenLogprob
 
 L2_INPUT_CHARS = 4000  # the classifier reads the end of the conversation
@@ -147,11 +155,13 @@ class ServingPipeline:
         except BaseException:
             await fleet.router.settle(plan, 0)  # the quota reservation goes back
             raise
-        return Prepared(req, planner, plan, priced.generation, priced.prompt, safety, "\n".join(texts)[-L2_INPUT_CHARS:], service)
+        return Prepared(
+            req, planner, plan, priced.generation, priced.prompt, safety, "\n".join(texts)[-L2_INPUT_CHARS:], service
+        )
 
     async def start(
         self, req: ServingRequest, wait_s: float | None = None, disconnected: Disconnected | None = None
-    ) -> "Generation":
+    ) -> Generation:
         """Prepare and admit. `wait_s`: how long to wait for admission before handing the
         generation back still queued (None: until admitted or refused)."""
         prepared = await self.prepare(req)
@@ -159,15 +169,20 @@ class ServingPipeline:
 
     async def open(
         self, prepared: Prepared, wait_s: float | None = None, disconnected: Disconnected | None = None
-    ) -> "Generation":
+    ) -> Generation:
         rt, req, gen = self.rt, prepared.request, prepared.generation
         loop = asyncio.get_running_loop()
         began = loop.time()
         limited = asyncio.Event()  # the rate limits have decided: only the queue is left
         opening = asyncio.ensure_future(
-            open_session(rt, req, prepared.plan.version_header, gen,
-                         lambda: generate(rt, prepared.planner, prepared.plan, gen, req.route.value, req.principal.tier),
-                         limited)
+            open_session(
+                rt,
+                req,
+                prepared.plan.version_header,
+                gen,
+                lambda: generate(rt, prepared.planner, prepared.plan, gen, req.route.value, req.principal.tier),
+                limited,
+            )
         )
         try:
             admitted = await until_admitted(opening, disconnected, wait_s, limited)
@@ -194,7 +209,7 @@ class ServingPipeline:
 class Generation:
     """One admitted (or still queued) request: its outcomes, once; `close()` always (idempotent)."""
 
-    def __init__(self, rt: ServingRuntime, prepared: Prepared, opening: "asyncio.Future[Session]"):
+    def __init__(self, rt: ServingRuntime, prepared: Prepared, opening: asyncio.Future[Session]):
         self.rt = rt
         self.prepared = prepared
         self._opening = opening
@@ -240,13 +255,20 @@ class Generation:
             yield Failed(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
             return
         p = self.prepared
-        stream = with_deadline(self.rt, guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict))
+        stream = with_deadline(
+            self.rt, guarded(p.safety, session.events(), p.input_text, self.request_id, self._count_verdict)
+        )
         fmt = p.tool_format
         if fmt is not None:  # after the guard: safety reads the calls as the model wrote them
             stream = with_tool_calls(stream, fmt, p.request.tool_id_prefix, p.request.server_tool_names)
         if p.search_service is not None:  # the search tool's calls run here, then the next round generates
-            rounds = SearchRounds(p.request, p.search_service, self._next_round, session.close,
-                                  lambda result: self.rt.metrics.search_tool_calls.labels(result).inc())
+            rounds = SearchRounds(
+                p.request,
+                p.search_service,
+                self._next_round,
+                session.close,
+                lambda result: self.rt.metrics.search_tool_calls.labels(result).inc(),
+            )
             stream = rounds.outcomes(stream)
         try:
             async with aclosing(stream) as outcomes:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from sluice.errors import InvalidRequestError
 from sluice.models.tokenizer import Tokenizer
+from sluice.routing.dispatch.router import PlanRequest, RoutePlan
+from sluice.routing.dispatch.version_router import sticky_key
 from sluice.routing.errors import (
     ModelUnavailableError,
     PinNotAllowedError,
@@ -24,8 +26,6 @@ from sluice.routing.errors import (
     UnknownVersionError,
 )
 from sluice.routing.fleet.fleet import Fleet
-from sluice.routing.dispatch.router import PlanRequest, RoutePlan
-from sluice.routing.dispatch.version_router import sticky_key
 from sluice.serving.errors import ErrorKind, ServingError, invalid
 from sluice.serving.guided import guided_for, resolve_tool_format
 from sluice.serving.prompt import BuiltPrompt, build_prompt
@@ -62,7 +62,9 @@ class Planner:
             span.set_attribute("sluice.version", plan.version_header)
             if plan.fallback_from is not None:
                 span.set_attribute("sluice.fallback_from", plan.fallback_from)
-                span.set_attribute("sluice.fallback_reason", str(plan.fallback_reason.value if plan.fallback_reason else ""))
+                span.set_attribute(
+                    "sluice.fallback_reason", str(plan.fallback_reason.value if plan.fallback_reason else "")
+                )
             span.set_attribute("sluice.prompt_tokens", len(priced.prompt.token_ids))
             return plan, priced
 
@@ -70,8 +72,9 @@ class Planner:
         try:
             plan = await self.fleet.router.plan(self.plan_request(exclude), self.cost)
         except UnknownModelError as exc:
-            raise ServingError(ErrorKind.NOT_FOUND, f"model: {self.request.model}", code="model_not_found",
-                               param="model") from exc
+            raise ServingError(
+                ErrorKind.NOT_FOUND, f"model: {self.request.model}", code="model_not_found", param="model"
+            ) from exc
         except UnknownVersionError as exc:
             raise ServingError(ErrorKind.NOT_FOUND, str(exc), param="sluice-model-version") from None
         except PinNotAllowedError as exc:
@@ -114,11 +117,15 @@ class Planner:
         if left is not None and left > window - 1:  # the prompt takes >= 1 token
             raise invalid(
                 f"max_tokens: {left} > {window - 1}, which is the maximum allowed number of output "
-                f"tokens for {req.model}", param="max_tokens",
+                f"tokens for {req.model}",
+                param="max_tokens",
             )
         fmt = resolve_tool_format(self.fleet.settings.tool_format)
-        prompt = await asyncio.to_thread(_raw_prompt, req.raw_prompt, tokenizer) if req.raw_prompt is not None else (
-            await asyncio.to_thread(build_prompt, req.conversation, tokenizer, fmt))
+        prompt = (
+            await asyncio.to_thread(_raw_prompt, req.raw_prompt, tokenizer)
+            if req.raw_prompt is not None
+            else (await asyncio.to_thread(build_prompt, req.conversation, tokenizer, fmt))
+        )
         n = len(prompt.token_ids)
         if n >= window:
             raise invalid(f"prompt is too long: {n} tokens > {window - 1} maximum")

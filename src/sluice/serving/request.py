@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.gateway.principal import Principal
-from sluice.tool_types import SearchToolUse, ToolChoice
 from sluice.serving.guided import OutputFormat
 from sluice.serving.output_budget import OutputBudget
 from sluice.serving.prompt import Conversation
+from sluice.tool_types import SearchToolUse, ToolChoice
 from sluice.types import Sampling
-
 
 # response headers (docs/FLEET.md); VERSION_HEADER is also the request header that pins a version
 VERSION_HEADER = "sluice-model-version"

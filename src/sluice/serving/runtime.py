@@ -22,9 +22,9 @@ from sluice.gateway.gateway import Gateway
 from sluice.gateway.principal import Principal
 from sluice.gateway.tiers import load_tiers
 from sluice.observability.metrics import ServingMetrics
-from sluice.routing.scaling.observation import Demand
 from sluice.routing.errors import UnknownModelError
 from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.scaling.observation import Demand
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.policy import load_policy
 from sluice.serving.errors import ErrorKind, ServingError
@@ -133,7 +133,9 @@ class ServingRuntime:
         get now (529 before any stream opens)."""
         fleet = self.require_fleet()
         if not fleet.ready:
-            raise ServingError(ErrorKind.OVERLOADED, f"no engine is available: {fleet.not_ready_reason()}", retry_after_s=2)
+            raise ServingError(
+                ErrorKind.OVERLOADED, f"no engine is available: {fleet.not_ready_reason()}", retry_after_s=2
+            )
         return fleet
 
     def keep(self, task: asyncio.Task) -> None:

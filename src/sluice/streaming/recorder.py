@@ -25,7 +25,11 @@ from sluice.streaming.replay_log import ReplayEvent, ReplayLog
 
 class Recording:
     def __init__(
-        self, log: ReplayLog, stream_id: str, source: AsyncGenerator[ReplayEvent, None], cut: Callable[[int], ReplayEvent]
+        self,
+        log: ReplayLog,
+        stream_id: str,
+        source: AsyncGenerator[ReplayEvent, None],
+        cut: Callable[[int], ReplayEvent],
     ):
         self._log, self._id, self._source, self._cut = log, stream_id, source, cut
         self._last_seq = 0
@@ -34,9 +38,13 @@ class Recording:
 
     @classmethod
     async def open(
-        cls, log: ReplayLog, stream_id: str, tenant: str, source: AsyncGenerator[ReplayEvent, None],
+        cls,
+        log: ReplayLog,
+        stream_id: str,
+        tenant: str,
+        source: AsyncGenerator[ReplayEvent, None],
         cut: Callable[[int], ReplayEvent],
-    ) -> "Recording":
+    ) -> Recording:
         await log.open(stream_id, tenant)
         return cls(log, stream_id, source, cut)
 

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from sluice.streaming.event_log import EventLog, LogGap
 from sluice.redis_client import redis_client
+from sluice.streaming.event_log import EventLog, LogGap
 
 POLL_BLOCK_MS = 1000
 
@@ -124,7 +124,9 @@ class RedisReplayLog:
     async def append(self, stream_id: str, event: ReplayEvent) -> None:
         events, meta = self._keys(stream_id)
         pipe = self.redis.pipeline()
-        pipe.xadd(events, {"seq": event.seq, "name": event.name, "data": event.data}, maxlen=self.max_events, approximate=True)
+        pipe.xadd(
+            events, {"seq": event.seq, "name": event.name, "data": event.data}, maxlen=self.max_events, approximate=True
+        )
         pipe.expire(events, int(self.ttl_s) + 3600)
         await pipe.execute()
 

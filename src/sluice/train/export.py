@@ -17,8 +17,8 @@ import enum
 import json
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sluice.train.checkpoint.store import CheckpointStore, open_store
 from sluice.train.errors import CheckpointError
@@ -54,8 +54,10 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, merge: bool = 
     saved = _saved(run_dir)
     lora = bool(saved.get("lora_rank"))
     if merge and not lora:
-        raise CheckpointError(f"--merge applies to a LoRA run's adapter; {run_dir} trained the whole model "
-                              "(its export is a whole model folder already)")
+        raise CheckpointError(
+            f"--merge applies to a LoRA run's adapter; {run_dir} trained the whole model "
+            "(its export is a whole model folder already)"
+        )
     store = open_store(run_dir, saved.get("checkpoint_store") or "", saved.get("s3_endpoint") or "")
     step = _step_of(store, run_dir, step)
     model_dir = run_dir / "model"

@@ -30,20 +30,25 @@ import enum
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from sluice.common.fault_spec import FaultGrammar, FaultKind
 
 ENV = "SLUICE_TRAIN_FAULT"
-GRAMMAR = FaultGrammar(ENV, ":", (
-    FaultKind("kill", "kill:RANK:STEP[:GROUP]", (int, int, int), optional=1),
-    FaultKind("await_group", "await_group:GROUP:STEP", (int, int)),
-    FaultKind("delay", "delay:SECONDS", (float,)),
-    FaultKind("hold", "hold:WORLD:STEP", (int, int)),
-    FaultKind("nan_loss", "nan_loss:STEP", (int,)),
-    FaultKind("inf_grad", "inf_grad:STEP", (int,)),
-))
+GRAMMAR = FaultGrammar(
+    ENV,
+    ":",
+    (
+        FaultKind("kill", "kill:RANK:STEP[:GROUP]", (int, int, int), optional=1),
+        FaultKind("await_group", "await_group:GROUP:STEP", (int, int)),
+        FaultKind("delay", "delay:SECONDS", (float,)),
+        FaultKind("hold", "hold:WORLD:STEP", (int, int)),
+        FaultKind("nan_loss", "nan_loss:STEP", (int,)),
+        FaultKind("inf_grad", "inf_grad:STEP", (int,)),
+    ),
+)
 
 
 class FaultPoint(str, enum.Enum):
@@ -103,7 +108,10 @@ def from_env() -> Faults | None:
 def at_step_start(faults: Faults, site: FaultSite) -> None:
     if faults.delay_s:
         time.sleep(faults.delay_s)
-    if faults.kill == (site.rank, site.step, site.group) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+    if (
+        faults.kill == (site.rank, site.step, site.group)
+        and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    ):
         site.settle()
         os.kill(os.getpid(), signal.SIGKILL)
     if faults.await_group is not None and faults.await_group[1] == site.step and faults.await_group[0] != site.group:

@@ -27,18 +27,29 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sluice.train.data import dataset
-from sluice.train.monitor import Monitor
 from sluice.parent_death import tied_to_this_process
+from sluice.train.data import dataset
 from sluice.train.errors import TrainConfigError, TrainHaltError
 from sluice.train.model.source import tokenizer_for
+from sluice.train.monitor import Monitor
 from sluice.train.parallel.fit import check_fits
 from sluice.train.replica.lighthouse import lighthouse_for
 from sluice.train.settings import TrainSettings, write_resolved
 
 # A resumed run must read the same rows with the same model (and the same adapter's shape and scale); these decide that.
-SAME_RUN_FIELDS = ("data", "model", "tokenizer", "seq_len", "batch_size", "seed", "moe_experts", "moe_top_k",
-                   "lora_rank", "lora_alpha", "lora_targets")
+SAME_RUN_FIELDS = (
+    "data",
+    "model",
+    "tokenizer",
+    "seq_len",
+    "batch_size",
+    "seed",
+    "moe_experts",
+    "moe_top_k",
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
+)
 STOPPED_MARKER = "stopped"  # written by rank 0 (train/trainer.py) after a stop signal
 # a file of this machine's launcher where its workers leave the error that halted the run
 # (train/errors.py TrainHaltError): they exit 0 so that torchrun does not restart them
@@ -70,11 +81,13 @@ def check_same_run(settings: TrainSettings, run_dir: Path) -> None:
     new = json.loads(settings.model_dump_json())
     changed = [f for f in SAME_RUN_FIELDS if old.get(f) != new.get(f)]
     if changed:
-        raise TrainConfigError([
-            f"{run_dir} holds a run with different {', '.join(changed)} "
-            f"({'; '.join(f'{f}: {old.get(f)!r} -> {new.get(f)!r}' for f in changed)}); "
-            "resume it with its own settings or choose another --out"
-        ])
+        raise TrainConfigError(
+            [
+                f"{run_dir} holds a run with different {', '.join(changed)} "
+                f"({'; '.join(f'{f}: {old.get(f)!r} -> {new.get(f)!r}' for f in changed)}); "
+                "resume it with its own settings or choose another --out"
+            ]
+        )
 
 
 def prepare(settings: TrainSettings) -> dict:
@@ -84,7 +97,9 @@ def prepare(settings: TrainSettings) -> dict:
     if settings.lora_rank and importlib.util.find_spec("peft") is None:
         raise TrainConfigError(["lora_rank needs PEFT: pip install 'sluice[train]' (or peft>=0.21.2 after torch)"])
     if settings.replica_groups > 1 and importlib.util.find_spec("torchft") is None:
-        raise TrainConfigError(["replica_groups needs torchft: pip install --no-deps torchft==0.2.0 (see the Makefile)"])
+        raise TrainConfigError(
+            ["replica_groups needs torchft: pip install --no-deps torchft==0.2.0 (see the Makefile)"]
+        )
     if settings.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise TrainConfigError(["tensorboard = true needs the tensorboard package: pip install 'sluice[train]'"])
     run_dir = settings.run_dir
@@ -92,7 +107,9 @@ def prepare(settings: TrainSettings) -> dict:
     check_same_run(settings, run_dir)
     check_fits(settings)  # model-parallel modes: heads / layers / micro-batches against the ranks
     tok, tok_id = tokenizer_for(settings)
-    meta = dataset.prepare(Path(settings.data), tok, tok_id, settings.seq_len, run_dir / "data", settings.skip_bad_lines)
+    meta = dataset.prepare(
+        Path(settings.data), tok, tok_id, settings.seq_len, run_dir / "data", settings.skip_bad_lines
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     write_resolved(settings, run_dir / "resolved_config.json")
     return meta
@@ -112,20 +129,36 @@ def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:
     newest checkpoint on the new world size (torchrun does not count that as a failure)."""
     endpoint = settings.rdzv_endpoint or f"127.0.0.1:{port}"
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", settings.nnodes, "--nproc-per-node", str(settings.group_size),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"sluice-{endpoint.rpartition(':')[2]}",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        settings.nnodes,
+        "--nproc-per-node",
+        str(settings.group_size),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        f"sluice-{endpoint.rpartition(':')[2]}",
         *(["--rdzv-conf", ELASTIC_RDZV_CONF] if settings.elastic else []),
-        "--max-restarts", str(settings.max_restarts),
-        "-m", "sluice.train.worker", str(settings.run_dir),
+        "--max-restarts",
+        str(settings.max_restarts),
+        "-m",
+        "sluice.train.worker",
+        str(settings.run_dir),
     ]
 
 
 def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     meta = prepare(settings)
     bad = meta.get("bad_lines") or []
-    print(f"data: {meta['examples']} examples, {meta['rows']} rows of {meta['seq_len']} tokens, "
-          f"{meta['loss_tokens']} trained tokens" + (f", {len(bad)} bad lines skipped" if bad else ""), file=sys.stderr)
+    print(
+        f"data: {meta['examples']} examples, {meta['rows']} rows of {meta['seq_len']} tokens, "
+        f"{meta['loss_tokens']} trained tokens" + (f", {len(bad)} bad lines skipped" if bad else ""),
+        file=sys.stderr,
+    )
     for problem in bad[:20]:
         print(f"  skipped {problem}", file=sys.stderr)
     child_env = dict(os.environ if env is None else env)
@@ -150,8 +183,11 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     marker = settings.run_dir / STOPPED_MARKER
     if signalled and marker.exists():
         step = marker.read_text().strip()
-        print(f"stopped: checkpoint at step {step} in {settings.run_dir}/checkpoints; "
-              "run the same command again to resume", file=sys.stderr)
+        print(
+            f"stopped: checkpoint at step {step} in {settings.run_dir}/checkpoints; "
+            "run the same command again to resume",
+            file=sys.stderr,
+        )
         return 0
     if code != 0:
         print(f"training failed (torchrun exit code {code}); see the errors above", file=sys.stderr)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sluice.train.observe.events import Event, EventLog
 from sluice.train.observe.progress import Progress
@@ -32,8 +32,10 @@ class Monitor:
         self.watchdog = Watchdog(run_dir, settings.hang_timeout, torchrun_pids)
         self.watchdog.clear()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._every, args=(f,), name=f"sluice-train-{f.__name__}", daemon=True)
-                         for f in (self.watch, self.progress.poll)]
+        self._threads = [
+            threading.Thread(target=self._every, args=(f,), name=f"sluice-train-{f.__name__}", daemon=True)
+            for f in (self.watch, self.progress.poll)
+        ]
 
     def __enter__(self) -> Monitor:
         for t in self._threads:
@@ -55,10 +57,18 @@ class Monitor:
 
     def watch(self) -> None:
         for hang in self.watchdog.poll():
-            action = (f"killed; replica group {hang.group} is evicted, its torchrun restarts it and it "
-                      "recovers from a live peer" if self.groups > 1
-                      else "killed; torchrun restarts the job from the newest checkpoint")
+            action = (
+                f"killed; replica group {hang.group} is evicted, its torchrun restarts it and it "
+                "recovers from a live peer"
+                if self.groups > 1
+                else "killed; torchrun restarts the job from the newest checkpoint"
+            )
             EventLog(self.run_dir, hang.group, hang.rank).emit(
-                Event.HANG, pid=hang.pid, step=hang.step, phase=hang.phase, silent_s=round(hang.silent_s, 1),
+                Event.HANG,
+                pid=hang.pid,
+                step=hang.step,
+                phase=hang.phase,
+                silent_s=round(hang.silent_s, 1),
                 bound_s=self.watchdog.timeout,
-                action=action)
+                action=action,
+            )

@@ -38,17 +38,23 @@ class StepOutcome:
 
 def nonfinite_message(o: StepOutcome, store) -> str:
     """The halt of a run whose step was not finite, naming its newest checkpoint."""
-    what = " and ".join(f"the {name} is {value}" for name, value in (("loss", o.loss), ("gradient norm", o.norm))
-                        if not math.isfinite(value))
+    what = " and ".join(
+        f"the {name} is {value}"
+        for name, value in (("loss", o.loss), ("gradient norm", o.norm))
+        if not math.isfinite(value)
+    )
     saved = store.complete_steps()
     newest = store.step_name(saved[-1]) if saved else "none"
-    return (f"step {o.step}: {what or 'a rank saw a value that is not finite'}: the run stopped before the "
-            f"step's update, saving nothing; the newest checkpoint is {newest} "
-            '(nonfinite = "skip", or --nonfinite skip, drops such steps and goes on)')
+    return (
+        f"step {o.step}: {what or 'a rank saw a value that is not finite'}: the run stopped before the "
+        f"step's update, saving nothing; the newest checkpoint is {newest} "
+        '(nonfinite = "skip", or --nonfinite skip, drops such steps and goes on)'
+    )
 
 
-def agree(loss_sum: float, norm: float, compute: float, stop: bool, lost: bool, dims: ParallelDims,
-          rank: int) -> tuple[tuple[float, bool, bool, bool], float, list[float]]:
+def agree(
+    loss_sum: float, norm: float, compute: float, stop: bool, lost: bool, dims: ParallelDims, rank: int
+) -> tuple[tuple[float, bool, bool, bool], float, list[float]]:
     """The step's one small all-reduce, before the update: (the global loss sum, stop, a value
     not finite, a lost lease), the seconds it took, and each rank's compute seconds (one slot
     per rank, for the stragglers)."""

@@ -21,6 +21,7 @@ from sluice.toml_lines import line_of
 from sluice.train.errors import TrainConfigError
 from sluice.train.model import lora_spec
 from sluice.train.model.lora_spec import LoraTarget
+
 # the parallel modes' vocabularies live with the degrees they imply (parallel/dims.py)
 from sluice.train.parallel.dims import DEFAULT_TP_SIZE, MODEL_PARALLEL, Parallel, ParallelDims, PipelineSchedule
 
@@ -160,12 +161,15 @@ class TrainSettings(BaseModel):
         if self.nnodes != "1" and not self.rdzv_endpoint:
             raise ValueError(f"nnodes {self.nnodes}: every machine must meet at the same rdzv_endpoint (HOST:PORT)")
         self._check_replica_groups()
-        lora_spec.check(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets, self.parallel,
-                        self.moe_experts)
+        lora_spec.check(
+            self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets, self.parallel, self.moe_experts
+        )
         if self.parallel is Parallel.EP and not self.moe_experts:
             raise ValueError("parallel = ep shards the experts of a MoE model: set moe_experts")
         if self.parallel is Parallel.EP and self.moe_experts % self.nproc:
-            raise ValueError(f"moe_experts ({self.moe_experts}) must be a multiple of nproc ({self.nproc}) for parallel = ep")
+            raise ValueError(
+                f"moe_experts ({self.moe_experts}) must be a multiple of nproc ({self.nproc}) for parallel = ep"
+            )
         return self
 
     def dims(self, world: int | None = None) -> ParallelDims:
@@ -192,13 +196,19 @@ class TrainSettings(BaseModel):
         if self.nproc % g:
             raise ValueError(f"nproc ({self.nproc}) must be a multiple of replica_groups ({g})")
         if self.parallel not in (Parallel.DDP, Parallel.FSDP):
-            raise ValueError(f"replica_groups: each group trains with parallel = ddp or fsdp, not {self.parallel.value}")
+            raise ValueError(
+                f"replica_groups: each group trains with parallel = ddp or fsdp, not {self.parallel.value}"
+            )
         if self.nnodes != "1":
-            raise ValueError("replica_groups replace an elastic or multi-machine torchrun: set nnodes = 1 "
-                             "(each group is its own torchrun; groups on other machines meet at --lighthouse)")
+            raise ValueError(
+                "replica_groups replace an elastic or multi-machine torchrun: set nnodes = 1 "
+                "(each group is its own torchrun; groups on other machines meet at --lighthouse)"
+            )
         if self.batch_size % self.nproc:
-            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of nproc ({self.nproc}): "
-                             f"every rank of every replica group trains on its share")
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of nproc ({self.nproc}): "
+                f"every rank of every replica group trains on its share"
+            )
         if self.sync_every and self.replica_sync is ReplicaSync.STEP:
             raise ValueError("sync_every applies to replica_sync = local_sgd or diloco")
 
@@ -206,21 +216,29 @@ class TrainSettings(BaseModel):
         """Combinations torch does not compose here, refused naming the setting (docs/TRAINING.md)."""
         p = self.parallel
         if self.compression is not Compression.NONE and p in MODEL_PARALLEL:
-            raise ValueError(f"compression {self.compression.value} is a DDP communication hook; "
-                             f"parallel = {p.value} has no DDP: set compression = none or parallel = ddp")
+            raise ValueError(
+                f"compression {self.compression.value} is a DDP communication hook; "
+                f"parallel = {p.value} has no DDP: set compression = none or parallel = ddp"
+            )
         if self.tp_size and p is not Parallel.FSDP_TP:
-            raise ValueError(f"tp_size applies to parallel = fsdp_tp only (parallel = {p.value}"
-                             + (": tp uses every rank)" if p is Parallel.TP else ")"))
+            raise ValueError(
+                f"tp_size applies to parallel = fsdp_tp only (parallel = {p.value}"
+                + (": tp uses every rank)" if p is Parallel.TP else ")")
+            )
         if self.moe_experts and p in MODEL_PARALLEL:
-            raise ValueError(f"moe_experts: a mixture-of-experts model trains with parallel = ddp, fsdp or ep, "
-                             f"not {p.value} (its layer plans split dense MLPs)")
+            raise ValueError(
+                f"moe_experts: a mixture-of-experts model trains with parallel = ddp, fsdp or ep, "
+                f"not {p.value} (its layer plans split dense MLPs)"
+            )
         if p in (Parallel.TP, Parallel.PP) and self.nproc < 2:
             raise ValueError(f"parallel = {p.value} needs nproc >= 2 (one process trains the whole model: use ddp)")
         if p is Parallel.FSDP_TP:
             tp = self.tp_size or DEFAULT_TP_SIZE
             if self.nproc % tp or self.nproc // tp < 2:
-                raise ValueError(f"parallel = fsdp_tp needs nproc ({self.nproc}) to be a multiple of tp_size ({tp}) "
-                                 f"with at least 2 groups (nproc >= {2 * tp})")
+                raise ValueError(
+                    f"parallel = fsdp_tp needs nproc ({self.nproc}) to be a multiple of tp_size ({tp}) "
+                    f"with at least 2 groups (nproc >= {2 * tp})"
+                )
         if p is not Parallel.PP and self.pp_schedule is not PipelineSchedule.GPIPE:
             raise ValueError(f"pp_schedule applies to parallel = pp only (parallel = {p.value})")
 

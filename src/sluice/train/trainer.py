@@ -40,16 +40,16 @@ from sluice.train.launch import STOPPED_MARKER
 from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model, trainable
-from sluice.train.model.lora import FrozenBase, seed_dropout
-from sluice.train.outcome import StepOutcome, agree, nonfinite_message
 from sluice.train.model.hf_files import write_tokenizer
+from sluice.train.model.lora import FrozenBase, seed_dropout
 from sluice.train.observe.console import say
 from sluice.train.observe.events import Event, EventLog
-from sluice.train.observe.heartbeat import Heartbeat
-from sluice.train.observe.stragglers import spread
 from sluice.train.observe.flops import matmul_params, measure_peak_flops, mfu, step_flops
+from sluice.train.observe.heartbeat import Heartbeat
 from sluice.train.observe.sinks import open_sinks
 from sluice.train.observe.step_split import split_step
+from sluice.train.observe.stragglers import spread
+from sluice.train.outcome import StepOutcome, agree, nonfinite_message
 from sluice.train.parallel.modes import wrap_model
 from sluice.train.parallel.wrap import clip_grad_norm
 from sluice.train.replica.driver import ReplicaDriver
@@ -105,8 +105,12 @@ class Trainer:
         except ValueError as exc:
             raise TrainConfigError([str(exc)]) from None
         if s.batch_size % self.dims.dp:
-            raise TrainConfigError([f"batch_size ({s.batch_size}) must be a multiple of the data-parallel ranks "
-                                    f"({self.dims.dp} of a world of {world})"])
+            raise TrainConfigError(
+                [
+                    f"batch_size ({s.batch_size}) must be a multiple of the data-parallel ranks "
+                    f"({self.dims.dp} of a world of {world})"
+                ]
+            )
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(s.threads or max(1, (os.cpu_count() or 1) // (local_world * s.replica_groups)))
         self.stop = StopSignal()
@@ -143,21 +147,30 @@ class Trainer:
         self.params = matmul_params(built.module)
         self.peak = s.peak_flops or measure_peak_flops(self.device, getattr(torch, s.dtype))
         if self.rank == 0:
-            say(f"MFU: {self.params:,} matmul parameters, peak {self.peak / 1e12:.3g} TFLOP/s per rank "
-                f"({'configured' if s.peak_flops else 'measured'})")
+            say(
+                f"MFU: {self.params:,} matmul parameters, peak {self.peak / 1e12:.3g} TFLOP/s per rank "
+                f"({'configured' if s.peak_flops else 'measured'})"
+            )
         self.model = wrap_model(built.module.to(self.device), s, self.dims, self.device)
         del built  # a pipeline stage keeps only its own layers: let the rest go
         if self.base is not None:
             self.base.watch(self.model.module, self.events)
-        self.optim = torch.optim.AdamW(trainable(self.model.module), lr=s.lr, weight_decay=s.weight_decay,
-                                       betas=(0.9, 0.95), foreach=True)
+        self.optim = torch.optim.AdamW(
+            trainable(self.model.module), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95), foreach=True
+        )
         self.micro = self.dims.micro_batch(s.group_batch, s.micro_batch_size)
 
     def _restore(self) -> None:
         s = self.settings
-        self.ckpt = Checkpointer(self.store, s.keep_checkpoints, s.async_checkpoint, report=say,
-                                 guard=self.lease.held if self.lease is not None else None, writes=self.writes,
-                                 on_publish=lambda step: self.events.emit(Event.CHECKPOINT, step=step))
+        self.ckpt = Checkpointer(
+            self.store,
+            s.keep_checkpoints,
+            s.async_checkpoint,
+            report=say,
+            guard=self.lease.held if self.lease is not None else None,
+            writes=self.writes,
+            on_publish=lambda step: self.events.emit(Event.CHECKPOINT, step=step),
+        )
         restore = lambda: self.ckpt.restore(self.model.module, self.optim)  # noqa: E731
         if s.replica_groups > 1:  # the first quorum: a live peer's state, or the store's
             self.replicas = ReplicaDriver(self)
@@ -169,12 +182,15 @@ class Trainer:
         main = self.rank == 0
         if main and self.writes:
             (self.run_dir / STOPPED_MARKER).unlink(missing_ok=True)
-            say(f"world {self.dims.world}, {s.parallel.value}, "
+            say(
+                f"world {self.dims.world}, {s.parallel.value}, "
                 + (f"resumed from step {self.start}" if self.start else "starting at step 0")
-                + f", {s.group_batch // self.dims.dp // self.micro} micro-batches per step")
+                + f", {s.group_batch // self.dims.dp // self.micro} micro-batches per step"
+            )
         sinks = open_sinks(s.tensorboard, s.prometheus_textfile, self.run_dir, self.start) if main else []
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", main,
-                                     None if self.replicas is not None else self.start, sinks)
+        self.metrics = MetricsWriter(
+            self.run_dir / "metrics.jsonl", main, None if self.replicas is not None else self.start, sinks
+        )
 
     # --- the loop ----------------------------------------------------------------------------
     def train(self) -> None:
@@ -196,9 +212,11 @@ class Trainer:
                 step -= 1
                 continue
             if outcome.lease_lost:  # write nothing more: the run belongs to the other group now
-                raise TrainHaltError(f"the run's lease was taken by another group "
-                                     f"({self.lease.lost if self.lease else 'see rank 0'}): "
-                                     "this group stopped without writing")
+                raise TrainHaltError(
+                    f"the run's lease was taken by another group "
+                    f"({self.lease.lost if self.lease else 'see rank 0'}): "
+                    "this group stopped without writing"
+                )
             halt = outcome.nonfinite and s.nonfinite is NonFinite.STOP
             saved = 0.0 if halt else self.checkpoint(step, final=outcome.stopped or step == s.max_steps)
             self.log(outcome, saved)
@@ -252,9 +270,26 @@ class Trainer:
         self.optim.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         q = self.quorum_s  # the step began with its quorum (replica groups): communication waited for
-        return StepOutcome(step, lr, rows, present_tokens, loss / max(1, present_tokens), norm, stopped, nonfinite,
-                           lost, not committed, groups, times, sent, t0 - q, cpu0, t1 - t0, t2 - t1 + q,
-                           self.model.stats.take_wait() + reduce_time + q)
+        return StepOutcome(
+            step,
+            lr,
+            rows,
+            present_tokens,
+            loss / max(1, present_tokens),
+            norm,
+            stopped,
+            nonfinite,
+            lost,
+            not committed,
+            groups,
+            times,
+            sent,
+            t0 - q,
+            cpu0,
+            t1 - t0,
+            t2 - t1 + q,
+            self.model.stats.take_wait() + reduce_time + q,
+        )
 
     def checkpoint(self, step: int, final: bool) -> float:
         """Publish a background save that finished; save this step if due. The seconds the step
@@ -272,38 +307,73 @@ class Trainer:
         comm_bytes, comm_time = self.model.stats.take()
         comm_bytes += o.extra_bytes
         if self.model.fsdp_bytes_per_micro:
-            comm_bytes = self.model.fsdp_bytes_per_micro * max(1, s.group_batch // self.dims.dp // self.micro) + o.extra_bytes
+            comm_bytes = (
+                self.model.fsdp_bytes_per_micro * max(1, s.group_batch // self.dims.dp // self.micro) + o.extra_bytes
+            )
         elapsed = time.perf_counter() - o.started
         # with replica groups: the rows and ranks of the groups that took part
         present = len(o.groups) if o.groups else s.replica_groups
         seen, world = len(o.rows) * s.seq_len * present // s.replica_groups, self.dims.world * present
-        split = split_step(elapsed, data=o.data_time, train=o.train_time, comm_wait=o.comm_wait,
-                           checkpoint=checkpoint_time)
+        split = split_step(
+            elapsed, data=o.data_time, train=o.train_time, comm_wait=o.comm_wait, checkpoint=checkpoint_time
+        )
         assert self.metrics is not None
         if o.groups is not None and (not o.groups or self.group != min(o.groups)):
             return  # the lowest replica group present writes the step's line
         ranks = spread(o.rank_times, s.straggler_factor)
-        self.metrics.write(StepMetrics(
-            step=o.step, loss=o.loss, tokens=o.tokens, tokens_seen=seen, lr=o.lr, grad_norm=o.norm,
-            step_time=elapsed, data_time=split.data, compute_time=split.compute, comm_wait_time=split.comm,
-            checkpoint_time=split.checkpoint, other_time=split.other, comm_bytes=comm_bytes, comm_time=comm_time,
-            tokens_per_s=seen / elapsed, cpu_time=time.process_time() - o.cpu_started,
-            mfu=mfu(step_flops(self.params, seen), elapsed, self.peak, world),
-            epoch=sampler.epoch_of(self.data.rows, o.step, s.batch_size), world_size=world,
-            skipped=o.nonfinite, rank_compute_max=ranks.slowest, rank_compute_median=ranks.median,
-            stragglers=ranks.stragglers, replica_groups=o.groups,
-        ))
+        self.metrics.write(
+            StepMetrics(
+                step=o.step,
+                loss=o.loss,
+                tokens=o.tokens,
+                tokens_seen=seen,
+                lr=o.lr,
+                grad_norm=o.norm,
+                step_time=elapsed,
+                data_time=split.data,
+                compute_time=split.compute,
+                comm_wait_time=split.comm,
+                checkpoint_time=split.checkpoint,
+                other_time=split.other,
+                comm_bytes=comm_bytes,
+                comm_time=comm_time,
+                tokens_per_s=seen / elapsed,
+                cpu_time=time.process_time() - o.cpu_started,
+                mfu=mfu(step_flops(self.params, seen), elapsed, self.peak, world),
+                epoch=sampler.epoch_of(self.data.rows, o.step, s.batch_size),
+                world_size=world,
+                skipped=o.nonfinite,
+                rank_compute_max=ranks.slowest,
+                rank_compute_median=ranks.median,
+                stragglers=ranks.stragglers,
+                replica_groups=o.groups,
+            )
+        )
         if o.nonfinite and s.nonfinite is NonFinite.SKIP and self.rank == 0:
-            say(f"step {o.step}: the loss or the gradient norm is not finite: its update was skipped (nonfinite = skip)")
+            say(
+                f"step {o.step}: the loss or the gradient norm is not finite: its update was skipped (nonfinite = skip)"
+            )
 
     def _fault(self, point: FaultPoint, step: int, loss_sum: torch.Tensor | None = None) -> None:
         """The trainer's one call into the deterministic test faults (train/faults.py): None,
         and nothing done, unless SLUICE_TRAIN_FAULT named some when the rank started."""
         if self.faults is None:
             return
-        faults.fire(self.faults, point, faults.FaultSite(self.rank, self.dims.world, step, self.group, self.run_dir,
-                                                         lambda: self.stop.set, self.ckpt.wait, loss_sum,
-                                                         self.model.module.parameters()))
+        faults.fire(
+            self.faults,
+            point,
+            faults.FaultSite(
+                self.rank,
+                self.dims.world,
+                step,
+                self.group,
+                self.run_dir,
+                lambda: self.stop.set,
+                self.ckpt.wait,
+                loss_sum,
+                self.model.module.parameters(),
+            ),
+        )
 
     # --- the end -----------------------------------------------------------------------------
     def _finish(self, stopped_at: int | None) -> None:

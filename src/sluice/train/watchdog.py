@@ -16,9 +16,9 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from sluice.train.observe.heartbeat import HEARTBEATS
 
@@ -70,8 +70,13 @@ def descends_from(pid: int, ancestors: set[int]) -> bool:
 
 
 class Watchdog:
-    def __init__(self, run_dir: Path, hang_timeout: float, ancestors: Callable[[], set[int]],
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        run_dir: Path,
+        hang_timeout: float,
+        ancestors: Callable[[], set[int]],
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.dir = run_dir / HEARTBEATS
         self.timeout = hang_timeout
         self.ancestors = ancestors  # the pids of this launcher's torchruns: only their ranks are killed
@@ -100,8 +105,17 @@ class Watchdog:
                 continue
             if now - seen.since < self.timeout or not _alive(pid) or not descends_from(pid, self.ancestors()):
                 continue
-            found.append(Hang(int(record["group"]), int(record["rank"]), self.host, pid, int(record["step"]),
-                              str(record["phase"]), now - seen.since))
+            found.append(
+                Hang(
+                    int(record["group"]),
+                    int(record["rank"]),
+                    self.host,
+                    pid,
+                    int(record["step"]),
+                    str(record["phase"]),
+                    now - seen.since,
+                )
+            )
             os.kill(pid, signal.SIGKILL)  # a stopped process dies too; its torchrun restarts the group
             path.unlink(missing_ok=True)
             del self._seen[path.name]

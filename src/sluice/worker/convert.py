@@ -100,7 +100,9 @@ def guided_to_pb(g: GuidedDecoding) -> pb.Guided:
     )
     if g.calls is not None:
         c = g.calls
-        out.calls.CopyFrom(pb.CallSyntax(trigger=c.trigger, begin=c.begin, middle=c.middle, end=c.end, separator=c.separator))
+        out.calls.CopyFrom(
+            pb.CallSyntax(trigger=c.trigger, begin=c.begin, middle=c.middle, end=c.end, separator=c.separator)
+        )
     if g.max_calls is not None:
         out.max_calls = g.max_calls
     return out
@@ -150,8 +152,9 @@ def event_to_pb(ev: GenerationEvent) -> pb.Event:
 
 
 def logprob_to_pb(lp: TokenLogprob) -> pb.Logprob:
-    return pb.Logprob(token_id=lp.token_id, logprob=lp.logprob, top_ids=[t for t, _ in lp.top],
-                      top_logprobs=[v for _, v in lp.top])
+    return pb.Logprob(
+        token_id=lp.token_id, logprob=lp.logprob, top_ids=[t for t, _ in lp.top], top_logprobs=[v for _, v in lp.top]
+    )
 
 
 def logprob_from_pb(msg: pb.Logprob) -> TokenLogprob:

@@ -42,7 +42,9 @@ class AdapterLoad:
 
 @runtime_checkable
 class EngineClient(Protocol):
-    def generate(self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[GenerationEvent]:
+    def generate(
+        self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()
+    ) -> AsyncIterator[GenerationEvent]:
         """Stream the request's events (an async generator); see the module docstring.
         `trace_metadata`: the caller's trace context (W3C traceparent), for the engine's span."""
         ...

@@ -50,14 +50,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.worker")
 
-GRAMMAR = FaultGrammar("fault injection", "=", (
-    FaultKind("fail_seed", "fail_seed=N", (int,)),
-    FaultKind("exit_after_tokens", "exit_after_tokens=N", (int,)),
-    FaultKind("fail_all", "fail_all"),
-    FaultKind("delay_first_token_s", "delay_first_token_s=S", (float,)),
-    FaultKind("step_delay_s", "step_delay_s=S", (float,)),
-    FaultKind("load_delay_s", "load_delay_s=S", (float,)),
-))
+GRAMMAR = FaultGrammar(
+    "fault injection",
+    "=",
+    (
+        FaultKind("fail_seed", "fail_seed=N", (int,)),
+        FaultKind("exit_after_tokens", "exit_after_tokens=N", (int,)),
+        FaultKind("fail_all", "fail_all"),
+        FaultKind("delay_first_token_s", "delay_first_token_s=S", (float,)),
+        FaultKind("step_delay_s", "step_delay_s=S", (float,)),
+        FaultKind("load_delay_s", "load_delay_s=S", (float,)),
+    ),
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -74,7 +78,7 @@ class FaultSpec:
         return self != FaultSpec()
 
     @classmethod
-    def parse(cls, spec: str | None) -> "FaultSpec":
+    def parse(cls, spec: str | None) -> FaultSpec:
         """Raises ValueError naming the bad item."""
         return cls(**{f.name: f.args[0] if f.args else True for f in GRAMMAR.parse(spec)})
 
@@ -82,7 +86,7 @@ class FaultSpec:
     def exempt(request_id: str) -> bool:
         return is_warmup(request_id)
 
-    def request_faults(self) -> "RequestFaults | None":
+    def request_faults(self) -> RequestFaults | None:
         """What the servicer installs: None unless the spec names a request fault."""
         if self.fail_all or self.delay_first_token_s or self.exit_after_tokens is not None:
             return RequestFaults(self)
@@ -98,8 +102,9 @@ class FaultSpec:
         engine.runner.execute = execute  # type: ignore[method-assign]
 
     def __str__(self) -> str:
-        return ",".join(f.name if v is True else f"{f.name}={v}" for f in fields(self)
-                        if (v := getattr(self, f.name)) != f.default)
+        return ",".join(
+            f.name if v is True else f"{f.name}={v}" for f in fields(self) if (v := getattr(self, f.name)) != f.default
+        )
 
 
 def _failing_on_seed(execute: Callable[[Any], Any], seed: int) -> Callable[[Any], Any]:
@@ -126,7 +131,9 @@ class RequestFaults:
         self.spec = spec
         self.tokens_sent = 0  # output tokens sent, all requests (for exit_after_tokens)
 
-    async def around(self, request_id: str, batches: AsyncIterator[list[GenerationEvent]]) -> AsyncIterator[list[GenerationEvent]]:
+    async def around(
+        self, request_id: str, batches: AsyncIterator[list[GenerationEvent]]
+    ) -> AsyncIterator[list[GenerationEvent]]:
         spec = self.spec
         if FaultSpec.exempt(request_id):
             async for batch in batches:

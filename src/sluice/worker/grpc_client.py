@@ -40,7 +40,10 @@ class GrpcEngineClient:
     Stream (older than it) turns it off by itself, on the first request."""
 
     def __init__(
-        self, address: str, request_timeout_s: float | None = None, options: Sequence[tuple[str, Any]] = (),
+        self,
+        address: str,
+        request_timeout_s: float | None = None,
+        options: Sequence[tuple[str, Any]] = (),
         multiplex: bool = True,
     ):
         self.address = address
@@ -77,15 +80,17 @@ class GrpcEngineClient:
             raise InvalidRequestError(f"request cannot be encoded: {exc}") from None
         if self.multiplex:
             try:
-                async for event in self._generate_on_stream(request.request_id, wire_request, trace_metadata,
-                                                            timeout or self.request_timeout_s):
+                async for event in self._generate_on_stream(
+                    request.request_id, wire_request, trace_metadata, timeout or self.request_timeout_s
+                ):
                     yield event
                 return
             except StreamUnsupportedError:  # an older worker, before any event: Generate from now on
                 log.warning("worker %s has no Stream method: one Generate call per request from now on", self.address)
                 self.multiplex = False
-        call = self._get_stub().Generate(wire_request, timeout=timeout or self.request_timeout_s,
-                                         metadata=tuple(trace_metadata) or None)
+        call = self._get_stub().Generate(
+            wire_request, timeout=timeout or self.request_timeout_s, metadata=tuple(trace_metadata) or None
+        )
         self._active.add(call)
         finished = False
         try:
@@ -115,8 +120,13 @@ class GrpcEngineClient:
             if not finished:
                 call.cancel()  # the worker sees the cancellation and aborts the request
 
-    async def _generate_on_stream(self, request_id: str, wire_request: pb.GenerateRequest,
-                                  trace_metadata: Sequence[tuple[str, str]], timeout: float | None) -> AsyncIterator[GenerationEvent]:
+    async def _generate_on_stream(
+        self,
+        request_id: str,
+        wire_request: pb.GenerateRequest,
+        trace_metadata: Sequence[tuple[str, str]],
+        timeout: float | None,
+    ) -> AsyncIterator[GenerationEvent]:
         mux = self._get_mux()
         stream_id, queue = mux.start(wire_request, trace_metadata, timeout)
         finished = False

@@ -26,11 +26,11 @@ from opentelemetry.trace import SpanKind
 
 from sluice.engine.async_engine import AsyncEngine
 from sluice.errors import EngineDeadError, InvalidRequestError
-from sluice.worker.convert import adapter_from_pb, event_to_pb, request_from_pb, stats_to_json
-from sluice.worker.engine_client import ModelInfo
 from sluice.request_context import request_id_var
 from sluice.trace_context import extract_context, tracer
 from sluice.types import GenerationEvent
+from sluice.worker.convert import adapter_from_pb, event_to_pb, request_from_pb, stats_to_json
+from sluice.worker.engine_client import ModelInfo
 from sluice.worker.faults import RequestFaults
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
@@ -82,7 +82,9 @@ class EngineServicer(pb_grpc.EngineServicer):
             await context.abort(failed.code, failed.details)
             raise AssertionError("unreachable: abort() raises") from None
 
-    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
         try:
             async with aclosing(self.request_batches(request, context.invocation_metadata())) as batches:
                 async for batch in batches:
@@ -92,7 +94,9 @@ class EngineServicer(pb_grpc.EngineServicer):
                 context.set_trailing_metadata(failed.trailers)
             await context.abort(failed.code, failed.details)
 
-    async def Stream(self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.StreamResponse]:
+    async def Stream(
+        self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StreamResponse]:
         session = StreamSession(self.request_batches)
         self._sessions.add(session)
         try:
@@ -102,18 +106,25 @@ class EngineServicer(pb_grpc.EngineServicer):
         finally:
             self._sessions.discard(session)
 
-    async def request_batches(self, request: pb.GenerateRequest, trace_metadata: Sequence[tuple[str, str | bytes]] | None) -> AsyncIterator[list[GenerationEvent]]:
+    async def request_batches(
+        self, request: pb.GenerateRequest, trace_metadata: Sequence[tuple[str, str | bytes]] | None
+    ) -> AsyncIterator[list[GenerationEvent]]:
         """One request's events, batched as the engine delivers them: what Generate and each
         request of a Stream call serve. Raises RequestFailed with the status to answer."""
         engine = self._serving_engine()
         if self.draining:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "worker draining")
         request_id_var.set(request.request_id)  # this handler's task: its log lines carry the id
-        span = tracer().start_span("worker.generate", context=extract_context(trace_metadata),
-                                   kind=SpanKind.SERVER, attributes={
-                                       "sluice.request_id": request.request_id,
-                                       "sluice.prompt_tokens": len(request.prompt_token_ids),
-                                       "sluice.resumed_tokens": len(request.resumed_output_ids)})
+        span = tracer().start_span(
+            "worker.generate",
+            context=extract_context(trace_metadata),
+            kind=SpanKind.SERVER,
+            attributes={
+                "sluice.request_id": request.request_id,
+                "sluice.prompt_tokens": len(request.prompt_token_ids),
+                "sluice.resumed_tokens": len(request.resumed_output_ids),
+            },
+        )
         started = time.perf_counter()
         first_at: float | None = None
         last: GenerationEvent | None = None
@@ -139,9 +150,13 @@ class EngineServicer(pb_grpc.EngineServicer):
             if first_at is not None:  # prefill ≈ until the first token (queue time included above)
                 span.set_attributes({"sluice.prefill_s": first_at - started, "sluice.decode_s": end - first_at})
             if last is not None:
-                span.set_attributes({"sluice.output_tokens": last.usage.output_tokens,
-                                     "sluice.cached_tokens": last.usage.cached_tokens,
-                                     "sluice.finish_reason": last.finish_reason.value if last.finish_reason else "none"})
+                span.set_attributes(
+                    {
+                        "sluice.output_tokens": last.usage.output_tokens,
+                        "sluice.cached_tokens": last.usage.cached_tokens,
+                        "sluice.finish_reason": last.finish_reason.value if last.finish_reason else "none",
+                    }
+                )
             span.end()
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:
@@ -156,7 +171,9 @@ class EngineServicer(pb_grpc.EngineServicer):
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         await self._require_engine(context)
         assert self.info is not None
-        return pb.InfoResponse(name=self.info.name, max_model_len=self.info.max_model_len, vocab_size=self.info.vocab_size)
+        return pb.InfoResponse(
+            name=self.info.name, max_model_len=self.info.max_model_len, vocab_size=self.info.vocab_size
+        )
 
     async def LoadAdapter(self, request: pb.AdapterRequest, context: grpc.aio.ServicerContext) -> pb.AdapterResponse:
         engine = await self._require_engine(context)

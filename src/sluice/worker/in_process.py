@@ -20,7 +20,9 @@ class InProcessEngineClient:
         self.engine = engine
         self._info = info
 
-    async def generate(self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[GenerationEvent]:
+    async def generate(
+        self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()
+    ) -> AsyncIterator[GenerationEvent]:
         try:
             async for event in self.engine.generate(request):
                 yield event

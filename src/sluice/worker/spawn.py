@@ -193,7 +193,9 @@ def start_local_worker(
     return _launch(model, dtype, engine_args, socket_dir)
 
 
-def _launch(model: str | None, dtype: str, engine_args: Sequence[str], socket_dir: str, echo: bool = True) -> LocalWorker:
+def _launch(
+    model: str | None, dtype: str, engine_args: Sequence[str], socket_dir: str, echo: bool = True
+) -> LocalWorker:
     address = f"unix:{os.path.join(socket_dir, 'worker.sock')}"
     progress = "always" if sys.stderr.isatty() else "never"
     argv = [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--dtype", dtype, "--progress", progress]

@@ -32,6 +32,7 @@ from sluice.worker.channel_options import MERGE_MESSAGE_BYTES
 from sluice.worker.proto import engine_pb2 as pb
 from sluice.worker.status_codes import error_for, error_from
 
+
 class StreamUnsupportedError(EngineUnavailableError):
     """The worker has no Stream method (a worker older than it): use a Generate call per request."""
 
@@ -113,8 +114,9 @@ class StreamMux:
         self._current: _Call | None = None
         self._ids = itertools.count(1)
 
-    def start(self, request: pb.GenerateRequest, trace_metadata: Sequence[tuple[str, str]] = (),
-              timeout: float | None = None) -> tuple[int, asyncio.Queue[Item]]:
+    def start(
+        self, request: pb.GenerateRequest, trace_metadata: Sequence[tuple[str, str]] = (), timeout: float | None = None
+    ) -> tuple[int, asyncio.Queue[Item]]:
         """Send `request`; returns its stream id and the queue its events and error arrive in."""
         current = self._current
         if current is None or current.ended or current.closing:
@@ -129,7 +131,11 @@ class StreamMux:
     def cancel(self, stream_id: int) -> None:
         """Abort a started request (the worker frees its KV blocks); unknown ids are ignored."""
         current = self._current
-        if current is not None and current.routes.pop(stream_id, None) is not None and not (current.ended or current.closing):
+        if (
+            current is not None
+            and current.routes.pop(stream_id, None) is not None
+            and not (current.ended or current.closing)
+        ):
             current.outgoing.put_nowait(pb.StreamRequest(cancels=[stream_id]))
 
     def abandon(self, why: str) -> int:

@@ -82,7 +82,9 @@ class StreamSession:
             async for message in requests:
                 for start in message.starts:
                     if start.id in self._running:
-                        self._fail(start.id, grpc.StatusCode.INVALID_ARGUMENT, f"stream id {start.id} is already running")
+                        self._fail(
+                            start.id, grpc.StatusCode.INVALID_ARGUMENT, f"stream id {start.id} is already running"
+                        )
                         continue
                     self._running[start.id] = asyncio.create_task(self._serve_one(start))
                 for request_id in message.cancels:
@@ -97,7 +99,9 @@ class StreamSession:
         timeout = start.timeout_s if start.HasField("timeout_s") else None
         try:
             async with asyncio.timeout(timeout):
-                async with aclosing(self._request_batches(start.request, tuple(start.trace_context.items()))) as batches:
+                async with aclosing(
+                    self._request_batches(start.request, tuple(start.trace_context.items()))
+                ) as batches:
                     async for batch in batches:
                         self._emit(pb.RequestOutput(id=start.id, events=[event_to_pb(e) for e in batch]))
         except RequestFailed as failed:
@@ -123,7 +127,11 @@ class StreamSession:
         return pb.StreamResponse(outputs=outputs)
 
     def _fail(self, stream_id: int, code: grpc.StatusCode, details: str, kind: str = "") -> None:
-        self._emit(pb.RequestOutput(id=stream_id, status=pb.RequestStatus(code=code.value[0], details=details, error_kind=kind)))
+        self._emit(
+            pb.RequestOutput(
+                id=stream_id, status=pb.RequestStatus(code=code.value[0], details=details, error_kind=kind)
+            )
+        )
 
     def _emit(self, output: pb.RequestOutput) -> None:
         self._outbox.append(output)

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from sluice.aio import cancel_and_wait
+from sluice.common.backoff import RestartBackoff
 from sluice.errors import EngineUnavailableError
 from sluice.worker.grpc_client import GrpcEngineClient
-from sluice.common.backoff import RestartBackoff
 from sluice.worker.spawn import LocalWorker, start_local_worker, wait_ready
 
 log = logging.getLogger("sluice.worker")
@@ -84,8 +84,9 @@ class WorkerSupervisor:
         while True:
             delay = self.policy.on_exit(self._clock())
             if delay is None:
-                why = (f"{reason}; it exited {self.policy.recent_exits} times within "
-                       f"{self.policy.window_s:g}s, giving up")
+                why = (
+                    f"{reason}; it exited {self.policy.recent_exits} times within {self.policy.window_s:g}s, giving up"
+                )
                 log.error("%s", why)
                 if self.on_give_up is not None:
                     self.on_give_up(why)

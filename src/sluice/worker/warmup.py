@@ -19,8 +19,12 @@ WARMUP_TENANT = "\0warmup"  # no API key can name it: its prefix cache is no ten
 
 
 def warmup_request() -> GenerationRequest:
-    return GenerationRequest(f"{WARMUP_PREFIX}{uuid.uuid4().hex[:12]}", list(WARMUP_PROMPT),
-                             SamplingParams(max_tokens=1, temperature=0.0), tenant=WARMUP_TENANT)
+    return GenerationRequest(
+        f"{WARMUP_PREFIX}{uuid.uuid4().hex[:12]}",
+        list(WARMUP_PROMPT),
+        SamplingParams(max_tokens=1, temperature=0.0),
+        tenant=WARMUP_TENANT,
+    )
 
 
 def is_warmup(request_id: str) -> bool:

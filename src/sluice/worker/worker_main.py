@@ -42,8 +42,8 @@ from sluice.worker.channel_options import SERVER_OPTIONS
 from sluice.worker.engine_client import ModelInfo
 from sluice.worker.faults import FaultSpec
 from sluice.worker.grpc_server import EngineServicer
-from sluice.worker.standard_health import WorkerHealth
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
+from sluice.worker.standard_health import WorkerHealth
 
 log = logging.getLogger("sluice.worker")
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -182,8 +182,9 @@ class _ModelLoad:
             if self.faults.load_delay_s:
                 time.sleep(self.faults.load_delay_s)  # the testing aid: a slow load (worker/faults.py)
             config = self.config
-            self.loaded = load_model(self.model, self.dtype, device=config.device, progress=self.progress,
-                                     kernels=config.kernels)
+            self.loaded = load_model(
+                self.model, self.dtype, device=config.device, progress=self.progress, kernels=config.kernels
+            )
             engine = LLMEngine(self.loaded, config)
             if self.faults.active:
                 self.faults.install_on_engine(engine)  # the testing aid's engine faults (worker/faults.py)

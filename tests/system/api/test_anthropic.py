@@ -103,14 +103,19 @@ def test_04_stream_matches_create(client):
     assert "".join(pieces) == final.content[0].text == full.content[0].text
     assert final.stop_reason == full.stop_reason
     assert final.usage.output_tokens == full.usage.output_tokens
-    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == full.usage.input_tokens + full.usage.cache_read_input_tokens
+    assert (
+        final.usage.input_tokens + final.usage.cache_read_input_tokens
+        == full.usage.input_tokens + full.usage.cache_read_input_tokens
+    )
 
 
 # -- 5. raw wire capture ------------------------------------------------------------------------
 def test_05_wire_format(server):
     body = {"model": MODEL, "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "Hello"}]}
     with httpx.Client(timeout=30) as c:
-        with c.stream("POST", server.base_url + "/v1/messages", json=body, headers=headers(**{"accept-encoding": "gzip"})) as r:
+        with c.stream(
+            "POST", server.base_url + "/v1/messages", json=body, headers=headers(**{"accept-encoding": "gzip"})
+        ) as r:
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")
             assert "content-encoding" not in r.headers
@@ -135,7 +140,10 @@ def test_05_wire_format(server):
 
 def test_05_event_ids_are_sequential(server):
     body = {"model": MODEL, "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
-    with httpx.Client(timeout=30) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=body, headers=headers()) as es:
+    with (
+        httpx.Client(timeout=30) as c,
+        connect_sse(c, "POST", server.base_url + "/v1/messages", json=body, headers=headers()) as es,
+    ):
         ids = [sse.id for sse in es.iter_sse() if sse.event != "ping"]
     msg_id = ids[0].split(":")[0]
     assert msg_id.startswith("msg_")
@@ -152,11 +160,18 @@ def test_06_stop_sequence_and_max_tokens(client):
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
     assert stop not in m.content[0].text and text.startswith(m.content[0].text)
     with client.messages.stream(
-        model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Count from 1 to 10 separated by commas."}],
-        stop_sequences=[stop], extra_body=GREEDY,
+        model=MODEL,
+        max_tokens=40,
+        messages=[{"role": "user", "content": "Count from 1 to 10 separated by commas."}],
+        stop_sequences=[stop],
+        extra_body=GREEDY,
     ) as s:
         final = s.get_final_message()
-    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop and final.content[0].text == m.content[0].text
+    assert (
+        final.stop_reason == "stop_sequence"
+        and final.stop_sequence == stop
+        and final.content[0].text == m.content[0].text
+    )
     tiny = create(client, max_tokens=2)
     assert tiny.stop_reason == "max_tokens" and tiny.usage.output_tokens == 2
     with client.messages.stream(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "Hi"}]) as s:
@@ -168,17 +183,24 @@ def test_06_stop_sequence_and_max_tokens(client):
 def test_07_input_forms(client):
     as_string = create(client, "Say hello.", system="You are terse.")
     as_blocks = client.messages.create(
-        model=MODEL, max_tokens=12, system=[{"type": "text", "text": "You are terse."}],
-        messages=[{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}], extra_body=GREEDY,
+        model=MODEL,
+        max_tokens=12,
+        system=[{"type": "text", "text": "You are terse."}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}],
+        extra_body=GREEDY,
     )
     assert as_string.content[0].text == as_blocks.content[0].text
     merged = client.messages.create(
-        model=MODEL, max_tokens=12, extra_body=GREEDY,
+        model=MODEL,
+        max_tokens=12,
+        extra_body=GREEDY,
         messages=[{"role": "user", "content": "Say"}, {"role": "user", "content": "hello."}],
     )
     assert merged.stop_reason is not None  # same-role turns are merged, not rejected
     prefill = client.messages.create(
-        model=MODEL, max_tokens=8, extra_body=GREEDY,
+        model=MODEL,
+        max_tokens=8,
+        extra_body=GREEDY,
         messages=[{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}],
     )
     assert not prefill.content[0].text.startswith("The answer is")  # only the continuation
@@ -193,13 +215,19 @@ def test_08_validation_errors(server, client):
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(model=MODEL, max_tokens=5, messages=[])
     with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": [{"type": "text", "text": ""}]}])
+        client.messages.create(
+            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": [{"type": "text", "text": ""}]}]
+        )
     with pytest.raises(anthropic.BadRequestError) as info:
         create(client, extra_body={"frobnicate": 1})
     assert "Extra inputs are not permitted" in str(info.value)
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="no-such-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
-    r = httpx.post(server.base_url + "/v1/messages", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, headers=headers())
+    r = httpx.post(
+        server.base_url + "/v1/messages",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        headers=headers(),
+    )
     assert r.status_code == 400 and r.json()["error"]["message"] == "max_tokens: Field required"
 
 
@@ -209,10 +237,18 @@ def test_08_validation_errors(server, client):
 
 # -- 12. disconnect, pings -------------------------------------------------------------------
 def test_12_disconnect_frees_the_engine(server):
-    body = {"model": MODEL, "max_tokens": 300, "stream": True, "messages": [{"role": "user", "content": "Tell a long story."}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 300,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+    }
     deltas = 0
     outputs = metric(server.base_url, "sluice_output_tokens_total")
-    with httpx.Client(timeout=30) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=body, headers=headers()) as es:
+    with (
+        httpx.Client(timeout=30) as c,
+        connect_sse(c, "POST", server.base_url + "/v1/messages", json=body, headers=headers()) as es,
+    ):
         for sse in es.iter_sse():
             if sse.event == "content_block_delta":
                 deltas += 1
@@ -226,14 +262,23 @@ def test_12_disconnect_frees_the_engine(server):
 def test_12_pings_at_cadence():
     # 50 ms per engine step (the worker's step_delay_s fault): 40 greedy tokens take at least
     # 2 s however fast the machine is, so the stream provably spans four ping intervals
-    proc = start_server(["--ping-interval", "0.5"], env={"SLUICE_API_KEY": KEY, "SLUICE_FAULT_INJECTION": "step_delay_s=0.05"})
+    proc = start_server(
+        ["--ping-interval", "0.5"], env={"SLUICE_API_KEY": KEY, "SLUICE_FAULT_INJECTION": "step_delay_s=0.05"}
+    )
     try:
-        body = {"model": MODEL, "max_tokens": 40, "stream": True, "temperature": 0,
-                "messages": [{"role": "user", "content": "Describe the ocean in detail."}]}
+        body = {
+            "model": MODEL,
+            "max_tokens": 40,
+            "stream": True,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Describe the ocean in detail."}],
+        }
         names: list[str] = []
         output_tokens = 0
-        with httpx.Client(timeout=60) as c, \
-                connect_sse(c, "POST", proc.base_url + "/v1/messages", json=body, headers=headers()) as es:
+        with (
+            httpx.Client(timeout=60) as c,
+            connect_sse(c, "POST", proc.base_url + "/v1/messages", json=body, headers=headers()) as es,
+        ):
             for sse in es.iter_sse():
                 names.append(sse.event)
                 if sse.event == "message_delta":
@@ -270,19 +315,27 @@ def test_15_prompt_cache_accounting(client):
     def ask(question: str, stream: bool):
         msgs = [{"role": "user", "content": question}]
         if stream:
-            with client.messages.stream(model=MODEL, max_tokens=4, system=system, messages=msgs, extra_body=GREEDY) as s:
+            with client.messages.stream(
+                model=MODEL, max_tokens=4, system=system, messages=msgs, extra_body=GREEDY
+            ) as s:
                 start_usage = None
                 for event in s:
                     if event.type == "message_start":
                         start_usage = event.message.usage
                 return s.get_final_message().usage, start_usage
-        return client.messages.create(model=MODEL, max_tokens=4, system=system, messages=msgs, extra_body=GREEDY).usage, None
+        return client.messages.create(
+            model=MODEL, max_tokens=4, system=system, messages=msgs, extra_body=GREEDY
+        ).usage, None
 
-    counted = client.messages.count_tokens(model=MODEL, system=system, messages=[{"role": "user", "content": "What is 7 squared?"}])
+    counted = client.messages.count_tokens(
+        model=MODEL, system=system, messages=[{"role": "user", "content": "What is 7 squared?"}]
+    )
     first, _ = ask("What is 7 squared?", stream=False)
     second, start = ask("What is 8 squared?", stream=True)
     assert first.cache_creation_input_tokens > 400 and first.cache_read_input_tokens == 0
-    assert first.input_tokens + first.cache_creation_input_tokens + first.cache_read_input_tokens == counted.input_tokens
+    assert (
+        first.input_tokens + first.cache_creation_input_tokens + first.cache_read_input_tokens == counted.input_tokens
+    )
     assert second.cache_read_input_tokens >= first.cache_creation_input_tokens - 16
     assert second.cache_creation_input_tokens == 0
     assert start.cache_read_input_tokens == second.cache_read_input_tokens  # also in message_start
@@ -294,12 +347,19 @@ def test_15b_the_cache_survives_the_engine_giving_its_memory_back(client, server
     answer is the same (engine/kv_spill.py)."""
     notes = " ".join(f"Note {i}: box {i} holds {['apples', 'keys', 'maps'][i % 3]}." for i in range(60))
     system = [{"type": "text", "text": notes, "cache_control": {"type": "ephemeral"}}]
-    ask = {"model": MODEL, "max_tokens": 8, "system": system, "extra_body": GREEDY,
-           "messages": [{"role": "user", "content": "What does box 7 hold?"}]}
+    ask = {
+        "model": MODEL,
+        "max_tokens": 8,
+        "system": system,
+        "extra_body": GREEDY,
+        "messages": [{"role": "user", "content": "What does box 7 hold?"}],
+    }
     first = client.messages.create(**ask)
     deadline = time.monotonic() + SETTLE_S  # the rest comes 1 s after the last step; a busy machine delays it
-    while not (metric(server.base_url, "sluice_engine_kv_resident_bytes") == 0
-               and metric(server.base_url, "sluice_engine_kv_spilled_blocks") > 0):
+    while not (
+        metric(server.base_url, "sluice_engine_kv_resident_bytes") == 0
+        and metric(server.base_url, "sluice_engine_kv_spilled_blocks") > 0
+    ):
         assert time.monotonic() < deadline, "the engine never gave its KV memory back"
         time.sleep(0.05)
     restored = metric(server.base_url, "sluice_engine_kv_spill_restored_blocks_total")
@@ -324,19 +384,31 @@ def test_bad_input_matrix(server):
         (json.dumps({**ok, "temperature": 3}).encode(), 400, "invalid_request_error"),
         (json.dumps({**ok, "stop_sequences": [""]}).encode(), 400, "invalid_request_error"),
         (json.dumps({**ok, "model": "gpt-nothing"}).encode(), 404, "not_found_error"),
-        (json.dumps({**ok, "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024)}]}).encode(), 413, "request_too_large"),
-        (json.dumps({**ok, "messages": [{"role": "user", "content": "hello " * 9000}]}).encode(), 400, "invalid_request_error"),
+        (
+            json.dumps({**ok, "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024)}]}).encode(),
+            413,
+            "request_too_large",
+        ),
+        (
+            json.dumps({**ok, "messages": [{"role": "user", "content": "hello " * 9000}]}).encode(),
+            400,
+            "invalid_request_error",
+        ),
         (json.dumps({**ok, "max_tokens": 10**6}).encode(), 400, "invalid_request_error"),
     ]
     for raw, status, kind in cases:
         r = httpx.post(url, content=raw, headers={**headers(), "content-type": "application/json"}, timeout=60)
         assert r.status_code == status, (raw[:80], r.text)
         body = r.json()
-        assert body["type"] == "error" and body["error"]["type"] == kind and body["request_id"] == r.headers["request-id"]
+        assert (
+            body["type"] == "error" and body["error"]["type"] == kind and body["request_id"] == r.headers["request-id"]
+        )
         assert "Traceback" not in r.text
         if status < 500:
             assert r.headers.get("x-should-retry") == "false"
-    too_long = httpx.post(url, json={**ok, "messages": [{"role": "user", "content": "hello " * 9000}]}, headers=headers())
+    too_long = httpx.post(
+        url, json={**ok, "messages": [{"role": "user", "content": "hello " * 9000}]}, headers=headers()
+    )
     assert "prompt is too long" in too_long.json()["error"]["message"]
     assert httpx.post(url, json=ok, headers=headers()).status_code == 200  # still answering
     r = httpx.get(server.base_url + "/v1/nothing-here", headers=headers())
@@ -348,10 +420,18 @@ def test_health_ready_metrics(server):
     assert httpx.get(server.base_url + "/ready").json()["status"] == "ready"
     text = httpx.get(server.base_url + "/metrics").text
     for name in (
-        "sluice_http_requests_total", "sluice_time_to_first_token_seconds", "sluice_inter_token_latency_seconds",
-        "sluice_request_duration_seconds", "sluice_queue_time_seconds", "sluice_engine_running_requests",
-        "sluice_engine_waiting_requests", "sluice_engine_kv_usage_ratio", "sluice_engine_prefix_cache_hit_rate",
-        "sluice_engine_preemptions_total", "sluice_engine_batch_tokens", "sluice_engine_batch_fill_ratio",
+        "sluice_http_requests_total",
+        "sluice_time_to_first_token_seconds",
+        "sluice_inter_token_latency_seconds",
+        "sluice_request_duration_seconds",
+        "sluice_queue_time_seconds",
+        "sluice_engine_running_requests",
+        "sluice_engine_waiting_requests",
+        "sluice_engine_kv_usage_ratio",
+        "sluice_engine_prefix_cache_hit_rate",
+        "sluice_engine_preemptions_total",
+        "sluice_engine_batch_tokens",
+        "sluice_engine_batch_fill_ratio",
     ):
         assert name in text, name
     assert metric(server.base_url, "sluice_queue_time_seconds_count") > 0  # fed by the engine's first event

@@ -162,7 +162,9 @@ def test_async_engine_survives_bad_requests_and_a_failed_step(tiny_llama, monkey
 def test_cli_bad_model_path(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "sluice.cli", "generate", "--prompt", "hi", "--model", str(tmp_path / "nope.gguf")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("sluice: error:") and "does not exist" in result.stderr
@@ -243,8 +245,10 @@ def test_a_fault_in_one_request_fails_it_alone_and_its_batch_goes_on(tiny_llama)
     params = [SamplingParams(max_tokens=12, temperature=0.7, seed=s) for s in (11, 13, 17)]
     prompts = [[5, 6, 7], [8, 9, 10, 11], [12, 13]]
     alone = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64))
-    expected = {f"r{i}": alone.generate([GenerationRequest(f"r{i}", p, s)])[f"r{i}"].token_ids
-                for i, (p, s) in enumerate(zip(prompts, params))}
+    expected = {
+        f"r{i}": alone.generate([GenerationRequest(f"r{i}", p, s)])[f"r{i}"].token_ids
+        for i, (p, s) in enumerate(zip(prompts, params))
+    }
     faulty = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64))
     FaultSpec(fail_seed=13).install_on_engine(faulty)
     out = faulty.generate([GenerationRequest(f"r{i}", p, s) for i, (p, s) in enumerate(zip(prompts, params))])

@@ -32,9 +32,17 @@ def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 120)
 def test_batch_lifecycle(server):
     client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
     requests = [
-        {"custom_id": f"q{i}", "params": {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"Say {i}"}]}}
+        {
+            "custom_id": f"q{i}",
+            "params": {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"Say {i}"}]},
+        }
         for i in range(3)
-    ] + [{"custom_id": "bad", "params": {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi " * 9000}]}}]
+    ] + [
+        {
+            "custom_id": "bad",
+            "params": {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi " * 9000}]},
+        }
+    ]
     batch = client.messages.batches.create(requests=requests)
     assert batch.id.startswith("msgbatch_") and batch.processing_status == "in_progress"
     assert batch.request_counts.processing == 4 and batch.results_url is None
@@ -55,8 +63,13 @@ def test_batch_lifecycle(server):
 
 def test_batch_cancel(server):
     client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
-    requests = [{"custom_id": f"c{i}", "params": {"model": MODEL, "max_tokens": 30, "messages": [{"role": "user", "content": "Tell a story"}]}}
-                for i in range(20)]
+    requests = [
+        {
+            "custom_id": f"c{i}",
+            "params": {"model": MODEL, "max_tokens": 30, "messages": [{"role": "user", "content": "Tell a story"}]},
+        }
+        for i in range(20)
+    ]
     batch = client.messages.batches.create(requests=requests)
     canceling = client.messages.batches.cancel(batch.id)
     assert canceling.processing_status in ("canceling", "ended")

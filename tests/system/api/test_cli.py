@@ -9,14 +9,23 @@ import pytest
 
 
 def _sluice(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_documents_every_flag():
     out = _sluice("generate", "--help").stdout
-    for flag in ("--prompt", "--model", "--max-tokens", "--temperature", "--system", "--top-k", "--top-p", "--seed", "--stop", "--dtype"):
+    for flag in (
+        "--prompt",
+        "--model",
+        "--max-tokens",
+        "--temperature",
+        "--system",
+        "--top-k",
+        "--top-p",
+        "--seed",
+        "--stop",
+        "--dtype",
+    ):
         assert flag in out
 
 

@@ -31,8 +31,24 @@ def worker():
 
 def make_key(data_dir: Path, tenant: str, tier: str, *flags: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "keys", "create", "--tenant", tenant, "--tier", tier, *flags, "--data-dir", str(data_dir)],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            sys.executable,
+            "-m",
+            "sluice.cli",
+            "keys",
+            "create",
+            "--tenant",
+            tenant,
+            "--tier",
+            tier,
+            *flags,
+            "--data-dir",
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return out.stdout.strip()
 
@@ -57,7 +73,9 @@ def test_keys_rate_limits_across_two_gateways_and_headers(worker, redis_server, 
 
         async def burst(url: str, n: int) -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=200)) as c:
-                return await asyncio.gather(*(c.post(url + "/v1/messages", json=body, headers={"x-api-key": key}) for _ in range(n)))
+                return await asyncio.gather(
+                    *(c.post(url + "/v1/messages", json=body, headers={"x-api-key": key}) for _ in range(n))
+                )
 
         async def both() -> list[httpx.Response]:
             ra, rb = await asyncio.gather(burst(a.base_url, 100), burst(b.base_url, 100))
@@ -81,9 +99,18 @@ def test_keys_rate_limits_across_two_gateways_and_headers(worker, redis_server, 
 
         wrong = key[:-1] + ("A" if key[-1] != "A" else "B")
         assert httpx.post(a.base_url + "/v1/messages", json=body, headers={"x-api-key": wrong}).status_code == 401
-        key_id = subprocess.run([sys.executable, "-m", "sluice.cli", "keys", "list", "--data-dir", str(tmp_path)],
-                                capture_output=True, text=True).stdout.splitlines()[1].split()[0]
-        subprocess.run([sys.executable, "-m", "sluice.cli", "keys", "revoke", key_id, "--data-dir", str(tmp_path)], check=True)
+        key_id = (
+            subprocess.run(
+                [sys.executable, "-m", "sluice.cli", "keys", "list", "--data-dir", str(tmp_path)],
+                capture_output=True,
+                text=True,
+            )
+            .stdout.splitlines()[1]
+            .split()[0]
+        )
+        subprocess.run(
+            [sys.executable, "-m", "sluice.cli", "keys", "revoke", key_id, "--data-dir", str(tmp_path)], check=True
+        )
         deadline = time.monotonic() + 60  # revocation takes effect within key_cache_ttl_s (0.5 s here)
         while (r := httpx.post(a.base_url + "/v1/messages", json=body, headers={"x-api-key": key})).status_code != 401:
             assert time.monotonic() < deadline, r.status_code
@@ -97,16 +124,37 @@ def test_keys_rate_limits_across_two_gateways_and_headers(worker, redis_server, 
 
 
 def test_priority_overtakes_and_burst_sheds_cleanly(worker, tmp_path):
-    low = make_key(tmp_path, "bulk", "free", "--rpm", "10000", "--itpm", "10000000", "--otpm", "10000000", "--max-concurrent", "1000")
+    low = make_key(
+        tmp_path,
+        "bulk",
+        "free",
+        "--rpm",
+        "10000",
+        "--itpm",
+        "10000000",
+        "--otpm",
+        "10000000",
+        "--max-concurrent",
+        "1000",
+    )
     high = make_key(tmp_path, "vip", "priority")
     # a long queue deadline for the low tier: on a loaded machine 50 queued requests take a while,
     # and this test is about order and completion, not about shedding (that is the burst below)
-    server = gateway(worker, tmp_path, SLUICE_MAX_INFLIGHT="2", SLUICE_MAX_QUEUED_TOKENS="20000",
-                     SLUICE_TIERS='{"free": {"queue_deadline_s": 600}}')
+    server = gateway(
+        worker,
+        tmp_path,
+        SLUICE_MAX_INFLIGHT="2",
+        SLUICE_MAX_QUEUED_TOKENS="20000",
+        SLUICE_TIERS='{"free": {"queue_deadline_s": 600}}',
+    )
     try:
+
         async def ask(c: httpx.AsyncClient, key: str, tag: str, max_tokens: int, finished: dict) -> int:
-            r = await c.post(server.base_url + "/v1/messages", headers={"x-api-key": key},
-                             json={"model": MODEL, "max_tokens": max_tokens, "messages": ASK, "temperature": 0.7})
+            r = await c.post(
+                server.base_url + "/v1/messages",
+                headers={"x-api-key": key},
+                json={"model": MODEL, "max_tokens": max_tokens, "messages": ASK, "temperature": 0.7},
+            )
             finished[tag] = time.monotonic()
             return r.status_code
 
@@ -119,7 +167,11 @@ def test_priority_overtakes_and_burst_sheds_cleanly(worker, tmp_path):
                     for _ in range(100):  # the engine slots are busy and low-tier work is queued
                         await asyncio.sleep(0.05)
                         text = (await probe.get(server.base_url + "/metrics")).text
-                        depth = next(float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("sluice_gateway_queue_depth "))
+                        depth = next(
+                            float(ln.split()[1])
+                            for ln in text.splitlines()
+                            if ln.startswith("sluice_gateway_queue_depth ")
+                        )
                         if depth > 30:
                             break
                 assert depth > 30
@@ -134,10 +186,16 @@ def test_priority_overtakes_and_burst_sheds_cleanly(worker, tmp_path):
         # a burst of 10x what fits: only 200 / 429 / 529, each refusal with retry-after, no 5xx, no hang
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as c:
-                return await asyncio.gather(*(
-                    c.post(server.base_url + "/v1/messages", headers={"x-api-key": low, "sluice-queue-timeout": "2"},
-                           json={"model": MODEL, "max_tokens": 200, "messages": ASK, "temperature": 0.7})
-                    for _ in range(60)))
+                return await asyncio.gather(
+                    *(
+                        c.post(
+                            server.base_url + "/v1/messages",
+                            headers={"x-api-key": low, "sluice-queue-timeout": "2"},
+                            json={"model": MODEL, "max_tokens": 200, "messages": ASK, "temperature": 0.7},
+                        )
+                        for _ in range(60)
+                    )
+                )
 
         t0 = time.monotonic()
         responses = asyncio.run(burst())
@@ -146,7 +204,10 @@ def test_priority_overtakes_and_burst_sheds_cleanly(worker, tmp_path):
         assert set(codes) <= {200, 429, 529} and codes.count(529) > 0 and codes.count(200) > 0, codes
         for r in responses:
             if r.status_code != 200:
-                assert "retry-after" in r.headers and r.json()["error"]["type"] in ("overloaded_error", "rate_limit_error")
+                assert "retry-after" in r.headers and r.json()["error"]["type"] in (
+                    "overloaded_error",
+                    "rate_limit_error",
+                )
             else:
                 assert r.json()["stop_reason"] in ("end_turn", "max_tokens")
         # the SDK's own retry on 529 then succeeds
@@ -161,13 +222,20 @@ def test_coalescing_identical_requests(worker, tmp_path):
     key_b = make_key(tmp_path, "globex", "standard")
     server = gateway(worker, tmp_path)
     try:
-        body = {"model": MODEL, "max_tokens": 40, "stream": True, "temperature": 0,
-                "messages": [{"role": "user", "content": "Describe a quiet harbor at dawn."}]}
+        body = {
+            "model": MODEL,
+            "max_tokens": 40,
+            "stream": True,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Describe a quiet harbor at dawn."}],
+        }
 
         async def one(key: str, stop_after: int | None = None) -> str:
             text = ""
             async with httpx.AsyncClient(timeout=120) as c:
-                async with c.stream("POST", server.base_url + "/v1/messages", json=body, headers={"x-api-key": key}) as r:
+                async with c.stream(
+                    "POST", server.base_url + "/v1/messages", json=body, headers={"x-api-key": key}
+                ) as r:
                     assert r.status_code == 200
                     n = 0
                     async for line in r.aiter_lines():
@@ -204,11 +272,20 @@ def test_coalescing_identical_requests(worker, tmp_path):
 
 def test_redis_down_fails_closed_with_529_not_500(worker, tmp_path):
     key = make_key(tmp_path, "acme", "standard")
-    server = gateway(worker, tmp_path, SLUICE_LIMITS_STORE="redis", SLUICE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
-                     SLUICE_ON_STORE_ERROR="closed")
+    server = gateway(
+        worker,
+        tmp_path,
+        SLUICE_LIMITS_STORE="redis",
+        SLUICE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        SLUICE_ON_STORE_ERROR="closed",
+    )
     try:
-        r = httpx.post(server.base_url + "/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": ASK},
-                       headers={"x-api-key": key}, timeout=30)
+        r = httpx.post(
+            server.base_url + "/v1/messages",
+            json={"model": MODEL, "max_tokens": 2, "messages": ASK},
+            headers={"x-api-key": key},
+            timeout=30,
+        )
         assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error" and "retry-after" in r.headers
     finally:
         server.stop()
@@ -227,10 +304,18 @@ def test_queued_streams_ping_and_leaving_clients_leave_the_queue(worker, tmp_pat
         # ignore_eos and ~8k tokens: the story cannot end on its own before the test tells it to,
         # however fast the machine (400 tokens that could end at an EOS did, on a quick run)
         story = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and her cat."}]
-        body = {"model": MODEL, "max_tokens": 8000, "stream": True, "messages": story, "temperature": 0,
-                "ignore_eos": True}
-        with httpx.Client(timeout=120) as c, connect_sse(c, "POST", server.base_url + "/v1/chat/completions",
-                                                         json=body) as es:
+        body = {
+            "model": MODEL,
+            "max_tokens": 8000,
+            "stream": True,
+            "messages": story,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        with (
+            httpx.Client(timeout=120) as c,
+            connect_sse(c, "POST", server.base_url + "/v1/chat/completions", json=body) as es,
+        ):
             for _ in es.iter_sse():
                 if stop.is_set():
                     return

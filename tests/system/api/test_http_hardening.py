@@ -62,6 +62,7 @@ def test_kept_alive_requests_are_as_fast_as_fresh_connections(server):
     """With Nagle on, every request after the first on a kept-alive connection waited for the
     client's delayed ACK (~40 ms) while a fresh connection took ~2 ms. Medians, with a wide
     margin, so a busy machine slows both sides alike and the test still tells the two apart."""
+
     def median_of(fresh_connections: bool) -> float:
         # one client either way (creating an httpx.Client costs tens of ms of TLS set-up);
         # without keep-alive it opens a new connection for every request
@@ -117,17 +118,28 @@ def test_deeply_nested_json_is_a_400(server, route, nested):
         "count_tokens": '{"model":"%s","messages":[{"role":"user","content":"x"}],"tools":%s}' % (model, nested),
         "chat": '{"model":"%s","messages":%s}' % (model, nested),
         "batches": '{"requests":%s}' % nested,
-        "batch_item": '{"requests":[{"custom_id":"a","params":{"model":"%s","max_tokens":4,"metadata":%s}}]}' % (model, nested),
+        "batch_item": '{"requests":[{"custom_id":"a","params":{"model":"%s","max_tokens":4,"metadata":%s}}]}'
+        % (model, nested),
     }
-    path = {"messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens", "chat": "/v1/chat/completions",
-            "batches": "/v1/messages/batches", "batch_item": "/v1/messages/batches"}[route]
+    path = {
+        "messages": "/v1/messages",
+        "count_tokens": "/v1/messages/count_tokens",
+        "chat": "/v1/chat/completions",
+        "batches": "/v1/messages/batches",
+        "batch_item": "/v1/messages/batches",
+    }[route]
     with httpx.Client(base_url=server.base_url, timeout=30) as c:
         r = c.post(path, content=bodies[route], headers={"content-type": "application/json"})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert (err["type"] == "invalid_request_error") and "nested" in err["message"]
         # the same connection still serves
-        assert c.post("/v1/messages/count_tokens", json={"model": model, "messages": [{"role": "user", "content": "x"}]}).status_code == 200
+        assert (
+            c.post(
+                "/v1/messages/count_tokens", json={"model": model, "messages": [{"role": "user", "content": "x"}]}
+            ).status_code
+            == 200
+        )
     assert "Traceback" not in server.log() and "RecursionError" not in server.log()
 
 
@@ -137,7 +149,8 @@ def test_lone_surrogates_are_a_400(server, where):
     bodies = {
         "content": '{"model":"%s","max_tokens":4,"messages":[{"role":"user","content":"a\\ud800b"}]}' % model,
         "system": '{"model":"%s","max_tokens":4,"system":"\\udfff","messages":[{"role":"user","content":"x"}]}' % model,
-        "stream": '{"model":"%s","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"\\ud800"}]}' % model,
+        "stream": '{"model":"%s","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"\\ud800"}]}'
+        % model,
         "chat": '{"model":"%s","messages":[{"role":"user","content":"\\ud800"}]}' % model,
         "count_tokens": '{"model":"%s","messages":[{"role":"user","content":"\\udbff"}]}' % model,
     }
@@ -147,8 +160,11 @@ def test_lone_surrogates_are_a_400(server, where):
         assert r.status_code == 400, r.text
         assert "surrogate" in r.json()["error"]["message"]
         # a valid escaped pair (an emoji) is text, and fine
-        ok = c.post("/v1/messages/count_tokens", content='{"model":"%s","messages":[{"role":"user","content":"\\ud83d\\ude00"}]}' % model,
-                    headers={"content-type": "application/json"})
+        ok = c.post(
+            "/v1/messages/count_tokens",
+            content='{"model":"%s","messages":[{"role":"user","content":"\\ud83d\\ude00"}]}' % model,
+            headers={"content-type": "application/json"},
+        )
         assert ok.status_code == 200
     assert "Traceback" not in server.log()
 
@@ -160,7 +176,9 @@ def test_values_the_wire_cannot_carry_are_a_400_before_the_stream(server, route,
     body = _msg(server, stream=True, **{field: value})
     if route == "chat":
         body = {"model": body["model"], "stream": True, "messages": body["messages"], field: value}
-    r = httpx.post(server.base_url + ("/v1/messages" if route == "messages" else "/v1/chat/completions"), json=body, timeout=30)
+    r = httpx.post(
+        server.base_url + ("/v1/messages" if route == "messages" else "/v1/chat/completions"), json=body, timeout=30
+    )
     assert r.status_code == 400 and field in r.text, r.text
 
 
@@ -169,10 +187,18 @@ def test_max_tokens_boundary_matches_what_models_says(server):
     limit = httpx.get(server.base_url + "/v1/models").json()["data"][0]["max_tokens"]
     r = httpx.post(server.base_url + "/v1/messages", json=_msg(server, max_tokens=limit + 1), timeout=30)
     assert r.status_code == 400 and str(limit) in r.json()["error"]["message"]
-    assert httpx.post(server.base_url + "/v1/messages/count_tokens", json={"model": server.extra["model"], "messages": [{"role": "user", "content": "x"}]}).status_code == 200
+    assert (
+        httpx.post(
+            server.base_url + "/v1/messages/count_tokens",
+            json={"model": server.extra["model"], "messages": [{"role": "user", "content": "x"}]},
+        ).status_code
+        == 200
+    )
 
 
-@pytest.mark.parametrize("patch", [{"stream": "yes"}, {"stream": 1}, {"background": "maybe"}, {"max_tokens": "4"}, {"max_tokens": 4.5}])
+@pytest.mark.parametrize(
+    "patch", [{"stream": "yes"}, {"stream": 1}, {"background": "maybe"}, {"max_tokens": "4"}, {"max_tokens": 4.5}]
+)
 def test_wire_types_are_strict(server, patch):
     r = httpx.post(server.base_url + "/v1/messages", json=_msg(server, **patch), timeout=30)
     assert r.status_code == 400, r.text
@@ -227,10 +253,16 @@ def _status(response: bytes) -> int:
     "data, status",
     [
         (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Ty", 408),  # headers stop
-        (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
-         + b'{"model":"m","max_tokens":4,"messages":[', 408),  # body stops after 40 bytes
-        (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-         b"5\r\n{\"a\":\r\n", 408),  # a chunked body stops after one chunk
+        (
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            + b'{"model":"m","max_tokens":4,"messages":[',
+            408,
+        ),  # body stops after 40 bytes
+        (
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b'5\r\n{"a":\r\n',
+            408,
+        ),  # a chunked body stops after one chunk
     ],
     ids=["partial-headers", "short-body", "stalled-chunked"],
 )
@@ -261,8 +293,9 @@ def test_a_connection_that_never_speaks_is_closed(impatient):
 def test_connections_with_incomplete_requests_are_bounded(tiny_llama_dir):
     """Beyond `max_incomplete_requests` connections mid-request, a new connection gets 503 at
     once. A long header timeout, so the held connections stay held whatever the machine's load."""
-    proc = start_server(["--model", str(tiny_llama_dir)],
-                        env={"SLUICE_MAX_INCOMPLETE_REQUESTS": "4", "SLUICE_HEADER_TIMEOUT_S": "120"})
+    proc = start_server(
+        ["--model", str(tiny_llama_dir)], env={"SLUICE_MAX_INCOMPLETE_REQUESTS": "4", "SLUICE_HEADER_TIMEOUT_S": "120"}
+    )
     try:
         held = [_raw(proc, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n") for _ in range(4)]
         deadline = time.monotonic() + 60
@@ -287,7 +320,10 @@ def test_connections_with_incomplete_requests_are_bounded(tiny_llama_dir):
 def _worker_pid(proc: Proc, after: int = 0) -> int:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        pids = [int(p) for p in re.findall(r"(?:local worker \S+ started|engine worker restarted) \(pid (\d+)\)", proc.log())]
+        pids = [
+            int(p)
+            for p in re.findall(r"(?:local worker \S+ started|engine worker restarted) \(pid (\d+)\)", proc.log())
+        ]
         if len(pids) > after:
             return pids[after]
         time.sleep(0.1)

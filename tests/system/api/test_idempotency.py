@@ -36,9 +36,13 @@ def worker():
 def fleet(worker, redis_server, tmp_path_factory):
     data = tmp_path_factory.mktemp("keys")
     keys = {"main": make_key(data, "acme", "standard"), "slow": make_key(data, "slowco", "standard", "--rpm", "1")}
-    env = {"SLUICE_DATA_DIR": str(data), "SLUICE_IDEMPOTENCY_STORE": "redis", "SLUICE_REPLAY_STORE": "redis",
-           "SLUICE_LIMITS_STORE": "redis",
-           "SLUICE_REDIS_URL": redis_server.url}
+    env = {
+        "SLUICE_DATA_DIR": str(data),
+        "SLUICE_IDEMPOTENCY_STORE": "redis",
+        "SLUICE_REPLAY_STORE": "redis",
+        "SLUICE_LIMITS_STORE": "redis",
+        "SLUICE_REDIS_URL": redis_server.url,
+    }
     a = start_server(["--worker", worker.extra["address"]], env=env)
     b = start_server(["--worker", worker.extra["address"]], env=env)
     yield a, b, keys
@@ -65,16 +69,19 @@ def test_sdk_retries_through_another_replica_are_not_generated_again(fleet):
     headers = idem()
     before = generations(a, b)
     first = anthropic.Anthropic(base_url=a.base_url, api_key=keys["main"], max_retries=0).messages.create(
-        model=MODEL, max_tokens=12, messages=ASK, extra_headers=headers)
-    raw = anthropic.Anthropic(base_url=b.base_url, api_key=keys["main"], max_retries=0).messages.with_raw_response.create(
-        model=MODEL, max_tokens=12, messages=ASK, extra_headers=headers)
+        model=MODEL, max_tokens=12, messages=ASK, extra_headers=headers
+    )
+    raw = anthropic.Anthropic(
+        base_url=b.base_url, api_key=keys["main"], max_retries=0
+    ).messages.with_raw_response.create(model=MODEL, max_tokens=12, messages=ASK, extra_headers=headers)
     retry = raw.parse()
     assert retry.id == first.id and retry.content == first.content and retry.usage == first.usage
     assert raw.headers["idempotent-replayed"] == "true"
     assert generations(a, b) - before == 1
     with pytest.raises(anthropic.UnprocessableEntityError) as info:  # same key, another request
         anthropic.Anthropic(base_url=b.base_url, api_key=keys["main"], max_retries=0).messages.create(
-            model=MODEL, max_tokens=13, messages=ASK, extra_headers=headers)
+            model=MODEL, max_tokens=13, messages=ASK, extra_headers=headers
+        )
     assert info.value.body["error"]["type"] == "invalid_request_error"
 
 
@@ -90,8 +97,11 @@ def test_openai_sdk_retry_and_stream_replay(fleet):
     stream_headers = idem()
     texts = []
     for client in (one, two):  # the retry replays the recorded chunks from the start
-        chunks = list(client.chat.completions.create(model=MODEL, max_tokens=12, messages=ASK, stream=True,
-                                                     extra_headers=stream_headers))
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, max_tokens=12, messages=ASK, stream=True, extra_headers=stream_headers
+            )
+        )
         texts.append(("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), {c.id for c in chunks}))
     assert texts[0] == texts[1] and texts[0][0]
     assert generations(a, b) - before == 2
@@ -100,27 +110,44 @@ def test_openai_sdk_retry_and_stream_replay(fleet):
 def test_a_dropped_stream_is_resumed_by_its_retry_on_another_replica(fleet):
     a, b, keys = fleet
     headers = {**idem(), "x-api-key": keys["main"]}
-    body = {"model": MODEL, "max_tokens": 40, "stream": True, "temperature": 0,
-            "messages": [{"role": "user", "content": "Describe the sea."}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 40,
+        "stream": True,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Describe the sea."}],
+    }
     before = generations(a, b)
     got = []
-    with httpx.Client(timeout=120) as c, connect_sse(c, "POST", a.base_url + "/v1/messages", json=body, headers=headers) as es:
+    with (
+        httpx.Client(timeout=120) as c,
+        connect_sse(c, "POST", a.base_url + "/v1/messages", json=body, headers=headers) as es,
+    ):
         for sse in es.iter_sse():
             if sse.event != "ping":  # a ping carries the last id on (SSE's last-event-id is sticky)
                 got.append(sse)
             if len(got) == 3:
                 break  # the connection drops; the keyed stream keeps generating
     rest = []
-    with httpx.Client(timeout=120) as c, connect_sse(c, "POST", b.base_url + "/v1/messages", json=body,
-                                                       headers={**headers, "Last-Event-ID": got[-1].id}) as es:
+    with (
+        httpx.Client(timeout=120) as c,
+        connect_sse(
+            c, "POST", b.base_url + "/v1/messages", json=body, headers={**headers, "Last-Event-ID": got[-1].id}
+        ) as es,
+    ):
         assert es.response.headers["idempotent-replayed"] == "true"
         rest = [sse for sse in es.iter_sse() if sse.event != "ping"]
     combined = got + rest
     assert [int(e.id.rsplit(":", 1)[1]) for e in combined] == list(range(1, len(combined) + 1))
     assert combined[-1].event == "message_stop"
     sdk = anthropic.Anthropic(base_url=b.base_url, api_key=keys["main"], max_retries=0)
-    with sdk.messages.stream(model=MODEL, max_tokens=40, messages=body["messages"], extra_body={"temperature": 0},
-                             extra_headers={"Idempotency-Key": headers["Idempotency-Key"]}) as s:
+    with sdk.messages.stream(
+        model=MODEL,
+        max_tokens=40,
+        messages=body["messages"],
+        extra_body={"temperature": 0},
+        extra_headers={"Idempotency-Key": headers["Idempotency-Key"]},
+    ) as s:
         final = s.get_final_message()
     text = "".join(json.loads(e.data)["delta"]["text"] for e in combined if e.event == "content_block_delta")
     assert final.content[0].text == text

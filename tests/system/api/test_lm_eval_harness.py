@@ -89,8 +89,11 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     tok, _ = load_tokenizer()
     out = tmp_path_factory.mktemp("tokenizer")
     tok.backend.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.eos_token, "bos_token": tok.bos_token}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.eos_token, "bos_token": tok.bos_token}
+        )
+    )
     return out
 
 
@@ -107,17 +110,32 @@ def _evaluate(model: str, model_args: dict, tasks: list[str], include: Path, **k
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    return simple_evaluate(model=model, model_args=model_args, tasks=tasks, task_manager=TaskManager(include_path=str(include), include_defaults=False),
-                           log_samples=True, random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0,
-                           **kwargs)
+    return simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=tasks,
+        task_manager=TaskManager(include_path=str(include), include_defaults=False),
+        log_samples=True,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+        **kwargs,
+    )
 
 
 def test_loglikelihood_and_generate_until_with_local_completions(server, tokenizer_dir, offline, hf_bundled):
     from transformers import AutoTokenizer
 
     tasks = _write_tasks(offline)
-    args = {"model": MODEL, "base_url": server.base_url + "/v1/completions", "tokenizer": str(tokenizer_dir),
-            "tokenizer_backend": "huggingface", "num_concurrent": 1, "max_retries": 1}
+    args = {
+        "model": MODEL,
+        "base_url": server.base_url + "/v1/completions",
+        "tokenizer": str(tokenizer_dir),
+        "tokenizer_backend": "huggingface",
+        "num_concurrent": 1,
+        "max_retries": 1,
+    }
     out = _evaluate("local-completions", args, ["sluice_mc", "sluice_gen"], tasks)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     samples = out["samples"]["sluice_mc"]
@@ -142,8 +160,13 @@ def test_loglikelihood_and_generate_until_with_local_completions(server, tokeniz
 
 def test_generate_until_with_local_chat_completions(server, offline):
     tasks = _write_tasks(offline)
-    args = {"model": MODEL, "base_url": server.base_url + "/v1/chat/completions", "num_concurrent": 1, "max_retries": 1,
-            "tokenizer_backend": None}
+    args = {
+        "model": MODEL,
+        "base_url": server.base_url + "/v1/chat/completions",
+        "num_concurrent": 1,
+        "max_retries": 1,
+        "tokenizer_backend": None,
+    }
     out = _evaluate("local-chat-completions", args, ["sluice_gen"], tasks, apply_chat_template=True)
     gens = [s["resps"][0][0] for s in out["samples"]["sluice_gen"]]
     assert len(gens) == len(GEN_DOCS) and all(isinstance(g, str) for g in gens)

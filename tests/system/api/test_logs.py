@@ -30,8 +30,9 @@ def test_the_formatter_writes_one_object_with_the_request_id():
 
 @pytest.mark.slow
 def test_a_serve_logs_json_with_ids_and_never_prompts_or_keys(tiny_llama_dir):
-    proc = start_server(["--model", str(tiny_llama_dir), "--access-log"], env={"SLUICE_API_KEY": KEY,
-                                                                               "SLUICE_LOG_LEVEL": "debug"})
+    proc = start_server(
+        ["--model", str(tiny_llama_dir), "--access-log"], env={"SLUICE_API_KEY": KEY, "SLUICE_LOG_LEVEL": "debug"}
+    )
     try:
         model = httpx.get(proc.base_url + "/v1/models", headers={"x-api-key": KEY}).json()["data"][0]["id"]
         body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": f"say {CANARY} back"}]}
@@ -39,8 +40,13 @@ def test_a_serve_logs_json_with_ids_and_never_prompts_or_keys(tiny_llama_dir):
         assert r.status_code == 200
         stream = httpx.post(proc.base_url + "/v1/messages", json={**body, "stream": True}, headers={"x-api-key": KEY})
         assert stream.status_code == 200
-        assert httpx.post(proc.base_url + "/v1/messages", json=body, headers={"x-api-key": KEY + "x"}).status_code == 401
-        assert httpx.post(proc.base_url + "/v1/messages", content=b"{bad json", headers={"x-api-key": KEY}).status_code == 400
+        assert (
+            httpx.post(proc.base_url + "/v1/messages", json=body, headers={"x-api-key": KEY + "x"}).status_code == 401
+        )
+        assert (
+            httpx.post(proc.base_url + "/v1/messages", content=b"{bad json", headers={"x-api-key": KEY}).status_code
+            == 400
+        )
         reply = r.json()["content"][0]["text"]
     finally:
         proc.stop()

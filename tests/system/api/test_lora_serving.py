@@ -33,8 +33,10 @@ def adapters(tiny_llama_dir, tmp_path_factory):
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype="float32")
     root = tmp_path_factory.mktemp("served-adapters")
-    out = {name: peft_adapter(hf, root / name, rank=8, seed=seed, std=0.25) for name, seed in
-           (("a1", 1), ("a2", 2), ("a3", 3))}
+    out = {
+        name: peft_adapter(hf, root / name, rank=8, seed=seed, std=0.25)
+        for name, seed in (("a1", 1), ("a2", 2), ("a3", 3))
+    }
     broken = root / "broken"
     shutil.copytree(out["a1"], broken)
     (broken / "adapter_config.json").write_text('{"r": 8, "lora_alpha": ')
@@ -57,15 +59,28 @@ def expected(tiny_llama_dir, adapters):
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, adapters):
-    proc = start_server(["--model", str(tiny_llama_dir), "--kv-cache-gib", "0.05", "--gaie-metrics",
-                         "--lora-modules", f"a1={adapters['a1']}"], env={"SLUICE_ADMIN_KEY": ADMIN})
+    proc = start_server(
+        [
+            "--model",
+            str(tiny_llama_dir),
+            "--kv-cache-gib",
+            "0.05",
+            "--gaie-metrics",
+            "--lora-modules",
+            f"a1={adapters['a1']}",
+        ],
+        env={"SLUICE_ADMIN_KEY": ADMIN},
+    )
     yield proc
     assert proc.stop() == 0
 
 
 def _complete(server, model: str) -> httpx.Response:
-    return httpx.post(server.base_url + "/v1/completions", timeout=60,
-                      json={"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
+    return httpx.post(
+        server.base_url + "/v1/completions",
+        timeout=60,
+        json={"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0},
+    )
 
 
 def test_adapters_are_served_and_listed(server, expected):
@@ -74,8 +89,11 @@ def test_adapters_are_served_and_listed(server, expected):
     assert models["a1"]["parent"] == base and models["a1"]["object"] == "model"
     assert _complete(server, "a1").json()["choices"][0]["text"] == expected["a1"]
     assert _complete(server, base).json()["choices"][0]["text"] == expected[None]
-    r = httpx.post(server.base_url + "/v1/messages", timeout=60, json={
-        "model": "a1", "max_tokens": 5, "messages": [{"role": "user", "content": "hello"}]})
+    r = httpx.post(
+        server.base_url + "/v1/messages",
+        timeout=60,
+        json={"model": "a1", "max_tokens": 5, "messages": [{"role": "user", "content": "hello"}]},
+    )
     assert r.status_code == 200 and r.json()["model"] == "a1" and r.headers["sluice-model-version"] == "a1/default"
     r = _complete(server, "a9")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
@@ -90,8 +108,12 @@ def test_runtime_load_and_unload_behind_the_admin_key(server, adapters, expected
     assert _complete(server, "a2").json()["choices"][0]["text"] == expected["a2"]
     r = httpx.post(url + "/v1/load_lora_adapter", json=body, headers=HEADERS, timeout=60)
     assert r.status_code == 409, "the name is taken"
-    r = httpx.post(url + "/v1/load_lora_adapter", headers=HEADERS, timeout=60,
-                   json={"lora_name": "bad", "lora_path": str(adapters["broken"])})
+    r = httpx.post(
+        url + "/v1/load_lora_adapter",
+        headers=HEADERS,
+        timeout=60,
+        json={"lora_name": "bad", "lora_path": str(adapters["broken"])},
+    )
     assert r.status_code == 400 and "adapter_config.json: not valid JSON" in r.json()["error"]["message"]
     assert _complete(server, "a1").json()["choices"][0]["text"] == expected["a1"], "nothing else was harmed"
     assert _complete(server, "bad").status_code == 404
@@ -103,8 +125,12 @@ def test_runtime_load_and_unload_behind_the_admin_key(server, adapters, expected
 
 
 def _fleet(server, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sluice.cli", "fleet", "--url", server.base_url, "--admin-key", ADMIN,
-                           *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "fleet", "--url", server.base_url, "--admin-key", ADMIN, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_sluice_fleet_adapter_commands(server, adapters):
@@ -137,5 +163,9 @@ def test_per_adapter_metrics_and_gaie_names(server):
     # flagged of them, and nothing of the LoRA series (older gauges' suffix notes are not ours)
     assert all("should not contain ':'" in l for l in complaints if l.startswith("vllm:")), complaints
     assert {l.split()[0] for l in complaints if l.startswith("vllm:")} == {
-        "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:lora_requests_info"}
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:lora_requests_info",
+    }
     assert not [l for l in complaints if "lora" in l.split()[0] and not l.startswith("vllm:")], complaints

@@ -33,10 +33,18 @@ def test_non_streaming_and_streaming_agree(client):
     assert full.id.startswith("chatcmpl") and full.object == "chat.completion"
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason in ("stop", "length")
-    assert full.usage.completion_tokens > 0 and full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+    assert (
+        full.usage.completion_tokens > 0
+        and full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+    )
     chunks = list(
         client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, temperature=0, max_tokens=16, stream=True, stream_options={"include_usage": True}
+            model=MODEL,
+            messages=MESSAGES,
+            temperature=0,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -44,22 +52,38 @@ def test_non_streaming_and_streaming_agree(client):
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == [choice.finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
-    no_usage = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=4, stream=True))
+    no_usage = list(
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=4, stream=True)
+    )
     assert all(c.usage is None for c in no_usage)
 
 
 def test_stop_and_length(client):
     r = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=2)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2
-    base = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Count from 1 to 10 separated by commas."}], temperature=0, max_tokens=40
-    ).choices[0].message.content
+    base = (
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Count from 1 to 10 separated by commas."}],
+            temperature=0,
+            max_tokens=40,
+        )
+        .choices[0]
+        .message.content
+    )
     assert "4" in base
     stopped = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Count from 1 to 10 separated by commas."}],
-        temperature=0, max_tokens=40, stop=["4"],
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count from 1 to 10 separated by commas."}],
+        temperature=0,
+        max_tokens=40,
+        stop=["4"],
     ).choices[0]
-    assert stopped.finish_reason == "stop" and "4" not in stopped.message.content and base.startswith(stopped.message.content)
+    assert (
+        stopped.finish_reason == "stop"
+        and "4" not in stopped.message.content
+        and base.startswith(stopped.message.content)
+    )
 
 
 def test_errors_in_openai_shape(server, client):
@@ -76,6 +100,8 @@ def test_errors_in_openai_shape(server, client):
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model=MODEL, messages=MESSAGES)
-    r = httpx.post(server.base_url + "/v1/chat/completions", content=b"{oops", headers={"authorization": f"Bearer {KEY}"})
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions", content=b"{oops", headers={"authorization": f"Bearer {KEY}"}
+    )
     body = r.json()
     assert r.status_code == 400 and set(body["error"]) == {"message", "type", "param", "code"}

@@ -60,7 +60,8 @@ def test_echo_scores_the_prompt_like_transformers(client, server, hf_bundled):
     for i in range(1, len(ids)):
         assert lp.token_logprobs[i] == pytest.approx(float(ref[i - 1, ids[i]]), abs=2e-3)
         assert lp.tokens[i] in lp.top_logprobs[i] and max(lp.top_logprobs[i].values()) == pytest.approx(
-            float(ref[i - 1].max()), abs=2e-3)
+            float(ref[i - 1].max()), abs=2e-3
+        )
     # max_tokens 1 (lm-evaluation-harness's request): the same prompt scores, one more token
     one = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0)
     assert one.choices[0].logprobs.token_logprobs[: len(ids)] == lp.token_logprobs
@@ -87,34 +88,49 @@ def test_n_choices_with_derived_seeds(client):
     single = client.chat.completions.create(model=MODEL, messages=messages, temperature=1.0, seed=11, max_tokens=8)
     assert single.choices[0].message.content == texts[0]  # choice 0 keeps the request's seed
     assert 3 <= a.usage.completion_tokens <= 24  # every choice's output
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, n=3, temperature=1.0, seed=11,
-                                                 max_tokens=8, stream=True))
-    streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
-                for i in range(3)]
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=messages, n=3, temperature=1.0, seed=11, max_tokens=8, stream=True
+        )
+    )
+    streamed = [
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+        for i in range(3)
+    ]
     assert streamed == texts
     legacy = client.completions.create(model=MODEL, prompt="Once", n=2, temperature=1.0, seed=5, max_tokens=6)
     assert len(legacy.choices) == 2
 
 
 def test_tokenize_and_detokenize(server):
-    r = httpx.post(server.base_url + "/tokenize", json={"model": MODEL, "prompt": "Hello world", "return_token_strs": True},
-                   headers=H).json()
+    r = httpx.post(
+        server.base_url + "/tokenize",
+        json={"model": MODEL, "prompt": "Hello world", "return_token_strs": True},
+        headers=H,
+    ).json()
     assert r["count"] == len(r["tokens"]) == 2 and r["token_strs"] == ["Hello", " world"] and r["max_model_len"] > 0
-    chat = httpx.post(server.base_url + "/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
-                      headers=H).json()
+    chat = httpx.post(
+        server.base_url + "/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, headers=H
+    ).json()
     assert chat["count"] > 3
     back = httpx.post(server.base_url + "/detokenize", json={"model": MODEL, "tokens": r["tokens"]}, headers=H).json()
     assert back == {"prompt": "Hello world"}
     bad = httpx.post(server.base_url + "/detokenize", json={"model": MODEL, "tokens": [10**7]}, headers=H)
     assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
     assert httpx.post(server.base_url + "/tokenize", json={"model": MODEL, "prompt": "x"}).status_code == 401
-    assert httpx.post(server.base_url + "/tokenize", json={"model": "nope", "prompt": "x"}, headers=H).status_code == 404
+    assert (
+        httpx.post(server.base_url + "/tokenize", json={"model": "nope", "prompt": "x"}, headers=H).status_code == 404
+    )
 
 
 def test_bad_completions_requests(client):
-    for kwargs, word in ((dict(prompt=[10**7]), "vocabulary"), (dict(prompt="x", suffix="y"), "suffix"),
-                         (dict(prompt=["a"] * 9, n=2), "choices"), (dict(prompt="x", logprobs=21), "logprobs"),
-                         (dict(prompt=""), "empty")):
+    for kwargs, word in (
+        (dict(prompt=[10**7]), "vocabulary"),
+        (dict(prompt="x", suffix="y"), "suffix"),
+        (dict(prompt=["a"] * 9, n=2), "choices"),
+        (dict(prompt="x", logprobs=21), "logprobs"),
+        (dict(prompt=""), "empty"),
+    ):
         with pytest.raises(openai.BadRequestError, match=word):
             client.completions.create(model=MODEL, max_tokens=2, **kwargs)
 

@@ -26,8 +26,9 @@ def client(server) -> openai.OpenAI:
 
 
 def test_chat_logprobs_shape_and_stream_agree(client):
-    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=12,
-                                          logprobs=True, top_logprobs=3)
+    full = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3
+    )
     choice = full.choices[0]
     content = choice.logprobs.content
     assert len(content) == full.usage.completion_tokens - (choice.finish_reason == "stop")
@@ -37,8 +38,11 @@ def test_chat_logprobs_shape_and_stream_agree(client):
         assert len(t.top_logprobs) == 3
         assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob  # greedy
         assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=12,
-                                                 logprobs=True, top_logprobs=3, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3, stream=True
+        )
+    )
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
     for c in chunks:  # each chunk's logprobs are its own text's tokens
@@ -60,8 +64,9 @@ def test_logprobs_only_when_asked(client):
 def test_sampled_tokens_report_the_models_logprob(client):
     """A hot temperature changes which tokens are drawn, not how the model scores them: the same
     tokens scored greedily (as a prefix) carry the same logprobs."""
-    hot = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=1.5, seed=3, max_tokens=6,
-                                         logprobs=True)
+    hot = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=1.5, seed=3, max_tokens=6, logprobs=True
+    )
     cold = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=1, logprobs=True)
     first_hot, first_cold = hot.choices[0].logprobs.content[0], cold.choices[0].logprobs.content[0]
     if first_hot.token == first_cold.token:

@@ -11,11 +11,16 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.server_process import wait_engine_idle, MODEL, start_server, start_worker
+from tests.server_process import MODEL, start_server, start_worker, wait_engine_idle
 
 pytestmark = pytest.mark.slow
-BODY = {"model": MODEL, "max_tokens": 60, "stream": True, "temperature": 0,
-        "messages": [{"role": "user", "content": "Describe a lighthouse at night in detail."}]}
+BODY = {
+    "model": MODEL,
+    "max_tokens": 60,
+    "stream": True,
+    "temperature": 0,
+    "messages": [{"role": "user", "content": "Describe a lighthouse at night in detail."}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +98,9 @@ def test_memory_store_resume(worker):
     try:
         first = read(server.base_url + "/v1/messages", json={**BODY, "background": True}, stop_after=3)
         msg_id = first[-1].id.rsplit(":", 1)[0]
-        rest = read(server.base_url + f"/v1/messages/{msg_id}/stream", method="GET", headers={"Last-Event-ID": first[-1].id})
+        rest = read(
+            server.base_url + f"/v1/messages/{msg_id}/stream", method="GET", headers={"Last-Event-ID": first[-1].id}
+        )
         assert seqs(first + rest) == list(range(1, len(first) + len(rest) + 1)) and rest[-1].event == "message_stop"
     finally:
         server.stop()

@@ -25,7 +25,11 @@ GREEDY = {"temperature": 0}
 WEATHER = {
     "name": "get_weather",
     "description": "Current weather for a city.",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 24}},
+        "required": ["city"],
+    },
 }
 ASK = [{"role": "user", "content": "What's the weather like in Paris?"}]
 ONE_CALL = {"type": "any", "disable_parallel_tool_use": True}
@@ -73,10 +77,16 @@ def test_tool_result_round_trip(client, first_replies, passing, first_streamed, 
     (call,) = first.content
     if passing == "model_dump":
         assert {"caller", "toolset_name"} <= set(call.model_dump())  # what the server once refused
-    result: t.ToolResultBlockParam = {"type": "tool_result", "tool_use_id": call.id,
-                                      "content": [{"type": "text", "text": "rain, 4 degrees"}]}
-    history = [*ASK, {"role": "assistant", "content": [PASSING[passing](b) for b in first.content]},
-               {"role": "user", "content": [result]}]
+    result: t.ToolResultBlockParam = {
+        "type": "tool_result",
+        "tool_use_id": call.id,
+        "content": [{"type": "text", "text": "rain, 4 degrees"}],
+    }
+    history = [
+        *ASK,
+        {"role": "assistant", "content": [PASSING[passing](b) for b in first.content]},
+        {"role": "user", "content": [result]},
+    ]
     second = _reply(client, then_streamed, max_tokens=8, messages=history, tools=[WEATHER])
     assert second.stop_reason in ("end_turn", "max_tokens", "tool_use") and second.content
 
@@ -87,8 +97,14 @@ def _assistant_blocks() -> list[Any]:
         t.ThinkingBlock(type="thinking", thinking="The user wants the weather.", signature="c2ln"),
         t.RedactedThinkingBlock(type="redacted_thinking", data="ZW5jcnlwdGVk"),
         t.TextBlock(type="text", text="Checking.", citations=None),
-        t.ToolUseBlock(type="tool_use", id="toolu_01AbCdEfGhIjKlMnOpQrStUv", name="get_weather", input={"city": "Paris"},
-                       caller=t.DirectCaller(type="direct"), toolset_name=None),
+        t.ToolUseBlock(
+            type="tool_use",
+            id="toolu_01AbCdEfGhIjKlMnOpQrStUv",
+            name="get_weather",
+            input={"city": "Paris"},
+            caller=t.DirectCaller(type="direct"),
+            toolset_name=None,
+        ),
     ]
 
 
@@ -96,14 +112,25 @@ def _assistant_blocks() -> list[Any]:
 @pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
 def test_every_client_block_type_round_trips(client, passing, streamed):
     blocks = [PASSING[passing](b) for b in _assistant_blocks()]
-    results: list[t.ToolResultBlockParam] = [{
-        "type": "tool_result", "tool_use_id": "toolu_01AbCdEfGhIjKlMnOpQrStUv", "is_error": False, "cache_control": None,
-        "toolset_name": None, "content": [
-            {"type": "text", "text": "rain, 4 degrees", "citations": None, "cache_control": {"type": "ephemeral"}},
-            {"type": "search_result", "source": "https://example.com/w", "title": "Weather",
-             "content": [{"type": "text", "text": "Paris: rain"}]},
-            {"type": "tool_reference", "tool_name": "get_weather"},
-        ]}]
+    results: list[t.ToolResultBlockParam] = [
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_01AbCdEfGhIjKlMnOpQrStUv",
+            "is_error": False,
+            "cache_control": None,
+            "toolset_name": None,
+            "content": [
+                {"type": "text", "text": "rain, 4 degrees", "citations": None, "cache_control": {"type": "ephemeral"}},
+                {
+                    "type": "search_result",
+                    "source": "https://example.com/w",
+                    "title": "Weather",
+                    "content": [{"type": "text", "text": "Paris: rain"}],
+                },
+                {"type": "tool_reference", "tool_name": "get_weather"},
+            ],
+        }
+    ]
     history = [*ASK, {"role": "assistant", "content": blocks}, {"role": "user", "content": results}]
     reply = _reply(client, streamed, max_tokens=4, messages=history, tools=[WEATHER])
     assert reply.content and reply.stop_reason in ("end_turn", "max_tokens", "tool_use")
@@ -111,14 +138,17 @@ def test_every_client_block_type_round_trips(client, passing, streamed):
 
 def _server_tool_blocks() -> list[Any]:
     """The blocks of the server tools that do not run here (web search's are read: below)."""
+
     def error(kind: str) -> dict[str, str]:  # each result type's own error object
         return {"type": f"{kind}_error", "error_code": "unavailable"}
 
-    results = [(t.WebFetchToolResultBlock, "web_fetch_tool_result"),
-               (t.CodeExecutionToolResultBlock, "code_execution_tool_result"),
-               (t.BashCodeExecutionToolResultBlock, "bash_code_execution_tool_result"),
-               (t.TextEditorCodeExecutionToolResultBlock, "text_editor_code_execution_tool_result"),
-               (t.ToolSearchToolResultBlock, "tool_search_tool_result")]
+    results = [
+        (t.WebFetchToolResultBlock, "web_fetch_tool_result"),
+        (t.CodeExecutionToolResultBlock, "code_execution_tool_result"),
+        (t.BashCodeExecutionToolResultBlock, "bash_code_execution_tool_result"),
+        (t.TextEditorCodeExecutionToolResultBlock, "text_editor_code_execution_tool_result"),
+        (t.ToolSearchToolResultBlock, "tool_search_tool_result"),
+    ]
     return [
         *(cls.construct(type=kind, tool_use_id="srvtoolu_1", content=error(kind)) for cls, kind in results),
         t.ContainerUploadBlock(type="container_upload", file_id="file_1"),
@@ -128,21 +158,41 @@ def _server_tool_blocks() -> list[Any]:
 def _web_search_pair() -> list[Any]:
     """A search tool call and its result, as the SDK parsed them from a reply (the search tool:
     docs/SEARCH.md); sent back, they are the conversation's call and result."""
-    call = t.ServerToolUseBlock(type="server_tool_use", id="srvtoolu_1", name="web_search", input={"query": "paris weather"},
-                                caller=t.DirectCaller(type="direct"))
-    hit = t.WebSearchResultBlock(type="web_search_result", url="sluice-search:paris", title="Paris weather",
-                                 encrypted_content="UmFpbi4=", page_age=None)  # base64 of "Rain."
+    call = t.ServerToolUseBlock(
+        type="server_tool_use",
+        id="srvtoolu_1",
+        name="web_search",
+        input={"query": "paris weather"},
+        caller=t.DirectCaller(type="direct"),
+    )
+    hit = t.WebSearchResultBlock(
+        type="web_search_result",
+        url="sluice-search:paris",
+        title="Paris weather",
+        encrypted_content="UmFpbi4=",
+        page_age=None,
+    )  # base64 of "Rain."
     return [call, t.WebSearchToolResultBlock(type="web_search_tool_result", tool_use_id="srvtoolu_1", content=[hit])]
 
 
 @pytest.mark.parametrize("passing", PASSING)
 def test_web_search_blocks_are_read_and_other_server_tool_blocks_refused_by_name(client, passing):
-    history = [*ASK, {"role": "assistant", "content": [PASSING[passing](b) for b in _web_search_pair()]},
-               {"role": "user", "content": "go on"}]
+    history = [
+        *ASK,
+        {"role": "assistant", "content": [PASSING[passing](b) for b in _web_search_pair()]},
+        {"role": "user", "content": "go on"},
+    ]
     assert client.messages.create(model=MODEL, max_tokens=2, messages=history).content
     for block in _server_tool_blocks():
-        history = [*ASK, {"role": "assistant", "content": [PASSING[passing](block)]}, {"role": "user", "content": "go on"}]
+        history = [
+            *ASK,
+            {"role": "assistant", "content": [PASSING[passing](block)]},
+            {"role": "user", "content": "go on"},
+        ]
         with pytest.raises(anthropic.BadRequestError) as info:
             client.messages.create(model=MODEL, max_tokens=4, messages=history)
         message = info.value.body["error"]["message"]
-        assert message == f"messages.1.content.0: {block.type} blocks are not supported: no server tool but 'web_search' runs here"
+        assert (
+            message
+            == f"messages.1.content.0: {block.type} blocks are not supported: no server tool but 'web_search' runs here"
+        )

@@ -29,11 +29,25 @@ SEARCH_KEY, INGEST_KEY = "search-key-for-the-fleet", "ingest-key-1"
 ROUTER_CONFIG = f'[search]\napi_keys = ["{SEARCH_KEY}"]\ningest_keys = ["{INGEST_KEY}"]\n[[shards]]\nname = "only"\n'
 DOCS = [
     {"id": "paris", "title": "Paris weather", "body": "The weather in Paris is mild and rainy."},
-    {"id": "berlin", "title": "Berlin weather", "body": "Berlin has cold winters.", "url": "https://example.org/berlin"},
+    {
+        "id": "berlin",
+        "title": "Berlin weather",
+        "body": "Berlin has cold winters.",
+        "url": "https://example.org/berlin",
+    },
     {"id": "apt", "title": "apt", "body": "apt is the Debian package manager."},
-    {"id": "spam", "title": "Paris forecast", "body": "The weather in Paris today: sun, then weather.",
-     "url": "https://ads.spam.example.net/paris"},
-    {"id": "docs", "title": "Paris climate", "body": "The weather in Paris, by month.", "url": "https://docs.example.org/paris"},
+    {
+        "id": "spam",
+        "title": "Paris forecast",
+        "body": "The weather in Paris today: sun, then weather.",
+        "url": "https://ads.spam.example.net/paris",
+    },
+    {
+        "id": "docs",
+        "title": "Paris climate",
+        "body": "The weather in Paris, by month.",
+        "url": "https://docs.example.org/paris",
+    },
 ]
 QUESTION = "What is the weather in Paris?"
 TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}
@@ -69,8 +83,15 @@ def client(cluster) -> anthropic.Anthropic:
 
 
 def _ask(client: anthropic.Anthropic, **kw):
-    return client.messages.create(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[TOOL], tool_choice=FORCED,
-                                  messages=[{"role": "user", "content": QUESTION}], **kw)
+    return client.messages.create(
+        model=MODEL,
+        max_tokens=48,
+        extra_body=GREEDY,
+        tools=[TOOL],
+        tool_choice=FORCED,
+        messages=[{"role": "user", "content": QUESTION}],
+        **kw,
+    )
 
 
 def _check_search_blocks(content) -> str:
@@ -98,8 +119,14 @@ def test_a_forced_search_returns_its_call_results_and_usage(cluster, client):
 
 
 def test_a_streamed_search_sends_the_same_blocks(client):
-    with client.messages.stream(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[TOOL], tool_choice=FORCED,
-                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=48,
+        extra_body=GREEDY,
+        tools=[TOOL],
+        tool_choice=FORCED,
+        messages=[{"role": "user", "content": QUESTION}],
+    ) as stream:
         events = list(stream)
         final = stream.get_final_message()
     starts = [e.content_block.type for e in events if e.type == "content_block_start"]
@@ -112,9 +139,11 @@ def test_a_streamed_search_sends_the_same_blocks(client):
 
 def test_the_reply_can_be_sent_back_to_continue(client):
     first = _ask(client)
-    history = [{"role": "user", "content": QUESTION},
-               {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-               {"role": "user", "content": "And in Berlin?"}]
+    history = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": "And in Berlin?"},
+    ]
     counted = client.messages.count_tokens(model=MODEL, tools=[TOOL], messages=history)
     assert counted.input_tokens > 0
     again = client.messages.create(model=MODEL, max_tokens=4, extra_body=GREEDY, tools=[TOOL], messages=history)
@@ -128,8 +157,11 @@ def _sent_back(reply, **hit_changes):
     for b in blocks:
         if b["type"] == "web_search_tool_result" and isinstance(b["content"], list):
             b["content"] = [] if hit_changes.get("drop") else [h | hit_changes for h in b["content"]]
-    return [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": blocks},
-            {"role": "user", "content": "And in Berlin?"}]
+    return [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": blocks},
+        {"role": "user", "content": "And in Berlin?"},
+    ]
 
 
 def _prompt_tokens(usage) -> int:
@@ -143,9 +175,12 @@ def test_earlier_search_blocks_are_read_into_the_next_turns_prompt(client):
     first = _ask(client)
     history = _sent_back(first)
     counted = client.messages.count_tokens(model=MODEL, tools=[TOOL], messages=history).input_tokens
-    without = client.messages.count_tokens(model=MODEL, tools=[TOOL], messages=_sent_back(first, drop=True)).input_tokens
-    aged = client.messages.count_tokens(model=MODEL, tools=[TOOL],
-                                        messages=_sent_back(first, page_age="April 30, 2025")).input_tokens
+    without = client.messages.count_tokens(
+        model=MODEL, tools=[TOOL], messages=_sent_back(first, drop=True)
+    ).input_tokens
+    aged = client.messages.count_tokens(
+        model=MODEL, tools=[TOOL], messages=_sent_back(first, page_age="April 30, 2025")
+    ).input_tokens
     assert counted > without + 5 and aged > counted
     again = client.messages.create(model=MODEL, max_tokens=4, extra_body=GREEDY, tools=[TOOL], messages=history)
     with client.messages.stream(model=MODEL, max_tokens=4, extra_body=GREEDY, tools=[TOOL], messages=history) as stream:
@@ -154,8 +189,12 @@ def test_earlier_search_blocks_are_read_into_the_next_turns_prompt(client):
 
 
 def _urls(reply) -> set[str]:
-    return {h.url for b in reply.content if b.type == "web_search_tool_result" and isinstance(b.content, list)
-            for h in b.content}
+    return {
+        h.url
+        for b in reply.content
+        if b.type == "web_search_tool_result" and isinstance(b.content, list)
+        for h in b.content
+    }
 
 
 def test_a_hit_from_a_blocked_domain_never_reaches_the_model(client):
@@ -164,23 +203,48 @@ def test_a_hit_from_a_blocked_domain_never_reaches_the_model(client):
     open_reply = _ask(client)
     assert "https://ads.spam.example.net/paris" in _urls(open_reply)  # the query finds it when nothing blocks it
     blocked = {**TOOL, "blocked_domains": ["example.net"], "user_location": {"type": "approximate", "country": "FR"}}
-    reply = client.messages.create(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[blocked], tool_choice=FORCED,
-                                   messages=[{"role": "user", "content": QUESTION}])
-    with client.messages.stream(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[blocked], tool_choice=FORCED,
-                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+    reply = client.messages.create(
+        model=MODEL,
+        max_tokens=48,
+        extra_body=GREEDY,
+        tools=[blocked],
+        tool_choice=FORCED,
+        messages=[{"role": "user", "content": QUESTION}],
+    )
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=48,
+        extra_body=GREEDY,
+        tools=[blocked],
+        tool_choice=FORCED,
+        messages=[{"role": "user", "content": QUESTION}],
+    ) as stream:
         streamed = stream.get_final_message()
     for r in (reply, streamed):
         assert _urls(r) and not any("example.net" in u for u in _urls(r)), _urls(r)
-        assert all("sun, then" not in base64.urlsafe_b64decode(h.encrypted_content).decode()
-                   for b in r.content if b.type == "web_search_tool_result" and isinstance(b.content, list)
-                   for h in b.content)
+        assert all(
+            "sun, then" not in base64.urlsafe_b64decode(h.encrypted_content).decode()
+            for b in r.content
+            if b.type == "web_search_tool_result" and isinstance(b.content, list)
+            for h in b.content
+        )
     allowed = {**TOOL, "allowed_domains": ["example.org/paris"]}
-    only = client.messages.create(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[allowed], tool_choice=FORCED,
-                                  messages=[{"role": "user", "content": QUESTION}])
+    only = client.messages.create(
+        model=MODEL,
+        max_tokens=48,
+        extra_body=GREEDY,
+        tools=[allowed],
+        tool_choice=FORCED,
+        messages=[{"role": "user", "content": QUESTION}],
+    )
     assert _urls(only) == {"https://docs.example.org/paris"}
     with pytest.raises(anthropic.BadRequestError, match="not both"):
-        client.messages.create(model=MODEL, max_tokens=8, tools=[{**allowed, "blocked_domains": ["x.org"]}],
-                               messages=[{"role": "user", "content": QUESTION}])
+        client.messages.create(
+            model=MODEL,
+            max_tokens=8,
+            tools=[{**allowed, "blocked_domains": ["x.org"]}],
+            messages=[{"role": "user", "content": QUESTION}],
+        )
 
 
 def test_a_stopped_search_service_is_an_error_result_and_no_service_a_400(cluster, client):
@@ -191,8 +255,14 @@ def test_a_stopped_search_service_is_an_error_result_and_no_service_a_400(cluste
     finally:
         os.kill(router.pid, signal.SIGCONT)
     router.stop()  # gone: connection refused
-    with client.messages.stream(model=MODEL, max_tokens=48, extra_body=GREEDY, tools=[TOOL], tool_choice=FORCED,
-                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=48,
+        extra_body=GREEDY,
+        tools=[TOOL],
+        tool_choice=FORCED,
+        messages=[{"role": "user", "content": QUESTION}],
+    ) as stream:
         streamed = stream.get_final_message()
     for reply in (msg, streamed):
         assert len(reply.content) >= 2, reply
@@ -207,6 +277,9 @@ def test_a_stopped_search_service_is_an_error_result_and_no_service_a_400(cluste
     with pytest.raises(anthropic.BadRequestError) as exc:
         _ask(client)
     assert "search service" in exc.value.message and "[search]" in exc.value.message
-    r = httpx.post(server.base_url + "/v1/messages", json={"model": MODEL, "max_tokens": 4, "tools": [TOOL],
-                   "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+    r = httpx.post(
+        server.base_url + "/v1/messages",
+        json={"model": MODEL, "max_tokens": 4, "tools": [TOOL], "messages": [{"role": "user", "content": "hi"}]},
+        timeout=60,
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

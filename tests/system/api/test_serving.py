@@ -38,8 +38,10 @@ def server():
     # 10 ms per engine step (the worker's step_delay_s fault): a 1,500-token stream provably
     # runs for 15 s or more however fast the machine is, so the reader tests below see it still
     # running after 2.5 send timeouts (7.5 s) by construction, not by the model being slow
-    proc = start_server(["--shutdown-grace", str(SHUTDOWN_GRACE_S)],
-                        env={"SLUICE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S), "SLUICE_FAULT_INJECTION": "step_delay_s=0.01"})
+    proc = start_server(
+        ["--shutdown-grace", str(SHUTDOWN_GRACE_S)],
+        env={"SLUICE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S), "SLUICE_FAULT_INJECTION": "step_delay_s=0.01"},
+    )
     yield proc
     proc.stop()
 
@@ -69,7 +71,9 @@ def test_16_concurrent_streams_batch(server):
 
     async def one(i: int) -> tuple[str, int]:
         async with client.messages.stream(
-            model=MODEL, max_tokens=24, messages=[{"role": "user", "content": f"Say something about the number {i}."}],
+            model=MODEL,
+            max_tokens=24,
+            messages=[{"role": "user", "content": f"Say something about the number {i}."}],
             extra_body={"temperature": 0},
         ) as s:
             final = await s.get_final_message()
@@ -99,7 +103,8 @@ def _open_raw_stream(server, max_tokens: int, rcvbuf: int | None = None) -> sock
     sock.connect((host, int(port)))
     sock.sendall(
         b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     return sock
 
@@ -230,7 +235,10 @@ def test_worker_death_mid_stream_then_recovery():
         assert client.messages.create(model=MODEL, max_tokens=3, messages=STORY).stop_reason == "max_tokens"
 
         events: list[str] = []
-        with httpx.Client(timeout=30) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=_stream_body(400)) as es:
+        with (
+            httpx.Client(timeout=30) as c,
+            connect_sse(c, "POST", server.base_url + "/v1/messages", json=_stream_body(400)) as es,
+        ):
             for sse in es.iter_sse():
                 events.append(sse.event)
                 if events.count("content_block_delta") == 2:
@@ -245,7 +253,10 @@ def test_worker_death_mid_stream_then_recovery():
 def test_sigterm_lets_open_streams_finish(server):
     """Last in this module: SIGTERM during a short stream → it completes; the server exits 0."""
     events: list[str] = []
-    with httpx.Client(timeout=30) as c, connect_sse(c, "POST", server.base_url + "/v1/messages", json=_stream_body(30)) as es:
+    with (
+        httpx.Client(timeout=30) as c,
+        connect_sse(c, "POST", server.base_url + "/v1/messages", json=_stream_body(30)) as es,
+    ):
         for sse in es.iter_sse():
             events.append(sse.event)
             if events.count("content_block_delta") == 2:

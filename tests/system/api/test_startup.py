@@ -70,21 +70,22 @@ def test_reader_rejects_bad_files(tmp_path):
 
 
 def test_gateway_imports_and_tokenizer_load_without_torch():
-    code = ("import sys\n"
-            "import sluice.api.serve_main, sluice.cli.serve\n"
-            "from sluice.models.tokenizer_loader import load_tokenizer\n"
-            "tok, cfg = load_tokenizer()\n"
-            "assert tok.backend.encode('Hello world').ids and cfg.num_layers == 30\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n"
-            "assert 'gguf' not in sys.modules, 'gguf imported'\n"
-            # what the default path does not use stays out of memory (docs/BENCHMARKS.md "Serve
-            # memory"): numpy ~15 MiB and llguidance ~8 MiB in the gateway; jinja2 loads on the
-            # first chat render, so the worker, which shares these modules, never loads it
-            "assert 'numpy' not in sys.modules, 'numpy imported'\n"
-            "assert 'llguidance' not in sys.modules, 'llguidance imported'\n"
-            "assert 'jinja2' not in sys.modules, 'jinja2 imported'\n")
+    code = (
+        "import sys\n"
+        "import sluice.api.serve_main, sluice.cli.serve\n"
+        "from sluice.models.tokenizer_loader import load_tokenizer\n"
+        "tok, cfg = load_tokenizer()\n"
+        "assert tok.backend.encode('Hello world').ids and cfg.num_layers == 30\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert 'gguf' not in sys.modules, 'gguf imported'\n"
+        # what the default path does not use stays out of memory (docs/BENCHMARKS.md "Serve
+        # memory"): numpy ~15 MiB and llguidance ~8 MiB in the gateway; jinja2 loads on the
+        # first chat render, so the worker, which shares these modules, never loads it
+        "assert 'numpy' not in sys.modules, 'numpy imported'\n"
+        "assert 'llguidance' not in sys.modules, 'llguidance imported'\n"
+        "assert 'jinja2' not in sys.modules, 'jinja2 imported'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-
 
 
 def test_a_prestarted_worker_is_adopted_once_and_reports_its_failure(tmp_path, capsys):

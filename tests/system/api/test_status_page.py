@@ -17,8 +17,15 @@ from tests.server_process import start_server
 pytestmark = pytest.mark.slow
 ADMIN = "status-admin-key-0123456789"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make install installs it)")
@@ -43,9 +50,11 @@ def test_the_status_page_shows_the_fleet_and_follows_a_worker_dying(tiny_llama_d
             assert page.is_visible("#no-autoscaling") and not page.inner_text("#autoscaling tbody")  # none here
             data = httpx.get(proc.base_url + "/status/data", auth=("admin", ADMIN)).json()
             assert list(data["gateway"]["scaling_signals"]) == [model]  # per model, as exported
-            assert page.inner_text("#signal") == f'{data["gateway"]["scaling_signals"][model]:.2f}'
+            assert page.inner_text("#signal") == f"{data['gateway']['scaling_signals'][model]:.2f}"
             page.wait_for_selector("#chart path", state="attached", timeout=60_000)  # the TTFT line has a point
-            _check_latency_axes(page, httpx.get(proc.base_url + "/status/data", auth=("admin", ADMIN)).json()["latency"])
+            _check_latency_axes(
+                page, httpx.get(proc.base_url + "/status/data", auth=("admin", ADMIN)).json()["latency"]
+            )
             pid = int(page.inner_text("#workers tbody tr td:nth-child(7)"))
             os.kill(pid, signal.SIGKILL)
             page.wait_for_selector('#workers tbody tr:not([data-state="warm"])', timeout=120_000)  # it shows the loss
@@ -64,9 +73,15 @@ def _check_latency_axes(page, latency: list[dict]) -> None:
     """Both axes of the latency plot are labelled with their units (issue 21): time on x, TTFT
     and ITL each on its own y axis in ms (no unexplained "× 10" scaling), and the TTFT axis
     reaches the highest TTFT plotted."""
-    texts = page.eval_on_selector_all("#chart text", "els => els.map(e => [e.dataset.axis, e.getAttribute('class'), e.textContent])")
+    texts = page.eval_on_selector_all(
+        "#chart text", "els => els.map(e => [e.dataset.axis, e.getAttribute('class'), e.textContent])"
+    )
     titles = {axis: text for axis, kind, text in texts if kind == "axis-title"}
-    assert titles == {"time": "time (minutes before now)", "ttft": "time to first token (ms)", "itl": "inter-token latency (ms)"}
+    assert titles == {
+        "time": "time (minutes before now)",
+        "ttft": "time to first token (ms)",
+        "itl": "inter-token latency (ms)",
+    }
     ticks: dict[str, list[str]] = {}
     for axis, kind, text in texts:
         if kind == "tick":

@@ -22,13 +22,21 @@ from sluice.types import FinishReason
 from tests.fake_engine import Script
 from tests.fuzz_app import MODEL, scripted_app
 
-WEATHER = {"name": "get_weather", "description": "Weather.", "input_schema": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 FUNCTION = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER["input_schema"]}}
 ASK = [{"role": "user", "content": "Weather in Oslo and Paris?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>\n'
-TWO_CALLS = ["<tool", "_call>\n", '{"name": "get_weather", "arguments": {"city": "Oslo"}}', "\n</tool_call>\n",
-             CALL % "Paris"]
+TWO_CALLS = [
+    "<tool",
+    "_call>\n",
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+    "\n</tool_call>\n",
+    CALL % "Paris",
+]
 CUT_IN_TAG = [*TWO_CALLS, "<", "tool"]  # the leak seen: a text block "<tool"
 CUT_AFTER_NAME = [*TWO_CALLS, "<tool_call>\n", '{"name": "get_weather", "arguments": {"ci']
 
@@ -42,8 +50,10 @@ def _run(tiny, texts: list[str], talk):
     async def go():
         app, _, _ = await scripted_app(tiny, Script(texts=texts, finish=FinishReason.LENGTH), max_model_len=2048)
         # the anthropic SDK runs on httpx2, the openai SDK on httpx
-        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test", timeout=60) as h2, \
-                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=60) as h1:
+        async with (
+            httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test", timeout=60) as h2,
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=60) as h1,
+        ):
             return await talk(h2, h1)
 
     return asyncio.run(go())

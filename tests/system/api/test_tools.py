@@ -39,7 +39,11 @@ WEATHER = {
 TIME = {
     "name": "get_time",
     "description": "The local time in a timezone.",
-    "input_schema": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 32}}, "required": ["timezone"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {"timezone": {"type": "string", "maxLength": 32}},
+        "required": ["timezone"],
+    },
 }
 CODE = {  # its only possible input contains the banned canary
     "name": "submit_code",
@@ -110,7 +114,11 @@ def test_forced_any_tool_call_validates(client):
 
 
 def test_forced_named_tool_call(client):
-    msg = create(client, tools=[WEATHER, TIME], tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True})
+    msg = create(
+        client,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True},
+    )
     assert msg.stop_reason == "tool_use"
     calls = tool_uses(msg)
     assert len(calls) == 1 and calls[0].name == "get_time"  # disable_parallel_tool_use: one call
@@ -142,14 +150,19 @@ def test_tool_result_round_trip(client):
     first = create(client, tools=[WEATHER], tool_choice=ANY)
     (call,) = tool_uses(first)
     for content in ("rain, 4 degrees", [{"type": "text", "text": "rain, 4 degrees"}]):
-        history = [*ASK, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": content}]}]
+        history = [
+            *ASK,
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": content}]},
+        ]
         second = create(client, messages=history, max_tokens=24, tools=[WEATHER])
         assert second.content and second.content[0].type in ("text", "tool_use")
         assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
     # an is_error result is rendered (differently: the prompt grows by the error prefix)
     base = {"model": MODEL, "tools": [WEATHER]}
-    ok = history[:-1] + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "boom"}]}]
+    ok = history[:-1] + [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "boom"}]}
+    ]
     bad = copy.deepcopy(ok)
     bad[-1]["content"][0]["is_error"] = True
     n_ok = client.messages.count_tokens(messages=ok, **base).input_tokens
@@ -162,8 +175,11 @@ def test_tool_pairs_and_choice_are_checked(client):
     with pytest.raises(anthropic.BadRequestError) as info:
         create(client, messages=orphan, tools=[WEATHER])
     assert "toolu_nope" in info.value.message
-    unanswered = [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
-                  {"role": "user", "content": "well?"}]
+    unanswered = [
+        *ASK,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": "well?"},
+    ]
     with pytest.raises(anthropic.BadRequestError, match="without tool_result"):
         create(client, messages=unanswered, tools=[WEATHER])
     with pytest.raises(anthropic.BadRequestError, match="nosuch"):
@@ -173,29 +189,56 @@ def test_tool_pairs_and_choice_are_checked(client):
 
 
 def test_unsupported_schema_keyword_is_a_400_before_any_stream(client):
-    tool = {"name": "tag", "strict": True, "input_schema": {
-        "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}
+    tool = {
+        "name": "tag",
+        "strict": True,
+        "input_schema": {
+            "type": "object",
+            "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        },
+    }
     with pytest.raises(anthropic.BadRequestError) as info:
         create(client, tools=[tool], tool_choice=ANY)
     assert info.value.body["error"]["type"] == "invalid_request_error" and "uniqueItems" in info.value.message
     with pytest.raises(anthropic.BadRequestError, match="oneOf"):  # streaming: a real 400, not an error event
-        with client.messages.stream(model=MODEL, max_tokens=8, messages=ASK, extra_body={
-                "output_config": {"format": {"type": "json_schema", "schema": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}}):
+        with client.messages.stream(
+            model=MODEL,
+            max_tokens=8,
+            messages=ASK,
+            extra_body={
+                "output_config": {
+                    "format": {"type": "json_schema", "schema": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}
+                }
+            },
+        ):
             pass
 
 
 def test_output_config_json_schema(client, server):
-    msg = create(client, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=80,
-                 output_config={"format": {"type": "json_schema", "schema": PERSON}})
+    msg = create(
+        client,
+        messages=[{"role": "user", "content": "Describe a person."}],
+        max_tokens=80,
+        output_config={"format": {"type": "json_schema", "schema": PERSON}},
+    )
     assert msg.stop_reason == "end_turn" and msg.content[0].type == "text"
     jsonschema.validate(json.loads(msg.content[0].text), PERSON)
     # the beta spelling, with its header (the SDK's beta client sends it); without it, refused
-    beta = client.beta.messages.create(model=MODEL, max_tokens=80, messages=[{"role": "user", "content": "Describe a person."}],
-                                       betas=["structured-outputs-2025-11-13"],
-                                       extra_body={**GREEDY, "output_format": {"type": "json_schema", "schema": PERSON}})
+    beta = client.beta.messages.create(
+        model=MODEL,
+        max_tokens=80,
+        messages=[{"role": "user", "content": "Describe a person."}],
+        betas=["structured-outputs-2025-11-13"],
+        extra_body={**GREEDY, "output_format": {"type": "json_schema", "schema": PERSON}},
+    )
     assert json.loads(beta.content[0].text) == json.loads(msg.content[0].text)
-    body = {"model": MODEL, "max_tokens": 80, "temperature": 0, "messages": [{"role": "user", "content": "Describe a person."}],
-            "output_format": {"type": "json_schema", "schema": PERSON}}
+    body = {
+        "model": MODEL,
+        "max_tokens": 80,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Describe a person."}],
+        "output_format": {"type": "json_schema", "schema": PERSON},
+    }
     headers = {"x-api-key": "x", "anthropic-version": "2023-06-01"}
     r = httpx.post(server.base_url + "/v1/messages", json=body, headers=headers, timeout=60)
     assert r.status_code == 400 and "anthropic-beta" in r.json()["error"]["message"]
@@ -214,8 +257,9 @@ def test_stream_guard_reads_tool_inputs(client):
     msg = create(client, tools=[CODE], tool_choice=ANY)
     assert msg.stop_reason == "refusal" and msg.stop_details.category == "test_tool_input"
     assert CANARY not in json.dumps(msg.model_dump())
-    with client.messages.stream(model=MODEL, max_tokens=64, messages=ASK, extra_body=GREEDY,
-                                tools=[CODE], tool_choice=ANY) as stream:
+    with client.messages.stream(
+        model=MODEL, max_tokens=64, messages=ASK, extra_body=GREEDY, tools=[CODE], tool_choice=ANY
+    ) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "refusal" and CANARY not in json.dumps(final.model_dump())
 
@@ -232,23 +276,40 @@ def test_calls_cut_by_max_tokens_leave_no_markup_on_either_wire(client, oai):
         for reply in (msg, final):
             assert reply.stop_reason in ("max_tokens", "tool_use") and reply.content
             assert all(b.type == "tool_use" for b in reply.content), reply.content
-        chat = {"model": MODEL, "messages": ASK, "max_tokens": max_tokens, "temperature": 0,
-                "tools": [_function(WEATHER)], "tool_choice": "required"}
+        chat = {
+            "model": MODEL,
+            "messages": ASK,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "tools": [_function(WEATHER)],
+            "tool_choice": "required",
+        }
         full = oai.chat.completions.create(**chat)
         assert not full.choices[0].message.content and full.choices[0].message.tool_calls
-        streamed = "".join(c.choices[0].delta.content or "" for c in oai.chat.completions.create(**chat, stream=True) if c.choices)
+        streamed = "".join(
+            c.choices[0].delta.content or "" for c in oai.chat.completions.create(**chat, stream=True) if c.choices
+        )
         assert streamed == ""
 
 
 # -- OpenAI ------------------------------------------------------------------------------------
 def _function(tool: dict) -> dict:
-    return {"type": "function", "function": {"name": tool["name"], "description": tool["description"],
-                                             "parameters": tool["input_schema"]}}
+    return {
+        "type": "function",
+        "function": {"name": tool["name"], "description": tool["description"], "parameters": tool["input_schema"]},
+    }
 
 
 def test_openai_tool_calls_non_streaming_and_streaming(oai):
-    kw = {"model": MODEL, "messages": ASK, "max_tokens": 64, "temperature": 0, "tools": [_function(WEATHER)], "tool_choice": "required",
-          "parallel_tool_calls": False}
+    kw = {
+        "model": MODEL,
+        "messages": ASK,
+        "max_tokens": 64,
+        "temperature": 0,
+        "tools": [_function(WEATHER)],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+    }
     full = oai.chat.completions.create(**kw)
     choice = full.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -266,23 +327,43 @@ def test_openai_tool_calls_non_streaming_and_streaming(oai):
         final = stream.get_final_completion()
     assert final.choices[0].message.tool_calls[0].function.arguments == call.function.arguments
     # named function, and the tool result round trip (role: "tool")
-    named = oai.chat.completions.create(**{**kw, "tools": [_function(WEATHER), _function(TIME)],
-                                           "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    named = oai.chat.completions.create(
+        **{
+            **kw,
+            "tools": [_function(WEATHER), _function(TIME)],
+            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+        }
+    )
     assert named.choices[0].message.tool_calls[0].function.name == "get_time"
-    history = [*ASK, choice.message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": call.id, "content": "rain, 4 degrees"}]
+    history = [
+        *ASK,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "rain, 4 degrees"},
+    ]
     after = oai.chat.completions.create(**{**kw, "messages": history, "tool_choice": "auto", "max_tokens": 16})
     assert after.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
 def test_openai_response_format(oai):
-    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Describe a person."}], "max_tokens": 80, "temperature": 0}
-    r = oai.chat.completions.create(**kw, response_format={
-        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    kw = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Describe a person."}],
+        "max_tokens": 80,
+        "temperature": 0,
+    }
+    r = oai.chat.completions.create(
+        **kw,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+    )
     assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
     obj = oai.chat.completions.create(**kw, response_format={"type": "json_object"})
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
     with pytest.raises(openai.BadRequestError, match="uniqueItems"):
-        oai.chat.completions.create(**kw, response_format={"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "array", "uniqueItems": True}}})
+        oai.chat.completions.create(
+            **kw,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}},
+            },
+        )

@@ -16,12 +16,16 @@ pytestmark = pytest.mark.slow
 
 
 def _spans(directory) -> list[dict]:
-    return [json.loads(line) for path in sorted(directory.glob("trace.*.jsonl")) for line in path.read_text().splitlines()]
+    return [
+        json.loads(line) for path in sorted(directory.glob("trace.*.jsonl")) for line in path.read_text().splitlines()
+    ]
 
 
 def test_a_request_is_one_trace_from_http_to_the_worker(tiny_llama_dir, tmp_path):
-    proc = start_server(["--model", str(tiny_llama_dir)],
-                        env={"SLUICE_TRACE_EXPORTER": "file", "SLUICE_TRACE_FILE": str(tmp_path / "trace")})
+    proc = start_server(
+        ["--model", str(tiny_llama_dir)],
+        env={"SLUICE_TRACE_EXPORTER": "file", "SLUICE_TRACE_FILE": str(tmp_path / "trace")},
+    )
     try:
         model = httpx.get(proc.base_url + "/v1/models").json()["data"][0]["id"]
         body = {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -40,8 +44,13 @@ def test_a_request_is_one_trace_from_http_to_the_worker(tiny_llama_dir, tmp_path
         proc.stop()
     trace_id = http[0]["trace_id"]
     ours = {s["name"]: s for s in _spans(tmp_path) if s["trace_id"] == trace_id}
-    assert {"POST /v1/messages", "auth", "routing.plan", "gateway.admission", "generate", "worker.generate"} <= set(ours)
-    assert ours["POST /v1/messages"]["service"] == "sluice-gateway" and ours["worker.generate"]["service"] == "sluice-worker"
+    assert {"POST /v1/messages", "auth", "routing.plan", "gateway.admission", "generate", "worker.generate"} <= set(
+        ours
+    )
+    assert (
+        ours["POST /v1/messages"]["service"] == "sluice-gateway"
+        and ours["worker.generate"]["service"] == "sluice-worker"
+    )
     assert ours["worker.generate"]["parent_id"] == ours["generate"]["span_id"]  # context crossed the gRPC hop
     assert ours["routing.plan"]["attributes"]["sluice.version"].endswith("/default")
     gen = ours["generate"]

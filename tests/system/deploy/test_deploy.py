@@ -22,13 +22,13 @@ import yaml
 from deploy.generate import FLEET, fleet_model, load_scaling, outputs
 from sluice.config import load_settings
 from sluice.routing.fleet_file.loader import parse_fleet
-from sluice.routing.scaling.keda_scaledobject import scaled_object, signal_query, worker_model
-from sluice.routing.scaling.decision import FleetObservation
-from sluice.routing.scaling.policy import ScalingPolicy
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
 from sluice.routing.fleet_file.warm_pool_schedule import WarmPoolSchedule, WarmPoolWindow
-
+from sluice.routing.scaling.decision import FleetObservation
+from sluice.routing.scaling.keda_scaledobject import scaled_object, signal_query, worker_model
+from sluice.routing.scaling.policy import ScalingPolicy
 from tests.paths import ROOT
+
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").exists())
 K8S_VERSION = "1.37.0"  # the newest schema set kubernetes-validate carries
@@ -74,7 +74,7 @@ def test_generated_files_are_current():
 
 def test_generator_takes_an_operators_scaling_file(tmp_path):
     (tmp_path / "scaling.toml").write_text(
-        '[scaling]\nscale_up_at = 0.8\nscale_down_at = 0.3\nmax_workers = 12\n'
+        "[scaling]\nscale_up_at = 0.8\nscale_down_at = 0.3\nmax_workers = 12\n"
         '[scaling.warm_pool]\ntimezone = "Europe/Berlin"\n'
         'windows = [{start = "00:00", size = 0}, {start = "07:30", size = 4}]\n'
     )
@@ -83,7 +83,12 @@ def test_generator_takes_an_operators_scaling_file(tmp_path):
     so = scaled_object(s, model="m")
     assert so["spec"]["minReplicaCount"] == 1  # min_serving + a night pool of 0
     (cron,) = [t for t in so["spec"]["triggers"] if t["type"] == "cron"]
-    assert cron["metadata"] == {"timezone": "Europe/Berlin", "start": "30 7 * * *", "end": "0 0 * * *", "desiredReplicas": "5"}
+    assert cron["metadata"] == {
+        "timezone": "Europe/Berlin",
+        "start": "30 7 * * *",
+        "end": "0 0 * * *",
+        "desiredReplicas": "5",
+    }
 
 
 # -- one source for the thresholds ------------------------------------------------------------
@@ -102,8 +107,12 @@ def test_committed_scaled_object_carries_the_policy_defaults():
     assert s.scale_down_at <= down_point < s.scale_down_at + 0.001
     assert float(behavior["scaleUp"]["tolerance"]) == 0
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == s.down_cooldown_s
-    assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": s.max_step_down, "periodSeconds": s.down_cooldown_s}]
-    assert behavior["scaleUp"]["policies"] == [{"type": "Pods", "value": s.max_step_up, "periodSeconds": s.up_cooldown_s}]
+    assert behavior["scaleDown"]["policies"] == [
+        {"type": "Pods", "value": s.max_step_down, "periodSeconds": s.down_cooldown_s}
+    ]
+    assert behavior["scaleUp"]["policies"] == [
+        {"type": "Pods", "value": s.max_step_up, "periodSeconds": s.up_cooldown_s}
+    ]
     assert spec["minReplicaCount"] == s.min_serving + s.warm_pool.smallest
     assert spec["maxReplicaCount"] == s.max_workers
     crons = [t["metadata"] for t in spec["triggers"] if t["type"] == "cron"]
@@ -122,7 +131,8 @@ def test_committed_scaled_object_scales_on_its_own_models_signal():
 
 
 def test_the_worker_services_model_is_found_in_a_fleet_of_several():
-    fleet = parse_fleet("""
+    fleet = parse_fleet(
+        """
 [models.chat.versions.v1]
 weights = "bundled"
 traffic = 100
@@ -131,7 +141,9 @@ workers = ["dns:///sluice-worker:50051"]
 weights = "bundled"
 traffic = 100
 workers = ["embed-worker.sluice.svc.cluster.local:50051"]
-""", check_paths=False)
+""",
+        check_paths=False,
+    )
     assert worker_model(fleet, "sluice-worker") == "chat"
     assert worker_model(fleet, "embed-worker") == "embed"
     with pytest.raises(ValueError, match="exactly one model"):
@@ -174,7 +186,11 @@ def _strict(schema: Any) -> Any:
     """An OpenAPI v3 CRD schema with unknown fields refused, as strict field validation does."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -192,9 +208,11 @@ def _keda_schema() -> dict[str, Any]:
     schema = _strict(ScaledObject.model_json_schema(by_alias=True, mode="validation"))
     for direction in ("ScaleUp", "ScaleDown"):
         schema["$defs"][direction]["properties"]["tolerance"] = {
-            "anyOf": [{"type": "string", "pattern": r"^\d+(\.\d+)?$"}, {"type": "number", "minimum": 0}]}
+            "anyOf": [{"type": "string", "pattern": r"^\d+(\.\d+)?$"}, {"type": "number", "minimum": 0}]
+        }
     schema["$defs"]["Fallback"]["properties"]["behavior"] = {
-        "enum": ["static", "currentReplicas", "currentReplicasIfHigher", "currentReplicasIfLower"]}
+        "enum": ["static", "currentReplicas", "currentReplicasIfHigher", "currentReplicasIfLower"]
+    }
     schema["properties"]["metadata"] = {"type": "object"}  # ObjectMeta: checked by the API server
     return schema
 
@@ -202,8 +220,17 @@ def _keda_schema() -> dict[str, Any]:
 def test_every_object_validates_against_the_kubernetes_schemas(rendered):
     overlay, objs = rendered
     kinds = {o["kind"] for o in objs}
-    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap", "Secret",
-            "ScaledObject", "NetworkPolicy", "Namespace"} <= kinds
+    assert {
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "ConfigMap",
+        "Secret",
+        "ScaledObject",
+        "NetworkPolicy",
+        "Namespace",
+    } <= kinds
     for obj in objs:
         if obj["apiVersion"].startswith("keda.sh/"):
             continue
@@ -226,8 +253,12 @@ def test_scaled_object_validates_against_kedas_schema(rendered):
 
 
 def test_the_schema_validation_rejects_a_broken_object():
-    bad = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
-           "spec": {"replicas": "two", "selector": {}, "template": {}}}
+    bad = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {"replicas": "two", "selector": {}, "template": {}},
+    }
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
 

@@ -9,15 +9,14 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
 from sluice.observability.metrics import ServingMetrics
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
-
 from tests.paths import ROOT
+
 DASHBOARD = ROOT / "deploy" / "grafana" / "sluice-dashboard.json"
 RULES = ROOT / "deploy" / "prometheus" / "sluice-rules.yml"
 PLANNED: set[str] = set()  # metrics a dashboard or rule uses before sluice exports them
@@ -74,13 +73,21 @@ def test_dashboard_is_well_formed():
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (Debian package `prometheus`)")
 def test_every_dashboard_query_is_valid_promql(tmp_path):
     # promtool parses expressions in rule files: wrap each query as a recording rule
-    rules = [{"record": f"dashboard:query_{i}", "expr": e.replace("$__rate_interval", "5m")} for i, e in enumerate(_exprs())]
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": e.replace("$__rate_interval", "5m")} for i, e in enumerate(_exprs())
+    ]
     path = tmp_path / "dashboard-queries.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    out = subprocess.run([shutil.which("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [shutil.which("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    path.write_text(yaml.safe_dump({"groups": [{"name": "d", "rules": [{"record": "x:y", "expr": "sum(rate(x[5m])"}]}]}))
-    bad = subprocess.run([shutil.which("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    path.write_text(
+        yaml.safe_dump({"groups": [{"name": "d", "rules": [{"record": "x:y", "expr": "sum(rate(x[5m])"}]}]})
+    )
+    bad = subprocess.run(
+        [shutil.which("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode != 0  # the check does reject a broken query
 
 

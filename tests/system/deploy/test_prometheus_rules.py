@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
 from deploy.tools import prometheus_rules
-
 from tests.paths import ROOT
+
 RULES = ROOT / "deploy" / "prometheus" / "sluice-rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "tests" / "sluice-rules.test.yml"
 PROMTOOL = shutil.which("promtool")
@@ -40,7 +39,9 @@ def test_the_unit_tests_catch_alerts_that_would_page_for_noise(tmp_path, monkeyp
     - no short window (the long one twice): the fixed incident keeps paging for an hour
       (the 7h10m case must fail);
     - no event floor: a handful of failures at night pages someone (the 5h case must fail)."""
-    one_window = tuple(prometheus_rules.BurnAlert(a.severity, a.long, a.long, a.burn) for a in prometheus_rules.BURN_ALERTS)
+    one_window = tuple(
+        prometheus_rules.BurnAlert(a.severity, a.long, a.long, a.burn) for a in prometheus_rules.BURN_ALERTS
+    )
     monkeypatch.setattr(prometheus_rules, "BURN_ALERTS", one_window)
     monkeypatch.setattr(prometheus_rules, "MIN_EVENTS", 0)
     (tmp_path / "tests").mkdir()

@@ -22,9 +22,9 @@ import yaml
 
 from sluice.routing.scaling.keda_scaledobject import signal_query
 from tests.fleet_process import ADMIN, ADMIN_HEADERS, wait_until
+from tests.paths import ROOT
 from tests.server_process import free_port, metric, start_server
 
-from tests.paths import ROOT
 RULES = ROOT / "deploy" / "prometheus" / "sluice-rules.yml"
 PROMETHEUS = shutil.which("prometheus")
 HELD = 2  # requests held in flight
@@ -59,17 +59,26 @@ class Prometheus:
         for group in doc["groups"]:
             group["interval"] = "1s"
         (self.dir / "rules.yml").write_text(yaml.safe_dump(doc))
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "rule_files": [str(self.dir / "rules.yml")],
-                  "scrape_configs": [{"job_name": "sluice", "static_configs": [{"targets": [target]}]}]}
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(self.dir / "rules.yml")],
+            "scrape_configs": [{"job_name": "sluice", "static_configs": [{"targets": [target]}]}],
+        }
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(self.dir / "out.log", "wb")
         self.process = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"], stdout=self.log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
+            [
+                PROMETHEUS,
+                f"--config.file={self.dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
     def query(self, expr: str) -> float | None:
         r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=10)
@@ -107,12 +116,16 @@ def hold(base_url: str) -> None:
 def test_prometheus_evaluates_the_keda_scaling_query_to_sluices_own_signal(tmp_path, tiny_llama_dir):
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(fleet_text(str(tiny_llama_dir)))
-    server = start_server(["--fleet", str(fleet)], env={"SLUICE_ADMIN_KEY": ADMIN, "SLUICE_SAFETY": "false"}, timeout=300)
+    server = start_server(
+        ["--fleet", str(fleet)], env={"SLUICE_ADMIN_KEY": ADMIN, "SLUICE_SAFETY": "false"}, timeout=300
+    )
     prometheus = None
     try:
         for _ in range(HELD):
             threading.Thread(target=hold, args=(server.base_url,), daemon=True).start()
-        wait_until(lambda: metric(server.base_url, "sluice_gateway_inflight_requests") == HELD, "the held requests", 120)
+        wait_until(
+            lambda: metric(server.base_url, "sluice_gateway_inflight_requests") == HELD, "the held requests", 120
+        )
         own = metric(server.base_url, "sluice_scaling_signal")
         assert f'sluice_scaling_signal{{model="m"}} {own}' in httpx.get(server.base_url + "/metrics", timeout=5).text
         assert 0 < own < 0.7  # held load, under the threshold: the autoscaler changes nothing

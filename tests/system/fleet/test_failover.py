@@ -173,7 +173,10 @@ def test_a_fault_in_one_request_fails_only_that_request(tmp_path):
     try:
         wait_warm(proc, 1)
         with ThreadPoolExecutor(3) as pool:
-            ok = [pool.submit(stream, proc, body(30, f"Name {n} fruits.", temperature=0.7, seed=s)) for n, s in ((3, 5), (4, 7))]
+            ok = [
+                pool.submit(stream, proc, body(30, f"Name {n} fruits.", temperature=0.7, seed=s))
+                for n, s in ((3, 5), (4, 7))
+            ]
             bad = pool.submit(failed_stream, proc, body(30, "Name five fruits.", temperature=0.7, seed=13))
             for f in ok:
                 names, text, _ = f.result()

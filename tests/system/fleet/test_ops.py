@@ -25,7 +25,17 @@ import pytest
 
 from sluice.routing.dispatch.version_router import choose_version, sticky_key
 from tests.fleet_process import (
-    ADMIN, admin, alive, ask, local_version, make_key, remote_version, sluice_cli, status, wait_until, warm_workers,
+    ADMIN,
+    admin,
+    alive,
+    ask,
+    local_version,
+    make_key,
+    remote_version,
+    sluice_cli,
+    status,
+    wait_until,
+    warm_workers,
 )
 from tests.server_process import MODEL, free_port, start_server
 
@@ -71,8 +81,10 @@ fallbacks = ["backup"]
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet-ops")
-    keys = {tier: make_key(tmp / "data", f"{tier}-tenant" if tier != "standard" else TENANT, tier)
-            for tier in ("standard", "free", "batch")}
+    keys = {
+        tier: make_key(tmp / "data", f"{tier}-tenant" if tier != "standard" else TENANT, tier)
+        for tier in ("standard", "free", "batch")
+    }
     path = tmp / "fleet.toml"
     text = fleet_text(f"127.0.0.1:{free_port()}")  # nothing listens there: ghost is never available
     path.write_text(text)
@@ -173,7 +185,7 @@ def test_unknown_models_and_bad_pins_are_clear_4xx(fleet):
 def test_an_invalid_reload_keeps_the_fleet_by_admin_api_and_by_sighup(fleet):
     path, good = fleet.extra["path"], fleet.extra["text"]
     before = status(fleet)["reloads"]
-    bad = good.replace("traffic = 100\nreplicas = 1", "traffic = 100\nreplicas = \"one\"", 1)
+    bad = good.replace("traffic = 100\nreplicas = 1", 'traffic = 100\nreplicas = "one"', 1)
     line = bad.splitlines().index('replicas = "one"') + 1
     path.write_text(bad)
     try:
@@ -207,17 +219,28 @@ def test_a_valid_reload_applies_new_aliases_and_starts_and_stops_new_versions(fl
     r = admin(fleet, "POST", "/admin/fleet/reload")
     assert r.status_code == 200, r.text
     assert r.json()["removed"] == ["late"] and len(r.json()["replicas_stopping"]) == 1
-    wait_until(lambda: not [w for w in status(fleet)["workers"] if w["model"] == "late"], "the removed model's worker to stop", 120)
+    wait_until(
+        lambda: not [w for w in status(fleet)["workers"] if w["model"] == "late"],
+        "the removed model's worker to stop",
+        120,
+    )
     wait_until(lambda: not alive(pid), "the removed model's worker process to exit", 60)
     assert ask(fleet, key, model="late").status_code == 404
 
 
-@pytest.mark.parametrize("text, expect", [
-    (f'[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = "lots"\nreplicas = 1\n',
-     f"fleet.toml:3: models.{MODEL}.versions.v1.traffic: Input should be a valid number"),
-    (f'[models."{MODEL}"]\nfallbacks = ["nope"]\n[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 1\nreplicas = 1\n',
-     f"fleet.toml:2: models.{MODEL}.fallbacks[0]: fallback 'nope' is not a model id or alias"),
-])
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        (
+            f'[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = "lots"\nreplicas = 1\n',
+            f"fleet.toml:3: models.{MODEL}.versions.v1.traffic: Input should be a valid number",
+        ),
+        (
+            f'[models."{MODEL}"]\nfallbacks = ["nope"]\n[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 1\nreplicas = 1\n',
+            f"fleet.toml:2: models.{MODEL}.fallbacks[0]: fallback 'nope' is not a model id or alias",
+        ),
+    ],
+)
 def test_a_bad_fleet_file_stops_start_up_naming_the_line_and_field(tmp_path, text, expect):
     path = tmp_path / "fleet.toml"
     path.write_text(text)

@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from sluice.routing.fleet_file.schema import QuotaMode, QuotaPeriod, TokenQuotaSpec
-from sluice.routing.quota.semantics import QuotaStatus, period_window
 from sluice.routing.quota.memory_store import MemoryQuotaStore
 from sluice.routing.quota.redis_store import RedisQuotaStore
+from sluice.routing.quota.semantics import QuotaStatus, period_window
 from tests.clock import FakeClock
 
 
@@ -113,10 +113,19 @@ async def test_the_period_resets(make_store):
         await store.close()
 
 
-@pytest.mark.parametrize("instant", [
-    utc(2026, 12, 31, 23, 59, 59), utc(2027, 1, 1), utc(2028, 2, 28, 23), utc(2028, 2, 29, 23),
-    utc(2100, 2, 28, 12), utc(2000, 3, 1), utc(1999, 12, 31, 23, 59, 59), utc(2026, 7, 15, 8, 30),
-])
+@pytest.mark.parametrize(
+    "instant",
+    [
+        utc(2026, 12, 31, 23, 59, 59),
+        utc(2027, 1, 1),
+        utc(2028, 2, 28, 23),
+        utc(2028, 2, 29, 23),
+        utc(2100, 2, 28, 12),
+        utc(2000, 3, 1),
+        utc(1999, 12, 31, 23, 59, 59),
+        utc(2026, 7, 15, 8, 30),
+    ],
+)
 @pytest.mark.asyncio
 async def test_lua_calendar_matches_python(redis_server, instant):
     store = RedisQuotaStore(redis_server.url, prefix=f"t{uuid.uuid4().hex}", clock=FakeClock(instant + 0.25))

@@ -46,10 +46,10 @@ def send_stream(base_url: str, key: str | None = None) -> dict:
         events, error, name = [], None, None
         for line in r.iter_lines():
             if line.startswith("event: "):
-                name = line[len("event: "):]
+                name = line[len("event: ") :]
                 events.append(name)
             elif line.startswith("data: ") and name == "error":
-                error = json.loads(line[len("data: "):])
+                error = json.loads(line[len("data: ") :])
     return {"status": 200, "headers": dict(r.headers), "events": events, "error": error}
 
 
@@ -96,8 +96,25 @@ def test_streams_sent_right_after_the_last_worker_dies_are_refused_with_529_neve
 
 
 def make_key(data_dir: Path) -> str:
-    out = subprocess.run([sys.executable, "-m", "sluice.cli", "keys", "create", "--tenant", "acme", "--tier",
-                          "standard", "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice.cli",
+            "keys",
+            "create",
+            "--tenant",
+            "acme",
+            "--tier",
+            "standard",
+            "--data-dir",
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -106,9 +123,15 @@ def test_streams_get_529_with_retry_after_while_the_limits_store_hangs(tmp_path)
     address = f"unix:{Path(tempfile.mkdtemp(prefix='sluice-refuse-')) / 'w.sock'}"
     worker = start_worker(address)
     key = make_key(tmp_path)
-    server = start_server(["--worker", address], env={
-        "SLUICE_DATA_DIR": str(tmp_path), "SLUICE_LIMITS_STORE": "redis", "SLUICE_REDIS_URL": redis.url,
-        "SLUICE_ON_STORE_ERROR": "closed"})
+    server = start_server(
+        ["--worker", address],
+        env={
+            "SLUICE_DATA_DIR": str(tmp_path),
+            "SLUICE_LIMITS_STORE": "redis",
+            "SLUICE_REDIS_URL": redis.url,
+            "SLUICE_ON_STORE_ERROR": "closed",
+        },
+    )
     stopped = False
     try:
         assert send_stream(server.base_url, key)["events"][-1] == "message_stop"  # limits enforced, served

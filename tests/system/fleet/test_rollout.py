@@ -20,17 +20,28 @@ import time
 import pytest
 
 from tests.fleet_process import (
-    ADMIN, admin, alive, complete, local_version, rollout_of, status, stream, wait_until, warm_workers,
+    ADMIN,
+    admin,
+    alive,
+    complete,
+    local_version,
+    rollout_of,
+    status,
+    stream,
+    wait_until,
+    warm_workers,
 )
 from tests.server_process import MODEL, start_server
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 8
-FLEET = "\n".join([
-    local_version(MODEL, "v1", 100),
-    local_version(MODEL, "v2", 0),
-    local_version(MODEL, "broken", 0, extra='fault_injection = "fail_all"'),
-])
+FLEET = "\n".join(
+    [
+        local_version(MODEL, "v1", 100),
+        local_version(MODEL, "v2", 0),
+        local_version(MODEL, "broken", 0, extra='fault_injection = "fail_all"'),
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +69,16 @@ class Load:
             try:
                 reply = stream(self.proc, None, user, MAX_TOKENS, f"Write one sentence about the number {n}.")
             except Exception as exc:  # a broken connection is a failed request, not a test crash
-                reply = {"status": 0, "events": [], "text": "", "final": {}, "version": "?/?", "error": repr(exc),
-                         "began": time.monotonic(), "at": time.monotonic()}
+                reply = {
+                    "status": 0,
+                    "events": [],
+                    "text": "",
+                    "final": {},
+                    "version": "?/?",
+                    "error": repr(exc),
+                    "began": time.monotonic(),
+                    "at": time.monotonic(),
+                }
             self.replies.append(reply)
             n += 1
 
@@ -79,16 +98,25 @@ class Load:
 
 def test_a_rollout_to_a_broken_version_rolls_back_by_itself_and_no_request_fails(server):
     old = {v for v, s in status(server)["models"][MODEL]["versions"].items() if s["share"] > 0}
-    plan = {"to": "broken", "steps": [50, 100], "step_interval_s": 120, "min_requests": 3, "max_error_rate": 0.05,
-            "max_ttft_p95_s": 600, "warm_timeout_s": 600}
+    plan = {
+        "to": "broken",
+        "steps": [50, 100],
+        "step_interval_s": 120,
+        "min_requests": 3,
+        "max_error_rate": 0.05,
+        "max_ttft_p95_s": 600,
+        "warm_timeout_s": 600,
+    }
     with Load(server) as load:
         r = admin(server, "POST", f"/admin/fleet/models/{MODEL}/rollout", plan)
         assert r.status_code == 200, r.text
         again = admin(server, "POST", f"/admin/fleet/models/{MODEL}/rollout", {"to": "v2"})
         assert again.status_code == 409  # one rollout at a time
         wait_until(lambda: warm_workers(server, version="broken"), "the broken version's worker to warm up")
-        rollout = wait_until(lambda: (ro := rollout_of(server)) and ro["phase"] in ("rolling_back", "rolled_back") and ro,
-                             "the automatic rollback")
+        rollout = wait_until(
+            lambda: (ro := rollout_of(server)) and ro["phase"] in ("rolling_back", "rolled_back") and ro,
+            "the automatic rollback",
+        )
         settled = len(load.replies) + 6
         wait_until(lambda: len(load.replies) >= settled, "requests after the rollback")
     assert "error rate" in rollout["reason"], rollout
@@ -99,16 +127,27 @@ def test_a_rollout_to_a_broken_version_rolls_back_by_itself_and_no_request_fails
     shares = status(server)["models"][MODEL]["versions"]
     assert {v for v, s in shares.items() if s["share"] > 0} == old
     wait_until(lambda: rollout_of(server)["phase"] == "rolled_back", "the rollback to finish")
-    wait_until(lambda: not [w for w in status(server)["workers"] if w["version"] == "broken"],
-               "the broken version's worker to stop", 120)
+    wait_until(
+        lambda: not [w for w in status(server)["workers"] if w["version"] == "broken"],
+        "the broken version's worker to stop",
+        120,
+    )
     assert status(server)["models"][MODEL]["versions"]["broken"]["state"] == "retired"
 
 
 def test_a_rollout_under_steady_load_moves_all_traffic_without_a_failed_or_truncated_request(server):
     before = {w["version"]: w["pid"] for w in status(server)["workers"]}
     assert set(before) == {"v1"}, before
-    plan = {"to": "v2", "steps": [50, 100], "step_interval_s": 4, "min_requests": 5, "max_error_rate": 0.2,
-            "max_ttft_p95_s": 600, "warm_timeout_s": 600, "drain_timeout_s": 120}
+    plan = {
+        "to": "v2",
+        "steps": [50, 100],
+        "step_interval_s": 4,
+        "min_requests": 5,
+        "max_error_rate": 0.2,
+        "max_ttft_p95_s": 600,
+        "warm_timeout_s": 600,
+        "drain_timeout_s": 120,
+    }
     with Load(server) as load:
         time.sleep(1.0)  # the loop is running before the rollout starts
         r = admin(server, "POST", f"/admin/fleet/models/{MODEL}/rollout", plan)
@@ -135,5 +174,7 @@ def test_a_rollout_under_steady_load_moves_all_traffic_without_a_failed_or_trunc
     assert any(v == "v2" for *_, v in versions) and any(v == "v1" for *_, v in versions)
     s = status(server)["models"][MODEL]["versions"]
     assert s["v2"]["share"] == 100.0 and s["v1"]["state"] == "retired"
-    wait_until(lambda: {w["version"] for w in status(server)["workers"]} == {"v2"}, "the old version's worker to stop", 120)
+    wait_until(
+        lambda: {w["version"] for w in status(server)["workers"]} == {"v2"}, "the old version's worker to stop", 120
+    )
     wait_until(lambda: not alive(before["v1"]), "the old worker process to exit", 60)

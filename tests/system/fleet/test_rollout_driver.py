@@ -8,12 +8,12 @@ import pytest
 
 from sluice.routing.errors import RolloutError
 from sluice.routing.fleet_file.loader import parse_fleet
-from sluice.routing.fleet_file.schema import RolloutSpec
 from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.fleet_file.schema import RolloutSpec
+from sluice.routing.state.redis_store import RedisRoutingStateStore
 from sluice.routing.state.rollout import RolloutPhase, RolloutSignals
 from sluice.routing.state.rollout_driver import RolloutDriver
 from sluice.routing.state.routing_state import MemoryRoutingStateStore, VersionState, effective_weights
-from sluice.routing.state.redis_store import RedisRoutingStateStore
 from tests.clock import FakeClock
 
 FLEET = """\
@@ -44,6 +44,7 @@ def stores(request):
         url = request.getfixturevalue("redis_server").url
         prefix = f"t{uuid.uuid4().hex}"
         return RedisRoutingStateStore(url, prefix), RedisRoutingStateStore(url, prefix)
+
     return make
 
 
@@ -73,7 +74,9 @@ async def test_one_gateway_drives_another_follows(stores):
         clock.t += 10
         await driver.tick("m", WARM)
         state = (await b.load()).model("m")
-        assert state.state_of("v1") is VersionState.DRAINING and positive(effective_weights(reg.model("m"), state)) == {"v2": 100}
+        assert state.state_of("v1") is VersionState.DRAINING and positive(effective_weights(reg.model("m"), state)) == {
+            "v2": 100
+        }
         clock.t += 10
         r = await driver.tick("m", RolloutSignals(target_warm=True, sources_inflight=0))
         assert r.phase is RolloutPhase.DONE and "m" not in driver.rollouts

@@ -13,13 +13,17 @@ import pytest
 from sluice.routing.errors import StateConflictError
 from sluice.routing.fleet_file.loader import parse_fleet
 from sluice.routing.fleet_file.schema import RolloutSpec
+from sluice.routing.state.follower import StateFollower
+from sluice.routing.state.redis_store import RedisRoutingStateStore
 from sluice.routing.state.rollout import Rollout, RolloutSignals
 from sluice.routing.state.routing_state import (
-    MemoryRoutingStateStore, ModelRoutingState, RoutingSnapshot, VersionState, effective_weights,
+    MemoryRoutingStateStore,
+    ModelRoutingState,
+    RoutingSnapshot,
+    VersionState,
+    effective_weights,
     leading_version,
 )
-from sluice.routing.state.redis_store import RedisRoutingStateStore
-from sluice.routing.state.follower import StateFollower
 
 FLEET = parse_fleet("""\
 [models.m.versions.v1]
@@ -39,6 +43,7 @@ replicas = 1
 @pytest.fixture(params=["memory", "redis"])
 def two_stores(request):
     """Two handles on one shared state (two gateways)."""
+
     def make():
         if request.param == "memory":
             store = MemoryRoutingStateStore()
@@ -46,6 +51,7 @@ def two_stores(request):
         url = request.getfixturevalue("redis_server").url
         prefix = f"t{uuid.uuid4().hex}"
         return RedisRoutingStateStore(url, prefix), RedisRoutingStateStore(url, prefix)
+
     return make
 
 

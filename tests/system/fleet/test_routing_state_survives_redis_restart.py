@@ -14,9 +14,9 @@ import asyncio
 import pytest
 from redis.exceptions import ConnectionError
 
-from sluice.routing.state.routing_state import ModelRoutingState
-from sluice.routing.state.redis_store import RedisRoutingStateStore
 from sluice.routing.state.follower import StateFollower
+from sluice.routing.state.redis_store import RedisRoutingStateStore
+from sluice.routing.state.routing_state import ModelRoutingState
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow

@@ -35,7 +35,9 @@ def gateways(tmp_path_factory):
         for _ in range(2):
             procs.append(start_server(["--fleet", str(path)], env=env))
         for proc in procs:
-            wait_until(lambda p=proc: all(w["status"] == "warm" for w in status(p)["workers"]), "both shared workers warm")
+            wait_until(
+                lambda p=proc: all(w["status"] == "warm" for w in status(p)["workers"]), "both shared workers warm"
+            )
         procs[0].extra["redis"] = redis  # the last test restarts it
         yield procs
     finally:
@@ -62,7 +64,9 @@ def test_a_rollout_started_on_one_gateway_is_followed_and_can_be_rolled_back_by_
     plan = {"to": "v2", "steps": [50, 100], "step_interval_s": 3600, "min_requests": 1000, "max_ttft_p95_s": 600}
     r = admin(a, "POST", f"/admin/fleet/models/{MODEL}/rollout", plan)
     assert r.status_code == 200, r.text
-    seen = wait_until(lambda: (ro := rollout_of(b)) and ro["phase"] == "shifting" and ro, "gateway B to see the shift", 60)
+    seen = wait_until(
+        lambda: (ro := rollout_of(b)) and ro["phase"] == "shifting" and ro, "gateway B to see the shift", 60
+    )
     assert seen["driven_here"] is False and rollout_of(a)["driven_here"] is True
     assert status(b)["models"][MODEL]["versions"]["v2"]["share"] == 50.0
     half = expected({"v1": 50, "v2": 50})
@@ -101,8 +105,11 @@ def test_the_live_state_survives_a_redis_restarted_empty(gateways):
     revision = int(client.get("{sluice:routing}:rev"))
     assert revision > 0 and status(b)["models"][MODEL]["versions"]["v2"]["share"] == 100.0
     server.restart_empty()
-    wait_until(lambda: int(redis_client.Redis.from_url(server.url).get("{sluice:routing}:rev") or 0) == revision,
-               "a gateway to write the routing state back", 60)
+    wait_until(
+        lambda: int(redis_client.Redis.from_url(server.url).get("{sluice:routing}:rev") or 0) == revision,
+        "a gateway to write the routing state back",
+        60,
+    )
     for proc in (a, b):
         s = status(proc)["models"][MODEL]["versions"]
         assert s["v2"]["share"] == 100.0 and s["v1"]["state"] == "retired", s

@@ -38,7 +38,10 @@ def stream(proc: Proc, on_delta=None) -> tuple[list[str], str, dict, list[float]
     """(event names, text, final message_delta, arrival time of each delta)."""
     body = {"model": MODEL, "max_tokens": MAX_TOKENS, "messages": STORY, "temperature": 0, "stream": True}
     names, text, final, times = [], [], {}, []
-    with httpx.Client(timeout=HALF_WAIT_S) as c, connect_sse(c, "POST", proc.base_url + "/v1/messages", json=body) as es:
+    with (
+        httpx.Client(timeout=HALF_WAIT_S) as c,
+        connect_sse(c, "POST", proc.base_url + "/v1/messages", json=body) as es,
+    ):
         for sse in es.iter_sse():
             names.append(sse.event)
             data = json.loads(sse.data)
@@ -56,7 +59,9 @@ def test_a_stream_continues_on_its_worker_restarted_at_the_same_address(tmp_path
     address = f"127.0.0.1:{free_port()}"
     workers = [start_worker(address, WORKER_ARGS)]
     fleet = tmp_path / "fleet.toml"
-    fleet.write_text(f"[routing]\nmigration_wait_s = {MIGRATION_WAIT_S:g}\n" + remote_version(MODEL, "v1", 100, address))
+    fleet.write_text(
+        f"[routing]\nmigration_wait_s = {MIGRATION_WAIT_S:g}\n" + remote_version(MODEL, "v1", 100, address)
+    )
     server = start_server(["--fleet", str(fleet)], env={"SLUICE_ADMIN_KEY": ADMIN})
     restarted = threading.Event()
     killed_at: list[float] = []
@@ -72,7 +77,9 @@ def test_a_stream_continues_on_its_worker_restarted_at_the_same_address(tmp_path
             threading.Thread(target=restart, daemon=True).start()
 
     try:
-        wait_until(lambda: [w for w in status(server)["workers"] if w["status"] == "warm"], "the worker to warm up", 300)
+        wait_until(
+            lambda: [w for w in status(server)["workers"] if w["status"] == "warm"], "the worker to warm up", 300
+        )
         reference_names, reference, ref_final, _ = stream(server)
         assert reference_names[-1] == "message_stop" and ref_final["usage"]["output_tokens"] == MAX_TOKENS
 

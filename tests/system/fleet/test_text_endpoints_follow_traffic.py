@@ -42,8 +42,12 @@ def text_answers(proc: Proc) -> dict:
     tok = post("/tokenize", {"prompt": TEXT}).json()
     counted = post("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": TEXT}]}).json()
     detok = post("/detokenize", {"tokens": IDS}).json()
-    return {"count": tok["count"], "window": tok["max_model_len"], "input_tokens": counted["input_tokens"],
-            "text": detok["prompt"]}
+    return {
+        "count": tok["count"],
+        "window": tok["max_model_len"],
+        "input_tokens": counted["input_tokens"],
+        "text": detok["prompt"],
+    }
 
 
 def generated_by(proc: Proc) -> str:
@@ -58,8 +62,16 @@ def test_count_tokenize_and_detokenize_follow_a_rollout(server):
     assert generated_by(server) == "v1"
     assert before["count"] == 2 and before["text"] != tiny.decode(IDS, skip_special_tokens=False)
 
-    plan = {"to": "v2", "steps": [100], "step_interval_s": 1, "min_requests": 1, "max_error_rate": 1,
-            "max_ttft_p95_s": 600, "warm_timeout_s": 600, "drain_timeout_s": 60}
+    plan = {
+        "to": "v2",
+        "steps": [100],
+        "step_interval_s": 1,
+        "min_requests": 1,
+        "max_error_rate": 1,
+        "max_ttft_p95_s": 600,
+        "warm_timeout_s": 600,
+        "drain_timeout_s": 60,
+    }
     r = admin(server, "POST", f"/admin/fleet/models/{MODEL}/rollout", plan)
     assert r.status_code == 200, r.text
     wait_until(lambda: rollout_of(server)["phase"] == "done", "the rollout to finish")
@@ -70,5 +82,9 @@ def test_count_tokenize_and_detokenize_follow_a_rollout(server):
     assert generated_by(server) == "v2"
     after = text_answers(server)
     chat = f"<|im_start|>user\n{TEXT}<|im_end|>\n<|im_start|>assistant\n"  # the tiny model's (ChatML) prompt
-    assert after == {"count": len(TEXT.encode()), "window": 512, "input_tokens": len(tiny.encode(chat).ids),
-                     "text": tiny.decode(IDS, skip_special_tokens=False)}
+    assert after == {
+        "count": len(TEXT.encode()),
+        "window": 512,
+        "input_tokens": len(tiny.encode(chat).ids),
+        "text": tiny.decode(IDS, skip_special_tokens=False),
+    }

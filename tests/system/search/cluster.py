@@ -20,8 +20,9 @@ from tests.server_process import free_port
 
 START_TIMEOUT_S = 120.0
 # TCP_NODELAY, or each POST waits for a delayed ACK (40 ms) between its headers and its body
-HTTP = httpx.Client(transport=httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]),
-                    timeout=120)
+HTTP = httpx.Client(
+    transport=httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]), timeout=120
+)
 
 
 @dataclass
@@ -53,12 +54,18 @@ class SearchProc:
                 self.process.wait(10)
 
 
-def _spawn(args: list[str], log_path: Path, url: str, ready_path: str,
-           extra_env: dict[str, str] | None = None) -> SearchProc:
+def _spawn(
+    args: list[str], log_path: Path, url: str, ready_path: str, extra_env: dict[str, str] | None = None
+) -> SearchProc:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")} | (extra_env or {})
     with open(log_path, "ab") as out:
-        p = subprocess.Popen([sys.executable, "-m", "sluice.cli", "search", *args], stdout=out,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "search", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
     proc = SearchProc(p, log_path, url, args)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -77,16 +84,21 @@ def _spawn(args: list[str], log_path: Path, url: str, ready_path: str,
 def start_shard(data_dir: Path, port: int | None = None) -> SearchProc:
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
-    return _spawn(["shard", "--listen", f"127.0.0.1:{port}", "--data", str(data_dir)],
-                  data_dir.parent / f"{data_dir.name}.log", f"http://127.0.0.1:{port}", "/health")
+    return _spawn(
+        ["shard", "--listen", f"127.0.0.1:{port}", "--data", str(data_dir)],
+        data_dir.parent / f"{data_dir.name}.log",
+        f"http://127.0.0.1:{port}",
+        "/health",
+    )
 
 
 def restart(proc: SearchProc) -> SearchProc:
     return _spawn(proc.args, proc.log_path, proc.url, "/health" if proc.args[0] == "shard" else "/ready")
 
 
-def start_router(tmp: Path, config: str | None = None, name: str = "router",
-                 env: dict[str, str] | None = None) -> SearchProc:
+def start_router(
+    tmp: Path, config: str | None = None, name: str = "router", env: dict[str, str] | None = None
+) -> SearchProc:
     port = free_port()
     args = ["serve", "--port", str(port), "--data", str(tmp / f"{name}-data")]
     if config is not None:
@@ -101,7 +113,7 @@ def ingest(url: str, docs: list[dict[str, Any]], batch: int = 500, key: str | No
 
     headers = {"authorization": f"Bearer {key}"} if key else {}
     for i in range(0, len(docs), batch):
-        body = "\n".join(json.dumps(d) for d in docs[i:i + batch])
+        body = "\n".join(json.dumps(d) for d in docs[i : i + batch])
         r = HTTP.post(url + "/v1/search/documents", content=body, headers=headers)
         assert r.status_code == 200, r.text
         assert not r.json()["errors"], r.json()["errors"]

@@ -56,8 +56,10 @@ def _error_shape(r: httpx.Response, status: int, kind: str) -> None:
 @pytest.mark.parametrize("name", BAD_LINES)
 def test_a_line_json_accepts_but_the_path_cannot_is_an_error_by_number_and_the_rest_is_written(router, name):
     # one good document for each shard, then the bad line: nothing may be half written behind a 500
-    good = [next({"id": f"{name}-{k}", "title": "gadget"} for k in range(100) if hash_shard(f"{name}-{k}", 2) == s)
-            for s in (0, 1)]
+    good = [
+        next({"id": f"{name}-{k}", "title": "gadget"} for k in range(100) if hash_shard(f"{name}-{k}", 2) == s)
+        for s in (0, 1)
+    ]
     body = "\n".join([json.dumps(good[0]), json.dumps(good[1]), BAD_LINES[name]]) + "\n"
     r = httpx.post(router.url + "/v1/search/documents", content=body.encode(), timeout=60)
     assert r.status_code == 200, r.text
@@ -70,13 +72,18 @@ def test_a_line_json_accepts_but_the_path_cannot_is_an_error_by_number_and_the_r
 
 @pytest.mark.parametrize("name", BAD_SEARCH_BODIES)
 def test_a_malformed_search_body_is_a_400_in_the_api_shape(router, name):
-    r = httpx.post(router.url + "/v1/search", content=BAD_SEARCH_BODIES[name],
-                   headers={"content-type": "application/json"}, timeout=60)
+    r = httpx.post(
+        router.url + "/v1/search",
+        content=BAD_SEARCH_BODIES[name],
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     _error_shape(r, 400, "invalid_request_error")
 
 
-def _upload(url: str, path: str, total: int, headers: dict[str, str] | None = None,
-            chunked: bool = True) -> tuple[int, str, int]:
+def _upload(
+    url: str, path: str, total: int, headers: dict[str, str] | None = None, chunked: bool = True
+) -> tuple[int, str, int]:
     """POST `total` bytes of body (chunked, or with its content-length) over a raw socket,
     reading the answer as soon as one comes: (status, the answer's text, body bytes sent).
     The answer arriving before the body is all sent is what "refused before read whole" means;
@@ -107,7 +114,7 @@ def _upload(url: str, path: str, total: int, headers: dict[str, str] | None = No
             if not pending:
                 pending, sent = memoryview(frame), sent + len(piece)
             try:
-                pending = pending[sock.send(pending):]
+                pending = pending[sock.send(pending) :]
             except (BrokenPipeError, ConnectionResetError):
                 want_write = False  # the server closed its side; its answer may still be readable
                 sock.setblocking(True)

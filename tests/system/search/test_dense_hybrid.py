@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests import corpus
 from sluice.search.dense.embedder import Embedder, attach_vectors
 from sluice.search.index.hits import merge
 from sluice.search.index.query_syntax import dense_text
@@ -19,6 +18,7 @@ from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex
 from sluice.search.retrieval import Fusion
 from sluice.search.router.query.fusion import fuse
+from tests import corpus
 from tests.system.search.cluster import ingest, start_router
 
 N_DOCS, N_QUERIES = 900, 60
@@ -78,6 +78,7 @@ def test_dense_across_three_shards_is_one_index(world):
     flt = {"section": {"not_in": ["libs"]}}
     for q in queries[:20]:
         from sluice.search.index.filters import decode_filter
+
         want = one.dense_search(embedder.query(dense_text(q)), 10, clauses=decode_filter(flt, {}))
         _same(_ask(router.url, q, mode="dense", filter=flt), want, q)
     twins = _ask(router.url, corpus.documents(1)[0]["title"], mode="dense", top_k=3)
@@ -100,12 +101,14 @@ def test_hybrid_across_three_shards_is_one_index(world, fusion, weight):
 
 def test_mode_errors_are_400s(world):
     router = world[0]
-    for body, named in [({"mode": "semantic"}, "mode: one of lexical, dense, hybrid"),
-                        ({"mode": "dense", "hybrid": {}}, 'hybrid: only with "mode": "hybrid"'),
-                        ({"mode": "hybrid", "hybrid": {"rrf_k": 0}}, "hybrid.rrf_k"),
-                        ({"mode": "hybrid", "hybrid": {"dense_weight": 2}}, "hybrid.dense_weight"),
-                        ({"mode": "hybrid", "top_k": 20, "hybrid": {"window": 10}}, "hybrid.window"),
-                        ({"mode": "hybrid", "hybrid": {"fusion": "max"}}, "hybrid.fusion")]:
+    for body, named in [
+        ({"mode": "semantic"}, "mode: one of lexical, dense, hybrid"),
+        ({"mode": "dense", "hybrid": {}}, 'hybrid: only with "mode": "hybrid"'),
+        ({"mode": "hybrid", "hybrid": {"rrf_k": 0}}, "hybrid.rrf_k"),
+        ({"mode": "hybrid", "hybrid": {"dense_weight": 2}}, "hybrid.dense_weight"),
+        ({"mode": "hybrid", "top_k": 20, "hybrid": {"window": 10}}, "hybrid.window"),
+        ({"mode": "hybrid", "hybrid": {"fusion": "max"}}, "hybrid.fusion"),
+    ]:
         r = httpx.post(router.url + "/v1/search", json={"query": "package", **body}, timeout=30)
         assert r.status_code == 400 and named in r.json()["error"]["message"], (body, r.text)
 

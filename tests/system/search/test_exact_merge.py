@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sluice.search.contract import DEFAULT_SNIPPET_CHARS
-from tests import corpus
 from sluice.search.index.hits import merge
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
 from sluice.search.router.cluster.topology import hash_shard
+from tests import corpus
 from tests.system.search.cluster import ingest, search, start_router, status
 
 N_DOCS, N_QUERIES = 1500, 200
@@ -81,7 +81,9 @@ def test_three_shards_rank_and_score_like_one_index(kind, docs, reference, tmp_p
             answers = list(pool.map(lambda q: search(router.url, q).json(), queries))
         with_hits = marked = total = 0
         for q, got in zip(queries, answers):
-            want = merge([reference.search(resolve(q, reference.analyzer), 10, snippet_chars=DEFAULT_SNIPPET_CHARS)], 10)
+            want = merge(
+                [reference.search(resolve(q, reference.analyzer), 10, snippet_chars=DEFAULT_SNIPPET_CHARS)], 10
+            )
             assert not got["partial"] and got["shards_answered"] == 3, got
             assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
             _in_reported_order(got["hits"], q)

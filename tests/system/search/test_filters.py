@@ -48,7 +48,9 @@ def test_three_shards_filter_like_one_index(router):
     documents = docs(600, seed=9)
     by_id = {d["id"]: d for d in documents}
     one = ShardIndex(None, Schema(ranges=RANGES))
-    one.apply(1, [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in documents])
+    one.apply(
+        1, [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in documents]
+    )
     checked = 0
     for flt in FILTERS:
         decode_filter(flt, RANGES)
@@ -67,12 +69,15 @@ def test_three_shards_filter_like_one_index(router):
     assert checked > 300
 
 
-@pytest.mark.parametrize("flt,named", [
-    ({"year": {"between": [1, 2]}}, "unknown operator 'between'"),
-    ({"section": {"gte": 3}}, "filter.section: gte/lte need a range field declared"),
-    ({"year": {"lte": "soon"}}, "filter.year.lte"),
-    ("libs", "filter must be an object"),
-])
+@pytest.mark.parametrize(
+    "flt,named",
+    [
+        ({"year": {"between": [1, 2]}}, "unknown operator 'between'"),
+        ({"section": {"gte": 3}}, "filter.section: gte/lte need a range field declared"),
+        ({"year": {"lte": "soon"}}, "filter.year.lte"),
+        ("libs", "filter must be an object"),
+    ],
+)
 def test_a_filter_the_service_cannot_apply_is_a_400_naming_it(router, flt, named):
     r = _search(router.url, {"query": "package", "filter": flt})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
@@ -80,6 +85,9 @@ def test_a_filter_the_service_cannot_apply_is_a_400_naming_it(router, flt, named
 
 
 def test_a_document_whose_range_field_is_not_comparable_is_refused_by_line(router):
-    r = httpx.post(router.url + "/v1/search/documents", timeout=60,
-                   content='{"id": "ok", "year": 2001}\n{"id": "bad", "year": "2001"}\n{"id": "bad2", "published": "soon"}')
+    r = httpx.post(
+        router.url + "/v1/search/documents",
+        timeout=60,
+        content='{"id": "ok", "year": 2001}\n{"id": "bad", "year": "2001"}\n{"id": "bad2", "published": "soon"}',
+    )
     assert r.status_code == 200 and [e["line"] for e in r.json()["errors"]] == [2, 3], r.text

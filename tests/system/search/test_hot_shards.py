@@ -17,7 +17,6 @@ import re
 import threading
 from pathlib import Path
 
-
 from tests import corpus
 from tests.system.search.cluster import HTTP, ingest, query_load, search, start_router, status, wait_for
 
@@ -59,8 +58,11 @@ def _shard(url: str, name: str) -> dict:
 
 
 def _served_by(url: str, replica: str) -> int:
-    m = re.search(rf'sluice_search_replica_request_seconds_count\{{phase="search",replica="{re.escape(replica)}",'
-                  rf'shard="hot"\}} (\S+)', HTTP.get(url + "/metrics").text)
+    m = re.search(
+        rf'sluice_search_replica_request_seconds_count\{{phase="search",replica="{re.escape(replica)}",'
+        rf'shard="hot"\}} (\S+)',
+        HTTP.get(url + "/metrics").text,
+    )
     return int(float(m.group(1))) if m else 0
 
 
@@ -73,7 +75,9 @@ def test_a_hot_shard_gets_a_warm_replica_that_serves_and_leaves_when_cool(tmp_pa
         docs = _docs()
         ingest(router.url, docs)
         queries = [f"buzzword {q}" for q in corpus.queries(docs, 100)]  # skewed: all of them hit `hot`
-        threads = [threading.Thread(target=query_load, args=(router.url, queries[k::4], results, stop)) for k in range(4)]
+        threads = [
+            threading.Thread(target=query_load, args=(router.url, queries[k::4], results, stop)) for k in range(4)
+        ]
         for t in threads:
             t.start()
         wait_for(lambda: len(_shard(router.url, "hot")["replicas"]) == 2, 120, "a replica added to the hot shard")
@@ -93,8 +97,9 @@ def test_a_hot_shard_gets_a_warm_replica_that_serves_and_leaves_when_cool(tmp_pa
         wait_for(lambda: added["name"] not in status(router.url).get("local_pids", {}), 60, "its process to stop")
         assert not (tmp_path / "router-data" / "hot" / "replica-1").exists()  # its data is deleted
         assert len(results) > 20
-        assert all(code == 200 and partial is False for code, partial in results), \
-            [r for r in results if r != (200, False)][:5]
+        assert all(code == 200 and partial is False for code, partial in results), [
+            r for r in results if r != (200, False)
+        ][:5]
         assert search(router.url, "buzzword").json()["shards_answered"] == 2
     finally:
         stop.set()

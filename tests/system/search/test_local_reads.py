@@ -37,7 +37,9 @@ def test_local_reads_answer_as_the_replicas_do_and_see_every_acknowledged_write(
         assert "local_reads" not in status(remote.url)
         for i in range(20):  # read-your-writes: each write acknowledged, then found at once
             word = f"zqxword{i}"
-            r = httpx.post(local.url + "/v1/search/documents", content=f'{{"id": "new{i}", "body": "{word}"}}', timeout=60)
+            r = httpx.post(
+                local.url + "/v1/search/documents", content=f'{{"id": "new{i}", "body": "{word}"}}', timeout=60
+            )
             assert r.status_code == 200, r.text
             assert [h["id"] for h in search(local.url, word).json()["hits"]] == [f"new{i}"]
             assert httpx.delete(local.url + f"/v1/search/documents/new{i}", timeout=60).status_code == 200

@@ -19,15 +19,19 @@ def _shard_status(url: str) -> dict:
 
 
 def _log_entries(url: str) -> float:
-    m = re.search(r'sluice_search_replica_log_entries\{replica="s/0",shard="s"\} (\S+)', httpx.get(url + "/metrics").text)
+    m = re.search(
+        r'sluice_search_replica_log_entries\{replica="s/0",shard="s"\} (\S+)', httpx.get(url + "/metrics").text
+    )
     return float(m.group(1)) if m else -1.0
 
 
 def test_logs_are_compacted_and_a_replica_too_far_behind_copies_its_peer(tmp_path: Path):
     with ThreadPoolExecutor(2) as pool:  # both start at once (a process start is seconds here)
         reps = list(pool.map(lambda i: start_shard(tmp_path / f"r{i}"), range(2)))
-    config = ('[search]\nshard_deadline_ms = 20000\nlog_compact_every = 4\nlog_keep_max = 8\n[[shards]]\nname = "s"\n'
-              f'replicas = ["{reps[0].url[7:]}", "{reps[1].url[7:]}"]\n')
+    config = (
+        '[search]\nshard_deadline_ms = 20000\nlog_compact_every = 4\nlog_keep_max = 8\n[[shards]]\nname = "s"\n'
+        f'replicas = ["{reps[0].url[7:]}", "{reps[1].url[7:]}"]\n'
+    )
     router = start_router(tmp_path, config)
     try:
         docs = corpus.documents(240)

@@ -21,8 +21,8 @@ import schemathesis
 from hypothesis import HealthCheck, reject, settings
 
 from sluice.search.errors import SearchErrorKind
-from sluice.search.router.http.app import create_router_app
 from sluice.search.router.config import parse_config
+from sluice.search.router.http.app import create_router_app
 from sluice.search.router.runtime import RouterRuntime
 from tests.system.search.cluster import start_router
 
@@ -33,11 +33,15 @@ KINDS = {k.value for k in SearchErrorKind}
 
 # the document needs no shard: read at collection from the same code the router serves
 _cfg = parse_config(CONFIG)
-schema = schemathesis.openapi.from_dict(create_router_app(RouterRuntime(_cfg, [["http://127.0.0.1:9"]])).openapi(),
-                                        config=schemathesis.Config.from_dict({
-    "generation": {"mode": "all", "max-examples": EXAMPLES, "allow-extra-parameters": False},
-    "phases": {"examples": {"enabled": False}, "stateful": {"enabled": False}},
-}))
+schema = schemathesis.openapi.from_dict(
+    create_router_app(RouterRuntime(_cfg, [["http://127.0.0.1:9"]])).openapi(),
+    config=schemathesis.Config.from_dict(
+        {
+            "generation": {"mode": "all", "max-examples": EXAMPLES, "allow-extra-parameters": False},
+            "phases": {"examples": {"enabled": False}, "stateful": {"enabled": False}},
+        }
+    ),
+)
 
 
 @schemathesis.serializer("application/x-ndjson")
@@ -67,17 +71,24 @@ def error_shape(ctx, response, case) -> None:
 
 
 CHECKS = [
-    *(getattr(schemathesis.checks, name) for name in (
-        "not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance",
-        "negative_data_rejection",
-    )),
+    *(
+        getattr(schemathesis.checks, name)
+        for name in (
+            "not_a_server_error",
+            "status_code_conformance",
+            "content_type_conformance",
+            "response_schema_conformance",
+            "negative_data_rejection",
+        )
+    ),
     error_shape,
 ]
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None, suppress_health_check=list(HealthCheck)
+)
 def test_every_operation_no_5xx_and_error_shapes(case, router):
     if case.operation.path == "/v1/search/documents" and not isinstance(case.body, str):
         reject()  # a "wrong type" for NDJSON text has no form on the wire: not a request

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests import corpus
-from tests.system.search.cluster import ingest, query_load, restart, search, start_router, start_shard, status, wait_for
+from tests.system.search.cluster import ingest, query_load, restart, start_router, start_shard, status, wait_for
 
 N_DOCS = 600
 
@@ -21,8 +21,11 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replicas")
     shards = {name: [start_shard(tmp / name / f"r{i}") for i in range(2)] for name in ("a", "b")}
     config = "[search]\nshard_deadline_ms = 20000\nhedge = true\n" + "".join(
-        f'[[shards]]\nname = "{name}"\nreplicas = [{", ".join(repr(p.url.removeprefix("http://")) for p in procs)}]\n'
-        .replace("'", '"') for name, procs in shards.items())
+        f'[[shards]]\nname = "{name}"\nreplicas = [{", ".join(repr(p.url.removeprefix("http://")) for p in procs)}]\n'.replace(
+            "'", '"'
+        )
+        for name, procs in shards.items()
+    )
     router = start_router(tmp, config)
     docs = corpus.documents(N_DOCS + 400)
     ingest(router.url, docs[:N_DOCS])
@@ -54,8 +57,10 @@ def _under_load(cluster, fault, n_after: int = 60):
     """Run 2 query loops; apply `fault` after 20 answers; stop n_after answers later."""
     results: list = []
     stop = threading.Event()
-    threads = [threading.Thread(target=query_load, args=(cluster["router"].url, cluster["queries"][k::2], results, stop))
-               for k in range(2)]
+    threads = [
+        threading.Thread(target=query_load, args=(cluster["router"].url, cluster["queries"][k::2], results, stop))
+        for k in range(2)
+    ]
     for t in threads:
         t.start()
     try:
@@ -73,8 +78,9 @@ def _under_load(cluster, fault, n_after: int = 60):
 def test_kill9_of_a_replica_under_load_fails_no_query(cluster):
     victim = cluster["shards"]["a"][0]
     results = _under_load(cluster, victim.kill9)
-    assert all(code == 200 and partial is False for code, partial in results), \
-        [r for r in results if r != (200, False)][:5]
+    assert all(code == 200 and partial is False for code, partial in results), [
+        r for r in results if r != (200, False)
+    ][:5]
     cluster["shards"]["a"][0] = restart(victim)
     wait_for(lambda: _caught_up(cluster, "a"), 60, "the restarted replica to be up and current")
 
@@ -83,14 +89,14 @@ def test_writes_while_a_replica_is_down_are_caught_up(cluster):
     down = cluster["shards"]["b"][1]
     peer = cluster["shards"]["b"][0]
     down.kill9()
-    ingest(cluster["router"].url, cluster["docs"][N_DOCS:N_DOCS + 200])  # acknowledged by the peer alone
+    ingest(cluster["router"].url, cluster["docs"][N_DOCS : N_DOCS + 200])  # acknowledged by the peer alone
     cluster["shards"]["b"][1] = up = restart(down)
     wait_for(lambda: _caught_up(cluster, "b"), 60, "the restarted replica to catch up")
     assert _shard_docs(up.url) == _shard_docs(peer.url) > 0
 
 
 def test_acknowledged_writes_survive_kill9_of_every_replica(cluster):
-    ingest(cluster["router"].url, cluster["docs"][N_DOCS + 200:N_DOCS + 400])
+    ingest(cluster["router"].url, cluster["docs"][N_DOCS + 200 : N_DOCS + 400])
     before = {name: _shard_docs(procs[0].url) for name, procs in cluster["shards"].items()}
     for name, procs in cluster["shards"].items():
         for i, p in enumerate(procs):
@@ -107,10 +113,14 @@ def test_a_stopped_replica_is_avoided_and_comes_back(cluster):
     victim = cluster["shards"]["a"][1]
     try:
         results = _under_load(cluster, lambda: os.kill(victim.pid, signal.SIGSTOP))
-        assert all(code == 200 and partial is False for code, partial in results), \
-            [r for r in results if r != (200, False)][:5]
-        wait_for(lambda: not _replica(status(cluster["router"].url), victim.url)["up"], 60,
-                 "the router to mark the stopped replica down")
+        assert all(code == 200 and partial is False for code, partial in results), [
+            r for r in results if r != (200, False)
+        ][:5]
+        wait_for(
+            lambda: not _replica(status(cluster["router"].url), victim.url)["up"],
+            60,
+            "the router to mark the stopped replica down",
+        )
     finally:
         os.kill(victim.pid, signal.SIGCONT)
     wait_for(lambda: _caught_up(cluster, "a"), 60, "the resumed replica to be up again")

@@ -16,9 +16,17 @@ from sluice.search.index.snippets import visible_length
 from tests.system.search.cluster import search, start_router, status, wait_for
 
 DOCS = [
-    {"id": "apt", "title": "commandline package manager", "body": "apt provides commandline tools for searching packages"},
+    {
+        "id": "apt",
+        "title": "commandline package manager",
+        "body": "apt provides commandline tools for searching packages",
+    },
     {"id": "dpkg", "title": "Debian package management system", "body": "dpkg installs, removes and manages packages"},
-    {"id": "python3", "title": "interactive high-level object-oriented language", "body": "Python is a programming language"},
+    {
+        "id": "python3",
+        "title": "interactive high-level object-oriented language",
+        "body": "Python is a programming language",
+    },
     {"id": "grep", "title": "GNU grep, egrep and fgrep", "body": "grep searches files for lines matching a pattern"},
 ]
 
@@ -37,8 +45,16 @@ def router(tmp_path_factory):
 
 
 def test_bulk_reports_bad_lines_by_number_and_keeps_the_rest(router):
-    lines = [json.dumps(DOCS[0]), "{not json", json.dumps(DOCS[1]), "", json.dumps({"title": "no id"}),
-             json.dumps({"id": "x", "Bad-Field": "y"}), json.dumps(DOCS[2]), json.dumps(DOCS[3])]
+    lines = [
+        json.dumps(DOCS[0]),
+        "{not json",
+        json.dumps(DOCS[1]),
+        "",
+        json.dumps({"title": "no id"}),
+        json.dumps({"id": "x", "Bad-Field": "y"}),
+        json.dumps(DOCS[2]),
+        json.dumps(DOCS[3]),
+    ]
     r = _bulk(router.url, "\n".join(lines))
     assert r.status_code == 200, r.text
     body = r.json()
@@ -71,8 +87,16 @@ def test_bounds(router):
 
 
 def test_every_hit_carries_its_snippet_marked_escaped_and_bounded(router):
-    r = _bulk(router.url, json.dumps({"id": "html", "title": "markup", "body": "The packaged tools: <script> & tags "
-                                      "manage packages well. " + "filler words " * 40}))
+    r = _bulk(
+        router.url,
+        json.dumps(
+            {
+                "id": "html",
+                "title": "markup",
+                "body": "The packaged tools: <script> & tags manage packages well. " + "filler words " * 40,
+            }
+        ),
+    )
     assert r.status_code == 200, r.text
     hits = {h["id"]: h for h in search(router.url, "package").json()["hits"]}
     assert set(hits) == {"apt", "dpkg", "html"} and all("<b>" in h["snippet"] for h in hits.values())
@@ -102,8 +126,12 @@ def test_delete_and_the_cache_follow_writes(router):
     assert after["cached"] is False and after["hits"] == []
     metrics = httpx.get(router.url + "/metrics", timeout=10).text
     assert 'sluice_search_cache_requests_total{result="hit"}' in metrics
-    for name in ("sluice_search_replica_request_seconds_bucket", "sluice_search_index_freshness_seconds",
-                 "sluice_search_cache_hit_ratio", "sluice_search_errors_total"):
+    for name in (
+        "sluice_search_replica_request_seconds_bucket",
+        "sluice_search_index_freshness_seconds",
+        "sluice_search_cache_hit_ratio",
+        "sluice_search_errors_total",
+    ):
         assert name in metrics
     assert 'sluice_search_errors_total{type="query_syntax_error"}' in metrics  # test_query_syntax_errors' 400s
 
@@ -131,8 +159,11 @@ def test_errors_latency_cache_and_freshness_are_on_metrics_status_and_page(route
         assert (sh["index_age_s"] is not None) == (sh["head_seq"] > 0) == (sh["replicas"][0]["index_age_s"] is not None)
     # no writes since: the time since the last applied write grows (it was 0 forever before)
     i = written[0]
-    wait_for(lambda: status(router.url)["shards"][i]["index_age_s"] > st["shards"][i]["index_age_s"] + 0.5, 60,
-             "the index age to grow")
+    wait_for(
+        lambda: status(router.url)["shards"][i]["index_age_s"] > st["shards"][i]["index_age_s"] + 0.5,
+        60,
+        "the index age to grow",
+    )
     page = httpx.get(router.url + "/status", timeout=10).text
     assert '<link rel="icon" href="data:,">' in page and "p99" in page and "errors" in page
 

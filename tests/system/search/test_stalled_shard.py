@@ -12,8 +12,8 @@ import re
 import signal
 from collections import Counter
 
-from tests import corpus
 from sluice.search.router.cluster.topology import hash_shard
+from tests import corpus
 from tests.system.search.cluster import ingest, search, start_router, status, wait_for
 
 # a generous deadline: on a busy machine the healthy shard must never miss its half

@@ -13,8 +13,15 @@ from tests.system.search.cluster import ingest, search, start_router
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make install installs it)")
@@ -34,8 +41,9 @@ def test_the_status_page_shows_the_spec_figures_without_console_errors(tmp_path)
             page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
             page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
             page.goto(router.url + "/status")
-            page.wait_for_function("document.getElementById('errors').textContent.includes('invalid_request_error 1')",
-                                   timeout=60_000)
+            page.wait_for_function(
+                "document.getElementById('errors').textContent.includes('invalid_request_error 1')", timeout=60_000
+            )
             shard = page.inner_text("h2.shard")
             assert "p50" in shard and "p99" in shard and "last write applied" in shard and "s ago" in shard
             assert "hit rate 0.5" in page.inner_text("#summary")

@@ -15,12 +15,12 @@ import httpx
 import pytest
 
 from sluice.search.dense.embedder import Embedder, attach_vectors
-from sluice.search.index.query_syntax import dense_text
-from tests import corpus
 from sluice.search.index.hits import merge
+from sluice.search.index.query_syntax import dense_text
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex
 from sluice.search.shard.replica import Replica
+from tests import corpus
 from tests.server_process import free_port
 from tests.system.search.cluster import HTTP, ingest, search, start_router, status, wait_for
 
@@ -65,8 +65,24 @@ def test_a_cold_shard_is_fetched_on_first_query_and_merges_exactly(s3, tmp_path,
     r.append(1, ops[0])
     r.log.close()
     env = {**os.environ, **AWS}
-    out = subprocess.run([sys.executable, "-m", "sluice.cli", "search", "archive", "--data", str(tmp_path / "old-replica"),
-                          "--to", "s3://archive/y2019.tar.gz", "--s3-endpoint", s3], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice.cli",
+            "search",
+            "archive",
+            "--data",
+            str(tmp_path / "old-replica"),
+            "--to",
+            "s3://archive/y2019.tar.gz",
+            "--s3-endpoint",
+            s3,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     cfg = f"""[search]
 sharding = "content"
@@ -90,11 +106,16 @@ values = ["2019"]
         assert not first["partial"] and first["shards_answered"] == 2
         cold = status(router.url)["cold_tier"]
         assert cold["fetches"] == 1 and cold["used_bytes"] > 0
-        print(f"first query with a cold fetch: {first['took_ms']} ms (fetch {cold['first_query_fetch_s']}); "
-              f"next: {search(router.url, 'library package').json()['took_ms']} ms")
+        print(
+            f"first query with a cold fetch: {first['took_ms']} ms (fetch {cold['first_query_fetch_s']}); "
+            f"next: {search(router.url, 'library package').json()['took_ms']} ms"
+        )
         reference = ShardIndex(None)
-        everything = {0: [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}}
-                          for d in old + live]}
+        everything = {
+            0: [
+                {"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in old + live
+            ]
+        }
         attach_vectors(everything, embedder, ("title", "body"))
         reference.apply(1, everything[0])
         for q in corpus.queries(docs, 40):

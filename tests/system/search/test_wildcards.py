@@ -13,13 +13,13 @@ from collections import Counter
 import pytest
 import xapian
 
-from tests import corpus
 from sluice.search.index.analyzer import ID_SLOT
 from sluice.search.index.bm25 import Bm25Params
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_tree import expand, resolve_query
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import MAX_WILDCARD_TERMS, ShardIndex
+from tests import corpus
 from tests.system.search.cluster import ingest, search, start_router
 
 N_DOCS = 1500
@@ -48,8 +48,9 @@ def _xapian_wildcard(one: ShardIndex, prefix: str, k: int = 10) -> list[Hit]:
     enquire = xapian.Enquire(one.db)
     enquire.set_weighting_scheme(xapian.BM25Weight(p.k1, 0, p.k3, p.b, p.min_normlen))
     enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
-    enquire.set_query(xapian.Query(xapian.Query.OP_WILDCARD, prefix, 0, xapian.Query.WILDCARD_LIMIT_ERROR,
-                                   xapian.Query.OP_OR))
+    enquire.set_query(
+        xapian.Query(xapian.Query.OP_WILDCARD, prefix, 0, xapian.Query.WILDCARD_LIMIT_ERROR, xapian.Query.OP_OR)
+    )
     return merge([[Hit(json.loads(m.document.get_data())["id"], m.weight, {}) for m in enquire.get_mset(0, k)]], k)
 
 
@@ -90,8 +91,13 @@ def test_a_wildcard_merges_exactly_like_xapians_own_expansion_on_one_index(setup
         with_hits += bool(want)
         _same(search(router.url, f"title:{p}*").json(), _one_index(one, f"title:{p}*"), p)
     assert with_hits == 25
-    mixed = [f"{prefixes[0]}* {prefixes[1]}*", f"+{prefixes[2]}* -{prefixes[3]}", f'{prefixes[4]}* "package manager"',
-             DOC_EXAMPLE, "packag*"]
+    mixed = [
+        f"{prefixes[0]}* {prefixes[1]}*",
+        f"+{prefixes[2]}* -{prefixes[3]}",
+        f'{prefixes[4]}* "package manager"',
+        DOC_EXAMPLE,
+        "packag*",
+    ]
     for q in mixed:
         _same(search(router.url, q).json(), _one_index(one, q), q)
     assert search(router.url, "packag*").json()["hits"]  # the documented example's wildcard finds documents
@@ -105,10 +111,15 @@ def test_a_prefix_is_never_stemmed(setup):
     assert search(router.url, "python*").json()["hits"]
 
 
-@pytest.mark.parametrize("query,position,says", [
-    ("pa*ck", 2, "only at the end"), ('"packag* manager"', 7, "inside a phrase"), ("python *", 7, "needs a word"),
-    ("python a*", 7, f"more than {MAX_WILDCARD_TERMS} terms"),
-])
+@pytest.mark.parametrize(
+    "query,position,says",
+    [
+        ("pa*ck", 2, "only at the end"),
+        ('"packag* manager"', 7, "inside a phrase"),
+        ("python *", 7, "needs a word"),
+        ("python a*", 7, f"more than {MAX_WILDCARD_TERMS} terms"),
+    ],
+)
 def test_a_misplaced_or_too_broad_wildcard_is_a_syntax_error(setup, query, position, says):
     router, _, _ = setup
     r = search(router.url, query)

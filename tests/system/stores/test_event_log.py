@@ -17,6 +17,7 @@ def test_a_follower_paused_at_a_yield_still_gets_the_rest_and_the_end():
     """The replay bug: events appended — and finish() called — while a slow follower was paused
     at a `yield` were never delivered (it iterated a stale copy). Here the follower reads one
     event, everything else happens, then it resumes."""
+
     async def run():
         log: EventLog[int] = EventLog()
         for i in (1, 2, 3):
@@ -104,6 +105,7 @@ def test_a_resumed_follower_gets_everything_after_its_position_then_the_end(repl
 def test_a_recording_cut_short_ends_the_log_with_the_cut_event(replay):
     """Closed before its source ended — even before it started — a recording appends the wire's
     cut event and finishes the log, so a resumed client sees an end instead of waiting."""
+
     async def run():
         store = replay()
 

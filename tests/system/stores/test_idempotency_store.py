@@ -9,12 +9,12 @@ import uuid
 import pytest
 
 from sluice.serving.errors import ErrorKind, ServingError
-from sluice.serving.idempotency.retries import Action, Idempotency, fingerprint
 from sluice.serving.idempotency.redis_store import RedisIdempotencyStore
+from sluice.serving.idempotency.retries import Action, Idempotency, fingerprint
 from sluice.serving.idempotency.store import MemoryIdempotencyStore, Phase, Record, StoredReply
 from sluice.streaming.replay_log import MemoryReplayLog, ReplayEvent
-from tests.server_process import free_port
 from tests.clock import FakeClock
+from tests.server_process import free_port
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -92,6 +92,7 @@ def test_concurrent_claims_have_exactly_one_winner(make_store):
 
 def test_a_claim_whose_lease_is_not_renewed_expires(make_store):
     """A gateway that died mid-request stops renewing: its key frees itself within a lease."""
+
     async def run():
         store = make_store()
         gone = record()

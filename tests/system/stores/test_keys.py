@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from sluice.config import load_settings
 from sluice.gateway.authenticator import KeyStoreAuthenticator
 from sluice.gateway.key_store import KEY_PREFIX, InMemoryKeyStore, SQLiteKeyStore
 from sluice.gateway.limits import Limits
-from sluice.config import load_settings
 from sluice.gateway.tiers import DEFAULT_TIERS, load_tiers
 
 
@@ -47,8 +47,12 @@ def test_rotate(tmp_path):
 
 
 def _cli(*args: str, data_dir) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sluice.cli", "keys", *args, "--data-dir", str(data_dir)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "keys", *args, "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_create_list_revoke_rotate(tmp_path):
@@ -83,7 +87,7 @@ def test_both_stores_share_the_semantics(make_store):
     assert not store.has_active_keys()
     key, rec = store.create("acme", "standard", Limits(rpm=3))
     assert key.startswith(KEY_PREFIX) and len(key) >= len(KEY_PREFIX) + 43
-    assert rec.hint == key[:len(rec.hint)] and len(rec.hint) <= len(KEY_PREFIX) + 4 and rec.key_id not in key
+    assert rec.hint == key[: len(rec.hint)] and len(rec.hint) <= len(KEY_PREFIX) + 4 and rec.key_id not in key
     assert store.lookup(key) == rec and store.has_active_keys()
     assert store.lookup(key[:-1] + ("x" if key[-1] != "x" else "y")) is None
     assert store.lookup(key + "x") is None and store.lookup("") is None and store.lookup(key.upper()) is None
@@ -125,7 +129,7 @@ def test_keys_never_reach_the_logs(tmp_path, caplog):
     new, _ = store.rotate(rec.key_id)
     store.revoke(rec.key_id)
     text = caplog.text + "".join(repr(r.args) for r in caplog.records)
-    for secret in (key, wrong, new, key[len(rec.hint):]):
+    for secret in (key, wrong, new, key[len(rec.hint) :]):
         assert secret not in text
     assert key not in repr(rec) and key not in repr(store.list())
 
@@ -135,13 +139,15 @@ def test_tiers_from_a_toml_settings_file(tmp_path, server_table):
     """Tiers apply from a settings file with or without a `[server]` table beside them (a file with
     `[server]` used to drop top-level `[tiers.*]` silently)."""
     path = tmp_path / "sluice.toml"
-    head = '[server]\nport = 9001\n' if server_table else ''
-    path.write_text(head + '[tiers.standard]\nrpm = 7\n[tiers.gold]\npriority = 0\nrpm = 100\nqueue_deadline_s = 5\n')
+    head = "[server]\nport = 9001\n" if server_table else ""
+    path.write_text(head + "[tiers.standard]\nrpm = 7\n[tiers.gold]\npriority = 0\nrpm = 100\nqueue_deadline_s = 5\n")
     settings = load_settings(path)
     assert settings.port == (9001 if server_table else 8000)
     tiers = load_tiers(settings.tiers)
     assert tiers["standard"].limits.rpm == 7 and tiers["standard"].limits.itpm == DEFAULT_TIERS["standard"].limits.itpm
-    assert tiers["gold"].priority == 0 and tiers["gold"].queue_deadline_s == 5 and tiers["free"] == DEFAULT_TIERS["free"]
+    assert (
+        tiers["gold"].priority == 0 and tiers["gold"].queue_deadline_s == 5 and tiers["free"] == DEFAULT_TIERS["free"]
+    )
     assert [t.priority for t in (DEFAULT_TIERS[n] for n in ("priority", "standard", "free", "batch"))] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="unknown"):
         load_tiers({"standard": {"rpn": 5}})

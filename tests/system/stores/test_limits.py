@@ -70,7 +70,10 @@ asyncio.run(main())
 def test_redis_shared_by_two_processes(redis_server):
     key = _key()
     t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, redis_server.url, key], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _CHILD, redis_server.url, key], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     admitted = [int(p.communicate(timeout=60)[0].strip()) for p in procs]
     assert _exact(sum(admitted), time.monotonic() - t0), admitted
 
@@ -146,8 +149,13 @@ def test_headers_count_down_one_request_at_a_time():
         out = []
         for _ in range(4):
             h = rate_limit_headers(await limiter.acquire(key, limits, 100, 50))
-            out.append((h["anthropic-ratelimit-requests-remaining"], h["anthropic-ratelimit-input-tokens-remaining"],
-                        h["anthropic-ratelimit-output-tokens-remaining"]))
+            out.append(
+                (
+                    h["anthropic-ratelimit-requests-remaining"],
+                    h["anthropic-ratelimit-input-tokens-remaining"],
+                    h["anthropic-ratelimit-output-tokens-remaining"],
+                )
+            )
         return out
 
     got = asyncio.run(run())

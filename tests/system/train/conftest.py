@@ -43,14 +43,20 @@ def run_in_process(*args: str) -> Path:
     """`sluice train run` as a world of one inside the test process (torch and transformers are
     already imported here, which saves a process start on busy cores): the launcher's checks
     and data preparation, then the very function every torchrun rank runs."""
-    from sluice.cli.train import settings_from_args
     from sluice.cli import build_parser
+    from sluice.cli.train import settings_from_args
     from sluice.train import launch, worker
 
     settings = settings_from_args(build_parser().parse_args(["train", "run", *args]))
     launch.prepare(settings)
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(launch.free_port()), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(launch.free_port()),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
     saved_env = {k: os.environ.get(k) for k in env}
     saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     threads = torch.get_num_threads()
@@ -84,9 +90,18 @@ def chat_data(train_dir: Path) -> Path:
     path = train_dir / "chat.jsonl"
     with path.open("w") as f:
         for i in range(24):
-            f.write(json.dumps({"system": "Answer with a number.", "messages": [
-                {"role": "user", "content": f"What is {i} plus {i}?"},
-                {"role": "assistant", "content": f"{2 * i}"}]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "system": "Answer with a number.",
+                        "messages": [
+                            {"role": "user", "content": f"What is {i} plus {i}?"},
+                            {"role": "assistant", "content": f"{2 * i}"},
+                        ],
+                    }
+                )
+                + "\n"
+            )
             f.write(json.dumps({"text": f"The number {i} is {'even' if i % 2 == 0 else 'odd'}."}) + "\n")
     return path
 
@@ -96,24 +111,39 @@ def ddp2_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """The reference: 2 ranks, DDP, a checkpoint every 3 steps, uninterrupted; its metrics also go
     to a Prometheus textfile."""
     out = train_dir / "ddp2"
-    run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-              "--checkpoint-every", "3", "--prometheus-textfile", str(train_dir / "prom" / "ddp2.prom"), *COMMON)
+    run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--checkpoint-every",
+        "3",
+        "--prometheus-textfile",
+        str(train_dir / "prom" / "ddp2.prom"),
+        *COMMON,
+    )
     return out
 
 
 @pytest.fixture(scope="session")
 def one_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """The same run in one process (world size 1): the reference for data parallelism."""
-    return run_in_process("--data", str(chat_data), "--out", str(train_dir / "one"), "--model", str(tiny_folder),
-                          "--nproc", "1", *COMMON)
+    return run_in_process(
+        "--data", str(chat_data), "--out", str(train_dir / "one"), "--model", str(tiny_folder), "--nproc", "1", *COMMON
+    )
 
 
 @pytest.fixture(scope="session")
 def exported(train_dir: Path, ddp2_run: Path) -> Path:
     """`sluice train export` of the 2-rank DDP run (shared by the export and the fleet tests)."""
     out = train_dir / "exports" / "r1"
-    proc = subprocess.run(train_cmd("export", str(ddp2_run), "--out", str(out)), capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        train_cmd("export", str(ddp2_run), "--out", str(out)), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"exported step {STEPS}" in proc.stderr
     return out
@@ -123,22 +153,48 @@ def exported(train_dir: Path, ddp2_run: Path) -> Path:
 # rank 4 on every linear, alpha 8 (scale 2); the tiny folder's 3 layers
 LORA = ["--lora-rank", "4", "--lora-alpha", "8"]
 # their parameters: A [4, in] and B [out, 4] on q, k, v, o (hidden 64, kv 32), gate, up, down (mlp 160)
-ADAPTER_PARAMS = 3 * 4 * sum(i + o for i, o in ((64, 64), (64, 32), (64, 32), (64, 64), (64, 160), (64, 160), (160, 64)))
+ADAPTER_PARAMS = (
+    3 * 4 * sum(i + o for i, o in ((64, 64), (64, 32), (64, 32), (64, 64), (64, 160), (64, 160), (160, 64)))
+)
 
 
 @pytest.fixture(scope="session")
 def lora_one(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """A LoRA run in one process, no dropout: the reference for the data-parallel LoRA runs."""
-    return run_in_process("--data", str(chat_data), "--out", str(train_dir / "lora-one"), "--model", str(tiny_folder),
-                          "--nproc", "1", *LORA, *COMMON)
+    return run_in_process(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(train_dir / "lora-one"),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "1",
+        *LORA,
+        *COMMON,
+    )
 
 
 @pytest.fixture(scope="session")
 def lora_ddp2(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """2 ranks, DDP, LoRA with dropout, a checkpoint every 3 steps, uninterrupted."""
     out = train_dir / "lora-ddp2"
-    run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-              "--checkpoint-every", "3", *LORA, "--lora-dropout", "0.1", *COMMON)
+    run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--checkpoint-every",
+        "3",
+        *LORA,
+        "--lora-dropout",
+        "0.1",
+        *COMMON,
+    )
     return out
 
 
@@ -146,8 +202,9 @@ def lora_ddp2(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
 def lora_export(train_dir: Path, lora_ddp2: Path) -> Path:
     """`sluice train export` of the 2-rank LoRA run: a PEFT adapter folder."""
     out = train_dir / "exports" / "lora-r1"
-    proc = subprocess.run(train_cmd("export", str(lora_ddp2), "--out", str(out)), capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        train_cmd("export", str(lora_ddp2), "--out", str(out)), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"exported step {STEPS} of {lora_ddp2} to {out} (a PEFT LoRA adapter folder)" in proc.stderr
     return out

@@ -29,10 +29,16 @@ class Tiny(nn.Module):
         super().__init__()
         torch.manual_seed(3)
         self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.mlp = MoEBlock(Router(nn.Parameter(torch.randn(EXPERTS, WIDTH) * 0.3)),
-                            Experts(nn.Parameter(torch.randn(EXPERTS, 2 * INTER, WIDTH) * 0.2),
-                                    nn.Parameter(torch.randn(EXPERTS, WIDTH, INTER) * 0.2), EXPERTS),
-                            TOP_K, aux_coef=0.01)
+        self.mlp = MoEBlock(
+            Router(nn.Parameter(torch.randn(EXPERTS, WIDTH) * 0.3)),
+            Experts(
+                nn.Parameter(torch.randn(EXPERTS, 2 * INTER, WIDTH) * 0.2),
+                nn.Parameter(torch.randn(EXPERTS, WIDTH, INTER) * 0.2),
+                EXPERTS,
+            ),
+            TOP_K,
+            aux_coef=0.01,
+        )
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -76,8 +82,10 @@ def main(out: Path) -> None:
     def want(p: nn.Parameter, q: nn.Parameter) -> torch.Tensor:
         return p.grad[rank * local : (rank + 1) * local] if id(q) in sharded else p.grad
 
-    grads = {name: ((q.grad - want(p, q)).abs().max() / want(p, q).abs().max().clamp_min(1e-12)).item()
-             for (name, p), (_, q) in zip(ref.named_parameters(), ep.named_parameters())}
+    grads = {
+        name: ((q.grad - want(p, q)).abs().max() / want(p, q).abs().max().clamp_min(1e-12)).item()
+        for (name, p), (_, q) in zip(ref.named_parameters(), ep.named_parameters())
+    }
     norm_ref = clip_grad_norm(list(ref.parameters()), 0.5, plain_copies=world)  # whole on every rank
     norm_ep = clip_grad_norm(list(ep.parameters()), 0.5, plain_copies=world, shared={p: 1 for p in shards})
     result = {

@@ -37,7 +37,9 @@ max_num_seqs = 4
 
 
 def _with_adapter_versions(base: Path, v1: Path, v2: Path) -> str:
-    return _base_fleet(base) + f"""
+    return (
+        _base_fleet(base)
+        + f"""
 [models.ft.versions.v1]
 adapter = "{v1}"
 base = "tiny/base"
@@ -47,14 +49,19 @@ adapter = "{v2}"
 base = "tiny/base"
 traffic = 0
 """
+    )
 
 
 @pytest.fixture(scope="module")
 def versions(train_dir: Path, lora_ddp2: Path, lora_export: Path) -> dict[str, Path]:
     """The run's newest checkpoint (step 8, the session's export) and an older one (step 6)."""
     older = train_dir / "exports" / "lora-step6"
-    proc = subprocess.run(train_cmd("export", str(lora_ddp2), "--out", str(older), "--step", "6"),
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        train_cmd("export", str(lora_ddp2), "--out", str(older), "--step", "6"),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"v1": older, "v2": lora_export}
 
@@ -72,12 +79,21 @@ def fleet(train_dir: Path, tiny_folder: Path):
 
 def _ask(server, model: str, user: str) -> tuple[str, str, int]:
     """(version header, text, output tokens) of one greedy Messages call."""
-    body = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0, "metadata": {"user_id": user},
-            "messages": [{"role": "user", "content": PROMPT}]}
+    body = {
+        "model": model,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "metadata": {"user_id": user},
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
     r = httpx.post(server.base_url + "/v1/messages", json=body, headers={"sluice-cache": "bypass"}, timeout=300)
     assert r.status_code == 200, r.text
     reply = r.json()
-    return r.headers["sluice-model-version"], reply["content"][0]["text"].rstrip("\ufffd"), reply["usage"]["output_tokens"]
+    return (
+        r.headers["sluice-model-version"],
+        reply["content"][0]["text"].rstrip("\ufffd"),
+        reply["usage"]["output_tokens"],
+    )
 
 
 def _reference(base: Path, adapter: Path | None) -> tuple[str, int]:

@@ -11,6 +11,16 @@ from tests.system.train.conftest import COMMON, losses, run_in_process
 
 
 def test_activation_checkpointing_trains_the_same_losses(train_dir, tiny_folder, chat_data, one_run):
-    out = run_in_process("--data", str(chat_data), "--out", str(train_dir / "act-ckpt"), "--model", str(tiny_folder),
-                         "--nproc", "1", "--activation-checkpointing", *COMMON)
+    out = run_in_process(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(train_dir / "act-ckpt"),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "1",
+        "--activation-checkpointing",
+        *COMMON,
+    )
     assert losses(out) == pytest.approx(losses(one_run), rel=1e-6)

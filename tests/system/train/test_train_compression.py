@@ -41,8 +41,10 @@ def _grads(compression: Compression, steps: int):
     return sent, true, stats, state
 
 
-@pytest.mark.parametrize("compression, tol, ratio", [(Compression.NONE, 0.0, 1.0), (Compression.FP16, 1e-3, 0.5),
-                                                     (Compression.BF16, 1e-2, 0.5)])
+@pytest.mark.parametrize(
+    "compression, tol, ratio",
+    [(Compression.NONE, 0.0, 1.0), (Compression.FP16, 1e-3, 0.5), (Compression.BF16, 1e-2, 0.5)],
+)
 def test_cast_hooks_send_the_gradient_in_fewer_bytes(group, compression, tol, ratio):
     sent, true, stats, _ = _grads(compression, 1)
     assert torch.allclose(sent[0], true[0], rtol=tol, atol=tol * true[0].abs().max())

@@ -41,8 +41,23 @@ def truncate_data(step_dir: Path) -> None:
 
 
 def _args(out: Path, chat_data: Path, tiny_folder: Path, steps: int) -> list[str]:
-    return ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "1",
-            "--checkpoint-every", "2", "--keep-checkpoints", "3", *COMMON, "--max-steps", str(steps)]
+    return [
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--keep-checkpoints",
+        "3",
+        *COMMON,
+        "--max-steps",
+        str(steps),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +69,17 @@ def five_steps(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (overwrite_middle, "differs from its sha256 in manifest.json"),
-    (delete_metadata, "has no .metadata: not complete"),
-    (truncate_data, "bytes, manifest.json says"),
-])
-def test_a_damaged_newest_checkpoint_is_named_and_skipped(damage, problem, five_steps, tmp_path, tiny_folder,
-                                                          chat_data, one_run, capfd):
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (overwrite_middle, "differs from its sha256 in manifest.json"),
+        (delete_metadata, "has no .metadata: not complete"),
+        (truncate_data, "bytes, manifest.json says"),
+    ],
+)
+def test_a_damaged_newest_checkpoint_is_named_and_skipped(
+    damage, problem, five_steps, tmp_path, tiny_folder, chat_data, one_run, capfd
+):
     out = tmp_path / "run"
     shutil.copytree(five_steps, out)
     newest = layout.step_dir(out / "checkpoints", 5)
@@ -89,8 +108,19 @@ def test_two_ranks_skip_a_damaged_checkpoint_together(ddp2_run, tmp_path, tiny_f
     assert layout.complete_steps(out / "checkpoints") == [6, STEPS]
     newest = layout.step_dir(out / "checkpoints", STEPS)
     overwrite_middle(newest)
-    proc = run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-                     "--checkpoint-every", "3", *COMMON)
+    proc = run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--checkpoint-every",
+        "3",
+        *COMMON,
+    )
     named = [line for line in proc.stderr.splitlines() if str(newest) in line]
     assert len(named) == 1 and "damaged" in named[0], proc.stderr[-3000:]
     assert "resumed from step 6" in proc.stderr

@@ -17,7 +17,7 @@ import pytest
 
 from sluice.train.checkpoint import layout
 from sluice.train.launch import free_port
-from tests.system.train.conftest import COMMON, STEPS, losses, train_cmd
+from tests.system.train.conftest import COMMON, losses, train_cmd
 
 WAIT_S = 240  # bounded waits, generous for two busy cores
 
@@ -76,9 +76,28 @@ def _lines(path) -> list[dict]:
 def test_a_machine_leaves_and_one_joins_and_the_run_goes_on(train_dir, tiny_folder, chat_data, one_run, tmp_path):
     out = train_dir / "elastic"
     port = free_port()
-    cmd = train_cmd("run", "--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *COMMON,
-                    "--nproc", "1", "--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                    "--checkpoint-every", "2", "--micro-batch-size", "1", "--max-restarts", "3")
+    cmd = train_cmd(
+        "run",
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        *COMMON,
+        "--nproc",
+        "1",
+        "--nnodes",
+        "1:2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--checkpoint-every",
+        "2",
+        "--micro-batch-size",
+        "1",
+        "--max-restarts",
+        "3",
+    )
     # Every membership change at a known step, whatever the machine's speed: the first agent
     # starts alone (the second starts once its 1-rank round runs) and that round waits at step 1
     # for the second machine; the 2-rank group waits at step 4 (checkpoint 2 written) for the

@@ -5,7 +5,6 @@ ones, not the starting point's."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import torch
 
@@ -25,7 +24,9 @@ def test_export_then_serve_equals_transformers(tiny_folder, exported):
     from transformers import AutoModelForCausalLM
 
     out = exported  # the fixture checks the command's exit and its "exported step N" line
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
     assert not (out.parent / "r1.partial").exists()
     trained, start = load_file(str(out / "model.safetensors")), load_file(str(tiny_folder / "model.safetensors"))
     assert not torch.equal(trained["model.layers.0.mlp.up_proj.weight"], start["model.layers.0.mlp.up_proj.weight"])
@@ -42,8 +43,12 @@ def test_export_then_serve_equals_transformers(tiny_folder, exported):
 
 
 def test_export_names_a_missing_checkpoint(train_dir, ddp2_run):
-    proc = subprocess.run(train_cmd("export", str(ddp2_run), "--out", str(train_dir / "x"), "--step", "5"),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        train_cmd("export", str(ddp2_run), "--out", str(train_dir / "x"), "--step", "5"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     steps = ", ".join(map(str, layout.complete_steps(ddp2_run / "checkpoints")))
     assert f"no checkpoint of step 5 (complete: {steps})" in proc.stderr

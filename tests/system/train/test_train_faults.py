@@ -21,9 +21,22 @@ WAIT_S = 240  # bounded waits, generous for two busy cores
 def test_a_killed_rank_restarts_and_resumes_exactly(train_dir, tiny_folder, chat_data, ddp2_run):
     out = train_dir / "crash"
     # rank 1 dies by SIGKILL at the start of step 6; the newest checkpoint is step 3's (every 3)
-    proc = run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-                     "--checkpoint-every", "3", "--max-restarts", "2", *COMMON,
-                     env={"SLUICE_TRAIN_FAULT": "kill:1:6"})
+    proc = run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--checkpoint-every",
+        "3",
+        "--max-restarts",
+        "2",
+        *COMMON,
+        env={"SLUICE_TRAIN_FAULT": "kill:1:6"},
+    )
     assert "resumed from step 3" in proc.stderr
     assert losses(out) == losses(ddp2_run)  # the same floats: same rows, optimizer state, order
     assert layout.complete_steps(out / "checkpoints") == [6, STEPS]  # keep 2
@@ -36,8 +49,9 @@ def _wait_for(predicate, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_sigterm_checkpoints_and_the_next_start_resumes_on_another_world_size(train_dir, tiny_folder, chat_data,
-                                                                              one_run):
+def test_sigterm_checkpoints_and_the_next_start_resumes_on_another_world_size(
+    train_dir, tiny_folder, chat_data, one_run
+):
     out = train_dir / "preempted"
     args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *COMMON]
     args[args.index("--max-steps") + 1] = "1000"

@@ -26,8 +26,23 @@ def _wait_for(predicate, what: str) -> None:
 
 def test_a_stopped_rank_is_reported_by_rank_and_host_and_the_job_restarts(train_dir, tiny_folder, chat_data):
     out = train_dir / "hang"
-    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-            "--checkpoint-every", "2", "--hang-timeout", "3", "--progress-interval", "0", *COMMON]
+    args = [
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--hang-timeout",
+        "3",
+        "--progress-interval",
+        "0",
+        *COMMON,
+    ]
     args[args.index("--max-steps") + 1] = "1000"
     env = {**os.environ, "SLUICE_TRAIN_FAULT": "delay:0.3"}
     # the launcher's lines go to a file: a pipe nobody reads until the end would fill up

@@ -46,21 +46,43 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 def test_a_second_group_is_refused_and_a_killed_one_is_taken_over(train_dir, tiny_folder, chat_data, tmp_path):
     out = train_dir / "leased"
-    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *COMMON, "--nproc", "1",
-            "--checkpoint-every", "2", "--lease-timeout", "20"]
+    args = [
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        *COMMON,
+        "--nproc",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--lease-timeout",
+        "20",
+    ]
     log = tmp_path / "first.log"
     with log.open("w") as sink:
-        first = subprocess.Popen(train_cmd("run", *args, "--max-steps", "1000"), stdout=sink, stderr=subprocess.STDOUT,
-                                 env={**os.environ, "SLUICE_TRAIN_FAULT": "delay:0.3"}, start_new_session=True)
+        first = subprocess.Popen(
+            train_cmd("run", *args, "--max-steps", "1000"),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SLUICE_TRAIN_FAULT": "delay:0.3"},
+            start_new_session=True,
+        )
     try:
         _wait_for(lambda: _lines(out) >= 3 and layout.complete_steps(out / "checkpoints"), "3 steps", first, log)
-        second = subprocess.run(train_cmd("run", *args, "--max-steps", "1000"), capture_output=True, text=True,
-                                timeout=RUN_TIMEOUT_S)
+        second = subprocess.run(
+            train_cmd("run", *args, "--max-steps", "1000"), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        )
         assert second.returncode == 2, second.stderr[-3000:]
         errors = [line for line in second.stderr.splitlines() if line.startswith("sluice: error:")]
         assert len(errors) == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
-        found = re.search(rf"is held by another group \(its leader: host {re.escape(socket.gethostname())}, "
-                          r"pid (\d+), since ", errors[0])
+        found = re.search(
+            rf"is held by another group \(its leader: host {re.escape(socket.gethostname())}, "
+            r"pid (\d+), since ",
+            errors[0],
+        )
         assert found, errors[0]
         first_ranks = {p.pid for p in psutil.Process(first.pid).children(recursive=True)}
         assert int(found.group(1)) in first_ranks, "the holder named is the first group's rank 0"

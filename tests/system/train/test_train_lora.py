@@ -19,8 +19,19 @@ from sluice.train.checkpoint import layout
 from sluice.train.checkpoint.manifest import read_manifest, verify_file
 from sluice.train.errors import TrainHaltError
 from sluice.train.model.lora_spec import LoraTarget
-from tests.system.train.conftest import (ADAPTER_PARAMS, COMMON, LORA, RUN_TIMEOUT_S, STEPS, base_sha256, events,
-                                         losses, run_in_process, run_train, train_cmd)
+from tests.system.train.conftest import (
+    ADAPTER_PARAMS,
+    COMMON,
+    LORA,
+    RUN_TIMEOUT_S,
+    STEPS,
+    base_sha256,
+    events,
+    losses,
+    run_in_process,
+    run_train,
+    train_cmd,
+)
 
 VOCAB = 259  # the tiny folder's byte-level vocabulary
 
@@ -28,8 +39,20 @@ VOCAB = 259  # the tiny folder's byte-level vocabulary
 @pytest.fixture(scope="module")
 def lora_fsdp2(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     out = train_dir / "lora-fsdp2"
-    run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-              "--parallel", "fsdp", *LORA, *COMMON)
+    run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--parallel",
+        "fsdp",
+        *LORA,
+        *COMMON,
+    )
     return out
 
 
@@ -37,7 +60,9 @@ def test_only_the_adapter_trains_on_one_process_ddp_and_fsdp(tiny_folder, lora_o
     folder_sha = base_sha256(tiny_folder)
     for run, ranks in ((lora_one, 1), (lora_ddp2, 2), (lora_fsdp2, 2)):
         assert json.loads((run / "model" / "base.json").read_text()) == {
-            "base_model_name_or_path": str(tiny_folder.resolve()), "sha256": folder_sha}
+            "base_model_name_or_path": str(tiny_folder.resolve()),
+            "sha256": folder_sha,
+        }
         digests = {(e["rank"], e["at"]): e["sha256"] for e in events(run, "base")}
         assert {r for r, _ in digests} == set(range(ranks)), run
         for rank in range(ranks):  # each rank's frozen tensors (its shards under FSDP2), bit for bit
@@ -76,9 +101,25 @@ def test_a_killed_rank_resumes_a_lora_run_exactly(train_dir, tiny_folder, chat_d
     # dropout acts (the 2-rank run with dropout is not the one-process run without it) ...
     assert losses(lora_ddp2) != pytest.approx(losses(lora_one), rel=1e-4)
     out = train_dir / "lora-crash"
-    proc = run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-                     "--checkpoint-every", "3", "--max-restarts", "2", *LORA, "--lora-dropout", "0.1", *COMMON,
-                     env={"SLUICE_TRAIN_FAULT": "kill:1:6"})
+    proc = run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--checkpoint-every",
+        "3",
+        "--max-restarts",
+        "2",
+        *LORA,
+        "--lora-dropout",
+        "0.1",
+        *COMMON,
+        env={"SLUICE_TRAIN_FAULT": "kill:1:6"},
+    )
     assert "resumed from step 3" in proc.stderr
     # ... and after the restart draws the masks of the uninterrupted run: the same floats
     assert losses(out) == losses(lora_ddp2)
@@ -93,7 +134,10 @@ def _sluices_model(run: Path) -> torch.nn.Module:
     from sluice.train.settings import read_resolved
 
     built = build_model(read_resolved(run / "resolved_config.json"))
-    assert Checkpointer(run / "checkpoints", 2, False).restore(built.module, torch.optim.AdamW(trainable(built.module))) == STEPS
+    assert (
+        Checkpointer(run / "checkpoints", 2, False).restore(built.module, torch.optim.AdamW(trainable(built.module)))
+        == STEPS
+    )
     return built.module.eval()
 
 
@@ -129,8 +173,12 @@ def test_merge_writes_a_whole_model_equal_to_the_peft_model(train_dir, tiny_fold
     from transformers import AutoModelForCausalLM
 
     out = train_dir / "exports" / "lora-merged"
-    proc = subprocess.run(train_cmd("export", str(lora_ddp2), "--out", str(out), "--merge"), capture_output=True,
-                          text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        train_cmd("export", str(lora_ddp2), "--out", str(out), "--merge"),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(an HF model folder, the LoRA adapter merged into its base)" in proc.stderr
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
@@ -145,8 +193,12 @@ def test_another_base_is_refused_on_resume_and_merge(tmp_path, lora_one):
     shutil.copytree(lora_one, run)
     record = run / "model" / "base.json"
     record.write_text(json.dumps({**json.loads(record.read_text()), "sha256": "0" * 64}))
-    proc = subprocess.run(train_cmd("export", str(run), "--out", str(tmp_path / "m"), "--merge"), capture_output=True,
-                          text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        train_cmd("export", str(run), "--out", str(tmp_path / "m"), "--merge"),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert proc.returncode == 2 and "sluice: error: the base model" in proc.stderr, proc.stderr[-2000:]
     assert "differs from the one the run trained against" in proc.stderr
     resolved = json.loads((run / "resolved_config.json").read_text())
@@ -166,6 +218,17 @@ def test_merge_of_a_full_fine_tuning_run_is_refused(tmp_path, capsys):
 
 
 def test_activation_checkpointing_composes_with_lora(train_dir, tiny_folder, chat_data, lora_one):
-    run = run_in_process("--data", str(chat_data), "--out", str(train_dir / "lora-ac"), "--model", str(tiny_folder),
-                         "--nproc", "1", "--activation-checkpointing", *LORA, *COMMON)
+    run = run_in_process(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(train_dir / "lora-ac"),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "1",
+        "--activation-checkpointing",
+        *LORA,
+        *COMMON,
+    )
     assert losses(run) == pytest.approx(losses(lora_one), rel=1e-6)

@@ -20,9 +20,25 @@ pytest.importorskip("torchft")
 
 def test_a_killed_group_heals_its_adapter_from_a_live_peer(train_dir, tiny_folder, chat_data, lora_one):
     out = train_dir / "lora-replicas"
-    run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-              "--replica-groups", "2", "--checkpoint-every", "3", "--max-restarts", "2", *LORA, *COMMON,
-              env={"SLUICE_TRAIN_FAULT": "kill:0:3:1,await_group:1:6"})
+    run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--replica-groups",
+        "2",
+        "--checkpoint-every",
+        "3",
+        "--max-restarts",
+        "2",
+        *LORA,
+        *COMMON,
+        env={"SLUICE_TRAIN_FAULT": "kill:0:3:1,await_group:1:6"},
+    )
     healed = events(out, "healed")
     assert len(healed) == 1 and healed[0]["group"] == 1 and 2 <= healed[0]["step"] <= 5, healed
     assert not events(out, "restored")

@@ -28,8 +28,22 @@ def _strict_lines(run: Path) -> list[dict]:
 
 def test_a_nan_loss_stops_the_run_before_it_is_saved(train_dir, tiny_folder, chat_data, ddp2_run):
     out = train_dir / "nan-stop"
-    args = ["run", "--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-            "--checkpoint-every", "2", "--keep-checkpoints", "5", *COMMON]
+    args = [
+        "run",
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--keep-checkpoints",
+        "5",
+        *COMMON,
+    ]
     env = {**os.environ, "SLUICE_TRAIN_FAULT": "nan_loss:5"}
     proc = subprocess.run(train_cmd(*args), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -58,8 +72,23 @@ def _model_state(step_dir: Path) -> dict[str, torch.Tensor]:
 def test_skip_drops_the_steps_update_and_goes_on(train_dir, tiny_folder, chat_data, one_run, monkeypatch, capfd):
     out = train_dir / "nan-skip"
     monkeypatch.setenv("SLUICE_TRAIN_FAULT", "inf_grad:3,nan_loss:5")
-    run_in_process("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "1",
-                   "--checkpoint-every", "1", "--keep-checkpoints", str(STEPS), "--nonfinite", "skip", *COMMON)
+    run_in_process(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "1",
+        "--checkpoint-every",
+        "1",
+        "--keep-checkpoints",
+        str(STEPS),
+        "--nonfinite",
+        "skip",
+        *COMMON,
+    )
     err = capfd.readouterr().err
     assert "step 3: the loss or the gradient norm is not finite: its update was skipped" in err
     lines = _strict_lines(out)
@@ -79,6 +108,12 @@ def test_skip_drops_the_steps_update_and_goes_on(train_dir, tiny_folder, chat_da
 
 @pytest.mark.parametrize("value", ["nan", "stop,skip"])
 def test_the_setting_is_checked(value, chat_data, tmp_path):
-    proc = subprocess.run(train_cmd("run", "--data", str(chat_data), "--out", str(tmp_path / "r"), "--max-steps", "1",
-                                    "--nonfinite", value), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        train_cmd(
+            "run", "--data", str(chat_data), "--out", str(tmp_path / "r"), "--max-steps", "1", "--nonfinite", value
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--nonfinite" in proc.stderr and "Traceback" not in proc.stderr

@@ -64,8 +64,23 @@ def test_a_cut_upload_never_looks_complete_and_only_k_are_kept(s3, aws, monkeypa
 def test_a_run_resumes_from_the_bucket_exactly(s3, aws, train_dir, tiny_folder, chat_data, one_run):
     _bucket(s3, "ckpt")
     out = train_dir / "s3-run"
-    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *COMMON, "--nproc", "1",
-            "--checkpoint-store", "s3://ckpt/runs/r1", "--s3-endpoint", s3, "--checkpoint-every", "2"]
+    args = [
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        *COMMON,
+        "--nproc",
+        "1",
+        "--checkpoint-store",
+        "s3://ckpt/runs/r1",
+        "--s3-endpoint",
+        s3,
+        "--checkpoint-every",
+        "2",
+    ]
     first = list(args)
     first[first.index("--max-steps") + 1] = "5"
     run_in_process(*first)
@@ -82,15 +97,33 @@ def test_a_run_resumes_from_the_bucket_exactly(s3, aws, train_dir, tiny_folder, 
     assert step == STEPS and (folder / "config.json").exists()
 
 
-def test_a_damaged_checkpoint_in_the_bucket_is_named_and_skipped(s3, aws, train_dir, tiny_folder, chat_data, one_run,
-                                                                 capfd):
+def test_a_damaged_checkpoint_in_the_bucket_is_named_and_skipped(
+    s3, aws, train_dir, tiny_folder, chat_data, one_run, capfd
+):
     import boto3
 
     _bucket(s3, "damaged")
     out = train_dir / "s3-damaged"
     url = "s3://damaged/runs/r1"
-    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *COMMON, "--nproc", "1",
-            "--checkpoint-store", url, "--s3-endpoint", s3, "--checkpoint-every", "2", "--keep-checkpoints", "3"]
+    args = [
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        *COMMON,
+        "--nproc",
+        "1",
+        "--checkpoint-store",
+        url,
+        "--s3-endpoint",
+        s3,
+        "--checkpoint-every",
+        "2",
+        "--keep-checkpoints",
+        "3",
+    ]
     run_in_process(*args, "--max-steps", "5")
     assert S3Store(url, s3).complete_steps() == [2, 4, 5]
     # 64 KiB of other bytes in the middle of step 5's data object, its size unchanged
@@ -137,7 +170,9 @@ def test_the_runs_lease_lives_in_the_bucket_behind_conditional_writes(s3, aws):
 
     first = Lease(records, 30, me=Holder("node-a", 1, None, "token-a"), clock=lambda: now[0], sleep=sleep)
     first.acquire(print)
-    with pytest.raises(TrainHaltError, match=r"s3://leases/runs/a/lease.json is held by another group \(its leader: host node-a"):
+    with pytest.raises(
+        TrainHaltError, match=r"s3://leases/runs/a/lease.json is held by another group \(its leader: host node-a"
+    ):
         Lease(records, 30, clock=lambda: now[0], sleep=sleep).acquire(print)
     said: list[str] = []
     Lease(records, 30, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)).acquire(said.append)
@@ -160,11 +195,28 @@ def test_a_cut_upload_names_the_store_the_object_and_the_cause(s3, aws, train_di
     proxy = CutProxy(urlparse(s3).port, cut_at=b".distcp")
     out = train_dir / "s3-cut"
     url = "s3://cut/runs/r1"
-    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *COMMON,
-            "--checkpoint-store", url, "--s3-endpoint", proxy.url, "--checkpoint-every", "2"]
+    args = [
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        *COMMON,
+        "--checkpoint-store",
+        url,
+        "--s3-endpoint",
+        proxy.url,
+        "--checkpoint-every",
+        "2",
+    ]
     try:
-        proc = subprocess.run(train_cmd("run", *args, "--nproc", "2", "--max-restarts", "0"), capture_output=True,
-                              text=True, timeout=RUN_TIMEOUT_S)
+        proc = subprocess.run(
+            train_cmd("run", *args, "--nproc", "2", "--max-restarts", "0"),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+        )
         assert proc.returncode == 1 and proxy.cut.is_set(), proc.stderr[-3000:]
         for rank in (0, 1):
             first = next(line for line in proc.stderr.splitlines() if line.startswith(f"[rank {rank}] sluice: error:"))

@@ -38,6 +38,17 @@ def test_step_time_split_mfu_and_the_prometheus_textfile(train_dir, ddp2_run):
 
 def test_fsdp2_on_two_ranks_equals_one_process(train_dir, tiny_folder, chat_data, one_run):
     fsdp = train_dir / "fsdp2"
-    run_train("--data", str(chat_data), "--out", str(fsdp), "--model", str(tiny_folder), "--nproc", "2",
-              "--parallel", "fsdp", *COMMON)
+    run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(fsdp),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--parallel",
+        "fsdp",
+        *COMMON,
+    )
     assert losses(fsdp) == pytest.approx(losses(one_run), rel=REL_TOL)

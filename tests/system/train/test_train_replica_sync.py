@@ -16,8 +16,23 @@ pytest.importorskip("torchft")
 
 def test_local_sgd_sends_the_parameters_every_sync_every_steps_only(train_dir, tiny_folder, chat_data):
     out = train_dir / "local-sgd"
-    run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "2",
-              "--replica-groups", "2", "--replica-sync", "local_sgd", "--sync-every", "4", *COMMON)
+    run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "2",
+        "--replica-groups",
+        "2",
+        "--replica-sync",
+        "local_sgd",
+        "--sync-every",
+        "4",
+        *COMMON,
+    )
     assert len(losses(out)) == STEPS
     sent = [json.loads(x)["comm_bytes"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     small = 8 * 3  # the step's vector: a float64 loss sum and one slot per group

@@ -46,10 +46,28 @@ def _metrics(run: Path) -> list[dict]:
 def test_a_killed_group_drops_out_and_rejoins_from_a_live_peer(train_dir, tiny_folder, chat_data, ddp2_run):
     out = train_dir / "replicas-kill"
     # group 1's rank 1 dies at the start of step 3; group 0 waits at step 6 until group 1 is back
-    proc = run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--nproc", "4",
-                     "--replica-groups", "2", "--parallel", "fsdp", "--checkpoint-every", "3", "--max-restarts", "2",
-                     "--progress-interval", "0", *COMMON,
-                     env={"SLUICE_TRAIN_FAULT": "kill:1:3:1,await_group:1:6"})
+    proc = run_train(
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--nproc",
+        "4",
+        "--replica-groups",
+        "2",
+        "--parallel",
+        "fsdp",
+        "--checkpoint-every",
+        "3",
+        "--max-restarts",
+        "2",
+        "--progress-interval",
+        "0",
+        *COMMON,
+        env={"SLUICE_TRAIN_FAULT": "kill:1:3:1,await_group:1:6"},
+    )
     events = _events(out)
     started = [e for e in events if e["event"] == "started"]
     # group 0's two processes started once and ran to the end; group 1's started twice
@@ -61,8 +79,10 @@ def test_a_killed_group_drops_out_and_rejoins_from_a_live_peer(train_dir, tiny_f
     # recovered from the live peer, not from the checkpoint of step 3 on disk
     assert [(e["group"], e["step"]) for e in events if e["event"] == "healed"] == [(1, 5)]
     assert not [e for e in events if e["event"] == "restored"]
-    for when in ([e for e in events if e["event"] == "digest" and e["step"] == 6],  # the weights step 6 started from
-                 [e for e in events if e["event"] == "digest" and e.get("end")]):
+    for when in (
+        [e for e in events if e["event"] == "digest" and e["step"] == 6],  # the weights step 6 started from
+        [e for e in events if e["event"] == "digest" and e.get("end")],
+    ):
         by_rank = {(e["group"], e["rank"]): e["sha256"] for e in when}
         assert len(by_rank) == 4 and by_rank[(1, 0)] == by_rank[(0, 0)] and by_rank[(1, 1)] == by_rank[(0, 1)]
     # with both groups the loss is the global batch's: the 2-rank DDP run's, though 4 ranks shard it
@@ -86,19 +106,31 @@ def _wait_for(predicate, what: str) -> None:
 
 
 def _args(chat_data: Path, tiny_folder: Path, out: Path, max_steps: int) -> list[str]:
-    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), "--checkpoint-every", "4", *COMMON]
+    args = [
+        "--data",
+        str(chat_data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_folder),
+        "--checkpoint-every",
+        "4",
+        *COMMON,
+    ]
     args[args.index("--max-steps") + 1] = str(max_steps)
     return args
 
 
-def test_sigterm_to_one_group_leaves_the_others_going_and_a_whole_job_restart_resumes(train_dir, tiny_folder,
-                                                                                   chat_data):
+def test_sigterm_to_one_group_leaves_the_others_going_and_a_whole_job_restart_resumes(
+    train_dir, tiny_folder, chat_data
+):
     out = train_dir / "replicas-spot"
     groups_args = ["--nproc", "2", "--replica-groups", "2", "--progress-interval", "0"]
     env = {**os.environ, "SLUICE_TRAIN_FAULT": "delay:0.3"}  # slow steps: the signal lands mid-run
     log = (train_dir / "replicas-spot.stderr").open("w")  # not a pipe: nobody reads it until the end
-    proc = subprocess.Popen(train_cmd("run", *_args(chat_data, tiny_folder, out, STEPS), *groups_args), env=env,
-                            stderr=log, text=True)
+    proc = subprocess.Popen(
+        train_cmd("run", *_args(chat_data, tiny_folder, out, STEPS), *groups_args), env=env, stderr=log, text=True
+    )
     try:
         metrics = out / "metrics.jsonl"
         _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two steps")

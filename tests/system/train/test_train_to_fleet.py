@@ -48,12 +48,21 @@ workers = ["{address}"]
 def _ask(proc, user: str, pin: str | None = None) -> tuple[str, str, int]:
     """(version header, text, output tokens) of one greedy Messages call."""
     headers = {"sluice-cache": "bypass", **({"sluice-model-version": pin} if pin else {})}
-    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0, "metadata": {"user_id": user},
-            "messages": [{"role": "user", "content": PROMPT}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "metadata": {"user_id": user},
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
     r = httpx.post(proc.base_url + "/v1/messages", json=body, headers=headers, timeout=300)
     assert r.status_code == 200, r.text
     reply = r.json()
-    return r.headers["sluice-model-version"], _complete_chars(reply["content"][0]["text"]), reply["usage"]["output_tokens"]
+    return (
+        r.headers["sluice-model-version"],
+        _complete_chars(reply["content"][0]["text"]),
+        reply["usage"]["output_tokens"],
+    )
 
 
 def _reference(folder: Path) -> tuple[str, int]:
@@ -87,8 +96,10 @@ def fleet(train_dir, tiny_folder, exported):
     server = None
     try:
         server = start_server(["--fleet", str(path)], env={"SLUICE_ADMIN_KEY": ADMIN})
-        wait_until(lambda: {w["version"] for w in status(server)["workers"] if w["status"] == "warm"} >= {"base", "ft-r1"},
-                   "both versions' workers to be warm")
+        wait_until(
+            lambda: {w["version"] for w in status(server)["workers"] if w["status"] == "warm"} >= {"base", "ft-r1"},
+            "both versions' workers to be warm",
+        )
         yield server
     finally:
         if server is not None:

@@ -33,13 +33,16 @@ NO_CUDA = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # torch sees no CUDA devic
 
 
 def _sluice(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True,
-                          timeout=180, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True, timeout=180, env=env
+    )
 
 
 def _greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 24) -> list[list[int]]:
-    reqs = [GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0.0))
-            for i, p in enumerate(prompts)]
+    reqs = [
+        GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        for i, p in enumerate(prompts)
+    ]
     results = engine.generate(reqs)
     return [results[r.request_id].token_ids for r in reqs]
 
@@ -70,8 +73,11 @@ def test_auto_is_cpu_without_cuda_and_cuda_without_a_device_is_a_clear_error(mon
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
     for name in ("cuda", "cuda:0", "cuda:1"):
-        with pytest.raises(SettingsError, match=rf"device = '{name}' \(setting `device`, flag --device\).*"
-                                                r"torch.cuda.is_available\(\) is False"):
+        with pytest.raises(
+            SettingsError,
+            match=rf"device = '{name}' \(setting `device`, flag --device\).*"
+            r"torch.cuda.is_available\(\) is False",
+        ):
             resolve_device(name)
 
 
@@ -101,8 +107,9 @@ def test_explicit_cpu_device_gives_the_default_output(tiny_llama_dir, kernels, m
         kw = {} if device is None else {"device": device}
         loaded = load_model(tiny_llama_dir, progress=False, kernels=kernels, **kw)
         assert loaded.model.device == torch.device("cpu")
-        engine = LLMEngine(loaded, EngineConfig(block_size=4, num_kv_blocks=128, max_num_batched_tokens=16,
-                                                device=device or "auto"))
+        engine = LLMEngine(
+            loaded, EngineConfig(block_size=4, num_kv_blocks=128, max_num_batched_tokens=16, device=device or "auto")
+        )
         assert all(k.device.type == "cpu" and v.device.type == "cpu" for k, v in engine.runner.kv_caches)
         outputs.append(_greedy(engine, prompts))
     assert outputs[0] == outputs[1] == outputs[2]
@@ -129,10 +136,15 @@ def _random_step(seed: int, lens: list[int], kvh: int, group: int, d: int, bs: i
         tables.append(perm[start : start + -(-n // bs)])
         start += len(tables[-1])
     width = max(map(len, tables))
-    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=len(lens), block_size=bs,
-                             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-                             context_lens=torch.tensor(lens, dtype=torch.int32),
-                             max_context_len=max(lens), min_context_len=min(lens))
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.long),
+        num_decodes=len(lens),
+        block_size=bs,
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        context_lens=torch.tensor(lens, dtype=torch.int32),
+        max_context_len=max(lens),
+        min_context_len=min(lens),
+    )
     q = torch.randn(len(lens), kvh * group, d, generator=g)
     return q, k_cache, v_cache, meta
 
@@ -151,8 +163,13 @@ def test_sdpa_decode_attention_matches_the_torch_backend(lens, window):
     got = sdpa.attend(q.reshape(len(lens), -1), k_cache, v_cache, meta)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # host-side sizing (the runner's max/min context) = reading them from the device tensors
-    unsized = AttentionMetadata(slot_mapping=meta.slot_mapping, num_decodes=meta.num_decodes, block_size=4,
-                                block_tables=meta.block_tables, context_lens=meta.context_lens)
+    unsized = AttentionMetadata(
+        slot_mapping=meta.slot_mapping,
+        num_decodes=meta.num_decodes,
+        block_size=4,
+        block_tables=meta.block_tables,
+        context_lens=meta.context_lens,
+    )
     ref.prepare(unsized)
     torch.testing.assert_close(ref.attend(q.reshape(len(lens), -1), k_cache, v_cache, unsized), want, rtol=0, atol=0)
 
@@ -173,8 +190,14 @@ def test_sdpa_backend_in_the_engine_matches_transformers(arch, request):
 
 
 def test_stage_keeps_values_shapes_and_dtypes():
-    host = [torch.arange(5), torch.tensor([[1, 2], [3, 4]], dtype=torch.int32), torch.tensor([[True, False]]),
-            torch.arange(3) + 7, torch.empty(0, dtype=torch.long), torch.tensor([9], dtype=torch.int32)]
+    host = [
+        torch.arange(5),
+        torch.tensor([[1, 2], [3, 4]], dtype=torch.int32),
+        torch.tensor([[True, False]]),
+        torch.arange(3) + 7,
+        torch.empty(0, dtype=torch.long),
+        torch.tensor([9], dtype=torch.int32),
+    ]
     moved = stage(host, torch.device("cpu"))
     assert len(moved) == len(host)
     for a, b in zip(host, moved):
@@ -244,8 +267,7 @@ def test_the_spawned_worker_gets_the_device_in_its_engine_config(tiny_llama_dir,
     # The child acts on it: with no CUDA device visible it stops with the setting's error
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(EngineUnavailableError, match="exited with code 2") as err:
-        asyncio.run(spawn_local_worker(str(tiny_llama_dir), engine_args=argv,
-                                       timeout_s=120))
+        asyncio.run(spawn_local_worker(str(tiny_llama_dir), engine_args=argv, timeout_s=120))
     assert "device = 'cuda:0'" in str(err.value)
     # ...and the same spawn with device cpu becomes ready
     argv = engine_argv(EngineConfig.from_settings(load_settings(None, device="cpu", kv_cache_gib=0.05)))

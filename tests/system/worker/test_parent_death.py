@@ -34,8 +34,12 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_child_ends_when_its_parent_is_killed():
     assert tied_to_this_process()
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     child = 0
     try:
         child = int(parent.stdout.readline())
@@ -56,6 +60,11 @@ def test_the_child_ends_when_its_parent_is_killed():
 def test_a_child_whose_parent_is_already_gone_does_not_start():
     """The parent named is not the one that started it (it died before the setting took effect):
     the command is not run."""
-    run = subprocess.run([sys.executable, "-m", "sluice.parent_death", "1", "--", sys.executable, "-c", "print('ran')"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    run = subprocess.run(
+        [sys.executable, "-m", "sluice.parent_death", "1", "--", sys.executable, "-c", "print('ran')"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert run.returncode == 1 and "ran" not in run.stdout

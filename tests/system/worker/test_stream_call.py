@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-import pytest
 
 from sluice.engine.async_engine import AsyncEngine
 from sluice.engine.config import EngineConfig
@@ -59,7 +58,10 @@ def test_a_step_of_every_request_arrives_as_one_message(tiny_llama_dir):
         messages = asyncio.run(run())
     finally:
         assert proc.stop() == 0
-    tokens = {i: sum(len(e.token_ids) for m in messages for o in m.outputs if o.id == i for e in o.events) for i in range(1, 5)}
+    tokens = {
+        i: sum(len(e.token_ids) for m in messages for o in m.outputs if o.id == i for e in o.events)
+        for i in range(1, 5)
+    }
     assert tokens == {1: 24, 2: 24, 3: 24, 4: 24}
     assert max(len({o.id for o in m.outputs}) for m in messages) == 4
     assert len(messages) < sum(len(m.outputs) for m in messages)  # fewer messages than per-request outputs
@@ -70,10 +72,12 @@ def test_sigterm_ends_an_open_stream_call_once_its_requests_are_aborted(tiny_lla
     running request, which gets its final ABORT event; the worker then asks the client to close
     its side (`closing`) and ends the call with OK, not by cancelling it when the stop's grace
     runs out, nor by exiting while the client still holds it open (its last messages unread)."""
+
     async def run():
         # 20 ms per step: the 480-token request provably runs when the SIGTERM lands
-        worker = await spawn_local_worker(str(tiny_llama_dir), engine_args=[*TINY_ARGS, "--fault-injection", "step_delay_s=0.02"],
-                                          timeout_s=120)
+        worker = await spawn_local_worker(
+            str(tiny_llama_dir), engine_args=[*TINY_ARGS, "--fault-injection", "step_delay_s=0.02"], timeout_s=120
+        )
         outgoing: asyncio.Queue[pb.StreamRequest | None] = asyncio.Queue()
 
         async def requests():

@@ -30,9 +30,9 @@ from sluice.worker.in_process import InProcessEngineClient
 from sluice.worker.proto import engine_pb2_grpc as pb_grpc
 from sluice.worker.spawn import LocalWorker, spawn_local_worker
 from sluice.worker.worker_main import BUNDLED_NAME
+from tests.paths import ROOT
 from tests.server_process import free_port, start_worker
 
-from tests.paths import ROOT
 TINY_ARGS = ["--kv-cache-gib", "0.05"]
 
 
@@ -50,7 +50,9 @@ def _req(rid: str, n: int = 12, max_tokens: int = 20, **kw) -> GenerationRequest
     return GenerationRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **kw))
 
 
-async def _collect(client: EngineClient, req: GenerationRequest, seen: list[GenerationEvent] | None = None) -> tuple[list[int], str]:
+async def _collect(
+    client: EngineClient, req: GenerationRequest, seen: list[GenerationEvent] | None = None
+) -> tuple[list[int], str]:
     tokens, text = [], ""
     async for ev in client.generate(req):
         if seen is not None:
@@ -233,8 +235,9 @@ def test_sigterm_mid_stream_ends_it_and_exits_0(tiny_llama_dir):
     # 20 ms per step: the 480-token stream lasts ≥ 9.6 s however fast the machine, so the
     # SIGTERM after its third event provably lands mid-stream
     async def run():
-        worker = await spawn_local_worker(str(tiny_llama_dir), engine_args=[*TINY_ARGS, "--fault-injection", "step_delay_s=0.02"],
-                                          timeout_s=120)
+        worker = await spawn_local_worker(
+            str(tiny_llama_dir), engine_args=[*TINY_ARGS, "--fault-injection", "step_delay_s=0.02"], timeout_s=120
+        )
         client = GrpcEngineClient(worker.address)
         try:
             events: list[GenerationEvent] = []
@@ -279,8 +282,18 @@ def test_bundled_worker_reports_loading_then_ready_and_matches_the_engine(bundle
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             # load_delay_s: "loading" lasts at least 2 s, so it is seen however fast the load is
-            [sys.executable, "-m", "sluice.cli", "worker", "--listen", address, "--kv-cache-gib", "0.1",
-             "--fault-injection", "load_delay_s=2"],
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "worker",
+                "--listen",
+                address,
+                "--kv-cache-gib",
+                "0.1",
+                "--fault-injection",
+                "load_delay_s=2",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -337,10 +350,18 @@ def test_committed_stubs_are_current(tmp_path):
 
     src = ROOT / "src"
     rc = protoc.main(
-        ["protoc", f"-I{src}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}",
-         str(src / "sluice/worker/proto/engine.proto")]
+        [
+            "protoc",
+            f"-I{src}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            str(src / "sluice/worker/proto/engine.proto"),
+        ]
     )
     assert rc == 0
     for name in ("engine_pb2.py", "engine_pb2.pyi", "engine_pb2_grpc.py"):
         fresh = tmp_path / "sluice/worker/proto" / name
-        assert filecmp.cmp(fresh, src / "sluice/worker/proto" / name, shallow=False), f"{name} is stale: run `make proto`"
+        assert filecmp.cmp(fresh, src / "sluice/worker/proto" / name, shallow=False), (
+            f"{name} is stale: run `make proto`"
+        )

@@ -58,7 +58,9 @@ def _long(rid: str, max_tokens: int) -> GenerationRequest:
     return GenerationRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
 
 
-async def _collect(client: GrpcEngineClient, req: GenerationRequest, first: asyncio.Event) -> tuple[int, FinishReason | None]:
+async def _collect(
+    client: GrpcEngineClient, req: GenerationRequest, first: asyncio.Event
+) -> tuple[int, FinishReason | None]:
     tokens, reason = 0, None
     async for ev in client.generate(req):
         first.set()
@@ -74,8 +76,19 @@ def test_sigusr1_drains_running_streams_then_exits(tiny_llama_dir):
     # 40 ms per engine step (the step_delay_s fault): the last two streams provably outlast the
     # drain's checks below (>= 2 x 120 steps = 9.6 s after the first token), however fast the
     # machine — the tiny model alone decoded all three before the checks ended on a quiet one.
-    proc = start_worker(address, ["--model", str(tiny_llama_dir), "--kv-cache-gib", "0.05", "--max-num-seqs", "1",
-                                  "--fault-injection", "step_delay_s=0.04"])
+    proc = start_worker(
+        address,
+        [
+            "--model",
+            str(tiny_llama_dir),
+            "--kv-cache-gib",
+            "0.05",
+            "--max-num-seqs",
+            "1",
+            "--fault-injection",
+            "step_delay_s=0.04",
+        ],
+    )
     max_tokens = 120
 
     async def run():

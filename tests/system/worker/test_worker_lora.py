@@ -33,7 +33,9 @@ def adapter(tiny_llama_dir, tmp_path_factory):
 
 
 def _req(rid: str, adapter: AdapterRef | None) -> GenerationRequest:
-    return GenerationRequest(rid, PROMPT, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), adapter=adapter)
+    return GenerationRequest(
+        rid, PROMPT, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), adapter=adapter
+    )
 
 
 async def _ready(client: GrpcEngineClient) -> None:
@@ -60,6 +62,7 @@ def test_adapters_over_the_worker_protocol(tiny_llama_dir, adapter, tmp_path):
     address = f"127.0.0.1:{free_port()}"
     worker = start_worker(address, ["--model", str(tiny_llama_dir), "--kv-cache-gib", "0.05"])
     try:
+
         async def run():
             client = GrpcEngineClient(address)
             try:
@@ -74,7 +77,9 @@ def test_adapters_over_the_worker_protocol(tiny_llama_dir, adapter, tmp_path):
                 assert await _tokens(client, _req("a", ref)) == want
                 assert await _tokens(client, _req("b", None)) == base
                 stats = await client.stats()
-                assert stats.lora_resident == ["a1"] and stats.max_loras == 8 and stats.lora_resident_bytes == first.bytes
+                assert (
+                    stats.lora_resident == ["a1"] and stats.max_loras == 8 and stats.lora_resident_bytes == first.bytes
+                )
                 assert await client.unload_adapter("a1") == 1
                 assert (await client.stats()).lora_resident == []
                 assert await _tokens(client, _req("c", ref)) == want, "reloaded on demand"
@@ -100,9 +105,11 @@ def test_an_s3_adapter_is_fetched_from_object_storage(tiny_llama_dir, adapter, t
         for f in adapter.iterdir():
             s3.upload_file(str(f), "adapters", f"support/v1/{f.name}")
         address = f"127.0.0.1:{free_port()}"
-        worker = start_worker(address, ["--model", str(tiny_llama_dir), "--kv-cache-gib", "0.05",
-                                        "--lora-s3-endpoint", endpoint])
+        worker = start_worker(
+            address, ["--model", str(tiny_llama_dir), "--kv-cache-gib", "0.05", "--lora-s3-endpoint", endpoint]
+        )
         try:
+
             async def run():
                 client = GrpcEngineClient(address)
                 try:

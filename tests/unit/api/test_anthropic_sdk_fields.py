@@ -50,7 +50,10 @@ def samples(tp: Any, depth: int = 0) -> list[Any]:
         return list(args)
     if origin in (dict, collections.abc.Mapping):
         return [{"k": "v"}]
-    if origin in (list, collections.abc.Iterable, collections.abc.Sequence) or getattr(origin, "__name__", "") == "SequenceNotStr":
+    if (
+        origin in (list, collections.abc.Iterable, collections.abc.Sequence)
+        or getattr(origin, "__name__", "") == "SequenceNotStr"
+    ):
         return [[s] for s in samples(args[0], depth + 1)]
     if tp in _SCALARS:
         return [_SCALARS[tp]]
@@ -99,8 +102,10 @@ def test_every_documented_tool_field_is_accepted(tool):
         tool_specs(_parse(_body(tools=[{**tool, "not_a_field": 1}])).tools)
 
 
-@pytest.mark.parametrize("params, model", [(MessageCreateParamsNonStreaming, MessagesRequest),
-                                           (MessageCountTokensParams, CountTokensRequest)])
+@pytest.mark.parametrize(
+    "params, model",
+    [(MessageCreateParamsNonStreaming, MessagesRequest), (MessageCountTokensParams, CountTokensRequest)],
+)
 def test_every_documented_top_level_field_is_a_field(params, model):
     missing = set(typing.get_type_hints(params)) - set(model.model_fields) - HEADER_ONLY
     assert not missing, f"{model.__name__} lacks {sorted(missing)}"

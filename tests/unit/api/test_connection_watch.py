@@ -94,7 +94,6 @@ def test_a_slow_reader_and_an_idle_peer_are_not_cut():
     asyncio.run(run())
 
 
-
 def test_a_request_sent_before_the_header_deadline_is_served_however_busy_the_loop():
     """Between reading sockets and running due timers the loop runs callbacks; one that holds it
     past a connection's header deadline (a busy process, starved of the CPU) used to leave that

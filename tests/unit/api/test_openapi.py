@@ -46,25 +46,62 @@ def test_served_by_default_and_off_with_the_setting():
 def test_every_route_is_documented_with_its_body_and_error_shape(doc):
     documented = {f"{m.upper()} {p}" for p, ops in doc["paths"].items() for m in ops}
     assert documented == {
-        "GET /health", "GET /ready", "GET /metrics", "POST /v1/messages", "POST /v1/messages/count_tokens",
-        "GET /v1/models", "GET /v1/models/{model_id}", "GET /v1/messages/{message_id}/stream",
-        "POST /v1/chat/completions", "POST /v1/completions", "POST /tokenize", "POST /detokenize", "POST /v1/messages/batches", "GET /v1/messages/batches",
-        "GET /v1/messages/batches/{batch_id}", "POST /v1/messages/batches/{batch_id}/cancel",
-        "DELETE /v1/messages/batches/{batch_id}", "GET /v1/messages/batches/{batch_id}/results", "GET /admin/fleet",
-        "PUT /admin/fleet/models/{model}/weights", "POST /admin/fleet/models/{model}/rollout",
-        "POST /admin/fleet/models/{model}/rollback", "POST /admin/fleet/reload",
-        "GET /admin/fleet/adapters", "POST /admin/fleet/adapters", "DELETE /admin/fleet/adapters/{name}",
-        "POST /v1/load_lora_adapter", "POST /v1/unload_lora_adapter",
+        "GET /health",
+        "GET /ready",
+        "GET /metrics",
+        "POST /v1/messages",
+        "POST /v1/messages/count_tokens",
+        "GET /v1/models",
+        "GET /v1/models/{model_id}",
+        "GET /v1/messages/{message_id}/stream",
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "POST /tokenize",
+        "POST /detokenize",
+        "POST /v1/messages/batches",
+        "GET /v1/messages/batches",
+        "GET /v1/messages/batches/{batch_id}",
+        "POST /v1/messages/batches/{batch_id}/cancel",
+        "DELETE /v1/messages/batches/{batch_id}",
+        "GET /v1/messages/batches/{batch_id}/results",
+        "GET /admin/fleet",
+        "PUT /admin/fleet/models/{model}/weights",
+        "POST /admin/fleet/models/{model}/rollout",
+        "POST /admin/fleet/models/{model}/rollback",
+        "POST /admin/fleet/reload",
+        "GET /admin/fleet/adapters",
+        "POST /admin/fleet/adapters",
+        "DELETE /admin/fleet/adapters/{name}",
+        "POST /v1/load_lora_adapter",
+        "POST /v1/unload_lora_adapter",
     }
-    bodies = {"/v1/messages": "MessagesRequest", "/v1/messages/count_tokens": "CountTokensRequest",
-              "/v1/messages/batches": "BatchCreate", "/v1/chat/completions": "ChatCompletionRequest",
-              "/v1/completions": "CompletionRequest", "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
+    bodies = {
+        "/v1/messages": "MessagesRequest",
+        "/v1/messages/count_tokens": "CountTokensRequest",
+        "/v1/messages/batches": "BatchCreate",
+        "/v1/chat/completions": "ChatCompletionRequest",
+        "/v1/completions": "CompletionRequest",
+        "/tokenize": "TokenizeRequest",
+        "/detokenize": "DetokenizeRequest",
+    }
     for path, model in bodies.items():
         op = doc["paths"][path]["post"]
         assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/" + model)
     for path, ops in doc["paths"].items():
-        family = "OpenAIError" if path.startswith(("/v1/chat/", "/v1/completions", "/tokenize", "/detokenize",
-                                                   "/v1/load_lora_adapter", "/v1/unload_lora_adapter")) else "AnthropicError"
+        family = (
+            "OpenAIError"
+            if path.startswith(
+                (
+                    "/v1/chat/",
+                    "/v1/completions",
+                    "/tokenize",
+                    "/detokenize",
+                    "/v1/load_lora_adapter",
+                    "/v1/unload_lora_adapter",
+                )
+            )
+            else "AnthropicError"
+        )
         for op in ops.values():
             assert "422" not in op["responses"] or path in ("/v1/messages", "/v1/chat/completions", "/v1/completions")
             for status, response in op["responses"].items():
@@ -76,11 +113,22 @@ def test_every_route_is_documented_with_its_body_and_error_shape(doc):
 
 def test_body_schemas_are_the_validating_models(doc):
     schemas = doc["components"]["schemas"]
-    for model in (MessagesRequest, ChatCompletionRequest, BatchCreate, CompletionRequest, TokenizeRequest, DetokenizeRequest):
+    for model in (
+        MessagesRequest,
+        ChatCompletionRequest,
+        BatchCreate,
+        CompletionRequest,
+        TokenizeRequest,
+        DetokenizeRequest,
+    ):
         assert set(schemas[model.__name__]["properties"]) == set(model.model_fields)
         assert schemas[model.__name__]["additionalProperties"] is False  # unknown fields are a 400
     assert schemas["MessagesRequest"]["properties"]["max_tokens"] == {
-        "maximum": 2**31 - 1, "minimum": 0, "title": "Max Tokens", "type": "integer"}
+        "maximum": 2**31 - 1,
+        "minimum": 0,
+        "title": "Max Tokens",
+        "type": "integer",
+    }
     assert schemas["BatchItem"]["properties"]["params"]["$ref"].endswith("/BatchRequestParams")
     lenient = get(unready_app(reject_unknown_fields=False)[0], "/openapi.json")[0].json()["components"]["schemas"]
     assert lenient["MessagesRequest"]["additionalProperties"] is True
@@ -98,6 +146,7 @@ def test_every_schema_is_valid_json_schema_with_no_pydantic_only_keywords(doc):
 
 def test_an_integral_number_is_an_integer(tiny_llama_dir):
     """Found by the fuzz test: JSON Schema calls 8.0 an integer, the strict models refused it."""
+
     async def run():
         app, _, _ = await scripted_app(tiny_llama_dir)
         async with client(app) as c:
@@ -112,6 +161,7 @@ def test_an_integral_number_is_an_integer(tiny_llama_dir):
 
 def test_a_batch_item_that_breaks_a_messages_rule_is_refused_at_create(tiny_llama_dir):
     """Found by the fuzz test: an item with an empty text block was accepted, to fail later."""
+
     async def run():
         app, _, _ = await scripted_app(tiny_llama_dir)
         item = {**BODY, "system": [{"type": "text", "text": ""}]}

@@ -35,12 +35,17 @@ RANDOM = os.environ.get("SLUICE_FUZZ_RANDOM") == "1"  # make fuzz: a new seed ea
 # guard see the fuzzed text.
 APP, RUNTIME = unready_app(safety=True)
 SERVED = ReadyOnFirstRequest(APP, RUNTIME)
-schema = schemathesis.openapi.from_dict(APP.openapi(), config=schemathesis.Config.from_dict({
-    # extra parameters are not "invalid": HTTP servers take headers they do not know
-    "generation": {"mode": "all", "max-examples": EXAMPLES, "allow-extra-parameters": False},
-    "phases": {"examples": {"enabled": False}, "stateful": {"enabled": False}},
-    "max-stream-events": 64,
-}))
+schema = schemathesis.openapi.from_dict(
+    APP.openapi(),
+    config=schemathesis.Config.from_dict(
+        {
+            # extra parameters are not "invalid": HTTP servers take headers they do not know
+            "generation": {"mode": "all", "max-examples": EXAMPLES, "allow-extra-parameters": False},
+            "phases": {"examples": {"enabled": False}, "stateful": {"enabled": False}},
+            "max-stream-events": 64,
+        }
+    ),
+)
 schema.app = SERVED
 
 
@@ -71,10 +76,16 @@ def error_shape(ctx, response, case) -> None:
 
 
 CHECKS = [
-    *(getattr(schemathesis.checks, name) for name in (
-        "not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance",
-        "negative_data_rejection",
-    )),
+    *(
+        getattr(schemathesis.checks, name)
+        for name in (
+            "not_a_server_error",
+            "status_code_conformance",
+            "content_type_conformance",
+            "response_schema_conformance",
+            "negative_data_rejection",
+        )
+    ),
     error_shape,
 ]
 
@@ -102,8 +113,9 @@ def aim(case) -> None:
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None, suppress_health_check=list(HealthCheck)
+)
 def test_every_operation_no_5xx_and_error_shapes(case):
     aim(case)
     # a generous bound, not a speed check: on a loaded machine one call may take well over

@@ -64,8 +64,10 @@ def test_the_search_router_uses_the_precedence(headers, right):
     from sluice.search.router.http.front import RouterFront
     from sluice.search.router.runtime import RouterRuntime
 
-    cfg = parse_config(f'[search]\napi_keys = ["{RIGHT}"]\ningest_keys = ["{RIGHT}-ingest"]\n'
-                       '[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
+    cfg = parse_config(
+        f'[search]\napi_keys = ["{RIGHT}"]\ningest_keys = ["{RIGHT}-ingest"]\n'
+        '[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'
+    )
     rt = RouterRuntime(cfg, [["http://127.0.0.1:9"]])  # no shard there: past auth, a search is partial
     client = TestClient(RouterFront(create_router_app(rt), rt))
     assert (client.post("/v1/search", json={"query": "a"}, headers=headers).status_code != 401) is right

@@ -12,12 +12,17 @@ from sluice.common.fault_spec import Fault, FaultGrammar, FaultKind
 from sluice.train import faults as train_faults
 from sluice.train.faults import FaultPoint
 
-GRAMMAR = FaultGrammar("SPEC", ":", (FaultKind("kill", "kill:RANK:STEP[:GROUP]", (int, int, int), optional=1),
-                                     FaultKind("stop", "stop")))
+GRAMMAR = FaultGrammar(
+    "SPEC", ":", (FaultKind("kill", "kill:RANK:STEP[:GROUP]", (int, int, int), optional=1), FaultKind("stop", "stop"))
+)
 
 
 def test_items_convert_in_order_and_optional_arguments_may_be_left_out():
-    assert GRAMMAR.parse(" kill:1:6 ,stop,kill:0:2:1,") == [Fault("kill", (1, 6)), Fault("stop", ()), Fault("kill", (0, 2, 1))]
+    assert GRAMMAR.parse(" kill:1:6 ,stop,kill:0:2:1,") == [
+        Fault("kill", (1, 6)),
+        Fault("stop", ()),
+        Fault("kill", (0, 2, 1)),
+    ]
     assert GRAMMAR.parse(None) == GRAMMAR.parse("") == []
 
 
@@ -48,8 +53,15 @@ def test_a_trainer_reads_the_variable_once_and_without_it_a_step_does_nothing(mo
     trainer = SimpleNamespace(faults=None)  # started without SLUICE_TRAIN_FAULT: the variable set later is not read
     Trainer._fault(trainer, FaultPoint.STEP_START, 1)  # type: ignore[arg-type]
     assert fired == []
-    trainer = SimpleNamespace(faults=train_faults.Faults(delay_s=0.5), rank=0, dims=SimpleNamespace(world=1), group=0, run_dir=".",
-                              stop=SimpleNamespace(set=False), ckpt=SimpleNamespace(wait=lambda: None),
-                              model=SimpleNamespace(module=SimpleNamespace(parameters=lambda: [])))
+    trainer = SimpleNamespace(
+        faults=train_faults.Faults(delay_s=0.5),
+        rank=0,
+        dims=SimpleNamespace(world=1),
+        group=0,
+        run_dir=".",
+        stop=SimpleNamespace(set=False),
+        ckpt=SimpleNamespace(wait=lambda: None),
+        model=SimpleNamespace(module=SimpleNamespace(parameters=lambda: [])),
+    )
     Trainer._fault(trainer, FaultPoint.STEP_START, 1)  # type: ignore[arg-type]
     assert len(fired) == 1 and fired[0][0] == train_faults.Faults(delay_s=0.5)

@@ -29,8 +29,15 @@ TICK = 1 / 64
 # a step boundary with 8 decodes running and one 10-token newcomer that has waited 10 ms; the
 # next arrival is due in 5 ms
 HELD = WindowView(
-    oldest_wait_s=0.010, num_new=1, new_tokens=10, num_restarting=0, num_decodes=8,
-    step_has_prefill=False, room_tokens=100, free_seats=20, next_arrival_s=0.005,
+    oldest_wait_s=0.010,
+    num_new=1,
+    new_tokens=10,
+    num_restarting=0,
+    num_decodes=8,
+    step_has_prefill=False,
+    room_tokens=100,
+    free_seats=20,
+    next_arrival_s=0.005,
 )
 
 
@@ -88,14 +95,14 @@ def test_config_takes_the_flag_string_and_rejects_unknown_modes():
 def new(rid: str, n: int = 6, max_tokens: int = 40) -> GenerationRequest:
     """A prompt of n tokens that shares no prefix block with another request id's."""
     k = sum(map(ord, rid))
-    return GenerationRequest(rid, [(7 * i + 31 * k) % 200 + 3 for i in range(n)], SamplingParams(max_tokens=max_tokens, **GREEDY))
+    return GenerationRequest(
+        rid, [(7 * i + 31 * k) % 200 + 3 for i in range(n)], SamplingParams(max_tokens=max_tokens, **GREEDY)
+    )
 
 
 def decoding_engine(tiny_llama, mode: str, decoders: int = 8, **cfg) -> tuple[LLMEngine, FakeClock]:
     clock = FakeClock()
-    config = EngineConfig(
-        block_size=4, num_kv_blocks=512, batching_window=mode, batching_window_ms=WINDOW_MS, **cfg
-    )
+    config = EngineConfig(block_size=4, num_kv_blocks=512, batching_window=mode, batching_window_ms=WINDOW_MS, **cfg)
     engine = LLMEngine(tiny_llama, config, clock=clock)
     for i in range(decoders):
         engine.add_request(new(f"d{i}", max_tokens=200))
@@ -233,7 +240,9 @@ def test_window_results_are_the_same_tokens(tiny_llama):
 
 # -- batch utilization ------------------------------------------------------------------------------
 def test_utilization_is_the_fullest_limit_of_each_step(tiny_llama):
-    engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=512, max_num_seqs=4, max_num_batched_tokens=32))
+    engine = LLMEngine(
+        tiny_llama, EngineConfig(block_size=4, num_kv_blocks=512, max_num_seqs=4, max_num_batched_tokens=32)
+    )
     for i in range(4):
         engine.add_request(new(f"u{i}", n=8, max_tokens=3))
     engine.step()  # 4 prompts x 8 tokens = the whole budget, and every seat

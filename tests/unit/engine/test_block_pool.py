@@ -30,7 +30,9 @@ _ids = itertools.count()
 
 
 def make_request(tokens: list[int], tenant: str) -> Request:
-    return Request.from_generation_request(GenerationRequest(f"q{next(_ids)}", tokens, SamplingParams(), tenant=tenant), seed=0)
+    return Request.from_generation_request(
+        GenerationRequest(f"q{next(_ids)}", tokens, SamplingParams(), tenant=tenant), seed=0
+    )
 
 
 # A tiny alphabet and a few shared heads make prefix hits (and so shared blocks) common.
@@ -170,7 +172,10 @@ class KVMachine(RuleBasedStateMachine):
             table = self.kv.tables[req.request_id]
             assert len(table) == -(-req.num_computed_tokens // BLOCK)
             for p in range(req.num_computed_tokens):
-                assert self.slots[(table[p // BLOCK].block_id, p % BLOCK)] == (req.tenant, tuple(req.all_token_ids[: p + 1]))
+                assert self.slots[(table[p // BLOCK].block_id, p % BLOCK)] == (
+                    req.tenant,
+                    tuple(req.all_token_ids[: p + 1]),
+                )
             for i, block in enumerate(table[: req.num_computed_tokens // BLOCK]):
                 if block.block_hash is not None:  # a held block still carries this request's chain
                     assert block.block_hash == req.block_hashes[i]

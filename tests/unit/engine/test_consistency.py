@@ -15,7 +15,16 @@ TARGET = "Describe how rain forms, from evaporation to the drops that fall, in a
 OTHERS = [
     f"Give me {n} ideas for a {topic} and explain the best one briefly."
     for n in (2, 3, 4, 5)
-    for topic in ("birthday party", "garden", "weekend trip", "science fair project", "short story", "team lunch", "podcast", "mobile app")
+    for topic in (
+        "birthday party",
+        "garden",
+        "weekend trip",
+        "science fair project",
+        "short story",
+        "team lunch",
+        "podcast",
+        "mobile app",
+    )
 ][:31]
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0)
@@ -109,11 +118,28 @@ def test_a_resumed_generation_continues_exactly(bundled, hf_bundled, alone, spli
     prompt, greedy, seeded = alone
     engine = LLMEngine(bundled, EngineConfig(num_kv_blocks=64))
     for label, params, full in (("greedy", GREEDY, greedy), ("seeded", SEEDED, seeded)):
-        first = engine.generate([GenerationRequest("a", prompt, SamplingParams(**{
-            **{f: getattr(params, f) for f in ("temperature", "top_p", "top_k", "seed")}, "max_tokens": split}))])["a"]
+        first = engine.generate(
+            [
+                GenerationRequest(
+                    "a",
+                    prompt,
+                    SamplingParams(
+                        **{
+                            **{f: getattr(params, f) for f in ("temperature", "top_p", "top_k", "seed")},
+                            "max_tokens": split,
+                        }
+                    ),
+                )
+            ]
+        )["a"]
         assert first.token_ids == full[:split]
-        rest = engine.generate([GenerationRequest("b", prompt, params, resumed_output_ids=first.token_ids,
-                                                  resumed_text_chars=len(first.text))])["b"]
+        rest = engine.generate(
+            [
+                GenerationRequest(
+                    "b", prompt, params, resumed_output_ids=first.token_ids, resumed_text_chars=len(first.text)
+                )
+            ]
+        )["b"]
         _assert_same(hf_bundled, prompt, full, first.token_ids + rest.token_ids, f"{label} resumed at {split}")
         whole = engine.generate([GenerationRequest("c", prompt, params)])["c"]
         if first.token_ids + rest.token_ids == whole.token_ids:

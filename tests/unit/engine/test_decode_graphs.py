@@ -88,12 +88,15 @@ def test_an_engine_run_through_the_graph_path_matches_transformers():
     loaded = load_random_model("tiny", state=state)
     hf = hf_model("tiny", state)
     engine = LLMEngine(loaded, EngineConfig(block_size=4, max_num_batched_tokens=32, num_kv_blocks=512, max_num_seqs=8))
-    graphs = engine.runner.graphs = DecodeGraphs(loaded.model, engine.runner.kv_caches, 4, 8,
-                                                 -(-engine.max_model_len // 4), capture=EagerReplay)
+    graphs = engine.runner.graphs = DecodeGraphs(
+        loaded.model, engine.runner.kv_caches, 4, 8, -(-engine.max_model_len // 4), capture=EagerReplay
+    )
     prompts = [[3 + (7 * i + j * 13) % 500 for j in range(n)] for i, n in enumerate([5, 17, 40, 63, 90])]
     lengths = [40, 20, 30, 8, 24]
-    reqs = [GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0))
-            for i, (p, m) in enumerate(zip(prompts, lengths))]
+    reqs = [
+        GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0))
+        for i, (p, m) in enumerate(zip(prompts, lengths))
+    ]
     results = engine.generate(reqs)
     assert graphs.replays > 30
     assert len({b for b, _ in graphs.graphs}) >= 3 and {w for _, w in graphs.graphs} >= {16, 32}
@@ -109,8 +112,10 @@ def test_a_failed_capture_turns_graphs_off_and_every_step_runs_eagerly():
         raise RuntimeError("capture refused")
 
     def greedy(engine: LLMEngine) -> list[list[int]]:
-        reqs = [GenerationRequest(f"r{i}", [5 + i, 9, 11 + 2 * i], SamplingParams(max_tokens=6, temperature=0.0))
-                for i in range(3)]
+        reqs = [
+            GenerationRequest(f"r{i}", [5 + i, 9, 11 + 2 * i], SamplingParams(max_tokens=6, temperature=0.0))
+            for i in range(3)
+        ]
         results = engine.generate(reqs)
         return [results[r.request_id].token_ids for r in reqs]
 

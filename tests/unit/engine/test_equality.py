@@ -50,8 +50,11 @@ EXTRA_PROMPTS = [
     (None, "What is 17 times 23? Show the steps."),
     (None, "List five fruits that are red, one per line."),
     (None, "Écris une phrase en français sur la mer."),
-    ("You are a helpful assistant. Always answer politely, keep answers short, avoid jargon, and if you do "
-     "not know something, say so plainly instead of guessing.", "Why is the sky blue?"),
+    (
+        "You are a helpful assistant. Always answer politely, keep answers short, avoid jargon, and if you do "
+        "not know something, say so plainly instead of guessing.",
+        "Why is the sky blue?",
+    ),
     (None, "Summarize the plot of Romeo and Juliet in two sentences."),
     (None, "Continue the sequence: 2, 4, 8, 16,"),
 ]

@@ -12,10 +12,22 @@ from sluice.engine.engine import LLMEngine
 from sluice.types import GenerationRequest, SamplingParams
 from tests.cpu import has_avx2
 
-PROMPTS = ["Describe how rain forms.", "List three uses of copper.", "Write a haiku about owls.",
-           "What is a prime number?", "Explain what a library does.", "Say hello in French.",
-           "Name two rivers.", "Why is the sky blue?", "Count to five.", "What do bees make?",
-           "Describe a violin.", "What is chess?", "Give a tip for sleep.", "Define gravity."]
+PROMPTS = [
+    "Describe how rain forms.",
+    "List three uses of copper.",
+    "Write a haiku about owls.",
+    "What is a prime number?",
+    "Explain what a library does.",
+    "Say hello in French.",
+    "Name two rivers.",
+    "Why is the sky blue?",
+    "Count to five.",
+    "What do bees make?",
+    "Describe a violin.",
+    "What is chess?",
+    "Give a tip for sleep.",
+    "Define gravity.",
+]
 GREEDY = 12  # the other two rows need every logit: few enough for the greedy head to take the step
 
 
@@ -23,10 +35,14 @@ def _requests(loaded) -> list[GenerationRequest]:
     ids = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     reqs = [GenerationRequest(f"g{i}", p, greedy) for i, p in enumerate(ids[:GREEDY])]
-    reqs.append(GenerationRequest("lp", ids[GREEDY], SamplingParams(max_tokens=24, temperature=0.0, logprobs=3,
-                                                                    ignore_eos=True)))
-    reqs.append(GenerationRequest("s", ids[GREEDY + 1], SamplingParams(max_tokens=24, temperature=0.8, seed=7,
-                                                                       ignore_eos=True)))
+    reqs.append(
+        GenerationRequest(
+            "lp", ids[GREEDY], SamplingParams(max_tokens=24, temperature=0.0, logprobs=3, ignore_eos=True)
+        )
+    )
+    reqs.append(
+        GenerationRequest("s", ids[GREEDY + 1], SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True))
+    )
     return reqs
 
 

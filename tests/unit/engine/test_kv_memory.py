@@ -24,7 +24,9 @@ from sluice.engine.kv_memory import GIB, PoolSizing, kv_bytes_per_block, lazy_ze
 from sluice.types import GenerationRequest, SamplingParams
 
 MIB = 2**20
-needs_proc = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="resident memory is read from /proc (Linux)")
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="resident memory is read from /proc (Linux)"
+)
 
 
 def rss_bytes() -> int:
@@ -61,7 +63,10 @@ def test_auto_size_is_capped_at_a_share_of_available_memory():
 
 
 def test_idle_budget_in_blocks():
-    assert plan_kv_pool(EngineConfig(num_kv_blocks=10, kv_idle_gib=0.001), 1000, 64, no_probe).max_idle_blocks == int(0.001 * GIB) // 1000
+    assert (
+        plan_kv_pool(EngineConfig(num_kv_blocks=10, kv_idle_gib=0.001), 1000, 64, no_probe).max_idle_blocks
+        == int(0.001 * GIB) // 1000
+    )
     assert plan_kv_pool(EngineConfig(num_kv_blocks=10, kv_idle_gib=None), 1000, 64, no_probe).max_idle_blocks is None
 
 
@@ -203,7 +208,10 @@ class IdleBoundedKVMachine(block_pool_tests.KVMachine):
         # ids that depend on earlier examples ("q9" < "q10" flips) make hypothesis replays differ
         block_pool_tests._ids = itertools.count()
         self.kv = KVCacheManager(
-            block_pool_tests.NUM_BLOCKS, block_pool_tests.BLOCK, enable_prefix_caching=True, max_idle_blocks=self.MAX_IDLE
+            block_pool_tests.NUM_BLOCKS,
+            block_pool_tests.BLOCK,
+            enable_prefix_caching=True,
+            max_idle_blocks=self.MAX_IDLE,
         )
         self.handed_out: set[int] = set()
         self.peak_held = 0
@@ -233,7 +241,9 @@ class IdleBoundedKVMachine(block_pool_tests.KVMachine):
             assert end == top and first < end
             released = set(range(first, end))
             assert not released & held  # only free blocks go
-            self.lru = sorted(released) + [b for b in self.lru if b not in released]  # the never-used head run, in id order
+            self.lru = sorted(released) + [
+                b for b in self.lru if b not in released
+            ]  # the never-used head run, in id order
             self.handed_out -= released
             for key in [k for k in self.slots if k[0] in released]:
                 del self.slots[key]  # their memory reads as zeros: a prefix hit on them would fail admit's check
@@ -281,6 +291,7 @@ def test_the_async_loop_releases_memory_once_idle(tiny_llama):
         async def one(i: int) -> None:
             async for _ in engine.generate(GenerationRequest(f"s{i}", [3 + i] * 10, params)):
                 pass
+
         await asyncio.gather(*(one(i) for i in range(3)))
 
     try:

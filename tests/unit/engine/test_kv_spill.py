@@ -129,7 +129,9 @@ def test_without_the_tier_the_idle_budget_stays_resident(tiny_llama, tmp_path: P
     assert out.usage.cached_tokens == 28  # from the resident cache
 
 
-def test_a_failing_spill_file_turns_the_tier_off_and_the_request_computes(tiny_llama, tmp_path: Path, caplog, monkeypatch):
+def test_a_failing_spill_file_turns_the_tier_off_and_the_request_computes(
+    tiny_llama, tmp_path: Path, caplog, monkeypatch
+):
     prompt = [3 + (i * 5) % 40 for i in range(30)]
     engine = spill_engine(tiny_llama, tmp_path)
     expected = engine.generate([GenerationRequest("a", prompt + [7], GREEDY)])["a"].token_ids

@@ -50,8 +50,12 @@ def _events(engine: LLMEngine, req: GenerationRequest):
 
 
 def test_prompt_and_output_logprobs_equal_transformers(engine, prompt, hf_bundled):
-    events = _events(engine, GenerationRequest("a", prompt, SamplingParams(
-        max_tokens=5, temperature=0.0, logprobs=3, prompt_logprobs=2, ignore_eos=True)))
+    events = _events(
+        engine,
+        GenerationRequest(
+            "a", prompt, SamplingParams(max_tokens=5, temperature=0.0, logprobs=3, prompt_logprobs=2, ignore_eos=True)
+        ),
+    )
     output = [t for e in events for t in e.token_ids]
     scored = [lp for e in events for lp in e.logprobs]
     assert [lp.token_id for lp in scored] == output
@@ -93,7 +97,8 @@ def test_prompt_logprobs_are_never_served_from_the_prefix_cache(engine, prompt):
     assert plain.usage.cached_tokens > 0  # the blocks are cached: only the asking request skips them
     assert plain.logprobs == [] and plain.prompt_logprobs is None
     assert [lp.logprob if lp else None for lp in first.prompt_logprobs] == [
-        lp.logprob if lp else None for lp in again.prompt_logprobs]
+        lp.logprob if lp else None for lp in again.prompt_logprobs
+    ]
 
 
 def test_logprobs_are_from_before_the_grammar_mask(engine, bundled, hf_bundled):
@@ -101,8 +106,9 @@ def test_logprobs_are_from_before_the_grammar_mask(engine, bundled, hf_bundled):
     from sluice.types import GuidedDecoding, GuidedKind
 
     prompt = bundled.tokenizer.encode("Write a haiku about the sea.")
-    out = _run(engine, "g", prompt, max_tokens=4, temperature=0.0, logprobs=1,
-               guided=GuidedDecoding(GuidedKind.JSON_OBJECT))
+    out = _run(
+        engine, "g", prompt, max_tokens=4, temperature=0.0, logprobs=1, guided=GuidedDecoding(GuidedKind.JSON_OBJECT)
+    )
     ref = _reference(hf_bundled, prompt + out.token_ids)
     assert out.text.startswith("{")
     for j, lp in enumerate(out.logprobs):

@@ -40,8 +40,9 @@ def adapters(hf, tmp_path_factory):
     return {
         "a1": peft_adapter(hf, root / "a1", rank=8, seed=1, std=0.2),
         "a2": peft_adapter(hf, root / "a2", rank=4, seed=2, std=0.3, targets=("q_proj", "v_proj"), use_rslora=True),
-        "a3": peft_adapter(hf, root / "a3", rank=16, alpha=8, seed=3, std=0.15,
-                           targets=("o_proj", "gate_proj", "up_proj", "down_proj")),
+        "a3": peft_adapter(
+            hf, root / "a3", rank=16, alpha=8, seed=3, std=0.15, targets=("o_proj", "gate_proj", "up_proj", "down_proj")
+        ),
     }
 
 
@@ -54,7 +55,9 @@ def references(hf, adapters):
 def _request(i: int, adapters, name: str | None = None, **kw) -> GenerationRequest:
     name = PLAN[i] if name is None else name
     ref = AdapterRef(name, str(adapters[name])) if name else None
-    return GenerationRequest(f"r{i}-{name}", PROMPTS[i], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0), adapter=ref, **kw)
+    return GenerationRequest(
+        f"r{i}-{name}", PROMPTS[i], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0), adapter=ref, **kw
+    )
 
 
 def _engine(folder, kernels: str, **config) -> LLMEngine:
@@ -83,8 +86,14 @@ def test_exact_while_requests_come_go_and_are_preempted(kernels, tiny_llama_dir,
     first, later = [0, 2, 3, 6], [1, 4, 5]
     for i in first:
         engine.add_request(_request(i, adapters))
-    engine.add_request(GenerationRequest("doomed", PROMPTS[5], SamplingParams(max_tokens=40, temperature=0.0),
-                                         adapter=AdapterRef("a2", str(adapters["a2"]))))
+    engine.add_request(
+        GenerationRequest(
+            "doomed",
+            PROMPTS[5],
+            SamplingParams(max_tokens=40, temperature=0.0),
+            adapter=AdapterRef("a2", str(adapters["a2"])),
+        )
+    )
     steps = 0
     while engine.has_unfinished():
         if steps == 3:
@@ -129,8 +138,10 @@ def test_at_most_max_loras_adapters_run_at_once(tiny_llama_dir, adapters):
         out = engine.scheduler.schedule()
         distinct = {c.request.adapter for c in out.chunks if c.request.adapter is not None}
         assert len(distinct) <= 2 and len(out.adapters) == len(distinct)
-        assert all(c.lora_slot == (-1 if c.request.adapter is None else out.adapters.index(c.request.adapter))
-                   for c in out.chunks)
+        assert all(
+            c.lora_slot == (-1 if c.request.adapter is None else out.adapters.index(c.request.adapter))
+            for c in out.chunks
+        )
         seen = max(seen, len(distinct))
         sampled = engine._execute(out)
         for chunk in out.chunks:
@@ -191,22 +202,28 @@ def _damaged(tmp_path, adapters, how: str):
     return folder
 
 
-@pytest.mark.parametrize("how, message", [
-    ("bad_json", "not valid JSON"),
-    ("no_weights", "adapter_model.safetensors is missing"),
-    ("truncated", "not a readable safetensors file"),
-    ("rank_mismatch", "rank mismatch"),
-    ("unknown_target", "'lm_head' is not a linear of this base model"),
-    ("wrong_shape", "do not fit the base model's q_proj"),
-    ("dora", "DoRA"),
-    ("nan", "down_proj.lora_A.weight' holds non-finite values"),
-])
-def test_a_damaged_adapter_is_refused_and_the_engine_keeps_serving(how, message, tiny_llama_dir, adapters,
-                                                                   references, tmp_path):
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("bad_json", "not valid JSON"),
+        ("no_weights", "adapter_model.safetensors is missing"),
+        ("truncated", "not a readable safetensors file"),
+        ("rank_mismatch", "rank mismatch"),
+        ("unknown_target", "'lm_head' is not a linear of this base model"),
+        ("wrong_shape", "do not fit the base model's q_proj"),
+        ("dora", "DoRA"),
+        ("nan", "down_proj.lora_A.weight' holds non-finite values"),
+    ],
+)
+def test_a_damaged_adapter_is_refused_and_the_engine_keeps_serving(
+    how, message, tiny_llama_dir, adapters, references, tmp_path
+):
     engine = _engine(tiny_llama_dir, "auto")
     bad = _damaged(tmp_path, adapters, how)
     with pytest.raises(AdapterError, match=message):
-        engine.add_request(GenerationRequest("bad", PROMPTS[0], SamplingParams(max_tokens=4), adapter=AdapterRef("bad", str(bad))))
+        engine.add_request(
+            GenerationRequest("bad", PROMPTS[0], SamplingParams(max_tokens=4), adapter=AdapterRef("bad", str(bad)))
+        )
     assert not engine.has_unfinished() and engine.adapters.resident() == []
     r = _request(1, adapters)
     assert compare(references[1], engine.generate([r])[r.request_id].token_ids, "after a refusal") is None

@@ -35,10 +35,12 @@ def lora_setup(hf_bundled, tmp_path_factory):
     root = tmp_path_factory.mktemp("bundled-adapters")
     folders = {
         "wide": peft_adapter(hf_bundled, root / "wide", rank=16, alpha=32, seed=11, std=0.02),
-        "narrow": peft_adapter(hf_bundled, root / "narrow", rank=8, alpha=16, seed=12, std=0.04,
-                               targets=("q_proj", "v_proj")),
-        "mlp": peft_adapter(hf_bundled, root / "mlp", rank=4, alpha=8, seed=13, std=0.03,
-                            targets=("gate_proj", "up_proj", "down_proj")),
+        "narrow": peft_adapter(
+            hf_bundled, root / "narrow", rank=8, alpha=16, seed=12, std=0.04, targets=("q_proj", "v_proj")
+        ),
+        "mlp": peft_adapter(
+            hf_bundled, root / "mlp", rank=4, alpha=8, seed=13, std=0.03, targets=("gate_proj", "up_proj", "down_proj")
+        ),
     }
     return folders, peft_multi(hf_bundled, folders)
 
@@ -52,8 +54,12 @@ def test_bundled_model_with_three_adapters_matches_peft(bundled_on_path, lora_se
 
     def request(i: int) -> GenerationRequest:
         name = PLAN[i]
-        return GenerationRequest(f"r{i}", prompts[i], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
-                                 adapter=AdapterRef(name, str(folders[name])) if name else None)
+        return GenerationRequest(
+            f"r{i}",
+            prompts[i],
+            SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
+            adapter=AdapterRef(name, str(folders[name])) if name else None,
+        )
 
     got: dict[str, list[int]] = {}
     for i in range(5):

@@ -43,9 +43,13 @@ def engine_with_recorder(model, **cfg) -> tuple[LLMEngine, Recorder]:
     return engine, rec
 
 
-def req(rid: str, n: int, max_tokens: int = 12, priority: int = 0, tenant: str = "", start: int = 3) -> GenerationRequest:
+def req(
+    rid: str, n: int, max_tokens: int = 12, priority: int = 0, tenant: str = "", start: int = 3
+) -> GenerationRequest:
     prompt = [(start + 5 * i + len(rid)) % 200 + 3 for i in range(n)]
-    return GenerationRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, **GREEDY), priority=priority, tenant=tenant)
+    return GenerationRequest(
+        rid, prompt, SamplingParams(max_tokens=max_tokens, **GREEDY), priority=priority, tenant=tenant
+    )
 
 
 def alone(model, r: GenerationRequest) -> list[int]:
@@ -222,7 +226,9 @@ def test_kv_waste_counts_unfilled_table_tails(tiny_llama):
     engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=256))
     shared = [9, 8, 7, 6, 5, 4, 3, 2]  # two full shared blocks: sharing must not hide the tails
     for i in range(5):
-        engine.add_request(GenerationRequest(f"w{i}", shared + [20 + i] * (i + 1), SamplingParams(max_tokens=30, **GREEDY)))
+        engine.add_request(
+            GenerationRequest(f"w{i}", shared + [20 + i] * (i + 1), SamplingParams(max_tokens=30, **GREEDY))
+        )
     for _ in range(3):
         engine.step()
     s = engine.stats()
@@ -257,7 +263,9 @@ def next_token(prefix: list[int]) -> int:
     return (sum((i + 1) * t for i, t in enumerate(prefix)) % 7) + 1
 
 
-def simulate(cfg: EngineConfig, num_blocks: int, reqs: list[SimRequest], fail_at: int | None = None) -> dict[str, list[int]]:
+def simulate(
+    cfg: EngineConfig, num_blocks: int, reqs: list[SimRequest], fail_at: int | None = None
+) -> dict[str, list[int]]:
     """Run `reqs` through a real Scheduler with a shadow KV; assert the per-step invariants.
 
     Returns each finished request's output tokens. `fail_at`: a step whose 'forward' raises, so
@@ -276,7 +284,9 @@ def simulate(cfg: EngineConfig, num_blocks: int, reqs: list[SimRequest], fail_at
     for step in range(max_steps):
         for i, r in enumerate(reqs):
             if r.arrive_at == step:
-                g = GenerationRequest(f"r{i}", r.prompt, SamplingParams(max_tokens=r.max_tokens), priority=r.priority, tenant=r.tenant)
+                g = GenerationRequest(
+                    f"r{i}", r.prompt, SamplingParams(max_tokens=r.max_tokens), priority=r.priority, tenant=r.tenant
+                )
                 req = Request.from_generation_request(g, seed=0)
                 req.arrival_time = float(step)  # arrival order = simulation order
                 live[req.request_id] = req

@@ -109,11 +109,15 @@ def test_limits_bound_the_proposal():
 # -- distribution: verification is plain sampling, token for token -------------------------------
 VOCAB = 5
 # a toy "model": the next-token logits depend on the previous token only
-TRANSITION = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0],
-                           [0.0, 2.5, 0.5, 1.0, 0.0],
-                           [1.0, 1.0, 1.0, 1.0, 1.0],
-                           [-1.0, 0.0, 3.0, 0.5, 0.0],
-                           [0.5, 0.0, 0.0, 2.0, 1.0]])
+TRANSITION = torch.tensor(
+    [
+        [2.0, 1.0, 0.5, 0.0, -1.0],
+        [0.0, 2.5, 0.5, 1.0, 0.0],
+        [1.0, 1.0, 1.0, 1.0, 1.0],
+        [-1.0, 0.0, 3.0, 0.5, 0.0],
+        [0.5, 0.0, 0.0, 2.0, 1.0],
+    ]
+)
 PARAMS = SamplingParams(temperature=0.9, top_k=4)
 
 
@@ -146,6 +150,7 @@ def test_verification_reproduces_plain_sampling_and_its_distribution():
         for proposal in ([0, 0], [1, 1], [0, 1, 2], [3]):  # likely, unlikely and mixed guesses
             assert _speculative(seed, first, steps, proposal) == expect, (seed, proposal)
         plain[tuple(expect[:2])] += 1
+
     # and that shared output follows the model's distribution: two-step paths against p(a) p(b | a)
     # (top_k 4 and temperature applied as the sampler does), a chi-square test on fixed seeds
     def probs(prev: int) -> torch.Tensor:

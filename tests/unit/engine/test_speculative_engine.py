@@ -44,8 +44,12 @@ def _outcome(ev: GenerationEvent) -> tuple:
 def _both(loaded, reqs: list[GenerationRequest], **kw) -> tuple[dict, dict, LLMEngine, LLMEngine]:
     plain_engine, spec_engine = _engine(loaded, 0, **kw), _engine(loaded, SPEC, **kw)
     plain, spec = plain_engine.generate(reqs), spec_engine.generate(reqs)
-    return ({k: _outcome(v) for k, v in plain.items()}, {k: _outcome(v) for k, v in spec.items()},
-            plain_engine, spec_engine)
+    return (
+        {k: _outcome(v) for k, v in plain.items()},
+        {k: _outcome(v) for k, v in spec.items()},
+        plain_engine,
+        spec_engine,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +84,13 @@ def test_same_tokens_greedy_seeded_stops_and_max_tokens_in_one_batch(loaded):
 
 
 def test_grammar_requests_are_exact_and_never_speculate(loaded):
-    schema = json_schema_guidance({
-        "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 20}, "born": {"type": "integer"}},
-        "required": ["name", "born"],
-    })
+    schema = json_schema_guidance(
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 20}, "born": {"type": "integer"}},
+            "required": ["name", "born"],
+        }
+    )
     guided = SamplingParams(max_tokens=16, temperature=0, guided=schema)
     reqs = [GenerationRequest("json", _chat(loaded, REPETITIVE[1]), guided)]
     plain, spec, _, spec_engine = _both(loaded, reqs)
@@ -99,8 +105,14 @@ def test_preemption_and_the_prefix_cache_keep_the_tokens(loaded):
     assert spec == plain and spec_engine.stats().num_preemptions > 0
     assert spec_engine.stats().spec_accepted_tokens > 0
     # a follow-up turn (the prompt + the reply) finds the reply's blocks cached, speculated or not
-    followups = [GenerationRequest(f"f{i}", [*r.prompt_token_ids, *plain[f"p{i}"][0], *r.prompt_token_ids[-3:]],
-                                   SamplingParams(max_tokens=1, temperature=0)) for i, r in enumerate(reqs)]
+    followups = [
+        GenerationRequest(
+            f"f{i}",
+            [*r.prompt_token_ids, *plain[f"p{i}"][0], *r.prompt_token_ids[-3:]],
+            SamplingParams(max_tokens=1, temperature=0),
+        )
+        for i, r in enumerate(reqs)
+    ]
     hits = []
     for engine in (plain_engine, spec_engine):
         engine.generate([reqs[0]])  # alone: nothing preempted, every block of the reply cached

@@ -15,8 +15,14 @@ def make_producer(calls: list[int], n: int = 20, delay: float = 0.005, cancelled
         try:
             for i in range(n):
                 await asyncio.sleep(delay)
-                yield GenerationEvent("r", text=f"t{i} ", token_ids=[i], finished=i == n - 1,
-                                      finish_reason=FinishReason.LENGTH if i == n - 1 else None, usage=Usage(5, i + 1, 0))
+                yield GenerationEvent(
+                    "r",
+                    text=f"t{i} ",
+                    token_ids=[i],
+                    finished=i == n - 1,
+                    finish_reason=FinishReason.LENGTH if i == n - 1 else None,
+                    usage=Usage(5, i + 1, 0),
+                )
         except asyncio.CancelledError:
             if cancelled is not None:
                 cancelled.append(True)
@@ -47,7 +53,10 @@ def test_every_subscriber_gets_the_identical_event_sequence():
 
         async def sub(delay: float) -> list[tuple]:
             await asyncio.sleep(delay)
-            return [(e.text, tuple(e.token_ids), e.finish_reason, e.usage.output_tokens) async for e in c.run("k", make_producer(calls))]
+            return [
+                (e.text, tuple(e.token_ids), e.finish_reason, e.usage.output_tokens)
+                async for e in c.run("k", make_producer(calls))
+            ]
 
         return await asyncio.gather(*(sub(0.003 * i) for i in range(20))), calls
 

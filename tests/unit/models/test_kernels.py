@@ -41,8 +41,12 @@ def _weight(tensors, name: str, rows: int | None = None) -> QuantizedWeight:
 
 # Q4_1 layers of both K (576 and 1536), and the Q8_0 embedding; 50 and 1000 rows are not
 # multiples of the 16-row panel, so the tails are covered too.
-WEIGHTS = [("blk.0.ffn_gate.weight", None), ("blk.3.ffn_down.weight", None), ("blk.1.attn_k.weight", 50),
-           ("token_embd.weight", 1000)]
+WEIGHTS = [
+    ("blk.0.ffn_gate.weight", None),
+    ("blk.3.ffn_down.weight", None),
+    ("blk.1.attn_k.weight", 50),
+    ("token_embd.weight", 1000),
+]
 
 
 def _linear(ops, w: QuantizedWeight, bias=None):
@@ -266,7 +270,9 @@ def _attention_case(ops, batch: int, lens: list[int] | None = None):
         used += nb
     width = max(blocks)
     meta = AttentionMetadata(
-        slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=batch, block_size=bs,
+        slot_mapping=torch.empty(0, dtype=torch.long),
+        num_decodes=batch,
+        block_size=bs,
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         context_lens=torch.tensor(lens, dtype=torch.int32),
     )
@@ -292,7 +298,9 @@ def test_paged_decode_attention_matches_the_torch_backend(ops, window):
         used += nb
     width = max(map(len, tables))
     meta = AttentionMetadata(
-        slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=len(lens), block_size=bs,
+        slot_mapping=torch.empty(0, dtype=torch.long),
+        num_decodes=len(lens),
+        block_size=bs,
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         context_lens=torch.tensor(lens, dtype=torch.int32),
     )
@@ -334,7 +342,9 @@ def test_prefill_rows_through_the_decode_kernel_match_sdpa(ops, window, long_con
         used += nb
     width = max(len(t) for t in tables[:2])
     meta = AttentionMetadata(
-        slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=2, block_size=bs,
+        slot_mapping=torch.empty(0, dtype=torch.long),
+        num_decodes=2,
+        block_size=bs,
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables[:2]], dtype=torch.int32),
         context_lens=torch.tensor(decode_lens, dtype=torch.int32),
     )
@@ -375,7 +385,9 @@ def test_fused_norm_silu_and_rope_match_the_torch_ops(ops):
     torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6)
 
     gu = torch.randn(3, 2 * 1536, generator=g) * 4
-    torch.testing.assert_close(ops.silu_mul(gu), torch.nn.functional.silu(gu[:, :1536]) * gu[:, 1536:], rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(
+        ops.silu_mul(gu), torch.nn.functional.silu(gu[:, :1536]) * gu[:, 1536:], rtol=2e-6, atol=1e-6
+    )
 
     heads, kvh, d = 9, 3, 64
     rope = RotaryTable(d, 256, 10000.0, None)
@@ -421,7 +433,9 @@ def test_the_16_bit_cache_is_the_fp32_cache_rounded_once(ops):
     assert torch.equal(k16, k32.half()) and torch.equal(v16, v32.half())  # round to nearest even, once
     width = max(blocks)
     meta = AttentionMetadata(
-        slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=len(lens), block_size=bs,
+        slot_mapping=torch.empty(0, dtype=torch.long),
+        num_decodes=len(lens),
+        block_size=bs,
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         context_lens=torch.tensor(lens, dtype=torch.int32),
     )

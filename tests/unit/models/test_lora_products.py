@@ -13,8 +13,17 @@ from sluice.models.lora.batch import BASE, LoraBatch
 from sluice.models.lora.weights import FUSED, LoraWeights, Module
 from tests.lora_adapters import random_adapter
 
-CFG = ModelConfig("llama", vocab_size=100, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4,
-                  num_kv_heads=2, head_dim=16, max_position=64)
+CFG = ModelConfig(
+    "llama",
+    vocab_size=100,
+    hidden_size=64,
+    intermediate_size=160,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position=64,
+)
 SIZES = {Module.QKV: (64 + 32 + 32, 64), Module.O: (64, 64), Module.GATE_UP: (320, 64), Module.DOWN: (64, 160)}
 
 
@@ -37,9 +46,11 @@ def _reference(y, x, adapters, slots, layer, module):
 
 
 def _case(seed=0, rows=11):
-    tensors = [random_adapter(CFG, rank=8, seed=1),
-               random_adapter(CFG, rank=4, targets=("q_proj", "v_proj", "down_proj"), seed=2),
-               random_adapter(CFG, rank=16, targets=("k_proj", "o_proj", "up_proj"), seed=3)]
+    tensors = [
+        random_adapter(CFG, rank=8, seed=1),
+        random_adapter(CFG, rank=4, targets=("q_proj", "v_proj", "down_proj"), seed=2),
+        random_adapter(CFG, rank=16, targets=("k_proj", "o_proj", "up_proj"), seed=3),
+    ]
     g = torch.Generator().manual_seed(seed)
     slots = [BASE, 0, 1, 2, 0, BASE, 2, 1, 0, 2, 1][:rows]
     return tensors, slots, g

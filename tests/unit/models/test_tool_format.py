@@ -47,20 +47,38 @@ def test_tools_calls_and_results_are_rendered_into_plain_turns():
     msgs = render_turns(turns, [WEATHER], HERMES, system="Be brief.")
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
     assert msgs[0]["content"].startswith("Be brief.\n\n# Tools")
-    assert json.dumps({"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER.input_schema}}) in msgs[0]["content"]
-    assert msgs[2]["content"] == 'Checking.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert (
+        json.dumps(
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER.input_schema},
+            }
+        )
+        in msgs[0]["content"]
+    )
+    assert (
+        msgs[2]["content"]
+        == 'Checking.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    )
     assert msgs[3]["content"] == "<tool_response>\nrain, 4 C\n</tool_response>\n\nAnd tomorrow?"
 
 
 def test_error_results_are_marked_and_result_role_is_overridable():
     fmt = ToolFormat.from_dict({"result_role": "system", "error_prefix": "FAILED: "})
-    turns = [ChatTurn(Role.ASSISTANT, [ToolCall("t1", "get_weather", {})]), ChatTurn(Role.USER, [ToolResult("t1", "timeout", True)])]
+    turns = [
+        ChatTurn(Role.ASSISTANT, [ToolCall("t1", "get_weather", {})]),
+        ChatTurn(Role.USER, [ToolResult("t1", "timeout", True)]),
+    ]
     msgs = render_turns(turns, [WEATHER], fmt)
     assert msgs[-1] == {"role": "system", "content": "<tool_response>\nFAILED: timeout\n</tool_response>"}
 
 
 def test_a_result_without_its_call_is_refused():
-    turns = [ChatTurn(Role.USER, ["hi"]), ChatTurn(Role.ASSISTANT, ["hello"]), ChatTurn(Role.USER, [ToolResult("toolu_x", "42")])]
+    turns = [
+        ChatTurn(Role.USER, ["hi"]),
+        ChatTurn(Role.ASSISTANT, ["hello"]),
+        ChatTurn(Role.USER, [ToolResult("toolu_x", "42")]),
+    ]
     with pytest.raises(InvalidRequestError, match="toolu_x"):
         render_turns(turns, [WEATHER], HERMES)
 
@@ -156,7 +174,9 @@ def test_call_markup_cut_by_max_tokens_never_comes_out_as_text(sizes):
     # cut after its name: the call ends incomplete (returned with input {}), no text
     pieces = _finish_cut(CALL + '<tool_call>\n{"name": "get_time", "arguments": {"tz', sizes, cut=True)
     assert _text(pieces) == "" and [(e.name, e.complete, e.input) for e in pieces if isinstance(e, ToolCallEnd)] == [
-        ("get_weather", True, {"city": "Oslo"}), ("get_time", False, {})]
+        ("get_weather", True, {"city": "Oslo"}),
+        ("get_time", False, {}),
+    ]
     # a closing tag cut short is layout, dropped
     assert _text(_finish_cut(CALL.strip()[:-3], sizes, cut=True)) == ""
 
@@ -180,7 +200,11 @@ def test_part_by_part_rendering_gives_the_same_text():
     from sluice.models.tools.render import PART_JOIN, part_text, system_text
 
     call = ToolCall("toolu_1", "get_weather", {"city": "Oslo"})
-    turns = [ChatTurn(Role.USER, ["Oslo?"]), ChatTurn(Role.ASSISTANT, ["Checking.", call]), ChatTurn(Role.USER, [ToolResult("toolu_1", "rain")])]
+    turns = [
+        ChatTurn(Role.USER, ["Oslo?"]),
+        ChatTurn(Role.ASSISTANT, ["Checking.", call]),
+        ChatTurn(Role.USER, [ToolResult("toolu_1", "rain")]),
+    ]
     whole = render_turns(turns, [WEATHER], HERMES, system="Be brief.")
     by_part = [{"role": "system", "content": system_text("Be brief.", [WEATHER], HERMES)}]
     by_part += [{"role": t.role.value, "content": PART_JOIN.join(part_text(p, HERMES) for p in t.parts)} for t in turns]

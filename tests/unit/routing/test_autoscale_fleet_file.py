@@ -4,16 +4,13 @@ loads with the real loader."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from sluice.config import load_settings
-from sluice.routing.fleet_file.default_fleet import fleet_from_settings
 from sluice.routing.errors import FleetFileError
+from sluice.routing.fleet_file.default_fleet import fleet_from_settings
 from sluice.routing.fleet_file.loader import load_fleet, parse_fleet
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
-
 from tests.paths import ROOT
 
 BASE = """\
@@ -57,18 +54,44 @@ def test_autoscaling_is_off_by_default():
     assert fleet.autoscaled() == [] and fleet.scaling("m", "v1") is None and fleet.autoscaling is None
 
 
-@pytest.mark.parametrize("old, new, expect", [
-    ("max_workers = 3", 'max_workers = "3"', "<f>:19: models.m.versions.v2.autoscale.max_workers: Input should be a valid integer"),
-    ("interval_s = 0.25", "interval_s = 0", "<f>:2: autoscaling.interval_s: Input should be greater than 0"),
-    ("autoscale = true", "autoscale = 2", "<f>:13: models.m.versions.v1.autoscale: Input should be a valid boolean"),
-    ("max_workers = 3", "scale_down_at = 0.9", "<f>:18: models.m.versions.v2.autoscale: scale_down_at (0.9) must be below"),
-    ("max_workers = 3", "max_workrs = 3", "<f>:19: models.m.versions.v2.autoscale.max_workrs: Extra inputs are not permitted"),
-    ('"Europe/Berlin"', '"Mars/Base"', "<f>:6: autoscaling.warm_pool.timezone: unknown timezone 'Mars/Base'"),
-    ("replicas = 2", "replicas = 1", "<f>:17: models.m.versions.v2.replicas: with autoscale, replicas is the serving count"),
-    ("replicas = 1\nautoscale", "replicas = 5\nautoscale", "<f>:12: models.m.versions.v1.replicas: with autoscale"),
-    ("replicas = 1\nautoscale", 'workers = ["10.0.0.1:1"]\nautoscale',
-     "<f>:13: models.m.versions.v1.autoscale: autoscale starts and stops local replicas"),
-])
+@pytest.mark.parametrize(
+    "old, new, expect",
+    [
+        (
+            "max_workers = 3",
+            'max_workers = "3"',
+            "<f>:19: models.m.versions.v2.autoscale.max_workers: Input should be a valid integer",
+        ),
+        ("interval_s = 0.25", "interval_s = 0", "<f>:2: autoscaling.interval_s: Input should be greater than 0"),
+        (
+            "autoscale = true",
+            "autoscale = 2",
+            "<f>:13: models.m.versions.v1.autoscale: Input should be a valid boolean",
+        ),
+        (
+            "max_workers = 3",
+            "scale_down_at = 0.9",
+            "<f>:18: models.m.versions.v2.autoscale: scale_down_at (0.9) must be below",
+        ),
+        (
+            "max_workers = 3",
+            "max_workrs = 3",
+            "<f>:19: models.m.versions.v2.autoscale.max_workrs: Extra inputs are not permitted",
+        ),
+        ('"Europe/Berlin"', '"Mars/Base"', "<f>:6: autoscaling.warm_pool.timezone: unknown timezone 'Mars/Base'"),
+        (
+            "replicas = 2",
+            "replicas = 1",
+            "<f>:17: models.m.versions.v2.replicas: with autoscale, replicas is the serving count",
+        ),
+        ("replicas = 1\nautoscale", "replicas = 5\nautoscale", "<f>:12: models.m.versions.v1.replicas: with autoscale"),
+        (
+            "replicas = 1\nautoscale",
+            'workers = ["10.0.0.1:1"]\nautoscale',
+            "<f>:13: models.m.versions.v1.autoscale: autoscale starts and stops local replicas",
+        ),
+    ],
+)
 def test_a_bad_autoscaling_entry_is_refused_naming_its_line_and_field(old, new, expect):
     assert old in BASE
     with pytest.raises(FleetFileError) as info:

@@ -5,9 +5,15 @@ from __future__ import annotations
 from sluice.routing.dispatch.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker, Outcome
 from tests.clock import FakeClock
 
-
-CFG = BreakerConfig(consecutive_failures=3, error_rate=0.5, window_s=10.0, min_requests=6,
-                    cooldown_s=5.0, max_cooldown_s=20.0, probe_timeout_s=8.0)
+CFG = BreakerConfig(
+    consecutive_failures=3,
+    error_rate=0.5,
+    window_s=10.0,
+    min_requests=6,
+    cooldown_s=5.0,
+    max_cooldown_s=20.0,
+    probe_timeout_s=8.0,
+)
 
 
 def breaker(cfg: BreakerConfig = CFG) -> tuple[CircuitBreaker, Clock]:
@@ -56,7 +62,14 @@ def test_old_outcomes_leave_the_window():
         run(b, Outcome.FAILURE)
         run(b, Outcome.SUCCESS)
     clock.t += 11  # those four are out of the 10 s window
-    for outcome in [Outcome.SUCCESS, Outcome.SUCCESS, Outcome.FAILURE, Outcome.SUCCESS, Outcome.SUCCESS, Outcome.FAILURE]:
+    for outcome in [
+        Outcome.SUCCESS,
+        Outcome.SUCCESS,
+        Outcome.FAILURE,
+        Outcome.SUCCESS,
+        Outcome.SUCCESS,
+        Outcome.FAILURE,
+    ]:
         run(b, outcome)
     assert b.state is BreakerState.CLOSED  # 2 of 6 in the window
 

@@ -12,12 +12,12 @@ import pytest
 from sluice.errors import EngineTimeoutError, EngineUnavailableError
 from sluice.routing.dispatch.circuit_breaker import BreakerConfig
 from sluice.routing.dispatch.failover import FailoverPolicy, generate_on_fleet
-from sluice.routing.fleet_file.loader import parse_fleet
 from sluice.routing.dispatch.health_poller import WorkerHandle
-from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.dispatch.router import FleetRouter, PlanRequest
-from sluice.routing.state.routing_state import RoutingSnapshot
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.state.routing_state import RoutingSnapshot
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage
 
 FLEET = """\
@@ -39,7 +39,9 @@ class Scripted:
         self.lost = asyncio.Event()
         self.requests: list[GenerationRequest] = []
 
-    async def generate(self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[GenerationEvent]:
+    async def generate(
+        self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()
+    ) -> AsyncIterator[GenerationEvent]:
         self.requests.append(request)
         start = len(request.resumed_output_ids)
         for i in range(start, len(OUTPUT)):
@@ -47,9 +49,14 @@ class Scripted:
                 self.lost.set()
                 raise self.error
             last = i == len(OUTPUT) - 1
-            yield GenerationEvent(request.request_id, f"<{OUTPUT[i]}>", [OUTPUT[i]], finished=last,
-                                  finish_reason=FinishReason.LENGTH if last else None,
-                                  usage=Usage(4, i + 1, 0))
+            yield GenerationEvent(
+                request.request_id,
+                f"<{OUTPUT[i]}>",
+                [OUTPUT[i]],
+                finished=last,
+                finish_reason=FinishReason.LENGTH if last else None,
+                usage=Usage(4, i + 1, 0),
+            )
             await asyncio.sleep(0)
 
 
@@ -113,8 +120,13 @@ async def test_past_the_wait_the_stream_ends_with_a_clear_error():
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("error, down", [(EngineUnavailableError("connection refused"), True),
-                                         (EngineTimeoutError("no answer before the deadline"), False)])
+@pytest.mark.parametrize(
+    "error, down",
+    [
+        (EngineUnavailableError("connection refused"), True),
+        (EngineTimeoutError("no answer before the deadline"), False),
+    ],
+)
 async def test_a_broken_call_takes_its_worker_out_of_routing_at_once_a_timeout_does_not(error, down):
     router, pool, handles, first, second = setup(WorkerStatus.WARM, error)
     tokens = await asyncio.wait_for(collect(router, handles, FailoverPolicy(migration_wait_s=120)), 120)

@@ -11,8 +11,8 @@ import pytest
 
 from sluice.config import Settings
 from sluice.engine.config import EngineConfig
-from sluice.routing.fleet_file.default_fleet import DEFAULT_VERSION, default_model_id, fleet_from_settings
 from sluice.routing.errors import FleetFileError
+from sluice.routing.fleet_file.default_fleet import DEFAULT_VERSION, default_model_id, fleet_from_settings
 from sluice.routing.fleet_file.loader import load_fleet, parse_fleet
 from sluice.routing.fleet_file.schema import EngineSettings, QuotaMode, QuotaPeriod, WeightsKind
 from sluice.toml_lines import key_lines, line_of
@@ -80,8 +80,9 @@ def test_unknown_key_and_wrong_type_name_their_lines():
 def test_missing_field_points_at_its_table():
     found = problems(MINIMAL.replace('weights = "bundled"\n', ""))
     # weights or, for a LoRA adapter version, adapter + base (docs/LORA.md)
-    assert found == ["fleet.toml:4: models.m.versions.v1: weights is required (or adapter and base, for a LoRA "
-                     "adapter version)"]
+    assert found == [
+        "fleet.toml:4: models.m.versions.v1: weights is required (or adapter and base, for a LoRA adapter version)"
+    ]
 
 
 def test_value_rules():
@@ -93,29 +94,37 @@ def test_value_rules():
     assert found[0].startswith("fleet.toml:7: models.m.versions.v1.workers:") and "HOST:PORT" in found[0]
     found = problems(MINIMAL + "[models.m.versions.v1.engine]\nnum_kv_blocks = 1\n")
     assert found[0].startswith("fleet.toml:9: models.m.versions.v1.engine.num_kv_blocks:")
-    found = problems(MINIMAL + "[models.m.versions.v1.engine]\nscheduling_policy = \"lifo\"\n")
+    found = problems(MINIMAL + '[models.m.versions.v1.engine]\nscheduling_policy = "lifo"\n')
     assert found[0].startswith("fleet.toml:9: models.m.versions.v1.engine.scheduling_policy:")
     found = problems("[rollout]\nsteps = [50, 20, 100]\n" + MINIMAL)
     assert found[0].startswith("fleet.toml:2: rollout.steps:") and "rise strictly" in found[0]
-    found = problems(MINIMAL + "[models.m.tiers.free]\nquota = { tokens = 10, period = \"week\" }\n")
+    found = problems(MINIMAL + '[models.m.tiers.free]\nquota = { tokens = 10, period = "week" }\n')
     assert found[0].startswith("fleet.toml:9: models.m.tiers.free.quota.period:")
 
 
 def test_the_search_service_table(monkeypatch):
     monkeypatch.setenv("FLEET_SEARCH_KEY", "k1")
-    fleet = parse_fleet(MINIMAL + '[search]\nurl = "http://search:8500/"\napi_key_env = "FLEET_SEARCH_KEY"\nmax_uses = 2\n')
+    fleet = parse_fleet(
+        MINIMAL + '[search]\nurl = "http://search:8500/"\napi_key_env = "FLEET_SEARCH_KEY"\nmax_uses = 2\n'
+    )
     assert fleet.search is not None and fleet.search.url == "http://search:8500" and fleet.search.api_key() == "k1"
     assert fleet.search.max_uses == 2 and fleet.search.timeout_s == 5.0 and parse_fleet(MINIMAL).search is None
-    found = problems(MINIMAL + '[search]\nurl = "search:8500"\napi_key_env = "UNSET_SEARCH_KEY_VAR"\ntimeout_s = 0\nkey = "x"\n')
+    found = problems(
+        MINIMAL + '[search]\nurl = "search:8500"\napi_key_env = "UNSET_SEARCH_KEY_VAR"\ntimeout_s = 0\nkey = "x"\n'
+    )
     assert found[0].startswith("fleet.toml:9: search.url:") and "http(s)://HOST[:PORT]" in found[0]
-    assert found[1].startswith("fleet.toml:10: search.api_key_env:") and "UNSET_SEARCH_KEY_VAR" in found[1] and "not set" in found[1]
+    assert (
+        found[1].startswith("fleet.toml:10: search.api_key_env:")
+        and "UNSET_SEARCH_KEY_VAR" in found[1]
+        and "not set" in found[1]
+    )
     assert found[2].startswith("fleet.toml:11: search.timeout_s:") and "greater than 0" in found[2]
     assert found[3] == "fleet.toml:12: search.key: Extra inputs are not permitted"  # a key is never written in the file
     assert problems("[search]\ntop_k = 5\n" + MINIMAL)[0] == "fleet.toml:1: search.url: required field is missing"
 
 
 def test_bad_names():
-    found = problems(MINIMAL.replace("versions.v1]", "versions.\"v 1\"]"))
+    found = problems(MINIMAL.replace("versions.v1]", 'versions."v 1"]'))
     assert found[0].startswith('fleet.toml:4: models.m.versions."v 1": invalid name')
     found = problems(MINIMAL.replace('aliases = ["alias-m"]', 'aliases = ["has space"]'))
     assert found[0].startswith("fleet.toml:2: models.m.aliases[0]:")
@@ -130,7 +139,9 @@ def test_cross_references():
     assert "fleet.toml:3: models.m.fallbacks[0]: fallback 'nope' is not a model id or alias in this fleet" in found
     assert "fleet.toml:3: models.m.fallbacks[1]: fallback 'alias-m' is the model itself" in found
     assert "fleet.toml:11: models.n.fallbacks[1]: fallback 'm' is listed twice" in found
-    assert any(p.startswith("fleet.toml:19: models.n.versions.b.workers[0]: worker h:1 is already listed at") for p in found)
+    assert any(
+        p.startswith("fleet.toml:19: models.n.versions.b.workers[0]: worker h:1 is already listed at") for p in found
+    )
     assert [int(p.split(":")[1]) for p in found] == sorted(int(p.split(":")[1]) for p in found)  # file order
 
 
@@ -161,7 +172,7 @@ def test_weights_paths_for_local_replicas(tmp_path):
 
 
 def test_known_tiers():
-    text = MINIMAL + "[models.m.tiers.gold]\nallow_pin = true\n[models.m.tiers.\"*\"]\nallow_pin = false\n"
+    text = MINIMAL + '[models.m.tiers.gold]\nallow_pin = true\n[models.m.tiers."*"]\nallow_pin = false\n'
     found = problems(text, known_tiers={"free", "standard"})
     assert found == ["fleet.toml:8: models.m.tiers.gold: unknown tier 'gold' (known: free, standard)"]
     parse_fleet(text)  # without a tier list, any name goes
@@ -198,9 +209,9 @@ z = 2
 
 def test_fleet_of_one_from_settings():
     fleet = fleet_from_settings(Settings(model_aliases=["a", "smollm2-135m-instruct", "a"]))
-    (model_id, model), = fleet.models.items()
+    ((model_id, model),) = fleet.models.items()
     assert model_id == "smollm2-135m-instruct" and model.aliases == ["a"]
-    (name, version), = model.versions.items()
+    ((name, version),) = model.versions.items()
     assert name == DEFAULT_VERSION and version.weights_kind is WeightsKind.BUNDLED
     assert version.replicas == 1 and version.workers == [] and version.traffic == 100
     assert version.engine.apply(EngineConfig()).max_num_seqs == Settings().max_num_seqs
@@ -232,7 +243,8 @@ def test_a_version_sets_where_and_how_it_computes():
     text = MINIMAL.replace(
         "replicas = 1",
         'replicas = 1\n[models.m.versions.v1.engine]\ndevice = "cpu"\nkernels = "torch"\nnumerics = "fast"\n'
-        'batching_window = "adaptive"\nbatching_window_ms = 20.0')
+        'batching_window = "adaptive"\nbatching_window_ms = 20.0',
+    )
     spec = parse_fleet(text).models["m"].versions["v1"]
     launch = replica_launch(Settings(), spec)
     config = json.loads(launch.engine_args[launch.engine_args.index("--engine-config") + 1])

@@ -27,12 +27,15 @@ def problems(text: str, **kw) -> list[str]:
 
 
 def adapter(base: str = "m/v1", extra: str = "") -> str:
-    return BASE + f"""
+    return (
+        BASE
+        + f"""
 [models.s.versions.a1]
 adapter = "s3://b/s/a1"
 base = "{base}"
 traffic = 100
 {extra}"""
+    )
 
 
 def test_an_adapter_version_names_its_base():
@@ -47,19 +50,26 @@ def test_relative_adapter_folders_are_relative_to_the_file(tmp_path):
     folder = tmp_path / "adapters" / "a1"
     folder.mkdir(parents=True)
     (folder / "adapter_config.json").write_text("{}")
-    text = BASE.replace('workers = ["10.0.0.1:1"]', "replicas = 1") + \
-        '[models.s.versions.a1]\nadapter = "adapters/a1"\nbase = "m/v1"\ntraffic = 1\n'
+    text = (
+        BASE.replace('workers = ["10.0.0.1:1"]', "replicas = 1")
+        + '[models.s.versions.a1]\nadapter = "adapters/a1"\nbase = "m/v1"\ntraffic = 1\n'
+    )
     fleet = parse_fleet(text, source="fleet.toml", base_dir=tmp_path)
     assert fleet.models["s"].versions["a1"].adapter == str(folder)
     missing = problems(text.replace("adapters/a1", "adapters/gone"), base_dir=tmp_path)
-    assert missing == [f"fleet.toml:6: models.s.versions.a1.adapter: {tmp_path}/adapters/gone is not a PEFT adapter "
-                       "folder (no adapter_config.json)"]
+    assert missing == [
+        f"fleet.toml:6: models.s.versions.a1.adapter: {tmp_path}/adapters/gone is not a PEFT adapter "
+        "folder (no adapter_config.json)"
+    ]
 
 
-@pytest.mark.parametrize("base, why", [
-    ("nope", "base 'nope' names no model of this fleet (MODEL/VERSION or MODEL)"),
-    ("m/v9", "base 'm/v9': model 'm' has no version 'v9'"),
-])
+@pytest.mark.parametrize(
+    "base, why",
+    [
+        ("nope", "base 'nope' names no model of this fleet (MODEL/VERSION or MODEL)"),
+        ("m/v9", "base 'm/v9': model 'm' has no version 'v9'"),
+    ],
+)
 def test_a_base_that_is_not_there_is_reported_on_its_line(base, why):
     assert problems(adapter(base)) == [f"fleet.toml:8: models.s.versions.a1.base: {why}"]
 
@@ -71,10 +81,15 @@ def test_a_model_of_several_versions_needs_the_version_named_and_an_adapter_is_n
     assert "is itself an adapter version" in problems(chained)[0]
 
 
-@pytest.mark.parametrize("extra, field", [
-    ("replicas = 1", "replicas"), ('workers = ["10.0.0.9:1"]', "workers"), ('weights = "bundled"', "weights"),
-    ("[models.s.versions.a1.engine]\nmax_num_seqs = 4", "engine"),
-])
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ("replicas = 1", "replicas"),
+        ('workers = ["10.0.0.9:1"]', "workers"),
+        ('weights = "bundled"', "weights"),
+        ("[models.s.versions.a1.engine]\nmax_num_seqs = 4", "engine"),
+    ],
+)
 def test_an_adapter_version_has_no_workers_or_engine_of_its_own(extra, field):
     found = problems(adapter(extra=extra))
     assert len(found) == 1 and "runs on its base version's workers and engine" in found[0] and field in found[0]
@@ -90,8 +105,11 @@ def test_run_time_adapters_lay_over_the_file_and_survive_a_reload():
     registry.add_adapter("billing", "/a/billing", "m")
     assert registry.resolve("billing") == "billing"
     assert registry.version("billing", "default").base == "m/v1"
-    for name, base, why in [("s", "m", "already names a model"), ("x", "s/a1", "itself an adapter"),
-                            ("bad name!", "m", "letters, digits")]:
+    for name, base, why in [
+        ("s", "m", "already names a model"),
+        ("x", "s/a1", "itself an adapter"),
+        ("bad name!", "m", "letters, digits"),
+    ]:
         with pytest.raises(ValueError, match=why):
             registry.add_adapter(name, "/p", base)
     result = registry.reload(parse_fleet(adapter(), source="fleet.toml"))

@@ -47,8 +47,10 @@ def test_reload_valid_file_swaps_and_reports_the_diff(tmp_path):
     path = tmp_path / "fleet.toml"
     path.write_text(FLEET)
     reg = Registry.from_file(path)
-    path.write_text(FLEET.replace('aliases = ["tiny"]', 'aliases = ["tiny", "mini"]')
-                    + '\n[models.third.versions.a]\nweights = "bundled"\ntraffic = 1\nreplicas = 1\n')
+    path.write_text(
+        FLEET.replace('aliases = ["tiny"]', 'aliases = ["tiny", "mini"]')
+        + '\n[models.third.versions.a]\nweights = "bundled"\ntraffic = 1\nreplicas = 1\n'
+    )
     result = reg.reload()
     assert result.applied and result.error is None
     assert (result.added, result.removed, result.changed) == (("third",), (), ("small",))

@@ -7,14 +7,24 @@ import torch
 
 from sluice.config import Settings
 from sluice.engine.config import EngineConfig
-from sluice.routing.fleet_file.schema import FleetSpec
 from sluice.routing.fleet.replica_launch import auto_threads, local_replica_count, replica_launch
+from sluice.routing.fleet_file.schema import FleetSpec
 
 
 def fleet(*replicas: int, threads: int | None = None) -> FleetSpec:
     engine = {} if threads is None else {"threads": threads}
-    return FleetSpec.model_validate({"models": {"m": {"versions": {
-        f"v{i}": {"weights": "bundled", "replicas": n, "traffic": 1, "engine": engine} for i, n in enumerate(replicas)}}}})
+    return FleetSpec.model_validate(
+        {
+            "models": {
+                "m": {
+                    "versions": {
+                        f"v{i}": {"weights": "bundled", "replicas": n, "traffic": 1, "engine": engine}
+                        for i, n in enumerate(replicas)
+                    }
+                }
+            }
+        }
+    )
 
 
 def threads_of(launch) -> int:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import pytest
 
+from sluice.routing.dispatch.version_router import choose_version, sticky_key
 from sluice.routing.errors import RolloutError
 from sluice.routing.fleet_file.schema import RolloutSpec
 from sluice.routing.state.rollout import Rollout, RolloutPhase, RolloutSignals
 from sluice.routing.state.rollout_health import HealthWindow, p95
 from sluice.routing.state.routing_state import VersionState
-from sluice.routing.dispatch.version_router import choose_version, sticky_key
 
-PLAN = RolloutSpec(steps=[10, 25, 50, 100], step_interval_s=60, max_error_rate=0.05, max_ttft_p95_s=2.0,
-                   min_requests=20, warm_timeout_s=300, drain_timeout_s=120)
+PLAN = RolloutSpec(
+    steps=[10, 25, 50, 100],
+    step_interval_s=60,
+    max_error_rate=0.05,
+    max_ttft_p95_s=2.0,
+    min_requests=20,
+    warm_timeout_s=300,
+    drain_timeout_s=120,
+)
 WARM = RolloutSignals(target_warm=True)
 T0 = 5000.0
 

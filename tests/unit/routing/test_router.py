@@ -5,20 +5,24 @@ from __future__ import annotations
 import pytest
 
 from sluice.routing.dispatch.circuit_breaker import BreakerConfig, Outcome
-from sluice.routing.errors import (
-    ModelUnavailableError, PinNotAllowedError, QuotaExceededError, UnknownModelError, UnknownVersionError,
-    VersionUnavailableError,
-)
-from sluice.routing.fleet_file.loader import parse_fleet
-from sluice.routing.quota.memory_store import MemoryQuotaStore
-from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.dispatch.router import FallbackReason, FleetRouter
-from tests.routing_calls import RouteRequest, finish, route
-from sluice.routing.state.routing_state import ModelRoutingState, RoutingSnapshot, VersionState
 from sluice.routing.dispatch.version_router import sticky_key
 from sluice.routing.dispatch.worker_picker import PickReason
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
+from sluice.routing.errors import (
+    ModelUnavailableError,
+    PinNotAllowedError,
+    QuotaExceededError,
+    UnknownModelError,
+    UnknownVersionError,
+    VersionUnavailableError,
+)
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.quota.memory_store import MemoryQuotaStore
+from sluice.routing.state.routing_state import ModelRoutingState, RoutingSnapshot, VersionState
 from tests.clock import FakeClock
+from tests.routing_calls import RouteRequest, finish, route
 
 FLEET = """\
 [models.main]
@@ -155,8 +159,12 @@ async def test_soft_quota_falls_back_with_a_warning_and_hard_quota_is_a_429():
     await finish(f.router, d, Outcome.SUCCESS, 1000)  # actually used 1000: the day's quota
     assert (await f.quota.usage("acme", "main", f.registry.model("main").tier_policy("free").quota)).used == 1000
     d = await route(f.router, f.request(tier="free"))
-    assert (d.model_id, d.fallback_from, d.fallback_reason, d.soft_exceeded) == \
-        ("backup", "main", FallbackReason.QUOTA, ("main",))
+    assert (d.model_id, d.fallback_from, d.fallback_reason, d.soft_exceeded) == (
+        "backup",
+        "main",
+        FallbackReason.QUOTA,
+        ("main",),
+    )
     f.pool.set_status("h:9", WorkerStatus.DRAINING)  # no fallback left: soft never refuses
     d = await route(f.router, f.request(tier="free"))
     assert d.model_id == "main" and d.soft_exceeded == ("main",) and d.quota.reservation is not None
@@ -198,7 +206,7 @@ async def test_round_robin_takes_turns_where_affinity_sticks():
     """`worker_choice = "round_robin"` (the affinity benchmark's baseline): one prompt prefix
     alternates over the version's workers; with affinity it stays on one."""
     affinity = Fleet()
-    rr = Fleet("[routing]\nworker_choice = \"round_robin\"\n" + FLEET)
+    rr = Fleet('[routing]\nworker_choice = "round_robin"\n' + FLEET)
     for f, expect in ((affinity, 1), (rr, 2)):
         seen = []
         for i in range(6):
@@ -217,19 +225,25 @@ async def test_tenants_are_balanced_and_a_lost_cache_is_forgotten():
     f = Fleet()
     homes = {}
     for t in range(8):
-        d = await route(f.router, RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable"))
+        d = await route(
+            f.router, RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable")
+        )
         homes[t] = d.worker_id
         await finish(f.router, d, Outcome.SUCCESS, 10)
     assert f.router.prefix_groups() == {"h:1": 4, "h:2": 4}
-    for lose in (lambda: f.pool.mark_restarted("h:1"),
-                 lambda: f.pool.set_status("h:1", WorkerStatus.STARTING),
-                 lambda: f.pool.remove("h:1")):
+    for lose in (
+        lambda: f.pool.mark_restarted("h:1"),
+        lambda: f.pool.set_status("h:1", WorkerStatus.STARTING),
+        lambda: f.pool.remove("h:1"),
+    ):
         lose()
         assert f.router.prefix_groups() == {"h:2": 4}
         f.pool.remove("h:1")
         f.pool.add("h:1", "main", "stable", "h:1", status=WorkerStatus.WARM)
         for t in range(8):  # h:2's tenants stay; h:1's are placed afresh, on h:1 (it has fewer)
-            d = await route(f.router, RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable"))
+            d = await route(
+                f.router, RouteRequest("main", f"tenant-{t}", "priority", "k", list(range(64)), 100, pin="stable")
+            )
             assert d.worker_id == homes[t]
             assert d.pick.reason is (PickReason.NEW_PREFIX if homes[t] == "h:1" else PickReason.AFFINITY)
             await finish(f.router, d, Outcome.SUCCESS, 10)

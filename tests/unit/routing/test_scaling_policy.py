@@ -8,18 +8,18 @@ ready after a delay), with a fixed demand so the signal answers the capacity the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime
 
 import pytest
 from pydantic import ValidationError
 
-from sluice.routing.scaling.decision import FleetObservation, ScaleReason, ScalingActions
-from sluice.routing.scaling.policy import ScalingPolicy
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
 from sluice.routing.fleet_file.warm_pool_schedule import WarmPoolSchedule, WarmPoolWindow
+from sluice.routing.scaling.decision import FleetObservation, ScaleReason, ScalingActions
+from sluice.routing.scaling.policy import ScalingPolicy
 from tests.clock import FakeClock
 
-NOON_UTC = datetime(2026, 6, 15, 12, 0, tzinfo=timezone.utc)
+NOON_UTC = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)
 
 
 ONE_WARM = WarmPoolSchedule(windows=(WarmPoolWindow(start="00:00", size=1),))
@@ -267,19 +267,19 @@ BERLIN = WarmPoolSchedule(
     ],
 )
 def test_schedule_boundaries_in_local_time(utc: datetime, size: int):
-    assert BERLIN.size_at(utc.replace(tzinfo=timezone.utc)) == size
+    assert BERLIN.size_at(utc.replace(tzinfo=UTC)) == size
 
 
 def test_schedule_across_the_daylight_saving_change():
     # 2026-03-29 Berlin skips 02:00→03:00; the 08:00 window still opens at 08:00 local (06:00 UTC)
-    assert BERLIN.size_at(datetime(2026, 3, 29, 5, 59, tzinfo=timezone.utc)) == 1
-    assert BERLIN.size_at(datetime(2026, 3, 29, 6, 0, tzinfo=timezone.utc)) == 3
+    assert BERLIN.size_at(datetime(2026, 3, 29, 5, 59, tzinfo=UTC)) == 1
+    assert BERLIN.size_at(datetime(2026, 3, 29, 6, 0, tzinfo=UTC)) == 3
 
 
 def test_the_default_schedule_keeps_more_warm_workers_in_the_day():
     pool = ScalingSettings().warm_pool
-    assert pool.size_at(datetime(2026, 6, 15, 3, 0, tzinfo=timezone.utc)) == 1
-    assert pool.size_at(datetime(2026, 6, 15, 12, 0, tzinfo=timezone.utc)) == 2
+    assert pool.size_at(datetime(2026, 6, 15, 3, 0, tzinfo=UTC)) == 1
+    assert pool.size_at(datetime(2026, 6, 15, 12, 0, tzinfo=UTC)) == 2
     assert pool.smallest == 1
 
 
@@ -297,7 +297,7 @@ def test_schedule_validation():
 
 
 def test_the_pool_grows_and_shrinks_at_the_schedule_boundaries():
-    clock = FakeClock(wall=datetime(2026, 1, 15, 6, 59, tzinfo=timezone.utc))  # 07:59 Berlin
+    clock = FakeClock(wall=datetime(2026, 1, 15, 6, 59, tzinfo=UTC))  # 07:59 Berlin
     fleet = _Fleet(_policy(clock, warm_pool=BERLIN), clock, demand=0.3)
     assert fleet.tick().desired_warm == 1 and fleet.warm == 1
     clock.advance(60.0)  # 08:00: the day pool of three

@@ -7,10 +7,10 @@ import math
 import pytest
 
 from sluice.errors import InvalidRequestError
+from sluice.routing.dispatch.version_router import choose_version, resolve_pin, sticky_key
 from sluice.routing.errors import ModelUnavailableError, PinNotAllowedError, UnknownVersionError
 from sluice.routing.fleet_file.loader import parse_fleet
 from sluice.routing.fleet_file.registry import Registry
-from sluice.routing.dispatch.version_router import choose_version, resolve_pin, sticky_key
 
 KEYS = [sticky_key("acme", user_id=f"user-{i}") for i in range(10_000)]
 

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from sluice.engine.hashing import block_hash
-from sluice.routing.errors import ModelUnavailableError
 from sluice.engine.kv_manager import prefix_namespace as prefix_salt
 from sluice.routing.dispatch.worker_picker import Candidate, PickReason, WorkerPicker, affinity_key
+from sluice.routing.errors import ModelUnavailableError
 from tests.clock import FakeClock
 
 BS = 8
@@ -179,8 +179,9 @@ def test_removing_a_worker_moves_only_its_prefixes():
     assert picker.forget("w2") == 125 and "w2" not in picker.prefix_groups()
     three = [c for c in four if c.worker_id != "w2"]
     after = {k: picker.pick(three, k) for k in keys}
-    assert all(after[k].worker_id == before[k] and after[k].reason is PickReason.AFFINITY
-               for k in keys if before[k] != "w2")
+    assert all(
+        after[k].worker_id == before[k] and after[k].reason is PickReason.AFFINITY for k in keys if before[k] != "w2"
+    )
     moved = [after[k] for k in keys if before[k] == "w2"]
     assert all(p.reason is PickReason.NEW_PREFIX for p in moved)  # forgotten, placed afresh
     assert sorted(picker.prefix_groups().values()) == [166, 167, 167]  # spread over the rest

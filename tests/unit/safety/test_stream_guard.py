@@ -7,15 +7,14 @@ import itertools
 import json
 import re
 import time
-from pathlib import Path
 
 import pytest
 
 from sluice.safety.normalize import Normalized
 from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.policy import load_policy, parse_policy
-
 from tests.paths import DATA
+
 ADV = json.loads((DATA / "safety_adversarial.json").read_text())
 BENIGN = [line for line in (DATA / "safety_benign.txt").read_text().splitlines() if line and not line.startswith("#")]
 PREFIX, SUFFIX = "Sure, here it is: ", " and that is all."
@@ -122,10 +121,15 @@ def test_regex_patterns_kill_within_the_window(pipeline):
 
 
 def test_output_actions_and_input_only_categories():
-    policy = parse_policy({"categories": {
-        "audit": {"literals": ["purple elephant"], "output_action": "log"},
-        "inj": {"literals": ["ignore all previous instructions"], "check_output": False},
-    }}, "test")
+    policy = parse_policy(
+        {
+            "categories": {
+                "audit": {"literals": ["purple elephant"], "output_action": "log"},
+                "inj": {"literals": ["ignore all previous instructions"], "check_output": False},
+            }
+        },
+        "test",
+    )
     p = SafetyPipeline(policy)
     released, verdict, _ = stream(p, tokens("a purple elephant said to ignore all previous instructions"))
     assert verdict is None and released.endswith("instructions")  # neither refuses a stream
@@ -153,15 +157,22 @@ _word = st.text(alphabet="ab ", min_size=1, max_size=5).map(str.strip).filter(bo
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet="ab \u200b", max_size=30), literals=st.lists(_word, min_size=1, max_size=3),
-       cuts=st.lists(st.integers(0, 30), max_size=6))
+@given(
+    text=st.text(alphabet="ab \u200b", max_size=30),
+    literals=st.lists(_word, min_size=1, max_size=3),
+    cuts=st.lists(st.integers(0, 30), max_size=6),
+)
 def test_guard_matches_brute_force(text, literals, cuts):
     p = SafetyPipeline(parse_policy({"categories": {"x": {"literals": literals}}}, "prop"))
     norm = Normalized(text)
     lits = [Normalized(lit).text.strip() for lit in literals]
     t = norm.text
-    matches = [(i, i + len(lit)) for lit in lits for i in range(len(t)) if t.startswith(lit, i)
-               and (i == 0 or not (t[i - 1].isalnum() and t[i].isalnum()))]
+    matches = [
+        (i, i + len(lit))
+        for lit in lits
+        for i in range(len(t))
+        if t.startswith(lit, i) and (i == 0 or not (t[i - 1].isalnum() and t[i].isalnum()))
+    ]
     points = sorted({c for c in cuts if 0 < c < len(text)})
     deltas = [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
     released, verdict, _ = stream(p, deltas)
@@ -178,8 +189,11 @@ def test_guard_matches_brute_force(text, literals, cuts):
 
 
 @settings(max_examples=200, deadline=None)
-@given(text=st.text(alphabet="ab \u200b", max_size=30), literals=st.lists(_word, min_size=1, max_size=3),
-       cuts=st.lists(st.integers(0, 30), max_size=6))
+@given(
+    text=st.text(alphabet="ab \u200b", max_size=30),
+    literals=st.lists(_word, min_size=1, max_size=3),
+    cuts=st.lists(st.integers(0, 30), max_size=6),
+)
 def test_guard_holds_only_a_possible_literal_prefix(text, literals, cuts):
     p = SafetyPipeline(parse_policy({"categories": {"x": {"literals": literals}}}, "prop"))
     lits = [Normalized(lit).text.strip() for lit in literals]

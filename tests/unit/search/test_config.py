@@ -55,5 +55,5 @@ values = ["x"]
         parse_config('[[shards]]\nname = "a"\nvalues = ["x"]\n', "h.toml")
     assert exc.value.problems == ['h.toml:3: shards[0].values: only for sharding = "content"']
     with pytest.raises(SearchConfigError) as exc:
-        parse_config('[search]\nunknown = 1\n', "u.toml")
+        parse_config("[search]\nunknown = 1\n", "u.toml")
     assert exc.value.problems[0].startswith("u.toml:2: search.unknown:")

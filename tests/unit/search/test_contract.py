@@ -8,9 +8,16 @@ import json
 
 import pytest
 
-from sluice.search.contract import (DEFAULT_TOP_K, MAX_TOP_K, SearchRequest, ShardSearchAnswer, ShardSearchRequest,
-                                    StatsAnswer, StatsRequest)
-from sluice.search.errors import QuerySyntaxError, SearchError, SearchErrorKind, STATUS
+from sluice.search.contract import (
+    DEFAULT_TOP_K,
+    MAX_TOP_K,
+    SearchRequest,
+    ShardSearchAnswer,
+    ShardSearchRequest,
+    StatsAnswer,
+    StatsRequest,
+)
+from sluice.search.errors import STATUS, QuerySyntaxError, SearchError, SearchErrorKind
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.hits import Hit
@@ -24,9 +31,9 @@ def _wire(message) -> dict:
 def test_messages_round_trip_through_their_json():
     tree = resolve("+python -java packag* title:tool", Analyzer())
     stats = CollectionStats(10, 200, {"python": 3})
-    assert ShardSearchRequest.decode(_wire(ShardSearchRequest(["or", [["term", "a"], ["term", "b"]]], 5, stats,
-                                                              ["b"]))) == \
-        ShardSearchRequest(["or", [["term", "a"], ["term", "b"]]], 5, stats, ["b"])
+    assert ShardSearchRequest.decode(
+        _wire(ShardSearchRequest(["or", [["term", "a"], ["term", "b"]]], 5, stats, ["b"]))
+    ) == ShardSearchRequest(["or", [["term", "a"], ["term", "b"]]], 5, stats, ["b"])
     assert StatsRequest.decode(_wire(StatsRequest(["a"], ["pa"]))) == StatsRequest(["a"], ["pa"])
     answer = StatsAnswer(stats, 7, {"pa": {"pack": 2, "packag": 1}})
     assert StatsAnswer.decode(_wire(answer)) == answer
@@ -35,10 +42,16 @@ def test_messages_round_trip_through_their_json():
     assert tree[0] is NodeKind.AND_NOT and json.loads(json.dumps(tree))[0] == "and_not"  # kinds are their values
 
 
-@pytest.mark.parametrize("body,says", [
-    (b'{"query": "a", "top_k": -1}', "at least 0"), (b'{"query": "a", "top_k": 51}', "at most 50"),
-    (b'{"query": "a", "top_k": true}', "integer"), (b'{"top_k": 3}', "query"), (b"[]", "JSON object"),
-])
+@pytest.mark.parametrize(
+    "body,says",
+    [
+        (b'{"query": "a", "top_k": -1}', "at least 0"),
+        (b'{"query": "a", "top_k": 51}', "at most 50"),
+        (b'{"query": "a", "top_k": true}', "integer"),
+        (b'{"top_k": 3}', "query"),
+        (b"[]", "JSON object"),
+    ],
+)
 def test_a_search_request_is_refused_by_the_contract_alone(body, says):
     with pytest.raises(SearchError) as exc:
         SearchRequest.decode(body, max_top_k=50)

@@ -68,8 +68,12 @@ def test_approximate_search_finds_what_exact_finds():
     for i, v in enumerate(vs):
         ix.add(i, v)
     queries = _unit(rng, 50)
-    recall = np.mean([len({k for k, _ in ix.search(q, 10, exact=False)} & {k for k, _ in ix.search(q, 10, exact=True)})
-                      / 10 for q in queries])
+    recall = np.mean(
+        [
+            len({k for k, _ in ix.search(q, 10, exact=False)} & {k for k, _ in ix.search(q, 10, exact=True)}) / 10
+            for q in queries
+        ]
+    )
     assert recall >= 0.9, recall  # random vectors are HNSW's hard case; bench/ measures real text
 
 
@@ -89,8 +93,13 @@ def test_a_shard_index_keeps_its_vectors_in_the_database(tmp_path):
     rng = np.random.default_rng(3)
     vs = _unit(rng, 20)
     ix = ShardIndex(tmp_path / "ix")
-    ix.apply(1, [{"op": "upsert", "id": f"d{i}", "fields": {"body": f"doc {i}", "n": i % 2},
-                  "vector": vectors.encode(v)} for i, v in enumerate(vs)])
+    ix.apply(
+        1,
+        [
+            {"op": "upsert", "id": f"d{i}", "fields": {"body": f"doc {i}", "n": i % 2}, "vector": vectors.encode(v)}
+            for i, v in enumerate(vs)
+        ],
+    )
     ix.apply(2, [{"op": "delete", "id": "d3"}, {"op": "upsert", "id": "d4", "fields": {"body": "no vector now"}}])
     want = [(h.doc_id, h.score) for h in ix.dense_search(vs[3], 5)]
     assert "d3" not in dict(want) and "d4" not in dict(want) and len(want) == 5
@@ -106,8 +115,10 @@ def test_a_memory_replica_rebuilds_its_vectors_from_its_snapshot_and_log(tmp_pat
 
     rng = np.random.default_rng(4)
     vs = _unit(rng, 30)
-    ops = [{"op": "upsert", "id": f"d{i}", "fields": {"body": f"doc {i}"}, "vector": vectors.encode(v)}
-           for i, v in enumerate(vs)]
+    ops = [
+        {"op": "upsert", "id": f"d{i}", "fields": {"body": f"doc {i}"}, "vector": vectors.encode(v)}
+        for i, v in enumerate(vs)
+    ]
     r = Replica(tmp_path / "r", fsync=False, memory=True)
     r.append(1, ops[:20])
     r.append(2, ops[20:25])

@@ -7,12 +7,12 @@ import zlib
 
 import pytest
 
-from tests import corpus
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.hits import merge
 from sluice.search.index.query_tree import resolve, terms_of
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
+from tests import corpus
 
 N_DOCS, N_QUERIES = 3000, 200
 

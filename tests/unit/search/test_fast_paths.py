@@ -29,9 +29,17 @@ def test_a_well_formed_search_is_answered_and_errors_keep_their_shapes():
     r = client.post("/v1/search", json={"query": "python", "top_k": 5})
     assert r.status_code == 200 and r.json()["partial"] is True and r.json()["failed_shards"] == {"a": "unavailable"}
     r = client.post("/v1/search", json={"query": "(python"})
-    assert r.status_code == 400 and r.json()["error"]["type"] == "query_syntax_error" and r.json()["error"]["position"] == 0
-    for body, says in [({"query": "a", "top_k": 51}, "top_k is at most 50"), ({"query": "a", "extra": 1}, "extra"),
-                       ({"top_k": 3}, "query"), ({"query": "a" * 2049}, "query")]:
+    assert (
+        r.status_code == 400
+        and r.json()["error"]["type"] == "query_syntax_error"
+        and r.json()["error"]["position"] == 0
+    )
+    for body, says in [
+        ({"query": "a", "top_k": 51}, "top_k is at most 50"),
+        ({"query": "a", "extra": 1}, "extra"),
+        ({"top_k": 3}, "query"),
+        ({"query": "a" * 2049}, "query"),
+    ]:
         r = client.post("/v1/search", json=body)
         assert r.status_code == 400, body
         assert r.json()["error"]["type"] == "invalid_request_error" and says in r.json()["error"]["message"], r.json()
@@ -86,8 +94,9 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
 
         async def fast(request: web.Request) -> web.Response:
             transports.append(request.transport)
-            return web.json_response({"port": request.transport.get_extra_info("peername")[1],
-                                      "got": (await request.json())["x"]})
+            return web.json_response(
+                {"port": request.transport.get_extra_info("peername")[1], "got": (await request.json())["x"]}
+            )
 
         async def slow(request: web.Request) -> web.Response:
             arrived.set()
@@ -101,8 +110,9 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
             return web.Response(text="[1, 2]")
 
         app = web.Application()
-        app.add_routes([web.post("/fast", fast), web.post("/slow", slow), web.post("/400", status),
-                        web.post("/list", not_json)])
+        app.add_routes(
+            [web.post("/fast", fast), web.post("/slow", slow), web.post("/400", status), web.post("/list", not_json)]
+        )
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -22,12 +22,24 @@ def docs(n=300, seed=3):
     words = ["apt", "package", "manager", "python", "library", "tool", "debian", "network", "graphics"]
     out = []
     for i in range(n):
-        d = {"id": f"d{i}", "title": " ".join(rng.choices(words, k=3)), "body": " ".join(rng.choices(words, k=20)),
-             "section": rng.choice(["libs", "net", "utils", "3"]), "year": rng.randint(1995, 2025),
-             "published": f"20{rng.randint(10, 24)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
-             "tags": rng.sample(["cli", "gui", "web", "db"], k=rng.randint(0, 2)), "stable": rng.random() < 0.5,
-             "url": rng.choice(["https://docs.example.com/a", "https://example.com/b", "http://api.example.org/c",
-                                "https://www.debian.org/d"])}
+        d = {
+            "id": f"d{i}",
+            "title": " ".join(rng.choices(words, k=3)),
+            "body": " ".join(rng.choices(words, k=20)),
+            "section": rng.choice(["libs", "net", "utils", "3"]),
+            "year": rng.randint(1995, 2025),
+            "published": f"20{rng.randint(10, 24)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
+            "tags": rng.sample(["cli", "gui", "web", "db"], k=rng.randint(0, 2)),
+            "stable": rng.random() < 0.5,
+            "url": rng.choice(
+                [
+                    "https://docs.example.com/a",
+                    "https://example.com/b",
+                    "http://api.example.org/c",
+                    "https://www.debian.org/d",
+                ]
+            ),
+        }
         if i % 10 == 0:
             del d["year"]
         out.append(d)
@@ -36,7 +48,9 @@ def docs(n=300, seed=3):
 
 def _index(documents):
     ix = ShardIndex(None, Schema(ranges=RANGES))
-    ix.apply(1, [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in documents])
+    ix.apply(
+        1, [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in documents]
+    )
     return ix
 
 
@@ -91,17 +105,20 @@ def test_a_filtered_answer_is_the_unfiltered_one_less_what_it_excludes(flt):
     assert flt == {"section": 3} or any(ix.search(resolve("package", ix.analyzer), 10, clauses=clauses)), flt
 
 
-@pytest.mark.parametrize("flt,problem", [
-    ({"year": {"between": [1, 2]}}, "filter.year: unknown operator 'between'"),
-    ({"section": {"gte": "a"}}, "filter.section: gte/lte need a range field declared"),
-    ({"year": {"gte": "x"}}, "filter.year.gte: a number is required"),
-    ({"published": {"lte": "yesterday"}}, "filter.published.lte: 'yesterday' is not an ISO 8601 date"),
-    ({"section": {"in": []}}, "filter.section.in: a list of 1 to 256 values"),
-    ({"section": {"in": [["x"]]}}, "filter.section.in: a value is a string, a number or a boolean"),
-    ({"section": {}}, "filter.section: an empty condition"),
-    ({"Bad-Name": 1}, "filter: 'Bad-Name' is not a field name"),
-    (["section"], "filter must be an object"),
-])
+@pytest.mark.parametrize(
+    "flt,problem",
+    [
+        ({"year": {"between": [1, 2]}}, "filter.year: unknown operator 'between'"),
+        ({"section": {"gte": "a"}}, "filter.section: gte/lte need a range field declared"),
+        ({"year": {"gte": "x"}}, "filter.year.gte: a number is required"),
+        ({"published": {"lte": "yesterday"}}, "filter.published.lte: 'yesterday' is not an ISO 8601 date"),
+        ({"section": {"in": []}}, "filter.section.in: a list of 1 to 256 values"),
+        ({"section": {"in": [["x"]]}}, "filter.section.in: a value is a string, a number or a boolean"),
+        ({"section": {}}, "filter.section: an empty condition"),
+        ({"Bad-Name": 1}, "filter: 'Bad-Name' is not a field name"),
+        (["section"], "filter must be an object"),
+    ],
+)
 def test_bad_filters_are_refused_naming_the_problem(flt, problem):
     with pytest.raises(FilterError) as exc:
         decode_filter(flt, RANGES)
@@ -119,5 +136,6 @@ def test_url_domains_are_the_host_and_the_domains_above_it():
 
 def test_a_range_field_that_is_not_a_number_is_refused_at_ingest():
     from sluice.search.errors import DocumentError
+
     with pytest.raises(DocumentError, match="'year' is a number range field"):
         _index([{"id": "x", "year": "1999"}])

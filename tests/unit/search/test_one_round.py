@@ -9,13 +9,13 @@ import zlib
 
 import pytest
 
-from tests import corpus
 from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_tree import resolve, scored_leaves, terms_of
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
 from sluice.search.router.query.global_stats.one_round import ShardAnswer, exact_top_k
+from tests import corpus
 
 N_DOCS, N_QUERIES = 1200, 150
 

@@ -8,11 +8,20 @@ from sluice.search.index.query_syntax import MAX_CLAUSES, MAX_QUERY_CHARS, parse
 from sluice.search.index.query_tree import cache_key, check_tree, resolve, terms_of
 
 
-@pytest.mark.parametrize("query,position,words", [
-    ("", 0, "empty"), ("(a", 0, "unmatched '('"), ("a)", 1, "unmatched ')'"), ('a "b c', 2, "unterminated"),
-    ("a AND", 2, "AND needs"), ("OR b", 0, "expected"), ("()", 1, "empty parentheses"),
-    ("title:(a)", 6, "field"), ("a + ", 2, None),
-])
+@pytest.mark.parametrize(
+    "query,position,words",
+    [
+        ("", 0, "empty"),
+        ("(a", 0, "unmatched '('"),
+        ("a)", 1, "unmatched ')'"),
+        ('a "b c', 2, "unterminated"),
+        ("a AND", 2, "AND needs"),
+        ("OR b", 0, "expected"),
+        ("()", 1, "empty parentheses"),
+        ("title:(a)", 6, "field"),
+        ("a + ", 2, None),
+    ],
+)
 def test_errors_name_the_position(query, position, words):
     if words is None:  # a lone '+' is a word, not an error
         parse_query(query)
@@ -33,8 +42,13 @@ def test_bounds():
 def test_resolution_stems_prefixes_and_normalizes():
     a = Analyzer()
     tree = resolve('Running +title:Dogs -"e-mail lists" python', a)
-    assert tree == ["and_not", [["and_maybe", [["term", "XTITLE:dog"], ["or", [["term", "run"], ["term", "python"]]]]],
-                                ["phrase", ["e", "mail", "list"]]]]
+    assert tree == [
+        "and_not",
+        [
+            ["and_maybe", [["term", "XTITLE:dog"], ["or", [["term", "run"], ["term", "python"]]]]],
+            ["phrase", ["e", "mail", "list"]],
+        ],
+    ]
     assert terms_of(tree) == sorted(["XTITLE:dog", "run", "python", "e", "mail", "list"])
     assert cache_key(resolve("run  DOGS", a)) == cache_key(resolve("running dog", a))
     assert resolve("!!!", a) is None
@@ -52,8 +66,8 @@ def test_a_plain_words_terms_are_the_term_generators():
     gives, over the corpus's vocabulary and a few edge cases."""
     import re
 
-    from tests import corpus
     from sluice.search.index.analyzer import Analyzer
+    from tests import corpus
 
     a = Analyzer()
     words = {"I", "a", "Running", "NETWORKS", "x" * 60, "generously", "cats"}
@@ -63,11 +77,18 @@ def test_a_plain_words_terms_are_the_term_generators():
     assert a._index_query("e-mail") == a._generated("e-mail") == ["e", "mail"]
 
 
-@pytest.mark.parametrize("query,position,words", [
-    ("*", 0, "needs a word"), ("pa*ck", 2, "only at the end"), ("a**", 1, "only at the end"),
-    ('"packag* manager"', 7, "inside a phrase"), ("e-mai*", 0, "one word"), ("title:*", 6, "needs a word"),
-    ("python (pack*", 7, "unmatched"),
-])
+@pytest.mark.parametrize(
+    "query,position,words",
+    [
+        ("*", 0, "needs a word"),
+        ("pa*ck", 2, "only at the end"),
+        ("a**", 1, "only at the end"),
+        ('"packag* manager"', 7, "inside a phrase"),
+        ("e-mai*", 0, "one word"),
+        ("title:*", 6, "needs a word"),
+        ("python (pack*", 7, "unmatched"),
+    ],
+)
 def test_a_misplaced_wildcard_is_a_syntax_error_at_its_position(query, position, words):
     with pytest.raises(QuerySyntaxError) as exc:
         parse_query(query)
@@ -81,14 +102,19 @@ def test_a_trailing_wildcard_resolves_to_its_unstemmed_prefix():
     text = 'python AND (packag* OR "package manager") -title:library +body:tool Pythones* title:Pack*'
     q = resolve_query(text, a)
     assert wildcards_of(q.tree) == ["XTITLE:pack", "packag", "pythones"]  # lower-cased, never stemmed
-    assert q.wildcards == {"packag": text.index("packag*"), "pythones": text.index("Pythones*"),
-                           "XTITLE:pack": text.index("title:Pack*")}
+    assert q.wildcards == {
+        "packag": text.index("packag*"),
+        "pythones": text.index("Pythones*"),
+        "XTITLE:pack": text.index("title:Pack*"),
+    }
     assert "pythones" not in terms_of(q.tree) and "python" in terms_of(q.tree)
     # expansion: the union in place of each wildcard; one with no terms matches nothing, as a
     # word without terms does (dropped from an OR; an AND or a required clause with it: nothing)
     assert expand(["or", [["term", "a"], ["wildcard", "x"]]], {"x": []}) == ["term", "a"]
-    assert expand(["or", [["term", "a"], ["wildcard", "x"]]], {"x": ["xa", "xb"]}) == \
-        ["or", [["term", "a"], ["term", "xa"], ["term", "xb"]]]
+    assert expand(["or", [["term", "a"], ["wildcard", "x"]]], {"x": ["xa", "xb"]}) == [
+        "or",
+        [["term", "a"], ["term", "xa"], ["term", "xb"]],
+    ]
     assert expand(["and", [["term", "a"], ["wildcard", "x"]]], {"x": []}) is None
     assert expand(["and_not", [["term", "a"], ["wildcard", "x"]]], {"x": []}) == ["term", "a"]
     assert expand(["and_maybe", [["wildcard", "x"], ["term", "a"]]], {"x": []}) is None

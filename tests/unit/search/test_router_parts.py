@@ -5,12 +5,12 @@ import random
 
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.schema import parse_document
-from sluice.search.router.writes.bulk import plan_bulk
+from sluice.search.router.cluster.replica_state import ReplicaState
+from sluice.search.router.cluster.topology import Topology
 from sluice.search.router.config import parse_config
 from sluice.search.router.query.replica_picker import pick_replica
-from sluice.search.router.cluster.replica_state import ReplicaState
 from sluice.search.router.query.result_cache import ResultCache
-from sluice.search.router.cluster.topology import Topology
+from sluice.search.router.writes.bulk import plan_bulk
 
 
 def _topo(text: str) -> Topology:
@@ -51,8 +51,10 @@ def test_bulk_plan_places_by_hash_and_content():
     assert plan.accepted == 50 and not plan.errors
     assert sorted(op["id"] for ops in plan.batches.values() for op in ops) == sorted(str(i) for i in range(50))
     assert all(plan.batches.values())
-    content = _topo('[search]\nsharding = "content"\ncontent_field = "k"\n[[shards]]\nname = "a"\nvalues = ["x"]\n'
-                    '[[shards]]\nname = "b"\ndefault = true\n')
+    content = _topo(
+        '[search]\nsharding = "content"\ncontent_field = "k"\n[[shards]]\nname = "a"\nvalues = ["x"]\n'
+        '[[shards]]\nname = "b"\ndefault = true\n'
+    )
     plan = plan_bulk(b'{"id": "1", "k": "x"}\n{"id": "2", "k": "y"}\n', content)
     assert plan.batches[0] == [{"op": "upsert", "id": "1", "fields": {"k": "x"}}, {"op": "delete", "id": "2"}]
     assert plan.batches[1] == [{"op": "delete", "id": "1"}, {"op": "upsert", "id": "2", "fields": {"k": "y"}}]
@@ -102,9 +104,16 @@ def test_a_bulk_of_exactly_the_maximum_lines_newline_terminated_is_accepted():
 
 def test_bulk_lines_json_accepts_but_the_write_path_cannot_are_reported_by_number():
     topo = _topo('[[shards]]\nname = "a"\n[[shards]]\nname = "b"\n')
-    bad = ['{"id": "n", "x": NaN}', '{"id": "i", "x": -Infinity}', '{"id": "o", "x": 1e999}',
-           '{"id": "d", "x": ' + "9" * 5000 + "}", '{"id": "\\ud800", "x": "y"}', '{"id": "s", "x": "\\udc00"}',
-           '{"id": "k", "\\ud800": "y"}', '{"id": "deep", "x": ' + "[" * 10_000 + "]" * 10_000 + "}"]
+    bad = [
+        '{"id": "n", "x": NaN}',
+        '{"id": "i", "x": -Infinity}',
+        '{"id": "o", "x": 1e999}',
+        '{"id": "d", "x": ' + "9" * 5000 + "}",
+        '{"id": "\\ud800", "x": "y"}',
+        '{"id": "s", "x": "\\udc00"}',
+        '{"id": "k", "\\ud800": "y"}',
+        '{"id": "deep", "x": ' + "[" * 10_000 + "]" * 10_000 + "}",
+    ]
     good = [json.dumps({"id": str(i), "title": "fine"}) for i in range(4)]
     plan = plan_bulk("\n".join(good[:2] + bad + good[2:]).encode(), topo)
     assert [e["line"] for e in plan.errors] == list(range(3, 3 + len(bad)))
@@ -130,8 +139,9 @@ def test_a_write_that_fails_on_one_shard_says_which_parts_were_written():
 
     from sluice.search.router.runtime import RouterRuntime
 
-    cfg = parse_config('[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'
-                       '[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:9"]\n')
+    cfg = parse_config(
+        '[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:9"]\n'
+    )
     rt = RouterRuntime(cfg, [["http://127.0.0.1:9"], ["http://127.0.0.1:10"]])
 
     async def write_shard(shard, ops):  # a deterministic fault: shard b fails in an unforeseen way
@@ -170,8 +180,9 @@ def test_after_a_500_the_connection_is_closed_and_says_so():
     rt.status, rt.search = failing_status, failing_search
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(RouterFront(create_router_app(rt), rt), log_level="critical",
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(RouterFront(create_router_app(rt), rt), log_level="critical", lifespan="off")
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

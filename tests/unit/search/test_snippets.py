@@ -13,8 +13,10 @@ from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex
 from sluice.search.index.snippets import bounded, leading, visible_length
 
-BODY = ("Intro words first. The <weather> in Paris & Lyon is \"mild\" and rainy. "
-        "Packages are managed by apt, the Debian package manager. ") * 3
+BODY = (
+    'Intro words first. The <weather> in Paris & Lyon is "mild" and rainy. '
+    "Packages are managed by apt, the Debian package manager. "
+) * 3
 
 
 def _index(docs):
@@ -46,13 +48,17 @@ def test_a_field_query_marks_the_word_and_the_title_is_not_the_snippet():
 @pytest.mark.parametrize("chars", [1, 5, 20, 37, 80, 150])
 def test_a_snippet_is_never_longer_than_asked(chars):
     rng = random.Random(chars)
-    words = ["alpha", "beta", "<gamma>", "d&e", "épée", "package", "managers", "\"quoted\"", "x"]
+    words = ["alpha", "beta", "<gamma>", "d&e", "épée", "package", "managers", '"quoted"', "x"]
     docs = [{"id": str(i), "body": " ".join(rng.choice(words) for _ in range(rng.randint(1, 120)))} for i in range(40)]
     ix = _index(docs)
     for q in ("package", "alpha gamma", "manager x", "épée"):
         for hit in _search(ix, q, chars):
             assert 0 < visible_length(hit.snippet) <= chars, (q, hit.snippet)
-            assert html.unescape(re.sub(r"</?b>", "", hit.snippet)).replace("…", "") in hit.fields["body"].replace("\n", " ") or "…" in hit.snippet
+            assert (
+                html.unescape(re.sub(r"</?b>", "", hit.snippet)).replace("…", "")
+                in hit.fields["body"].replace("\n", " ")
+                or "…" in hit.snippet
+            )
 
 
 def test_no_snippet_when_none_is_asked_and_a_text_without_matches_gives_its_beginning():

@@ -2,14 +2,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sluice.search.contract import ShardSearchRequest, StatsRequest
 from sluice.search.index.query_tree import resolve
 from sluice.search.shard.replica import Replica
-from sluice.search.contract import ShardSearchRequest, StatsRequest
 from sluice.search.tiers.archive import S3Location, make_archive
 from sluice.search.tiers.cold_tier import ColdTier
 
-DOCS = [{"op": "upsert", "id": f"d{i}", "fields": {"title": f"cold archive {i}", "body": "frozen " * (i % 5 + 1)}}
-        for i in range(40)]
+DOCS = [
+    {"op": "upsert", "id": f"d{i}", "fields": {"title": f"cold archive {i}", "body": "frozen " * (i % 5 + 1)}}
+    for i in range(40)
+]
 
 
 def _replica(path: Path, memory: bool = False) -> Replica:

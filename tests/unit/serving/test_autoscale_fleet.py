@@ -21,21 +21,20 @@ import asyncio  # noqa: E402
 import signal
 import threading
 from collections.abc import Callable, Coroutine
-from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
 from sluice.config import load_settings
 from sluice.gateway.principal import Principal
+from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.routing.fleet.fleet import Fleet
 from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.scaling.decision import ScaleReason, ScalingDecision
-from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.serving.outcomes import Finished
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
-from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from tests.clock import FakeClock
@@ -80,8 +79,9 @@ class Scenario:
     def __init__(self, tmp_path, tiny: str):
         path = tmp_path / "fleet.toml"
         path.write_text(fleet_text(tiny))
-        self.settings = load_settings(None, safety=False, fleet=str(path), health_check_interval_s=0.2,
-                                      request_timeout_s=600)
+        self.settings = load_settings(
+            None, safety=False, fleet=str(path), health_check_interval_s=0.2, request_timeout_s=600
+        )
         self.clock = FakeClock()
         self.decisions: list[tuple[ScalingDecision, Any]] = []
         self.violations: list[str] = []
@@ -120,6 +120,7 @@ class Scenario:
     def call(self, fn: Callable[[], Any]) -> Any:
         async def go():
             return fn()
+
         return self.run(go())
 
     def ids(self, status: WorkerStatus) -> list[str]:
@@ -131,30 +132,43 @@ class Scenario:
 
     def wait(self, check: Callable[[], Any], what: str, timeout: float = WAIT_S, during: Any = None) -> Any:
         """Poll `check` on the loop; `during`: requests whose failure ends the wait at once."""
+
         async def go():
             deadline = self.loop.time() + timeout
             while not (value := check()):
                 if during is not None and during.done() and during.exception() is not None:
                     raise during.exception()
-                assert self.loop.time() < deadline, f"timed out after {timeout:g} s waiting for {what}: " \
-                                                    f"{self.fleet.status()['workers']}"
+                assert self.loop.time() < deadline, (
+                    f"timed out after {timeout:g} s waiting for {what}: {self.fleet.status()['workers']}"
+                )
                 await asyncio.sleep(0.02)
             return value
+
         return self.run(go(), timeout + 30)
 
     def counts(self) -> dict[str, int]:
-        return self.call(lambda: {s.value: sum(w.status is s for w in self.fleet.pool.workers(*KEY)) for s in WorkerStatus})
+        return self.call(
+            lambda: {s.value: sum(w.status is s for w in self.fleet.pool.workers(*KEY)) for s in WorkerStatus}
+        )
 
-    def send(self, n: int, max_tokens: int) -> "asyncio.Future[list[Any]]":
+    def send(self, n: int, max_tokens: int) -> asyncio.Future[list[Any]]:
         """n requests at once; a future of their final outcomes."""
+
         async def one(i: int):
-            req = ServingRequest(request_id=f"msg_{os.urandom(4).hex()}_{i}", route=Route.MESSAGES, principal=Principal(),
-                                 model="m", conversation=Conversation([Turn(Role.USER, ["hi"])]), budget=OutputBudget(max_tokens))
+            req = ServingRequest(
+                request_id=f"msg_{os.urandom(4).hex()}_{i}",
+                route=Route.MESSAGES,
+                principal=Principal(),
+                model="m",
+                conversation=Conversation([Turn(Role.USER, ["hi"])]),
+                budget=OutputBudget(max_tokens),
+            )
             gen = await self.pipeline.start(req)
             return (await gen.collect()).final
 
         async def all_of():
             return await asyncio.gather(*(one(i) for i in range(n)))
+
         return asyncio.run_coroutine_threadsafe(all_of(), self.loop)
 
     def close(self) -> None:
@@ -181,8 +195,10 @@ def last_reason(s: Scenario) -> ScaleReason | None:
 def test_the_warm_pool_fills_in_the_background(scenario):
     s = scenario
     assert len(s.by_status(WorkerStatus.WARM)) == 1  # replicas = 1 serve from the start
-    s.wait(lambda: len([w for w in s.fleet.pool.workers(*KEY) if w.status is WorkerStatus.STANDBY]) == 1,
-           "a warm-pool worker")
+    s.wait(
+        lambda: len([w for w in s.fleet.pool.workers(*KEY) if w.status is WorkerStatus.STANDBY]) == 1,
+        "a warm-pool worker",
+    )
     standby = s.by_status(WorkerStatus.STANDBY)[0]
     assert standby not in s.dispatched  # loaded and warmed up, but no traffic
     status = s.wait(lambda: (st := s.fleet.status()["autoscaling"][0])["warm_pool"] == 1 and st, "the next tick")
@@ -196,7 +212,11 @@ def test_a_burst_past_the_threshold_promotes_the_warm_worker_and_starts_a_replac
     (standby,) = s.by_status(WorkerStatus.STANDBY)
     seen = len(s.decisions)
     burst = s.send(2, max_tokens=380)  # two estimates of ~420 tokens on a ~1000-token worker: ~0.85
-    s.wait(lambda: any(d.reason is ScaleReason.SCALE_UP for d, _ in s.decisions[seen:]), "a scale-up decision", during=burst)
+    s.wait(
+        lambda: any(d.reason is ScaleReason.SCALE_UP for d, _ in s.decisions[seen:]),
+        "a scale-up decision",
+        during=burst,
+    )
     up = next(d for d, _ in s.decisions[seen:] if d.reason is ScaleReason.SCALE_UP)
     assert up.signal > 0.7 and up.desired_serving == 2
     assert up.actions.promote == 1 and up.actions.start == 1  # the warm worker serves, a new one refills
@@ -254,8 +274,10 @@ def test_a_serving_worker_that_dies_is_replaced_from_the_warm_pool(scenario):
     s.wait(lambda: s.fleet.pool.get(standby).status is WorkerStatus.WARM, "the warm worker to be promoted")
     assert any(d.reason is ScaleReason.REPLACE and d.actions.promote == 1 for d, _ in s.decisions[seen:])
     # the dead one is restarted by its supervisor and rejoins as the warm pool, not as a 2nd server
-    s.wait(lambda: (w := s.fleet.pool.get(victim)) is not None and w.status is WorkerStatus.STANDBY,
-           "the restarted worker to rejoin the warm pool")
+    s.wait(
+        lambda: (w := s.fleet.pool.get(victim)) is not None and w.status is WorkerStatus.STANDBY,
+        "the restarted worker to rejoin the warm pool",
+    )
     assert s.counts()["warm"] == 1
     outcome = s.send(1, max_tokens=4).result(WAIT_S)[0]
     assert isinstance(outcome, Finished), outcome

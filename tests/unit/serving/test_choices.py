@@ -21,7 +21,9 @@ def test_choices_submitted_together_share_the_prompts_blocks(tiny_llama):
     compute the prompt once; the others start from its cached blocks."""
     engine = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=64))
     prompt = list(range(10, 31))  # 21 tokens: 5 full blocks
-    reqs = [GenerationRequest(f"c-{i}", prompt, SamplingParams(max_tokens=3, temperature=1.0, seed=i)) for i in range(4)]
+    reqs = [
+        GenerationRequest(f"c-{i}", prompt, SamplingParams(max_tokens=3, temperature=1.0, seed=i)) for i in range(4)
+    ]
     out = engine.generate(reqs)
     assert out["c-0"].usage.cached_tokens == 0
     assert [out[f"c-{i}"].usage.cached_tokens for i in range(1, 4)] == [20, 20, 20]

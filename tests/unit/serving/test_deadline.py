@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sluice.serving.stages.deadline import with_deadline
 from sluice.serving.errors import ErrorKind
 from sluice.serving.outcomes import Failed
+from sluice.serving.stages.deadline import with_deadline
 
 
 def runtime(max_s: float = 600.0) -> SimpleNamespace:

@@ -19,19 +19,19 @@ import pytest
 from sluice.config import load_settings
 from sluice.errors import EngineRefusedError
 from sluice.gateway.principal import Principal
+from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.routing.errors import StateConflictError
 from sluice.routing.fleet.fleet import Fleet
-from sluice.routing.fleet_file.schema import VersionSpec
 from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.fleet_file.schema import VersionSpec
 from sluice.routing.state.replica_plan import ReplicaGoal, replica_goal
 from sluice.routing.state.routing_state import VersionState
-from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.serving.errors import ErrorKind
 from sluice.serving.fleet_admin import AdminError, FleetAdmin
 from sluice.serving.outcomes import Finished
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
-from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from tests.fake_engine import FakeEngine, Script
@@ -62,8 +62,9 @@ class Harness:
         self.tiny = str(tiny_dir)
         self.path.write_text(fleet_text(self.tiny))
         self.engines = engines or {}
-        self.settings = load_settings(None, safety=False, fleet=str(self.path), admin_key=ADMIN,
-                                      health_check_interval_s=3600)
+        self.settings = load_settings(
+            None, safety=False, fleet=str(self.path), admin_key=ADMIN, health_check_interval_s=3600
+        )
 
     async def __aenter__(self) -> Harness:
         self.fleet = Fleet.build(self.settings, Registry.from_file(self.path))
@@ -86,17 +87,29 @@ def run(coro):
 
 
 def request(i: int, user: str) -> ServingRequest:
-    return ServingRequest(request_id=f"msg_{i}", route=Route.MESSAGES, principal=Principal(), model="m",
-                          conversation=Conversation([Turn(Role.USER, ["hello"])]), budget=OutputBudget(4), affinity_user=user)
+    return ServingRequest(
+        request_id=f"msg_{i}",
+        route=Route.MESSAGES,
+        principal=Principal(),
+        model="m",
+        conversation=Conversation([Turn(Role.USER, ["hello"])]),
+        budget=OutputBudget(4),
+        affinity_user=user,
+    )
 
 
 # -- weights ----------------------------------------------------------------------------------
 def test_weights_are_checked_merged_and_shared(tmp_path, tiny_llama_dir):
     async def go():
         async with Harness(tmp_path, tiny_llama_dir) as h:
-            for model, weights, kind in [("nope", {"v1": 1}, ErrorKind.NOT_FOUND), ("m", {"v9": 1}, ErrorKind.INVALID_REQUEST),
-                                         ("m", {"v2": -1}, ErrorKind.INVALID_REQUEST), ("m", {"v2": math.nan}, ErrorKind.INVALID_REQUEST),
-                                         ("m", {"v1": 0}, ErrorKind.INVALID_REQUEST), ("m", {}, ErrorKind.INVALID_REQUEST)]:
+            for model, weights, kind in [
+                ("nope", {"v1": 1}, ErrorKind.NOT_FOUND),
+                ("m", {"v9": 1}, ErrorKind.INVALID_REQUEST),
+                ("m", {"v2": -1}, ErrorKind.INVALID_REQUEST),
+                ("m", {"v2": math.nan}, ErrorKind.INVALID_REQUEST),
+                ("m", {"v1": 0}, ErrorKind.INVALID_REQUEST),
+                ("m", {}, ErrorKind.INVALID_REQUEST),
+            ]:
                 with pytest.raises(AdminError) as info:
                     await h.admin.set_weights(model, weights)
                 assert info.value.kind is kind, (model, weights)
@@ -150,7 +163,9 @@ def test_rollout_and_rollback_refusals(tmp_path, tiny_llama_dir):
             with pytest.raises(AdminError) as info:
                 await h.admin.start_rollout("m", "v2", {"steps": [50, 40], "bogus": 1})
             assert info.value.kind is ErrorKind.INVALID_REQUEST
-            assert any(p.startswith("steps:") for p in info.value.problems) and any("bogus" in p for p in info.value.problems)
+            assert any(p.startswith("steps:") for p in info.value.problems) and any(
+                "bogus" in p for p in info.value.problems
+            )
             with pytest.raises(AdminError) as info:
                 await h.admin.start_rollout("m", "v1", {})  # v1 has all the traffic already
             assert info.value.kind is ErrorKind.CONFLICT
@@ -171,7 +186,9 @@ def test_rollout_and_rollback_refusals(tmp_path, tiny_llama_dir):
     run(go())
 
 
-def test_a_rollout_whose_target_fails_every_request_rolls_back_though_every_request_is_rescued(tmp_path, tiny_llama_dir):
+def test_a_rollout_whose_target_fails_every_request_rolls_back_though_every_request_is_rescued(
+    tmp_path, tiny_llama_dir
+):
     """The target refuses every request before any output; the failover serves each on v1, so
     no client sees an error — and the rollout must still see the target failing and roll back
     (each failed attempt on the target counts, not only the version that finally served)."""
@@ -215,8 +232,13 @@ def test_a_reload_adds_and_drains_remote_workers_and_keeps_the_fleet_when_invali
             assert any("versions.v1.weights: cannot change" in p for p in info.value.problems), info.value.problems
             assert h.fleet.registry.generation == generation and set(h.fleet.handles) == {"10.0.0.1:1", "10.0.0.2:1"}
 
-            h.write(fleet_text(h.tiny, v1_workers='"10.0.0.1:1", "10.0.0.9:1"',
-                               extra=f'[models.other.versions.a]\nweights = "{h.tiny}"\ntraffic = 1\nworkers = ["10.0.0.7:1"]\n'))
+            h.write(
+                fleet_text(
+                    h.tiny,
+                    v1_workers='"10.0.0.1:1", "10.0.0.9:1"',
+                    extra=f'[models.other.versions.a]\nweights = "{h.tiny}"\ntraffic = 1\nworkers = ["10.0.0.7:1"]\n',
+                )
+            )
             r = await h.admin.reload()
             assert r["added"] == ["other"] and r["changed"] == ["m"]
             assert sorted(r["workers_added"]) == ["10.0.0.7:1", "10.0.0.9:1"]
@@ -231,7 +253,9 @@ def test_a_reload_adds_and_drains_remote_workers_and_keeps_the_fleet_when_invali
                 if set(h.fleet.handles) == {"10.0.0.1:1", "10.0.0.2:1"}:
                     break
                 await asyncio.sleep(0.05)
-            assert set(h.fleet.handles) == {"10.0.0.1:1", "10.0.0.2:1"} and ("other", "a") not in h.fleet.runtimes.versions
+            assert (
+                set(h.fleet.handles) == {"10.0.0.1:1", "10.0.0.2:1"} and ("other", "a") not in h.fleet.runtimes.versions
+            )
 
     run(go())
 
@@ -287,24 +311,31 @@ def test_the_admin_api_guards_parses_and_shapes_errors(tmp_path, tiny_llama_dir)
                 assert r.status_code == 409
                 h.write("[models.m]\nbroken = true\n")
                 r = await c.post("/admin/fleet/reload", headers=auth)
-                assert r.status_code == 400 and any("fleet.toml:2: models.m.broken" in p for p in r.json()["error"]["problems"])
+                assert r.status_code == 400 and any(
+                    "fleet.toml:2: models.m.broken" in p for p in r.json()["error"]["problems"]
+                )
             no_admin = ServingRuntime(load_settings(None, safety=False))
             no_admin.mark_ready(h.fleet, 4096)
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(no_admin)), base_url="http://t") as c:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=create_app(no_admin)), base_url="http://t"
+            ) as c:
                 assert (await c.get("/admin/fleet", headers=auth)).status_code == 404  # no admin key: no admin API
 
     run(go())
 
 
 # -- which local replicas run -----------------------------------------------------------------
-@pytest.mark.parametrize("state, weight, replicas, goal", [
-    (VersionState.ACTIVE, 10.0, 1, ReplicaGoal.RUN),
-    (VersionState.ACTIVE, 0.0, 1, ReplicaGoal.KEEP),  # staged: started when a rollout or weights need it
-    (VersionState.WARMING, 0.0, 1, ReplicaGoal.RUN),  # a rollout's target
-    (VersionState.DRAINING, 0.0, 1, ReplicaGoal.KEEP),  # finishing its requests
-    (VersionState.RETIRED, 0.0, 1, ReplicaGoal.STOP),
-    (VersionState.ACTIVE, 10.0, 0, ReplicaGoal.KEEP),  # remote workers only: nothing to start
-])
+@pytest.mark.parametrize(
+    "state, weight, replicas, goal",
+    [
+        (VersionState.ACTIVE, 10.0, 1, ReplicaGoal.RUN),
+        (VersionState.ACTIVE, 0.0, 1, ReplicaGoal.KEEP),  # staged: started when a rollout or weights need it
+        (VersionState.WARMING, 0.0, 1, ReplicaGoal.RUN),  # a rollout's target
+        (VersionState.DRAINING, 0.0, 1, ReplicaGoal.KEEP),  # finishing its requests
+        (VersionState.RETIRED, 0.0, 1, ReplicaGoal.STOP),
+        (VersionState.ACTIVE, 10.0, 0, ReplicaGoal.KEEP),  # remote workers only: nothing to start
+    ],
+)
 def test_replica_goals(state, weight, replicas, goal):
     spec = VersionSpec(weights="bundled", replicas=replicas, workers=[] if replicas else ["10.0.0.1:1"])
     assert replica_goal(spec, state, weight) is goal

@@ -25,14 +25,14 @@ from sluice.config import load_settings
 from sluice.engine.stats import EngineStats
 from sluice.gateway.principal import Principal
 from sluice.observability.metrics import ServingMetrics
-from sluice.routing.scaling.observation import observations, version_load
+from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.routing.fleet.fleet import Fleet
 from sluice.routing.fleet_file.registry import Registry
-from sluice.routing.dispatch.worker_pool import WorkerStatus
+from sluice.routing.scaling.observation import observations, version_load
 from sluice.serving.outcomes import Finished
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
-from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.worker.warmup import is_warmup
@@ -97,7 +97,9 @@ class Harness:
     def __init__(self, tmp_path, text: str, **settings):
         self.path = tmp_path / "fleet.toml"
         self.path.write_text(text)
-        self.settings = load_settings(None, safety=False, fleet=str(self.path), health_check_interval_s=3600, **settings)
+        self.settings = load_settings(
+            None, safety=False, fleet=str(self.path), health_check_interval_s=3600, **settings
+        )
         self.engines: dict[str, HeldEngine] = {}
 
     async def __aenter__(self) -> Harness:
@@ -122,8 +124,14 @@ class Harness:
         q = self.rt.gateway.admission
         for _ in range(n):
             arrived = self.expect(worker)
-            request = ServingRequest(request_id=f"msg_{len(self.consumers)}", route=Route.MESSAGES, principal=Principal(),
-                                     model=model, conversation=Conversation([Turn(Role.USER, ["hello"])]), budget=OutputBudget(8))
+            request = ServingRequest(
+                request_id=f"msg_{len(self.consumers)}",
+                route=Route.MESSAGES,
+                principal=Principal(),
+                model=model,
+                conversation=Conversation([Turn(Role.USER, ["hello"])]),
+                budget=OutputBudget(8),
+            )
             depth = q.depth
             gen = await self.pipeline.start(request, wait_s=0.01)
             self.consumers.append(asyncio.ensure_future(_read(gen)))
@@ -189,8 +197,10 @@ def test_load_on_one_model_raises_only_that_models_scaling_signal(tmp_path, tiny
             # the autoscaler's computation on the same numbers (scaling/signal.py reuses it)
             loads = [version_load("a", v, h.fleet.pool, h.fleet.handles.values(), 0) for v in ("v1", "v2")]
             per_version = observations(loads, h.fleet.demand())
-            assert got["a"] == pytest.approx(sum(o.signal * v.capacity_tokens for o, v in zip(per_version.values(), loads))
-                                             / sum(v.capacity_tokens for v in loads))
+            assert got["a"] == pytest.approx(
+                sum(o.signal * v.capacity_tokens for o, v in zip(per_version.values(), loads))
+                / sum(v.capacity_tokens for v in loads)
+            )
 
             # now b gets load too: its series rises, a's keeps its in-flight part
             arrived = h.expect("10.0.0.1:1")
@@ -226,8 +236,11 @@ def test_engine_gauges_are_per_version_and_engine_up_says_which_answered(tmp_pat
         async with Harness(tmp_path, two_models(str(tiny_llama_dir))) as h:
             await h.hold("a", "10.0.0.1:1")
             m = await h.scrape()
-            labels = {"a/v1": (("model", "a"), ("version", "a/v1")), "a/v2": (("model", "a"), ("version", "a/v2")),
-                      "b/v1": (("model", "b"), ("version", "b/v1"))}
+            labels = {
+                "a/v1": (("model", "a"), ("version", "a/v1")),
+                "a/v2": (("model", "a"), ("version", "a/v2")),
+                "b/v1": (("model", "b"), ("version", "b/v1")),
+            }
             assert m["sluice_engine_kv_blocks_total"] == {labels["a/v1"]: 100, labels["a/v2"]: 60, labels["b/v1"]: 40}
             assert m["sluice_engine_running_requests"] == {labels["a/v1"]: 1, labels["a/v2"]: 0, labels["b/v1"]: 0}
             assert m["sluice_engine_up"] == {k: 1 for k in labels.values()}
@@ -246,7 +259,9 @@ def test_engine_gauges_are_per_version_and_engine_up_says_which_answered(tmp_pat
 
 def test_engine_series_of_a_version_gone_since_the_last_scrape_disappear():
     metrics = ServingMetrics()
-    metrics.observe_engines({("a", "a/v1"): EngineStats(kv_blocks_total=10), ("a", "a/v2"): EngineStats(kv_blocks_total=20)})
+    metrics.observe_engines(
+        {("a", "a/v1"): EngineStats(kv_blocks_total=10), ("a", "a/v2"): EngineStats(kv_blocks_total=20)}
+    )
     metrics.observe_scaling({"a": 0.5, "b": 0.25})
     text = metrics.render().decode()
     assert 'sluice_engine_kv_blocks_total{model="a",version="a/v2"} 20.0' in text

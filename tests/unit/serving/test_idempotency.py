@@ -128,7 +128,9 @@ def test_keys_are_per_tenant_and_a_retry_is_charged_once(tiny):
         auth = Keys(a=Principal(tenant="acme", key_id="a", limits=limited), b=Principal(tenant="zeta", key_id="b"))
         app, _, engine = await scripted_app(tiny, authenticator=auth)
         async with client(app) as c:
-            got = [await c.post("/v1/messages", json=BODY, headers=keyed("shared", **{"x-api-key": "a"})) for _ in range(4)]
+            got = [
+                await c.post("/v1/messages", json=BODY, headers=keyed("shared", **{"x-api-key": "a"})) for _ in range(4)
+            ]
             theirs = await c.post("/v1/messages", json=BODY, headers=keyed("shared", **{"x-api-key": "b"}))
             second = await c.post("/v1/messages", json=BODY, headers={"x-api-key": "a"})
             third = await c.post("/v1/messages", json=BODY, headers={"x-api-key": "a"})
@@ -220,7 +222,9 @@ def test_a_retry_of_a_running_stream_follows_it_through_the_replay_log(tiny):
             await until(lambda: engine.started, "the first attempt generates")
             msg_id = engine.started[0]
             await logged(rt, msg_id, 3)
-            retry = asyncio.ensure_future(c.post("/v1/messages", json=body, headers=keyed("s", **{"Last-Event-ID": f"{msg_id}:1"})))
+            retry = asyncio.ensure_future(
+                c.post("/v1/messages", json=body, headers=keyed("s", **{"Last-Event-ID": f"{msg_id}:1"}))
+            )
             for _ in range(200):
                 await asyncio.sleep(0)
             assert not retry.done()  # following live
@@ -256,7 +260,9 @@ def test_openai_retries_replay_the_reply_and_the_stream_from_its_start(tiny):
             first = await c.post("/v1/chat/completions", json=CHAT, headers=keyed("c"))
             again = await c.post("/v1/chat/completions", json=CHAT, headers=keyed("c"))
             s1 = await c.post("/v1/chat/completions", json=stream, headers=keyed("cs"))
-            s2 = await c.post("/v1/chat/completions", json=stream, headers=keyed("cs", **{"Last-Event-ID": "ignored:3"}))
+            s2 = await c.post(
+                "/v1/chat/completions", json=stream, headers=keyed("cs", **{"Last-Event-ID": "ignored:3"})
+            )
         assert again.content == first.content and again.json()["object"] == "chat.completion"
         chunks = [e["data"] for e in events(s1.text) if "data" in e]
         assert chunks[-1] == "[DONE]" and json.loads(chunks[-2])["usage"]["completion_tokens"] == 2

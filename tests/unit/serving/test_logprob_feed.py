@@ -3,8 +3,8 @@ releases that token's text; the rest goes with the final outcome; the prompt's w
 
 from __future__ import annotations
 
-from sluice.serving.stages.logprob_feed import LogprobFeed
 from sluice.serving.outcomes import Finished, TextDelta
+from sluice.serving.stages.logprob_feed import LogprobFeed
 from sluice.types import FinishReason, GenerationEvent, TokenLogprob
 
 

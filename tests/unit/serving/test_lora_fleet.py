@@ -63,8 +63,9 @@ class Harness:
         self.path = tmp_path / "fleet.toml"
         self.path.write_text(fleet_text(str(tiny_dir)))
         self.engines: dict[str, FakeEngine] = {}
-        self.settings = load_settings(None, safety=False, fleet=str(self.path), admin_key=ADMIN,
-                                      health_check_interval_s=3600)
+        self.settings = load_settings(
+            None, safety=False, fleet=str(self.path), admin_key=ADMIN, health_check_interval_s=3600
+        )
 
     async def __aenter__(self) -> Harness:
         self.fleet = Fleet.build(self.settings, Registry.from_file(self.path))
@@ -79,9 +80,16 @@ class Harness:
         await self.fleet.close()
 
     async def ask(self, model: str, user: str, i: int = 0, pin: str | None = None):
-        req = ServingRequest(request_id=f"msg_{user}_{i}", route=Route.MESSAGES, principal=Principal(), model=model,
-                             conversation=Conversation([Turn(Role.USER, ["hello"])]), budget=OutputBudget(4),
-                             affinity_user=user, pin=pin)
+        req = ServingRequest(
+            request_id=f"msg_{user}_{i}",
+            route=Route.MESSAGES,
+            principal=Principal(),
+            model=model,
+            conversation=Conversation([Turn(Role.USER, ["hello"])]),
+            budget=OutputBudget(4),
+            affinity_user=user,
+            pin=pin,
+        )
         gen = await self.pipeline.start(req)
         collected = await gen.collect()
         assert isinstance(collected.final, Finished)
@@ -117,6 +125,7 @@ def test_sticky_canary_pins_and_rollback_of_adapter_versions(tmp_path, tiny_llam
     """Weights split an adapter's users between its versions, each user staying on one; a pin
     picks a version; a rollout of v2 is warm at once (its base is) and shifts; a rollback puts
     the old weights back."""
+
     async def go():
         async with Harness(tmp_path, tiny_llama_dir) as h:
             admin = FleetAdmin(h.fleet)
@@ -182,10 +191,12 @@ def test_adapters_load_and_unload_at_run_time(tmp_path, tiny_llama_dir):
             ops = AdapterAdmin(h.fleet)
             h.engines[W1].damaged["/adapters/broken"] = "adapter_model.safetensors: truncated"
             h.engines[W2].damaged["/adapters/broken"] = "adapter_model.safetensors: truncated"
-            for name, path, base, kind in [("support", "/a", None, ErrorKind.CONFLICT),
-                                           ("x", "/adapters/broken", None, ErrorKind.INVALID_REQUEST),
-                                           ("x", "/a", "nope/v1", ErrorKind.INVALID_REQUEST),
-                                           ("x", "/a", "support/v1", ErrorKind.INVALID_REQUEST)]:
+            for name, path, base, kind in [
+                ("support", "/a", None, ErrorKind.CONFLICT),
+                ("x", "/adapters/broken", None, ErrorKind.INVALID_REQUEST),
+                ("x", "/a", "nope/v1", ErrorKind.INVALID_REQUEST),
+                ("x", "/a", "support/v1", ErrorKind.INVALID_REQUEST),
+            ]:
                 with pytest.raises(AdminError) as info:
                     await ops.load(name, path, base)
                 assert info.value.kind is kind, (name, path, base)
@@ -194,8 +205,9 @@ def test_adapters_load_and_unload_at_run_time(tmp_path, tiny_llama_dir):
             assert loaded["base"] == "m/v1" and loaded["bytes"] == 1 << 20
             version, sent = await h.ask("billing", "u")
             assert version == "billing/default" and sent.adapter == AdapterRef("billing", "/adapters/billing")
-            assert sent.request_id in [r.request_id for r in h.engines[loaded["worker"]].requests], \
+            assert sent.request_id in [r.request_id for r in h.engines[loaded["worker"]].requests], (
                 "the worker that checked it holds it: routing sends the first request there"
+            )
             names = {a["name"]: a for a in ops.listing()["adapters"]}
             assert names["billing"]["runtime"] and not names["support"]["runtime"]
             h.path.write_text(fleet_text(str(tiny_llama_dir)) + "\n")  # a reload keeps run-time adapters
@@ -234,8 +246,10 @@ def test_vllm_endpoints_and_models_list_over_http(tmp_path, tiny_llama_dir):
                 assert r.status_code == 400 and "bogus" in r.json()["error"]["message"]
                 r = await c.post("/v1/unload_lora_adapter", json={"lora_name": "x"}, headers=admin)
                 assert r.status_code == 200
-                r = await c.post("/v1/messages", json={"model": "x", "max_tokens": 4,
-                                                       "messages": [{"role": "user", "content": "hi"}]})
+                r = await c.post(
+                    "/v1/messages",
+                    json={"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+                )
                 assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
 
     run(go())

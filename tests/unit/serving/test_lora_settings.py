@@ -25,10 +25,15 @@ def test_lora_modules_from_flags_file_and_environment(tmp_path, monkeypatch):
     assert (config.max_loras, config.max_cpu_loras, config.max_lora_rank) == (8, 32, 64)
 
 
-@pytest.mark.parametrize("modules, why", [
-    (["noequals"], "expected NAME=PATH"), (["a="], "expected NAME=PATH"), (["bad name=/x"], "the name must be"),
-    (["a=/x", "a=/y"], "given twice"),
-])
+@pytest.mark.parametrize(
+    "modules, why",
+    [
+        (["noequals"], "expected NAME=PATH"),
+        (["a="], "expected NAME=PATH"),
+        (["bad name=/x"], "the name must be"),
+        (["a=/x", "a=/y"], "given twice"),
+    ],
+)
 def test_bad_lora_modules_stop_start_up(modules, why):
     with pytest.raises(SettingsError, match=why):
         load_settings(None, lora_modules=modules)

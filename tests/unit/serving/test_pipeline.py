@@ -11,15 +11,15 @@ import pytest
 from sluice.config import load_settings
 from sluice.errors import EngineUnavailableError
 from sluice.gateway.principal import Principal
-from sluice.routing.fleet_file.default_fleet import fleet_from_settings
 from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.default_fleet import fleet_from_settings
 from sluice.routing.fleet_file.registry import Registry
 from sluice.serving.admission import ClientGone
 from sluice.serving.errors import ErrorKind, ServingError
 from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta
+from sluice.serving.output_budget import OutputBudget
 from sluice.serving.pipeline import ServingPipeline
 from sluice.serving.prompt import Conversation, Role, Turn
-from sluice.serving.output_budget import OutputBudget
 from sluice.serving.request import Route, ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.types import FinishReason, Sampling
@@ -35,10 +35,13 @@ def tokenizer(tiny_llama_dir):
 
 def make(tiny_dir, script: Script | None = None, **settings):
     """A runtime whose fleet is one version served by the scripted engine (as `--worker inline`)."""
+
     async def build():
         engine = FakeEngine(script)
-        s = load_settings(None, **{"safety": False, "model": str(tiny_dir), "served_model_name": MODEL,
-                                   "worker": "inline", **settings})
+        s = load_settings(
+            None,
+            **{"safety": False, "model": str(tiny_dir), "served_model_name": MODEL, "worker": "inline", **settings},
+        )
         fleet = Fleet.build(s, Registry(fleet_from_settings(s)))
         await fleet.start(inline=engine)
         rt = ServingRuntime(s)
@@ -50,9 +53,14 @@ def make(tiny_dir, script: Script | None = None, **settings):
 
 def request(text: str = "hi", max_tokens: int | None = 8, **kw) -> ServingRequest:
     return ServingRequest(
-        request_id=kw.pop("request_id", "msg_1"), route=Route.MESSAGES, principal=kw.pop("principal", Principal()),
-        model=MODEL, conversation=Conversation([Turn(Role.USER, [text])]), budget=OutputBudget(max_tokens),
-        sampling=Sampling(temperature=kw.pop("temperature", 1.0)), **kw,
+        request_id=kw.pop("request_id", "msg_1"),
+        route=Route.MESSAGES,
+        principal=kw.pop("principal", Principal()),
+        model=MODEL,
+        conversation=Conversation([Turn(Role.USER, [text])]),
+        budget=OutputBudget(max_tokens),
+        sampling=Sampling(temperature=kw.pop("temperature", 1.0)),
+        **kw,
     )
 
 
@@ -75,9 +83,12 @@ def test_outcomes_are_text_then_one_final(tokenizer):
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("finish, kind", [(FinishReason.ABORT, ErrorKind.OVERLOADED), (FinishReason.ERROR, ErrorKind.INTERNAL)])
+@pytest.mark.parametrize(
+    "finish, kind", [(FinishReason.ABORT, ErrorKind.OVERLOADED), (FinishReason.ERROR, ErrorKind.INTERNAL)]
+)
 def test_engine_abort_and_error_are_wire_neutral_failures(tokenizer, finish, kind):
     """One mapping for both wire formats: an engine abort is OVERLOADED (529 everywhere)."""
+
     async def run():
         _, _, pipeline = await make(tokenizer, Script(texts=["x"], finish=finish))
         out = await drain(await pipeline.start(request()))
@@ -157,6 +168,7 @@ def test_refusals_before_the_stream_are_serving_errors(tokenizer):
 def test_a_stream_still_queued_is_handed_back_and_then_served(tokenizer):
     """With `wait_s`, a request still queued comes back (so a stream can open and ping) and runs
     when a slot frees; a caller that leaves while waiting leaves the queue."""
+
     async def run():
         rt, engine, pipeline = await make(tokenizer, Script(texts=["a", "b"], hang_at=1), max_inflight=1)
         first = await pipeline.start(request(request_id="msg_1"))
@@ -207,8 +219,9 @@ def test_the_maximum_stream_duration_ends_a_silent_stream(tokenizer):
 
 def test_safety_blocks_input_before_the_stream_and_refuses_output_in_it(tokenizer):
     async def run():
-        rt, engine, pipeline = await make(tokenizer, Script(texts=["Sure: ", "sluice-canary-", "banned-phrase", " more"]),
-                                          safety=True)
+        rt, engine, pipeline = await make(
+            tokenizer, Script(texts=["Sure: ", "sluice-canary-", "banned-phrase", " more"]), safety=True
+        )
         with pytest.raises(ServingError) as info:
             await pipeline.start(request(text="please sluice-canary-banned-phrase"))
         assert info.value.kind is ErrorKind.INVALID_REQUEST and info.value.code == "safety.input.canary"
@@ -224,7 +237,9 @@ def test_identical_deterministic_requests_share_one_generation(tokenizer):
     async def run():
         _, engine, pipeline = await make(tokenizer, Script(texts=["a", "b", "c"], delay_s=0.01))
         body = {"model": MODEL, "messages": "same", "temperature": 0}  # as the wire format dumps it
-        gens = [await pipeline.start(request(request_id=f"msg_{i}", temperature=0.0, dedup_body=body)) for i in range(3)]
+        gens = [
+            await pipeline.start(request(request_id=f"msg_{i}", temperature=0.0, dedup_body=body)) for i in range(3)
+        ]
         outs = await asyncio.gather(*(drain(g) for g in gens))
         assert len(engine.started) == 1
         assert all("".join(o.text for o in out[:-1]) == "abc" for out in outs)

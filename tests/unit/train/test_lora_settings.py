@@ -17,11 +17,14 @@ BASE = {"data": "d.jsonl", "out": "o", "max_steps": 1}
 
 def test_flags_and_file_give_the_same_lora_settings(tmp_path: Path):
     cfg = tmp_path / "train.toml"
-    cfg.write_text('data = "d.jsonl"\nout = "o"\nmax_steps = 1\nlora_rank = 8\nlora_alpha = 16\n'
-                   'lora_dropout = 0.05\nlora_targets = ["q", "v", "down"]\n')
+    cfg.write_text(
+        'data = "d.jsonl"\nout = "o"\nmax_steps = 1\nlora_rank = 8\nlora_alpha = 16\n'
+        'lora_dropout = 0.05\nlora_targets = ["q", "v", "down"]\n'
+    )
     from_file = load_settings(cfg, {})
-    from_flags = load_settings(None, {**BASE, "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.05,
-                                      "lora_targets": ["q", "v", "down"]})
+    from_flags = load_settings(
+        None, {**BASE, "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.05, "lora_targets": ["q", "v", "down"]}
+    )
     for s in (from_file, from_flags):
         assert (s.lora_rank, s.lora_alpha, s.lora_dropout) == (8, 16.0, 0.05)
         assert targets_of(s.lora_targets) == ["q_proj", "v_proj", "down_proj"]
@@ -29,38 +32,53 @@ def test_flags_and_file_give_the_same_lora_settings(tmp_path: Path):
     assert load_settings(None, BASE).lora_rank is None  # full fine-tuning
 
 
-@pytest.mark.parametrize("given, problem", [
-    ({"lora_rank": 0}, "--lora-rank: Input should be greater than 0"),
-    ({"lora_rank": -4}, "--lora-rank: Input should be greater than 0"),
-    ({"lora_rank": 4, "lora_alpha": 0.0}, "--lora-alpha: Input should be greater than 0"),
-    ({"lora_rank": 4, "lora_alpha": -1.0}, "--lora-alpha: Input should be greater than 0"),
-    ({"lora_rank": 4, "lora_dropout": 1.0}, "--lora-dropout: Input should be less than 1"),
-    ({"lora_rank": 4, "lora_dropout": -0.1}, "--lora-dropout: Input should be greater than or equal to 0"),
-    ({"lora_rank": 4, "lora_targets": ["q", "qkv"]}, "--lora-targets: Input should be 'q', 'k', 'v', 'o', 'gate', 'up' or 'down'"),
-    ({"lora_rank": 4, "lora_targets": ["lm_head"]}, "--lora-targets: Input should be 'q'"),
-    ({"lora_rank": 4, "lora_targets": []}, "lora_targets: name at least one of q, k, v, o, gate, up, down"),
-    ({"lora_rank": 4, "lora_targets": ["v", "v"]}, "lora_targets: 'v' is listed twice"),
-    ({"lora_alpha": 16.0}, "lora_alpha applies to a LoRA run: set lora_rank"),
-    ({"lora_dropout": 0.1}, "lora_dropout applies to a LoRA run"),
-    ({"lora_targets": ["q"]}, "lora_targets applies to a LoRA run"),
-    ({"lora_rank": 4, "parallel": "tp", "nproc": 2}, "not with parallel = tp (tensor and pipeline plans"),
-    ({"lora_rank": 4, "parallel": "pp", "nproc": 2}, "not with parallel = pp"),
-    ({"lora_rank": 4, "parallel": "fsdp_tp", "nproc": 4}, "not with parallel = fsdp_tp"),
-    ({"lora_rank": 4, "parallel": "ep", "nproc": 2, "moe_experts": 2}, "not with parallel = ep"),
-    ({"lora_rank": 4, "moe_experts": 4}, "not with moe_experts"),
-])
+@pytest.mark.parametrize(
+    "given, problem",
+    [
+        ({"lora_rank": 0}, "--lora-rank: Input should be greater than 0"),
+        ({"lora_rank": -4}, "--lora-rank: Input should be greater than 0"),
+        ({"lora_rank": 4, "lora_alpha": 0.0}, "--lora-alpha: Input should be greater than 0"),
+        ({"lora_rank": 4, "lora_alpha": -1.0}, "--lora-alpha: Input should be greater than 0"),
+        ({"lora_rank": 4, "lora_dropout": 1.0}, "--lora-dropout: Input should be less than 1"),
+        ({"lora_rank": 4, "lora_dropout": -0.1}, "--lora-dropout: Input should be greater than or equal to 0"),
+        (
+            {"lora_rank": 4, "lora_targets": ["q", "qkv"]},
+            "--lora-targets: Input should be 'q', 'k', 'v', 'o', 'gate', 'up' or 'down'",
+        ),
+        ({"lora_rank": 4, "lora_targets": ["lm_head"]}, "--lora-targets: Input should be 'q'"),
+        ({"lora_rank": 4, "lora_targets": []}, "lora_targets: name at least one of q, k, v, o, gate, up, down"),
+        ({"lora_rank": 4, "lora_targets": ["v", "v"]}, "lora_targets: 'v' is listed twice"),
+        ({"lora_alpha": 16.0}, "lora_alpha applies to a LoRA run: set lora_rank"),
+        ({"lora_dropout": 0.1}, "lora_dropout applies to a LoRA run"),
+        ({"lora_targets": ["q"]}, "lora_targets applies to a LoRA run"),
+        ({"lora_rank": 4, "parallel": "tp", "nproc": 2}, "not with parallel = tp (tensor and pipeline plans"),
+        ({"lora_rank": 4, "parallel": "pp", "nproc": 2}, "not with parallel = pp"),
+        ({"lora_rank": 4, "parallel": "fsdp_tp", "nproc": 4}, "not with parallel = fsdp_tp"),
+        ({"lora_rank": 4, "parallel": "ep", "nproc": 2, "moe_experts": 2}, "not with parallel = ep"),
+        ({"lora_rank": 4, "moe_experts": 4}, "not with moe_experts"),
+    ],
+)
 def test_what_does_not_compose_is_refused_naming_why(given: dict, problem: str):
     with pytest.raises(TrainConfigError) as err:
         load_settings(None, {**BASE, **given})
     assert problem in "\n".join(err.value.problems)
 
 
-@pytest.mark.parametrize("flags, problem", [
-    (["--lora-rank", "4", "--parallel", "tp", "--nproc", "2"], "a LoRA run trains on one process, ddp or fsdp, not with parallel = tp"),
-    (["--lora-rank", "4", "--lora-targets", "q,x"], "--lora-targets: Input should be 'q', 'k', 'v', 'o', 'gate', 'up' or 'down'"),
-    (["--lora-rank", "0"], "--lora-rank: Input should be greater than 0"),
-    (["--lora-rank", "4", "--lora-dropout", "1"], "--lora-dropout: Input should be less than 1"),
-])
+@pytest.mark.parametrize(
+    "flags, problem",
+    [
+        (
+            ["--lora-rank", "4", "--parallel", "tp", "--nproc", "2"],
+            "a LoRA run trains on one process, ddp or fsdp, not with parallel = tp",
+        ),
+        (
+            ["--lora-rank", "4", "--lora-targets", "q,x"],
+            "--lora-targets: Input should be 'q', 'k', 'v', 'o', 'gate', 'up' or 'down'",
+        ),
+        (["--lora-rank", "0"], "--lora-rank: Input should be greater than 0"),
+        (["--lora-rank", "4", "--lora-dropout", "1"], "--lora-dropout: Input should be less than 1"),
+    ],
+)
 def test_the_cli_refuses_before_any_worker_starts(flags: list[str], problem: str, tmp_path: Path, capsys):
     from sluice.cli import main
 
@@ -94,8 +112,15 @@ def _tiny_lora(rank: int = 2, tied: bool = False, seed: int = 0):
 
     from sluice.train.model.lora import add_lora
 
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=tied,
+    )
     module = transformers.LlamaForCausalLM(cfg)
     add_lora(module, load_settings(None, {**BASE, "lora_rank": rank, "model": "random:tiny", "seed": seed}))
     return module

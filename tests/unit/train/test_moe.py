@@ -15,8 +15,15 @@ from sluice.train.settings import load_settings
 def _dense():
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1, rope_theta=10000.0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rope_theta=10000.0,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM._from_config(cfg)
 
@@ -49,11 +56,13 @@ def test_moe_and_elastic_and_store_settings_are_checked():
     base = {"data": "d", "out": "o", "max_steps": 1}
     s = load_settings(None, {**base, "moe_experts": 4, "parallel": "ep", "nproc": 2, "batch_size": 4})
     assert s.moe_top_k == 2 and not s.elastic
-    for bad, match in [({"parallel": "ep"}, "set moe_experts"),
-                       ({"moe_experts": 3, "parallel": "ep", "nproc": 2, "batch_size": 4}, "multiple of nproc"),
-                       ({"moe_experts": 2, "moe_top_k": 3}, "must not exceed"),
-                       ({"nnodes": "1:2"}, "rdzv_endpoint"),
-                       ({"checkpoint_store": "gs://b/p"}, "checkpoint-store")]:
+    for bad, match in [
+        ({"parallel": "ep"}, "set moe_experts"),
+        ({"moe_experts": 3, "parallel": "ep", "nproc": 2, "batch_size": 4}, "multiple of nproc"),
+        ({"moe_experts": 2, "moe_top_k": 3}, "must not exceed"),
+        ({"nnodes": "1:2"}, "rdzv_endpoint"),
+        ({"checkpoint_store": "gs://b/p"}, "checkpoint-store"),
+    ]:
         with pytest.raises(TrainConfigError, match=match):
             load_settings(None, {**base, **bad})
     assert load_settings(None, {**base, "nnodes": "1:2", "rdzv_endpoint": "h:1"}).elastic

@@ -24,34 +24,59 @@ def tok(tmp_path_factory):
 
 
 def test_chat_and_text_lines_parse():
-    ex = parse_record(json.dumps({"system": [{"type": "text", "text": "be brief"}],
-                                  "messages": [{"role": "user", "content": "hi"},
-                                               {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]}))
-    assert ex == ChatExample(({"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-                              {"role": "assistant", "content": "yo"}))
+    ex = parse_record(
+        json.dumps(
+            {
+                "system": [{"type": "text", "text": "be brief"}],
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "yo"}]},
+                ],
+            }
+        )
+    )
+    assert ex == ChatExample(
+        (
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"},
+        )
+    )
     assert parse_record('{"text": "abc"}') == TextExample("abc")
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("{not json", "not valid JSON"),
-    ("[1]", "JSON object"),
-    ('{"messages": []}', "non-empty list"),
-    ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant message"),
-    ('{"messages": [{"role": "robot", "content": "hi"}]}', "role must be"),
-    ('{"messages": [{"role": "assistant", "content": [{"type": "image"}]}]}', "only text blocks"),
-    ('{"text": ""}', "non-empty string"),
-    ('{"text": "a", "extra": 1}', "unknown keys"),
-    ('{"prompt": "a"}', 'needs "messages"'),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1]", "JSON object"),
+        ('{"messages": []}', "non-empty list"),
+        ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant message"),
+        ('{"messages": [{"role": "robot", "content": "hi"}]}', "role must be"),
+        ('{"messages": [{"role": "assistant", "content": [{"type": "image"}]}]}', "only text blocks"),
+        ('{"text": ""}', "non-empty string"),
+        ('{"text": "a", "extra": 1}', "unknown keys"),
+        ('{"prompt": "a"}', 'needs "messages"'),
+    ],
+)
 def test_bad_lines_say_what_is_wrong(line, problem):
     with pytest.raises(ValueError, match=problem):
         parse_record(line)
 
 
 def test_loss_falls_on_assistant_turns_only(tok):
-    ex = parse_record(json.dumps({"messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "A1"},
-        {"role": "user", "content": "more"}, {"role": "assistant", "content": "B2"}]}))
+    ex = parse_record(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "A1"},
+                    {"role": "user", "content": "more"},
+                    {"role": "assistant", "content": "B2"},
+                ]
+            }
+        )
+    )
     out = tokenize_example(tok, ex)
     assert out.ids == tok.encode(tok.render_chat(list(ex.messages), add_generation_prompt=False))
     trained = tok.decode([i for i, m in zip(out.ids, out.mask) if m], skip_special_tokens=False)

@@ -50,8 +50,10 @@ def test_progress_lines_are_throttled_and_faults_get_a_line_each(tmp_path):
     events.emit(Event.GROUPS, step=5, groups=[0], before=[0, 1])
     _line(tmp_path, 5, replica_groups=[0])
     progress.poll()
-    assert said[1:3] == ["[recovery] replica group 1 rejoined at step 4: weights and optimizer state from a live peer",
-                         "[fault] step 5: replica group(s) 1 missing (groups 0,1 -> 0)"]
+    assert said[1:3] == [
+        "[recovery] replica group 1 rejoined at step 4: weights and optimizer state from a live peer",
+        "[fault] step 5: replica group(s) 1 missing (groups 0,1 -> 0)",
+    ]
     assert said[3].startswith("step 5/10 | loss 2.0000 | 1,000 tok/s | ETA 0:00:")
     assert said[3].endswith("| checkpoint 4 | groups 0")
     _line(tmp_path, 6)
@@ -69,7 +71,10 @@ def test_progress_after_a_restart_skips_what_the_restarted_run_kept(tmp_path):
     EventLog(tmp_path).emit(Event.RESTORED, step=1)
     _line(tmp_path, 2)
     progress.poll()
-    assert [s.split(" |")[0] for s in said] == ["[recovery] the ranks resumed from the checkpoint of step 1", "step 2/5"]
+    assert [s.split(" |")[0] for s in said] == [
+        "[recovery] the ranks resumed from the checkpoint of step 1",
+        "step 2/5",
+    ]
 
 
 def test_events_are_whole_lines_from_any_process(tmp_path):
@@ -85,8 +90,20 @@ def test_events_are_whole_lines_from_any_process(tmp_path):
 def _beat(run: Path, pid: int, beat: int, host: str, group: int = 0) -> None:
     path = heartbeat_path(run, group, 1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"group": group, "rank": 1, "host": host, "pid": pid, "restart": 0, "beat": beat,
-                                "step": 7, "phase": "step"}))
+    path.write_text(
+        json.dumps(
+            {
+                "group": group,
+                "rank": 1,
+                "host": host,
+                "pid": pid,
+                "restart": 0,
+                "beat": beat,
+                "step": 7,
+                "phase": "step",
+            }
+        )
+    )
 
 
 def test_the_watchdog_kills_a_silent_rank_after_the_bound_and_spares_a_beating_one(tmp_path):
@@ -156,12 +173,14 @@ def _settings(**kw):
 def test_replica_group_settings_are_checked():
     s = _settings(nproc=4, replica_groups=2, batch_size=8)
     assert (s.group_size, s.group_batch, s.dims().world) == (2, 4, 2)
-    for bad, needle in [({"nproc": 3, "replica_groups": 2}, "multiple of replica_groups"),
-                        ({"nproc": 2, "replica_groups": 2, "parallel": "tp"}, "ddp or fsdp"),
-                        ({"nproc": 2, "replica_groups": 2, "batch_size": 3}, "multiple of nproc"),
-                        ({"nproc": 2, "replica_sync": "diloco"}, "replica_groups >= 2"),
-                        ({"nproc": 2, "replica_groups": 2, "sync_every": 4}, "local_sgd or diloco"),
-                        ({"lighthouse": "lighthouse:29510"}, "lighthouse")]:
+    for bad, needle in [
+        ({"nproc": 3, "replica_groups": 2}, "multiple of replica_groups"),
+        ({"nproc": 2, "replica_groups": 2, "parallel": "tp"}, "ddp or fsdp"),
+        ({"nproc": 2, "replica_groups": 2, "batch_size": 3}, "multiple of nproc"),
+        ({"nproc": 2, "replica_sync": "diloco"}, "replica_groups >= 2"),
+        ({"nproc": 2, "replica_groups": 2, "sync_every": 4}, "local_sgd or diloco"),
+        ({"lighthouse": "lighthouse:29510"}, "lighthouse"),
+    ]:
         with pytest.raises(TrainConfigError) as exc:
             _settings(**bad)
         assert needle in str(exc.value), (bad, str(exc.value))

@@ -63,18 +63,24 @@ def test_the_job_forms_one_torchrun_group_through_the_headless_service(objs):
     args = get_args_parser().parse_args(argv)
     nodes = int(args.nnodes)
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == nodes
-    assert args.module and args.training_script == "sluice.train.worker" and importlib.util.find_spec(args.training_script)
+    assert (
+        args.module and args.training_script == "sluice.train.worker" and importlib.util.find_spec(args.training_script)
+    )
     assert args.training_script_args == [env["RUN_DIR"]] and args.rdzv_backend == "c10d" and args.max_restarts > 0
     # pod 0 of the Job, by the name the Job's subdomain gives it, on the Service's port
     host, port = args.rdzv_endpoint.split(":")
-    assert host == f"{job['metadata']['name']}-0.{service['metadata']['name']}" and pod["subdomain"] == service["metadata"]["name"]
+    assert (
+        host == f"{job['metadata']['name']}-0.{service['metadata']['name']}"
+        and pod["subdomain"] == service["metadata"]["name"]
+    )
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert int(port) == service["spec"]["ports"][0]["port"] == c["ports"][0]["containerPort"]
     labels = job["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # restarts need a store per round
     assert {"fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"} == next(
-        e["valueFrom"]["fieldRef"] for e in c["env"] if e["name"] == "JOB_UID")
+        e["valueFrom"]["fieldRef"] for e in c["env"] if e["name"] == "JOB_UID"
+    )
     assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] > 30  # the agent's grace
     (prepare,) = pod["initContainers"]
     fail_fast = spec["podFailurePolicy"]["rules"][0]

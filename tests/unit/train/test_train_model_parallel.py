@@ -39,14 +39,17 @@ def test_one_parallel_dims_object_holds_the_degrees_and_checks_the_world():
         ParallelDims.of(Parallel.FSDP_TP, 3, tp_size=2)  # an elastic restart on 3 ranks
 
 
-@pytest.mark.parametrize("values, named", [
-    ({"parallel": "tp", "compression": "fp16"}, "compression fp16 is a DDP communication hook"),
-    ({"parallel": "tp", "tp_size": 2}, "tp_size applies to parallel = fsdp_tp only"),
-    ({"parallel": "pp", "nproc": 1}, "parallel = pp needs nproc >= 2"),
-    ({"parallel": "fsdp_tp", "nproc": 2}, "parallel = fsdp_tp needs nproc (2) to be a multiple of tp_size (2)"),
-    ({"parallel": "ddp", "pp_schedule": "1f1b"}, "pp_schedule applies to parallel = pp only"),
-    ({"parallel": "fsdp_tp", "nproc": 4, "batch_size": 3}, "data-parallel ranks (nproc / tp_size = 2)"),
-])
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        ({"parallel": "tp", "compression": "fp16"}, "compression fp16 is a DDP communication hook"),
+        ({"parallel": "tp", "tp_size": 2}, "tp_size applies to parallel = fsdp_tp only"),
+        ({"parallel": "pp", "nproc": 1}, "parallel = pp needs nproc >= 2"),
+        ({"parallel": "fsdp_tp", "nproc": 2}, "parallel = fsdp_tp needs nproc (2) to be a multiple of tp_size (2)"),
+        ({"parallel": "ddp", "pp_schedule": "1f1b"}, "pp_schedule applies to parallel = pp only"),
+        ({"parallel": "fsdp_tp", "nproc": 4, "batch_size": 3}, "data-parallel ranks (nproc / tp_size = 2)"),
+    ],
+)
 def test_unsupported_combinations_are_refused_naming_the_setting(values, named):
     with pytest.raises(TrainConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
         load_settings(None, {**BASE, "nproc": 2, **values})
@@ -77,13 +80,20 @@ def test_tensor_parallel_needs_divisible_heads():
         check_divisible(SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536), 2)
 
 
-@pytest.mark.parametrize("values, named", [
-    ({"model": "random:smol-135m", "parallel": "tp"},
-     r"parallel: tensor parallelism over 2 ranks needs num_attention_heads \(9\)"),
-    ({"model": "random:tiny", "parallel": "pp", "nproc": 3, "batch_size": 3}, "needs at least 3 decoder layers"),
-    ({"model": "random:tiny", "parallel": "pp", "pp_schedule": "1f1b", "micro_batch_size": 4},
-     r"pp_schedule: 1f1b needs at least as many micro-batches as stages \(1 < 2\)"),
-])
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        (
+            {"model": "random:smol-135m", "parallel": "tp"},
+            r"parallel: tensor parallelism over 2 ranks needs num_attention_heads \(9\)",
+        ),
+        ({"model": "random:tiny", "parallel": "pp", "nproc": 3, "batch_size": 3}, "needs at least 3 decoder layers"),
+        (
+            {"model": "random:tiny", "parallel": "pp", "pp_schedule": "1f1b", "micro_batch_size": 4},
+            r"pp_schedule: 1f1b needs at least as many micro-batches as stages \(1 < 2\)",
+        ),
+    ],
+)
 def test_the_launcher_refuses_a_model_that_does_not_fit_before_any_worker(values, named):
     from sluice.train.parallel.fit import check_fits
 
@@ -101,9 +111,20 @@ def test_a_pipeline_refuses_rows_longer_than_a_sliding_window(tmp_path):
 
     folder = tmp_path / "mistral"
     folder.mkdir()
-    folder.joinpath("config.json").write_text(json.dumps({
-        "model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "intermediate_size": 160, "num_hidden_layers": 2, "vocab_size": 259, "sliding_window": 24}))
+    folder.joinpath("config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mistral",
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 160,
+                "num_hidden_layers": 2,
+                "vocab_size": 259,
+                "sliding_window": 24,
+            }
+        )
+    )
     settings = load_settings(None, {**BASE, "nproc": 2, "model": str(folder), "parallel": "pp", "seq_len": 32})
     with pytest.raises(TrainConfigError, match=r"seq_len: rows of 32 tokens exceed the model's sliding window \(24\)"):
         check_fits(settings)
@@ -113,9 +134,10 @@ def test_a_pipeline_refuses_rows_longer_than_a_sliding_window(tmp_path):
 def test_the_gradient_norm_is_accurate_on_a_large_gradient():
     """torch 2.13's fp32 CPU norm of a 3.1M-element embedding gradient (a few rows set) was
     2.4e-5 relative low; one process and DDP clipped by it while tp and pp did not."""
-    from sluice.train.parallel.wrap import Wrapped, clip_grad_norm
-    from sluice.train.parallel.comm_stats import CommStats
     from contextlib import nullcontext
+
+    from sluice.train.parallel.comm_stats import CommStats
+    from sluice.train.parallel.wrap import Wrapped, clip_grad_norm
 
     torch.manual_seed(0)
     embed = torch.nn.Embedding(49152, 64)

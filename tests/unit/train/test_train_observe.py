@@ -19,9 +19,27 @@ from sluice.train.settings import load_settings
 
 
 def _metrics(step: int = 3, **kw) -> StepMetrics:
-    base = dict(step=step, loss=2.5, tokens=100, tokens_seen=128, lr=1e-3, grad_norm=0.7, step_time=2.0,
-                data_time=0.1, compute_time=1.2, comm_wait_time=0.4, checkpoint_time=0.2, other_time=0.1,
-                comm_bytes=4096, comm_time=None, tokens_per_s=64.0, cpu_time=1.9, mfu=0.25, epoch=0.5, world_size=2)
+    base = dict(
+        step=step,
+        loss=2.5,
+        tokens=100,
+        tokens_seen=128,
+        lr=1e-3,
+        grad_norm=0.7,
+        step_time=2.0,
+        data_time=0.1,
+        compute_time=1.2,
+        comm_wait_time=0.4,
+        checkpoint_time=0.2,
+        other_time=0.1,
+        comm_bytes=4096,
+        comm_time=None,
+        tokens_per_s=64.0,
+        cpu_time=1.9,
+        mfu=0.25,
+        epoch=0.5,
+        world_size=2,
+    )
     return StepMetrics(**{**base, **kw})
 
 
@@ -50,8 +68,14 @@ def test_exposed_communication_is_the_tail_after_the_last_bucket():
 def test_six_n_d_and_mfu():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = dict(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-               num_key_value_heads=1)
+    cfg = dict(
+        vocab_size=100,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     untied = LlamaForCausalLM(LlamaConfig(**cfg, tie_word_embeddings=False))
     tied = LlamaForCausalLM(LlamaConfig(**cfg, tie_word_embeddings=True))
     total = sum(p.numel() for p in untied.parameters())
@@ -115,8 +139,10 @@ def test_metrics_writer_feeds_tensorboard(tmp_path: Path):
 
 def test_observability_settings(tmp_path: Path):
     cfg = tmp_path / "train.toml"
-    cfg.write_text('data = "d.jsonl"\nout = "o"\nmax_steps = 1\ntensorboard = true\n'
-                   'prometheus_textfile = "prom/train.prom"\npeak_flops = 1e12\n')
+    cfg.write_text(
+        'data = "d.jsonl"\nout = "o"\nmax_steps = 1\ntensorboard = true\n'
+        'prometheus_textfile = "prom/train.prom"\npeak_flops = 1e12\n'
+    )
     s = load_settings(cfg, {})
     assert s.tensorboard and s.peak_flops == 1e12 and s.prometheus_textfile == str(tmp_path / "prom/train.prom")
     assert load_settings(None, {"data": "d", "out": "o", "max_steps": 1}).prometheus_textfile is None

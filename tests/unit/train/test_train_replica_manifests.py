@@ -38,7 +38,9 @@ def _one(objs: list[dict], kind: str) -> dict:
 
 
 def test_every_object_validates(objs):
-    assert {"Namespace", "Job", "Deployment", "Service", "PersistentVolumeClaim", "ConfigMap"} == {o["kind"] for o in objs}
+    assert {"Namespace", "Job", "Deployment", "Service", "PersistentVolumeClaim", "ConfigMap"} == {
+        o["kind"] for o in objs
+    }
     for o in objs:
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)
 
@@ -51,15 +53,21 @@ def test_each_pod_is_one_replica_group_meeting_at_the_lighthouse(objs, tmp_path)
     (c,) = pod["containers"]
     env = {e["name"]: e for e in c["env"]}
     values = {name: e.get("value") for name, e in env.items()}
-    args = get_args_parser().parse_args([a.replace("$(NPROC_PER_GROUP)", values["NPROC_PER_GROUP"])
-                                         .replace("$(RUN_DIR)", values["RUN_DIR"]) for a in c["command"][1:]])
+    args = get_args_parser().parse_args(
+        [
+            a.replace("$(NPROC_PER_GROUP)", values["NPROC_PER_GROUP"]).replace("$(RUN_DIR)", values["RUN_DIR"])
+            for a in c["command"][1:]
+        ]
+    )
     assert c["command"][0] == "torchrun" and args.standalone and args.module
     assert args.training_script == "sluice.train.worker" and args.training_script_args == [values["RUN_DIR"]]
     assert args.max_restarts > 0  # a crashed rank restarts its own group only
     # the group number is the pod's index in the Job
     assert job["spec"]["completionMode"] == "Indexed"
-    assert env[GROUP_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        env[GROUP_ENV]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
     # the settings: one pod per group, the group's ranks, the run folder
     config = _one(objs, "ConfigMap")
     (tmp_path / "train.toml").write_text(config["data"]["train.toml"])

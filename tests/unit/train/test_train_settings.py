@@ -106,8 +106,11 @@ def test_a_non_finite_value_is_written_as_null_and_every_line_is_strict_json(tmp
     path = tmp_path / "metrics.jsonl"
     w = MetricsWriter(path, True, resume_step=0)
     nan, inf = float("nan"), float("inf")
-    w.write(StepMetrics(1, nan, 1, 1, 0.1, inf, 0.1, 0.0, 0.1, 0.0, 0.0, 0.0, 0, None, 10.0, 0.1, None, 0.1, 2,
-                        skipped=True))
+    w.write(
+        StepMetrics(
+            1, nan, 1, 1, 0.1, inf, 0.1, 0.0, 0.1, 0.0, 0.0, 0.0, 0, None, 10.0, 0.1, None, 0.1, 2, skipped=True
+        )
+    )
     w.close()
 
     def refuse(constant: str) -> None:

@@ -31,9 +31,13 @@ class Engine:
             self.steps += 1
             self.step_done.notify_all()
 
-    async def request_batches(self, request: pb.GenerateRequest, trace: Sequence[tuple[str, str]]) -> AsyncIterator[list[GenerationEvent]]:
+    async def request_batches(
+        self, request: pb.GenerateRequest, trace: Sequence[tuple[str, str]]
+    ) -> AsyncIterator[list[GenerationEvent]]:
         if request.request_id == "too-long":
-            raise RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, "prompt is too long", ((ERROR_KIND_KEY, CONTEXT_WINDOW),))
+            raise RequestFailed(
+                grpc.StatusCode.INVALID_ARGUMENT, "prompt is too long", ((ERROR_KIND_KEY, CONTEXT_WINDOW),)
+            )
         seen = self.steps
         try:
             for i in range(self.tokens):
@@ -41,8 +45,16 @@ class Engine:
                     await self.step_done.wait_for(lambda: self.steps > seen)
                     seen = self.steps
                 last = i == self.tokens - 1
-                yield [GenerationEvent(request.request_id, f"t{i}", [i], finished=last,
-                                       finish_reason=FinishReason.LENGTH if last else None, usage=Usage(1, i + 1))]
+                yield [
+                    GenerationEvent(
+                        request.request_id,
+                        f"t{i}",
+                        [i],
+                        finished=last,
+                        finish_reason=FinishReason.LENGTH if last else None,
+                        usage=Usage(1, i + 1),
+                    )
+                ]
         finally:
             self.closed.append(request.request_id)
 
@@ -104,7 +116,9 @@ def test_a_step_of_every_request_leaves_as_one_message():
 
 
 def test_a_request_fails_alone_with_the_status_a_generate_call_would_end_with():
-    client = asyncio.run(_run_to_the_end(Engine(tokens=2), [_start(1, "fine"), _start(2, "too-long"), _start(1, "same-id")]))
+    client = asyncio.run(
+        _run_to_the_end(Engine(tokens=2), [_start(1, "fine"), _start(2, "too-long"), _start(1, "same-id")])
+    )
     (failed,) = client.outputs(2)
     assert failed.status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert failed.status.error_kind == CONTEXT_WINDOW and "too long" in failed.status.details
@@ -170,9 +184,15 @@ def test_outputs_merge_into_messages_of_bounded_size():
     ~40 % of it each leave as two messages (and one larger than it alone), never one too large."""
     big = "x" * int(0.4 * MERGE_MESSAGE_BYTES)
 
-    async def batches(request: pb.GenerateRequest, trace: Sequence[tuple[str, str]]) -> AsyncIterator[list[GenerationEvent]]:
+    async def batches(
+        request: pb.GenerateRequest, trace: Sequence[tuple[str, str]]
+    ) -> AsyncIterator[list[GenerationEvent]]:
         text = big * 3 if request.request_id == "huge" else big
-        yield [GenerationEvent(request.request_id, text, [1], finished=True, finish_reason=FinishReason.LENGTH, usage=Usage(1, 1))]
+        yield [
+            GenerationEvent(
+                request.request_id, text, [1], finished=True, finish_reason=FinishReason.LENGTH, usage=Usage(1, 1)
+            )
+        ]
 
     async def run(ids: list[str]) -> list[pb.StreamResponse]:
         session = StreamSession(batches)
@@ -191,6 +211,7 @@ def test_outputs_merge_into_messages_of_bounded_size():
 def test_the_clients_starts_merge_into_messages_of_bounded_size():
     """What the client sends merges the same way: the queued starts go as few messages, none
     past MERGE_MESSAGE_BYTES unless one start alone is."""
+
     class Call:  # the gRPC call: only what StreamMux uses; the test reads the request iterator
         def __init__(self, requests: AsyncIterator[pb.StreamRequest]) -> None:
             self.requests = requests

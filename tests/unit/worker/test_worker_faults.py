@@ -7,7 +7,9 @@ from sluice.worker.faults import FaultSpec
 
 
 def test_every_item_parses():
-    spec = FaultSpec.parse("fail_seed=7, exit_after_tokens=30,fail_all,delay_first_token_s=0.5,step_delay_s=0.05,load_delay_s=2")
+    spec = FaultSpec.parse(
+        "fail_seed=7, exit_after_tokens=30,fail_all,delay_first_token_s=0.5,step_delay_s=0.05,load_delay_s=2"
+    )
     assert spec == FaultSpec(7, 30, True, 0.5, 0.05, 2.0)
     assert spec.active and not FaultSpec.parse("").active and not FaultSpec.parse(None).active
     assert str(FaultSpec.parse("fail_all,step_delay_s=0.05")) == "fail_all,step_delay_s=0.05"

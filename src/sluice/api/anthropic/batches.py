@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,10 +24,10 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from sluice.api import openapi_doc as doc
+from sluice.api.anthropic.batch_schema import BatchCreate
 from sluice.api.anthropic.convert import VERSIONS, describe_validation_error, parse_body, to_serving_request
 from sluice.api.anthropic.prompt import to_conversation
 from sluice.api.anthropic.render import plan_for, render_message
-from sluice.api.anthropic.batch_schema import BatchCreate
 from sluice.api.anthropic.schema import MessagesRequest
 from sluice.api.auth import require_principal
 from sluice.api.errors import ApiError, api_error_for, bad_request
@@ -48,7 +48,7 @@ EXPIRY_S = 24 * 3600  # Anthropic's: a batch not done within a day expires
 
 
 def _iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def batch_json(batch: Batch, base_url: str) -> dict[str, Any]:
@@ -85,7 +85,9 @@ def _items(spec: BatchCreate) -> list[tuple[str, Any]]:
             raise bad_request(f"requests.{i}.params.stream: batch requests cannot stream")
         try:
             body = MessagesRequest.model_validate(item.params)
-            to_conversation(body)  # the conversation rules too (empty text, roles): a 400 now, not an errored result later
+            to_conversation(
+                body
+            )  # the conversation rules too (empty text, roles): a 400 now, not an errored result later
         except ValidationError as exc:  # say which item
             raise bad_request(f"requests.{i}.params.{describe_validation_error(exc)}") from None
         except ServingError as exc:
@@ -138,8 +140,12 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
 def _collection_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore, executor: BatchExecutor) -> None:
     """Create a batch (it starts running at once) and list the tenant's batches."""
 
-    @router.post("/v1/messages/batches", openapi_extra=doc.operation(
-        doc.Family.ANTHROPIC, body="BatchCreate", ok="MessageBatch", errors=(*doc.ENGINE, 429)))
+    @router.post(
+        "/v1/messages/batches",
+        openapi_extra=doc.operation(
+            doc.Family.ANTHROPIC, body="BatchCreate", ok="MessageBatch", errors=(*doc.ENGINE, 429)
+        ),
+    )
     async def create(request: Request) -> Any:
         principal = await require_principal(request, rt.authenticator)
         spec = parse_body(await request.body(), BatchCreate, False)
@@ -154,7 +160,9 @@ def _collection_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore,
         return batch_json(batch, _base_url(request))
 
     @router.get("/v1/messages/batches", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatchList"))
-    async def list_batches(request: Request, limit: int = doc.limit(), after_id: str | None = None, before_id: str | None = None) -> Any:
+    async def list_batches(
+        request: Request, limit: int = doc.limit(), after_id: str | None = None, before_id: str | None = None
+    ) -> Any:
         principal = await require_principal(request, rt.authenticator)
         batches = {b.id: b for b in store.for_tenant(principal.tenant)}
         base = _base_url(request)
@@ -164,28 +172,37 @@ def _collection_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore,
 def _batch_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore) -> None:
     """One batch of the tenant's: retrieve, cancel, delete, its results."""
 
-    @router.get("/v1/messages/batches/{batch_id}", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP))
+    @router.get(
+        "/v1/messages/batches/{batch_id}",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP),
+    )
     async def retrieve(request: Request, batch_id: str) -> Any:
         principal = await require_principal(request, rt.authenticator)
         return batch_json(store.get(principal.tenant, batch_id), _base_url(request))
 
-    @router.post("/v1/messages/batches/{batch_id}/cancel", openapi_extra=doc.operation(
-        doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP))
+    @router.post(
+        "/v1/messages/batches/{batch_id}/cancel",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP),
+    )
     async def cancel(request: Request, batch_id: str) -> Any:
         principal = await require_principal(request, rt.authenticator)
         batch = store.get(principal.tenant, batch_id)
         batch.cancel(time.time())
         return batch_json(batch, _base_url(request))
 
-    @router.delete("/v1/messages/batches/{batch_id}", openapi_extra=doc.operation(
-        doc.Family.ANTHROPIC, ok="DeletedBatch", errors=doc.LOOKUP))
+    @router.delete(
+        "/v1/messages/batches/{batch_id}",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="DeletedBatch", errors=doc.LOOKUP),
+    )
     async def delete(request: Request, batch_id: str) -> Any:
         principal = await require_principal(request, rt.authenticator)
         store.delete(principal.tenant, batch_id)
         return {"id": batch_id, "type": "message_batch_deleted"}
 
-    @router.get("/v1/messages/batches/{batch_id}/results", openapi_extra=doc.operation(
-        doc.Family.ANTHROPIC, media="application/binary", errors=doc.LOOKUP))
+    @router.get(
+        "/v1/messages/batches/{batch_id}/results",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, media="application/binary", errors=doc.LOOKUP),
+    )
     async def results(request: Request, batch_id: str) -> Response:
         principal = await require_principal(request, rt.authenticator)
         batch = store.get(principal.tenant, batch_id)
@@ -194,6 +211,9 @@ def _batch_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore) -> N
 
         def lines() -> Iterator[str]:
             for custom_id, _ in batch.items:
-                yield json.dumps({"custom_id": custom_id, "result": batch.results[custom_id]}, separators=(",", ":")) + "\n"
+                yield (
+                    json.dumps({"custom_id": custom_id, "result": batch.results[custom_id]}, separators=(",", ":"))
+                    + "\n"
+                )
 
         return StreamingResponse(lines(), media_type="application/binary")

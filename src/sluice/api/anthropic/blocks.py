@@ -197,8 +197,13 @@ class ContainerUploadBlock(Strict):
 
 
 SERVER_TOOL_BLOCKS = (
-    ServerToolUseBlock, WebSearchToolResultBlock, WebFetchToolResultBlock, CodeExecutionToolResultBlock,
-    BashCodeExecutionToolResultBlock, TextEditorCodeExecutionToolResultBlock, ToolSearchToolResultBlock,
+    ServerToolUseBlock,
+    WebSearchToolResultBlock,
+    WebFetchToolResultBlock,
+    CodeExecutionToolResultBlock,
+    BashCodeExecutionToolResultBlock,
+    TextEditorCodeExecutionToolResultBlock,
+    ToolSearchToolResultBlock,
     ContainerUploadBlock,
 )
 

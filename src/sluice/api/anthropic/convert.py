@@ -82,8 +82,13 @@ def betas(request: Request | None) -> list[str]:
 
 
 def to_serving_request(
-    body: MessagesRequest, principal: Principal, request_id: str, version: str, settings: Settings,
-    request: Request | None = None, route: Route = Route.MESSAGES,
+    body: MessagesRequest,
+    principal: Principal,
+    request_id: str,
+    version: str,
+    settings: Settings,
+    request: Request | None = None,
+    route: Route = Route.MESSAGES,
 ) -> ServingRequest:
     """`request`: the HTTP request, for the queue-timeout and cache headers (None for batch items)."""
     search = search_tool(body.tools)

@@ -26,10 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.api.anthropic.search_blocks import history_result
-from sluice.api.anthropic.tools import SEARCH_TOOL_NAME, tool_specs
-from sluice.errors import InvalidRequestError
-from sluice.tool_types import Part, SearchResult, ToolCall, ToolResult
 from sluice.api.anthropic.blocks import (
     SERVER_TOOL_BLOCKS,
     BrowserStateBlock,
@@ -46,8 +42,12 @@ from sluice.api.anthropic.blocks import (
     WebSearchToolResultBlock,
 )
 from sluice.api.anthropic.schema import CountTokensRequest, Message, MessagesRequest
+from sluice.api.anthropic.search_blocks import history_result
+from sluice.api.anthropic.tools import SEARCH_TOOL_NAME, tool_specs
+from sluice.errors import InvalidRequestError
 from sluice.serving.errors import invalid
 from sluice.serving.prompt import Conversation, Role, Turn
+from sluice.tool_types import Part, SearchResult, ToolCall, ToolResult
 
 MAX_CACHE_BREAKPOINTS = 4
 
@@ -82,9 +82,13 @@ def _block_text(block: Any, where: str) -> str | None:
     if isinstance(block, (ThinkingBlock, RedactedThinkingBlock, ToolReferenceBlock)):
         return None
     if isinstance(block, ServerToolUseBlock):
-        raise invalid(f"{where}: server_tool_use of {block.name!r} is not supported: the only server tool here is {SEARCH_TOOL_NAME!r}")
+        raise invalid(
+            f"{where}: server_tool_use of {block.name!r} is not supported: the only server tool here is {SEARCH_TOOL_NAME!r}"
+        )
     if isinstance(block, SERVER_TOOL_BLOCKS):
-        raise invalid(f"{where}: {block.type} blocks are not supported: no server tool but {SEARCH_TOOL_NAME!r} runs here")
+        raise invalid(
+            f"{where}: {block.type} blocks are not supported: no server tool but {SEARCH_TOOL_NAME!r} runs here"
+        )
     if isinstance(block, BrowserStateBlock):
         raise invalid(f"{where}: browser_state blocks are not supported: the browser toolset is not offered here")
     return None
@@ -118,8 +122,11 @@ def _turns(messages: list[Message]) -> list[Turn]:
             part = _block_part(block, f"{where}.{j}")
             if part is not None:
                 # a search result answers the call before it: a user turn of its own
-                add(Role.USER if isinstance(block, WebSearchToolResultBlock) else role, part,
-                    getattr(block, "cache_control", None) is not None)
+                add(
+                    Role.USER if isinstance(block, WebSearchToolResultBlock) else role,
+                    part,
+                    getattr(block, "cache_control", None) is not None,
+                )
         if before == (len(turns), len(turns[-1].parts) if turns else 0) and not (turns and turns[-1].role is role):
             turns.append(Turn(role, []))  # nothing to read (thinking only, an empty prefill): the turn stays
     return turns

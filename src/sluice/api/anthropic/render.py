@@ -15,8 +15,16 @@ from typing import Any
 from sluice.api.anthropic.search_blocks import result_block
 from sluice.api.errors import anthropic_error_type
 from sluice.serving.errors import ServingError
-from sluice.serving.outcomes import (Failed, Finished, Refused, ServerToolResult, TextDelta, ToolCallDone, ToolCallStarted,
-                                     ToolInputDelta)
+from sluice.serving.outcomes import (
+    Failed,
+    Finished,
+    Refused,
+    ServerToolResult,
+    TextDelta,
+    ToolCallDone,
+    ToolCallStarted,
+    ToolInputDelta,
+)
 from sluice.serving.pipeline import Collected, Generation
 from sluice.streaming.replay_log import ReplayEvent
 from sluice.types import FinishReason, Usage
@@ -59,7 +67,9 @@ class UsagePlan:
             "cache_creation": {"ephemeral_5m_input_tokens": creation, "ephemeral_1h_input_tokens": 0},
             "output_tokens": 0 if self.prefill_only else u.output_tokens,
             "service_tier": "standard",
-        } | ({"server_tool_use": {"web_search_requests": searches, "web_fetch_requests": 0}} if self.search_tool else {})
+        } | (
+            {"server_tool_use": {"web_search_requests": searches, "web_fetch_requests": 0}} if self.search_tool else {}
+        )
 
 
 def plan_for(gen: Generation) -> UsagePlan:
@@ -89,12 +99,18 @@ def content_blocks(blocks: list[str | ToolCallDone | ServerToolResult]) -> list[
         elif isinstance(b, ServerToolResult):
             out.append(result_block(b))
         else:
-            out.append({"type": "server_tool_use" if b.server else "tool_use", "id": b.id, "name": b.name, "input": b.input})
+            out.append(
+                {"type": "server_tool_use" if b.server else "tool_use", "id": b.id, "name": b.name, "input": b.input}
+            )
     return out or [{"type": "text", "text": ""}]
 
 
 def message_object(
-    msg_id: str, model: str, text: str | None | list[dict[str, Any]], stop_reason: str | None, stop_sequence: str | None,
+    msg_id: str,
+    model: str,
+    text: str | None | list[dict[str, Any]],
+    stop_reason: str | None,
+    stop_sequence: str | None,
     usage: dict[str, Any],
 ) -> dict[str, Any]:
     """`text`: the reply's one text block (None: no content), or its content blocks."""
@@ -123,8 +139,14 @@ def render_message(gen: Generation, collected: Collected, plan: UsagePlan) -> di
     text: str | None | list[dict[str, Any]] = None if plan.prefill_only else collected.text
     if gen.prepared.tool_format is not None:
         text = content_blocks(collected.blocks)
-    return message_object(req.request_id, req.model, text, stop_reason(final), final.stop_sequence,
-                          plan.usage(final.usage, final.server_tool_uses))
+    return message_object(
+        req.request_id,
+        req.model,
+        text,
+        stop_reason(final),
+        final.stop_sequence,
+        plan.usage(final.usage, final.server_tool_uses),
+    )
 
 
 class EventWriter:
@@ -207,7 +229,10 @@ async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None
                 continue
             if isinstance(outcome, ToolCallStarted):
                 kind = "server_tool_use" if outcome.server else "tool_use"
-                for event in [*blocks.stop(), blocks.start({"type": kind, "id": outcome.id, "name": outcome.name, "input": {}})]:
+                for event in [
+                    *blocks.stop(),
+                    blocks.start({"type": kind, "id": outcome.id, "name": outcome.name, "input": {}}),
+                ]:
                     yield event
                 continue
             if isinstance(outcome, ServerToolResult):  # whole in its start event, as Anthropic sends it

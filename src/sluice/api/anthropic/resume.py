@@ -35,8 +35,15 @@ def ping() -> ServerSentEvent:
 
 
 def _cut(seq: int) -> ReplayEvent:
-    data = json.dumps({"type": "error", "error": {
-        "type": "api_error", "message": "the stream ended when its client disconnected (not a background request)"}})
+    data = json.dumps(
+        {
+            "type": "error",
+            "error": {
+                "type": "api_error",
+                "message": "the stream ended when its client disconnected (not a background request)",
+            },
+        }
+    )
     return ReplayEvent(seq, "error", data)
 
 
@@ -53,7 +60,9 @@ async def follow(rt: ServingRuntime, msg_id: str, after: int) -> AsyncIterator[R
         async for ev in rt.replay.follow(msg_id, after):
             yield ev
     except LogGap as exc:
-        yield ReplayEvent(0, "error", json.dumps({"type": "error", "error": {"type": "not_found_error", "message": str(exc)}}))
+        yield ReplayEvent(
+            0, "error", json.dumps({"type": "error", "error": {"type": "not_found_error", "message": str(exc)}})
+        )
 
 
 def resume_point(request: Request, message_id: str, starting_after: int | None = None) -> int:
@@ -72,8 +81,10 @@ def resume_point(request: Request, message_id: str, starting_after: int | None =
 def build_router(rt: ServingRuntime) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/v1/messages/{message_id}/stream", openapi_extra=doc.operation(
-        doc.Family.ANTHROPIC, stream=True, errors=doc.LOOKUP, params=[doc.LAST_EVENT_ID]))
+    @router.get(
+        "/v1/messages/{message_id}/stream",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, stream=True, errors=doc.LOOKUP, params=[doc.LAST_EVENT_ID]),
+    )
     async def resume(request: Request, message_id: str, starting_after: int | None = Query(None, ge=0)) -> Any:
         principal = await require_principal(request, rt.authenticator)
         owner = await rt.replay.owner(message_id)

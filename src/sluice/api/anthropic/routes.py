@@ -6,14 +6,14 @@ produces. A request's whole path â€” admission, safety, the engine, deadlines â€
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from sluice.api import openapi_doc as doc
 from sluice.api import idempotent
+from sluice.api import openapi_doc as doc
 from sluice.api.anthropic import resume
 from sluice.api.anthropic.convert import api_version, parse_body, to_serving_request
 from sluice.api.anthropic.prompt import to_conversation
@@ -35,7 +35,7 @@ def _model_info(rt: ServingRuntime, model_id: str) -> dict[str, Any]:
     """Anthropic's model object with OpenAI's fields beside it (one /v1/models for both SDKs).
     A LoRA adapter names its base model as `parent`, as vLLM does; `root` is the id itself (no
     server path is shown to clients)."""
-    created = datetime.fromtimestamp(rt.created_at, timezone.utc).isoformat().replace("+00:00", "Z")
+    created = datetime.fromtimestamp(rt.created_at, UTC).isoformat().replace("+00:00", "Z")
     fleet = rt.require_fleet()
     canonical = rt.check_model(model_id)
     window = fleet.model_window(canonical)
@@ -58,9 +58,17 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
     router = APIRouter()
     lenient = not rt.settings.reject_unknown_fields
 
-    @router.post("/v1/messages", openapi_extra=doc.operation(
-        doc.Family.ANTHROPIC, body="MessagesRequest", ok="MessageObject", stream=True, errors=doc.GENERATION,
-        params=[doc.ANTHROPIC_VERSION, doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS, doc.BACKGROUND]))
+    @router.post(
+        "/v1/messages",
+        openapi_extra=doc.operation(
+            doc.Family.ANTHROPIC,
+            body="MessagesRequest",
+            ok="MessageObject",
+            stream=True,
+            errors=doc.GENERATION,
+            params=[doc.ANTHROPIC_VERSION, doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS, doc.BACKGROUND],
+        ),
+    )
     async def create_message(request: Request) -> Any:
         principal = await require_principal(request, rt.authenticator)
         version = api_version(request, rt.settings)
@@ -69,9 +77,14 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
         attempt = await idempotent.begin(request, rt, principal, sreq, body, body.stream)
         if attempt.action is not Action.RUN:  # a retry: the first attempt's response, not generated again
             stream_id = attempt.stream_id or ""
-            return idempotent.replayed(rt, attempt, lambda events: numbered(events, stream_id), resume.ping,
-                                       lambda sid, after: resume.follow(rt, sid, after),
-                                       resume.resume_point(request, stream_id) if body.stream else 0)
+            return idempotent.replayed(
+                rt,
+                attempt,
+                lambda events: numbered(events, stream_id),
+                resume.ping,
+                lambda sid, after: resume.follow(rt, sid, after),
+                resume.resume_point(request, stream_id) if body.stream else 0,
+            )
         # Refusals known before the stream opens (rate limits, a full queue, no engine to take
         # it) are real 429 / 529 statuses. A stream with no output after `stream_open_wait_s` is
         # opened while it waits, so pings flow (a deadline passed later is then an in-stream
@@ -87,23 +100,37 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
                 response, kept = idempotent.reply(render_message(gen, await gen.collect(), plan), gen.headers)
                 await attempt.complete(kept)
                 return response
-            recording = await resume.recorded(rt, gen.request_id, principal.tenant, render_stream(gen, plan, request.state.request_id))
+            recording = await resume.recorded(
+                rt, gen.request_id, principal.tenant, render_stream(gen, plan, request.state.request_id)
+            )
             detached = attempt.keyed or wants_background(request, body.background)  # outlives this connection
             if attempt.keyed:  # a retry attaches to it through the replay log
                 attempt.detach(recording, rt.keep, lambda: gen.headers, lambda last: last.name == "message_stop")
             elif detached:
                 detach(recording, rt.keep)
         if detached:
-            return event_stream_response(rt, numbered(resume.follow(rt, gen.request_id, 0), gen.request_id), resume.ping, gen.headers)
+            return event_stream_response(
+                rt, numbered(resume.follow(rt, gen.request_id, 0), gen.request_id), resume.ping, gen.headers
+            )
 
         async def closed() -> None:  # however the response ended, even before its stream started
             await recording.close()
             await gen.close()
 
-        return event_stream_response(rt, numbered(recording.events(), gen.request_id), resume.ping, gen.headers, closed, request)
+        return event_stream_response(
+            rt, numbered(recording.events(), gen.request_id), resume.ping, gen.headers, closed, request
+        )
 
-    @router.post("/v1/messages/count_tokens", openapi_extra=doc.operation(
-        doc.Family.ANTHROPIC, body="CountTokensRequest", ok="TokenCount", errors=doc.ENGINE, params=[doc.ANTHROPIC_VERSION]))
+    @router.post(
+        "/v1/messages/count_tokens",
+        openapi_extra=doc.operation(
+            doc.Family.ANTHROPIC,
+            body="CountTokensRequest",
+            ok="TokenCount",
+            errors=doc.ENGINE,
+            params=[doc.ANTHROPIC_VERSION],
+        ),
+    )
     async def count_tokens(request: Request) -> Any:
         await require_principal(request, rt.authenticator)
         api_version(request, rt.settings)
@@ -117,7 +144,10 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
         await require_principal(request, rt.authenticator)
         return page(list(rt.model_ids), limit, after_id, before_id, lambda m: _model_info(rt, m))
 
-    @router.get("/v1/models/{model_id:path}", openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="ModelInfo", errors=doc.LOOKUP))
+    @router.get(
+        "/v1/models/{model_id:path}",
+        openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="ModelInfo", errors=doc.LOOKUP),
+    )
     async def get_model(request: Request, model_id: str) -> Any:
         await require_principal(request, rt.authenticator)
         rt.check_model(model_id)

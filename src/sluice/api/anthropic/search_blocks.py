@@ -29,7 +29,9 @@ def decode_text(data: str, where: str) -> str:
     try:
         return base64.b64decode(data.encode("ascii"), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeError, ValueError):
-        raise invalid(f"{where}: not a search result this server returned (send encrypted_content back unchanged)") from None
+        raise invalid(
+            f"{where}: not a search result this server returned (send encrypted_content back unchanged)"
+        ) from None
 
 
 def result_block(result: ServerToolResult) -> dict[str, Any]:
@@ -38,14 +40,23 @@ def result_block(result: ServerToolResult) -> dict[str, Any]:
     if result.error is not None:
         content = {"type": "web_search_tool_result_error", "error_code": result.error.value}
     else:
-        content = [{"type": "web_search_result", "url": r.source, "title": r.title,
-                    "encrypted_content": encode_text(r.text), "page_age": r.page_age} for r in result.results]
+        content = [
+            {
+                "type": "web_search_result",
+                "url": r.source,
+                "title": r.title,
+                "encrypted_content": encode_text(r.text),
+                "page_age": r.page_age,
+            }
+            for r in result.results
+        ]
     return {"type": "web_search_tool_result", "tool_use_id": result.tool_use_id, "content": content}
 
 
 def _search_result(hit: WebSearchResult, where: str) -> SearchResult:
-    return SearchResult(hit.url, hit.title, decode_text(hit.encrypted_content, f"{where}.encrypted_content"),
-                        hit.page_age)
+    return SearchResult(
+        hit.url, hit.title, decode_text(hit.encrypted_content, f"{where}.encrypted_content"), hit.page_age
+    )
 
 
 def history_result(block: WebSearchToolResultBlock, where: str) -> ToolResult:
@@ -53,4 +64,6 @@ def history_result(block: WebSearchToolResultBlock, where: str) -> ToolResult:
     the search tool gave it when the search ran)."""
     if not isinstance(block.content, list):
         return search_tool_result(block.tool_use_id, [], block.content.error_code)
-    return search_tool_result(block.tool_use_id, [_search_result(h, f"{where}.content.{k}") for k, h in enumerate(block.content)])
+    return search_tool_result(
+        block.tool_use_id, [_search_result(h, f"{where}.content.{k}") for k, h in enumerate(block.content)]
+    )

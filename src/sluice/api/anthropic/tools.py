@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sluice.api.anthropic.schema import CountTokensRequest, MessagesRequest, Tool, ToolChoice
-from sluice.tool_types import ToolChoice as Choice
-from sluice.tool_types import SearchToolUse, ToolChoiceMode, ToolSpec, search_tool_spec
 from sluice.serving.errors import invalid
 from sluice.serving.guided import OutputFormat
 from sluice.serving.search_tool.domains import DomainRules
+from sluice.tool_types import SearchToolUse, ToolChoiceMode, ToolSpec, search_tool_spec
+from sluice.tool_types import ToolChoice as Choice
 
 STRUCTURED_OUTPUTS_BETA = "structured-outputs-2025-11-13"
 
@@ -49,8 +49,10 @@ def search_tool(tools: Sequence[Tool] | None) -> SearchToolUse | None:
     if tool.name != SEARCH_TOOL_NAME:
         raise invalid(f"{where}.name: Input should be '{SEARCH_TOOL_NAME}'")
     extra = dict(tool.model_extra or {})
-    allowed, blocked = _domains(extra.pop("allowed_domains", None), f"{where}.allowed_domains"), \
-        _domains(extra.pop("blocked_domains", None), f"{where}.blocked_domains")
+    allowed, blocked = (
+        _domains(extra.pop("allowed_domains", None), f"{where}.allowed_domains"),
+        _domains(extra.pop("blocked_domains", None), f"{where}.blocked_domains"),
+    )
     try:
         DomainRules.parse(allowed, blocked)
     except ValueError as exc:
@@ -65,8 +67,9 @@ def search_tool(tools: Sequence[Tool] | None) -> SearchToolUse | None:
     if unknown or tool.input_schema is not None or tool.description is not None:
         key = unknown[0] if unknown else "input_schema" if tool.input_schema is not None else "description"
         raise invalid(f"{where}.{key}: Extra inputs are not permitted")
-    return SearchToolUse(tool.name, max_uses, None if allowed is None else tuple(allowed),
-                         None if blocked is None else tuple(blocked))
+    return SearchToolUse(
+        tool.name, max_uses, None if allowed is None else tuple(allowed), None if blocked is None else tuple(blocked)
+    )
 
 
 def _domains(value: object, where: str) -> list[str] | None:
@@ -104,8 +107,10 @@ def tool_specs(tools: Sequence[Tool] | None) -> list[ToolSpec]:
             out.append(search_tool_spec(tool.name))
             continue
         if tool.type not in (None, "custom"):
-            raise invalid(f"{where}.type: server tool {tool.type!r} is not supported; only client tools (with an input_schema) "
-                          f"and the search tool ({SEARCH_TOOL_TYPES[0]}) are")
+            raise invalid(
+                f"{where}.type: server tool {tool.type!r} is not supported; only client tools (with an input_schema) "
+                f"and the search tool ({SEARCH_TOOL_TYPES[0]}) are"
+            )
         extra = sorted(tool.model_extra or {})
         if extra:
             raise invalid(f"{where}.{extra[0]}: Extra inputs are not permitted")
@@ -129,7 +134,9 @@ def output_format(body: MessagesRequest | CountTokensRequest, betas: Sequence[st
     ga = body.output_config.format if body.output_config is not None else None
     beta = body.output_format
     if beta is not None and STRUCTURED_OUTPUTS_BETA not in betas:
-        raise invalid(f"output_format: requires the 'anthropic-beta: {STRUCTURED_OUTPUTS_BETA}' header (or use output_config.format)")
+        raise invalid(
+            f"output_format: requires the 'anthropic-beta: {STRUCTURED_OUTPUTS_BETA}' header (or use output_config.format)"
+        )
     if ga is not None and beta is not None:
         raise invalid("output_format: give either output_config.format or output_format, not both")
     fmt = ga or beta

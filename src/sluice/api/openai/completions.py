@@ -21,8 +21,8 @@ from sluice.api.openai.completions_schema import MAX_CHOICES, CompletionRequest
 from sluice.api.openai.sampling import sampling_of
 from sluice.gateway.principal import Principal
 from sluice.serving.choices import per_choice
-from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.output_budget import OutputBudget
+from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
 
 _NOT_IN_KEY = {"stream", "stream_options", "user"}
@@ -60,7 +60,9 @@ def prompts(body: CompletionRequest) -> list[str | list[int]]:
     return list(p)  # type: ignore[arg-type]
 
 
-def to_serving_requests(body: CompletionRequest, principal: Principal, request_id: str, request: Request) -> list[Prompted]:
+def to_serving_requests(
+    body: CompletionRequest, principal: Principal, request_id: str, request: Request
+) -> list[Prompted]:
     if body.suffix is not None:
         raise bad_request("suffix: insertion is not supported (suffix must be null)", param="suffix")
     if body.best_of is not None and body.best_of != body.n:

@@ -36,7 +36,9 @@ class ChoiceView:
         self.tokenizer = p.tokenizer
         self.prompt_ids = p.generation.prompt_token_ids
         raw = p.request.raw_prompt
-        self.prompt_text = raw if isinstance(raw, str) else self.tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
+        self.prompt_text = (
+            raw if isinstance(raw, str) else self.tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
+        )
         self.written = len(self.prompt_text) if echo else 0  # characters of the choice's text so far
         # generated text skips special tokens; the echoed prompt is the prompt as sent, with them
         self.output_offsets = TextOffsets(self.written, skip_specials=True)
@@ -57,8 +59,9 @@ class ChoiceView:
         self.written += len(text)
         lps = None
         if self.asked:
-            lps = legacy_logprobs([e.token_id for e in entries], list(entries), self.tokenizer, self.output_offsets,
-                                  self.written)
+            lps = legacy_logprobs(
+                [e.token_id for e in entries], list(entries), self.tokenizer, self.output_offsets, self.written
+            )
         return text, lps
 
     def usage(self, u: Usage) -> Usage:
@@ -87,8 +90,9 @@ def total_usage(views: list[ChoiceView], usages: list[Usage], first_of_prompt: l
     return usage_object(total)
 
 
-def render_completion(request_id: str, model: str, views: list[ChoiceView], collected: list[Collected],
-                      first_of_prompt: list[bool]) -> dict[str, Any]:
+def render_completion(
+    request_id: str, model: str, views: list[ChoiceView], collected: list[Collected], first_of_prompt: list[bool]
+) -> dict[str, Any]:
     choices = []
     for view, c in zip(views, collected):
         if isinstance(c.final, Failed):
@@ -99,19 +103,28 @@ def render_completion(request_id: str, model: str, views: list[ChoiceView], coll
             text, lps = head + text, _join(head_lps, lps)
         choices.append({"text": text, "index": view.index, "logprobs": lps, "finish_reason": _finish(c.final)})
     return {
-        "id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": choices,
         "usage": total_usage(views, [c.final.usage for c in collected], first_of_prompt),
     }
 
 
-async def render_chunks(request_id: str, model: str, views: list[ChoiceView], first_of_prompt: list[bool],
-                        include_usage: bool) -> AsyncIterator[ServerSentEvent]:
+async def render_chunks(
+    request_id: str, model: str, views: list[ChoiceView], first_of_prompt: list[bool], include_usage: bool
+) -> AsyncIterator[ServerSentEvent]:
     created = int(time.time())
 
     def chunk(index: int, text: str, lps: dict[str, Any] | None, finish: str | None) -> ServerSentEvent:
-        body: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                                "choices": [{"text": text, "index": index, "logprobs": lps, "finish_reason": finish}]}
+        body: dict[str, Any] = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"text": text, "index": index, "logprobs": lps, "finish_reason": finish}],
+        }
         if include_usage:
             body["usage"] = None
         return ServerSentEvent(data=json.dumps(body, separators=(",", ":"), ensure_ascii=False))
@@ -139,7 +152,13 @@ async def render_chunks(request_id: str, model: str, views: list[ChoiceView], fi
                 usages[i] = outcome.usage
                 yield chunk(view.index, "", lps, _finish(outcome))
     if include_usage:
-        body = {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": [],
-                "usage": total_usage(views, usages, first_of_prompt)}
+        body = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": total_usage(views, usages, first_of_prompt),
+        }
         yield ServerSentEvent(data=json.dumps(body, separators=(",", ":")))
     yield ServerSentEvent(data="[DONE]")

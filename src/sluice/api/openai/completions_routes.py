@@ -34,9 +34,17 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
     router = APIRouter()
     lenient = not rt.settings.reject_unknown_fields
 
-    @router.post("/v1/completions", openapi_extra=doc.operation(
-        doc.Family.OPENAI, body="CompletionRequest", ok="TextCompletion", stream=True, errors=doc.GENERATION,
-        params=[*doc.SLUICE_HEADERS]))
+    @router.post(
+        "/v1/completions",
+        openapi_extra=doc.operation(
+            doc.Family.OPENAI,
+            body="CompletionRequest",
+            ok="TextCompletion",
+            stream=True,
+            errors=doc.GENERATION,
+            params=[*doc.SLUICE_HEADERS],
+        ),
+    )
     async def completions(request: Request) -> Any:
         principal = await require_principal(request, rt.authenticator)
         body = parse_body(await request.body(), lenient)
@@ -60,14 +68,17 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             finally:
                 for g in gens:
                     await g.close()
-            return JSONResponse(render_completion(request_id, body.model, views, list(collected), first), headers=headers)
+            return JSONResponse(
+                render_completion(request_id, body.model, views, list(collected), first), headers=headers
+            )
 
         async def close_all() -> None:
             for g in gens:
                 await g.close()
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return event_stream_response(rt, render_chunks(request_id, body.model, views, first, include_usage), _ping,
-                                     headers, close_all, request)
+        return event_stream_response(
+            rt, render_chunks(request_id, body.model, views, first, include_usage), _ping, headers, close_all, request
+        )
 
     return router

@@ -13,14 +13,19 @@ from sluice.api.openai.sampling import sampling_of
 from sluice.api.openai.schema import ChatCompletionRequest
 from sluice.api.openai.tools import assistant_calls, response_format, tool_choice, tool_specs
 from sluice.errors import InvalidRequestError
-from sluice.tool_types import Part, ToolResult
 from sluice.gateway.principal import Principal
-from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.output_budget import OutputBudget
+from sluice.serving.prompt import Conversation, Role, Turn
 from sluice.serving.request import Route, ServingRequest
+from sluice.tool_types import Part, ToolResult
 
-_ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT,
-          "tool": Role.USER}  # a tool result is the user's side of the exchange
+_ROLES = {
+    "system": Role.SYSTEM,
+    "developer": Role.SYSTEM,
+    "user": Role.USER,
+    "assistant": Role.ASSISTANT,
+    "tool": Role.USER,
+}  # a tool result is the user's side of the exchange
 # body fields that do not change the reply: left out of the coalescing key
 _NOT_IN_KEY = {"stream", "stream_options", "user", "metadata", "store"}
 
@@ -47,7 +52,9 @@ def to_conversation(body: ChatCompletionRequest) -> Conversation:
         text = "\n\n".join(p.text for p in m.content) if isinstance(m.content, list) else (m.content or "")
         if m.role == "tool":
             if not m.tool_call_id:
-                raise bad_request(f"messages.{i}.tool_call_id: required for a tool message", param=f"messages.{i}.tool_call_id")
+                raise bad_request(
+                    f"messages.{i}.tool_call_id: required for a tool message", param=f"messages.{i}.tool_call_id"
+                )
             result = ToolResult(m.tool_call_id, text)
             if i and body.messages[i - 1].role == "tool":
                 turns[-1].parts.append(result)
@@ -59,8 +66,9 @@ def to_conversation(body: ChatCompletionRequest) -> Conversation:
         if m.tool_calls:
             parts += assistant_calls(m.tool_calls, f"messages.{i}.tool_calls")
         if not parts and m.role != "assistant":
-            raise bad_request(f"messages.{i}.content: must be a non-empty string or list of text parts",
-                              param=f"messages.{i}.content")
+            raise bad_request(
+                f"messages.{i}.content: must be a non-empty string or list of text parts", param=f"messages.{i}.content"
+            )
         turns.append(Turn(_ROLES[m.role], parts or [""]))
     conv = Conversation(turns, tools=tool_specs(body.tools))
     try:
@@ -70,7 +78,9 @@ def to_conversation(body: ChatCompletionRequest) -> Conversation:
     return conv
 
 
-def to_serving_request(body: ChatCompletionRequest, principal: Principal, request_id: str, request: Request) -> ServingRequest:
+def to_serving_request(
+    body: ChatCompletionRequest, principal: Principal, request_id: str, request: Request
+) -> ServingRequest:
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs: logprobs must be set to true when top_logprobs is used", param="top_logprobs")
     return ServingRequest(

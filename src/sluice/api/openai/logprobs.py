@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
-from sluice.serving.token_texts import TokenText, Tokenizer, token_text
+from sluice.serving.token_texts import Tokenizer, TokenText, token_text
 from sluice.types import TokenLogprob
 
 

@@ -56,13 +56,16 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
         guard.check(request)
         return AdapterAdmin(rt.require_fleet())
 
-    @router.post("/v1/load_lora_adapter", openapi_extra=doc.operation(doc.Family.OPENAI, errors=(*doc.LOOKUP, 409, 529)))
+    @router.post(
+        "/v1/load_lora_adapter", openapi_extra=doc.operation(doc.Family.OPENAI, errors=(*doc.LOOKUP, 409, 529))
+    )
     async def load_lora_adapter(request: Request) -> Any:
         ops = admin(request)
         body = _fields(await request.body(), _LOAD, ("lora_name", "lora_path"))
         if body.get("load_inplace"):
-            raise bad_request("load_inplace: an adapter is replaced by unloading it and loading it again",
-                              param="load_inplace")
+            raise bad_request(
+                "load_inplace: an adapter is replaced by unloading it and loading it again", param="load_inplace"
+            )
         try:
             return await ops.load(body["lora_name"], body["lora_path"], body.get("base_model_name"))
         except AdminError as exc:

@@ -82,12 +82,15 @@ def render_completion(reply_id: str, gens: list[Generation], collected: list[Col
         "object": "chat.completion",
         "created": int(time.time()),
         "model": req.model,
-        "choices": [{
-            "index": i,
-            "message": _message(c, gen.prepared.tool_format is not None),
-            "finish_reason": _finish_reason(c.final),  # type: ignore[arg-type]
-            "logprobs": _logprobs(gen, c),
-        } for i, (gen, c) in enumerate(zip(gens, collected))],
+        "choices": [
+            {
+                "index": i,
+                "message": _message(c, gen.prepared.tool_format is not None),
+                "finish_reason": _finish_reason(c.final),  # type: ignore[arg-type]
+                "logprobs": _logprobs(gen, c),
+            }
+            for i, (gen, c) in enumerate(zip(gens, collected))
+        ],
         "usage": usage_object(_choices_usage([c.final.usage for c in collected])),
     }
 
@@ -110,10 +113,23 @@ async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bo
     asked = _asked(gens[0])
     tokenizer = gens[0].prepared.tokenizer if asked else None
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None, usage: Usage | None = None, choices: bool = True,
-              logprobs: dict[str, Any] | None = None) -> ServerSentEvent:
-        body: dict[str, Any] = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": req.model}
-        body["choices"] = [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}] if choices else []
+    def chunk(
+        index: int,
+        delta: dict[str, Any],
+        finish: str | None,
+        usage: Usage | None = None,
+        choices: bool = True,
+        logprobs: dict[str, Any] | None = None,
+    ) -> ServerSentEvent:
+        body: dict[str, Any] = {
+            "id": reply_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": req.model,
+        }
+        body["choices"] = (
+            [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}] if choices else []
+        )
         if include_usage:
             body["usage"] = None if usage is None else usage_object(usage)
         return ServerSentEvent(data=json.dumps(body, separators=(",", ":"), ensure_ascii=False))
@@ -141,17 +157,25 @@ async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bo
                     yield chunk(i, {"content": outcome.text}, None, logprobs=scored)
                 continue
             if isinstance(outcome, ToolCallStarted):
-                call = {"index": outcome.index, "id": outcome.id, "type": "function",
-                        "function": {"name": outcome.name, "arguments": ""}}
+                call = {
+                    "index": outcome.index,
+                    "id": outcome.id,
+                    "type": "function",
+                    "function": {"name": outcome.name, "arguments": ""},
+                }
                 yield chunk(i, {"tool_calls": [call]}, None)
                 continue
             if isinstance(outcome, ToolInputDelta):
-                yield chunk(i, {"tool_calls": [{"index": outcome.index, "function": {"arguments": outcome.json}}]}, None)
+                yield chunk(
+                    i, {"tool_calls": [{"index": outcome.index, "function": {"arguments": outcome.json}}]}, None
+                )
                 continue
             if isinstance(outcome, ToolCallDone):
                 continue
             if tokenizer is not None and isinstance(outcome, Finished):  # the tokens whose text came last (or none)
-                rest = chat_content(outcome.logprobs, tokenizer, _ended_by_eos(outcome), max(0, text_bytes[i] - scored_bytes[i]))
+                rest = chat_content(
+                    outcome.logprobs, tokenizer, _ended_by_eos(outcome), max(0, text_bytes[i] - scored_bytes[i])
+                )
                 if rest:
                     yield chunk(i, {"content": ""}, None, logprobs={"content": rest})
             yield chunk(i, {}, _finish_reason(outcome))

@@ -13,13 +13,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from sse_starlette import ServerSentEvent
 
-from sluice.api import openapi_doc as doc
 from sluice.api import idempotent
+from sluice.api import openapi_doc as doc
 from sluice.api.auth import require_principal
 from sluice.api.ids import new_id
 from sluice.api.openai.convert import parse_body, to_serving_request
 from sluice.api.openai.render import (
-    chunk_events, chunk_frames, cut_chunk, ended_well, followed, render_chunks, render_completion,
+    chunk_events,
+    chunk_frames,
+    cut_chunk,
+    ended_well,
+    followed,
+    render_chunks,
+    render_completion,
 )
 from sluice.api.sse import event_stream_response
 from sluice.serving.admission import ClientGone
@@ -39,16 +45,26 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
     router = APIRouter()
     lenient = not rt.settings.reject_unknown_fields
 
-    @router.post("/v1/chat/completions", openapi_extra=doc.operation(
-        doc.Family.OPENAI, body="ChatCompletionRequest", ok="ChatCompletion", stream=True, errors=doc.GENERATION,
-        params=[doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS]))
+    @router.post(
+        "/v1/chat/completions",
+        openapi_extra=doc.operation(
+            doc.Family.OPENAI,
+            body="ChatCompletionRequest",
+            ok="ChatCompletion",
+            stream=True,
+            errors=doc.GENERATION,
+            params=[doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS],
+        ),
+    )
     async def chat_completions(request: Request) -> Any:
         principal = await require_principal(request, rt.authenticator)
         body = parse_body(await request.body(), lenient)
         sreq = to_serving_request(body, principal, new_id("chatcmpl"), request)
         attempt = await idempotent.begin(request, rt, principal, sreq, body, body.stream)
         if attempt.action is not Action.RUN:  # a retry: the first attempt's response (a stream from its start)
-            return idempotent.replayed(rt, attempt, chunk_frames, _ping, lambda sid, after: followed(rt.replay.follow(sid, after)))
+            return idempotent.replayed(
+                rt, attempt, chunk_frames, _ping, lambda sid, after: followed(rt.replay.follow(sid, after))
+            )
         wait = rt.settings.stream_open_wait_s if body.stream else None
         async with attempt.settles():  # a key whose attempt did not complete is released
             try:  # n choices: started together, so they share the prompt's KV blocks
@@ -75,8 +91,9 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
                 return response
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             if not attempt.keyed:
-                return event_stream_response(rt, render_chunks(reply_id, gens, include_usage), _ping, gen.headers,
-                                             close_all, request)
+                return event_stream_response(
+                    rt, render_chunks(reply_id, gens, include_usage), _ping, gen.headers, close_all, request
+                )
             # keyed: recorded and detached, so a retry replays it from the start and follows it live
             events = chunk_events(render_chunks(reply_id, gens, include_usage))
             recording = await Recording.open(rt.replay, reply_id, principal.tenant, events, cut_chunk)

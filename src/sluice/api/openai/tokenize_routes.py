@@ -36,8 +36,12 @@ def _parse(model: type[BaseModel], raw: bytes | dict[str, Any]) -> Any:
 def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/tokenize", openapi_extra=doc.operation(doc.Family.OPENAI, body="TokenizeRequest", ok="TokenizeResult",
-                                                         errors=(*doc.COMMON, 404)))
+    @router.post(
+        "/tokenize",
+        openapi_extra=doc.operation(
+            doc.Family.OPENAI, body="TokenizeRequest", ok="TokenizeResult", errors=(*doc.COMMON, 404)
+        ),
+    )
     async def tokenize(request: Request) -> Any:
         await require_principal(request, rt.authenticator)
         body: TokenizeRequest = _parse(TokenizeRequest, await request.body())
@@ -53,7 +57,9 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             if body.add_generation_prompt:
                 ids = (await asyncio.to_thread(build_prompt, conversation, tokenizer, fmt)).token_ids
             else:
-                messages = [{"role": t.role.value, "content": "\n\n".join(str(p) for p in t.parts)} for t in conversation.turns]
+                messages = [
+                    {"role": t.role.value, "content": "\n\n".join(str(p) for p in t.parts)} for t in conversation.turns
+                ]
                 ids = await asyncio.to_thread(tokenizer.encode_chat, messages, False)
         out: dict[str, Any] = {"count": len(ids), "max_model_len": window, "tokens": ids, "token_strs": None}
         if body.return_token_strs:
@@ -61,15 +67,21 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
             out["token_strs"] = [texts.text(t) for t in ids]
         return out
 
-    @router.post("/detokenize", openapi_extra=doc.operation(doc.Family.OPENAI, body="DetokenizeRequest",
-                                                           ok="DetokenizeResult", errors=(*doc.COMMON, 404)))
+    @router.post(
+        "/detokenize",
+        openapi_extra=doc.operation(
+            doc.Family.OPENAI, body="DetokenizeRequest", ok="DetokenizeResult", errors=(*doc.COMMON, 404)
+        ),
+    )
     async def detokenize(request: Request) -> Any:
         await require_principal(request, rt.authenticator)
         body: DetokenizeRequest = _parse(DetokenizeRequest, await request.body())
         tokenizer, _ = pipeline.tokenizer_of(body.model)
         bad = next((t for t in body.tokens if not 0 <= t < tokenizer.vocab_size), None)
         if bad is not None:
-            raise bad_request(f"tokens: token id {bad} is outside the vocabulary (size {tokenizer.vocab_size})", param="tokens")
+            raise bad_request(
+                f"tokens: token id {bad} is outside the vocabulary (size {tokenizer.vocab_size})", param="tokens"
+            )
         return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     return router

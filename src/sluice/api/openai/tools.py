@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluice.api.anthropic.convert import describe_validation_error
 from sluice.api.errors import bad_request
-from sluice.tool_types import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from sluice.serving.guided import OutputFormat
+from sluice.tool_types import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}
 
@@ -90,12 +90,16 @@ def tool_specs(tools: list[dict[str, Any]] | None) -> list[ToolSpec]:
     for i, raw in enumerate(tools or ()):
         tool: FunctionTool = _parse(FunctionTool, raw, f"tools.{i}")
         if tool.type != "function":
-            raise bad_request(f"tools.{i}.type: only 'function' tools are supported, not {tool.type!r}", param=f"tools.{i}.type")
+            raise bad_request(
+                f"tools.{i}.type: only 'function' tools are supported, not {tool.type!r}", param=f"tools.{i}.type"
+            )
         f = tool.function
         schema = NO_ARGUMENTS if f.parameters is None else f.parameters
         if schema.get("type") != "object":
-            raise bad_request(f"tools.{i}.function.parameters: the parameters schema must have type 'object'",
-                              param=f"tools.{i}.function.parameters")
+            raise bad_request(
+                f"tools.{i}.function.parameters: the parameters schema must have type 'object'",
+                param=f"tools.{i}.function.parameters",
+            )
         out.append(ToolSpec(f.name, schema, f.description or "", bool(f.strict)))
     return out
 
@@ -112,8 +116,10 @@ def tool_choice(raw: Any, parallel: bool | None) -> ToolChoice:
         named: NamedChoice = _parse(NamedChoice, raw, "tool_choice")
         if named.type == "function":
             return ToolChoice(ToolChoiceMode.TOOL, named.function.name, disable_parallel=single)
-    raise bad_request("tool_choice: must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": …}}",
-                      param="tool_choice")
+    raise bad_request(
+        'tool_choice: must be \'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": …}}',
+        param="tool_choice",
+    )
 
 
 def response_format(raw: dict[str, Any] | None) -> OutputFormat | None:
@@ -128,8 +134,10 @@ def response_format(raw: dict[str, Any] | None) -> OutputFormat | None:
         if fmt.json_schema is None:
             raise bad_request("response_format.json_schema: Field required", param="response_format.json_schema")
         return OutputFormat(fmt.json_schema.json_schema if fmt.json_schema.json_schema is not None else {})
-    raise bad_request(f"response_format.type: must be 'text', 'json_object' or 'json_schema', not {fmt.type!r}",
-                      param="response_format.type")
+    raise bad_request(
+        f"response_format.type: must be 'text', 'json_object' or 'json_schema', not {fmt.type!r}",
+        param="response_format.type",
+    )
 
 
 def assistant_calls(raw: list[dict[str, Any]], where: str) -> list[ToolCall]:
@@ -141,6 +149,8 @@ def assistant_calls(raw: list[dict[str, Any]], where: str) -> list[ToolCall]:
         except ValueError:
             args = None
         if not isinstance(args, dict):
-            raise bad_request(f"{where}.{j}.function.arguments: must be a JSON object", param=f"{where}.{j}.function.arguments")
+            raise bad_request(
+                f"{where}.{j}.function.arguments: must be a JSON object", param=f"{where}.{j}.function.arguments"
+            )
         out.append(ToolCall(call.id, call.function.name, args))
     return out

@@ -57,9 +57,17 @@ class ValueType(IntEnum):
 
 
 _SCALAR_CODES = {
-    ValueType.UINT8: "B", ValueType.INT8: "b", ValueType.UINT16: "H", ValueType.INT16: "h",
-    ValueType.UINT32: "I", ValueType.INT32: "i", ValueType.FLOAT32: "f", ValueType.BOOL: "?",
-    ValueType.UINT64: "Q", ValueType.INT64: "q", ValueType.FLOAT64: "d",
+    ValueType.UINT8: "B",
+    ValueType.INT8: "b",
+    ValueType.UINT16: "H",
+    ValueType.INT16: "h",
+    ValueType.UINT32: "I",
+    ValueType.INT32: "i",
+    ValueType.FLOAT32: "f",
+    ValueType.BOOL: "?",
+    ValueType.UINT64: "Q",
+    ValueType.INT64: "q",
+    ValueType.FLOAT64: "d",
 }
 
 # The ggml tensor types sluice reads without the gguf package: id -> (name, values per block,
@@ -257,8 +265,9 @@ def read_gguf(path: str | Path) -> GgufFile:
     return GgufFile(path, version, metadata, _tensors(buf, infos, data_start, cur.order))
 
 
-def _tensors(buf: mmap.mmap, infos: list[tuple[str, tuple[int, ...], int, int]], start: int,
-             order: str) -> list[GgufTensor]:
+def _tensors(
+    buf: mmap.mmap, infos: list[tuple[str, tuple[int, ...], int, int]], start: int, order: str
+) -> list[GgufTensor]:
     tensors: list[GgufTensor] = []
     names: set[str] = set()
     for name, dims, type_id, offset in infos:
@@ -273,7 +282,9 @@ def _tensors(buf: mmap.mmap, infos: list[tuple[str, tuple[int, ...], int, int]],
             count = elements
         else:  # block bytes, one row of blocks per row (GGUFReader's quant_shape_to_byte_shape)
             if shape[-1] % block:
-                raise GgufFormatError(f"tensor {name}: {shape[-1]} columns is not a multiple of {type_name}'s block {block}")
+                raise GgufFormatError(
+                    f"tensor {name}: {shape[-1]} columns is not a multiple of {type_name}'s block {block}"
+                )
             dtype, itemsize = "u1", 1
             count = elements // block * block_bytes
             shape = (*shape[:-1], shape[-1] // block * block_bytes)

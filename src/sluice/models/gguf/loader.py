@@ -12,8 +12,8 @@ Llama-architecture models for its RoPE layout; we undo that permutation, as tran
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

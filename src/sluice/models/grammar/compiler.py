@@ -31,7 +31,6 @@ from sluice.models.grammar.schema_check import check_schema
 from sluice.types import GuidedDecoding, GuidedKind
 
 
-
 def _library() -> Any:
     """llguidance, imported on the first constrained request: the gateway imports this module
     (to check a request's schema before routing it) and most processes never constrain, so
@@ -39,7 +38,9 @@ def _library() -> Any:
     try:
         import llguidance
     except ImportError:  # pragma: no cover - llguidance is a declared dependency
-        raise InvalidRequestError("constrained decoding is not available: the llguidance package is not installed") from None
+        raise InvalidRequestError(
+            "constrained decoding is not available: the llguidance package is not installed"
+        ) from None
     return llguidance
 
 
@@ -123,7 +124,9 @@ class CompilerStats:
 class GrammarCompiler:
     """Compiles specs for one tokenizer and hands out per-request matchers (thread-safe)."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, vocab_size: int, eos_token_ids: list[int], cache_size: int = 256):
+    def __init__(
+        self, tokenizer: tokenizers.Tokenizer, vocab_size: int, eos_token_ids: list[int], cache_size: int = 256
+    ):
         self._backend = tokenizer
         self.vocab_size = vocab_size
         self._eos = list(eos_token_ids)
@@ -137,7 +140,9 @@ class GrammarCompiler:
     def _llg_tokenizer(self) -> Any:
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                self._tokenizer = _library().LLTokenizer(self._backend.to_str(), n_vocab=self.vocab_size, eos_token=self._eos)
+                self._tokenizer = _library().LLTokenizer(
+                    self._backend.to_str(), n_vocab=self.vocab_size, eos_token=self._eos
+                )
             return self._tokenizer
 
     def _template(self, spec: GuidedDecoding) -> Any:

@@ -61,13 +61,11 @@ def tool_calls_grammar(spec: GuidedDecoding, schemas: dict[str, Any]) -> str:
     if spec.max_calls == 0:
         lines.insert(1, "start: TEXT")
         return "\n".join(lines) + "\n"
-    rest_prefix = syntax.begin[len(syntax.trigger):]
+    rest_prefix = syntax.begin[len(syntax.trigger) :]
     names = " | ".join(f"call_{i}" for i in range(len(spec.tools)))
     lines.append(f"rest: {names}")
     for i, tool in enumerate(spec.tools):
-        lines.append(
-            f"call_{i}: {lit(rest_prefix + tool.name + syntax.middle)} args_{i} {lit(syntax.end)}"
-        )
+        lines.append(f"call_{i}: {lit(rest_prefix + tool.name + syntax.middle)} args_{i} {lit(syntax.end)}")
         lines.append(f"args_{i}: {inline_json(schemas[tool.name])}")
     lines.append(f"call: {lit(syntax.trigger)} rest")
     lines.append(f"SEP: {lit(syntax.separator)}")
@@ -103,4 +101,3 @@ def _regex_escape(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
-

@@ -46,8 +46,19 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 # Where subschemas sit: one schema, a list of schemas, or a name → schema map.
-_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
-        "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_ONE = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalItems",
+)
 _LIST = ("anyOf", "allOf", "oneOf", "prefixItems")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
@@ -76,7 +87,9 @@ def check_schema(schema: Any, where: str) -> None:
         if isinstance(node, bool):
             continue  # true / false are valid schemas
         if not isinstance(node, dict):
-            raise InvalidRequestError(f"{path}: a JSON schema must be an object or a boolean, got {type(node).__name__}")
+            raise InvalidRequestError(
+                f"{path}: a JSON schema must be an object or a boolean, got {type(node).__name__}"
+            )
         for key, hint in UNSUPPORTED.items():
             if key in node:
                 extra = f" ({hint})" if hint else ""
@@ -84,10 +97,14 @@ def check_schema(schema: Any, where: str) -> None:
                     f"{path}.{key}: the JSON schema keyword '{key}' is not supported for constrained decoding{extra}"
                 )
         if isinstance(node.get("items"), list):
-            raise InvalidRequestError(f"{path}.items: 'items' as an array (draft-7 tuples) is not supported; use prefixItems")
+            raise InvalidRequestError(
+                f"{path}.items: 'items' as an array (draft-7 tuples) is not supported; use prefixItems"
+            )
         for key in ("exclusiveMinimum", "exclusiveMaximum"):
             if isinstance(node.get(key), bool):
-                raise InvalidRequestError(f"{path}.{key}: must be a number (the JSON Schema 2020-12 form), not a boolean")
+                raise InvalidRequestError(
+                    f"{path}.{key}: must be a number (the JSON Schema 2020-12 form), not a boolean"
+                )
         ref = node.get("$ref")
         if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
             raise InvalidRequestError(f"{path}.$ref: only local references ('#/$defs/…') are supported, got {ref!r}")

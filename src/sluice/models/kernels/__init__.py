@@ -91,8 +91,11 @@ def _load() -> ModuleType | None:
 
         ops = load_module()
     except Exception as exc:  # a missing compiler, a failed build, a bad cache: all fall back
-        log.warning("sluice kernels unavailable (%s: %s); using the torch path (fp32 weights)",
-                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        log.warning(
+            "sluice kernels unavailable (%s: %s); using the torch path (fp32 weights)",
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
         return None
     if ops.isa() == "none":
         log.warning("sluice kernels unavailable (this CPU lacks AVX2/FMA/F16C); using the torch path (fp32 weights)")

@@ -31,8 +31,15 @@ from pathlib import Path
 from types import ModuleType
 
 CSRC = Path(__file__).parent / "csrc"
-COMMON_FLAGS = ["-O3", "-fPIC", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-Wall",
-                "-Wno-maybe-uninitialized"]
+COMMON_FLAGS = [
+    "-O3",
+    "-fPIC",
+    "-std=c++17",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-Wall",
+    "-Wno-maybe-uninitialized",
+]
 # -ffp-contract=off everywhere: the kernels' exactness depends on every multiply and add being
 # rounded where the source says (kernels_impl.h), never fused by the compiler.
 # -fopenmp on the glue: at::parallel_for is a header template that runs its body on the calling
@@ -54,10 +61,16 @@ class IsaObject:
 
 ISA_OBJECTS = (
     IsaObject("isa_avx2.cpp", "isa_avx2", ("-mavx2", "-mfma", "-mf16c")),
-    IsaObject("isa_avx512.cpp", "isa_avx512",
-              ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl")),
-    IsaObject("isa_avx512.cpp", "isa_avx512vnni",
-              ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni")),
+    IsaObject(
+        "isa_avx512.cpp",
+        "isa_avx512",
+        ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
+    ),
+    IsaObject(
+        "isa_avx512.cpp",
+        "isa_avx512vnni",
+        ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni"),
+    ),
 )
 
 
@@ -81,7 +94,11 @@ def source_key(cxx: str | None = None) -> str:
         h.update(path.read_bytes())
     for obj in ISA_OBJECTS:
         h.update(repr(obj).encode())
-    h.update(repr((COMMON_FLAGS, GLUE_FLAGS, GLUE_LDFLAGS, torch.__version__, sys.version, sysconfig.get_platform())).encode())
+    h.update(
+        repr(
+            (COMMON_FLAGS, GLUE_FLAGS, GLUE_LDFLAGS, torch.__version__, sys.version, sysconfig.get_platform())
+        ).encode()
+    )
     h.update(_compiler_version(cxx or compiler()).encode())
     return h.hexdigest()[:16]
 
@@ -185,7 +202,9 @@ def main() -> int:
     except Exception as exc:  # reported, not fatal: sluice then runs its torch path
         print(f"sluice kernels: not built ({exc}); sluice will use its torch path", file=sys.stderr)
         return 1
-    print(f"sluice kernels: built in {cache_root()}; ISA in use: {mod.isa()} (available: {', '.join(mod.available_isas()) or 'none'})")
+    print(
+        f"sluice kernels: built in {cache_root()}; ISA in use: {mod.isa()} (available: {', '.join(mod.available_isas()) or 'none'})"
+    )
     return 0
 
 

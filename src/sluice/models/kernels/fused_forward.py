@@ -39,13 +39,27 @@ def build_decoder_stack(model: Any) -> Any | None:
     names = ("qkv", "o", "gate_up", "down")
     if not all(isinstance(getattr(layer, n), PackedLinear) for layer in model.layers for n in names):
         return None
-    stack = ops.DecoderStack(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, attention.scale,
-                             attention.window, model.rope_cos, model.rope_sin)
+    stack = ops.DecoderStack(
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.rms_norm_eps,
+        attention.scale,
+        attention.window,
+        model.rope_cos,
+        model.rope_sin,
+    )
     for layer in model.layers:
         lins = [getattr(layer, n) for n in names]
-        stack.add_layer(layer.input_norm, layer.post_norm, [x.packed for x in lins], [x.bias for x in lins],
-                        [x.out_features for x in lins], [x.in_features for x in lins],
-                        [x.qtype is QuantType.Q4_1 for x in lins])
+        stack.add_layer(
+            layer.input_norm,
+            layer.post_norm,
+            [x.packed for x in lins],
+            [x.bias for x in lins],
+            [x.out_features for x in lins],
+            [x.in_features for x in lins],
+            [x.qtype is QuantType.Q4_1 for x in lins],
+        )
     return stack
 
 
@@ -80,15 +94,25 @@ def fused_forward(
         use_stack = model.stack is not None and isinstance(attention, KernelPagedAttention)
         tables = attention.one_call_tables(meta) if use_stack else None
         if tables is not None:
-            delta = model.stack.forward(h, positions, meta.slot_mapping, kv_caches, tables[0], tables[1],
-                                        meta.block_size, fast, None if lora is None else lora.native)
+            delta = model.stack.forward(
+                h,
+                positions,
+                meta.slot_mapping,
+                kv_caches,
+                tables[0],
+                tables[1],
+                meta.block_size,
+                fast,
+                None if lora is None else lora.native,
+            )
         else:
             for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv_caches)):
                 x = ops.add_rms_norm(h, delta, layer.input_norm, eps)
                 qkv = layer.qkv(x, fast)
                 apply_native(ops, lora, qkv, x, i, Module.QKV)
-                ops.rope_and_cache(qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, heads, kv_heads,
-                                   head_dim)
+                ops.rope_and_cache(
+                    qkv, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, heads, kv_heads, head_dim
+                )
                 attn = attention.attend(qkv, k_cache, v_cache, meta)
                 o = layer.o(attn, fast)
                 apply_native(ops, lora, o, attn, i, Module.O)

@@ -17,15 +17,15 @@ import torch
 
 from sluice.models.attention import AttentionMetadata, PrefillSpan, prefill_attention, write_kv
 
-
 # Prefill chunks whose whole context is at most this long go through the decode kernel row by
 # row (see prepare); longer ones keep SDPA, whose blocked GEMMs win on long contexts.
 PAGED_PREFILL_MAX_CONTEXT = 256
 
 
 class KernelPagedAttention:
-    def __init__(self, ops: ModuleType, num_heads: int, num_kv_heads: int, head_dim: int,
-                 sliding_window: int | None = None):
+    def __init__(
+        self, ops: ModuleType, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None
+    ):
         self.ops = ops
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -79,23 +79,48 @@ class KernelPagedAttention:
         T = q.shape[0]
         return self.attend(q.reshape(T, -1), k_cache, v_cache, meta).view(T, self.num_heads, self.head_dim)
 
-    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               meta: AttentionMetadata) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         T, width = q.shape[0], self.num_heads * self.head_dim
         out = torch.empty(T, width, dtype=q.dtype)
         one_call = self.one_call_tables(meta)
         if one_call is not None:  # every row in one call (see prepare)
             tables, lens = one_call
-            self.ops.paged_decode(q, k_cache, v_cache, tables, lens, meta.block_size, self.num_heads,
-                                  self.num_kv_heads, self.scale, self.window, out)
+            self.ops.paged_decode(
+                q,
+                k_cache,
+                v_cache,
+                tables,
+                lens,
+                meta.block_size,
+                self.num_heads,
+                self.num_kv_heads,
+                self.scale,
+                self.window,
+                out,
+            )
             return out
         if meta.num_decodes:
-            self.ops.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size,
-                                  self.num_heads, self.num_kv_heads, self.scale, self.window, out)
+            self.ops.paged_decode(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.context_lens,
+                meta.block_size,
+                self.num_heads,
+                self.num_kv_heads,
+                self.scale,
+                self.window,
+                out,
+            )
         for span in meta.prefills:
             out[span.start : span.end] = self._prefill(q, k_cache, v_cache, span).reshape(-1, width)
         return out
 
-    def _prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: PrefillSpan) -> torch.Tensor:
+    def _prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: PrefillSpan
+    ) -> torch.Tensor:
         qp = q[span.start : span.end, : self.num_heads * self.head_dim].view(-1, self.num_heads, self.head_dim)
         return prefill_attention(qp, k_cache, v_cache, span, self.scale)

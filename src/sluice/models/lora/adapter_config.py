@@ -76,16 +76,20 @@ def parse_adapter_config(text: str, where: str = "adapter_config.json") -> LoraC
         if raw.get(key):
             raise AdapterError(f"{where}: {why} ({key} = {json.dumps(raw[key])})")
     if raw.get("bias", "none") != "none":
-        raise AdapterError(f"{where}: bias = {raw['bias']!r}: trained biases are not served (use bias = \"none\")")
+        raise AdapterError(f'{where}: bias = {raw["bias"]!r}: trained biases are not served (use bias = "none")')
     r, alpha = raw.get("r"), raw.get("lora_alpha", raw.get("r"))
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
         raise AdapterError(f"{where}: r must be a positive integer, got {json.dumps(r)}")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
         raise AdapterError(f"{where}: lora_alpha must be a number, got {json.dumps(alpha)}")
     ranks, alphas = raw.get("rank_pattern") or {}, raw.get("alpha_pattern") or {}
-    if not isinstance(ranks, dict) or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in ranks.values()):
+    if not isinstance(ranks, dict) or any(
+        not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in ranks.values()
+    ):
         raise AdapterError(f"{where}: rank_pattern must map module patterns to positive integers")
-    if not isinstance(alphas, dict) or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in alphas.values()):
+    if not isinstance(alphas, dict) or any(
+        not isinstance(v, (int, float)) or isinstance(v, bool) for v in alphas.values()
+    ):
         raise AdapterError(f"{where}: alpha_pattern must map module patterns to numbers")
     _check_targets(raw.get("target_modules"), where)
     return LoraConfig(r, float(alpha), bool(raw.get("use_rslora", False)), dict(ranks), dict(alphas))
@@ -100,5 +104,7 @@ def _check_targets(targets: Any, where: str) -> None:
         raise AdapterError(f"{where}: target_modules must be a list of module names or a regex string")
     bad = [t for t in targets if t.rsplit(".", 1)[-1] not in TARGETS]
     if bad:
-        raise AdapterError(f"{where}: target module {bad[0]!r} is not a linear of this base model "
-                           f"(LoRA is served on {', '.join(TARGETS)})")
+        raise AdapterError(
+            f"{where}: target module {bad[0]!r} is not a linear of this base model "
+            f"(LoRA is served on {', '.join(TARGETS)})"
+        )

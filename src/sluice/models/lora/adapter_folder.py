@@ -25,8 +25,15 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 _KEY = re.compile(
     r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$"
 )
-_SECTION = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-            "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+_SECTION = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 _WIDEN = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -57,10 +64,15 @@ class AdapterTensors:
 def linear_shape(cfg: ModelConfig, target: str) -> tuple[int, int]:
     """(out, in) of a decoder linear of the base model."""
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return {"q_proj": (q, cfg.hidden_size), "k_proj": (kv, cfg.hidden_size), "v_proj": (kv, cfg.hidden_size),
-            "o_proj": (cfg.hidden_size, q), "gate_proj": (cfg.intermediate_size, cfg.hidden_size),
-            "up_proj": (cfg.intermediate_size, cfg.hidden_size),
-            "down_proj": (cfg.hidden_size, cfg.intermediate_size)}[target]
+    return {
+        "q_proj": (q, cfg.hidden_size),
+        "k_proj": (kv, cfg.hidden_size),
+        "v_proj": (kv, cfg.hidden_size),
+        "o_proj": (cfg.hidden_size, q),
+        "gate_proj": (cfg.intermediate_size, cfg.hidden_size),
+        "up_proj": (cfg.intermediate_size, cfg.hidden_size),
+        "down_proj": (cfg.hidden_size, cfg.intermediate_size),
+    }[target]
 
 
 def read_adapter(folder: Path, base: ModelConfig, max_rank: int | None = None) -> AdapterTensors:
@@ -72,8 +84,11 @@ def read_adapter(folder: Path, base: ModelConfig, max_rank: int | None = None) -
     if not config_path.is_file():
         raise AdapterError(f"{folder}: {CONFIG_FILE} is missing (a PEFT adapter folder has it and {WEIGHTS_FILE})")
     if not weights_path.is_file():
-        extra = " (a pickled adapter_model.bin is never loaded: save with safe_serialization=True)" \
-            if (folder / "adapter_model.bin").exists() else ""
+        extra = (
+            " (a pickled adapter_model.bin is never loaded: save with safe_serialization=True)"
+            if (folder / "adapter_model.bin").exists()
+            else ""
+        )
         raise AdapterError(f"{folder}: {WEIGHTS_FILE} is missing{extra}")
     try:
         config = parse_adapter_config(config_path.read_text(encoding="utf-8"), f"{folder.name}/{CONFIG_FILE}")
@@ -101,15 +116,18 @@ def _load_safetensors(path: Path, where: str) -> dict[str, torch.Tensor]:
         raise AdapterError(f"{where}: not a readable safetensors file, truncated or damaged ({first})") from None
 
 
-def _pairs(tensors: dict[str, torch.Tensor], config: LoraConfig, base: ModelConfig,
-           where: str) -> dict[tuple[int, str], LoraPair]:
+def _pairs(
+    tensors: dict[str, torch.Tensor], config: LoraConfig, base: ModelConfig, where: str
+) -> dict[tuple[int, str], LoraPair]:
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         m = _KEY.match(key)
         target = m.group(3) if m else key.split(".lora_")[0].rsplit(".", 1)[-1]
         if m is None or target not in TARGETS or _SECTION[target] != m.group(2):
-            raise AdapterError(f"{where}: tensor {key!r}: target module {target!r} is not a linear of this base "
-                               f"model (LoRA is served on {', '.join(TARGETS)})")
+            raise AdapterError(
+                f"{where}: tensor {key!r}: target module {target!r} is not a linear of this base "
+                f"model (LoRA is served on {', '.join(TARGETS)})"
+            )
         layer = int(m.group(1))
         if layer >= base.num_layers:
             raise AdapterError(f"{where}: tensor {key!r} is for layer {layer}; the base model has {base.num_layers}")
@@ -130,8 +148,9 @@ def _pairs(tensors: dict[str, torch.Tensor], config: LoraConfig, base: ModelConf
     return pairs
 
 
-def _pair(ab: dict[str, torch.Tensor], layer: int, target: str, config: LoraConfig, base: ModelConfig,
-          where: str) -> LoraPair:
+def _pair(
+    ab: dict[str, torch.Tensor], layer: int, target: str, config: LoraConfig, base: ModelConfig, where: str
+) -> LoraPair:
     section = _SECTION[target]
     name = f"model.layers.{layer}.{section}.{target}"
     if set(ab) != {"A", "B"}:
@@ -141,10 +160,14 @@ def _pair(ab: dict[str, torch.Tensor], layer: int, target: str, config: LoraConf
     out_f, in_f = linear_shape(base, target)
     r = config.rank_of(name)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != in_f or b.shape[0] != out_f:
-        raise AdapterError(f"{where}: {name}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit the "
-                           f"base model's {target} ({out_f} x {in_f}): expected lora_A ({r}, {in_f}) and "
-                           f"lora_B ({out_f}, {r})")
+        raise AdapterError(
+            f"{where}: {name}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit the "
+            f"base model's {target} ({out_f} x {in_f}): expected lora_A ({r}, {in_f}) and "
+            f"lora_B ({out_f}, {r})"
+        )
     if a.shape[0] != r or b.shape[1] != r:
-        raise AdapterError(f"{where}: {name}: rank mismatch: lora_A has rank {a.shape[0]}, lora_B {b.shape[1]}, "
-                           f"adapter_config.json says r = {r}")
+        raise AdapterError(
+            f"{where}: {name}: rank mismatch: lora_A has rank {a.shape[0]}, lora_B {b.shape[1]}, "
+            f"adapter_config.json says r = {r}"
+        )
     return LoraPair(a.to(torch.float32).contiguous(), b.to(torch.float32).contiguous(), config.scale_of(name))

@@ -33,8 +33,9 @@ class LoraBatch:
                 by_slot.setdefault(slot, []).append(row)
         # (slot, its rows) in slot order: the segments, on the adapters' (the model's) device
         device = _device(self.adapters)
-        self.segments = [(slot, torch.tensor(rows, dtype=torch.long, device=device))
-                         for slot, rows in sorted(by_slot.items())]
+        self.segments = [
+            (slot, torch.tensor(rows, dtype=torch.long, device=device)) for slot, rows in sorted(by_slot.items())
+        ]
         self.native: Any = None
         if ops is not None and self.segments:
             rows = torch.cat([r for _, r in self.segments]).to(torch.int32)  # the kernels run on the CPU
@@ -68,8 +69,9 @@ def _device(adapters: list[LoraWeights]) -> torch.device:
     return torch.device("cpu")
 
 
-def apply_native(ops: ModuleType, lora: LoraBatch | None, y: torch.Tensor, x: torch.Tensor, layer: int,
-                 module: Module) -> None:
+def apply_native(
+    ops: ModuleType, lora: LoraBatch | None, y: torch.Tensor, x: torch.Tensor, layer: int, module: Module
+) -> None:
     """The kernel path's apply (the Python loop over layers; the decoder stack calls it itself)."""
     if lora is not None and lora.native is not None:
         ops.lora_apply(y, x, lora.native, layer, int(module))

@@ -67,8 +67,14 @@ class LoraWeights:
 
     __slots__ = ("name", "modules", "native", "rank", "nbytes")
 
-    def __init__(self, name: str, tensors: AdapterTensors, base: ModelConfig, ops: ModuleType | None = None,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        name: str,
+        tensors: AdapterTensors,
+        base: ModelConfig,
+        ops: ModuleType | None = None,
+        device: torch.device | str = "cpu",
+    ):
         """`ops`: the kernels, to bind the adapter for them; `device`: the model's (torch path)."""
         self.name = name
         self.rank = tensors.max_rank
@@ -77,8 +83,9 @@ class LoraWeights:
         for layer in range(base.num_layers):
             for module, targets in FUSED.items():
                 self.modules[layer][module] = _fuse(tensors, layer, targets, sizes, torch.device(device))
-        self.nbytes = sum(m.at.nbytes + sum(p.bt.nbytes for p in m.parts)
-                          for layer in self.modules for m in layer if m is not None)
+        self.nbytes = sum(
+            m.at.nbytes + sum(p.bt.nbytes for p in m.parts) for layer in self.modules for m in layer if m is not None
+        )
         self.native: Any = self._bind(ops) if ops is not None else None
 
     def _bind(self, ops: ModuleType) -> Any:
@@ -94,12 +101,20 @@ class LoraWeights:
 
 def _fused_sizes(cfg: ModelConfig) -> dict[str, int]:
     q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-    return {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": cfg.hidden_size, "gate_proj": inter,
-            "up_proj": inter, "down_proj": cfg.hidden_size}
+    return {
+        "q_proj": q,
+        "k_proj": kv,
+        "v_proj": kv,
+        "o_proj": cfg.hidden_size,
+        "gate_proj": inter,
+        "up_proj": inter,
+        "down_proj": cfg.hidden_size,
+    }
 
 
-def _fuse(tensors: AdapterTensors, layer: int, targets: tuple[str, ...], sizes: dict[str, int],
-          device: torch.device) -> LoraModule | None:
+def _fuse(
+    tensors: AdapterTensors, layer: int, targets: tuple[str, ...], sizes: dict[str, int], device: torch.device
+) -> LoraModule | None:
     present = [(t, tensors.pairs[(layer, t)]) for t in targets if (layer, t) in tensors.pairs]
     if not present:
         return None

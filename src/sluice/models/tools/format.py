@@ -51,7 +51,7 @@ class ToolFormat:
             raise ValueError(f"tool format {self.name!r}: call_open must start with the trigger")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], base: "ToolFormat | None" = None) -> "ToolFormat":
+    def from_dict(cls, data: dict[str, Any], base: ToolFormat | None = None) -> ToolFormat:
         """`base` (default: Hermes) with the fields in `data` replaced; unknown fields are an error."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -82,7 +82,10 @@ class ToolFormat:
     def render_tools(self, tools: list[ToolSpec]) -> str:
         lines = [
             json.dumps(
-                {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}},
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+                },
                 ensure_ascii=False,
             )
             for t in tools

@@ -115,10 +115,15 @@ class ToolCallParser:
         self._buf = ""  # text not yet turned into pieces
         self._call: _Call | None = None  # the call being read
         self._after_call = False  # whitespace here is layout, not text
-        rest = re.escape(fmt.call_open[len(fmt.trigger):].strip())
+        rest = re.escape(fmt.call_open[len(fmt.trigger) :].strip())
         self._header = re.compile(
-            r"\s*" + rest + r"\s*\{\s*" + re.escape(json.dumps(fmt.name_key)) + r'\s*:\s*"([^"\\]*)"\s*,\s*'
-            + re.escape(json.dumps(fmt.arguments_key)) + r"\s*:\s*(?=\{)"
+            r"\s*"
+            + rest
+            + r"\s*\{\s*"
+            + re.escape(json.dumps(fmt.name_key))
+            + r'\s*:\s*"([^"\\]*)"\s*,\s*'
+            + re.escape(json.dumps(fmt.arguments_key))
+            + r"\s*:\s*(?=\{)"
         )
 
     def feed(self, text: str) -> list[Piece]:
@@ -178,7 +183,7 @@ class ToolCallParser:
         at = self._buf.find(trigger)
         if at >= 0:
             self._emit_text(self._buf[:at], out, final=True)
-            self._buf = self._buf[at + len(trigger):]
+            self._buf = self._buf[at + len(trigger) :]
             self._call = _Call(index=len(self.calls))
             return True
         # hold back a possible start of the trigger, and the whitespace before it (it is
@@ -199,10 +204,10 @@ class ToolCallParser:
             close = self._buf.find(self.fmt.call_close.strip())
             if close < 0:
                 return False  # wait for more text (or finish())
-            body, self._buf = self._buf[:close], self._buf[close + len(self.fmt.call_close.strip()):]
+            body, self._buf = self._buf[:close], self._buf[close + len(self.fmt.call_close.strip()) :]
             self._whole(call, body, out)
             return True
-        self._buf = self._buf[m.end():]
+        self._buf = self._buf[m.end() :]
         call.id, call.name, call.args = self.new_id(), m.group(1), _Args()
         out.append(ToolCallStart(call.index, call.id, call.name))
         return True
@@ -233,7 +238,7 @@ class ToolCallParser:
         """A body the header pattern missed: parse it whole, or drop it (not a call: there is
         nothing to return, and call markup is never text)."""
         try:
-            obj = json.loads(body.strip().removeprefix(self.fmt.call_open[len(self.fmt.trigger):].strip()))
+            obj = json.loads(body.strip().removeprefix(self.fmt.call_open[len(self.fmt.trigger) :].strip()))
             name, args = obj[self.fmt.name_key], obj.get(self.fmt.arguments_key, {})
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise TypeError

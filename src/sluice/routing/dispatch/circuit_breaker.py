@@ -156,10 +156,6 @@ class CircuitBreaker:
             self._state = BreakerState.HALF_OPEN
             self._epoch += 1
             self._probe_deadline = None
-        elif (
-            self._state is BreakerState.HALF_OPEN
-            and self._probe_deadline is not None
-            and now >= self._probe_deadline
-        ):
+        elif self._state is BreakerState.HALF_OPEN and self._probe_deadline is not None and now >= self._probe_deadline:
             self._open(now, reopen=True)  # the probe never answered: a hung worker
             self._advance(now)  # a zero cool-down would half-open again at once

@@ -79,8 +79,16 @@ class _Failover:
     """One generation's dispatches: where it may go next, what it streamed so far, and what a
     failed dispatch leads to (a retry, a migration, or the error the client sees)."""
 
-    def __init__(self, router: FleetRouter, plan: RoutePlan, request: GenerationRequest, replan: Replan,
-                 policy: FailoverPolicy, track: Attempted, span: Span | None):
+    def __init__(
+        self,
+        router: FleetRouter,
+        plan: RoutePlan,
+        request: GenerationRequest,
+        replan: Replan,
+        policy: FailoverPolicy,
+        track: Attempted,
+        span: Span | None,
+    ):
         self.router, self.plan, self.request, self.replan = router, plan, request, replan
         self.policy, self.track, self.span = policy, track, span
         self.emitted: list[int] = []  # output token ids streamed, whichever worker produced them
@@ -97,12 +105,14 @@ class _Failover:
             avoid = _still_lost(router, self.tried, self.lost_at) if self.emitted else self.tried
             placed = router.dispatch(self.plan, self.request, avoid)
             if placed is None and self.emitted:
-                placed = await _wait_for_continuation(router, self.plan, self.request, self.tried, self.lost_at,
-                                                      policy.migration_wait_s)
+                placed = await _wait_for_continuation(
+                    router, self.plan, self.request, self.tried, self.lost_at, policy.migration_wait_s
+                )
                 if placed is None:
                     raise EngineUnavailableError(
                         f"no other worker of {self.plan.version_header} could continue the request within "
-                        f"{policy.migration_wait_s:g} s (tried {len(self.tried)})")
+                        f"{policy.migration_wait_s:g} s (tried {len(self.tried)})"
+                    )
             if placed is not None:
                 return placed
             if self.attempts >= policy.max_attempts:
@@ -115,14 +125,24 @@ class _Failover:
         """The request as this dispatch sends it: after output, a continuation of what was sent."""
         self.track.workers.append(dispatch.worker_id)
         if self.span is not None:
-            self.span.add_event("dispatch", {"worker": dispatch.worker_id, "version": self.plan.version_header,
-                                             "reason": pick.reason.value, "resumed_tokens": len(self.emitted)})
+            self.span.add_event(
+                "dispatch",
+                {
+                    "worker": dispatch.worker_id,
+                    "version": self.plan.version_header,
+                    "reason": pick.reason.value,
+                    "resumed_tokens": len(self.emitted),
+                },
+            )
         self.attempts += 1
         if not self.emitted:
             return self.request
         return dataclasses.replace(
-            self.request, request_id=f"{self.request.request_id}.m{self.track.migrations}",
-            resumed_output_ids=list(self.emitted), resumed_text_chars=self.emitted_chars)
+            self.request,
+            request_id=f"{self.request.request_id}.m{self.track.migrations}",
+            resumed_output_ids=list(self.emitted),
+            resumed_text_chars=self.emitted_chars,
+        )
 
     async def failed(self, dispatch: Dispatch, handle: WorkerHandle, exc: Exception) -> None:
         """The worker refused or was lost (called while `exc` is handled): returns when the
@@ -136,21 +156,31 @@ class _Failover:
         track.failed.append((self.plan.model_id, self.plan.version))
         if not self.emitted:
             if self.attempts >= self.policy.max_attempts:
-                raise EngineUnavailableError(f"no worker could take the request after {self.attempts} attempts: {exc}") from None
+                raise EngineUnavailableError(
+                    f"no worker could take the request after {self.attempts} attempts: {exc}"
+                ) from None
             track.retries += 1
             if self.span is not None:
                 self.span.add_event("retry", {"worker": worker_id, "error": str(exc)})
-            log.warning("request %s: worker %s failed before any output (%s); retrying", self.request.request_id,
-                        worker_id, exc)
+            log.warning(
+                "request %s: worker %s failed before any output (%s); retrying", self.request.request_id, worker_id, exc
+            )
             await asyncio.sleep(min(1.0, self.policy.backoff_s * 2 ** (track.retries - 1)))
             return
         if track.migrations >= self.policy.max_migrations:
             raise EngineUnavailableError(f"the request lost {track.migrations + 1} workers mid-stream: {exc}") from None
         track.migrations += 1
         if self.span is not None:
-            self.span.add_event("migration", {"worker": worker_id, "after_tokens": len(self.emitted), "error": str(exc)})
-        log.warning("request %s: worker %s lost after %d output tokens (%s); migrating", self.request.request_id,
-                    worker_id, len(self.emitted), exc)
+            self.span.add_event(
+                "migration", {"worker": worker_id, "after_tokens": len(self.emitted), "error": str(exc)}
+            )
+        log.warning(
+            "request %s: worker %s lost after %d output tokens (%s); migrating",
+            self.request.request_id,
+            worker_id,
+            len(self.emitted),
+            exc,
+        )
 
 
 async def generate_on_fleet(
@@ -210,8 +240,13 @@ def _lost(router: FleetRouter, handle: WorkerHandle, exc: Exception) -> None:
     if entry is None or entry.status is not WorkerStatus.WARM:
         return
     if take_down(router.pool, handle):
-        log.warning("worker %s (%s/%s) is down: a request to it failed (%s)", handle.worker_id, handle.model_id,
-                    handle.version, exc)
+        log.warning(
+            "worker %s (%s/%s) is down: a request to it failed (%s)",
+            handle.worker_id,
+            handle.model_id,
+            handle.version,
+            exc,
+        )
 
 
 def _still_lost(router: FleetRouter, tried: set[str], lost_at: dict[str, int]) -> set[str]:
@@ -222,8 +257,14 @@ def _still_lost(router: FleetRouter, tried: set[str], lost_at: dict[str, int]) -
     return {w for w in tried if (e := router.pool.get(w)) is None or e.incarnation == lost_at.get(w, e.incarnation)}
 
 
-async def _wait_for_continuation(router: FleetRouter, plan: RoutePlan, request: GenerationRequest,
-                                 tried: set[str], lost_at: dict[str, int], wait_s: float):
+async def _wait_for_continuation(
+    router: FleetRouter,
+    plan: RoutePlan,
+    request: GenerationRequest,
+    tried: set[str],
+    lost_at: dict[str, int],
+    wait_s: float,
+):
     """Poll for a worker that can continue a migrated stream: any warm worker of its version
     but the lost ones (a lost worker counts again as soon as it is back up: `_still_lost`), and
     after half the wait any warm one, the lost worker included (one that was never taken down:

@@ -46,7 +46,7 @@ class WorkerHandle:
     # the status it takes once warm: WARM (serves at once), or STANDBY for a worker the
     # autoscaler started to refill its warm pool (routing/fleet/autoscaler.py)
     join_status: WorkerStatus = WorkerStatus.WARM
-    on_change: list[Callable[["WorkerHandle"], None]] = field(default_factory=list)
+    on_change: list[Callable[[WorkerHandle], None]] = field(default_factory=list)
 
 
 def take_down(pool: WorkerPool, h: WorkerHandle) -> bool:
@@ -73,8 +73,14 @@ def _changed(h: WorkerHandle) -> None:
 
 
 class HealthPoller:
-    def __init__(self, pool: WorkerPool, handles: dict[str, WorkerHandle], interval_s: float = 1.0,
-                 timeout_s: float = 2.0, down_after: int = 2):
+    def __init__(
+        self,
+        pool: WorkerPool,
+        handles: dict[str, WorkerHandle],
+        interval_s: float = 1.0,
+        timeout_s: float = 2.0,
+        down_after: int = 2,
+    ):
         self.pool = pool
         self.handles = handles
         self.interval_s, self.timeout_s, self.down_after = interval_s, timeout_s, down_after
@@ -111,8 +117,14 @@ class HealthPoller:
         h.failures += 1
         up = entry.status in (WorkerStatus.WARM, WorkerStatus.STANDBY)
         if h.failures >= self.down_after and (up or h.warmed):
-            log.warning("worker %s (%s/%s) is down after %d failed health checks (%s)",
-                        h.worker_id, h.model_id, h.version, h.failures, why)
+            log.warning(
+                "worker %s (%s/%s) is down after %d failed health checks (%s)",
+                h.worker_id,
+                h.model_id,
+                h.version,
+                h.failures,
+                why,
+            )
             take_down(self.pool, h)
             if isinstance(h.client, GrpcEngineClient):
                 h.client.abandon_calls(f"{h.worker_id} missed {h.failures} health checks")

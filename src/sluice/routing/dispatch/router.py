@@ -42,14 +42,14 @@ from dataclasses import dataclass, field
 from sluice.engine.config import EngineConfig
 from sluice.engine.kv_manager import prefix_namespace
 from sluice.routing.dispatch.circuit_breaker import Outcome
-from sluice.routing.errors import ModelUnavailableError, QuotaExceededError, VersionUnavailableError
-from sluice.routing.fleet_file.schema import TokenQuotaSpec, VersionSpec, WorkerChoice
-from sluice.routing.quota.semantics import QuotaDecision, QuotaStatus, QuotaStore
-from sluice.routing.fleet_file.registry import Registry
-from sluice.routing.state.routing_state import RoutingSnapshot, VersionState, effective_weights
 from sluice.routing.dispatch.version_router import choose_version, resolve_pin, version_header
 from sluice.routing.dispatch.worker_picker import Candidate, Pick, PickReason, WorkerPicker, affinity_key
 from sluice.routing.dispatch.worker_pool import Dispatch, WorkerPool
+from sluice.routing.errors import ModelUnavailableError, QuotaExceededError, VersionUnavailableError
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.fleet_file.schema import TokenQuotaSpec, VersionSpec, WorkerChoice
+from sluice.routing.quota.semantics import QuotaDecision, QuotaStatus, QuotaStore
+from sluice.routing.state.routing_state import RoutingSnapshot, VersionState, effective_weights
 from sluice.types import GenerationRequest
 
 log = logging.getLogger("sluice.routing")
@@ -90,8 +90,14 @@ Cost = Callable[[str, str], Awaitable[int]]
 
 
 class FleetRouter:
-    def __init__(self, registry: Registry, pool: WorkerPool, quota: QuotaStore | None = None,
-                 state: Callable[[], RoutingSnapshot] = RoutingSnapshot, engine_defaults: EngineConfig | None = None):
+    def __init__(
+        self,
+        registry: Registry,
+        pool: WorkerPool,
+        quota: QuotaStore | None = None,
+        state: Callable[[], RoutingSnapshot] = RoutingSnapshot,
+        engine_defaults: EngineConfig | None = None,
+    ):
         self.registry = registry
         self.pool = pool
         self.quota = quota
@@ -120,7 +126,9 @@ class FleetRouter:
                 if model_id == primary:
                     raise QuotaExceededError(
                         f"the token quota for model {model_id!r} is used up until the period resets",
-                        quota.retry_after_s, model_id)
+                        quota.retry_after_s,
+                        model_id,
+                    )
                 continue
             if quota is not None and quota.status is QuotaStatus.SOFT_EXCEEDED:
                 soft.append(model_id)
@@ -134,8 +142,9 @@ class FleetRouter:
                 return self._plan(model_id, version, primary, quota, soft)
         raise ModelUnavailableError(f"model {primary!r} and its fallbacks cannot take requests now")
 
-    def dispatch(self, plan: RoutePlan, request: GenerationRequest,
-                 exclude: Collection[str] = ()) -> tuple[Dispatch, Pick] | None:
+    def dispatch(
+        self, plan: RoutePlan, request: GenerationRequest, exclude: Collection[str] = ()
+    ) -> tuple[Dispatch, Pick] | None:
         """A worker of the plan's version (prefix affinity under the load bound), its breaker
         permit taken and its load counted at the request's token cost; None when no worker of
         the version can take it now."""
@@ -144,8 +153,12 @@ class FleetRouter:
         engine = self.engine_config(plan.model_id, plan.version)
         adapter = request.adapter
         namespace = "\0".join((adapter.name, adapter.source)) if adapter is not None else ""
-        key = affinity_key(request.prompt_token_ids, engine.block_size, fleet.affinity_key_blocks,
-                           prefix_namespace(request.tenant, engine.share_prefix_across_tenants, namespace))
+        key = affinity_key(
+            request.prompt_token_ids,
+            engine.block_size,
+            fleet.affinity_key_blocks,
+            prefix_namespace(request.tenant, engine.share_prefix_across_tenants, namespace),
+        )
         tried = set(exclude)
         while cands := self.pool.candidates(plan.model_id, plan.version, tried):
             if adapter is not None:
@@ -154,8 +167,12 @@ class FleetRouter:
                 pick = self._next_in_turn(plan, cands)
             else:
                 pick = picker.pick(cands, key)
-            dispatch = self.pool.begin(pick.worker_id, request.token_cost, (plan.model_id, plan.version),
-                                       adapter.name if adapter is not None else None)
+            dispatch = self.pool.begin(
+                pick.worker_id,
+                request.token_cost,
+                (plan.model_id, plan.version),
+                adapter.name if adapter is not None else None,
+            )
             if dispatch is not None:
                 return dispatch, pick
             tried.add(pick.worker_id)  # its half-open probe slot was taken meanwhile
@@ -168,8 +185,11 @@ class FleetRouter:
         an overloaded holder."""
         fleet = self.registry.fleet.routing
         bound = fleet.load_bound * min(c.load_tokens for c in cands) + fleet.load_slack_tokens
-        holders = [c for c in cands if c.load_tokens <= bound and
-                   (w := self.pool.get(c.worker_id)) is not None and adapter in w.adapters]
+        holders = [
+            c
+            for c in cands
+            if c.load_tokens <= bound and (w := self.pool.get(c.worker_id)) is not None and adapter in w.adapters
+        ]
         return holders or cands
 
     def _picker(self, model_id: str, version: str) -> WorkerPicker:
@@ -218,7 +238,9 @@ class FleetRouter:
         weights = effective_weights(spec, self.state().model(model_id))
         return {v: w for v, w in weights.items() if w > 0 and self.pool.candidates(model_id, v, exclude)}
 
-    def _plan(self, model_id: str, version: str, primary: str, quota: QuotaDecision | None, soft: list[str]) -> RoutePlan:
+    def _plan(
+        self, model_id: str, version: str, primary: str, quota: QuotaDecision | None, soft: list[str]
+    ) -> RoutePlan:
         fallback = model_id != primary
         reason = (FallbackReason.QUOTA if primary in soft else FallbackReason.UNAVAILABLE) if fallback else None
         return RoutePlan(model_id, version, primary if fallback else None, reason, tuple(soft), quota)
@@ -235,8 +257,11 @@ class FleetRouter:
         quota = await self._take_quota(req, model_id, tokens, force=False)
         soft: tuple[str, ...] = ()
         if quota is not None and quota.status is QuotaStatus.HARD_EXCEEDED:
-            raise QuotaExceededError(f"the token quota for model {model_id!r} is used up until the period resets",
-                                     quota.retry_after_s, model_id)
+            raise QuotaExceededError(
+                f"the token quota for model {model_id!r} is used up until the period resets",
+                quota.retry_after_s,
+                model_id,
+            )
         if quota is not None and quota.status is QuotaStatus.SOFT_EXCEEDED:
             soft = (model_id,)  # a pin cannot fall back: served, counted, warned
             quota = await self._take_quota(req, model_id, tokens, force=True)

@@ -37,7 +37,9 @@ VERSION_HEADER = "sluice-model-version"  # on every generation response; a pin o
 _TWO_64 = float(2**64)
 
 
-def sticky_key(tenant: str, user_id: str | None = None, openai_user: str | None = None, api_key_id: str | None = None) -> str | None:
+def sticky_key(
+    tenant: str, user_id: str | None = None, openai_user: str | None = None, api_key_id: str | None = None
+) -> str | None:
     """The stickiness key for a request, or None when the request carries no identity."""
     for value in (user_id, openai_user, api_key_id):
         if value:
@@ -87,9 +89,7 @@ def resolve_pin(value: str, model_id: str, model: ModelSpec, tier: str, resolve_
         except InvalidRequestError:
             pinned_model = None
         if pinned_model != model_id:
-            raise InvalidRequestError(
-                f"{VERSION_HEADER} pins {text!r}, but the request is for model {model_id!r}"
-            )
+            raise InvalidRequestError(f"{VERSION_HEADER} pins {text!r}, but the request is for model {model_id!r}")
     if not version:
         raise InvalidRequestError(f"{VERSION_HEADER} must be <model>/<version> or <version>")
     if not model.tier_policy(tier).allow_pin:

@@ -103,9 +103,15 @@ def _rank(key: bytes, worker_id: str) -> int:
 
 
 class WorkerPicker:
-    def __init__(self, load_bound: float = 1.25, slack_tokens: int = 512, *,
-                 max_prefixes: int = DEFAULT_MAX_PREFIXES, idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        load_bound: float = 1.25,
+        slack_tokens: int = 512,
+        *,
+        max_prefixes: int = DEFAULT_MAX_PREFIXES,
+        idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if load_bound < 1.0 or slack_tokens < 0:
             raise ValueError("load_bound must be >= 1 and slack_tokens >= 0")
         if max_prefixes < 1 or idle_ttl_s <= 0:
@@ -188,8 +194,9 @@ class WorkerPicker:
     # -- the table ----------------------------------------------------------------------------
     def _place(self, within: Sequence[Candidate], key: bytes) -> Candidate:
         """The worker a prefix is placed on: fewest groups, then least loaded, then rendezvous."""
-        return min(within, key=lambda c: (self._held.get(c.worker_id, 0), c.load_tokens,
-                                          -_rank(key, c.worker_id), c.worker_id))
+        return min(
+            within, key=lambda c: (self._held.get(c.worker_id, 0), c.load_tokens, -_rank(key, c.worker_id), c.worker_id)
+        )
 
     def _hold(self, group: _Group, worker_id: str) -> None:
         group.holders.append(worker_id)

@@ -86,12 +86,27 @@ class WorkerPool:
         self._adapter_inflight: dict[tuple[str, str], int] = {}  # adapter version -> requests in flight
 
     # -- membership ---------------------------------------------------------------------------
-    def add(self, worker_id: str, model_id: str, version: str, address: str, *,
-            status: WorkerStatus = WorkerStatus.STARTING, max_outstanding_tokens: int | None = None) -> WorkerEntry:
+    def add(
+        self,
+        worker_id: str,
+        model_id: str,
+        version: str,
+        address: str,
+        *,
+        status: WorkerStatus = WorkerStatus.STARTING,
+        max_outstanding_tokens: int | None = None,
+    ) -> WorkerEntry:
         if worker_id in self._workers:
             raise ValueError(f"worker {worker_id!r} is already in the pool")
-        entry = WorkerEntry(worker_id, model_id, version, address, CircuitBreaker(self.breaker_config, self._clock),
-                            status, max_outstanding_tokens)
+        entry = WorkerEntry(
+            worker_id,
+            model_id,
+            version,
+            address,
+            CircuitBreaker(self.breaker_config, self._clock),
+            status,
+            max_outstanding_tokens,
+        )
         self._workers[worker_id] = entry
         return entry
 
@@ -113,8 +128,9 @@ class WorkerPool:
     def workers(self, model_id: str, version: str | None = None) -> list[WorkerEntry]:
         if version is not None:
             model_id, version = self.base_of(model_id, version)
-        return [w for w in self._workers.values()
-                if w.model_id == model_id and (version is None or w.version == version)]
+        return [
+            w for w in self._workers.values() if w.model_id == model_id and (version is None or w.version == version)
+        ]
 
     # -- reports ------------------------------------------------------------------------------
     def set_status(self, worker_id: str, status: WorkerStatus) -> None:
@@ -156,11 +172,15 @@ class WorkerPool:
 
     def candidates(self, model_id: str, version: str, exclude: Collection[str] = ()) -> list[Candidate]:
         """Workers of the version that can take a request now (`exclude`: already tried)."""
-        return [Candidate(w.worker_id, w.load_tokens) for w in self.workers(model_id, version)
-                if w.worker_id not in exclude and self.takes_requests(w)]
+        return [
+            Candidate(w.worker_id, w.load_tokens)
+            for w in self.workers(model_id, version)
+            if w.worker_id not in exclude and self.takes_requests(w)
+        ]
 
-    def begin(self, worker_id: str, cost_tokens: int, version_key: tuple[str, str] | None = None,
-              adapter: str | None = None) -> Dispatch | None:
+    def begin(
+        self, worker_id: str, cost_tokens: int, version_key: tuple[str, str] | None = None, adapter: str | None = None
+    ) -> Dispatch | None:
         """Take the worker's breaker permit and count the request's load; None when the worker
         cannot take it after all (its half-open probe slot was just taken). `version_key`: the
         (model, version) it serves, counted there when that is an adapter version; `adapter`:

@@ -62,7 +62,7 @@ class FleetAdapters:
         handles = [h for h in self.members.serving_handles() if (h.model_id, h.version) == (base_model, base_version)]
         if not handles:
             raise EngineUnavailableError(f"no worker of {base_model}/{base_version} can load an adapter now")
-        target = min(handles, key=lambda h: (w.load_tokens if (w := self.pool.get(h.worker_id)) else 0))
+        target = min(handles, key=lambda h: w.load_tokens if (w := self.pool.get(h.worker_id)) else 0)
         loaded = await target.client.load_adapter(AdapterRef(name, source))
         try:
             self.registry.add_adapter(name, source, f"{base_model}/{base_version}")
@@ -73,10 +73,23 @@ class FleetAdapters:
         self.sync_bases()
         spec = self.registry.version(base_model, base_version)
         await asyncio.to_thread(self.runtimes.add, name, RUNTIME_VERSION, spec)
-        log.info("LoRA adapter %s (%s) serves on %s/%s, checked by %s in %.0f ms", name, source, base_model,
-                 base_version, target.worker_id, loaded.load_s * 1000)
-        return {"name": name, "source": source, "base": f"{base_model}/{base_version}", "worker": target.worker_id,
-                "bytes": loaded.bytes, "load_ms": round(loaded.load_s * 1000, 1)}
+        log.info(
+            "LoRA adapter %s (%s) serves on %s/%s, checked by %s in %.0f ms",
+            name,
+            source,
+            base_model,
+            base_version,
+            target.worker_id,
+            loaded.load_s * 1000,
+        )
+        return {
+            "name": name,
+            "source": source,
+            "base": f"{base_model}/{base_version}",
+            "worker": target.worker_id,
+            "bytes": loaded.bytes,
+            "load_ms": round(loaded.load_s * 1000, 1),
+        }
 
     async def unload(self, name: str) -> dict[str, Any]:
         """Stop serving a run-time adapter and drop its weights on the base's workers. KeyError:
@@ -104,7 +117,14 @@ class FleetAdapters:
         for (model_id, version), (bm, bv) in sorted(adapter_bases(self.registry.fleet).items()):
             spec = self.registry.version(model_id, version)
             holders = [w.worker_id for w in self.pool.workers(bm, bv) if model_id in w.adapters]
-            out.append({"name": model_id, "version": version, "source": spec.adapter, "base": f"{bm}/{bv}",
-                        "runtime": model_id in runtime, "resident_on": holders})
+            out.append(
+                {
+                    "name": model_id,
+                    "version": version,
+                    "source": spec.adapter,
+                    "base": f"{bm}/{bv}",
+                    "runtime": model_id in runtime,
+                    "resident_on": holders,
+                }
+            )
         return out
-

@@ -32,17 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.aio import cancel_and_wait
+from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.routing.fleet.local_replicas import LocalReplicas
 from sluice.routing.fleet.members import FleetMembers
-from sluice.routing.scaling.observation import Demand, VersionLoad, observations, version_load
 from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.fleet_file.scaling_settings import ScalingSettings
+from sluice.routing.scaling.decision import FleetObservation, ScalingDecision
+from sluice.routing.scaling.observation import Demand, VersionLoad, observations, version_load
+from sluice.routing.scaling.policy import Clock, ScalingPolicy, SystemClock
 from sluice.routing.state.follower import StateFollower
 from sluice.routing.state.replica_plan import ReplicaGoal, replica_goal
 from sluice.routing.state.routing_state import effective_weights
-from sluice.routing.scaling.decision import FleetObservation, ScalingDecision
-from sluice.routing.scaling.policy import Clock, ScalingPolicy, SystemClock
-from sluice.routing.fleet_file.scaling_settings import ScalingSettings
-from sluice.routing.dispatch.worker_pool import WorkerStatus
 
 log = logging.getLogger("sluice.autoscale")
 # a version whose cold start failed waits this long before the next (real time: a start's
@@ -64,8 +64,15 @@ class VersionScaler:
 
 
 class LocalAutoscaler:
-    def __init__(self, members: FleetMembers, replicas: LocalReplicas, registry: Registry, follower: StateFollower,
-                 demand: Callable[[], Demand], clock: Clock | None = None):
+    def __init__(
+        self,
+        members: FleetMembers,
+        replicas: LocalReplicas,
+        registry: Registry,
+        follower: StateFollower,
+        demand: Callable[[], Demand],
+        clock: Clock | None = None,
+    ):
         self.members, self.replicas, self.registry, self.follower = members, replicas, registry, follower
         self.demand = demand  # the admission queue's waiting work, read at each tick
         self.clock: Clock = clock or SystemClock()
@@ -134,8 +141,11 @@ class LocalAutoscaler:
 
     def _rejoin_as_standby(self, key: tuple[str, str]) -> None:
         for h in self.members.handles.values():
-            if (h.model_id, h.version) == key and (w := self.members.pool.get(h.worker_id)) is not None \
-                    and w.status is WorkerStatus.STARTING:
+            if (
+                (h.model_id, h.version) == key
+                and (w := self.members.pool.get(h.worker_id)) is not None
+                and w.status is WorkerStatus.STARTING
+            ):
                 h.join_status = WorkerStatus.STANDBY
 
     # -- acting -------------------------------------------------------------------------------
@@ -144,31 +154,52 @@ class LocalAutoscaler:
         if a.none:
             return
         replicas = self.replicas
-        log.info("autoscaling %s/%s: %s (signal %.3f, serving %d→%d, warm pool %d→%d): %s", *key, d.reason.value,
-                 d.signal, len(load.serving), d.desired_serving, len(load.standby), d.desired_warm, a)
+        log.info(
+            "autoscaling %s/%s: %s (signal %.3f, serving %d→%d, warm pool %d→%d): %s",
+            *key,
+            d.reason.value,
+            d.signal,
+            len(load.serving),
+            d.desired_serving,
+            len(load.standby),
+            d.desired_warm,
+            a,
+        )
         standby = sorted(load.standby, key=lambda w: w.worker_id)
-        for w in standby[:a.promote]:
+        for w in standby[: a.promote]:
             self.members.pool.set_status(w.worker_id, WorkerStatus.WARM)
             self.members.handles[w.worker_id].join_status = WorkerStatus.WARM
-        for w in standby[a.promote:a.promote + a.retire_warm]:
+        for w in standby[a.promote : a.promote + a.retire_warm]:
             replicas.retire(w.worker_id, "the warm pool is larger than its schedule wants")
         # drain the least busy first: fewer requests to wait for
         serving = sorted(load.serving, key=lambda w: (w.inflight, w.dispatched_tokens))
-        for w in serving[:a.drain_to_warm]:
+        for w in serving[: a.drain_to_warm]:
             replicas.drain_to_standby(w.worker_id)
-        for w in serving[a.drain_to_warm:a.drain_to_warm + a.drain_and_stop]:
+        for w in serving[a.drain_to_warm : a.drain_to_warm + a.drain_and_stop]:
             replicas.retire(w.worker_id, f"autoscaling: {d.reason.value}")
         self._start(key, scaler, a.start)
-        scaler.done.update({name: n for name, n in (("promote", a.promote), ("start", a.start),
-                            ("drain_to_warm", a.drain_to_warm), ("drain_and_stop", a.drain_and_stop),
-                            ("retire_warm", a.retire_warm)) if n})
+        scaler.done.update(
+            {
+                name: n
+                for name, n in (
+                    ("promote", a.promote),
+                    ("start", a.start),
+                    ("drain_to_warm", a.drain_to_warm),
+                    ("drain_and_stop", a.drain_and_stop),
+                    ("retire_warm", a.retire_warm),
+                )
+                if n
+            }
+        )
 
     def _start(self, key: tuple[str, str], scaler: VersionScaler, n: int) -> None:
         now = time.monotonic()
         if n <= 0 or (scaler.start_failed_at is not None and now - scaler.start_failed_at < START_RETRY_S):
             return
         for _ in range(n):
-            task = asyncio.get_running_loop().create_task(self._start_one(key, scaler), name=f"sluice-scale-{key[0]}/{key[1]}")
+            task = asyncio.get_running_loop().create_task(
+                self._start_one(key, scaler), name=f"sluice-scale-{key[0]}/{key[1]}"
+            )
             scaler.starts.add(task)
 
     async def _start_one(self, key: tuple[str, str], scaler: VersionScaler) -> None:
@@ -190,20 +221,27 @@ class LocalAutoscaler:
         out = []
         for (model_id, version), sc in self.scalers.items():
             d, obs, s = sc.last, sc.observed, sc.settings
-            out.append({
-                "model": model_id, "version": version,
-                "signal": round(obs.signal, 4) if obs else None,
-                "batch_signal": round(obs.batch_signal, 4) if obs else None,
-                "serving": obs.serving if obs else None, "warm_pool": obs.warm if obs else None,
-                "starting": obs.starting if obs else None, "draining": obs.draining if obs else None,
-                "desired_serving": d.desired_serving if d else sc.policy.desired_serving,
-                "desired_warm_pool": d.desired_warm if d else None,
-                "reason": d.reason.value if d else None,
-                "batch_waits_for_cold": d.batch_waits_for_cold if d else False,
-                "scale_up_at": s.scale_up_at, "scale_down_at": s.scale_down_at,
-                "min_serving": s.min_serving, "max_workers": s.max_workers,
-                "actions": dict(sc.done),
-            })
+            out.append(
+                {
+                    "model": model_id,
+                    "version": version,
+                    "signal": round(obs.signal, 4) if obs else None,
+                    "batch_signal": round(obs.batch_signal, 4) if obs else None,
+                    "serving": obs.serving if obs else None,
+                    "warm_pool": obs.warm if obs else None,
+                    "starting": obs.starting if obs else None,
+                    "draining": obs.draining if obs else None,
+                    "desired_serving": d.desired_serving if d else sc.policy.desired_serving,
+                    "desired_warm_pool": d.desired_warm if d else None,
+                    "reason": d.reason.value if d else None,
+                    "batch_waits_for_cold": d.batch_waits_for_cold if d else False,
+                    "scale_up_at": s.scale_up_at,
+                    "scale_down_at": s.scale_down_at,
+                    "min_serving": s.min_serving,
+                    "max_workers": s.max_workers,
+                    "actions": dict(sc.done),
+                }
+            )
         return out
 
     async def close(self) -> None:

@@ -41,13 +41,13 @@ from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.fleet.reload import apply_reload, check_reload, has_quotas, runtime_specs
 from sluice.routing.fleet.status import fleet_status
 from sluice.routing.fleet.versions import VersionRuntime, VersionRuntimes
+from sluice.routing.fleet_file.adapters import adapter_ref
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.fleet_file.schema import FleetSpec
 from sluice.routing.quota.semantics import QuotaStore
 from sluice.routing.quota.stores import make_quota_store
 from sluice.routing.scaling.observation import Demand
 from sluice.routing.scaling.signal import model_signals
-from sluice.routing.fleet_file.adapters import adapter_ref
-from sluice.routing.fleet_file.schema import FleetSpec
-from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.follower import StateFollower
 from sluice.routing.state.rollout import RolloutSignals
 from sluice.routing.state.rollout_driver import RolloutDriver
@@ -93,8 +93,9 @@ class Fleet:
         self.adapters.sync_bases()  # LoRA adapter versions borrow their base's workers
         self.replicas = LocalReplicas(self.members, self.registry, self.follower, self.settings)
         # idle until a version says `autoscale`; `demand` is read at each tick (serving sets it late)
-        self.autoscaler = LocalAutoscaler(self.members, self.replicas, self.registry, self.follower,
-                                          lambda: self.demand())
+        self.autoscaler = LocalAutoscaler(
+            self.members, self.replicas, self.registry, self.follower, lambda: self.demand()
+        )
 
     @classmethod
     def build(cls, settings: Settings, registry: Registry) -> Fleet:
@@ -115,8 +116,9 @@ class Fleet:
         self.members.on_give_up = callback
 
     # -- bring-up -----------------------------------------------------------------------------
-    async def start(self, client_for: Callable[[str], EngineClient] = GrpcEngineClient,
-                    inline: EngineClient | None = None) -> None:
+    async def start(
+        self, client_for: Callable[[str], EngineClient] = GrpcEngineClient, inline: EngineClient | None = None
+    ) -> None:
         """Load the tokenizers, connect the remote workers, start the local replicas of the
         versions that carry traffic (returns when every one has started or failed to; raises
         if no worker could start at all). `inline`: an in-process engine that serves the
@@ -125,8 +127,8 @@ class Fleet:
         self.members.client_for = client_for
         await self.follower.poll_once()  # live state first: a rollout may have moved traffic
         if inline is not None:
-            (model_id, model), = self.registry.fleet.models.items()
-            (name, _), = model.versions.items()
+            ((model_id, model),) = self.registry.fleet.models.items()
+            ((name, _),) = model.versions.items()
             self.members.add_worker(model_id, name, INLINE_WORKER, inline)
         specs = runtime_specs(self.registry.fleet)  # an adapter version uses its base's tokenizer
         for model_id, model in self.registry.fleet.models.items():
@@ -147,9 +149,11 @@ class Fleet:
         await self.poller.poll_once()  # warm up what is ready, so serving starts warm
         self.poller.start()
         loop = asyncio.get_running_loop()
-        self._tasks += [loop.create_task(self.follower.run(), name="sluice-routing-follower"),
-                        loop.create_task(self._tick_forever(), name="sluice-fleet-ticker"),
-                        loop.create_task(self.autoscaler.run(), name="sluice-autoscaler")]
+        self._tasks += [
+            loop.create_task(self.follower.run(), name="sluice-routing-follower"),
+            loop.create_task(self._tick_forever(), name="sluice-fleet-ticker"),
+            loop.create_task(self.autoscaler.run(), name="sluice-autoscaler"),
+        ]
 
     # -- what the serving path asks -------------------------------------------------------------
     def version(self, model_id: str, version: str) -> VersionRuntime:
@@ -186,6 +190,7 @@ class Fleet:
     async def fresh_stats(self, timeout_s: float = 2.0) -> dict[tuple[str, str], list[EngineStats]]:
         """(model, <model>/<version>) -> the statistics its workers answered now (a scrape shows
         the engines as they are), for every version that has workers; [] when none answered."""
+
         async def one(h: WorkerHandle) -> EngineStats | None:
             try:
                 return await asyncio.wait_for(h.client.stats(), timeout_s)
@@ -216,8 +221,11 @@ class Fleet:
         `sluice_scaling_signal{model}` gauge, the autoscaler's numbers pooled per model."""
         # an adapter model scales nothing of its own: its work lands on its base's workers, whose
         # signal carries it (in flight on them, and its share of the queue)
-        models = {m: list(model.versions) for m, model in self.registry.fleet.models.items()
-                  if not all(v.is_adapter for v in model.versions.values())}
+        models = {
+            m: list(model.versions)
+            for m, model in self.registry.fleet.models.items()
+            if not all(v.is_adapter for v in model.versions.values())
+        }
         return model_signals(models, self.pool, self.handles.values(), self.demand())
 
     @property
@@ -242,8 +250,14 @@ class Fleet:
 
     def status(self) -> dict[str, Any]:
         """The fleet as an operator sees it (the admin API's /admin/fleet)."""
-        return fleet_status(self.registry, self.follower.snapshot, set(self.driver.rollouts),
-                            self.router.prefix_groups(), self.members, self.autoscaler.status())
+        return fleet_status(
+            self.registry,
+            self.follower.snapshot,
+            set(self.driver.rollouts),
+            self.router.prefix_groups(),
+            self.members,
+            self.autoscaler.status(),
+        )
 
     # -- a reloaded fleet file ------------------------------------------------------------------
     async def check_reload(self, new: FleetSpec) -> list[str]:
@@ -298,4 +312,3 @@ class Fleet:
         await self.state_store.close()
         if self.quota is not None:
             await self.quota.close()
-

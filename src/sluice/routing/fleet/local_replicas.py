@@ -20,18 +20,18 @@ import logging
 import time
 
 from sluice.aio import cancel_and_wait
+from sluice.common.backoff import RestartBackoff
 from sluice.config import Settings
-from sluice.routing.fleet.members import FleetMembers
-from sluice.routing.fleet_file.schema import VersionSpec
-from sluice.routing.fleet_file.registry import Registry
-from sluice.routing.state.follower import StateFollower
 from sluice.routing.dispatch.health_poller import WorkerHandle
+from sluice.routing.dispatch.worker_pool import WorkerStatus
+from sluice.routing.fleet.members import FleetMembers
 from sluice.routing.fleet.replica_launch import local_replica_count, replica_launch
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.fleet_file.schema import VersionSpec
+from sluice.routing.state.follower import StateFollower
 from sluice.routing.state.replica_plan import ReplicaGoal, replica_goal
 from sluice.routing.state.routing_state import effective_weights
-from sluice.routing.dispatch.worker_pool import WorkerStatus
 from sluice.worker.grpc_client import GrpcEngineClient
-from sluice.common.backoff import RestartBackoff
 from sluice.worker.supervisor import WorkerSupervisor
 
 log = logging.getLogger("sluice.routing")
@@ -58,12 +58,16 @@ class LocalReplicas:
         once loaded. `join`: the status it takes once warmed up (STANDBY: the warm pool)."""
         return await self._start_one(model_id, version, self.registry.version(model_id, version), join)
 
-    async def _start_one(self, model_id: str, version: str, spec: VersionSpec,
-                         join: WorkerStatus = WorkerStatus.WARM) -> str:
+    async def _start_one(
+        self, model_id: str, version: str, spec: VersionSpec, join: WorkerStatus = WorkerStatus.WARM
+    ) -> str:
         s = self.settings
         launch = replica_launch(s, spec, local_replica_count(self.registry.fleet))
         supervisor = WorkerSupervisor(
-            launch.model, launch.dtype, launch.engine_args, s.worker_start_timeout_s,
+            launch.model,
+            launch.dtype,
+            launch.engine_args,
+            s.worker_start_timeout_s,
             RestartBackoff(s.worker_max_restarts, s.worker_restart_window_s),
         )
         try:
@@ -82,8 +86,13 @@ class LocalReplicas:
 
     def local(self, model_id: str, version: str) -> list[WorkerHandle]:
         """The version's local replicas that are not on their way out."""
-        return [h for h in self.members.handles.values() if h.supervisor is not None and h.worker_id not in self._retiring
-                and (h.model_id, h.version) == (model_id, version)]
+        return [
+            h
+            for h in self.members.handles.values()
+            if h.supervisor is not None
+            and h.worker_id not in self._retiring
+            and (h.model_id, h.version) == (model_id, version)
+        ]
 
     def versions_to_run(self) -> list[tuple[str, str]]:
         snapshot = self.follower.snapshot
@@ -91,8 +100,11 @@ class LocalReplicas:
         for model_id, model in self.registry.fleet.models.items():
             live = snapshot.model(model_id)
             weights = effective_weights(model, live)
-            out += [(model_id, name) for name, spec in model.versions.items()
-                    if replica_goal(spec, live.state_of(name), weights.get(name, 0.0)) is ReplicaGoal.RUN]
+            out += [
+                (model_id, name)
+                for name, spec in model.versions.items()
+                if replica_goal(spec, live.state_of(name), weights.get(name, 0.0)) is ReplicaGoal.RUN
+            ]
         return out
 
     # -- reconciling --------------------------------------------------------------------------
@@ -113,7 +125,11 @@ class LocalReplicas:
                 if spec.autoscale is not False and goal is not ReplicaGoal.STOP:
                     continue  # the autoscaler owns the count (routing/fleet/autoscaler.py)
                 keep = 0 if goal is ReplicaGoal.STOP else spec.replicas
-                why = f"{model_id}/{name} is {state.value}" if goal is ReplicaGoal.STOP else "more than the version's replicas"
+                why = (
+                    f"{model_id}/{name} is {state.value}"
+                    if goal is ReplicaGoal.STOP
+                    else "more than the version's replicas"
+                )
                 stopping += [self.retire(h.worker_id, why) for h in local[keep:]]
                 if goal is ReplicaGoal.RUN and len(local) < spec.replicas and self._begin_start(model_id, name):
                     starting.append(f"{model_id}/{name}")
@@ -132,7 +148,8 @@ class LocalReplicas:
         if failed_at is not None and time.monotonic() - failed_at < START_RETRY_S:
             return False
         self._starting[key] = asyncio.get_running_loop().create_task(
-            self._start_in_background(model_id, version), name=f"sluice-start-{model_id}/{version}")
+            self._start_in_background(model_id, version), name=f"sluice-start-{model_id}/{version}"
+        )
         return True
 
     async def _start_in_background(self, model_id: str, version: str) -> None:
@@ -141,8 +158,13 @@ class LocalReplicas:
             self._start_failed.pop((model_id, version), None)
         except Exception as exc:
             self._start_failed[(model_id, version)] = time.monotonic()
-            log.error("a local worker of %s/%s failed to start: %s (tried again in %.0f s while needed)",
-                      model_id, version, exc, START_RETRY_S)
+            log.error(
+                "a local worker of %s/%s failed to start: %s (tried again in %.0f s while needed)",
+                model_id,
+                version,
+                exc,
+                START_RETRY_S,
+            )
 
     # -- stopping -----------------------------------------------------------------------------
     def retiring(self, worker_id: str) -> bool:
@@ -156,7 +178,8 @@ class LocalReplicas:
             self.members.pool.set_status(worker_id, WorkerStatus.DRAINING)
             timeout_s = self.registry.fleet.rollout.drain_timeout_s
             self._retiring[worker_id] = asyncio.get_running_loop().create_task(
-                self._drain_and_drop(h, timeout_s), name=f"sluice-retire-{worker_id}")
+                self._drain_and_drop(h, timeout_s), name=f"sluice-retire-{worker_id}"
+            )
         return worker_id
 
     def drain_to_standby(self, worker_id: str) -> None:
@@ -171,7 +194,8 @@ class LocalReplicas:
         h.join_status = WorkerStatus.STANDBY
         timeout_s = self.registry.fleet.rollout.drain_timeout_s
         self._retiring[worker_id] = asyncio.get_running_loop().create_task(
-            self._drain_to_standby(h, timeout_s), name=f"sluice-standby-{worker_id}")
+            self._drain_to_standby(h, timeout_s), name=f"sluice-standby-{worker_id}"
+        )
 
     async def _drain_to_standby(self, h: WorkerHandle, timeout_s: float) -> None:
         try:

@@ -28,8 +28,14 @@ class FleetMembers:
     client_for: Callable[[str], EngineClient] = GrpcEngineClient  # how remote workers are reached
     on_give_up: Callable[[str], None] | None = None  # a local worker kept dying and none is left
 
-    def add_worker(self, model_id: str, version: str, address: str, client: EngineClient,
-                   supervisor: WorkerSupervisor | None = None) -> WorkerEntry:
+    def add_worker(
+        self,
+        model_id: str,
+        version: str,
+        address: str,
+        client: EngineClient,
+        supervisor: WorkerSupervisor | None = None,
+    ) -> WorkerEntry:
         self.handles[address] = WorkerHandle(address, model_id, version, address, client, supervisor)
         entry = self.pool.get(address)
         if entry is None:
@@ -54,8 +60,10 @@ class FleetMembers:
     def gave_up(self, worker_id: str, why: str) -> None:
         self.pool.set_status(worker_id, WorkerStatus.STOPPED)
         # a warm-pool worker is alive too: the autoscaler promotes it
-        if not any(self.pool.takes_requests(w) or w.status in (WorkerStatus.STARTING, WorkerStatus.STANDBY)
-                   for w in self.entries()):
+        if not any(
+            self.pool.takes_requests(w) or w.status in (WorkerStatus.STARTING, WorkerStatus.STANDBY)
+            for w in self.entries()
+        ):
             if self.on_give_up is not None:
                 self.on_give_up(why)
 
@@ -63,7 +71,11 @@ class FleetMembers:
         return [w for w in (self.pool.get(h) for h in self.handles) if w is not None]
 
     def serving_handles(self) -> list[WorkerHandle]:
-        return [h for h in self.handles.values() if (w := self.pool.get(h.worker_id)) is not None and self.pool.takes_requests(w)]
+        return [
+            h
+            for h in self.handles.values()
+            if (w := self.pool.get(h.worker_id)) is not None and self.pool.takes_requests(w)
+        ]
 
     @property
     def ready(self) -> bool:
@@ -71,7 +83,9 @@ class FleetMembers:
         return any(self.pool.takes_requests(w) for w in self.entries())
 
     def not_ready_reason(self) -> str:
-        states = [f"{h.worker_id}: {w.status.value}" for h in self.handles.values() if (w := self.pool.get(h.worker_id))]
+        states = [
+            f"{h.worker_id}: {w.status.value}" for h in self.handles.values() if (w := self.pool.get(h.worker_id))
+        ]
         return "no worker can take requests (" + ", ".join(states) + ")" if states else "no workers"
 
     def worker_counts(self) -> dict[tuple[str, str, str], int]:

@@ -36,11 +36,13 @@ from sluice.routing.fleet_file.schema import FleetSpec, VersionSpec
 def has_quotas(fleet: FleetSpec) -> bool:
     return any(p.quota is not None for m in fleet.models.values() for p in m.tiers.values())
 
+
 IDENTITY_FIELDS = ("weights", "dtype", "engine", "fault_injection", "adapter", "base")
 
 
-async def check_reload(old: FleetSpec, new: FleetSpec, running: set[tuple[str, str]],
-                       tokenizer_for: Callable[[VersionSpec], Tokenizer]) -> list[str]:
+async def check_reload(
+    old: FleetSpec, new: FleetSpec, running: set[tuple[str, str]], tokenizer_for: Callable[[VersionSpec], Tokenizer]
+) -> list[str]:
     """The problems (`field.path: why`, empty when fit), loading the new versions' tokenizers.
     `running`: the (model, version) pairs that have workers now."""
     problems = []
@@ -53,8 +55,10 @@ async def check_reload(old: FleetSpec, new: FleetSpec, running: set[tuple[str, s
             if before is not None and bases.get((model_id, name), (model_id, name)) in running:
                 for f in IDENTITY_FIELDS:
                     if getattr(before, f) != getattr(spec, f):
-                        problems.append(f"{dotted_path((*loc, f))}: cannot change while the version has workers; "
-                                        "add a new version and roll out to it")
+                        problems.append(
+                            f"{dotted_path((*loc, f))}: cannot change while the version has workers; "
+                            "add a new version and roll out to it"
+                        )
             if spec.is_adapter:
                 continue  # its base's tokenizer (checked with the base)
             try:
@@ -67,12 +71,16 @@ async def check_reload(old: FleetSpec, new: FleetSpec, running: set[tuple[str, s
 def runtime_specs(spec: FleetSpec) -> dict[tuple[str, str], VersionSpec]:
     """Every version's spec for its runtime (tokenizer): an adapter version takes its base's."""
     bases = adapter_bases(spec)
-    return {(m, v): spec.models[b[0]].versions[b[1]] if (b := bases.get((m, v))) else vs
-            for m, model in spec.models.items() for v, vs in model.versions.items()}
+    return {
+        (m, v): spec.models[b[0]].versions[b[1]] if (b := bases.get((m, v))) else vs
+        for m, model in spec.models.items()
+        for v, vs in model.versions.items()
+    }
 
 
-async def apply_reload(spec: FleetSpec, members: FleetMembers, replicas: LocalReplicas,
-                       runtimes: VersionRuntimes) -> dict[str, list[str]]:
+async def apply_reload(
+    spec: FleetSpec, members: FleetMembers, replicas: LocalReplicas, runtimes: VersionRuntimes
+) -> dict[str, list[str]]:
     """Bring the workers in step with the (swapped) fleet file `spec`; returns what changed."""
     declared = {(m, v): vs for m, model in spec.models.items() for v, vs in model.versions.items()}
     members.pool.set_adapter_bases(adapter_bases(spec))
@@ -97,5 +105,9 @@ async def apply_reload(spec: FleetSpec, members: FleetMembers, replicas: LocalRe
             w.max_outstanding_tokens = vs.max_outstanding_tokens
     pool.breaker_config = spec.routing.breaker.config()
     starting, stopping = replicas.reconcile()
-    return {"workers_added": added, "workers_removed": removed, "replicas_starting": starting,
-            "replicas_stopping": stopping}
+    return {
+        "workers_added": added,
+        "workers_removed": removed,
+        "replicas_starting": starting,
+        "replicas_stopping": stopping,
+    }

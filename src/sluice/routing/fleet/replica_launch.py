@@ -53,5 +53,8 @@ def replica_launch(settings: Settings, spec: VersionSpec, local_replicas: int = 
     config = spec.engine.apply(EngineConfig.from_settings(settings))
     if config.threads == 0:
         config.threads = auto_threads(local_replicas)
-    return ReplicaLaunch(None if spec.weights == BUNDLED else spec.weights, spec.dtype or settings.dtype,
-                         tuple(engine_argv(config, spec.fault_injection)))
+    return ReplicaLaunch(
+        None if spec.weights == BUNDLED else spec.weights,
+        spec.dtype or settings.dtype,
+        tuple(engine_argv(config, spec.fault_injection)),
+    )

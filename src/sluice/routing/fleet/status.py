@@ -18,8 +18,14 @@ from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.routing_state import RoutingSnapshot, effective_weights
 
 
-def fleet_status(registry: Registry, snapshot: RoutingSnapshot, driven_here: set[str], prefix_groups: dict[str, int],
-                 members: FleetMembers, autoscaling: list[dict[str, Any]]) -> dict[str, Any]:
+def fleet_status(
+    registry: Registry,
+    snapshot: RoutingSnapshot,
+    driven_here: set[str],
+    prefix_groups: dict[str, int],
+    members: FleetMembers,
+    autoscaling: list[dict[str, Any]],
+) -> dict[str, Any]:
     """`driven_here`: the models whose rollout this gateway drives; `prefix_groups`: worker id ->
     prefixes this gateway's router placed there; `autoscaling`: the autoscaler's own status."""
     models: dict[str, Any] = {}
@@ -36,9 +42,12 @@ def fleet_status(registry: Registry, snapshot: RoutingSnapshot, driven_here: set
             "live_weights": bool(live.weights),  # False: the file's `traffic` values apply
             "versions": {
                 name: {
-                    "weights": spec.weights, "traffic": weights.get(name, 0.0),
+                    "weights": spec.weights,
+                    "traffic": weights.get(name, 0.0),
                     "share": round(100.0 * weights.get(name, 0.0) / total, 2) if total else 0.0,
-                    "state": live.state_of(name).value, "replicas": spec.replicas, "workers": spec.workers,
+                    "state": live.state_of(name).value,
+                    "replicas": spec.replicas,
+                    "workers": spec.workers,
                     **({"adapter": spec.adapter, "base": spec.base} if spec.is_adapter else {}),
                 }
                 for name, spec in model.versions.items()
@@ -51,13 +60,26 @@ def fleet_status(registry: Registry, snapshot: RoutingSnapshot, driven_here: set
         if w is None:
             continue
         pid = h.supervisor.worker.pid if h.supervisor is not None and h.supervisor.worker is not None else None
-        workers.append({
-            "id": h.worker_id, "model": h.model_id, "version": h.version, "status": w.status.value,
-            "breaker": w.breaker.state.value, "inflight": w.inflight, "load_tokens": w.load_tokens,
-            "local": h.supervisor is not None, "pid": pid,
-            "restarts": h.supervisor.restarts if h.supervisor is not None else 0,
-            "prefix_groups": prefix_groups.get(h.worker_id, 0),  # prefixes this gateway's router placed there
-        })
-    return {"models": models, "workers": workers, "autoscaling": autoscaling, "routing_revision": snapshot.revision,
-            "fleet_file": str(registry.source) if registry.source is not None else None,
-            "reloads": registry.generation}
+        workers.append(
+            {
+                "id": h.worker_id,
+                "model": h.model_id,
+                "version": h.version,
+                "status": w.status.value,
+                "breaker": w.breaker.state.value,
+                "inflight": w.inflight,
+                "load_tokens": w.load_tokens,
+                "local": h.supervisor is not None,
+                "pid": pid,
+                "restarts": h.supervisor.restarts if h.supervisor is not None else 0,
+                "prefix_groups": prefix_groups.get(h.worker_id, 0),  # prefixes this gateway's router placed there
+            }
+        )
+    return {
+        "models": models,
+        "workers": workers,
+        "autoscaling": autoscaling,
+        "routing_revision": snapshot.revision,
+        "fleet_file": str(registry.source) if registry.source is not None else None,
+        "reloads": registry.generation,
+    }

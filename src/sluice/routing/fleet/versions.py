@@ -37,8 +37,10 @@ class VersionRuntimes:
         if key not in self._tokenizers:
             path = None if spec.weights == BUNDLED else spec.weights
             if path is not None and not Path(path).exists():
-                raise ModelLoadError(f"{path}: the gateway renders prompts with each version's tokenizer, so its "
-                                     "weights must be readable on the gateway's host too")
+                raise ModelLoadError(
+                    f"{path}: the gateway renders prompts with each version's tokenizer, so its "
+                    "weights must be readable on the gateway's host too"
+                )
             self._tokenizers[key] = load_tokenizer(path)[0]
         return self._tokenizers[key]
 
@@ -58,8 +60,9 @@ class VersionRuntimes:
         runtime = self.versions[(model_id, version)]
         if runtime.info is None:
             serving = self.base_of(model_id, version)
-            runtime.info = next((h.info for h in self.handles()
-                                 if (h.model_id, h.version) == serving and h.info is not None), None)
+            runtime.info = next(
+                (h.info for h in self.handles() if (h.model_id, h.version) == serving and h.info is not None), None
+            )
         return runtime
 
     def max_model_len(self, model_id: str, version: str) -> int:
@@ -70,6 +73,9 @@ class VersionRuntimes:
 
     def model_window(self, model_id: str) -> int | None:
         """The smallest context window among the model's versions that have answered."""
-        windows = [info.max_model_len for (m, v) in self.versions
-                   if m == model_id and (info := self.get(m, v).info) is not None]
+        windows = [
+            info.max_model_len
+            for (m, v) in self.versions
+            if m == model_id and (info := self.get(m, v).info) is not None
+        ]
         return min(windows) if windows else None

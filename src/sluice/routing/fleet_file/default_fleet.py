@@ -61,11 +61,14 @@ def fleet_from_settings(settings: Settings, served_name: str | None = None) -> F
     }
     if settings.autoscale:
         if remote or settings.worker == INLINE:
-            raise FleetFileError(["settings: autoscale starts and stops local workers; it cannot scale "
-                                  f"--worker {settings.worker}"])
+            raise FleetFileError(
+                [f"settings: autoscale starts and stops local workers; it cannot scale --worker {settings.worker}"]
+            )
         version["autoscale"] = True
-        data["autoscaling"] = {"max_workers": settings.autoscale_max_workers,
-                               "warm_pool": {"windows": [{"start": "00:00", "size": 1}]}}
+        data["autoscaling"] = {
+            "max_workers": settings.autoscale_max_workers,
+            "warm_pool": {"windows": [{"start": "00:00", "size": 1}]},
+        }
     try:
         return FleetSpec.model_validate(data)
     except ValidationError as exc:  # e.g. a served_model_name with spaces

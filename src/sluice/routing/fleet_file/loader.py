@@ -45,8 +45,15 @@ def parse_fleet(
     known_tiers: Collection[str] | None = None,
 ) -> FleetSpec:
     data, lines = parse_toml(text, source, FleetFileError)
-    fleet = validate(FleetSpec, data, source=source, lines=lines, error=FleetFileError,
-                     context={"base_dir": base_dir}, fix_loc=_drop_autoscale_branch)
+    fleet = validate(
+        FleetSpec,
+        data,
+        source=source,
+        lines=lines,
+        error=FleetFileError,
+        context={"base_dir": base_dir},
+        fix_loc=_drop_autoscale_branch,
+    )
     found = cross_check(fleet, check_paths=check_paths, known_tiers=known_tiers)
     if found:
         raise FleetFileError(report(source, lines, found))
@@ -92,12 +99,19 @@ def cross_check(
         if known_tiers is not None:
             for tier in model.tiers:
                 if tier != "*" and tier not in known_tiers:
-                    found.append((("models", model_id, "tiers", tier), f"unknown tier {tier!r} (known: {', '.join(sorted(known_tiers))})"))
+                    found.append(
+                        (
+                            ("models", model_id, "tiers", tier),
+                            f"unknown tier {tier!r} (known: {', '.join(sorted(known_tiers))})",
+                        )
+                    )
         for name, version in model.versions.items():
             vloc: KeyPath = ("models", model_id, "versions", name)
             for i, addr in enumerate(version.workers):
                 if addr in addresses:
-                    found.append(((*vloc, "workers", i), f"worker {addr} is already listed at {dotted_path(addresses[addr])}"))
+                    found.append(
+                        ((*vloc, "workers", i), f"worker {addr} is already listed at {dotted_path(addresses[addr])}")
+                    )
                 else:
                     addresses[addr] = (*vloc, "workers", i)
             found += _autoscale_problems(fleet, model_id, name, vloc)
@@ -107,8 +121,13 @@ def cross_check(
                 if problem:
                     found.append(((*vloc, "weights"), problem))
     if fleet.autoscaling is not None and not fleet.autoscaled():
-        found.append((("autoscaling",), "no version has autoscale = true (or an autoscale table): "
-                                        "autoscaling is per version and off by default"))
+        found.append(
+            (
+                ("autoscaling",),
+                "no version has autoscale = true (or an autoscale table): "
+                "autoscaling is per version and off by default",
+            )
+        )
     return found
 
 
@@ -118,15 +137,27 @@ def _autoscale_problems(fleet: FleetSpec, model_id: str, name: str, vloc: KeyPat
     if scaling is None:
         return []
     if version.replicas == 0:
-        return [((*vloc, "autoscale"), "autoscale starts and stops local replicas: give the version replicas >= 1 "
-                                       "(remote workers are scaled by their own platform, e.g. KEDA)")]
+        return [
+            (
+                (*vloc, "autoscale"),
+                "autoscale starts and stops local replicas: give the version replicas >= 1 "
+                "(remote workers are scaled by their own platform, e.g. KEDA)",
+            )
+        ]
     if not scaling.min_serving <= version.replicas <= scaling.max_workers:
-        return [((*vloc, "replicas"), f"with autoscale, replicas is the serving count at start-up: it must lie within "
-                                      f"min_serving..max_workers ({scaling.min_serving}..{scaling.max_workers})")]
+        return [
+            (
+                (*vloc, "replicas"),
+                f"with autoscale, replicas is the serving count at start-up: it must lie within "
+                f"min_serving..max_workers ({scaling.min_serving}..{scaling.max_workers})",
+            )
+        ]
     return []
 
 
-def _adapter_problems(fleet: FleetSpec, version: VersionSpec, vloc: KeyPath, check_paths: bool) -> list[tuple[KeyPath, str]]:
+def _adapter_problems(
+    fleet: FleetSpec, version: VersionSpec, vloc: KeyPath, check_paths: bool
+) -> list[tuple[KeyPath, str]]:
     if version.base is None or version.adapter is None:
         return []
     found: list[tuple[KeyPath, str]] = []
@@ -135,8 +166,12 @@ def _adapter_problems(fleet: FleetSpec, version: VersionSpec, vloc: KeyPath, che
         return [((*vloc, "base"), base)]
     # like weights: checked where local replicas will read it (remote workers read their own host's)
     local = fleet.models[base[0]].versions[base[1]].replicas > 0
-    if check_paths and local and not version.adapter.startswith("s3://") and \
-            not (Path(version.adapter) / "adapter_config.json").is_file():
+    if (
+        check_paths
+        and local
+        and not version.adapter.startswith("s3://")
+        and not (Path(version.adapter) / "adapter_config.json").is_file()
+    ):
         found.append(((*vloc, "adapter"), f"{version.adapter} is not a PEFT adapter folder (no adapter_config.json)"))
     return found
 

@@ -13,14 +13,13 @@ survive a reload unless the new file takes their name or drops their base.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import re
-
 from sluice.routing.errors import FleetFileError, UnknownModelError, UnknownVersionError
 from sluice.routing.fleet_file.adapters import adapter_model, resolve_base
-from sluice.routing.fleet_file.loader import dotted_path, cross_check, load_fleet
+from sluice.routing.fleet_file.loader import cross_check, dotted_path, load_fleet
 from sluice.routing.fleet_file.schema import FleetSpec, ModelSpec, VersionSpec
 
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")  # schema.ModelId
@@ -116,8 +115,12 @@ class Registry:
     def _lay_over(self) -> None:
         """The file's fleet with the run-time adapters whose name is free and base still there."""
         names = _names(self._file)
-        kept = {n: m for n, m in self._runtime.items()
-                if n not in names and isinstance(resolve_base(self._file, next(iter(m.versions.values())).base or ""), tuple)}
+        kept = {
+            n: m
+            for n, m in self._runtime.items()
+            if n not in names
+            and isinstance(resolve_base(self._file, next(iter(m.versions.values())).base or ""), tuple)
+        }
         self._runtime = kept
         self._fleet = self._file.model_copy(update={"models": {**self._file.models, **kept}}) if kept else self._file
         self._names = _names(self._fleet)

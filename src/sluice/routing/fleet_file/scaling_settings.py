@@ -24,7 +24,11 @@ from sluice.routing.fleet_file.warm_pool_schedule import WarmPoolSchedule, WarmP
 # one pre-loaded worker at night, two in the (UTC) working day; set your users' timezone
 DEFAULT_WARM_POOL = WarmPoolSchedule(
     timezone="UTC",
-    windows=(WarmPoolWindow(start="00:00", size=1), WarmPoolWindow(start="08:00", size=2), WarmPoolWindow(start="20:00", size=1)),
+    windows=(
+        WarmPoolWindow(start="00:00", size=1),
+        WarmPoolWindow(start="08:00", size=2),
+        WarmPoolWindow(start="20:00", size=1),
+    ),
 )
 
 
@@ -52,7 +56,7 @@ class ScalingSettings(BaseModel):
     batch_waits_for_cold: bool = True
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ScalingSettings":
+    def _consistent(self) -> ScalingSettings:
         if self.scale_down_at >= self.scale_up_at:
             raise ValueError(f"scale_down_at ({self.scale_down_at}) must be below scale_up_at ({self.scale_up_at})")
         if self.min_serving > self.max_workers:

@@ -15,10 +15,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sluice.config import DEVICE_NAMES, is_device_name
 from sluice.engine.batching_window import BatchingWindow
@@ -44,7 +53,7 @@ TierName = Annotated[str, StringConstraints(min_length=1, max_length=64)]  # "*"
 # inside the table names its field (fleet_file/loader.py drops the tag from the location)
 AUTOSCALE_TAGS = ("flag", "table")
 Autoscale = Annotated[
-    Union[Annotated[bool, Tag("flag")], Annotated[VersionAutoscaleSpec, Tag("table")]],
+    Annotated[bool, Tag("flag")] | Annotated[VersionAutoscaleSpec, Tag("table")],
     Discriminator(lambda v: "table" if isinstance(v, (dict, BaseModel)) else "flag"),
 ]
 
@@ -217,8 +226,9 @@ class VersionSpec(_Strict):
             given = [f for f in _NOT_FOR_ADAPTERS if f in self.model_fields_set]
             if given or self.engine != EngineSettings() or self.autoscale is not False:
                 what = ", ".join(given) or ("engine" if self.engine != EngineSettings() else "autoscale")
-                raise ValueError(f"an adapter version runs on its base version's workers and engine: {what} "
-                                 "cannot be set on it")
+                raise ValueError(
+                    f"an adapter version runs on its base version's workers and engine: {what} cannot be set on it"
+                )
             return self
         if self.weights is None:
             raise ValueError("weights is required (or adapter and base, for a LoRA adapter version)")
@@ -302,7 +312,9 @@ class FleetSpec(_Strict):
     routing: RoutingSpec = RoutingSpec()
     rollout: RolloutSpec = RolloutSpec()
     autoscaling: AutoscalingSpec | None = None  # defaults of the autoscaled versions (fleet_file/autoscale_spec.py)
-    search: SearchServiceSpec | None = None  # the search service the search server tool uses (fleet_file/search_service.py)
+    search: SearchServiceSpec | None = (
+        None  # the search service the search server tool uses (fleet_file/search_service.py)
+    )
     models: dict[ModelId, ModelSpec] = Field(min_length=1)
 
     @model_validator(mode="before")
@@ -324,4 +336,9 @@ class FleetSpec(_Strict):
         return spec.policy_settings()
 
     def autoscaled(self) -> list[tuple[str, str]]:
-        return [(m, v) for m, model in self.models.items() for v, spec in model.versions.items() if spec.autoscale is not False]
+        return [
+            (m, v)
+            for m, model in self.models.items()
+            for v, spec in model.versions.items()
+            if spec.autoscale is not False
+        ]

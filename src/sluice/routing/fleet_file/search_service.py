@@ -26,8 +26,12 @@ class SearchServiceSpec(BaseModel):
     timeout_s: float = Field(5.0, gt=0, le=60)  # one search, connect to answer; past it: `unavailable`
     top_k: int = Field(5, ge=1, le=50)  # hits per search fed to the model
     max_uses: int = Field(5, ge=1, le=20)  # searches per request (a request's own max_uses may only lower it)
-    mode: Literal["lexical", "dense", "hybrid"] = "hybrid"  # how the service ranks (hybrid: bench/search/search_dense_quality.py's winner)
-    max_result_chars: int = Field(500, ge=100, le=100_000)  # per hit, the snippet the model reads (at most 2,000: the search API's bound)
+    mode: Literal["lexical", "dense", "hybrid"] = (
+        "hybrid"  # how the service ranks (hybrid: bench/search/search_dense_quality.py's winner)
+    )
+    max_result_chars: int = Field(
+        500, ge=100, le=100_000
+    )  # per hit, the snippet the model reads (at most 2,000: the search API's bound)
 
     @field_validator("url")
     @classmethod

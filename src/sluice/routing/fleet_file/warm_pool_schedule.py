@@ -52,7 +52,7 @@ class WarmPoolSchedule(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _ordered(self) -> "WarmPoolSchedule":
+    def _ordered(self) -> WarmPoolSchedule:
         if not self.windows:
             raise ValueError("windows: at least one (start, size) window")
         starts = [w.start for w in self.windows]

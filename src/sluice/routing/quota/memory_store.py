@@ -35,8 +35,9 @@ class MemoryQuotaStore:
         c = self._counters.get(key)
         return c.used if c is not None and c.period_id == period_id else 0
 
-    async def acquire(self, tenant: str, model_id: str, quota: TokenQuotaSpec, tokens: int,
-                      *, force: bool = False) -> QuotaDecision:
+    async def acquire(
+        self, tenant: str, model_id: str, quota: TokenQuotaSpec, tokens: int, *, force: bool = False
+    ) -> QuotaDecision:
         now = self._clock()
         period_id, reset_at = period_window(quota.period, now)
         key = (tenant, model_id)

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-
-from sluice.routing.fleet_file.schema import TokenQuotaSpec
-from sluice.routing.quota.semantics import KEEP_AFTER_RESET_S, QuotaDecision, QuotaReservation, QuotaStatus, exceeded_status
 from sluice.redis_client import redis_client
+from sluice.routing.fleet_file.schema import TokenQuotaSpec
+from sluice.routing.quota.semantics import (
+    KEEP_AFTER_RESET_S,
+    QuotaDecision,
+    QuotaReservation,
+    QuotaStatus,
+    exceeded_status,
+)
 
 # KEYS: the counter. ARGV: limit, tokens, op (take | force | peek), period (day | month),
 # now ('' = Redis TIME). Returns {status (ok | over), used, reset_at, period_id, now}.
@@ -84,8 +89,9 @@ return 1
 
 
 class RedisQuotaStore:
-    def __init__(self, url: str, prefix: str = "sluice", clock: Callable[[], float] | None = None,
-                 max_connections: int = 32):
+    def __init__(
+        self, url: str, prefix: str = "sluice", clock: Callable[[], float] | None = None, max_connections: int = 32
+    ):
         self.redis = redis_client(url, max_connections=max_connections)
         self.prefix = prefix
         self._clock = clock
@@ -102,25 +108,32 @@ class RedisQuotaStore:
             keys=[self._key(tenant, model_id)],
             args=[quota.tokens, tokens, op, quota.period.value, now, KEEP_AFTER_RESET_S],
         )
-        over, used, reset_at, period_id, server_now = res[0] == "over", int(res[1]), float(res[2]), res[3], float(res[4])
+        over, used, reset_at, period_id, server_now = (
+            res[0] == "over",
+            int(res[1]),
+            float(res[2]),
+            res[3],
+            float(res[4]),
+        )
         status = exceeded_status(quota) if over else QuotaStatus.OK
         reserved = op != "peek" and (not over or op == "force")
         reservation = QuotaReservation(tenant, model_id, period_id, tokens) if reserved else None
         return QuotaDecision(status, quota.tokens, used, reset_at, max(0.0, reset_at - server_now), reservation)
 
-    async def acquire(self, tenant: str, model_id: str, quota: TokenQuotaSpec, tokens: int,
-                      *, force: bool = False) -> QuotaDecision:
+    async def acquire(
+        self, tenant: str, model_id: str, quota: TokenQuotaSpec, tokens: int, *, force: bool = False
+    ) -> QuotaDecision:
         return await self._call(tenant, model_id, quota, tokens, "force" if force else "take")
 
     async def settle(self, reservation: QuotaReservation, actual_tokens: int) -> None:
         delta = actual_tokens - reservation.tokens
         if delta:
-            await self._settle(keys=[self._key(reservation.tenant, reservation.model_id)],
-                               args=[reservation.period_id, delta])
+            await self._settle(
+                keys=[self._key(reservation.tenant, reservation.model_id)], args=[reservation.period_id, delta]
+            )
 
     async def usage(self, tenant: str, model_id: str, quota: TokenQuotaSpec) -> QuotaDecision:
         return await self._call(tenant, model_id, quota, 0, "peek")
 
     async def close(self) -> None:
         await self.redis.aclose()
-

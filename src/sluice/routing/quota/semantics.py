@@ -89,8 +89,9 @@ def decide(quota: TokenQuotaSpec, used_before: int, force: bool) -> tuple[QuotaS
 class QuotaStore(Protocol):
     """Token-quota counters shared by every gateway that uses the same store."""
 
-    async def acquire(self, tenant: str, model_id: str, quota: TokenQuotaSpec, tokens: int,
-                      *, force: bool = False) -> QuotaDecision:
+    async def acquire(
+        self, tenant: str, model_id: str, quota: TokenQuotaSpec, tokens: int, *, force: bool = False
+    ) -> QuotaDecision:
         """Check the tenant's usage of the model and reserve `tokens` if it is under the limit
         (or if `force`), atomically. See the module docstring."""
         ...

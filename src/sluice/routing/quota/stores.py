@@ -8,6 +8,7 @@ from sluice.routing.quota.semantics import QuotaStore
 
 def make_quota_store(store: StoreKind | str, redis_url: str = "redis://127.0.0.1:6379/0") -> QuotaStore:
     """Both stores implement semantics.py's rules; Redis shares the counters between gateways."""
+
     def memory() -> QuotaStore:
         from sluice.routing.quota.memory_store import MemoryQuotaStore
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sluice.routing.fleet_file.schema import FleetSpec
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
+from sluice.routing.fleet_file.schema import FleetSpec
 from sluice.routing.fleet_file.warm_pool_schedule import WarmPoolWindow
 
 DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
@@ -46,11 +46,18 @@ def signal_query(model: str) -> str:
 def worker_model(fleet: FleetSpec, service: str) -> str:
     """The model whose workers are the Service `service` (a version lists `service:port`,
     `dns:///service:port` or `service.<namespace>…:port`); exactly one must."""
-    found = {model_id for model_id, model in fleet.models.items() for version in model.versions.values()
-             for address in version.workers if _host(address).split(".")[0] == service}
+    found = {
+        model_id
+        for model_id, model in fleet.models.items()
+        for version in model.versions.values()
+        for address in version.workers
+        if _host(address).split(".")[0] == service
+    }
     if len(found) != 1:
-        raise ValueError(f"the fleet file must name the Service {service!r} as the workers of exactly one model "
-                         f"(found: {sorted(found) or 'none'}); one worker Deployment serves one model")
+        raise ValueError(
+            f"the fleet file must name the Service {service!r} as the workers of exactly one model "
+            f"(found: {sorted(found) or 'none'}); one worker Deployment serves one model"
+        )
     return found.pop()
 
 
@@ -89,7 +96,10 @@ def scaled_object(
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/component": "worker"}},
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/component": "worker"},
+        },
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
             "pollingInterval": polling_interval_s,

@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sluice.routing.dispatch.health_poller import WorkerHandle
-from sluice.routing.scaling.decision import FleetObservation
 from sluice.routing.dispatch.worker_pool import WorkerEntry, WorkerPool, WorkerStatus
+from sluice.routing.scaling.decision import FleetObservation
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,8 +52,9 @@ class VersionLoad:
     inflight_tokens: int
 
 
-def version_load(model_id: str, version: str, pool: WorkerPool, handles: Iterable[WorkerHandle],
-                 pending_starts: int) -> VersionLoad:
+def version_load(
+    model_id: str, version: str, pool: WorkerPool, handles: Iterable[WorkerHandle], pending_starts: int
+) -> VersionLoad:
     mine = [h for h in handles if (h.model_id, h.version) == (model_id, version)]
     entries = [(h, w) for h in mine if (w := pool.get(h.worker_id)) is not None]
     serving = [w for _, w in entries if w.status is WorkerStatus.WARM]
@@ -88,6 +89,11 @@ def observations(loads: list[VersionLoad], demand: Demand) -> dict[tuple[str, st
         else:
             signal = batch_signal = 0.0  # nothing serves: the policy restores the count (REPLACE)
         out[(v.model_id, v.version)] = FleetObservation(
-            signal=signal, serving=len(v.serving), warm=len(v.standby), starting=v.starting, draining=v.draining,
-            batch_signal=min(batch_signal, signal))
+            signal=signal,
+            serving=len(v.serving),
+            warm=len(v.standby),
+            starting=v.starting,
+            draining=v.draining,
+            batch_signal=min(batch_signal, signal),
+        )
     return out

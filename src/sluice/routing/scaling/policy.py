@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
-from sluice.routing.scaling.decision import FleetObservation, ScaleReason, ScalingActions, ScalingDecision
 from sluice.routing.fleet_file.scaling_settings import ScalingSettings
+from sluice.routing.scaling.decision import FleetObservation, ScaleReason, ScalingActions, ScalingDecision
 
 
 class Clock(Protocol):
@@ -51,7 +51,7 @@ class SystemClock:
         return time.monotonic()
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
 
 class ScalingPolicy:
@@ -164,6 +164,10 @@ def _plan(
     room = max_workers - obs.total + retire
     start = max(0, min(room, missing))
     actions = ScalingActions(
-        promote=promote, start=start, drain_to_warm=drain_to_warm, drain_and_stop=drain - drain_to_warm, retire_warm=retire
+        promote=promote,
+        start=start,
+        drain_to_warm=drain_to_warm,
+        drain_and_stop=drain - drain_to_warm,
+        retire_warm=retire,
     )
     return actions, filled

@@ -20,26 +20,34 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from sluice.routing.scaling.observation import Demand, VersionLoad, observations, version_load
 from sluice.routing.dispatch.health_poller import WorkerHandle
 from sluice.routing.dispatch.worker_pool import WorkerPool
+from sluice.routing.scaling.observation import Demand, VersionLoad, observations, version_load
 
 MODEL_WIDE = ""  # the version field of a model's pooled load
 
 
-def model_load(model_id: str, versions: Iterable[str], pool: WorkerPool, handles: Iterable[WorkerHandle]) -> VersionLoad:
+def model_load(
+    model_id: str, versions: Iterable[str], pool: WorkerPool, handles: Iterable[WorkerHandle]
+) -> VersionLoad:
     """Every version's load of the model added into one (version `MODEL_WIDE`)."""
     handles = list(handles)
     parts = [version_load(model_id, v, pool, handles, pending_starts=0) for v in versions]
     return VersionLoad(
-        model_id, MODEL_WIDE,
-        serving=[w for p in parts for w in p.serving], standby=[w for p in parts for w in p.standby],
-        starting=sum(p.starting for p in parts), draining=sum(p.draining for p in parts),
-        capacity_tokens=sum(p.capacity_tokens for p in parts), inflight_tokens=sum(p.inflight_tokens for p in parts))
+        model_id,
+        MODEL_WIDE,
+        serving=[w for p in parts for w in p.serving],
+        standby=[w for p in parts for w in p.standby],
+        starting=sum(p.starting for p in parts),
+        draining=sum(p.draining for p in parts),
+        capacity_tokens=sum(p.capacity_tokens for p in parts),
+        inflight_tokens=sum(p.inflight_tokens for p in parts),
+    )
 
 
-def model_signals(models: Mapping[str, Iterable[str]], pool: WorkerPool, handles: Iterable[WorkerHandle],
-                  demand: Demand) -> dict[str, float]:
+def model_signals(
+    models: Mapping[str, Iterable[str]], pool: WorkerPool, handles: Iterable[WorkerHandle], demand: Demand
+) -> dict[str, float]:
     """model id -> its scaling signal, for every model in `models` (model id -> version names);
     a model with no serving worker reads 0 (nothing to scale from)."""
     handles = list(handles)

@@ -57,8 +57,10 @@ class StateFollower:
                 return False
             if revision == 0 and self.snapshot.revision > 0 and await self.store.restore(self.snapshot):
                 self.restores += 1
-                log.warning("routing state store was empty (restarted without its data?); restored revision %d",
-                            self.snapshot.revision)
+                log.warning(
+                    "routing state store was empty (restarted without its data?); restored revision %d",
+                    self.snapshot.revision,
+                )
                 return False
             snapshot = await self.store.load()
         except Exception as exc:  # the store is down: keep routing on the last snapshot
@@ -66,8 +68,12 @@ class StateFollower:
             now = time.monotonic()
             if now - self._last_warning > self.warn_every_s:
                 self._last_warning = now
-                log.warning("routing state store unavailable (%s: %s); keeping revision %d",
-                            type(exc).__name__, exc, self.snapshot.revision)
+                log.warning(
+                    "routing state store unavailable (%s: %s); keeping revision %d",
+                    type(exc).__name__,
+                    exc,
+                    self.snapshot.revision,
+                )
             return False
         self.snapshot = snapshot
         if self.on_change is not None:

@@ -16,10 +16,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-
+from sluice.redis_client import redis_client
 from sluice.routing.errors import StateConflictError
 from sluice.routing.state.routing_state import ModelRoutingState, RoutingSnapshot
-from sluice.redis_client import redis_client
 
 # KEYS: state, revs, rev. ARGV: model, json, expected revision ('' = any).
 # Returns {1, new model revision} or {0, current model revision}.
@@ -74,10 +73,13 @@ class RedisRoutingStateStore:
         models = {m: ModelRoutingState.from_json(text, int(revs.get(m, 0))) for m, text in states.items()}
         return RoutingSnapshot(int(rev or 0), models)
 
-    async def put(self, model_id: str, state: ModelRoutingState, expect_revision: int | None = None) -> ModelRoutingState:
+    async def put(
+        self, model_id: str, state: ModelRoutingState, expect_revision: int | None = None
+    ) -> ModelRoutingState:
         stamped = ModelRoutingState(state.weights, state.versions, state.rollout, 0, self._clock())
-        ok, rev = await self._put(keys=self._keys, args=[model_id, stamped.to_json(),
-                                                         "" if expect_revision is None else expect_revision])
+        ok, rev = await self._put(
+            keys=self._keys, args=[model_id, stamped.to_json(), "" if expect_revision is None else expect_revision]
+        )
         if not int(ok):
             raise StateConflictError(f"routing state of {model_id!r} is at revision {rev}, not {expect_revision}")
         return ModelRoutingState(stamped.weights, stamped.versions, stamped.rollout, int(rev), stamped.updated_at)

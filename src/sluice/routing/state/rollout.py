@@ -200,13 +200,29 @@ class Rollout:
     # -- the shared form ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model_id": self.model_id, "target": self.target, "start_weights": self.start_weights,
-            "plan": self.plan.model_dump(), "started_at": self.started_at, "phase": self.phase.value,
-            "phase_since": self.phase_since, "step": self.step, "steps": self.steps, "reason": self.reason,
+            "model_id": self.model_id,
+            "target": self.target,
+            "start_weights": self.start_weights,
+            "plan": self.plan.model_dump(),
+            "started_at": self.started_at,
+            "phase": self.phase.value,
+            "phase_since": self.phase_since,
+            "step": self.step,
+            "steps": self.steps,
+            "reason": self.reason,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Rollout:
-        return cls(d["model_id"], d["target"], {k: float(v) for k, v in d["start_weights"].items()},
-                   RolloutSpec.model_validate(d["plan"]), float(d["started_at"]), RolloutPhase(d["phase"]),
-                   float(d["phase_since"]), int(d["step"]), [float(s) for s in d["steps"]], d["reason"])
+        return cls(
+            d["model_id"],
+            d["target"],
+            {k: float(v) for k, v in d["start_weights"].items()},
+            RolloutSpec.model_validate(d["plan"]),
+            float(d["started_at"]),
+            RolloutPhase(d["phase"]),
+            float(d["phase_since"]),
+            int(d["step"]),
+            [float(s) for s in d["steps"]],
+            d["reason"],
+        )

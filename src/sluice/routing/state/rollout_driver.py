@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 
 from sluice.routing.errors import RolloutError, StateConflictError
-from sluice.routing.fleet_file.schema import ModelSpec, RolloutSpec
 from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.fleet_file.schema import ModelSpec, RolloutSpec
 from sluice.routing.state.rollout import Rollout, RolloutPhase, RolloutSignals
 from sluice.routing.state.routing_state import ModelRoutingState, RoutingStateStore, effective_weights
 
@@ -33,8 +33,9 @@ def current_weights(model: ModelSpec, state: ModelRoutingState) -> dict[str, flo
 
 
 def state_for(rollout: Rollout, previous: ModelRoutingState) -> ModelRoutingState:
-    return ModelRoutingState(weights=rollout.weights(), versions={**previous.versions, **rollout.version_states()},
-                             rollout=rollout.to_dict())
+    return ModelRoutingState(
+        weights=rollout.weights(), versions={**previous.versions, **rollout.version_states()}, rollout=rollout.to_dict()
+    )
 
 
 class RolloutDriver:
@@ -53,8 +54,9 @@ class RolloutDriver:
         state = await self._current(model_id)
         if state.rollout is not None and not RolloutPhase(state.rollout["phase"]).finished:
             raise RolloutError(f"a rollout of {model_id!r} to {state.rollout['target']!r} is still running")
-        rollout = Rollout.start(model_id, target, current_weights(model, state),
-                                plan or self.registry.fleet.rollout, self._clock())
+        rollout = Rollout.start(
+            model_id, target, current_weights(model, state), plan or self.registry.fleet.rollout, self._clock()
+        )
         stored = await self.store.put(model_id, state_for(rollout, state), expect_revision=state.revision)
         self.rollouts[model_id], self._revisions[model_id] = rollout, stored.revision
         return rollout

@@ -45,15 +45,26 @@ class ModelRoutingState:
     updated_at: float = 0.0  # wall time of the write, for status
 
     def to_json(self) -> str:
-        return json.dumps({"weights": self.weights, "versions": {k: v.value for k, v in self.versions.items()},
-                           "rollout": self.rollout, "updated_at": self.updated_at}, sort_keys=True)
+        return json.dumps(
+            {
+                "weights": self.weights,
+                "versions": {k: v.value for k, v in self.versions.items()},
+                "rollout": self.rollout,
+                "updated_at": self.updated_at,
+            },
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str, revision: int) -> ModelRoutingState:
         d = json.loads(text)
-        return cls({k: float(v) for k, v in d.get("weights", {}).items()},
-                   {k: VersionState(v) for k, v in d.get("versions", {}).items()},
-                   d.get("rollout"), revision, float(d.get("updated_at", 0.0)))
+        return cls(
+            {k: float(v) for k, v in d.get("weights", {}).items()},
+            {k: VersionState(v) for k, v in d.get("versions", {}).items()},
+            d.get("rollout"),
+            revision,
+            float(d.get("updated_at", 0.0)),
+        )
 
     def state_of(self, version: str) -> VersionState:
         return self.versions.get(version, VersionState.ACTIVE)
@@ -101,7 +112,9 @@ class RoutingStateStore(Protocol):
         """Every model's state, read consistently."""
         ...
 
-    async def put(self, model_id: str, state: ModelRoutingState, expect_revision: int | None = None) -> ModelRoutingState:
+    async def put(
+        self, model_id: str, state: ModelRoutingState, expect_revision: int | None = None
+    ) -> ModelRoutingState:
         """Write a model's state; with `expect_revision`, only if it is still at that revision
         (else StateConflictError). Returns the state as stored, with its new revision."""
         ...
@@ -132,7 +145,9 @@ class MemoryRoutingStateStore:
     async def load(self) -> RoutingSnapshot:
         return RoutingSnapshot(self._revision, dict(self._models))
 
-    async def put(self, model_id: str, state: ModelRoutingState, expect_revision: int | None = None) -> ModelRoutingState:
+    async def put(
+        self, model_id: str, state: ModelRoutingState, expect_revision: int | None = None
+    ) -> ModelRoutingState:
         current = self._model_revs.get(model_id, 0)
         if expect_revision is not None and expect_revision != current:
             raise StateConflictError(f"routing state of {model_id!r} is at revision {current}, not {expect_revision}")

@@ -61,8 +61,7 @@ def document_text(fields: dict[str, object], default_fields: Sequence[str]) -> s
     return "\n".join(v for name in default_fields if isinstance(v := fields.get(name), str) and v)
 
 
-def attach_vectors(batches: dict[int, list[dict[str, Any]]], embedder: Embedder,
-                   default_fields: Sequence[str]) -> None:
+def attach_vectors(batches: dict[int, list[dict[str, Any]]], embedder: Embedder, default_fields: Sequence[str]) -> None:
     """Give every upsert of a bulk write its vector (`"vector"`: base64, vectors.py), in one
     batch: it is logged, replicated and applied with the document."""
     ops = [op for ops in batches.values() for op in ops if op.get("op") == "upsert"]

@@ -84,8 +84,9 @@ class VectorIndex:
         row = self._row.get(key)
         return None if row is None else self._matrix[row]
 
-    def search(self, query: np.ndarray, k: int, exact: bool | None = None,
-               allowed: set[int] | None = None) -> list[tuple[int, float]]:
+    def search(
+        self, query: np.ndarray, k: int, exact: bool | None = None, allowed: set[int] | None = None
+    ) -> list[tuple[int, float]]:
         """Up to k (document id, cosine) pairs, best first, and every document tied with the
         k-th (the caller orders ties by id and cuts); `exact` None: exact on a small shard;
         `allowed`: only these documents (a filter's)."""
@@ -99,7 +100,7 @@ class VectorIndex:
                 return self._exact(self._matrix[rows], self._keys[rows], query, k)
             return self._approximate(query, k, allowed)
         if exact:
-            return self._exact(self._matrix[:self._n], self._keys[:self._n], query, k)
+            return self._exact(self._matrix[: self._n], self._keys[: self._n], query, k)
         return self._approximate(query, k, None)
 
     @staticmethod
@@ -119,10 +120,16 @@ class VectorIndex:
 
     def _graph(self) -> Index:
         if self._hnsw is None:
-            self._hnsw = Index(ndim=DIM, metric=MetricKind.IP, dtype="f32", connectivity=HNSW_CONNECTIVITY,
-                               expansion_add=HNSW_EXPANSION_ADD, expansion_search=HNSW_EXPANSION_SEARCH)
+            self._hnsw = Index(
+                ndim=DIM,
+                metric=MetricKind.IP,
+                dtype="f32",
+                connectivity=HNSW_CONNECTIVITY,
+                expansion_add=HNSW_EXPANSION_ADD,
+                expansion_search=HNSW_EXPANSION_SEARCH,
+            )
             if self._n:
-                self._hnsw.add(self._keys[:self._n], self._matrix[:self._n], threads=1)
+                self._hnsw.add(self._keys[: self._n], self._matrix[: self._n], threads=1)
         return self._hnsw
 
     def _approximate(self, query: np.ndarray, k: int, allowed: set[int] | None) -> list[tuple[int, float]]:
@@ -130,8 +137,11 @@ class VectorIndex:
         count = min(self._n, k if allowed is None else FILTER_OVERSAMPLE * k)
         while True:
             m = graph.search(query, count, threads=1)
-            got = [(int(key), 1.0 - float(d)) for key, d in zip(m.keys, m.distances)
-                   if allowed is None or int(key) in allowed]
+            got = [
+                (int(key), 1.0 - float(d))
+                for key, d in zip(m.keys, m.distances)
+                if allowed is None or int(key) in allowed
+            ]
             if len(got) >= k or count >= self._n:
                 return got
             count = min(self._n, 2 * count)

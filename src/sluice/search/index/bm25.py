@@ -43,7 +43,7 @@ class CollectionStats:
     total_length: int = 0
     term_freqs: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def add(self, other: "CollectionStats") -> None:
+    def add(self, other: CollectionStats) -> None:
         self.doc_count += other.doc_count
         self.total_length += other.total_length
         for t, f in other.term_freqs.items():
@@ -53,7 +53,7 @@ class CollectionStats:
         return {"doc_count": self.doc_count, "total_length": self.total_length, "term_freqs": self.term_freqs}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "CollectionStats":
+    def from_json(cls, d: dict[str, Any]) -> CollectionStats:
         tf = d.get("term_freqs", {})
         if not isinstance(tf, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in tf.items()):
             raise ValueError("term_freqs must map terms to integers")
@@ -99,7 +99,9 @@ def global_weighting(p: Bm25Params, glob: CollectionStats, local: CollectionStat
     for term, ltf in local.term_freqs.items():
         gtf = glob.term_freqs.get(term, ltf)
         if ltf > 0:
-            factors[term] = common * idf(max(glob.doc_count, local.doc_count), max(gtf, ltf)) / idf(local.doc_count, ltf)
+            factors[term] = (
+                common * idf(max(glob.doc_count, local.doc_count), max(gtf, ltf)) / idf(local.doc_count, ltf)
+            )
     return ShardWeighting(k1, p.k3, b, p.min_normlen * r, factors)
 
 
@@ -107,6 +109,7 @@ def global_weighting(p: Bm25Params, glob: CollectionStats, local: CollectionStat
 # global frequency the router does not know yet with its own frequency in its place, and reports
 # each such term's part of every hit's score, so that the router can correct the scores once the
 # shards' answers give the global frequencies.
+
 
 def leaf_weight(w: ShardWeighting, n_local: int, ltf: int, term: str) -> float:
     """Xapian BM25Weight's termweight for one leaf of `term` on this shard (wqf 1): the idf over

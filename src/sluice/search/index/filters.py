@@ -176,8 +176,9 @@ def _values(where: str, values: list[Any]) -> list[str]:
 def _range(where: str, field: str, cond: dict[str, Any], ranges: dict[str, RangeKind]) -> Clause:
     kind = ranges.get(field)
     if kind is None:
-        raise FilterError(f"{where}: gte/lte need a range field declared in search.toml's range_fields "
-                          f"({field!r} is not one)")
+        raise FilterError(
+            f"{where}: gte/lte need a range field declared in search.toml's range_fields ({field!r} is not one)"
+        )
     bounds = []
     for op in (FilterOp.GTE, FilterOp.LTE):
         try:
@@ -194,11 +195,16 @@ def check_wire(data: Any) -> list[Clause]:
     for c in data:
         ok = isinstance(c, list) and len(c) >= 3 and isinstance(c[1], str) and c[1]
         if ok and c[0] in (FilterOp.IN.value, FilterOp.NOT_IN.value):
-            ok = len(c) == 3 and isinstance(c[2], list) and 0 < len(c[2]) <= MAX_VALUES and all(
-                isinstance(v, str) and v for v in c[2])
+            ok = (
+                len(c) == 3
+                and isinstance(c[2], list)
+                and 0 < len(c[2]) <= MAX_VALUES
+                and all(isinstance(v, str) and v for v in c[2])
+            )
         elif ok and c[0] == "range":
-            ok = len(c) == 4 and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
-                                     for v in c[2:])
+            ok = len(c) == 4 and all(
+                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in c[2:]
+            )
         else:
             ok = False
         if not ok:

@@ -29,11 +29,11 @@ class Hit:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.doc_id, "score": self.score, "fields": self.fields, "snippet": self.snippet}
 
-    def rescored(self, score: float) -> "Hit":
+    def rescored(self, score: float) -> Hit:
         return Hit(self.doc_id, score, self.fields, self.snippet)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Hit":
+    def from_json(cls, d: dict[str, Any]) -> Hit:
         snippet = d.get("snippet", "")
         if not isinstance(snippet, str):
             raise ValueError("a hit's snippet is a string")

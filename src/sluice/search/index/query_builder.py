@@ -12,8 +12,12 @@ import xapian
 from sluice.search.index.query_tree import NodeKind, Tree
 
 Q = xapian.Query
-_BOOL = {NodeKind.OR: Q.OP_OR, NodeKind.AND: Q.OP_AND, NodeKind.AND_NOT: Q.OP_AND_NOT,
-         NodeKind.AND_MAYBE: Q.OP_AND_MAYBE}
+_BOOL = {
+    NodeKind.OR: Q.OP_OR,
+    NodeKind.AND: Q.OP_AND,
+    NodeKind.AND_NOT: Q.OP_AND_NOT,
+    NodeKind.AND_MAYBE: Q.OP_AND_MAYBE,
+}
 
 
 def build_query(tree: Tree | None, term_factor: dict[str, float]) -> xapian.Query:

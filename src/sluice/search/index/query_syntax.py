@@ -55,9 +55,9 @@ class BoolOp(str, enum.Enum):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Bool:
     op: BoolOp
-    children: tuple["Node", ...]
-    required: tuple["Node", ...] = ()  # for "must": +clauses
-    excluded: tuple["Node", ...] = ()  # for "must": -clauses
+    children: tuple[Node, ...]
+    required: tuple[Node, ...] = ()  # for "must": +clauses
+    excluded: tuple[Node, ...] = ()  # for "must": -clauses
 
 
 Node = Union[Text, Bool]
@@ -92,11 +92,17 @@ def _lex(q: str) -> list[_Token]:
             continue
         start = i
         if c == "(":
-            out.append(_Token("lparen", c, i)); i += 1; continue
+            out.append(_Token("lparen", c, i))
+            i += 1
+            continue
         if c == ")":
-            out.append(_Token("rparen", c, i)); i += 1; continue
+            out.append(_Token("rparen", c, i))
+            i += 1
+            continue
         if c in "+-" and i + 1 < n and not q[i + 1].isspace() and q[i + 1] not in "+-)":
-            out.append(_Token("plus" if c == "+" else "minus", c, i)); i += 1; continue
+            out.append(_Token("plus" if c == "+" else "minus", c, i))
+            i += 1
+            continue
         field = None
         m = _FIELD.match(q, i)
         if m:
@@ -109,7 +115,7 @@ def _lex(q: str) -> list[_Token]:
             star = q.find(WILDCARD, i + 1, end)
             if star >= 0:
                 raise QuerySyntaxError(star, "a wildcard is not allowed inside a phrase")
-            out.append(_Token("phrase", q[i + 1:end], start, field))
+            out.append(_Token("phrase", q[i + 1 : end], start, field))
             i = end + 1
             continue
         if i < n and q[i] == "(" and field is not None:
@@ -146,7 +152,9 @@ class _Parser:
         node = self.or_expr(0)
         tok = self.peek()
         if tok is not None:
-            raise QuerySyntaxError(tok.position, "unmatched ')'" if tok.kind == "rparen" else f"unexpected {tok.value!r}")
+            raise QuerySyntaxError(
+                tok.position, "unmatched ')'" if tok.kind == "rparen" else f"unexpected {tok.value!r}"
+            )
         return node
 
     def _binary(self, word: str, op: BoolOp, sub, depth: int) -> Node:
@@ -180,7 +188,9 @@ class _Parser:
                 self.i += 1
                 tok = self.peek()
                 if tok is None or tok.kind in ("op", "rparen", "plus", "minus"):
-                    raise QuerySyntaxError(self.toks[self.i - 1].position, f"'{'+' if sign == 'plus' else '-'}' needs a word after it")
+                    raise QuerySyntaxError(
+                        self.toks[self.i - 1].position, f"'{'+' if sign == 'plus' else '-'}' needs a word after it"
+                    )
             node = self.unit(depth)
             {"plus": required, "minus": excluded, None: plain}[sign].append(node)
         if not (plain or required or excluded):

@@ -28,7 +28,7 @@ from typing import Any
 
 from sluice.search.errors import QuerySyntaxError
 from sluice.search.index.analyzer import Analyzer, field_prefix
-from sluice.search.index.query_syntax import Bool, BoolOp, Node, Text, parse_query
+from sluice.search.index.query_syntax import BoolOp, Node, Text, parse_query
 
 
 class NodeKind(str, enum.Enum):

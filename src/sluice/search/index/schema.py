@@ -39,7 +39,7 @@ def range_value(kind: RangeKind, value: Any) -> float:
             when = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             raise ValueError(f"{value[:40]!r} is not an ISO 8601 date") from None
-        return (when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)).timestamp()
+        return (when if when.tzinfo else when.replace(tzinfo=datetime.UTC)).timestamp()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError("a number is required")
     return float(value)
@@ -80,14 +80,17 @@ class Schema:
         return {**dataclasses.asdict(self), "ranges": {k: v.value for k, v in self.ranges.items()}}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Schema":
+    def from_json(cls, data: dict[str, Any]) -> Schema:
         def tup(v: Any) -> tuple[str, ...] | None:
             return None if v is None else tuple(v)
 
-        return cls(default_fields=tuple(data.get("default_fields", ("title", "body"))),
-                   indexed=tup(data.get("indexed")), stored=tup(data.get("stored")),
-                   snippet=tup(data.get("snippet")),
-                   ranges={k: RangeKind(v) for k, v in (data.get("ranges") or {}).items()})
+        return cls(
+            default_fields=tuple(data.get("default_fields", ("title", "body"))),
+            indexed=tup(data.get("indexed")),
+            stored=tup(data.get("stored")),
+            snippet=tup(data.get("snippet")),
+            ranges={k: RangeKind(v) for k, v in (data.get("ranges") or {}).items()},
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -18,8 +18,15 @@ import xapian
 from sluice.search.dense import vectors
 from sluice.search.dense.vector_index import VectorIndex
 from sluice.search.index.analyzer import ID_SLOT, VECTOR_SLOT, Analyzer, id_term
-from sluice.search.index.bm25 import (Bm25Params, CollectionStats, ShardWeighting, global_weighting, leaf_part,
-                                      leaf_weight, local_weighting)
+from sluice.search.index.bm25 import (
+    Bm25Params,
+    CollectionStats,
+    ShardWeighting,
+    global_weighting,
+    leaf_part,
+    leaf_weight,
+    local_weighting,
+)
 from sluice.search.index.filters import Clause, filtered
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_builder import build_query
@@ -55,8 +62,9 @@ class ShardIndex:
         self.vectors = vectors_of(self.db)
 
     @classmethod
-    def read_only(cls, db: xapian.Database, schema: Schema | None = None,
-                  params: Bm25Params | None = None, vectors: bool = True) -> "ShardIndex":
+    def read_only(
+        cls, db: xapian.Database, schema: Schema | None = None, params: Bm25Params | None = None, vectors: bool = True
+    ) -> ShardIndex:
         """An index over an opened read-only database (the cold tier's archives, the router's
         local reads); apply() fails. `vectors` False: the caller reads them when it needs them."""
         self = cls.__new__(cls)
@@ -119,16 +127,29 @@ class ShardIndex:
                 break
         return out
 
-    def search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None = None,
-               snippet_chars: int = 0, clauses: list[Clause] | None = None) -> list[Hit]:
+    def search(
+        self,
+        tree: Tree | None,
+        top_k: int,
+        global_stats: CollectionStats | None = None,
+        snippet_chars: int = 0,
+        clauses: list[Clause] | None = None,
+    ) -> list[Hit]:
         """The top_k hits, scored with `global_stats` when given (exact across shards), else with
         this shard's own statistics; each with a snippet of at most `snippet_chars` characters;
         only documents that pass the filter `clauses` (filters.py), scored as without it."""
         return self._search(tree, top_k, global_stats, snippet_chars, clauses)[0]
 
-    def search_with_parts(self, tree: Tree, top_k: int, global_stats: CollectionStats, unknown: list[str],
-                          scored: dict[str, int], snippet_chars: int = 0,
-                          clauses: list[Clause] | None = None) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
+    def search_with_parts(
+        self,
+        tree: Tree,
+        top_k: int,
+        global_stats: CollectionStats,
+        unknown: list[str],
+        scored: dict[str, int],
+        snippet_chars: int = 0,
+        clauses: list[Clause] | None = None,
+    ) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
         """A one-round search (router/query/global_stats/one_round.py): `global_stats` lacks the frequencies of the
         `unknown` terms, which are scored with this shard's own in their place. Also returns this
         shard's frequency of each unknown term and, per hit, each unknown term's part of its
@@ -158,8 +179,14 @@ class ShardIndex:
                     parts[i][t] = leaf_part(w, tw, item.wdf, item.doclength, len_factor)
         return hits, local, parts
 
-    def _search(self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None,
-                snippet_chars: int, clauses: list[Clause] | None) -> tuple[list[Hit], ShardWeighting, list[int]]:
+    def _search(
+        self,
+        tree: Tree | None,
+        top_k: int,
+        global_stats: CollectionStats | None,
+        snippet_chars: int,
+        clauses: list[Clause] | None,
+    ) -> tuple[list[Hit], ShardWeighting, list[int]]:
         """The hits, the weighting they were scored with, and their Xapian document ids."""
         if tree is None or top_k <= 0:  # top_k's bounds are the contract's (search/contract.py)
             return [], local_weighting(self.params), []
@@ -186,8 +213,9 @@ class ShardIndex:
         snippet = "" if snippets is None else snippets.of(snippet_text(fields, self.snippet_fields), snippet_chars)
         return Hit(data["id"], score, fields, snippet)
 
-    def dense_search(self, vector: np.ndarray, top_k: int, exact: bool | None = None,
-                     clauses: list[Clause] | None = None) -> list[Hit]:
+    def dense_search(
+        self, vector: np.ndarray, top_k: int, exact: bool | None = None, clauses: list[Clause] | None = None
+    ) -> list[Hit]:
         """The top_k documents by the cosine of their vector with `vector` (dense/vector_index.py:
         exact on a small shard unless `exact` says otherwise), ties by id; only documents that
         pass the filter `clauses`."""

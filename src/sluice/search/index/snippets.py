@@ -76,15 +76,17 @@ class SnippetMaker:
         if chars <= 0 or not hits:
             return hits
         snippets = Snippets(self._db, tree)
-        return [Hit(h.doc_id, h.score, h.fields, snippets.of(snippet_text(h.fields, self.snippet_fields), chars))
-                for h in hits]
+        return [
+            Hit(h.doc_id, h.score, h.fields, snippets.of(snippet_text(h.fields, self.snippet_fields), chars))
+            for h in hits
+        ]
 
 
 def leading(text: str, chars: int) -> str:
     """The text's first `chars` characters (cut at a space when one is near), escaped."""
     if len(text) <= chars:
         return html.escape(text, quote=False)
-    cut = text[:max(0, chars - len(OMIT))]
+    cut = text[: max(0, chars - len(OMIT))]
     space = cut.rfind(" ")
     if space > len(cut) // 2:
         cut = cut[:space]

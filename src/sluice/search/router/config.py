@@ -53,13 +53,13 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from sluice.toml_config import parse_toml, read_text, report, validate
-from sluice.toml_lines import KeyPath
 from sluice.search.contract import MAX_TOP_K
 from sluice.search.errors import SearchConfigError
 from sluice.search.index.filters import range_slot
 from sluice.search.index.schema import FIELD_NAME, RangeKind
 from sluice.search.retrieval import VectorSearch
+from sluice.toml_config import parse_toml, read_text, report, validate
+from sluice.toml_lines import KeyPath
 
 LOCAL = "local"
 _ADDRESS = re.compile(r"^(https?://)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
@@ -99,7 +99,7 @@ class ShardSpec(_Strict):
     def _addresses(cls, v: list[str]) -> list[str]:
         for r in v:
             if r != LOCAL and not _ADDRESS.match(r):
-                raise ValueError(f"{r!r} is neither \"local\" nor HOST:PORT")
+                raise ValueError(f'{r!r} is neither "local" nor HOST:PORT')
         return v
 
 
@@ -116,7 +116,9 @@ class SearchSettings(_Strict):
     api_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     ingest_keys: list[Annotated[str, StringConstraints(min_length=8)]] = Field(default_factory=list)
     default_fields: list[str] = Field(default_factory=lambda: ["title", "body"], min_length=1)
-    snippet_fields: list[str] | None = Field(None, min_length=1)  # a hit's snippet text (None: default_fields but title)
+    snippet_fields: list[str] | None = Field(
+        None, min_length=1
+    )  # a hit's snippet text (None: default_fields but title)
     range_fields: dict[str, RangeKind] = Field(default_factory=dict)  # fields a filter may bound (gte / lte)
     vectors: bool = True  # embed every document at ingest (dense and hybrid modes); false: lexical only
     vector_search: VectorSearch = VectorSearch.AUTO  # how shards search their vectors (retrieval.py)
@@ -171,8 +173,9 @@ class SearchSettings(_Strict):
 
 class SearchConfig(_Strict):
     search: SearchSettings = Field(default_factory=SearchSettings)
-    shards: list[ShardSpec] = Field(default_factory=lambda: [ShardSpec(name="s0"), ShardSpec(name="s1")],
-                                    min_length=1, max_length=1024)
+    shards: list[ShardSpec] = Field(
+        default_factory=lambda: [ShardSpec(name="s0"), ShardSpec(name="s1")], min_length=1, max_length=1024
+    )
 
 
 def embedded_default(data_dir: str = "./search-data") -> SearchConfig:
@@ -193,8 +196,12 @@ def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:
         if s.archive is None and not s.replicas:
             found.append((("shards", i, "replicas"), "a shard needs at least one replica (or an archive)"))
         if s.archive is not None and (cfg.search.sharding is not Sharding.CONTENT or s.default):
-            found.append((("shards", i, "archive"), "a cold shard is read-only: only under content sharding, "
-                                                    "and not the default shard"))
+            found.append(
+                (
+                    ("shards", i, "archive"),
+                    "a cold shard is read-only: only under content sharding, and not the default shard",
+                )
+            )
         remotes = [r for r in s.replicas if r != LOCAL]
         if len(set(remotes)) < len(remotes):
             found.append((("shards", i, "replicas"), "a remote replica is listed twice"))
@@ -204,15 +211,21 @@ def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:
         if other != name:
             found.append((("search", "range_fields"), f"{name!r} and {other!r} share a value slot: rename one"))
     if cfg.search.cool_at >= cfg.search.hot_at:
-        found.append((("search", "cool_at"), f"must be below hot_at ({cfg.search.hot_at}): the band between them "
-                                             "is the hysteresis"))
+        found.append(
+            (
+                ("search", "cool_at"),
+                f"must be below hot_at ({cfg.search.hot_at}): the band between them is the hysteresis",
+            )
+        )
     content = cfg.search.sharding is Sharding.CONTENT
     if content:
         if not cfg.search.content_field:
             found.append((("search", "sharding"), 'content sharding needs content_field = "<field>"'))
         defaults = [i for i, s in enumerate(cfg.shards) if s.default]
         if len(defaults) != 1:
-            found.append((("shards",), f"content sharding needs exactly one shard with default = true (found {len(defaults)})"))
+            found.append(
+                (("shards",), f"content sharding needs exactly one shard with default = true (found {len(defaults)})")
+            )
         owner: dict[str, str] = {}
         for i, s in enumerate(cfg.shards):
             for v in s.values:
@@ -222,7 +235,7 @@ def cross_check(cfg: SearchConfig) -> list[tuple[KeyPath, str]]:
     else:
         for i, s in enumerate(cfg.shards):
             if s.values or s.default:
-                found.append((("shards", i, "values" if s.values else "default"), "only for sharding = \"content\""))
+                found.append((("shards", i, "values" if s.values else "default"), 'only for sharding = "content"'))
     return found
 
 

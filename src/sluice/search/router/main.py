@@ -44,8 +44,11 @@ def local_index_dirs(cfg: SearchConfig, sup: Supervisor) -> dict[int, Path]:
     """Each shard's first local replica's index folder (the router reads it with local_reads)."""
     out: dict[int, Path] = {}
     for pos, shard in enumerate(cfg.shards):
-        first = next((r for r in sup.replicas if r.name == f"{shard.name}/{shard.replicas.index(LOCAL)}"), None) \
-            if LOCAL in shard.replicas else None
+        first = (
+            next((r for r in sup.replicas if r.name == f"{shard.name}/{shard.replicas.index(LOCAL)}"), None)
+            if LOCAL in shard.replicas
+            else None
+        )
         if first is not None:
             out[pos] = first.data_dir / "index"
     return out
@@ -91,9 +94,11 @@ class RouterProcess:
             await asyncio.sleep(0.1)
         c = self.cfg
         n_rep = sum(len(s.replicas) for s in c.shards)
-        _say(f"ready: {len(c.shards)} shards, {n_rep} replicas ({sum(map(sum, self.local))} local), "
-             f"{c.search.sharding.value} sharding, {c.search.stats.value} statistics, auth: {self.rt.auth.mode}, "
-             f"data under {c.search.data_dir}")
+        _say(
+            f"ready: {len(c.shards)} shards, {n_rep} replicas ({sum(map(sum, self.local))} local), "
+            f"{c.search.sharding.value} sharding, {c.search.stats.value} statistics, auth: {self.rt.auth.mode}, "
+            f"data under {c.search.data_dir}"
+        )
 
 
 def run_router(cfg: SearchConfig, host: str, port: int) -> int:

@@ -12,57 +12,133 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # fine enough that a 2 ms shard's p50 and p99 fall in buckets of their own (0.25–0.5 ms wide
 # below 3 ms), and up to the longest deadline a config allows in steps of ~1.5–2×
-_SHARD = (0.00025, 0.0005, 0.00075, 0.001, 0.00125, 0.0015, 0.00175, 0.002, 0.0025, 0.003, 0.004, 0.005, 0.0075,
-          0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+_SHARD = (
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.00125,
+    0.0015,
+    0.00175,
+    0.002,
+    0.0025,
+    0.003,
+    0.004,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 _QUERY = _SHARD
 
 
 class SearchMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.query_latency = Histogram("sluice_search_query_seconds", "End-to-end search latency at the router",
-                                       ["outcome"], buckets=_QUERY, registry=r)
-        self.replica_latency = Histogram("sluice_search_replica_request_seconds",
-                                         "Latency of one request to one replica (per shard, replica and phase)",
-                                         ["shard", "replica", "phase"], buckets=_SHARD, registry=r)
-        self.shard_latency = Histogram("sluice_search_shard_seconds",
-                                       "Time until a shard answered (retries and hedges included)",
-                                       ["shard", "phase"], buckets=_SHARD, registry=r)
-        self.errors = Counter("sluice_search_errors", "Query errors by type: a shard's failure (timeout, unavailable, "
-                              "bad_query) or a refusal answered to the client (its error type: invalid_request_error, "
-                              "query_syntax_error, authentication_error, request_too_large, ...)", ["type"], registry=r)
-        self.retries = Counter("sluice_search_extra_requests", "Second requests to a shard: failover or hedge",
-                               ["shard", "kind"], registry=r)
+        self.query_latency = Histogram(
+            "sluice_search_query_seconds",
+            "End-to-end search latency at the router",
+            ["outcome"],
+            buckets=_QUERY,
+            registry=r,
+        )
+        self.replica_latency = Histogram(
+            "sluice_search_replica_request_seconds",
+            "Latency of one request to one replica (per shard, replica and phase)",
+            ["shard", "replica", "phase"],
+            buckets=_SHARD,
+            registry=r,
+        )
+        self.shard_latency = Histogram(
+            "sluice_search_shard_seconds",
+            "Time until a shard answered (retries and hedges included)",
+            ["shard", "phase"],
+            buckets=_SHARD,
+            registry=r,
+        )
+        self.errors = Counter(
+            "sluice_search_errors",
+            "Query errors by type: a shard's failure (timeout, unavailable, "
+            "bad_query) or a refusal answered to the client (its error type: invalid_request_error, "
+            "query_syntax_error, authentication_error, request_too_large, ...)",
+            ["type"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "sluice_search_extra_requests",
+            "Second requests to a shard: failover or hedge",
+            ["shard", "kind"],
+            registry=r,
+        )
         self.partial = Counter("sluice_search_partial_results", "Searches answered without every shard", registry=r)
-        self.cache = Counter("sluice_search_cache_requests", "Result cache lookups by result (hit, miss)",
-                             ["result"], registry=r)
-        self.cache_hit_ratio = Gauge("sluice_search_cache_hit_ratio", "Result cache hits / lookups since start",
-                                     registry=r)
-        self.freshness = Gauge("sluice_search_index_freshness_seconds",
-                               "Seconds since the replica's oldest unapplied write was acknowledged (0: current)",
-                               ["shard", "replica"], registry=r)
-        self.index_age = Gauge("sluice_search_index_age_seconds",
-                               "Seconds since the replica's last applied write (by the time it was sequenced)",
-                               ["shard", "replica"], registry=r)
-        self.replica_up = Gauge("sluice_search_replica_up", "1 when the replica answered its last health poll",
-                                ["shard", "replica"], registry=r)
-        self.applied_seq = Gauge("sluice_search_replica_applied_seq", "Last write-log entry the replica applied",
-                                 ["shard", "replica"], registry=r)
-        self.log_entries = Gauge("sluice_search_replica_log_entries",
-                                 "Entries in the replica's write log (after compaction)", ["shard", "replica"], registry=r)
-        self.head_seq = Gauge("sluice_search_shard_head_seq", "Newest acknowledged write-log entry", ["shard"],
-                              registry=r)
-        self.documents = Counter("sluice_search_documents_written", "Documents upserted or deleted",
-                                 ["op"], registry=r)
+        self.cache = Counter(
+            "sluice_search_cache_requests", "Result cache lookups by result (hit, miss)", ["result"], registry=r
+        )
+        self.cache_hit_ratio = Gauge(
+            "sluice_search_cache_hit_ratio", "Result cache hits / lookups since start", registry=r
+        )
+        self.freshness = Gauge(
+            "sluice_search_index_freshness_seconds",
+            "Seconds since the replica's oldest unapplied write was acknowledged (0: current)",
+            ["shard", "replica"],
+            registry=r,
+        )
+        self.index_age = Gauge(
+            "sluice_search_index_age_seconds",
+            "Seconds since the replica's last applied write (by the time it was sequenced)",
+            ["shard", "replica"],
+            registry=r,
+        )
+        self.replica_up = Gauge(
+            "sluice_search_replica_up",
+            "1 when the replica answered its last health poll",
+            ["shard", "replica"],
+            registry=r,
+        )
+        self.applied_seq = Gauge(
+            "sluice_search_replica_applied_seq",
+            "Last write-log entry the replica applied",
+            ["shard", "replica"],
+            registry=r,
+        )
+        self.log_entries = Gauge(
+            "sluice_search_replica_log_entries",
+            "Entries in the replica's write log (after compaction)",
+            ["shard", "replica"],
+            registry=r,
+        )
+        self.head_seq = Gauge(
+            "sluice_search_shard_head_seq", "Newest acknowledged write-log entry", ["shard"], registry=r
+        )
+        self.documents = Counter("sluice_search_documents_written", "Documents upserted or deleted", ["op"], registry=r)
         self.bad_lines = Counter("sluice_search_bad_ndjson_lines", "Bulk lines refused", registry=r)
-        self.restarts = Counter("sluice_search_local_replica_restarts", "Local replica processes restarted",
-                                ["shard", "replica"], registry=r)
+        self.restarts = Counter(
+            "sluice_search_local_replica_restarts",
+            "Local replica processes restarted",
+            ["shard", "replica"],
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def error_counts(self) -> dict[str, int]:
         """The error counter's values by type (the status JSON)."""
-        return {s.labels["type"]: int(s.value) for m in self.errors.collect() for s in m.samples
-                if s.name.endswith("_total")}
+        return {
+            s.labels["type"]: int(s.value)
+            for m in self.errors.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        }
 
     def refused(self, kind_value: str) -> None:
         self.child(self.errors, kind_value).inc()

@@ -23,6 +23,7 @@ def search_answer(index: ShardIndex, req: ShardSearchRequest, applied_seq: int) 
         return ShardSearchAnswer(index.search(req.tree, req.top_k, req.stats, clauses=req.filter), applied_seq)
     scored = scored_leaves(req.tree)  # the contract checked: a tree whose terms all add weight, global stats
     assert req.tree is not None and req.stats is not None and scored is not None
-    hits, freqs, parts = index.search_with_parts(req.tree, req.top_k, req.stats, req.unknown, scored,
-                                                 clauses=req.filter)
+    hits, freqs, parts = index.search_with_parts(
+        req.tree, req.top_k, req.stats, req.unknown, scored, clauses=req.filter
+    )
     return ShardSearchAnswer(hits, applied_seq, term_freqs=freqs, parts=parts)

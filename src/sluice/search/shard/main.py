@@ -22,8 +22,9 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def run_shard(listen: str, data_dir: str, schema_json: str | None = None, fsync: bool = True,
-              memory: bool = False) -> int:
+def run_shard(
+    listen: str, data_dir: str, schema_json: str | None = None, fsync: bool = True, memory: bool = False
+) -> int:
     import uvicorn
 
     from sluice.search.shard.query_protocol import uvicorn_http_option
@@ -33,8 +34,12 @@ def run_shard(listen: str, data_dir: str, schema_json: str | None = None, fsync:
     host, port = parse_listen(listen)
     schema = Schema.from_json(json.loads(schema_json)) if schema_json else Schema()
     replica = Replica(Path(data_dir), schema, fsync=fsync, memory=memory)
-    print(f"sluice search shard: {data_dir} at entry {replica.applied_seq} "
-          f"({replica.index.doc_count()} documents), listening on {host}:{port}", file=sys.stderr, flush=True)
+    print(
+        f"sluice search shard: {data_dir} at entry {replica.applied_seq} "
+        f"({replica.index.doc_count()} documents), listening on {host}:{port}",
+        file=sys.stderr,
+        flush=True,
+    )
     app = create_shard_app(replica)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, **uvicorn_http_option(app))
     replica.index.close()

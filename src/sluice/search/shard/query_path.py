@@ -30,8 +30,9 @@ class QueryPath:
     def __init__(self, app: ASGIApp, handlers: dict[str, Handler], on_error: Callable[[str], None]):
         self.app, self.handlers, self.on_error = app, handlers, on_error
 
-    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
-                       send: Callable[[dict], Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]
+    ) -> None:
         handler = self.handlers.get(scope.get("path", "")) if scope["type"] == "http" else None
         if handler is None or scope.get("method") != "POST":
             await self.app(scope, receive, send)
@@ -47,8 +48,13 @@ class QueryPath:
                 await _answer(send, TOO_LARGE.status, TOO_LARGE.body())
                 return
         status, payload = self.answer(handler, body)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
     def answer(self, handler: Handler, body: bytes) -> tuple[int, bytes]:
@@ -75,6 +81,11 @@ class QueryPath:
 
 async def _answer(send: Callable[[dict], Awaitable[None]], status: int, out: dict[str, Any]) -> None:
     payload = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})

@@ -47,9 +47,14 @@ def query_protocol_for(query_path: QueryPath) -> type | None:
 
         def on_headers_complete(self) -> None:
             handler = handlers.get(self.url)
-            if (handler is not None and self.parser.get_method() == b"POST"
-                    and self.parser.get_http_version() == "1.1" and not self.expect_100_continue
-                    and not self.parser.should_upgrade() and (self.cycle is None or self.cycle.response_complete)):
+            if (
+                handler is not None
+                and self.parser.get_method() == b"POST"
+                and self.parser.get_http_version() == "1.1"
+                and not self.expect_100_continue
+                and not self.parser.should_upgrade()
+                and (self.cycle is None or self.cycle.response_complete)
+            ):
                 self._query, self._query_body, self._query_size = handler, [], 0
                 return
             super().on_headers_complete()
@@ -75,9 +80,16 @@ def query_protocol_for(query_path: QueryPath) -> type | None:
                 status, payload = query_path.answer(handler, b"".join(self._query_body))
                 keep_alive = self.parser.should_keep_alive()
             self._query_body = []
-            self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
-                status, _REASONS.get(status, b"Error"), len(payload), b"" if keep_alive else b"connection: close\r\n",
-                payload))
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+                % (
+                    status,
+                    _REASONS.get(status, b"Error"),
+                    len(payload),
+                    b"" if keep_alive else b"connection: close\r\n",
+                    payload,
+                )
+            )
             if not keep_alive:
                 self.transport.close()
                 return

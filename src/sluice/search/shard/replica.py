@@ -100,9 +100,11 @@ class Replica:
     def _replay(self) -> int:
         applied = self.index.applied_seq
         if applied < self.log.base:
-            raise RuntimeError(f"{self.data_dir}: the index is at entry {applied} but the write log was compacted "
-                               f"through {self.log.base}; the index was lost — delete this folder and let the "
-                               f"router copy a peer's index into it")
+            raise RuntimeError(
+                f"{self.data_dir}: the index is at entry {applied} but the write log was compacted "
+                f"through {self.log.base}; the index was lost — delete this folder and let the "
+                f"router copy a peer's index into it"
+            )
         if applied > self.log.last_seq:
             # an installed snapshot whose log reset a crash interrupted: the index has it all
             self.log.reset(applied)
@@ -146,8 +148,9 @@ class Replica:
             st.raise_for_status()
             peer = st.json()
             mine = self.log.last_seq
-            if mine < int(peer.get("log_base", 0)) or (peer["applied_seq"] > 0 and (
-                    self.applied_seq == 0 or peer["applied_seq"] - mine > SNAPSHOT_AFTER)):
+            if mine < int(peer.get("log_base", 0)) or (
+                peer["applied_seq"] > 0 and (self.applied_seq == 0 or peer["applied_seq"] - mine > SNAPSHOT_AFTER)
+            ):
                 self._copy_snapshot(http)
             copied = snapshots = 0
             while copied < max_entries:
@@ -232,8 +235,13 @@ class Replica:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {"applied_seq": self.index.applied_seq, "logged_seq": self.log.last_seq,
-                    "log_base": self.log.base, "log_bytes": self.log.size_bytes,
-                    "snapshots_installed": self.snapshots_installed,
-                    "doc_count": self.index.doc_count(), "vector_count": len(self.index.vectors),
-                    "last_apply_ts": self.index.applied_ts}
+            return {
+                "applied_seq": self.index.applied_seq,
+                "logged_seq": self.log.last_seq,
+                "log_base": self.log.base,
+                "log_bytes": self.log.size_bytes,
+                "snapshots_installed": self.snapshots_installed,
+                "doc_count": self.index.doc_count(),
+                "vector_count": len(self.index.vectors),
+                "last_apply_ts": self.index.applied_ts,
+            }

@@ -60,9 +60,17 @@ class _ShardMetrics:
         reg = CollectorRegistry()
         applied = Gauge("sluice_search_shard_applied_seq", "Last write-log entry applied to the index", registry=reg)
         applied.set_function(lambda: replica.applied_seq)
-        return cls(reg, Histogram("sluice_search_shard_op_seconds", "Time in the index per operation", ["op"],
-                                  buckets=_BUCKETS, registry=reg),
-                   Counter("sluice_search_shard_errors", "Refused shard requests by type", ["type"], registry=reg))
+        return cls(
+            reg,
+            Histogram(
+                "sluice_search_shard_op_seconds",
+                "Time in the index per operation",
+                ["op"],
+                buckets=_BUCKETS,
+                registry=reg,
+            ),
+            Counter("sluice_search_shard_errors", "Refused shard requests by type", ["type"], registry=reg),
+        )
 
     def count(self, kind: str) -> None:
         self.refused.labels(kind).inc()
@@ -192,8 +200,9 @@ def _add_write_routes(app: FastAPI, replica: Replica, m: _ShardMetrics) -> None:
             applied_seq = await run_in_threadpool(replica.catch_up, peer)
         except Exception as exc:  # the peer is down or diverged: say so, the router tries another
             m.count("catch_up")
-            return _error(SearchErrorKind.CATCH_UP_FAILED,
-                          f"catch-up from {peer} failed: {type(exc).__name__}: {exc}"[:500])
+            return _error(
+                SearchErrorKind.CATCH_UP_FAILED, f"catch-up from {peer} failed: {type(exc).__name__}: {exc}"[:500]
+            )
         return JSONResponse({"applied_seq": applied_seq})
 
 
@@ -205,8 +214,11 @@ def _add_copy_routes(app: FastAPI, replica: Replica, m: _ShardMetrics) -> None:
         try:
             entries = await run_in_threadpool(replica.log.read, max(0, after), max(1, min(limit, 5000)))
         except LogCompactedError as exc:
-            return _error(SearchErrorKind.LOG_COMPACTED, f"{exc}; copy this replica's index (/v1/shard/snapshot)",
-                          log_base=exc.base)
+            return _error(
+                SearchErrorKind.LOG_COMPACTED,
+                f"{exc}; copy this replica's index (/v1/shard/snapshot)",
+                log_base=exc.base,
+            )
         return JSONResponse({"entries": entries, "last_seq": replica.log.last_seq})
 
     @app.get("/v1/shard/snapshot")
@@ -225,6 +237,9 @@ def _add_copy_routes(app: FastAPI, replica: Replica, m: _ShardMetrics) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         m.latency.labels("snapshot").observe(time.perf_counter() - t0)
-        return FileResponse(tmp / "index.tar", media_type="application/x-tar",
-                            headers={"x-sluice-applied-seq": str(seq)},
-                            background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))
+        return FileResponse(
+            tmp / "index.tar",
+            media_type="application/x-tar",
+            headers={"x-sluice-applied-seq": str(seq)},
+            background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True),
+        )

@@ -81,7 +81,7 @@ class WriteLog:
         pos, good, skipped = 0, 0, 0
         while pos + _HEADER.size <= len(data):
             length, crc = _HEADER.unpack_from(data, pos)
-            body = data[pos + _HEADER.size: pos + _HEADER.size + length]
+            body = data[pos + _HEADER.size : pos + _HEADER.size + length]
             if length > MAX_ENTRY_BYTES or len(body) < length or zlib.crc32(body) != crc:
                 break
             seq = json.loads(body)["seq"]

@@ -23,7 +23,7 @@ class S3Location(S3Url):
     __slots__ = ()
 
     @classmethod
-    def parse(cls, url: str) -> "S3Location":
+    def parse(cls, url: str) -> S3Location:
         try:
             where = S3Url.parse(url)
         except ValueError:

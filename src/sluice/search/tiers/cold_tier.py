@@ -99,6 +99,11 @@ class ColdTier:
         return await asyncio.to_thread(self.answer, url, req)
 
     def status(self) -> dict[str, Any]:
-        return {"open": list(self._open), "used_bytes": self.used_bytes(), "budget_bytes": self.budget_bytes,
-                "fetches": self.fetches, "evictions": self.evictions,
-                "first_query_fetch_s": {k: round(v, 3) for k, v in self.last_fetch_s.items()}}
+        return {
+            "open": list(self._open),
+            "used_bytes": self.used_bytes(),
+            "budget_bytes": self.budget_bytes,
+            "fetches": self.fetches,
+            "evictions": self.evictions,
+            "first_query_fetch_s": {k: round(v, 3) for k, v in self.last_fetch_s.items()},
+        }

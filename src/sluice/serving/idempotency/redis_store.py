@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import asyncio
 
-
-from sluice.serving.idempotency.store import Phase, Record, StoredReply
 from sluice.redis_client import redis_client
+from sluice.serving.idempotency.store import Phase, Record, StoredReply
 
 POLL_S = 0.05
 
@@ -75,14 +74,20 @@ class RedisIdempotencyStore:
         return f"{self.prefix}:idem:{key}"
 
     async def claim(self, key: str, record: Record, lease_s: float) -> Record | None:
-        held = await self._claim(keys=[self._key(key)],
-                                 args=[record.fingerprint, record.token, record.stream_id or "", _ms(lease_s)])
+        held = await self._claim(
+            keys=[self._key(key)], args=[record.fingerprint, record.token, record.stream_id or "", _ms(lease_s)]
+        )
         if not held:
             return None
         fields = dict(zip(held[::2], held[1::2]))
         reply = StoredReply.from_json(fields["reply"]) if fields.get("reply") else None
-        return Record(fields.get("fp", ""), fields.get("token", ""), Phase(fields.get("phase", "running")),
-                      fields.get("stream") or None, reply)
+        return Record(
+            fields.get("fp", ""),
+            fields.get("token", ""),
+            Phase(fields.get("phase", "running")),
+            fields.get("stream") or None,
+            reply,
+        )
 
     async def renew(self, key: str, token: str, lease_s: float) -> None:
         await self._renew(keys=[self._key(key)], args=[token, _ms(lease_s)])

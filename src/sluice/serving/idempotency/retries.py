@@ -68,7 +68,7 @@ def scoped_key(tenant: str, key: str) -> str:
 class Claim:
     """The first attempt's hold on a key: renewed while it runs, settled exactly once."""
 
-    def __init__(self, owner: "Idempotency", key: str, token: str):
+    def __init__(self, owner: Idempotency, key: str, token: str):
         self._owner, self._key, self.token = owner, key, token
         self.settled = False
         self.handed_over = False  # a detached stream settles it when it ends
@@ -125,8 +125,13 @@ class Attempt:
             if self.claim is not None and not self.claim.settled and not self.claim.handed_over:
                 await self.claim.settle(None)
 
-    def detach(self, recording: Recording, keep: Callable[[asyncio.Task], None], headers: Callable[[], dict[str, str]],
-               ended_well: Callable[[ReplayEvent], bool]) -> asyncio.Task:
+    def detach(
+        self,
+        recording: Recording,
+        keep: Callable[[asyncio.Task], None],
+        headers: Callable[[], dict[str, str]],
+        ended_well: Callable[[ReplayEvent], bool],
+    ) -> asyncio.Task:
         """Run a keyed stream to its end as a server task (its response and retries follow the
         replay log); keep its events when its last one `ended_well`, else release the key."""
         claim = self.claim
@@ -154,8 +159,14 @@ class Attempt:
 
 
 class Idempotency:
-    def __init__(self, store: IdempotencyStore, replay: ReplayLog, ttl_s: float, on_store_error: str = "open",
-                 lease_s: float = LEASE_S):
+    def __init__(
+        self,
+        store: IdempotencyStore,
+        replay: ReplayLog,
+        ttl_s: float,
+        on_store_error: str = "open",
+        lease_s: float = LEASE_S,
+    ):
         self.store, self.replay, self.ttl_s, self.lease_s = store, replay, ttl_s, lease_s
         self.on_store_error = on_store_error
         self._last_warning = 0.0
@@ -174,13 +185,18 @@ class Idempotency:
                 self._warn(exc)
                 if self.on_store_error == "open":
                     return Attempt(Action.RUN)
-                raise ServingError(ErrorKind.OVERLOADED, "idempotency keys are unavailable; try again shortly",
-                                   retry_after_s=5.0) from None
+                raise ServingError(
+                    ErrorKind.OVERLOADED, "idempotency keys are unavailable; try again shortly", retry_after_s=5.0
+                ) from None
             if held is None:
                 return Attempt(Action.RUN, Claim(self, scoped, record.token))
             if held.fingerprint != fp:
-                raise ServingError(ErrorKind.UNPROCESSABLE, "Idempotency-Key: this key was already used with a "
-                                   "different request; use a new key for a new request", code="idempotency_key_reused")
+                raise ServingError(
+                    ErrorKind.UNPROCESSABLE,
+                    "Idempotency-Key: this key was already used with a "
+                    "different request; use a new key for a new request",
+                    code="idempotency_key_reused",
+                )
             if held.phase is Phase.DONE and held.reply is not None:
                 return Attempt(Action.REPLAY, reply=held.reply, stream_id=held.stream_id)
             # a stream is followed once its log is open (its first attempt opens it on admission)
@@ -188,8 +204,12 @@ class Idempotency:
                 return Attempt(Action.FOLLOW, stream_id=held.stream_id)
             left = deadline - loop.time()
             if left <= 0:
-                raise ServingError(ErrorKind.CONFLICT, "Idempotency-Key: a request with this key is still in "
-                                   "progress; retry later", retry_after_s=1.0, code="idempotency_key_in_progress")
+                raise ServingError(
+                    ErrorKind.CONFLICT,
+                    "Idempotency-Key: a request with this key is still in progress; retry later",
+                    retry_after_s=1.0,
+                    code="idempotency_key_in_progress",
+                )
             await self.store.changed(scoped, min(left, POLL_S))
 
     async def guarded(self, op: Any) -> None:
@@ -202,7 +222,9 @@ class Idempotency:
         now = time.monotonic()
         if now - self._last_warning > WARN_EVERY_S:
             self._last_warning = now
-            log.warning("idempotency store unavailable (%s: %s); failing %s", type(exc).__name__, exc, self.on_store_error)
+            log.warning(
+                "idempotency store unavailable (%s: %s); failing %s", type(exc).__name__, exc, self.on_store_error
+            )
 
     async def close(self) -> None:
         await self.store.close()

@@ -50,7 +50,7 @@ class StoredReply:
         return json.dumps({"status": self.status, "headers": self.headers, "body": self.body, "events": events})
 
     @classmethod
-    def from_json(cls, raw: str) -> "StoredReply":
+    def from_json(cls, raw: str) -> StoredReply:
         d: dict[str, Any] = json.loads(raw)
         events = None if d["events"] is None else [ReplayEvent(int(s), n, data) for s, n, data in d["events"]]
         return cls(int(d["status"]), dict(d["headers"]), d["body"], events)
@@ -101,7 +101,9 @@ class _Entry:
 
 
 class MemoryIdempotencyStore:
-    def __init__(self, max_entries: int = 10_000, max_bytes: int = 256 * MB, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, max_entries: int = 10_000, max_bytes: int = 256 * MB, clock: Callable[[], float] = time.monotonic
+    ):
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._clock = clock
         self._items: OrderedDict[str, _Entry] = OrderedDict()  # completed ones in completion order

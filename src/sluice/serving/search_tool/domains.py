@@ -31,7 +31,7 @@ class DomainRule:
     path: re.Pattern[str] | None  # None: every path
 
     @classmethod
-    def parse(cls, entry: str) -> "DomainRule":
+    def parse(cls, entry: str) -> DomainRule:
         """ValueError saying what is wrong with the entry."""
         text = entry.strip().lower()
         if "://" in text:
@@ -60,7 +60,7 @@ class DomainRules:
     blocked: tuple[DomainRule, ...] = ()
 
     @classmethod
-    def parse(cls, allowed: list[str] | None, blocked: list[str] | None) -> "DomainRules":
+    def parse(cls, allowed: list[str] | None, blocked: list[str] | None) -> DomainRules:
         if allowed is not None and blocked is not None:
             raise ValueError("use either allowed_domains or blocked_domains, not both")
         for entries in (allowed, blocked):

@@ -70,7 +70,12 @@ def search_body(service: SearchServiceSpec, query: str, rules: DomainRules) -> d
     winner's fusion), and the domain part of the rules as a filter (with rules on paths, which only the check after can apply, a few more
     hits are asked for so that the page stays full)."""
     top_k = max(service.top_k, min(4 * service.top_k, 50)) if rules.has_paths else service.top_k
-    body: dict[str, Any] = {"query": query, "top_k": top_k, "snippet_chars": snippet_chars(service), "mode": service.mode}
+    body: dict[str, Any] = {
+        "query": query,
+        "top_k": top_k,
+        "snippet_chars": snippet_chars(service),
+        "mode": service.mode,
+    }
     if service.mode == "hybrid":
         body["hybrid"] = {**HYBRID, "window": max(HYBRID["window"], top_k)}
     flt = rules.service_filter()
@@ -89,11 +94,13 @@ def _permitted(hits: list[Any], rules: DomainRules, service: SearchServiceSpec) 
         if rules and not rules.permits(url if isinstance(url, str) else None):
             continue  # the service's filter is not trusted alone: a blocked hit never reaches the model
         out.append(hit_result(h, service.max_result_chars))
-    return out[:service.top_k]
+    return out[: service.top_k]
 
 
 async def search(
-    service: SearchServiceSpec, query: str, transport: httpx.AsyncBaseTransport | None = None,
+    service: SearchServiceSpec,
+    query: str,
+    transport: httpx.AsyncBaseTransport | None = None,
     rules: DomainRules = DomainRules(),
 ) -> list[SearchResult] | SearchToolError:
     """The service's top hits for `query` that `rules` permit, or why there are none
@@ -101,7 +108,10 @@ async def search(
     key = service.api_key()
     headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
-        async with asyncio.timeout(service.timeout_s), httpx.AsyncClient(timeout=service.timeout_s, transport=transport) as client:
+        async with (
+            asyncio.timeout(service.timeout_s),
+            httpx.AsyncClient(timeout=service.timeout_s, transport=transport) as client,
+        ):
             r = await client.post(f"{service.url}/v1/search", json=search_body(service, query, rules), headers=headers)
     except (TimeoutError, httpx.TimeoutException):  # the whole call, however the time went
         log.warning("search tool: the search service did not answer within %.1fs", service.timeout_s)

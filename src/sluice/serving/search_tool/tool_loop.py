@@ -47,13 +47,18 @@ def attached_service(service: SearchServiceSpec | None, req: ServingRequest) -> 
     if req.search_tool is None:
         return None
     if service is None:
-        raise invalid(f"tools: the server tool {req.search_tool.name!r} needs a search service, and this server's "
-                      "fleet has none attached (the fleet file's [search] table)", param="tools")
+        raise invalid(
+            f"tools: the server tool {req.search_tool.name!r} needs a search service, and this server's "
+            "fleet has none attached (the fleet file's [search] table)",
+            param="tools",
+        )
     return service
 
 
 def _plus(a: Usage, b: Usage) -> Usage:
-    return Usage(a.prompt_tokens + b.prompt_tokens, a.output_tokens + b.output_tokens, a.cached_tokens + b.cached_tokens)
+    return Usage(
+        a.prompt_tokens + b.prompt_tokens, a.output_tokens + b.output_tokens, a.cached_tokens + b.cached_tokens
+    )
 
 
 def _with_usage(final: Final, spent: Usage, searches: int) -> Final:
@@ -75,14 +80,22 @@ def continued(conv: Conversation, reply: list[str | ToolCallDone], results: list
                 parts.append(p)
         elif p.complete:
             parts.append(ToolCall(p.id, p.name, p.input))
-    answers: list[Part] = [search_tool_result(r.tool_use_id, r.results, r.error.value if r.error else None) for r in results]
+    answers: list[Part] = [
+        search_tool_result(r.tool_use_id, r.results, r.error.value if r.error else None) for r in results
+    ]
     turns = [*conv.turns, Turn(Role.ASSISTANT, parts), Turn(Role.USER, answers)]
     return dataclasses.replace(conv, turns=turns, prefill="")
 
 
 class SearchRounds:
-    def __init__(self, req: ServingRequest, service: SearchServiceSpec, next_round: NextRound,
-                 end_first_round: Callable[[], Awaitable[None]], count: Count = lambda result: None):
+    def __init__(
+        self,
+        req: ServingRequest,
+        service: SearchServiceSpec,
+        next_round: NextRound,
+        end_first_round: Callable[[], Awaitable[None]],
+        count: Count = lambda result: None,
+    ):
         assert req.search_tool is not None
         self.req, self.service = req, service
         self.next_round, self.end_first_round, self.count = next_round, end_first_round, count
@@ -143,16 +156,26 @@ class SearchRounds:
             out_of_tokens = req.budget.exhausted
             if client_calls or out_of_tokens or round_no == self.max_uses:
                 reason = FinishReason.LENGTH if out_of_tokens and not client_calls else FinishReason.EOS
-                yield Finished(reason, usage=self.spent, tool_calls=client_calls, server_tool_uses=self.answered,
-                               paused=not client_calls and not out_of_tokens)
+                yield Finished(
+                    reason,
+                    usage=self.spent,
+                    tool_calls=client_calls,
+                    server_tool_uses=self.answered,
+                    paused=not client_calls and not out_of_tokens,
+                )
                 return
             choice = ToolChoice(ToolChoiceMode.AUTO, None, req.tool_choice.disable_parallel)
-            req = dataclasses.replace(req, request_id=f"{self.req.request_id}-{round_no + 1}",
-                                      conversation=continued(req.conversation, reply, results), tool_choice=choice,
-                                      dedup_body=None, use_cache=False, queue_timeout_s=None)
+            req = dataclasses.replace(
+                req,
+                request_id=f"{self.req.request_id}-{round_no + 1}",
+                conversation=continued(req.conversation, reply, results),
+                tool_choice=choice,
+                dedup_body=None,
+                use_cache=False,
+                queue_timeout_s=None,
+            )
             try:
                 stream = await self.next_round(req)
             except ServingError as exc:  # the next round refused (a rate limit, the queue, the context window)
                 yield Failed(exc.kind, exc.message, self.spent, exc.retry_after_s)
                 return
-

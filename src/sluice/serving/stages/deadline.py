@@ -49,8 +49,11 @@ class _Deadline:
             self.handle = self.loop.call_at(min(deadline, now + _POLL_S), self._check)
             return
         self.handle = None
-        self.expired = (Failed(ErrorKind.OVERLOADED, "the server is shutting down") if self.rt.draining
-                        else Failed(ErrorKind.TIMEOUT, "the stream exceeded the maximum stream duration"))
+        self.expired = (
+            Failed(ErrorKind.OVERLOADED, "the server is shutting down")
+            if self.rt.draining
+            else Failed(ErrorKind.TIMEOUT, "the stream exceeded the maximum stream duration")
+        )
         if self.waiting is not None and not self.cancelled:
             self.cancelled = True
             self.waiting.cancel()

@@ -21,8 +21,8 @@ from sluice.safety.pipeline import SafetyPipeline
 from sluice.safety.verdict import Layer, Verdict
 from sluice.safety.verdict_log import log_verdict
 from sluice.serving.errors import ErrorKind
-from sluice.serving.stages.logprob_feed import LogprobFeed
 from sluice.serving.outcomes import Failed, Finished, Outcome, Refused, TextDelta
+from sluice.serving.stages.logprob_feed import LogprobFeed
 from sluice.types import FinishReason, GenerationEvent, Usage
 
 EXPLANATIONS = {
@@ -41,7 +41,9 @@ def final_outcome(ev: GenerationEvent) -> Finished | Failed:
         assert reason is not None
         return Finished(reason, ev.stop_sequence, ev.usage)
     if reason is FinishReason.ABORT:
-        return Failed(ErrorKind.OVERLOADED, "the request was aborted by the server (overloaded or shutting down)", ev.usage)
+        return Failed(
+            ErrorKind.OVERLOADED, "the request was aborted by the server (overloaded or shutting down)", ev.usage
+        )
     return Failed(ErrorKind.INTERNAL, "the engine failed while generating this request", ev.usage)
 
 

@@ -17,10 +17,9 @@ from contextlib import aclosing
 
 from sluice.models.tools.format import ToolFormat
 from sluice.models.tools.parser import Piece, TextPiece, ToolArgsDelta, ToolCallEnd, ToolCallParser, ToolCallStart
-from sluice.tool_types import new_tool_use_id
 from sluice.serving.outcomes import Finished, Outcome, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
+from sluice.tool_types import new_tool_use_id
 from sluice.types import FinishReason, Usage
-
 
 SERVER_TOOL_ID_PREFIX = "srvtoolu_"
 
@@ -45,8 +44,16 @@ class _Outcomes:
             return ToolInputDelta(piece.index, piece.json, usage)
         assert isinstance(piece, ToolCallEnd)
         call_id = self.server_ids.get(piece.index, piece.id)
-        return ToolCallDone(piece.index, call_id, piece.name, piece.input, piece.arguments, piece.complete, usage,
-                            piece.index in self.server_ids)
+        return ToolCallDone(
+            piece.index,
+            call_id,
+            piece.name,
+            piece.input,
+            piece.arguments,
+            piece.complete,
+            usage,
+            piece.index in self.server_ids,
+        )
 
 
 async def with_tool_calls(

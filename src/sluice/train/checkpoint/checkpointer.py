@@ -23,16 +23,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from sluice.errors import SluiceError
 from sluice.train.checkpoint.store import CheckpointStore, LocalStore
@@ -72,7 +76,9 @@ def model_state(model: torch.nn.Module, optim: torch.optim.Optimizer | None = No
     else:
         model_sd, optim_sd = get_state_dict(model, optim, options=options)
     if options.ignore_frozen_params:
-        frozen = {n.removeprefix("module.") for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        frozen = {
+            n.removeprefix("module.") for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad
+        }
         model_sd = {k: v for k, v in model_sd.items() if k not in frozen}
     return model_sd, optim_sd
 
@@ -100,9 +106,16 @@ def _plainly(exc: CheckpointException, rank: int) -> BaseException:
 
 
 class Checkpointer:
-    def __init__(self, root: Path | CheckpointStore, keep: int, use_async: bool,
-                 report: Callable[[str], None] | None = None, guard: Callable[[], bool] | None = None,
-                 writes: bool = True, on_publish: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        root: Path | CheckpointStore,
+        keep: int,
+        use_async: bool,
+        report: Callable[[str], None] | None = None,
+        guard: Callable[[], bool] | None = None,
+        writes: bool = True,
+        on_publish: Callable[[int], None] | None = None,
+    ):
         # a folder (RUN/checkpoints) or any store (checkpoint/store.py: a folder or S3)
         self.store: CheckpointStore = LocalStore(root) if isinstance(root, Path) else root
         self.keep = keep
@@ -181,8 +194,10 @@ class Checkpointer:
             if self.rank == 0:
                 self.report(f"checkpoint {damage}: skipped")
         if steps:
-            raise TrainHaltError(f"no intact checkpoint in {self.store.describe()} (each is reported above); "
-                                 "move the damaged ones away to start the run over")
+            raise TrainHaltError(
+                f"no intact checkpoint in {self.store.describe()} (each is reported above); "
+                "move the damaged ones away to start the run over"
+            )
         return 0
 
     def _load(self, model: torch.nn.Module, optim: torch.optim.Optimizer, step: int) -> CheckpointDamaged | None:
@@ -208,8 +223,9 @@ class Checkpointer:
         finally:
             reader.close()
         state = local_views(state)
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=state_options(model))
+        set_state_dict(
+            model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"], options=state_options(model)
+        )
         if state["train"]["step"] != step:
             raise RuntimeError(f"{self.store.step_name(step)} holds step {state['train']['step']}, not {step}")
         return None

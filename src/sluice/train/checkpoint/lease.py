@@ -27,9 +27,10 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from sluice.train.errors import TrainHaltError
 
@@ -47,19 +48,39 @@ class Holder:
     since: float = 0.0  # wall-clock time it was taken (for messages only)
 
     def describe(self) -> str:
-        return f"host {self.host}, pid {self.pid}, since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.since))}"
+        return (
+            f"host {self.host}, pid {self.pid}, since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.since))}"
+        )
 
     def to_json(self) -> bytes:
-        return json.dumps({"host": self.host, "pid": self.pid, "started": self.started, "token": self.token,
-                           "beat": self.beat, "since": self.since}).encode()
+        return json.dumps(
+            {
+                "host": self.host,
+                "pid": self.pid,
+                "started": self.started,
+                "token": self.token,
+                "beat": self.beat,
+                "since": self.since,
+            }
+        ).encode()
 
 
 def parse_holder(raw: bytes | None) -> Holder | None:
     """The holder a record names (None: released, or unreadable)."""
     try:
         body = json.loads(raw or b"null")
-        return Holder(str(body["host"]), int(body["pid"]), body["started"], str(body["token"]), int(body["beat"]),
-                      float(body["since"])) if isinstance(body, dict) and "token" in body else None
+        return (
+            Holder(
+                str(body["host"]),
+                int(body["pid"]),
+                body["started"],
+                str(body["token"]),
+                int(body["beat"]),
+                float(body["since"]),
+            )
+            if isinstance(body, dict) and "token" in body
+            else None
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -144,8 +165,14 @@ def this_process() -> Holder:
 
 
 class Lease:
-    def __init__(self, records: LeaseRecords, timeout: float, me: Holder | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        records: LeaseRecords,
+        timeout: float,
+        me: Holder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.records, self.timeout = records, timeout
         self.me = me or this_process()
         self.clock, self.sleep = clock, sleep
@@ -162,8 +189,10 @@ class Lease:
             if holder is None or holder.token == self.me.token or _gone(holder):
                 if self._take(version):
                     if holder is not None and holder.token != self.me.token:
-                        say(f"took over the lease of {self.records.where()} from {holder.describe()}: "
-                            "that process no longer runs")
+                        say(
+                            f"took over the lease of {self.records.where()} from {holder.describe()}: "
+                            "that process no longer runs"
+                        )
                     return
                 continue  # another took it between our read and write: look again
             if seen is None:
@@ -172,11 +201,14 @@ class Lease:
                 raise TrainHaltError(
                     f"{self.records.where()} is held by another group (its leader: {holder.describe()}), which "
                     "renewed it while this group waited: a run admits one group at a time; stop that group "
-                    "first, or give this one another --out")
+                    "first, or give this one another --out"
+                )
             elif self.clock() - seen[1] >= self.timeout:
                 if self._take(version):
-                    say(f"took over the lease of {self.records.where()} from {holder.describe()}: "
-                        f"not renewed for {self.timeout:g} s")
+                    say(
+                        f"took over the lease of {self.records.where()} from {holder.describe()}: "
+                        f"not renewed for {self.timeout:g} s"
+                    )
                     return
                 seen = None
             self.sleep(min(1.0, self.timeout / 10))

@@ -16,10 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -82,8 +83,10 @@ class HashingFileSystem(FileSystem):
 def checksum_results(sums: dict[str, FileSum], results: list[WriteResult]) -> list[WriteResult]:
     """Write results that carry the digests of the files `results` were written to."""
     names = sorted({r.storage_data.relative_path for r in results})
-    return [WriteResult(index=MetadataIndex(_SUM + n), size_in_bytes=sums[n].size, storage_data=sums[n].sha256)
-            for n in names]
+    return [
+        WriteResult(index=MetadataIndex(_SUM + n), size_in_bytes=sums[n].size, storage_data=sums[n].sha256)
+        for n in names
+    ]
 
 
 def split_results(results: list[list[WriteResult]]) -> tuple[dict[str, FileSum], list[list[WriteResult]]]:
@@ -116,8 +119,11 @@ def file_sum(path: Path) -> FileSum:
 
 def write_manifest(path: Path, sums: dict[str, FileSum]) -> None:
     """manifest.json, whole and on disk before the caller marks the checkpoint complete."""
-    body = {"format": FORMAT, "algorithm": "sha256",
-            "files": {n: {"size": s.size, "sha256": s.sha256} for n, s in sorted(sums.items())}}
+    body = {
+        "format": FORMAT,
+        "algorithm": "sha256",
+        "files": {n: {"size": s.size, "sha256": s.sha256} for n, s in sorted(sums.items())},
+    }
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w") as f:
         json.dump(body, f, indent=1)

@@ -72,7 +72,7 @@ class S3Store:
         root = f"{self.prefix}/" if self.prefix else ""
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root):
             for obj in page.get("Contents", []):
-                head = obj["Key"][len(root):].split("/", 1)[0]
+                head = obj["Key"][len(root) :].split("/", 1)[0]
                 if m := _STEP.fullmatch(head):
                     found.setdefault(int(m.group(1)), []).append(obj["Key"])
         return found
@@ -94,8 +94,9 @@ class S3Store:
                 self.client.delete_object(Bucket=self.bucket, Key=marker)
             rest = [k for k in keys if k != marker]
             for i in range(0, len(rest), 1000):
-                self.client.delete_objects(Bucket=self.bucket,
-                                           Delete={"Objects": [{"Key": k} for k in rest[i : i + 1000]]})
+                self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in rest[i : i + 1000]]}
+                )
         except Exception as exc:  # run in DCP's planning on the coordinator: gathered with pickle
             raise self._failed("deleting", self._key(step) + "/", exc) from exc
 

@@ -20,7 +20,13 @@ from torch.futures import Future
 
 from sluice.train.checkpoint.layout import MANIFEST, METADATA
 from sluice.train.checkpoint.manifest import (
-    FileSum, HashingFileSystem, checksum_results, file_sum, read_manifest, split_results, verify_file,
+    FileSum,
+    HashingFileSystem,
+    checksum_results,
+    file_sum,
+    read_manifest,
+    split_results,
+    verify_file,
     write_manifest,
 )
 

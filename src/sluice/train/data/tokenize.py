@@ -57,8 +57,10 @@ def _tokenize_chat(tok: Tokenizer, example: ChatExample) -> Tokenized:
         before = tok.render_chat(msgs[:i], add_generation_prompt=True) if i else ""
         through = tok.render_chat(msgs[: i + 1], add_generation_prompt=False)
         if not (through.startswith(before) and full.startswith(through)):
-            raise ValueError("the chat template does not render turns as prefixes of the conversation; "
-                             "assistant tokens cannot be masked")
+            raise ValueError(
+                "the chat template does not render turns as prefixes of the conversation; "
+                "assistant tokens cannot be masked"
+            )
         spans.append((len(before), len(through)))
     ids, starts = _encode_with_offsets(tok, full)
     mask = [any(a <= s < b for a, b in spans) for s in starts]

@@ -42,10 +42,18 @@ def hf_config(cfg: ModelConfig):
     import transformers
 
     common = dict(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, bos_token_id=cfg.bos_token_id,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position,
+        rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=cfg.bos_token_id,
         eos_token_id=cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else (cfg.eos_token_ids or None),
     )
     if cfg.rope_scaling:
@@ -69,7 +77,9 @@ def _from_gguf(path: Path) -> torch.nn.Module:
     missing, unexpected = module.load_state_dict(weights, strict=False)
     allowed = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     if set(missing) - allowed or unexpected:
-        raise ModelLoadError(f"{path}: weights do not match the architecture (missing {missing}, unexpected {unexpected})")
+        raise ModelLoadError(
+            f"{path}: weights do not match the architecture (missing {missing}, unexpected {unexpected})"
+        )
     if cfg.tie_word_embeddings:
         module.tie_weights()
     return module
@@ -79,8 +89,9 @@ def _random(preset: str, tok: Tokenizer, seed: int) -> torch.nn.Module:
     import transformers
 
     eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
-    config = transformers.LlamaConfig(**PRESETS[preset], vocab_size=tok.vocab_size, tie_word_embeddings=True,
-                                      eos_token_id=eos, rope_theta=10000.0)
+    config = transformers.LlamaConfig(
+        **PRESETS[preset], vocab_size=tok.vocab_size, tie_word_embeddings=True, eos_token_id=eos, rope_theta=10000.0
+    )
     torch.manual_seed(seed)  # every rank draws the same model (FSDP shards it, DDP checks it)
     return transformers.LlamaForCausalLM._from_config(config, dtype=torch.float32, attn_implementation="sdpa")
 
@@ -105,8 +116,14 @@ def build_model(settings: TrainSettings) -> TrainableModel:
     if settings.moe_experts:  # a mixture-of-experts variant (model/moe.py): random experts, or upcycled
         from sluice.train.model.moe import make_moe
 
-        module = make_moe(module, settings.moe_experts, settings.moe_top_k, settings.moe_aux_loss, settings.seed,
-                          upcycle=not settings.is_random)
+        module = make_moe(
+            module,
+            settings.moe_experts,
+            settings.moe_top_k,
+            settings.moe_aux_loss,
+            settings.seed,
+            upcycle=not settings.is_random,
+        )
     module.config.use_cache = False
     if settings.dtype == "bfloat16":
         module = module.to(torch.bfloat16)

@@ -52,9 +52,14 @@ def lora_config(settings: TrainSettings) -> Any:
 
     assert settings.lora_rank is not None
     alpha = lora_spec.alpha_of(settings.lora_rank, settings.lora_alpha)
-    return LoraConfig(r=settings.lora_rank, lora_alpha=int(alpha) if alpha.is_integer() else alpha,  # type: ignore[arg-type]
-                      lora_dropout=settings.lora_dropout, target_modules=lora_spec.targets_of(settings.lora_targets),
-                      bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=int(alpha) if alpha.is_integer() else alpha,  # type: ignore[arg-type]
+        lora_dropout=settings.lora_dropout,
+        target_modules=lora_spec.targets_of(settings.lora_targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def add_lora(module: torch.nn.Module, settings: TrainSettings, base: str | None = None) -> Any:
@@ -91,8 +96,7 @@ class FrozenBase:
         """`module`: the whole model on this rank, before any sharding. Every rank checks (and
         halts together); `writes` (rank 0 of the group that writes checkpoints) records it first."""
         self.sha256 = digest(frozen(module))
-        check_base(run_dir / "model", self.sha256, "this run was started with", write=writes,
-                   name=base_name(settings))
+        check_base(run_dir / "model", self.sha256, "this run was started with", write=writes, name=base_name(settings))
         self.start: str | None = None
         self.events: EventLog | None = None
 
@@ -121,9 +125,11 @@ def check_base(model_dir: Path, sha256: str, what: str, write: bool = False, nam
             tmp.replace(record)
         return
     if saved.get("sha256") != sha256:
-        raise TrainHaltError(f"the base model ({saved.get('base_model_name_or_path')}) differs from the one {what} "
-                             f"(sha256 of its weights {sha256[:12]}..., recorded {str(saved.get('sha256'))[:12]}... "
-                             f"in {record}): an adapter only fits the base it was trained on")
+        raise TrainHaltError(
+            f"the base model ({saved.get('base_model_name_or_path')}) differs from the one {what} "
+            f"(sha256 of its weights {sha256[:12]}..., recorded {str(saved.get('sha256'))[:12]}... "
+            f"in {record}): an adapter only fits the base it was trained on"
+        )
 
 
 def recorded_base(model_dir: Path) -> str | None:
@@ -132,7 +138,6 @@ def recorded_base(model_dir: Path) -> str | None:
         return json.loads((model_dir / BASE_RECORD).read_text()).get("base_model_name_or_path")
     except (OSError, ValueError):
         return None
-
 
 
 def adapter_skeleton(settings: TrainSettings, model_dir: Path) -> Any:

@@ -10,6 +10,7 @@ side loads (docs/LORA.md).
 from __future__ import annotations
 
 import enum
+
 from sluice.train.parallel.dims import MODEL_PARALLEL, Parallel
 
 
@@ -46,8 +47,14 @@ def alpha_of(rank: int, alpha: float | None) -> float:
     return alpha if alpha is not None else default_alpha(rank)
 
 
-def check(rank: int | None, alpha: float | None, dropout: float, targets: list[LoraTarget] | None,
-          parallel: Parallel, moe_experts: int) -> None:
+def check(
+    rank: int | None,
+    alpha: float | None,
+    dropout: float,
+    targets: list[LoraTarget] | None,
+    parallel: Parallel,
+    moe_experts: int,
+) -> None:
     """ValueError naming the setting for a LoRA combination sluice does not train."""
     if rank is None:
         given = {"lora_alpha": alpha is not None, "lora_dropout": dropout != 0.0, "lora_targets": targets is not None}
@@ -65,4 +72,5 @@ def check(rank: int | None, alpha: float | None, dropout: float, targets: list[L
         raise ValueError(
             f"lora_rank: a LoRA run trains on one process, ddp or fsdp, not with {what} "
             "(tensor and pipeline plans split transformers' nn.Linear layers, which PEFT's LoRA layers wrap; "
-            "a mixture of experts' feed-forward is not a target); train LoRA with parallel = ddp or fsdp")
+            "a mixture of experts' feed-forward is not a target); train LoRA with parallel = ddp or fsdp"
+        )

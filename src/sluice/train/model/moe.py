@@ -20,7 +20,8 @@ batch is split over ranks and micro-batches, so expert parallelism still equals 
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -128,13 +129,33 @@ def mixtral_config(dense, experts: int, top_k: int, aux_coef: float):
         raise ModelLoadError("moe_experts: the model has attention or MLP biases, which Mixtral has not")
     if dense.hidden_act != "silu":
         raise ModelLoadError(f"moe_experts: the experts are SwiGLU (silu); the model uses {dense.hidden_act}")
-    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "max_position_embeddings", "initializer_range", "rms_norm_eps",
-            "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "rope_parameters")
+    keep = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "initializer_range",
+        "rms_norm_eps",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "tie_word_embeddings",
+        "rope_parameters",
+    )
     fields = {k: getattr(dense, k) for k in keep if getattr(dense, k, None) is not None}
-    return transformers.MixtralConfig(**fields, sliding_window=getattr(dense, "sliding_window", None),
-                                      num_local_experts=experts, num_experts_per_tok=top_k,
-                                      router_aux_loss_coef=aux_coef, output_router_logits=False, use_cache=False)
+    return transformers.MixtralConfig(
+        **fields,
+        sliding_window=getattr(dense, "sliding_window", None),
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        router_aux_loss_coef=aux_coef,
+        output_router_logits=False,
+        use_cache=False,
+    )
 
 
 def make_moe(dense: nn.Module, experts: int, top_k: int, aux_coef: float, seed: int, upcycle: bool) -> nn.Module:
@@ -155,12 +176,15 @@ def make_moe(dense: nn.Module, experts: int, top_k: int, aux_coef: float, seed: 
                 p = f"model.layers.{i}.mlp."
                 gate_up = torch.cat([dense_sd[p + "gate_proj.weight"], dense_sd[p + "up_proj.weight"]])
                 layer.mlp.experts.gate_up_proj.copy_(gate_up.expand_as(layer.mlp.experts.gate_up_proj))
-                layer.mlp.experts.down_proj.copy_(dense_sd[p + "down_proj.weight"].expand_as(layer.mlp.experts.down_proj))
+                layer.mlp.experts.down_proj.copy_(
+                    dense_sd[p + "down_proj.weight"].expand_as(layer.mlp.experts.down_proj)
+                )
         if config.tie_word_embeddings:
             moe.tie_weights()
     for layer in moe.model.layers:
         old = layer.mlp
-        layer.mlp = MoEBlock(Router(old.gate.weight), Experts(old.experts.gate_up_proj, old.experts.down_proj, experts),
-                             top_k, aux_coef)
+        layer.mlp = MoEBlock(
+            Router(old.gate.weight), Experts(old.experts.gate_up_proj, old.experts.down_proj, experts), top_k, aux_coef
+        )
     moe.config.use_cache = False
     return moe

@@ -31,9 +31,16 @@ class Heartbeat:
     def __init__(self, run_dir: Path, group: int, rank: int, hang_timeout: float):
         self.path = heartbeat_path(run_dir, group, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.record = {"group": group, "rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
-                       "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "beat": 0,
-                       "step": 0, "phase": "setup"}
+        self.record = {
+            "group": group,
+            "rank": rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "beat": 0,
+            "step": 0,
+            "phase": "setup",
+        }
         self.interval = beat_interval(hang_timeout)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sluice-heartbeat", daemon=True)

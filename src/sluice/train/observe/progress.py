@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
 from sluice.train.observe.events import Event, read_events
 
@@ -71,19 +71,25 @@ def describe(event: dict, groups: int = 1) -> str | None:
     if kind == Event.GROUPS.value:
         before, now = event.get("before") or [], event.get("groups") or []
         gone, new = sorted(set(before) - set(now)), sorted(set(now) - set(before))
-        what = "; ".join(([f"replica group(s) {_groups(gone)} missing"] if gone else [])
-                         + ([f"replica group(s) {_groups(new)} back"] if new else []))
+        what = "; ".join(
+            ([f"replica group(s) {_groups(gone)} missing"] if gone else [])
+            + ([f"replica group(s) {_groups(new)} back"] if new else [])
+        )
         tag = "[fault]" if gone else "[recovery]"
         return f"{tag} step {step}: {what} (groups {_groups(before)} -> {_groups(now)})"
     if kind == Event.RETRY.value and event.get("rank") == 0:
-        return f"[fault] replica group {g}: step {step} not committed ({event.get('why', 'a peer failed')}): it runs again"
+        return (
+            f"[fault] replica group {g}: step {step} not committed ({event.get('why', 'a peer failed')}): it runs again"
+        )
     if kind == Event.LEFT.value and event.get("rank") == 0:
         return f"[fault] replica group {g} left after step {step} (stop signal); the others go on"
     if kind == Event.HANG.value:
         action = event.get("action", "")
-        return (f"[fault] rank {event.get('rank')} of group {g} on host {event.get('host')} (pid {event.get('pid')}) "
-                f"made no progress for {event.get('bound_s', 0):g} s (hang_timeout) at step {step} ({event.get('phase')}): "
-                f"{action}")
+        return (
+            f"[fault] rank {event.get('rank')} of group {g} on host {event.get('host')} (pid {event.get('pid')}) "
+            f"made no progress for {event.get('bound_s', 0):g} s (hang_timeout) at step {step} ({event.get('phase')}): "
+            f"{action}"
+        )
     return None
 
 
@@ -144,8 +150,13 @@ class Progress:
             eta = str(timedelta(seconds=round(per_step * max(0, self.total - m["step"]))))
         loss = "nan" if m.get("loss") is None else f"{m['loss']:.4f}"
         saved = max((c for c in self._checkpoints if c <= m["step"]), default=None)  # as of this step
-        parts = [f"step {m['step']}/{self.total}", f"loss {loss}", f"{m.get('tokens_per_s', 0):,.0f} tok/s",
-                 f"ETA {eta}", f"checkpoint {saved if saved is not None else '-'}"]
+        parts = [
+            f"step {m['step']}/{self.total}",
+            f"loss {loss}",
+            f"{m.get('tokens_per_s', 0):,.0f} tok/s",
+            f"ETA {eta}",
+            f"checkpoint {saved if saved is not None else '-'}",
+        ]
         if m.get("replica_groups") is not None:
             parts.append(f"groups {_groups(m['replica_groups'])}")
         if m.get("stragglers"):

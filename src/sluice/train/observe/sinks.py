@@ -33,8 +33,13 @@ GAUGES = [
     ("comm_bytes", "comm_bytes", "Bytes rank 0 handed to gradient collectives in the last step."),
     ("world_size", "world_size", "Ranks in the process group."),
 ]
-PARTS = [("data", "data_time"), ("compute", "compute_time"), ("comm", "comm_wait_time"),
-         ("checkpoint", "checkpoint_time"), ("other", "other_time")]
+PARTS = [
+    ("data", "data_time"),
+    ("compute", "compute_time"),
+    ("comm", "comm_wait_time"),
+    ("checkpoint", "checkpoint_time"),
+    ("other", "other_time"),
+]
 
 
 def render_textfile(m: StepMetrics, run: str) -> str:
@@ -46,11 +51,18 @@ def render_textfile(m: StepMetrics, run: str) -> str:
         value = values[field]
         if value is None:
             continue
-        lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} gauge",
-                  f'{PREFIX}{name}{{run="{label}"}} {float(value)!r}']
-    lines += [f"# HELP {PREFIX}step_part_seconds The last step's wall time by part (they add up to the step).",
-              f"# TYPE {PREFIX}step_part_seconds gauge"]
-    lines += [f'{PREFIX}step_part_seconds{{run="{label}",part="{part}"}} {float(values[field])!r}' for part, field in PARTS]
+        lines += [
+            f"# HELP {PREFIX}{name} {help_text}",
+            f"# TYPE {PREFIX}{name} gauge",
+            f'{PREFIX}{name}{{run="{label}"}} {float(value)!r}',
+        ]
+    lines += [
+        f"# HELP {PREFIX}step_part_seconds The last step's wall time by part (they add up to the step).",
+        f"# TYPE {PREFIX}step_part_seconds gauge",
+    ]
+    lines += [
+        f'{PREFIX}step_part_seconds{{run="{label}",part="{part}"}} {float(values[field])!r}' for part, field in PARTS
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -73,7 +85,9 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # torch's writer needs the tensorboard package
-            raise TrainConfigError(["tensorboard = true needs the tensorboard package: pip install 'sluice[train]'"]) from None
+            raise TrainConfigError(
+                ["tensorboard = true needs the tensorboard package: pip install 'sluice[train]'"]
+            ) from None
         self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=resume_step + 1 if resume_step else None)
 
     def write(self, m: StepMetrics) -> None:
@@ -86,7 +100,9 @@ class TensorBoardSink:
         self._writer.close()
 
 
-def open_sinks(tensorboard: bool, prometheus_textfile: str | None, run_dir: Path, resume_step: int = 0) -> list[MetricSink]:
+def open_sinks(
+    tensorboard: bool, prometheus_textfile: str | None, run_dir: Path, resume_step: int = 0
+) -> list[MetricSink]:
     """The sinks the settings ask for (rank 0 only: one writer per run)."""
     sinks: list[MetricSink] = []
     if tensorboard:

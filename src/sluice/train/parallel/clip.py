@@ -20,7 +20,7 @@ model's gradient, exactly what one process clips by. When every rank holds every
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -56,8 +56,12 @@ def _copies(grad: torch.Tensor, world: int, plain_copies: int) -> int:
     return world // sharded  # replicated over the mesh's other dimensions and over ranks outside it
 
 
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, plain_copies: int,
-                   shared: dict[torch.nn.Parameter, int] | None = None) -> torch.Tensor:
+def clip_grad_norm(
+    params: list[torch.nn.Parameter],
+    max_norm: float,
+    plain_copies: int,
+    shared: dict[torch.nn.Parameter, int] | None = None,
+) -> torch.Tensor:
     """Clip in place to `max_norm` (0 or inf: measure only); the global norm before clipping.
 
     `plain_copies`: how many ranks hold each plain (non-DTensor) gradient: the world for replicated
@@ -88,8 +92,9 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, plain_copi
     return norm
 
 
-def clipper(module: torch.nn.Module, plain_copies: int,
-            shared: dict[torch.nn.Parameter, int] | None = None) -> Callable[[float], torch.Tensor]:
+def clipper(
+    module: torch.nn.Module, plain_copies: int, shared: dict[torch.nn.Parameter, int] | None = None
+) -> Callable[[float], torch.Tensor]:
     """max_norm -> the global norm, for a module's trainable parameters (parallel/wrap.py's `clip`)."""
     params = [p for p in module.parameters() if p.requires_grad]
     return lambda max_norm: clip_grad_norm(params, max_norm, plain_copies, shared)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+
 import torch
 import torch.distributed as dist
 
@@ -102,8 +103,13 @@ class _PowerSGD:
 
         self.ps = ps
         self.stats = stats
-        self.state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
-                                      start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+        self.state = ps.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=POWERSGD_RANK,
+            start_powerSGD_iter=2,
+            use_error_feedback=True,
+            warm_start=True,
+        )
 
     def _bytes(self, bucket: dist.GradBucket) -> int:
         if self.state.iter < self.state.start_powerSGD_iter:

@@ -55,8 +55,10 @@ class ParallelDims:
         pp = world if parallel is Parallel.PP else 1
         dims = cls(parallel, world, max(1, world // (tp * pp)), tp, pp)
         if dims.dp * dims.tp * dims.pp != world:
-            raise ValueError(f"parallel = {parallel.value}: dp ({dims.dp}) x tp ({tp}) x pp ({pp}) ranks "
-                             f"do not make the world of {world}")
+            raise ValueError(
+                f"parallel = {parallel.value}: dp ({dims.dp}) x tp ({tp}) x pp ({pp}) ranks "
+                f"do not make the world of {world}"
+            )
         return dims
 
     @property

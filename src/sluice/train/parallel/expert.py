@@ -17,15 +17,15 @@ writes each shard once and loads them into any world size, one process included.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-from sluice.train.model.moe import Experts, RunLocal, blocks
+from sluice.train.model.moe import RunLocal, blocks
 from sluice.train.parallel.clip import clipper
 from sluice.train.parallel.comm_stats import CommStats
 
@@ -68,8 +68,11 @@ def _wait(t: torch.Tensor) -> torch.Tensor:
 def _expert_major(counts: torch.Tensor) -> torch.Tensor:
     """Indices that reorder rows laid out source-major by `counts[source, expert]` expert-major."""
     starts = (counts.flatten().cumsum(0) - counts.flatten()).view_as(counts)
-    parts = [torch.arange(int(starts[s, e]), int(starts[s, e] + counts[s, e]))
-             for e in range(counts.shape[1]) for s in range(counts.shape[0])]
+    parts = [
+        torch.arange(int(starts[s, e]), int(starts[s, e] + counts[s, e]))
+        for e in range(counts.shape[1])
+        for s in range(counts.shape[0])
+    ]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
@@ -78,7 +81,9 @@ def expert_names(module: nn.Module) -> list[str]:
     return [f"{name}.experts.{p}" for name, _ in blocks(module) for p in ("gate_up_proj", "down_proj")]
 
 
-def shard_experts(module: nn.Module, group: dist.ProcessGroup, mesh, stats: CommStats | None = None) -> list[nn.Parameter]:
+def shard_experts(
+    module: nn.Module, group: dist.ProcessGroup, mesh, stats: CommStats | None = None
+) -> list[nn.Parameter]:
     """Keep this rank's E/W experts of every MoE layer and route tokens with all_to_all; the
     model must be the same on every rank beforehand (it is built from the seed). Returns the
     shards' parameters."""
@@ -124,12 +129,15 @@ def local_views(state: dict) -> dict:
     """The inverse of global_views after a load: every DTensor of the (nested) dict as its shard."""
     from torch.distributed.tensor import DTensor
 
-    return {k: local_views(v) if isinstance(v, dict) else v.to_local() if isinstance(v, DTensor) else v
-            for k, v in state.items()}
+    return {
+        k: local_views(v) if isinstance(v, dict) else v.to_local() if isinstance(v, DTensor) else v
+        for k, v in state.items()
+    }
 
 
-def wrap_expert_parallel(module: nn.Module, compression, device: torch.device, stats: CommStats,
-                         mesh) -> tuple[nn.Module, Callable[[float], torch.Tensor]]:
+def wrap_expert_parallel(
+    module: nn.Module, compression, device: torch.device, stats: CommStats, mesh
+) -> tuple[nn.Module, Callable[[float], torch.Tensor]]:
     """Shard the experts over `mesh` (1-D, every rank), DDP the rest: the DDP module and the
     matching gradient clip."""
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -27,18 +27,24 @@ def check_divisible(config, degree: int, setting: str = "parallel") -> None:
         if value % degree:
             problems.append(f"{name} ({value})")
     if problems:
-        raise TrainConfigError([
-            f"{setting}: tensor parallelism over {degree} ranks needs {', '.join(problems)} "
-            f"divisible by {degree}; choose another nproc / tp_size or another parallel mode"
-        ])
+        raise TrainConfigError(
+            [
+                f"{setting}: tensor parallelism over {degree} ranks needs {', '.join(problems)} "
+                f"divisible by {degree}; choose another nproc / tp_size or another parallel mode"
+            ]
+        )
 
 
 def split_layers(n_layers: int, stages: int) -> list[range]:
     """Contiguous layer ranges per stage; the first stages take the remainder (the last stage
     also carries the LM head, often the largest matrix)."""
     if stages > n_layers:
-        raise TrainConfigError([f"parallel: pipeline over {stages} ranks needs at least {stages} decoder layers "
-                                f"(the model has {n_layers}); use fewer processes"])
+        raise TrainConfigError(
+            [
+                f"parallel: pipeline over {stages} ranks needs at least {stages} decoder layers "
+                f"(the model has {n_layers}); use fewer processes"
+            ]
+        )
     base, extra = divmod(n_layers, stages)
     out, start = [], 0
     for s in range(stages):
@@ -60,8 +66,12 @@ def pipeline_micro_batches(settings: TrainSettings) -> int:
 
 def check_schedule(schedule: PipelineSchedule, micro_batches: int, stages: int) -> None:
     if schedule is PipelineSchedule.ONE_F_ONE_B and micro_batches < stages:
-        raise TrainConfigError([f"pp_schedule: 1f1b needs at least as many micro-batches as stages "
-                                f"({micro_batches} < {stages}); raise batch_size, lower micro_batch_size or use gpipe"])
+        raise TrainConfigError(
+            [
+                f"pp_schedule: 1f1b needs at least as many micro-batches as stages "
+                f"({micro_batches} < {stages}); raise batch_size, lower micro_batch_size or use gpipe"
+            ]
+        )
 
 
 def model_shape(settings: TrainSettings) -> SimpleNamespace:
@@ -81,12 +91,18 @@ def model_shape(settings: TrainSettings) -> SimpleNamespace:
             from sluice.models.gguf.metadata import file_config, open_gguf
 
             c = file_config(open_gguf(path))
-        cfg = dict(num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-                   intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
-                   sliding_window=c.sliding_window)
+        cfg = dict(
+            num_attention_heads=c.num_heads,
+            num_key_value_heads=c.num_kv_heads,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_layers,
+            sliding_window=c.sliding_window,
+        )
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    return SimpleNamespace(sliding_window=cfg.get("sliding_window"), **{
-        k: cfg[k] for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers")})
+    return SimpleNamespace(
+        sliding_window=cfg.get("sliding_window"),
+        **{k: cfg[k] for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers")},
+    )
 
 
 def check_fits(settings: TrainSettings) -> None:
@@ -97,9 +113,13 @@ def check_fits(settings: TrainSettings) -> None:
     if settings.parallel is Parallel.PP:
         split_layers(shape.num_hidden_layers, dims.pp)
         if shape.sliding_window is not None and settings.seq_len > shape.sliding_window:
-            raise TrainConfigError([f"seq_len: rows of {settings.seq_len} tokens exceed the model's sliding window "
-                                    f"({shape.sliding_window}), which pipeline stages do not apply; use "
-                                    f"seq_len <= {shape.sliding_window} or another parallel mode"])
+            raise TrainConfigError(
+                [
+                    f"seq_len: rows of {settings.seq_len} tokens exceed the model's sliding window "
+                    f"({shape.sliding_window}), which pipeline stages do not apply; use "
+                    f"seq_len <= {shape.sliding_window} or another parallel mode"
+                ]
+            )
         check_schedule(settings.pp_schedule, pipeline_micro_batches(settings), dims.pp)
         return
     check_divisible(shape, dims.tp)

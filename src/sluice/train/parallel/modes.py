@@ -56,8 +56,9 @@ def _pipeline(module: torch.nn.Module, settings: TrainSettings, device: torch.de
         stats.bytes += pipeline.sent_bytes(pipe, *batch.tokens.shape)  # metrics.jsonl's comm_bytes
         return pipeline.train_step(pipe, batch.tokens, batch.mask, global_tokens)
 
-    return Wrapped(pipe.stage, module, stats, nullcontext, train_step=step,
-                   clip=clipper(pipe.stage, 1, pipe.stage.shared_copies()))
+    return Wrapped(
+        pipe.stage, module, stats, nullcontext, train_step=step, clip=clipper(pipe.stage, 1, pipe.stage.shared_copies())
+    )
 
 
 def wrap_model(module: torch.nn.Module, settings: TrainSettings, dims: ParallelDims, device: torch.device) -> Wrapped:

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from sluice.train.parallel.fit import check_schedule, split_layers
 from sluice.train.parallel.dims import PipelineSchedule
+from sluice.train.parallel.fit import check_schedule, split_layers
 
 
 class StageModule(torch.nn.Module):
@@ -59,8 +59,10 @@ class StageModule(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.window is not None and x.shape[1] > self.window:
-            raise RuntimeError(f"pipeline stages attend causally without a sliding window: rows of "
-                               f"{x.shape[1]} tokens exceed the model's window of {self.window}")
+            raise RuntimeError(
+                f"pipeline stages attend causally without a sliding window: rows of "
+                f"{x.shape[1]} tokens exceed the model's window of {self.window}"
+            )
         h = self.model.embed_tokens(x) if self.first else x
         positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
         rope = self.model.rotary_emb(h, position_ids=positions)
@@ -158,6 +160,6 @@ def train_step(pipe: Pipeline, tokens: torch.Tensor, mask: torch.Tensor, global_
     total = torch.zeros((), dtype=torch.float64)
     # the schedule's first step also calls the loss function while inferring shapes (on
     # placeholder tensors): the step's real losses are the last `micro_batches` calls
-    for part in pipe.loss_parts[len(pipe.loss_parts) - pipe.micro_batches:] if pipe.stage.last else ():
+    for part in pipe.loss_parts[len(pipe.loss_parts) - pipe.micro_batches :] if pipe.stage.last else ():
         total += part.double().cpu()
     return total

@@ -25,7 +25,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from sluice.train.parallel.fit import check_divisible
 
-
 LAYER_PLAN_NAMES = {
     "self_attn.q_proj": "colwise",
     "self_attn.k_proj": "colwise",
@@ -43,15 +42,20 @@ def _layer_plan() -> dict:
     # colwise outputs stay local shards (the next op is per-head attention / the elementwise
     # SiLU·up product); rowwise inputs are those local shards and outputs are all-reduced
     # (Replicate) back into plain tensors for the residual stream
-    return {name: ColwiseParallel() if kind == "colwise" else RowwiseParallel()
-            for name, kind in LAYER_PLAN_NAMES.items()}
+    return {
+        name: ColwiseParallel() if kind == "colwise" else RowwiseParallel() for name, kind in LAYER_PLAN_NAMES.items()
+    }
 
 
 def _to_replicate(_module, inputs, mesh: DeviceMesh):
     from torch.distributed.tensor import DTensor, Replicate
 
-    return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-                 if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+    return tuple(
+        DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+        else x
+        for x in inputs
+    )
 
 
 def _to_local(_module, output, _mesh: DeviceMesh):

@@ -10,9 +10,9 @@ over ranks; the loss function scales by the world size to keep the global mean (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -32,8 +33,16 @@ class ReplicaDriver:
         # what the groups exchange, heal and digest: the trained parameters (a LoRA run's adapters;
         # its frozen base is the same model in every group, built from the same source)
         self.params = trainable(trainer.model.module)
-        self.link = ReplicaLink(trainer.group, s.replica_groups, self.params, trainer.optim, s.replica_sync,
-                                s.sync_every, s.hang_timeout, self._healed)
+        self.link = ReplicaLink(
+            trainer.group,
+            s.replica_groups,
+            self.params,
+            trainer.optim,
+            s.replica_sync,
+            s.sync_every,
+            s.hang_timeout,
+            self._healed,
+        )
         self.previous: list[int] | None = None  # the groups of the last committed step
         self._changed: tuple[list[int], str] | None = None  # this step's new groups and the digest before it
         self._joined = False  # the join's quorum is the first step's: the peers train it with this group

@@ -34,8 +34,12 @@ def lighthouse_for(settings: TrainSettings) -> Iterator[str | None]:
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at info
     from torchft._torchft import LighthouseServer
 
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=int(settings.hang_timeout * 1000),
-                              heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+    server = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=1,
+        join_timeout_ms=int(settings.hang_timeout * 1000),
+        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+    )
     port = server.address().rpartition(":")[2]  # it names the host by its hostname; the groups are here
     try:
         yield f"http://127.0.0.1:{port}"

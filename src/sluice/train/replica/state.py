@@ -22,8 +22,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def local_state(params: list[torch.nn.Parameter], optim: torch.optim.Optimizer) -> dict:
     return {
         "params": [_local(p).detach() for p in params],
-        "optim": [{k: (_local(v) if isinstance(v, torch.Tensor) else v) for k, v in optim.state[p].items()}
-                  for p in params],
+        "optim": [
+            {k: (_local(v) if isinstance(v, torch.Tensor) else v) for k, v in optim.state[p].items()} for p in params
+        ],
     }
 
 
@@ -42,8 +43,9 @@ def load_local_state(params: list[torch.nn.Parameter], optim: torch.optim.Optimi
                 from torch.distributed.tensor import DTensor
 
                 # the global shape given: FSDP2 shards unevenly (a 517-row embedding is 259 + 258)
-                mine[k] = DTensor.from_local(v.clone(), p.device_mesh, p.placements, run_check=False,
-                                             shape=p.shape, stride=p.stride())
+                mine[k] = DTensor.from_local(
+                    v.clone(), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                )
             else:
                 mine[k] = v.clone() if isinstance(v, torch.Tensor) else v
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
 
 import torch
 from torch.distributed import ReduceOp
@@ -61,8 +61,17 @@ class Exchanged:
 
 
 class ReplicaLink:
-    def __init__(self, group: int, groups: int, params: list[torch.nn.Parameter], optim: torch.optim.Optimizer,
-                 mode: ReplicaSync, sync_every: int, timeout_s: float, on_heal: Callable[[int], None]):
+    def __init__(
+        self,
+        group: int,
+        groups: int,
+        params: list[torch.nn.Parameter],
+        optim: torch.optim.Optimizer,
+        mode: ReplicaSync,
+        sync_every: int,
+        timeout_s: float,
+        on_heal: Callable[[int], None],
+    ):
         from torchft import Manager, ProcessGroupGloo
 
         self.group, self.groups = group, groups
@@ -72,9 +81,16 @@ class ReplicaLink:
         self.outer: OuterSGD | None = OuterSGD(params) if mode is ReplicaSync.DILOCO else None
         timeout = timedelta(seconds=timeout_s)
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load, state_dict=self._state,
-            min_replica_size=1, use_async_quorum=False, init_sync=False, replica_id=f"sluice_group_{group}",
-            timeout=timeout, quorum_timeout=max(timeout, timedelta(seconds=120)), connect_timeout=timeout,
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=self._load,
+            state_dict=self._state,
+            min_replica_size=1,
+            use_async_quorum=False,
+            init_sync=False,
+            replica_id=f"sluice_group_{group}",
+            timeout=timeout,
+            quorum_timeout=max(timeout, timedelta(seconds=120)),
+            connect_timeout=timeout,
         )
         self.healed = False
 

@@ -73,5 +73,3 @@ class LatencyWindow:
 
     def __len__(self) -> int:
         return len(self._samples)
-
-

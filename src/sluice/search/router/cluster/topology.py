@@ -16,8 +16,8 @@ import zlib
 from collections import OrderedDict
 
 from sluice.search.index.schema import SourceDocument
-from sluice.search.router.config import SearchConfig, Sharding, ShardSpec
 from sluice.search.router.cluster.replica_state import LatencyWindow, ReplicaState
+from sluice.search.router.config import SearchConfig, Sharding, ShardSpec
 
 ACK_TIMES_KEPT = 100_000
 

@@ -32,14 +32,18 @@ from sluice.search.router.http.responses import internal_error
 from sluice.search.router.http.search_endpoint import answer_search
 from sluice.search.router.runtime import RouterRuntime
 from sluice.search.router.writes.bulk import MAX_BULK_BYTES
+
 STATUS_PAGE = Path_(__file__).with_name("static") / "status.html"
 log = logging.getLogger("sluice.search.router")
 
 
 def create_router_app(rt: RouterRuntime) -> FastAPI:
-    app = FastAPI(title="sluice search", version="1",
-                  description="Distributed full-text search: sharded Xapian indexes, exact merged BM25 scores. "
-                              "See docs/SEARCH.md.")
+    app = FastAPI(
+        title="sluice search",
+        version="1",
+        description="Distributed full-text search: sharded Xapian indexes, exact merged BM25 scores. "
+        "See docs/SEARCH.md.",
+    )
     _add_error_handlers(app, rt.metrics.refused)
     _add_service_routes(app, rt)
     _add_search_route(app, rt)
@@ -77,7 +81,8 @@ def _add_error_handlers(app: FastAPI, count: Callable[[str], None]) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         kind = {404: SearchErrorKind.NOT_FOUND, 405: SearchErrorKind.METHOD_NOT_ALLOWED}.get(
-            exc.status_code, SearchErrorKind.INVALID_REQUEST)
+            exc.status_code, SearchErrorKind.INVALID_REQUEST
+        )
         return error_response(SearchError(kind, str(exc.detail)))
 
     @app.exception_handler(Exception)
@@ -91,7 +96,7 @@ def _add_service_routes(app: FastAPI, rt: RouterRuntime) -> None:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready", responses={503: {"description": "starting, or a shard has no replica up ({\"status\": why})"}})
+    @app.get("/ready", responses={503: {"description": 'starting, or a shard has no replica up ({"status": why})'}})
     async def ready() -> JSONResponse:
         why = rt.not_ready_reason()
         return JSONResponse({"status": "ready" if why is None else why}, status_code=200 if why is None else 503)
@@ -110,12 +115,21 @@ def _add_service_routes(app: FastAPI, rt: RouterRuntime) -> None:
 
 
 def _add_search_route(app: FastAPI, rt: RouterRuntime) -> None:
-    @app.post("/v1/search", response_model=SearchResponseModel,
-              openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": search_body_schema(rt.cfg.search.max_top_k)}}}},
-              responses=errors(s400="invalid request, or a query syntax error (with its position)",
-                                s401="an API key is configured and none or a wrong one was sent",
-                                s413="a body over 64 KiB (refused before it is read whole)"))
+    @app.post(
+        "/v1/search",
+        response_model=SearchResponseModel,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": search_body_schema(rt.cfg.search.max_top_k)}},
+            }
+        },
+        responses=errors(
+            s400="invalid request, or a query syntax error (with its position)",
+            s401="an API key is configured and none or a wrong one was sent",
+            s413="a body over 64 KiB (refused before it is read whole)",
+        ),
+    )
     async def search(request: Request) -> Any:
         # the ASGI front answers this in production; both decode through search_endpoint.py.
         # A Response as is: FastAPI would otherwise re-validate it against SearchResponse
@@ -125,30 +139,57 @@ def _add_search_route(app: FastAPI, rt: RouterRuntime) -> None:
 def _add_write_routes(app: FastAPI, rt: RouterRuntime) -> None:
     def writable(request: Request, what: str) -> None:
         if not rt.cfg.search.accept_writes:
-            raise SearchError(SearchErrorKind.QUERY_ONLY, "this router is query-only (accept_writes = false); "
-                                                          f"send {what} to the writing router")
+            raise SearchError(
+                SearchErrorKind.QUERY_ONLY,
+                f"this router is query-only (accept_writes = false); send {what} to the writing router",
+            )
         if not rt.auth.may_write(request):
             raise SearchError(SearchErrorKind.AUTHENTICATION, "a valid ingest key is required")
 
-    @app.post("/v1/search/documents", response_model=BulkResponse,
-              openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {
-                  "schema": {"type": "string", "description": "one JSON object per line: {\"id\": ..., fields...}"}}}}},
-              responses={**errors(s400="more than 100,000 lines", s401="an ingest key is configured and none or a "
-                                   "wrong one was sent", s405="a query-only router", s413="a body over 64 MiB (refused "
-                                   "as soon as it passes that, never read whole)"),
-                         503: {"model": BulkResponse, "description": "a shard had no replica to take its part "
-                                                                     "(`written` and `failed` say which)"}})
+    @app.post(
+        "/v1/search/documents",
+        response_model=BulkResponse,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/x-ndjson": {
+                        "schema": {"type": "string", "description": 'one JSON object per line: {"id": ..., fields...}'}
+                    }
+                },
+            }
+        },
+        responses={
+            **errors(
+                s400="more than 100,000 lines",
+                s401="an ingest key is configured and none or a wrong one was sent",
+                s405="a query-only router",
+                s413="a body over 64 MiB (refused as soon as it passes that, never read whole)",
+            ),
+            503: {
+                "model": BulkResponse,
+                "description": "a shard had no replica to take its part (`written` and `failed` say which)",
+            },
+        },
+    )
     async def upsert(request: Request) -> Any:
         writable(request, "writes")  # before the body is read
         body = await read_bounded(request.scope["headers"], request.receive, MAX_BULK_BYTES, "a bulk request")
         answer = await rt.write(body)
         return JSONResponse(answer.to_json(), status_code=503 if answer.outcome.failed else 200)
 
-    @app.delete("/v1/search/documents/{doc_id:path}",
-                responses={**errors(s400="an id that is not 1-200 bytes", s401="an ingest key is configured and "
-                                     "none or a wrong one was sent", s404="a path with a line break, which no id "
-                                     "holds (no route matches it)", s405="a query-only router"),
-                           503: {"description": "a shard had no replica to take the delete"}})
+    @app.delete(
+        "/v1/search/documents/{doc_id:path}",
+        responses={
+            **errors(
+                s400="an id that is not 1-200 bytes",
+                s401="an ingest key is configured and none or a wrong one was sent",
+                s404="a path with a line break, which no id holds (no route matches it)",
+                s405="a query-only router",
+            ),
+            503: {"description": "a shard had no replica to take the delete"},
+        },
+    )
     async def delete(request: Request, doc_id: str = Path(..., max_length=200)) -> Any:
         writable(request, "deletes")
         answer = await rt.delete(doc_id)

@@ -21,8 +21,8 @@ from starlette.requests import Request
 
 from sluice.search.errors import SearchError
 from sluice.search.router.http.responses import encode, internal_error, send_error, send_json
-from sluice.search.router.runtime import RouterRuntime
 from sluice.search.router.http.search_endpoint import answer_search
+from sluice.search.router.runtime import RouterRuntime
 
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]

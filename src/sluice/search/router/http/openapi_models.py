@@ -16,11 +16,19 @@ from sluice.search.contract import DEFAULT_SNIPPET_CHARS, DEFAULT_TOP_K, MAX_QUE
 
 class SearchRequestModel(BaseModel):
     model_config = ConfigDict(extra="forbid", title="SearchRequest")
-    query: str = Field(..., description="Query text (docs/SEARCH.md: words, \"phrases\", +must -not, AND/OR/NOT, "
-                                        "field:word, trailing wildcards word*)", max_length=MAX_QUERY_CHARS)
+    query: str = Field(
+        ...,
+        description='Query text (docs/SEARCH.md: words, "phrases", +must -not, AND/OR/NOT, '
+        "field:word, trailing wildcards word*)",
+        max_length=MAX_QUERY_CHARS,
+    )
     top_k: int = Field(DEFAULT_TOP_K, ge=MIN_TOP_K, description="How many hits (at most the configured max_top_k)")
-    snippet_chars: int = Field(DEFAULT_SNIPPET_CHARS, ge=0, le=MAX_SNIPPET_CHARS,
-                               description="Each hit's snippet at most this many characters (0: no snippet)")
+    snippet_chars: int = Field(
+        DEFAULT_SNIPPET_CHARS,
+        ge=0,
+        le=MAX_SNIPPET_CHARS,
+        description="Each hit's snippet at most this many characters (0: no snippet)",
+    )
 
 
 def search_body_schema(max_top_k: int) -> dict[str, Any]:
@@ -30,8 +38,11 @@ def search_body_schema(max_top_k: int) -> dict[str, Any]:
 
 
 class ErrorDetail(BaseModel):
-    type: str = Field(..., description="a SearchErrorKind: invalid_request_error, query_syntax_error, "
-                                       "authentication_error, request_too_large, ...")
+    type: str = Field(
+        ...,
+        description="a SearchErrorKind: invalid_request_error, query_syntax_error, "
+        "authentication_error, request_too_large, ...",
+    )
     message: str
     position: int | None = Field(None, description="query_syntax_error: the 0-based character offset")
 
@@ -42,16 +53,21 @@ class ErrorResponse(BaseModel):
 
 def errors(**described: str) -> dict[int | str, dict[str, Any]]:
     """`s400="why"` → the documented 400 with the error shape."""
-    return {int(status.removeprefix("s")): {"model": ErrorResponse, "description": text}
-            for status, text in described.items()}
+    return {
+        int(status.removeprefix("s")): {"model": ErrorResponse, "description": text}
+        for status, text in described.items()
+    }
 
 
 class SearchHit(BaseModel):
     id: str
     score: float = Field(..., description="rounded to 12 significant digits; hits are ordered by it, then by id")
     fields: dict[str, Any]
-    snippet: str = Field(..., description="where the query matched: HTML-escaped text, matched words in <b></b>, "
-                                          "at most snippet_chars characters (an escape counts as one, marks not)")
+    snippet: str = Field(
+        ...,
+        description="where the query matched: HTML-escaped text, matched words in <b></b>, "
+        "at most snippet_chars characters (an escape counts as one, marks not)",
+    )
 
 
 class SearchResponseModel(BaseModel):

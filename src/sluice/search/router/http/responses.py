@@ -19,8 +19,9 @@ from starlette.responses import Response
 from sluice.search.errors import SearchError, SearchErrorKind
 
 Send = Callable[[dict], Awaitable[None]]
-CLOSES = frozenset({SearchErrorKind.TOO_LARGE, SearchErrorKind.AUTHENTICATION, SearchErrorKind.QUERY_ONLY,
-                    SearchErrorKind.INTERNAL})
+CLOSES = frozenset(
+    {SearchErrorKind.TOO_LARGE, SearchErrorKind.AUTHENTICATION, SearchErrorKind.QUERY_ONLY, SearchErrorKind.INTERNAL}
+)
 JSON = b"application/json"
 
 
@@ -38,8 +39,9 @@ def error_headers(err: SearchError) -> dict[str, str]:
 
 
 def error_response(err: SearchError) -> Response:
-    return Response(error_payload(err), status_code=err.status, media_type="application/json",
-                    headers=error_headers(err))
+    return Response(
+        error_payload(err), status_code=err.status, media_type="application/json", headers=error_headers(err)
+    )
 
 
 def internal_error() -> SearchError:

@@ -53,20 +53,29 @@ class QueryRun:
 
 
 class FanOut:
-    def __init__(self, caller: ShardCaller, metrics: SearchMetrics, cold: ColdTier | None = None,
-                 local: LocalReads | None = None):
+    def __init__(
+        self, caller: ShardCaller, metrics: SearchMetrics, cold: ColdTier | None = None, local: LocalReads | None = None
+    ):
         self.caller, self.metrics, self.cold, self.local = caller, metrics, cold, local
 
-    async def round(self, shards: Sequence[ShardRuntime], request: Request | Callable[[ShardRuntime], Request],
-                    deadline: float, run: QueryRun, prefer_chosen: bool = False) -> list[tuple[ShardRuntime, Answer]]:
+    async def round(
+        self,
+        shards: Sequence[ShardRuntime],
+        request: Request | Callable[[ShardRuntime], Request],
+        deadline: float,
+        run: QueryRun,
+        prefer_chosen: bool = False,
+    ) -> list[tuple[ShardRuntime, Answer]]:
         """Each shard's answer to `request` (or to request(shard)), in order; the shards that
         failed are in run.failed instead."""
+
         def req(s: ShardRuntime) -> Request:
             return request(s) if callable(request) else request
 
         answers = await asyncio.gather(
             *(self.ask(s, req(s), deadline, run.chosen[s.position] if prefer_chosen else None) for s in shards),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
         out: list[tuple[ShardRuntime, Answer]] = []
         for s, a in zip(shards, answers):
             if isinstance(a, ShardCallError):
@@ -83,8 +92,9 @@ class FanOut:
             out.append((s, answer))
         return out
 
-    async def ask(self, shard: ShardRuntime, req: Request, deadline: float,
-                  prefer: ReplicaState | None) -> tuple[ReplicaState | None, Answer]:
+    async def ask(
+        self, shard: ShardRuntime, req: Request, deadline: float, prefer: ReplicaState | None
+    ) -> tuple[ReplicaState | None, Answer]:
         t0 = time.perf_counter()
         if shard.cold_url is not None and self.cold is not None:
             answer = await self._cold(shard, req, deadline)
@@ -115,8 +125,9 @@ class FanOut:
             answer = _ANSWER_OF[type(req)].decode(data)
         except (KeyError, TypeError, ValueError):
             self.metrics.errors.labels(ShardFailure.UNAVAILABLE.value).inc()
-            raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE,
-                                 f"replica {replica.name}: a malformed answer") from None
+            raise ShardCallError(
+                shard.name, ShardFailure.UNAVAILABLE, f"replica {replica.name}: a malformed answer"
+            ) from None
         self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(time.perf_counter() - t0)
         return replica, answer
 
@@ -127,11 +138,13 @@ class FanOut:
         task = asyncio.ensure_future(self.cold.call(shard.cold_url, req))
         try:
             return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - time.perf_counter()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.metrics.errors.labels(ShardFailure.TIMEOUT.value).inc()
-            raise ShardCallError(shard.name, ShardFailure.TIMEOUT,
-                                 "cold shard not fetched within the deadline") from None
+            raise ShardCallError(
+                shard.name, ShardFailure.TIMEOUT, "cold shard not fetched within the deadline"
+            ) from None
         except Exception as exc:  # the object store is down or the archive is missing
             self.metrics.errors.labels(ShardFailure.UNAVAILABLE.value).inc()
-            raise ShardCallError(shard.name, ShardFailure.UNAVAILABLE,
-                                 f"cold shard: {type(exc).__name__}: {exc}"[:300]) from None
+            raise ShardCallError(
+                shard.name, ShardFailure.UNAVAILABLE, f"cold shard: {type(exc).__name__}: {exc}"[:300]
+            ) from None

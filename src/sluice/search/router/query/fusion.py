@@ -18,8 +18,14 @@ from sluice.search.index.hits import Hit, merge
 from sluice.search.retrieval import RRF_K, Fusion
 
 
-def fuse(lexical: list[Hit], dense: list[Hit], top_k: int, fusion: Fusion = Fusion.RRF, rrf_k: int = RRF_K,
-         dense_weight: float = 0.5) -> list[Hit]:
+def fuse(
+    lexical: list[Hit],
+    dense: list[Hit],
+    top_k: int,
+    fusion: Fusion = Fusion.RRF,
+    rrf_k: int = RRF_K,
+    dense_weight: float = 0.5,
+) -> list[Hit]:
     weights = (1.0 - dense_weight, dense_weight)
     scores: dict[str, float] = {}
     first: dict[str, Hit] = {}

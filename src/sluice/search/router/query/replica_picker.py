@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from sluice.search.router.cluster.replica_state import ReplicaState
 
 
-def pick_replica(replicas: Sequence[ReplicaState], exclude: set[str], rng: random.Random,
-                 now: float | None = None) -> ReplicaState | None:
+def pick_replica(
+    replicas: Sequence[ReplicaState], exclude: set[str], rng: random.Random, now: float | None = None
+) -> ReplicaState | None:
     now = time.monotonic() if now is None else now
     candidates = [r for r in replicas if r.url not in exclude and r.serving and r.reachable and r.available(now)]
     if not candidates:

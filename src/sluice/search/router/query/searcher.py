@@ -64,10 +64,20 @@ TREES_KEPT = 10_000
 
 
 class Searcher:
-    def __init__(self, topo: Topology, caller: ShardCaller, metrics: SearchMetrics, cache: ResultCache,
-                 analyzer: Analyzer, stats_mode: StatsMode, deadline_s: float, cold: ColdTier | None = None,
-                 embedder: Embedder | None = None, vector_search: VectorSearch = VectorSearch.AUTO,
-                 local: LocalReads | None = None):
+    def __init__(
+        self,
+        topo: Topology,
+        caller: ShardCaller,
+        metrics: SearchMetrics,
+        cache: ResultCache,
+        analyzer: Analyzer,
+        stats_mode: StatsMode,
+        deadline_s: float,
+        cold: ColdTier | None = None,
+        embedder: Embedder | None = None,
+        vector_search: VectorSearch = VectorSearch.AUTO,
+        local: LocalReads | None = None,
+    ):
         self.topo, self.metrics, self.cache = topo, metrics, cache
         self.analyzer = analyzer
         self.embedder, self.vector_search = embedder, vector_search
@@ -116,22 +126,28 @@ class Searcher:
             self.metrics.partial.inc()
         else:
             self.cache.put(key, result)
-        self.metrics.child(self.metrics.query_latency, "partial" if result.partial else "complete").observe(time.perf_counter() - t0)
+        self.metrics.child(self.metrics.query_latency, "partial" if result.partial else "complete").observe(
+            time.perf_counter() - t0
+        )
         return result
 
-    async def _ranked(self, resolved: ResolvedQuery, req: SearchRequest, text: str,
-                      run: QueryRun) -> tuple[list[Hit], Tree | None]:
+    async def _ranked(
+        self, resolved: ResolvedQuery, req: SearchRequest, text: str, run: QueryRun
+    ) -> tuple[list[Hit], Tree | None]:
         """The merged hits of the request's mode, and the tree their snippets mark."""
         if req.mode is RetrievalMode.LEXICAL:
             return await self._lexical(resolved, req, req.top_k, run)
         if self.embedder is None:
-            raise SearchError(SearchErrorKind.INVALID_REQUEST, f"mode {req.mode.value!r} needs vectors, and this "
-                                                               "service has none (search.toml: vectors = false)")
+            raise SearchError(
+                SearchErrorKind.INVALID_REQUEST,
+                f"mode {req.mode.value!r} needs vectors, and this service has none (search.toml: vectors = false)",
+            )
         if req.mode is RetrievalMode.DENSE:
             return await self._dense(req, text, req.top_k, run), resolved.tree
         h = req.hybrid or HybridOptions()
-        (lexical, tree), dense = await asyncio.gather(self._lexical(resolved, req, h.window, run),
-                                                      self._dense(req, text, h.window, run))
+        (lexical, tree), dense = await asyncio.gather(
+            self._lexical(resolved, req, h.window, run), self._dense(req, text, h.window, run)
+        )
         return fuse(lexical, dense, req.top_k, h.fusion, h.rrf_k, h.dense_weight), tree
 
     async def _dense(self, req: SearchRequest, text: str, top_k: int, run: QueryRun) -> list[Hit]:
@@ -140,13 +156,15 @@ class Searcher:
         assert self.embedder is not None
         if not text or top_k == 0:
             return []
-        request = ShardSearchRequest(None, top_k, filter=req.filter, vector=self.embedder.query(text),
-                                     exact=self.vector_search.exact)
+        request = ShardSearchRequest(
+            None, top_k, filter=req.filter, vector=self.embedder.query(text), exact=self.vector_search.exact
+        )
         answers = await self.fan_out.round(run.live(self.topo.shards), request, run.deadline, run)
         return merge([a.hits for _, a in answers if isinstance(a, ShardSearchAnswer)], top_k)
 
-    async def _lexical(self, resolved: ResolvedQuery, req: SearchRequest, top_k: int,
-                       run: QueryRun) -> tuple[list[Hit], Tree | None]:
+    async def _lexical(
+        self, resolved: ResolvedQuery, req: SearchRequest, top_k: int, run: QueryRun
+    ) -> tuple[list[Hit], Tree | None]:
         """The rounds: (expansion or statistics or one-round search) → search → merge; and the
         tree searched (wildcards expanded)."""
         shards = self.topo.shards
@@ -161,6 +179,11 @@ class Searcher:
             glob = await self.rounds.global_stats(run.live(shards), terms_of(tree), run)
         if tree is None or top_k == 0:
             return [], tree  # matches nothing: no shard needs asking
-        answers = await self.fan_out.round(run.live(shards), ShardSearchRequest(tree, top_k, glob, filter=req.filter),
-                                           run.deadline, run, prefer_chosen=True)
+        answers = await self.fan_out.round(
+            run.live(shards),
+            ShardSearchRequest(tree, top_k, glob, filter=req.filter),
+            run.deadline,
+            run,
+            prefer_chosen=True,
+        )
         return merge([a.hits for _, a in answers if isinstance(a, ShardSearchAnswer)], top_k), tree

@@ -18,11 +18,11 @@ import time
 from typing import Any
 
 from sluice.search.errors import ShardCallError, ShardFailure
-from sluice.search.router.query.replica_picker import pick_replica
 from sluice.search.router.cluster.replica_state import ReplicaState
-from sluice.search.router.search_metrics import SearchMetrics
-from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
 from sluice.search.router.cluster.topology import ShardRuntime
+from sluice.search.router.query.replica_picker import pick_replica
+from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
+from sluice.search.router.search_metrics import SearchMetrics
 
 
 def _usable(prefer: ReplicaState | None) -> bool:
@@ -31,16 +31,23 @@ def _usable(prefer: ReplicaState | None) -> bool:
 
 
 class ShardCaller:
-    def __init__(self, http: ShardQueryClient, metrics: SearchMetrics, hedge: bool, hedge_min_s: float,
-                 rng: random.Random | None = None):
+    def __init__(
+        self,
+        http: ShardQueryClient,
+        metrics: SearchMetrics,
+        hedge: bool,
+        hedge_min_s: float,
+        rng: random.Random | None = None,
+    ):
         self.http = http
         self.metrics = metrics
         self.hedge = hedge
         self.hedge_min_s = hedge_min_s
         self.rng = rng or random.Random()
 
-    async def _attempt(self, shard: ShardRuntime, r: ReplicaState, path: str, payload: dict[str, Any],
-                       timeout_s: float, phase: str) -> tuple[ReplicaState, dict[str, Any]]:
+    async def _attempt(
+        self, shard: ShardRuntime, r: ReplicaState, path: str, payload: dict[str, Any], timeout_s: float, phase: str
+    ) -> tuple[ReplicaState, dict[str, Any]]:
         r.in_flight += 1
         t0 = time.perf_counter()
         ok = False
@@ -72,8 +79,15 @@ class ShardCaller:
                     shard.latency.add(elapsed)
                 self.metrics.child(self.metrics.replica_latency, shard.name, r.name, phase).observe(elapsed)
 
-    async def call(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float, phase: str,
-                   prefer: ReplicaState | None = None) -> tuple[ReplicaState, dict[str, Any]]:
+    async def call(
+        self,
+        shard: ShardRuntime,
+        path: str,
+        payload: dict[str, Any],
+        deadline: float,
+        phase: str,
+        prefer: ReplicaState | None = None,
+    ) -> tuple[ReplicaState, dict[str, Any]]:
         """`deadline` is a time.perf_counter() value; raises ShardCallError when it passes or no
         replica can answer."""
         tried: set[str] = set()
@@ -110,7 +124,9 @@ class ShardCaller:
                         last = exc
                 if not done:
                     if time.perf_counter() >= deadline:
-                        raise ShardCallError(shard.name, ShardFailure.TIMEOUT, "no replica answered within the deadline")
+                        raise ShardCallError(
+                            shard.name, ShardFailure.TIMEOUT, "no replica answered within the deadline"
+                        )
                     if hedge_at is not None and time.perf_counter() >= hedge_at:
                         hedge_at = None
                         start("hedge")
@@ -122,8 +138,15 @@ class ShardCaller:
             for t in pending:
                 t.cancel()
 
-    async def _one_at_a_time(self, shard: ShardRuntime, path: str, payload: dict[str, Any], deadline: float,
-                             phase: str, prefer: ReplicaState | None) -> tuple[ReplicaState, dict[str, Any]]:
+    async def _one_at_a_time(
+        self,
+        shard: ShardRuntime,
+        path: str,
+        payload: dict[str, Any],
+        deadline: float,
+        phase: str,
+        prefer: ReplicaState | None,
+    ) -> tuple[ReplicaState, dict[str, Any]]:
         """call() when no hedge can be sent: each attempt awaited in this task (no task of its
         own, no asyncio.wait: ~50 µs of router CPU per shard call), failover as in call()."""
         tried: set[str] = set()

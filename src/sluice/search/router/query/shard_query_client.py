@@ -143,8 +143,9 @@ class ShardQueryClient:
             port = u.port or 80
             where = f"{u.hostname}:{port}"
             path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-            head = (f"POST {path} HTTP/1.1\r\nhost: {u.netloc}\r\ncontent-type: application/json\r\n"
-                    f"content-length: ").encode()
+            head = (
+                f"POST {path} HTTP/1.1\r\nhost: {u.netloc}\r\ncontent-type: application/json\r\ncontent-length: "
+            ).encode()
             got = self._targets[url] = ((u.hostname, port), head, where)
             if len(self._targets) > 4096:  # replicas come and go (hot shards): never grow unbounded
                 self._targets.clear()
@@ -178,8 +179,9 @@ class ShardQueryClient:
             raise ShardQueryError(f"{where}: an answer that is not a JSON object")
         return status, out
 
-    async def _exchange(self, st: _LoopState, key: tuple[str, int], where: str, request: bytes, deadline: float,
-                        timeout_s: float) -> tuple[int, bytes]:
+    async def _exchange(
+        self, st: _LoopState, key: tuple[str, int], where: str, request: bytes, deadline: float, timeout_s: float
+    ) -> tuple[int, bytes]:
         loop = st.loop
         for attempt in (1, 2):
             conn = self._pooled(st, key, loop.time())
@@ -231,11 +233,13 @@ class ShardQueryClient:
         return None
 
     @staticmethod
-    async def _connect(loop: asyncio.AbstractEventLoop, key: tuple[str, int], where: str, deadline: float,
-                       timeout_s: float) -> _Connection:
+    async def _connect(
+        loop: asyncio.AbstractEventLoop, key: tuple[str, int], where: str, deadline: float, timeout_s: float
+    ) -> _Connection:
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(_Connection, *key),
-                                             max(0.001, deadline - loop.time()))
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_Connection, *key), max(0.001, deadline - loop.time())
+            )
         except TimeoutError:
             raise ShardQueryTimeout(f"no answer from {where} within {timeout_s:.3f}s") from None
         except OSError as exc:

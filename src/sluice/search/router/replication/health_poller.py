@@ -19,17 +19,24 @@ import time
 
 import httpx
 
-from sluice.search.router.replication.compaction import compaction_point, should_compact
 from sluice.search.router.cluster.replica_state import ReplicaState
-from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.cluster.topology import ShardRuntime, Topology
+from sluice.search.router.replication.compaction import compaction_point, should_compact
+from sluice.search.router.search_metrics import SearchMetrics
 
 log = logging.getLogger("sluice.search.router")
 
 
 class HealthPoller:
-    def __init__(self, topo: Topology, http: httpx.AsyncClient, metrics: SearchMetrics, interval_s: float = 0.5,
-                 compact_every: int = 0, keep_max: int = 1_000_000):
+    def __init__(
+        self,
+        topo: Topology,
+        http: httpx.AsyncClient,
+        metrics: SearchMetrics,
+        interval_s: float = 0.5,
+        compact_every: int = 0,
+        keep_max: int = 1_000_000,
+    ):
         self.topo, self.http, self.metrics, self.interval_s = topo, http, metrics, interval_s
         self.compact_every, self.keep_max = compact_every, keep_max
         self.polls = 0
@@ -78,8 +85,11 @@ class HealthPoller:
                 shard.head_known = len(logged) == len(shard.replicas)
         self.metrics.head_seq.labels(shard.name).set(shard.head_seq)
         best = max((r for r in shard.replicas if r.url in logged), key=lambda r: logged[r.url], default=None)
-        laggards = [r for r in shard.replicas if r.url in logged and best is not None
-                    and r is not best and logged[r.url] < logged[best.url]]
+        laggards = [
+            r
+            for r in shard.replicas
+            if r.url in logged and best is not None and r is not best and logged[r.url] < logged[best.url]
+        ]
         for r in laggards:
             self._job(r, self._catch_up(shard, r, best))
         point = compaction_point([r.applied_seq for r in shard.replicas], shard.head_seq, self.keep_max)

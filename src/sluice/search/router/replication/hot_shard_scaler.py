@@ -41,8 +41,9 @@ class HotShardScaler:
                     serving = sum(1 for r in s.replicas if r.serving)
                     loads[s.name] = utilization(s.index_busy_s - last[s.name], interval, serving)
                     last[s.name] = s.index_busy_s
-            self.status["hot_shards"] = {n: {"utilization": round(u, 4), "added": self.tracker.added(n)}
-                                         for n, u in loads.items()}
+            self.status["hot_shards"] = {
+                n: {"utilization": round(u, 4), "added": self.tracker.added(n)} for n, u in loads.items()
+            }
             for name, change in self.tracker.evaluate(loads):
                 shard = next(s for s in self.topo.shards if s.name == name)
                 if change is Change.ADD:

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sluice.common.backoff import RestartBackoff
-from sluice.search.index.schema import Schema
 from sluice.parent_death import tied_to_this_process
+from sluice.search.index.schema import Schema
 
 log = logging.getLogger("sluice.search.router")
 
@@ -43,7 +43,8 @@ class LocalReplica:
     data_dir: Path
     proc: subprocess.Popen | None = None
     backoff: RestartBackoff = dataclasses.field(
-        default_factory=lambda: RestartBackoff(max_restarts=None, window_s=30.0, base_s=0.5, max_s=10.0))
+        default_factory=lambda: RestartBackoff(max_restarts=None, window_s=30.0, base_s=0.5, max_s=10.0)
+    )
     next_start: float = 0.0  # when an exited replica restarts (0.0: not waiting to)
     restarts: int = 0
 
@@ -53,8 +54,9 @@ class LocalReplica:
 
 
 class Supervisor:
-    def __init__(self, data_dir: Path, schema: Schema, log_dir: Path | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, data_dir: Path, schema: Schema, log_dir: Path | None = None, clock: Callable[[], float] = time.monotonic
+    ):
         self.data_dir = data_dir
         self.clock = clock
         self.schema = schema
@@ -92,10 +94,26 @@ class Supervisor:
     def _spawn(self, r: LocalReplica) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / f"{r.name.replace('/', '-')}.log", "ab")
-        cmd = [sys.executable, "-m", "sluice.cli", "search", "shard", "--listen", f"127.0.0.1:{r.port}",
-               "--data", str(r.data_dir), "--schema", json.dumps(self.schema.to_json())]
-        r.proc = subprocess.Popen(tied_to_this_process() + cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "sluice.cli",
+            "search",
+            "shard",
+            "--listen",
+            f"127.0.0.1:{r.port}",
+            "--data",
+            str(r.data_dir),
+            "--schema",
+            json.dumps(self.schema.to_json()),
+        ]
+        r.proc = subprocess.Popen(
+            tied_to_this_process() + cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         out.close()
 
     def start_all(self) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 
 from sluice.search.contract import WriteOutcome
-from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.cluster.topology import ShardRuntime, Topology
+from sluice.search.router.search_metrics import SearchMetrics
 
 log = logging.getLogger("sluice.search.router")
 
@@ -52,6 +52,7 @@ class Writer:
 
     async def learn_head(self, shard: ShardRuntime) -> None:
         """The shard's head = the longest log among its replicas (needs one to answer)."""
+
         async def status(url: str) -> int | None:
             try:
                 r = await self.http.get(url + "/v1/shard/status", timeout=self.timeout_s)
@@ -74,8 +75,12 @@ class Writer:
         async def one(replica) -> bool:
             t0 = time.perf_counter()
             try:
-                r = await self.http.post(replica.url + "/v1/shard/append", content=body,
-                                         headers={"content-type": "application/json"}, timeout=self.timeout_s)
+                r = await self.http.post(
+                    replica.url + "/v1/shard/append",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                    timeout=self.timeout_s,
+                )
                 if r.status_code != 200:
                     return False  # 409: behind (the poller catches it up); 4xx/5xx: failing
                 replica.applied_seq = max(replica.applied_seq, int(r.json()["applied_seq"]))
@@ -95,16 +100,18 @@ class Writer:
                 await self.learn_head(shard)
             if shard.pending is not None:
                 if await self._send(shard, shard.pending) == 0:
-                    raise WriteUnavailable(shard.name, f"entry {shard.pending['seq']} is still unconfirmed; "
-                                                       "no replica accepts writes")
+                    raise WriteUnavailable(
+                        shard.name, f"entry {shard.pending['seq']} is still unconfirmed; no replica accepts writes"
+                    )
                 shard.record_ack(shard.pending["seq"], time.time())
                 shard.pending = None
             entry = {"seq": shard.head_seq + 1, "ops": ops, "ts": time.time()}
             _encode(entry)  # an entry that cannot be sent must not reserve a number (it would wedge the shard)
             if await self._send(shard, entry) == 0:
                 shard.pending = entry  # its number stays reserved; resent before the next write
-                raise WriteUnavailable(shard.name, "no replica confirmed the write (it may still be applied; "
-                                                   "retrying is safe)")
+                raise WriteUnavailable(
+                    shard.name, "no replica confirmed the write (it may still be applied; retrying is safe)"
+                )
             shard.record_ack(entry["seq"], time.time())
             self.metrics.head_seq.labels(shard.name).set(shard.head_seq)
             return entry["seq"]

@@ -52,8 +52,9 @@ def global_freqs(answers: list[ShardAnswer]) -> dict[str, int]:
     return out
 
 
-def exact_top_k(answers: list[ShardAnswer], n_glob: int, top_k: int, scored: Iterable[str],
-                asked: int | None = None) -> list[Hit] | None:
+def exact_top_k(
+    answers: list[ShardAnswer], n_glob: int, top_k: int, scored: Iterable[str], asked: int | None = None
+) -> list[Hit] | None:
     """The exact merged top_k, or None when a document no shard returned could belong in it.
     `scored`: the terms that add weight (query_tree.scored_leaves); `asked`: how many hits each
     shard was asked for (top_k by default; more makes the bound below tighter)."""

@@ -44,8 +44,9 @@ class StatisticsRounds:
         if not ask:
             return glob
         asked = [s for s in shards if s.position in ask]
-        answers = await self.fan_out.round(asked, lambda s: StatsRequest(ask[s.position][1]),
-                                           run.followed_deadline(), run)
+        answers = await self.fan_out.round(
+            asked, lambda s: StatsRequest(ask[s.position][1]), run.followed_deadline(), run
+        )
         for s, answer in answers:
             assert isinstance(answer, StatsAnswer)
             got = answer.stats
@@ -56,8 +57,9 @@ class StatisticsRounds:
             glob.add(got)
         return glob
 
-    async def one_round_search(self, shards: Sequence[ShardRuntime], tree: Tree, search: SearchRequest,
-                               top_k: int, run: QueryRun) -> list[Hit] | None:
+    async def one_round_search(
+        self, shards: Sequence[ShardRuntime], tree: Tree, search: SearchRequest, top_k: int, run: QueryRun
+    ) -> list[Hit] | None:
         """The exact top_k in one round trip although some terms' statistics are new, or None:
         then the statistics round (for what is still unknown) and the search. Tried when every
         shard's counts are known at its entry and some term's frequency is not."""
@@ -76,8 +78,11 @@ class StatisticsRounds:
         if not unknown:
             return None  # every statistic is known: the search round alone is exact
         ks = known.values()
-        glob = CollectionStats(sum(k.doc_count for k in ks), sum(k.total_length for k in ks),
-                               {t: sum(k.term_freqs[t] for k in ks) for t in terms if t not in unknown})
+        glob = CollectionStats(
+            sum(k.doc_count for k in ks),
+            sum(k.total_length for k in ks),
+            {t: sum(k.term_freqs[t] for k in ks) for t in terms if t not in unknown},
+        )
         req = ShardSearchRequest(tree, top_k, glob, sorted(unknown), search.filter)
         got: list[ShardAnswer] = []
         for s, answer in await self.fan_out.round(shards, req, run.followed_deadline(), run):
@@ -87,8 +92,12 @@ class StatisticsRounds:
             if answer.applied_seq != run.revision[s.position] or freqs is None or not unknown <= freqs.keys():
                 continue  # not usable (the entry moved, or an answer without parts): a second round asks again
             got.append(ShardAnswer(answer.hits, answer.parts or [], freqs, k.doc_count))
-            self.stats_cache.store(s.position, run.revision[s.position], answer.applied_seq,
-                                   CollectionStats(k.doc_count, k.total_length, dict(freqs)))
+            self.stats_cache.store(
+                s.position,
+                run.revision[s.position],
+                answer.applied_seq,
+                CollectionStats(k.doc_count, k.total_length, dict(freqs)),
+            )
         merged = None
         if not run.failed and len(got) == len(shards):
             try:
@@ -98,8 +107,9 @@ class StatisticsRounds:
         self.one_round["answered" if merged is not None else "second_round"] += 1
         return merged
 
-    async def expand(self, shards: Sequence[ShardRuntime], resolved: ResolvedQuery, run: QueryRun,
-                     exact: bool) -> tuple[Tree | None, CollectionStats | None]:
+    async def expand(
+        self, shards: Sequence[ShardRuntime], resolved: ResolvedQuery, run: QueryRun, exact: bool
+    ) -> tuple[Tree | None, CollectionStats | None]:
         """The wildcard expansion round: the tree with each prefix's union of terms in its place,
         and (for exact scores) the global statistics of every term it now has."""
         req = StatsRequest(terms_of(resolved.tree) if exact else [], wildcards_of(resolved.tree))

@@ -40,8 +40,9 @@ class StatsCache:
         self.hits = 0  # shard lookups answered from memory (no phase 1 request to that shard)
         self.misses = 0
 
-    def lookup(self, shard: int, head_seq: int, terms: list[str],
-               count: bool = True) -> tuple[CollectionStats | None, list[str]]:
+    def lookup(
+        self, shard: int, head_seq: int, terms: list[str], count: bool = True
+    ) -> tuple[CollectionStats | None, list[str]]:
         """What is known of this shard at entry `head_seq` — its counts and the known terms'
         frequencies, or None when its entry moved — and the terms it must be asked about (every
         term when its entry moved; none when the cache answers the whole query)."""
@@ -70,8 +71,11 @@ class StatsCache:
         if applied_seq != head_seq:
             return False
         entry = self._shards.get(shard)
-        if entry is None or entry.seq != applied_seq or (entry.doc_count, entry.total_length) != (
-                stats.doc_count, stats.total_length):
+        if (
+            entry is None
+            or entry.seq != applied_seq
+            or (entry.doc_count, entry.total_length) != (stats.doc_count, stats.total_length)
+        ):
             entry = self._shards[shard] = _ShardTerms(applied_seq, stats.doc_count, stats.total_length)
         freqs = entry.freqs
         for t, f in stats.term_freqs.items():

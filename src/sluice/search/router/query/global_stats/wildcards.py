@@ -38,8 +38,9 @@ def expanded_tree(resolved: ResolvedQuery, terms: dict[str, list[str]]) -> Tree 
     tree = expand(resolved.tree, terms)
     if size(tree) > MAX_TREE_NODES:
         at = min(resolved.wildcards.values(), default=0)
-        raise QuerySyntaxError(at, f"the wildcards match too many terms together (at most {MAX_TREE_NODES} "
-                                   "query nodes); make them longer")
+        raise QuerySyntaxError(
+            at, f"the wildcards match too many terms together (at most {MAX_TREE_NODES} query nodes); make them longer"
+        )
     return tree
 
 
