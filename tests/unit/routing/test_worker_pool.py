@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from sluice.routing.dispatch.circuit_breaker import BreakerConfig, BreakerState, Outcome
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
 from tests.clock import FakeClock
@@ -49,3 +53,22 @@ def test_failed_health_checks_eject_a_worker():
     pool.record_health("a", False)
     pool.record_health("a", False)
     assert pool.candidates("m", "v") == []
+
+
+@pytest.mark.asyncio
+async def test_a_drain_wakes_when_the_last_request_finishes_or_the_worker_leaves() -> None:
+    pool = WorkerPool()
+    a = pool.add("a", "m", "v", "h:1", status=WorkerStatus.WARM)
+    assert a.settled.is_set()  # nothing in flight: a drain has nothing to wait for
+    d1, d2 = pool.begin("a", 10), pool.begin("a", 10)
+    assert d1 is not None and d2 is not None and not a.settled.is_set()
+    drained = asyncio.ensure_future(a.settled.wait())
+    pool.finish(d1, Outcome.SUCCESS)
+    await asyncio.sleep(0)
+    assert not drained.done()  # one request still in flight
+    pool.finish(d2, Outcome.SUCCESS)
+    assert await drained  # woken by the finish, not by a poll
+    d3 = pool.begin("a", 10)
+    assert d3 is not None and not a.settled.is_set()
+    pool.remove("a")  # removed with a request in flight: its drain has nothing left to wait for
+    assert a.settled.is_set()

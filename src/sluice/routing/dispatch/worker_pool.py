@@ -1,8 +1,9 @@
 """The workers behind each model version, as the router sees them: status, load, breaker.
 
 A worker takes new requests only while it is WARM (model loaded and a warm-up generation
-done; a STANDBY worker is just as ready but held back in the autoscaler's warm pool), its circuit breaker lets requests through, and its outstanding work is under the
-version's `max_outstanding_tokens` (when set). The pool does no I/O: the health poller, the
+done; a STANDBY worker is just as ready but held back in the autoscaler's warm pool), its
+circuit breaker lets requests through, and its outstanding work is under the version's
+`max_outstanding_tokens` (when set). The pool does no I/O: the health poller, the
 supervisor and the request path report into it (`set_status`, `report_load`,
 `record_health`, `begin`/`finish`), and the picker reads `candidates`. `on_cache_lost`
 callbacks hear of every worker whose KV cache is gone — removed, down (back to STARTING),
@@ -24,6 +25,7 @@ between two polls still spreads instead of piling onto one worker.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
 from collections.abc import Callable, Collection
@@ -56,6 +58,9 @@ class WorkerEntry:
     reported_tokens: int = 0  # from the worker's stats: tokens queued + running
     dispatched_tokens: int = 0  # this gateway's in-flight estimates
     inflight: int = 0  # this gateway's in-flight requests
+    # set while `inflight` is 0 and once the worker left the pool: a drain awaits it instead of
+    # polling (routing/fleet/local_replicas.py)
+    settled: asyncio.Event = field(default_factory=lambda: _set(asyncio.Event()), repr=False, compare=False)
     # bumped each time the worker comes up again (warm after being down, or seen restarted): a
     # stream that lost the worker may continue on it once this moved (routing/dispatch/failover.py)
     incarnation: int = 0
@@ -64,6 +69,11 @@ class WorkerEntry:
     @property
     def load_tokens(self) -> int:
         return max(self.reported_tokens, self.dispatched_tokens)
+
+
+def _set(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,7 +121,8 @@ class WorkerPool:
         return entry
 
     def remove(self, worker_id: str) -> None:
-        if self._workers.pop(worker_id, None) is not None:
+        if (entry := self._workers.pop(worker_id, None)) is not None:
+            entry.settled.set()
             self._cache_lost(worker_id)
 
     def get(self, worker_id: str) -> WorkerEntry | None:
@@ -193,6 +204,7 @@ class WorkerPool:
             return None
         w.dispatched_tokens += cost_tokens
         w.inflight += 1
+        w.settled.clear()
         if adapter is not None and adapter not in w.adapters:
             w.adapters = w.adapters | {adapter}
         key = version_key if version_key in self._bases else None
@@ -212,6 +224,8 @@ class WorkerPool:
             return  # removed meanwhile
         w.dispatched_tokens = max(0, w.dispatched_tokens - dispatch.cost_tokens)
         w.inflight = max(0, w.inflight - 1)
+        if w.inflight == 0:
+            w.settled.set()
         w.breaker.record(dispatch.permit, outcome)
 
     # -- version-level views ------------------------------------------------------------------

@@ -16,6 +16,7 @@ the fleet file and the live routing state ask (state/replica_plan.py decides wha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -206,9 +207,12 @@ class LocalReplicas:
             self._retiring.pop(h.worker_id, None)
 
     async def _drained(self, h: WorkerHandle, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while (w := self.members.pool.get(h.worker_id)) is not None and w.inflight > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        """Return once the worker has no request in flight or left the pool, or after `timeout_s`."""
+        if (w := self.members.pool.get(h.worker_id)) is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await w.settled.wait()
 
     async def _drain_and_drop(self, h: WorkerHandle, timeout_s: float) -> None:
         try:
