@@ -9,6 +9,8 @@ tenant, so the series count follows the fleet file, not the traffic.
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sluice.engine.stats import EngineStats
@@ -16,6 +18,11 @@ from sluice.observability.recent import RecentLatency
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _ITL = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+
+
+def _version_gauge(r: CollectorRegistry, name: str, doc: str) -> Gauge:
+    """A gauge with a series per model version: labels model and version (<model>/<version>)."""
+    return Gauge(name, doc, ["model", "version"], registry=r)
 
 
 class ServingMetrics:
@@ -117,7 +124,8 @@ class ServingMetrics:
         )
         self.scaling_signal = Gauge(
             "sluice_scaling_signal",
-            "Per model: (estimated tokens queued + in flight) / its serving workers' token capacity (autoscaling input)",
+            "Per model: (estimated tokens queued + in flight) / its serving workers' token capacity"
+            " (autoscaling input)",
             ["model"],
             registry=r,
         )
@@ -126,54 +134,36 @@ class ServingMetrics:
         """Engine gauges (from EngineStats), per model version: `version` is <model>/<version>,
         as on the request metrics — one series per version the fleet runs, never per worker;
         and the fleet's workers by state. Read at scrape time."""
-        ev = ["model", "version"]
-        self.running = Gauge("sluice_engine_running_requests", "Requests running in the engine", ev, registry=r)
-        self.waiting = Gauge("sluice_engine_waiting_requests", "Requests waiting in the engine", ev, registry=r)
-        self.kv_usage = Gauge("sluice_engine_kv_usage_ratio", "Fraction of KV blocks in use", ev, registry=r)
-        self.kv_used = Gauge("sluice_engine_kv_blocks_used", "KV blocks held by requests", ev, registry=r)
-        self.kv_total = Gauge("sluice_engine_kv_blocks_total", "Usable KV blocks", ev, registry=r)
-        self.hit_rate = Gauge("sluice_engine_prefix_cache_hit_rate", "Prefix-cache hit rate (tokens)", ev, registry=r)
-        self.preemptions = Gauge("sluice_engine_preemptions_total", "Preemptions since start", ev, registry=r)
-        self.step_tokens = Gauge("sluice_engine_batch_tokens", "Tokens in the last engine step", ev, registry=r)
-        self.batch_fill = Gauge(
-            "sluice_engine_batch_fill_ratio", "Last step's tokens over the step budget", ev, registry=r
-        )
+        gauge = partial(_version_gauge, r)
+        self.running = gauge("sluice_engine_running_requests", "Requests running in the engine")
+        self.waiting = gauge("sluice_engine_waiting_requests", "Requests waiting in the engine")
+        self.kv_usage = gauge("sluice_engine_kv_usage_ratio", "Fraction of KV blocks in use")
+        self.kv_used = gauge("sluice_engine_kv_blocks_used", "KV blocks held by requests")
+        self.kv_total = gauge("sluice_engine_kv_blocks_total", "Usable KV blocks")
+        self.hit_rate = gauge("sluice_engine_prefix_cache_hit_rate", "Prefix-cache hit rate (tokens)")
+        self.preemptions = gauge("sluice_engine_preemptions_total", "Preemptions since start")
+        self.step_tokens = gauge("sluice_engine_batch_tokens", "Tokens in the last engine step")
+        self.batch_fill = gauge("sluice_engine_batch_fill_ratio", "Last step's tokens over the step budget")
         # utilization: the fullest of a step's three limits (docs/ENGINE.md); the mean over any
         # range is rate(sluice_engine_batch_utilization_sum) / rate(sluice_engine_steps_total)
-        self.batch_utilization = Gauge(
+        self.batch_utilization = gauge(
             "sluice_engine_batch_utilization_ratio",
             "Last step's fill of its binding limit: max(tokens/budget, running/max_num_seqs, KV held/usable)",
-            ev,
-            registry=r,
         )
-        self.batch_utilization_sum = Gauge(
-            "sluice_engine_batch_utilization_sum",
-            "Per-step batch utilization summed over steps since start",
-            ev,
-            registry=r,
+        self.batch_utilization_sum = gauge(
+            "sluice_engine_batch_utilization_sum", "Per-step batch utilization summed over steps since start"
         )
-        self.held_steps = Gauge(
-            "sluice_engine_held_steps_total",
-            "Steps in which the batching window held new arrivals back",
-            ev,
-            registry=r,
+        self.held_steps = gauge(
+            "sluice_engine_held_steps_total", "Steps in which the batching window held new arrivals back"
         )
-        self.kv_resident = Gauge(
-            "sluice_engine_kv_resident_bytes", "KV pool memory written at least once", ev, registry=r
-        )
-        self.kv_spilled = Gauge(
-            "sluice_engine_kv_spilled_blocks", "Prefix-cache blocks kept in the KV spill file", ev, registry=r
-        )
-        self.kv_restored = Gauge(
+        self.kv_resident = gauge("sluice_engine_kv_resident_bytes", "KV pool memory written at least once")
+        self.kv_spilled = gauge("sluice_engine_kv_spilled_blocks", "Prefix-cache blocks kept in the KV spill file")
+        self.kv_restored = gauge(
             "sluice_engine_kv_spill_restored_blocks_total",
             "Blocks prefix hits read back from the KV spill file since start",
-            ev,
-            registry=r,
         )
-        self.engine_steps = Gauge("sluice_engine_steps_total", "Engine steps since start", ev, registry=r)
-        self.engine_up = Gauge(
-            "sluice_engine_up", "1 when some worker of the version answered the last stats call", ev, registry=r
-        )
+        self.engine_steps = gauge("sluice_engine_steps_total", "Engine steps since start")
+        self.engine_up = gauge("sluice_engine_up", "1 when some worker of the version answered the last stats call")
         # the fleet (read at scrape time)
         self.workers = Gauge(
             "sluice_workers",
@@ -181,11 +171,9 @@ class ServingMetrics:
             ["model", "version", "state"],
             registry=r,
         )
-        self.warm_pool = Gauge(
+        self.warm_pool = gauge(
             "sluice_warm_pool_workers",
             "Warm-pool workers (loaded, warmed up, no traffic until the autoscaler promotes them)",
-            ["model", "version"],
-            registry=r,
         )
 
     def _declare_lora(self, r: CollectorRegistry) -> None:
@@ -203,17 +191,11 @@ class ServingMetrics:
             ["adapter", "version", "kind"],
             registry=r,
         )
-        self.lora_resident = Gauge(
-            "sluice_engine_lora_resident_adapters",
-            "LoRA adapters resident on the version's workers",
-            ["model", "version"],
-            registry=r,
+        self.lora_resident = _version_gauge(
+            r, "sluice_engine_lora_resident_adapters", "LoRA adapters resident on the version's workers"
         )
-        self.lora_resident_bytes = Gauge(
-            "sluice_engine_lora_resident_bytes",
-            "Memory of the resident LoRA adapters' weights",
-            ["model", "version"],
-            registry=r,
+        self.lora_resident_bytes = _version_gauge(
+            r, "sluice_engine_lora_resident_bytes", "Memory of the resident LoRA adapters' weights"
         )
 
     def count_lora(self, adapter: str, version: str, prompt_tokens: int, output_tokens: int) -> None:

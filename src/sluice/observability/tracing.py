@@ -18,10 +18,7 @@ make spans and carry the context are in the leaf module `sluice.trace_context`.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Sequence
-from typing import Any
 
 from opentelemetry import trace
 
@@ -33,6 +30,9 @@ def configure(exporter: str, service: str, otlp_endpoint: str | None = None, tra
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    # the SDK and this exporter are imported only when tracing is on (the off path costs nothing)
+    from sluice.observability.jsonl_exporter import JsonLinesExporter
 
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     if exporter == "otlp":
@@ -48,42 +48,3 @@ def configure(exporter: str, service: str, otlp_endpoint: str | None = None, tra
     else:
         raise ValueError(f"unknown trace_exporter {exporter!r}: none, otlp or file")
     trace.set_tracer_provider(provider)
-
-
-class JsonLinesExporter:
-    """A SpanExporter writing each span as one JSON line (names, ids, times, attributes, events)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def export(self, spans: Sequence[Any]) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        with open(self.path, "a", encoding="utf-8") as f:
-            for span in spans:
-                ctx, parent = span.get_span_context(), span.parent
-                f.write(
-                    json.dumps(
-                        {
-                            "name": span.name,
-                            "service": span.resource.attributes.get("service.name"),
-                            "trace_id": f"{ctx.trace_id:032x}",
-                            "span_id": f"{ctx.span_id:016x}",
-                            "parent_id": f"{parent.span_id:016x}" if parent is not None else None,
-                            "start_ns": span.start_time,
-                            "end_ns": span.end_time,
-                            "attributes": dict(span.attributes or {}),
-                            "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events],
-                            "status": span.status.status_code.name,
-                        },
-                        default=str,
-                    )
-                    + "\n"
-                )
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
