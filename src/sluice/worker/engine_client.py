@@ -14,7 +14,7 @@ it in-process. Callers see the same contract either way:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -44,7 +44,7 @@ class AdapterLoad:
 class EngineClient(Protocol):
     def generate(
         self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """Stream the request's events (an async generator); see the module docstring.
         `trace_metadata`: the caller's trace context (W3C traceparent), for the engine's span."""
         ...

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -70,7 +70,7 @@ class GrpcEngineClient:
 
     async def generate(
         self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = (), timeout: float | None = None
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """Stream the request's events. `timeout`: this call's deadline in seconds (default
         `request_timeout_s`); when it passes the worker aborts the request and this raises
         EngineUnavailableError."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from sluice.engine.async_engine import AsyncEngine
 from sluice.engine.stats import EngineStats
@@ -22,7 +22,7 @@ class InProcessEngineClient:
 
     async def generate(
         self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         try:
             async for event in self.engine.generate(request):
                 yield event

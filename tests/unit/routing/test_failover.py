@@ -5,7 +5,7 @@ with no gap or repeat; past the wait it ends with a clear error."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import pytest
 
@@ -19,6 +19,7 @@ from sluice.routing.fleet_file.loader import parse_fleet
 from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.state.routing_state import RoutingSnapshot
 from sluice.types import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage
+from tests.fake_engine import FakeEngine
 
 FLEET = """\
 [models.main.versions.v1]
@@ -29,19 +30,20 @@ workers = ["h:1", "h:2"]
 OUTPUT = list(range(100, 110))
 
 
-class Scripted:
+class Scripted(FakeEngine):
     """A worker that streams OUTPUT from where the request resumes; `lose_after` tokens in, it
-    is lost (the connection breaks), and `lost` is set."""
+    is lost (the connection breaks), and `lost` is set. The rest of the engine client is
+    FakeEngine's (failover calls only `generate`)."""
 
     def __init__(self, lose_after: int | None = None, error: Exception | None = None) -> None:
+        super().__init__()
         self.lose_after = lose_after
         self.error = error or EngineUnavailableError("connection lost")
         self.lost = asyncio.Event()
-        self.requests: list[GenerationRequest] = []
 
     async def generate(
         self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = ()
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         self.requests.append(request)
         start = len(request.resumed_output_ids)
         for i in range(start, len(OUTPUT)):
