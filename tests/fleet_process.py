@@ -27,7 +27,10 @@ SMALL_ENGINE = "kv_cache_gib = 0.1\nmax_num_seqs = 8"
 def local_version(model: str, name: str, traffic: float, replicas: int = 1, extra: str = "") -> str:
     """A version of the bundled model served by local replicas with a small KV pool."""
     t = f'models."{model}".versions.{name}'
-    return f'[{t}]\nweights = "bundled"\ntraffic = {traffic:g}\nreplicas = {replicas}\n{extra}\n[{t}.engine]\n{SMALL_ENGINE}\n'
+    return (
+        f'[{t}]\nweights = "bundled"\ntraffic = {traffic:g}\nreplicas = {replicas}\n{extra}\n'
+        f"[{t}.engine]\n{SMALL_ENGINE}\n"
+    )
 
 
 def remote_version(model: str, name: str, traffic: float, address: str) -> str:

@@ -54,10 +54,10 @@ class RedisServer:
             try:
                 redis.Redis.from_url(self.url).ping()
                 return
-            except redis.ConnectionError:
+            except redis.ConnectionError as e:
                 if time.monotonic() > deadline or self.process.poll() is not None:
                     self.stop()
-                    raise RuntimeError("redis-server did not start")
+                    raise RuntimeError("redis-server did not start") from e
                 time.sleep(0.05)
 
     def _terminate(self) -> None:

@@ -8,10 +8,18 @@ from dataclasses import dataclass, field
 
 from sluice.routing.dispatch.circuit_breaker import Outcome
 from sluice.routing.dispatch.router import FleetRouter, PlanRequest, RoutePlan
+from sluice.routing.dispatch.version_router import sticky_key
 from sluice.routing.dispatch.worker_picker import Pick
 from sluice.routing.dispatch.worker_pool import Dispatch
 from sluice.routing.errors import ModelUnavailableError, VersionUnavailableError
 from sluice.types import GenerationRequest, SamplingParams
+
+
+def user_key(tenant: str, user: str) -> str:
+    """The sticky key of `user`'s requests (a non-empty user id always has one)."""
+    key = sticky_key(tenant, user_id=user)
+    assert key is not None, "an empty user id has no sticky key"
+    return key
 
 
 @dataclass(slots=True, frozen=True)

@@ -19,9 +19,7 @@ CONNECT_TIMEOUT_S = 1.0
 POOL_TIMEOUT_S = 2.0  # waiting for a free connection of the pool
 
 
-def redis_client(
-    url: str, *, max_connections: int = 32, socket_timeout_s: float = SOCKET_TIMEOUT_S
-) -> aioredis.Redis:
+def redis_client(url: str, *, max_connections: int = 32, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Redis:
     """An asyncio Redis client on its own bounded pool (redis is imported here, on first use:
     a gateway without Redis never loads it)."""
     import redis.asyncio as aioredis

@@ -3,7 +3,8 @@ it, and no files import each other in a loop.
 
     serving:   cli → api → serving → gateway, safety → streaming → routing → observability → worker → engine → models
     inside routing/:  fleet → scaling → dispatch → state, quota → fleet_file
-    types, config, errors, tool_types, request_context, trace_context, redis_client, aio, toml_lines, toml_config, heap, openmp_wait, thread_name,
+    types, config, errors, tool_types, request_context, trace_context, redis_client, aio, toml_lines,
+    toml_config, heap, openmp_wait, thread_name,
     common (what the three systems share: API keys, S3, restart back-off, uvicorn's protocol, fault specs):
     leaves anyone may import
 
@@ -217,7 +218,7 @@ def test_a_skip_from_the_api_is_caught(tmp_path):
     assert skips(tmp_path, "api", API_REACHES) == ["api/b.py imports sluice.engine", "api/c.py imports sluice.models"]
 
 
-def test_no_import_cycles_between_files():
+def test_no_import_cycles_between_files() -> None:
     files = {_module_name(p): p for p in SRC.rglob("*.py") if "proto" not in p.parts}
     graph = {m: {t for t in _modules(p) if t in files and t != m} for m, p in files.items()}
     # Tarjan's strongly connected components: a component of two or more files is a cycle

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sluice.config import Settings
 from sluice.gateway.admission import AdmissionQueue
-from sluice.gateway.authenticator import KeyStoreAuthenticator, OpenAccess, SingleKey
+from sluice.gateway.authenticator import Authenticator, KeyStoreAuthenticator, OpenAccess, SingleKey
 from sluice.gateway.coalescer import Coalescer
 from sluice.gateway.gateway import Gateway
 from sluice.gateway.key_store import SQLiteKeyStore
@@ -23,7 +23,8 @@ def key_store_path(settings: Settings) -> Path:
     return Path(settings.data_dir).expanduser() / "keys.db"
 
 
-def build_authenticator(settings: Settings):  # -> Authenticator
+def build_authenticator(settings: Settings) -> tuple[Authenticator, str]:
+    """The authenticator the settings ask for, and the mode it resolved to (`auto` decided)."""
     tiers = load_tiers(settings.tiers)
     if settings.default_tier not in tiers:
         raise ValueError(f"default_tier {settings.default_tier!r} is not a tier ({', '.join(tiers)})")
@@ -42,11 +43,11 @@ def build_authenticator(settings: Settings):  # -> Authenticator
         auth = KeyStoreAuthenticator(
             SQLiteKeyStore(path), tiers, single, settings.default_tier, settings.key_cache_ttl_s
         )
-        for key_id, tier in auth.keys_with_unknown_tiers():
+        for key_id, key_tier in auth.keys_with_unknown_tiers():
             log.warning(
                 "key %s has tier %r, which is not defined (%s): it is served as the default tier %r",
                 key_id,
-                tier,
+                key_tier,
                 ", ".join(tiers),
                 settings.default_tier,
             )

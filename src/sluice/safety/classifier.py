@@ -23,6 +23,10 @@ from array import array
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported at run time by load_bundled_model, where the model loads
+    from svguardian.model.pure_infer import PureGuardian
 
 log = logging.getLogger("sluice.safety")
 
@@ -52,7 +56,7 @@ class LatencyStats:
         return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def load_bundled_model():
+def load_bundled_model() -> PureGuardian:
     """svguardian's model from inside its wheel, or RuntimeError; never downloads."""
     from svguardian._runtime import bundled_path
     from svguardian.model.pure_infer import PureGuardian
@@ -63,7 +67,7 @@ def load_bundled_model():
     return compact(PureGuardian.load(path))
 
 
-def compact(model):  # type: ignore[no-untyped-def]
+def compact(model: PureGuardian) -> PureGuardian:
     """Hold the model's weights as arrays of doubles rather than lists of float objects: 8 bytes
     a value instead of 32 (the 8 x 43k coefficients were ~11 MiB of the gateway's memory). The
     model only indexes them, and array('d') gives back the very doubles the JSON held, so the

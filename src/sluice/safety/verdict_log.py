@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from typing import Any
+
+from sluice.safety.verdict import Verdict
 
 log = logging.getLogger("sluice.safety")
 
 
-def log_verdict(v: Any, request_id: str, text: str | None = None, **extra: object) -> dict[str, Any]:
-    """Log `v` (a Verdict); `text` is the checked text and is logged (the matched span only)
+def log_verdict(v: Verdict, request_id: str, text: str | None = None, **extra: object) -> dict[str, Any]:
+    """Log `v`; `text` is the checked text and is logged (the matched span only)
     only when given — callers pass it only when their policy's log_text is true. Returns the
     record (tests and metrics read it)."""
     record: dict[str, Any] = {"event": "safety_verdict", "request_id": request_id}
-    record.update(asdict(v) if is_dataclass(v) else dict(v))
+    record.update(asdict(v))
     record["code"] = v.code
     record.update(extra)
     if text is not None and v.start >= 0:

@@ -120,7 +120,7 @@ def stream(proc: Proc, payload: dict, on_delta=None) -> tuple[list[str], str, di
     return names, "".join(text), final
 
 
-def test_a_worker_killed_mid_stream_is_invisible_to_its_clients(fleet):
+def test_a_worker_killed_mid_stream_is_invisible_to_its_clients(fleet) -> None:
     reference_names, reference, ref_final = stream(fleet, body(60))
     assert reference_names[-1] == "message_stop" and ref_final["usage"]["output_tokens"] == 60
     killed: list[int] = []
@@ -145,7 +145,7 @@ def test_a_worker_killed_mid_stream_is_invisible_to_its_clients(fleet):
     wait_warm(fleet, 2)  # the supervisor restarted the killed worker, and it is warm again
 
 
-def test_a_hung_worker_is_found_by_its_health_deadline_and_rejoins(fleet):
+def test_a_hung_worker_is_found_by_its_health_deadline_and_rejoins(fleet) -> None:
     wait_warm(fleet, 2)
     reference = stream(fleet, body(40, "Describe a quiet harbour at dawn."))[1]
     stopped: list[int] = []

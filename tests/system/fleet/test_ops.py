@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sluice.routing.dispatch.version_router import choose_version, sticky_key
+from sluice.routing.dispatch.version_router import choose_version
 from tests.fleet_process import (
     ADMIN,
     admin,
@@ -37,6 +37,7 @@ from tests.fleet_process import (
     wait_until,
     warm_workers,
 )
+from tests.routing_calls import user_key
 from tests.server_process import MODEL, free_port, start_server
 
 pytestmark = pytest.mark.slow
@@ -106,7 +107,7 @@ def served_versions(proc, key: str, users: list[str]) -> dict[str, str]:
 
 
 def predicted(users: list[str], weights: dict[str, float]) -> dict[str, str]:
-    return {u: choose_version(MODEL, weights, sticky_key(TENANT, user_id=u)) for u in users}
+    return {u: choose_version(MODEL, weights, user_key(TENANT, u)) for u in users}
 
 
 def test_a_weighted_sticky_canary_grows_by_moving_users_only_into_it(fleet):
@@ -236,7 +237,8 @@ def test_a_valid_reload_applies_new_aliases_and_starts_and_stops_new_versions(fl
             f"fleet.toml:3: models.{MODEL}.versions.v1.traffic: Input should be a valid number",
         ),
         (
-            f'[models."{MODEL}"]\nfallbacks = ["nope"]\n[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 1\nreplicas = 1\n',
+            f'[models."{MODEL}"]\nfallbacks = ["nope"]\n'
+            f'[models."{MODEL}".versions.v1]\nweights = "bundled"\ntraffic = 1\nreplicas = 1\n',
             f"fleet.toml:2: models.{MODEL}.fallbacks[0]: fallback 'nope' is not a model id or alias",
         ),
     ],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,8 @@ class Load:
     on `threads` threads until stopped; every reply is kept."""
 
     def __init__(self, proc, threads: int = 2):
-        self.proc, self.replies, self._stop = proc, [], threading.Event()
+        self.proc, self._stop = proc, threading.Event()
+        self.replies: list[dict[str, Any]] = []
         self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(threads)]
 
     def _loop(self, t: int) -> None:
@@ -157,6 +159,7 @@ def test_a_rollout_under_steady_load_moves_all_traffic_without_a_failed_or_trunc
 
         def done() -> bool:
             ro = rollout_of(server)
+            assert ro is not None, "the rollout started above stays in the status"
             if not phases or phases[-1] != ro["phase"]:
                 phases.append(ro["phase"])
             return ro["phase"] in ("done", "rolled_back")

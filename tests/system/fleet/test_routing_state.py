@@ -105,7 +105,7 @@ async def test_put_load_revisions_and_compare_and_set(two_stores):
 
 
 @pytest.mark.asyncio
-async def test_a_rollout_started_on_one_gateway_is_followed_by_another(two_stores):
+async def test_a_rollout_started_on_one_gateway_is_followed_by_another(two_stores) -> None:
     a, b = two_stores()
     seen: list[RoutingSnapshot] = []
     changed = asyncio.Event()
@@ -130,6 +130,7 @@ async def test_a_rollout_started_on_one_gateway_is_followed_by_another(two_store
         await asyncio.wait_for(changed.wait(), 10)  # generous: the test must not depend on speed
         followed = follower.snapshot.model("m")
         assert effective_weights(FLEET.models["m"], followed) == {"v1": 81, "v2": 9, "v3": 10}
+        assert followed.rollout is not None
         assert Rollout.from_dict(followed.rollout) == rollout  # another gateway could take it over
         changed.clear()
         rollout.tick(1060.0, RolloutSignals(target_warm=True))

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.routing.dispatch.version_router import choose_version, sticky_key
+from sluice.routing.dispatch.version_router import choose_version
 from tests.fleet_process import ADMIN, admin, ask, remote_version, rollout_of, status, wait_until
 from tests.redis_server import RedisServer
+from tests.routing_calls import user_key
 from tests.server_process import MODEL, free_port, start_server, start_worker
 
 pytestmark = pytest.mark.slow
@@ -56,7 +57,7 @@ def versions_served(proc, users: list[str]) -> dict[str, str]:
 
 
 def expected(weights: dict[str, float]) -> dict[str, str]:
-    return {u: choose_version(MODEL, weights, sticky_key("default", user_id=u)) for u in USERS}
+    return {u: choose_version(MODEL, weights, user_key("default", u)) for u in USERS}
 
 
 def test_a_rollout_started_on_one_gateway_is_followed_and_can_be_rolled_back_by_the_other(gateways):

@@ -51,7 +51,7 @@ def test_a_trainer_reads_the_variable_once_and_without_it_a_step_does_nothing(mo
     fired = []
     monkeypatch.setattr(train_faults, "fire", lambda *a: fired.append(a))
     trainer = SimpleNamespace(faults=None)  # started without SLUICE_TRAIN_FAULT: the variable set later is not read
-    Trainer._fault(trainer, FaultPoint.STEP_START, 1)  # type: ignore[arg-type]
+    Trainer._fault(trainer, FaultPoint.STEP_START, 1)
     assert fired == []
     trainer = SimpleNamespace(
         faults=train_faults.Faults(delay_s=0.5),
@@ -63,5 +63,5 @@ def test_a_trainer_reads_the_variable_once_and_without_it_a_step_does_nothing(mo
         ckpt=SimpleNamespace(wait=lambda: None),
         model=SimpleNamespace(module=SimpleNamespace(parameters=lambda: [])),
     )
-    Trainer._fault(trainer, FaultPoint.STEP_START, 1)  # type: ignore[arg-type]
+    Trainer._fault(trainer, FaultPoint.STEP_START, 1)
     assert len(fired) == 1 and fired[0][0] == train_faults.Faults(delay_s=0.5)

@@ -16,7 +16,7 @@ CFG = BreakerConfig(
 )
 
 
-def breaker(cfg: BreakerConfig = CFG) -> tuple[CircuitBreaker, Clock]:
+def breaker(cfg: BreakerConfig = CFG) -> tuple[CircuitBreaker, FakeClock]:
     clock = FakeClock()
     return CircuitBreaker(cfg, clock), clock
 
@@ -74,7 +74,7 @@ def test_old_outcomes_leave_the_window():
     assert b.state is BreakerState.CLOSED  # 2 of 6 in the window
 
 
-def open_breaker() -> tuple[CircuitBreaker, Clock]:
+def open_breaker() -> tuple[CircuitBreaker, FakeClock]:
     b, clock = breaker()
     for _ in range(3):
         run(b, Outcome.FAILURE)

@@ -132,7 +132,8 @@ def test_bad_names():
 
 def test_cross_references():
     text = MINIMAL.replace('aliases = ["alias-m"]', 'aliases = ["alias-m", "n"]\nfallbacks = ["nope", "alias-m", "n"]')
-    text += '\n[models.n]\nfallbacks = ["m", "m"]\n[models.n.versions.a]\nweights = "bundled"\ntraffic = 1\nworkers = ["h:1"]\n'
+    text += '\n[models.n]\nfallbacks = ["m", "m"]\n'
+    text += '[models.n.versions.a]\nweights = "bundled"\ntraffic = 1\nworkers = ["h:1"]\n'
     text += '[models.n.versions.b]\nweights = "bundled"\ntraffic = 1\nworkers = ["h:1"]\n'
     found = problems(text)
     assert "fleet.toml:2: models.m.aliases[1]: alias 'n' already names model 'n'" in found

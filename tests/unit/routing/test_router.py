@@ -6,7 +6,6 @@ import pytest
 
 from sluice.routing.dispatch.circuit_breaker import BreakerConfig, Outcome
 from sluice.routing.dispatch.router import FallbackReason, FleetRouter
-from sluice.routing.dispatch.version_router import sticky_key
 from sluice.routing.dispatch.worker_picker import PickReason
 from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
 from sluice.routing.errors import (
@@ -22,7 +21,7 @@ from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.quota.memory_store import MemoryQuotaStore
 from sluice.routing.state.routing_state import ModelRoutingState, RoutingSnapshot, VersionState
 from tests.clock import FakeClock
-from tests.routing_calls import RouteRequest, finish, route
+from tests.routing_calls import RouteRequest, finish, route, user_key
 
 FLEET = """\
 [models.main]
@@ -66,7 +65,7 @@ class Fleet:
         self.router = FleetRouter(self.registry, self.pool, self.quota, lambda: self.snapshot)
 
     def request(self, user: str = "u1", model: str = "main", tier: str = "priority", **kw) -> RouteRequest:
-        return RouteRequest(model, "acme", tier, sticky_key("acme", user_id=user), list(range(64)), 100, **kw)
+        return RouteRequest(model, "acme", tier, user_key("acme", user), list(range(64)), 100, **kw)
 
 
 @pytest.mark.asyncio

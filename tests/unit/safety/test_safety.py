@@ -10,6 +10,7 @@ import logging
 import re
 import statistics
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -212,7 +213,7 @@ def test_input_rules_false_positive_rate_and_latency(pipeline):
 
 # -- L2 classifier ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def clf() -> Classifier:
+def clf() -> Iterator[Classifier]:
     c = Classifier(workers=1, max_pending=8)
     assert c.model is not None
     yield c
@@ -255,7 +256,8 @@ def test_classifier_latency_p50(clf):
     times = asyncio.run(run())
     p50 = statistics.median(times) * 1000
     print(
-        f"\nL2 classifier short prompt: p50 {p50:.2f} ms (async round trip), compute p50 {clf.stats.quantile(0.5):.2f} ms"
+        f"\nL2 classifier short prompt: p50 {p50:.2f} ms (async round trip),"
+        f" compute p50 {clf.stats.quantile(0.5):.2f} ms"
     )
     assert p50 < 10
 

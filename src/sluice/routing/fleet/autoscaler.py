@@ -214,7 +214,7 @@ class LocalAutoscaler:
             log.error("autoscaling %s/%s: a worker failed to start: %s (next try in %.0f s)", *key, exc, START_RETRY_S)
         finally:
             # the same step that added the worker to the pool (as STARTING): never counted twice
-            scaler.starts.discard(asyncio.current_task())  # type: ignore[arg-type]
+            scaler.starts.discard(asyncio.current_task())
 
     # -- the operator's view ------------------------------------------------------------------
     def status(self) -> list[dict[str, Any]]:

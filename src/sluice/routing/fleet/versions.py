@@ -33,9 +33,9 @@ class VersionRuntimes:
         """The version's tokenizer (one per weights path; blocking: call it off the loop)."""
         from sluice.models.tokenizer_loader import load_tokenizer
 
-        key = spec.weights
+        key = spec.own_weights
         if key not in self._tokenizers:
-            path = None if spec.weights == BUNDLED else spec.weights
+            path = None if key == BUNDLED else key
             if path is not None and not Path(path).exists():
                 raise ModelLoadError(
                     f"{path}: the gateway renders prompts with each version's tokenizer, so its "

@@ -4,8 +4,9 @@ One model (the id today's settings give it, with its aliases), one version named
 that carries the whole traffic, served by one local worker or by the `--worker` address. Every
 tier may pin that version, so a client that echoes the `sluice-model-version` header it was
 sent keeps working. With `autoscale` on, the version is autoscaled (one serving worker, a warm
-pool of one, at most `autoscale_max_workers`; the other numbers are ScalingSettings' defaults). Building it through the same schema as a fleet file means the request path
-has one shape to handle whether a fleet file exists or not.
+pool of one, at most `autoscale_max_workers`; the other numbers are ScalingSettings'
+defaults). Building it through the same schema as a fleet file means the request path has one
+shape to handle whether a fleet file exists or not.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def cross_check(
             found += _autoscale_problems(fleet, model_id, name, vloc)
             found += _adapter_problems(fleet, version, vloc, check_paths)
             if check_paths and version.replicas > 0:
-                problem = _weights_problem(version.weights_kind, Path(version.weights))
+                problem = _weights_problem(version.weights_kind, Path(version.own_weights))
                 if problem:
                     found.append(((*vloc, "weights"), problem))
     if fleet.autoscaling is not None and not fleet.autoscaled():

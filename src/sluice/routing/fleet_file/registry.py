@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.routing.errors import FleetFileError, UnknownModelError, UnknownVersionError
-from sluice.routing.fleet_file.adapters import adapter_model, resolve_base
+from sluice.routing.fleet_file.adapters import adapter_model, names, resolve_base
 from sluice.routing.fleet_file.loader import cross_check, dotted_path, load_fleet
 from sluice.routing.fleet_file.schema import FleetSpec, ModelSpec, VersionSpec
 
@@ -39,7 +39,7 @@ class Registry:
         self._file = fleet  # what the file (or the settings) declares
         self._runtime: dict[str, ModelSpec] = {}  # adapters registered at run time, by model id
         self._fleet = fleet  # the file's fleet with the run-time adapters laid over it
-        self._names = _names(fleet)
+        self._names = names(fleet)
         self.source = Path(source) if source is not None else None  # the file reload() rereads
         self.generation = 0  # bumps on every applied reload
 
@@ -114,16 +114,16 @@ class Registry:
 
     def _lay_over(self) -> None:
         """The file's fleet with the run-time adapters whose name is free and base still there."""
-        names = _names(self._file)
+        taken = names(self._file)
         kept = {
             n: m
             for n, m in self._runtime.items()
-            if n not in names
+            if n not in taken
             and isinstance(resolve_base(self._file, next(iter(m.versions.values())).base or ""), tuple)
         }
         self._runtime = kept
         self._fleet = self._file.model_copy(update={"models": {**self._file.models, **kept}}) if kept else self._file
-        self._names = _names(self._fleet)
+        self._names = names(self._fleet)
 
     # -- reload -------------------------------------------------------------------------------
     def reload(self, new: FleetSpec | str | Path | None = None) -> ReloadResult:
@@ -142,22 +142,14 @@ class Registry:
                 fleet = load_fleet(path)
         except FleetFileError as exc:
             return ReloadResult(False, str(exc))
-        old = self._fleet.models
+        before = self._fleet.models
         self._file = fleet
         self._lay_over()
-        new = self._fleet.models
+        after = self._fleet.models
         self.generation += 1
         return ReloadResult(
             True,
-            added=tuple(m for m in new if m not in old),
-            removed=tuple(m for m in old if m not in new),
-            changed=tuple(m for m in new if m in old and old[m] != new[m]),
+            added=tuple(m for m in after if m not in before),
+            removed=tuple(m for m in before if m not in after),
+            changed=tuple(m for m in after if m in before and before[m] != after[m]),
         )
-
-
-def _names(fleet: FleetSpec) -> dict[str, str]:
-    names = {model_id: model_id for model_id in fleet.models}
-    for model_id, model in fleet.models.items():
-        for alias in model.aliases:
-            names.setdefault(alias, model_id)
-    return names

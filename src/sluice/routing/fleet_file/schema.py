@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -150,7 +150,7 @@ class EngineSettings(_Strict):
             raise ValueError(f"the engine refuses these settings: {exc}") from None
         return self
 
-    def overrides(self) -> dict[str, object]:
+    def overrides(self) -> dict[str, Any]:  # each value of its field's type, as the model validated it
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
     def apply(self, base: EngineConfig) -> EngineConfig:
@@ -242,9 +242,16 @@ class VersionSpec(_Strict):
 
     @property
     def weights_kind(self) -> WeightsKind:
-        if self.weights == BUNDLED:
+        if self.own_weights == BUNDLED:
             return WeightsKind.BUNDLED
-        return WeightsKind.GGUF if self.weights.lower().endswith(".gguf") else WeightsKind.HF_FOLDER
+        return WeightsKind.GGUF if self.own_weights.lower().endswith(".gguf") else WeightsKind.HF_FOLDER
+
+    @property
+    def own_weights(self) -> str:
+        """`weights`, which every version but an adapter version has (the validator checked)."""
+        if self.weights is None:
+            raise ValueError("an adapter version has no weights of its own: ask its base version")
+        return self.weights
 
 
 class ModelSpec(_Strict):

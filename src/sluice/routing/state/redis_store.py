@@ -68,7 +68,9 @@ class RedisRoutingStateStore:
 
     async def load(self) -> RoutingSnapshot:
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self._keys[0]).hgetall(self._keys[1]).get(self._keys[2])
+            pipe.hgetall(self._keys[0])
+            pipe.hgetall(self._keys[1])
+            pipe.get(self._keys[2])
             states, revs, rev = await pipe.execute()
         models = {m: ModelRoutingState.from_json(text, int(revs.get(m, 0))) for m, text in states.items()}
         return RoutingSnapshot(int(rev or 0), models)
