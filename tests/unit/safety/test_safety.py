@@ -8,8 +8,6 @@ import base64
 import json
 import logging
 import re
-import statistics
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -197,18 +195,13 @@ def test_messages_extraction(pipeline):
     assert pipeline.check_input(texts(msgs)).category == "canary"
 
 
-def test_input_rules_false_positive_rate_and_latency(pipeline):
+def test_input_rules_false_positive_rate(pipeline):
+    # the rules' latency is measured in bench/serving/safety_overhead.py (l1_us_p50), not here:
+    # a test must not depend on the machine's speed
     blocked = [line for line in BENIGN if pipeline.check_input([line]) is not None]
     assert len(blocked) / len(BENIGN) < 0.01, blocked
     doc = " ".join(BENIGN)[:4096]
-    times = []
-    for _ in range(200):
-        t0 = time.perf_counter()
-        assert pipeline.check_input(["You are a helpful assistant.", doc]) is None
-        times.append(time.perf_counter() - t0)
-    p50 = statistics.median(times) * 1e6
-    print(f"\nL1: benign fp={len(blocked)}/{len(BENIGN)}, 4 KB request p50 {p50:.0f} µs")
-    assert p50 < 5000  # loose for a shared CI box; measured ~60 µs here
+    assert pipeline.check_input(["You are a helpful assistant.", doc]) is None
 
 
 # -- L2 classifier ----------------------------------------------------------------------------------
@@ -243,23 +236,17 @@ def test_classifier_scores_injection_and_benign(clf):
     assert good.scores["prompt_injection"] + good.scores["jailbreak"] < 0.5
 
 
-def test_classifier_latency_p50(clf):
-    async def run() -> list[float]:
+def test_classifier_answers_a_run_of_requests(clf):
+    # its latency is measured in bench/serving/safety_overhead.py (l2_ms_p50); here only that a
+    # run of requests through the async path all answer, with a deadline no busy machine reaches
+    async def run() -> list[str]:
         out = []
-        for i in range(60):
-            t0 = time.perf_counter()
-            r = await clf.classify(f"Can you recommend a good book about gardening, number {i}?", deadline_s=1.0)
-            out.append(time.perf_counter() - t0)
-            assert r.status == OK
+        for i in range(20):
+            r = await clf.classify(f"Can you recommend a good book about gardening, number {i}?", deadline_s=120.0)
+            out.append(r.status)
         return out
 
-    times = asyncio.run(run())
-    p50 = statistics.median(times) * 1000
-    print(
-        f"\nL2 classifier short prompt: p50 {p50:.2f} ms (async round trip),"
-        f" compute p50 {clf.stats.quantile(0.5):.2f} ms"
-    )
-    assert p50 < 10
+    assert asyncio.run(run()) == [OK] * 20
 
 
 def test_classifier_timeout_and_saturation(clf):
