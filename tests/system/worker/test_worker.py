@@ -220,7 +220,9 @@ def test_worker_killed_mid_stream_raises_unavailable(tiny_llama_dir):
                     if seen == 3:
                         os.kill(worker.pid, signal.SIGKILL)  # the PID we started
                         t_kill = time.monotonic()
-            assert time.monotonic() - t_kill < 5
+            # the stream ends with the error soon after the kill, not at some far timeout (a bound
+            # no busy machine reaches: the gRPC deadline of a request is minutes)
+            assert time.monotonic() - t_kill < 60
             assert not await client.ready()
             with pytest.raises(EngineUnavailableError):
                 await _collect(client, _req("after"))
