@@ -12,7 +12,8 @@ p50/p99, the added p50 over the library, and the CPU time per query of each rout
 shard processes (from /proc), which a loaded machine distorts much less than latency; and the
 load average before and after.
 
-    PYTHONPATH=src .venv/bin/python bench/search/search_before_after.py --before /tmp/old/src [--passes 2] [--json out.json]
+    PYTHONPATH=src .venv/bin/python bench/search/search_before_after.py --before /tmp/old/src \
+        [--passes 2] [--json out.json]
 """
 
 import argparse
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -78,6 +80,53 @@ def start(tmp: Path, name: str, src: str, shards: int, stats: str) -> tuple[subp
     return p, f"http://127.0.0.1:{port}"
 
 
+Routers = dict[str, tuple[subprocess.Popen, str]]
+
+
+def load(http: httpx.Client, routers: Routers, docs: list[dict]) -> None:
+    """Waits for each router to be ready, then indexes the corpus into it."""
+    for _, url in routers.values():
+        for _ in range(600):
+            try:
+                if http.get(url + "/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        for i in range(0, len(docs), 500):
+            body = "\n".join(json.dumps(d) for d in docs[i : i + 500])
+            http.post(url + "/v1/search/documents", content=body).raise_for_status()
+
+
+def measure_pass(
+    clients: dict, pids: dict[str, list[int]], routers: Routers, queries: list[str], n_pass: int
+) -> dict[str, Any]:
+    """One pass over the queries in alternating blocks: latency per client, CPU per router."""
+    lat: dict[str, list[float]] = {n: [] for n in clients}
+    cpu = {n: [0.0, 0.0] for n in routers}
+    for block in range(0, len(queries), BLOCK):
+        for n, c in clients.items():
+            c0 = [cpu_s(x) for x in pids[n]] if n in pids else None
+            for q in queries[block : block + BLOCK]:
+                t = time.perf_counter()
+                c.post("/v1/search", {"query": q, "top_k": 10})
+                lat[n].append(time.perf_counter() - t)
+            if c0 is not None:
+                c1 = [cpu_s(x) for x in pids[n]]
+                cpu[n][0] += c1[0] - c0[0]
+                cpu[n][1] += sum(c1[1:]) - sum(c0[1:])
+    lib_p50 = pct(lat["library"], 0.5)
+    res: dict[str, Any] = {"pass": n_pass + 1, "term_statistics": "cold" if n_pass == 0 else "warm"}
+    for n in clients:
+        r = {"p50_ms": round(pct(lat[n], 0.5) * 1000, 3), "p99_ms": round(pct(lat[n], 0.99) * 1000, 3)}
+        if n in routers:
+            r["added_p50_ms"] = round((pct(lat[n], 0.5) - lib_p50) * 1000, 3)
+            r["router_cpu_ms_per_query"] = round(cpu[n][0] / len(queries) * 1000, 3)
+            r["shards_cpu_ms_per_query"] = round(cpu[n][1] / len(queries) * 1000, 3)
+        res[n] = r
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", required=True, help="the src/ folder of the earlier checkout")
@@ -99,18 +148,8 @@ def main() -> int:
     load0 = os.getloadavg()
     try:
         http = httpx.Client(timeout=60)
-        for name, (p, url) in routers.items():
-            for _ in range(600):
-                try:
-                    if http.get(url + "/ready").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
-            for i in range(0, len(docs), 500):
-                body = "\n".join(json.dumps(d) for d in docs[i : i + 500])
-                http.post(url + "/v1/search/documents", content=body).raise_for_status()
-        clients = {"library": Library(docs), **{n: RawClient(u) for n, (p, u) in routers.items()}}
+        load(http, routers, docs)
+        clients = {"library": Library(docs), **{n: RawClient(u) for n, (_, u) in routers.items()}}
         pids = {
             n: [p.pid, *http.get(u + "/v1/search/status").json()["local_pids"].values()]
             for n, (p, u) in routers.items()
@@ -118,41 +157,21 @@ def main() -> int:
         for c in clients.values():
             for q in warmup:
                 c.post("/v1/search", {"query": q, "top_k": 10})
-        out: dict = {
+        passes = []
+        for n_pass in range(args.passes):
+            res = measure_pass(clients, pids, routers, queries, n_pass)
+            passes.append(res)
+            print(json.dumps(res), flush=True)
+        out: dict[str, Any] = {
             "docs": len(docs),
             "queries": len(queries),
             "shards": args.shards,
             "stats": args.stats,
             "load_average_before": [round(x, 2) for x in load0],
-            "passes": [],
+            "passes": passes,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
         }
-        for n_pass in range(args.passes):
-            lat: dict[str, list[float]] = {n: [] for n in clients}
-            cpu = {n: [0.0, 0.0] for n in routers}
-            for block in range(0, len(queries), BLOCK):
-                for n, c in clients.items():
-                    c0 = [cpu_s(x) for x in pids[n]] if n in pids else None
-                    for q in queries[block : block + BLOCK]:
-                        t = time.perf_counter()
-                        c.post("/v1/search", {"query": q, "top_k": 10})
-                        lat[n].append(time.perf_counter() - t)
-                    if c0 is not None:
-                        c1 = [cpu_s(x) for x in pids[n]]
-                        cpu[n][0] += c1[0] - c0[0]
-                        cpu[n][1] += sum(c1[1:]) - sum(c0[1:])
-            lib_p50 = pct(lat["library"], 0.5)
-            res = {"pass": n_pass + 1, "term_statistics": "cold" if n_pass == 0 else "warm"}
-            for n in clients:
-                r = {"p50_ms": round(pct(lat[n], 0.5) * 1000, 3), "p99_ms": round(pct(lat[n], 0.99) * 1000, 3)}
-                if n in routers:
-                    r["added_p50_ms"] = round((pct(lat[n], 0.5) - lib_p50) * 1000, 3)
-                    r["router_cpu_ms_per_query"] = round(cpu[n][0] / len(queries) * 1000, 3)
-                    r["shards_cpu_ms_per_query"] = round(cpu[n][1] / len(queries) * 1000, 3)
-                res[n] = r
-            out["passes"].append(res)
-            print(json.dumps(res), flush=True)
-        out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-        for n, (p, u) in routers.items():  # the statistics cache's and one-round search's counts, where reported
+        for n, (_, u) in routers.items():  # the statistics cache's and one-round search's counts, where reported
             out[f"{n}_cache"] = http.get(u + "/v1/search/status").json().get("cache")
         print(json.dumps(out, indent=2))
         if args.json:

@@ -25,6 +25,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +115,7 @@ def main() -> None:
         approx.append(index.dense_search(v, K, exact=False))
         timings["dense approximate"] += time.perf_counter() - t
 
-    rows = [
+    rows: list[tuple[str, Iterable[list[str]]]] = [
         ("lexical (BM25)", ([h.doc_id for h in r] for r in lexical)),
         ("dense (exact)", ([h.doc_id for h in r] for r in dense)),
     ]

@@ -16,8 +16,9 @@ the result cache is off, and every router's shards are local replica processes:
 Also: ingest documents/s through the router (bulk of 500, fsync'd write log), and the CPU time
 each configuration's processes spent per query (router, and the shard replicas together, from
 /proc): on a shared, loaded machine wall-clock latency is mostly scheduling delay, CPU time much
-less so; and the load average before and after. Queries are sent by a raw keep-alive socket client, so the figures are the service's
-cost, not a Python HTTP client's (httpx's own sync client costs ~1 ms a request here).
+less so; and the load average before and after. Queries are sent by a raw keep-alive socket
+client, so the figures are the service's cost, not a Python HTTP client's (httpx's own sync client
+costs ~1 ms a request here).
 
     PYTHONPATH=src .venv/bin/python bench/search/search_latency.py [--docs 4000] [--queries 300] [--json out.json]
 """

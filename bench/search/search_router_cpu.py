@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import inspect
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 from sluice.search.index.schema import parse_document  # noqa: E402
@@ -36,7 +38,7 @@ from sluice.search.shard.replica import Replica  # noqa: E402
 from sluice.search.shard.server import create_shard_app  # noqa: E402
 from tests import corpus  # noqa: E402
 
-NAMED = (Path(sys.modules[RouterRuntime.__module__].__file__).parent / "http").is_dir()  # this tree's layout
+NAMED = (Path(inspect.getfile(RouterRuntime)).parent / "http").is_dir()  # this tree's layout
 if NAMED:
     from sluice.search.router.http.app import create_router_app
     from sluice.search.router.http.front import RouterFront as Front
@@ -75,7 +77,10 @@ def build(docs: list[dict], data: Path) -> tuple[RouterRuntime, list[float]]:
         shard_cpu[0] += time.process_time() - t0
         return r, out
 
-    (rt.caller if hasattr(rt, "caller") else rt.client).call = call
+    # Any: this tree's ShardCaller or an earlier checkout's shard client (its rt.client), whose
+    # call is replaced on this instance only
+    caller: Any = rt.caller if hasattr(rt, "caller") else vars(rt)["client"]
+    caller.call = call
     return rt, shard_cpu
 
 

@@ -246,7 +246,11 @@ class ShardSearchRequest:
     exact: bool | None = None  # a dense search's way (None: exact on a small shard; vector_index.py)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"tree": self.tree, "top_k": self.top_k, "stats": None if self.stats is None else self.stats.to_json()}
+        out: dict[str, Any] = {
+            "tree": self.tree,
+            "top_k": self.top_k,
+            "stats": None if self.stats is None else self.stats.to_json(),
+        }
         if self.unknown is not None:
             out["unknown"] = self.unknown
         if self.filter:

@@ -101,7 +101,7 @@ def _upload(
         sock.setblocking(False)
         pending = memoryview(b"")
         while b"\r\n\r\n" not in answer:
-            want_write = sent < total or pending
+            want_write = sent < total or len(pending) > 0
             readable, writable, _ = select.select([sock], [sock] if want_write else [], [], 60)
             if not readable and not writable:
                 raise AssertionError(f"no answer and no progress for 60 s ({sent} bytes sent)")

@@ -3,6 +3,7 @@ acknowledged writes survive kill -9; a replica that was down catches up from its
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -21,9 +22,7 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replicas")
     shards = {name: [start_shard(tmp / name / f"r{i}") for i in range(2)] for name in ("a", "b")}
     config = "[search]\nshard_deadline_ms = 20000\nhedge = true\n" + "".join(
-        f'[[shards]]\nname = "{name}"\nreplicas = [{", ".join(repr(p.url.removeprefix("http://")) for p in procs)}]\n'.replace(
-            "'", '"'
-        )
+        f'[[shards]]\nname = "{name}"\nreplicas = {json.dumps([p.url.removeprefix("http://") for p in procs])}\n'
         for name, procs in shards.items()
     )
     router = start_router(tmp, config)
@@ -98,7 +97,7 @@ def test_writes_while_a_replica_is_down_are_caught_up(cluster):
 def test_acknowledged_writes_survive_kill9_of_every_replica(cluster):
     ingest(cluster["router"].url, cluster["docs"][N_DOCS + 200 : N_DOCS + 400])
     before = {name: _shard_docs(procs[0].url) for name, procs in cluster["shards"].items()}
-    for name, procs in cluster["shards"].items():
+    for procs in cluster["shards"].values():
         for i, p in enumerate(procs):
             p.kill9()
             procs[i] = restart(p)  # replays its write log into the index

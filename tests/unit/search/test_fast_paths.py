@@ -90,12 +90,15 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
     from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
 
     async def go() -> None:
-        arrived, release, transports = asyncio.Event(), asyncio.Event(), []
+        arrived, release = asyncio.Event(), asyncio.Event()
+        transports: list[asyncio.Transport] = []
 
         async def fast(request: web.Request) -> web.Response:
-            transports.append(request.transport)
+            transport = request.transport
+            assert transport is not None  # None only once the connection is lost
+            transports.append(transport)
             return web.json_response(
-                {"port": request.transport.get_extra_info("peername")[1], "got": (await request.json())["x"]}
+                {"port": transport.get_extra_info("peername")[1], "got": (await request.json())["x"]}
             )
 
         async def slow(request: web.Request) -> web.Response:
@@ -117,7 +120,7 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
         http = ShardQueryClient()
         try:
             s1, a = await http.post_json(base + "/fast", {"x": 1}, 5.0)
@@ -182,7 +185,7 @@ def test_the_shard_answers_its_query_requests_inside_uvicorns_protocol(tmp_path)
     assert protocol is not None  # the installed uvicorn is the one it was written against
     answered: list[bytes] = []
 
-    class Counting(protocol):  # type: ignore[misc, valid-type]
+    class Counting(protocol):
         def on_message_complete(self) -> None:
             if self._query is not None:
                 answered.append(self.url)
@@ -191,10 +194,9 @@ def test_the_shard_answers_its_query_requests_inside_uvicorns_protocol(tmp_path)
     async def go() -> None:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
+        sock.listen()  # listening already: a request sent before uvicorn accepts waits in the backlog
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=Counting, lifespan="off"))
         task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            await asyncio.sleep(0.01)
         base = f"http://127.0.0.1:{sock.getsockname()[1]}"
         http = ShardQueryClient()
         try:

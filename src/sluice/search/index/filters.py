@@ -193,7 +193,7 @@ def check_wire(data: Any) -> list[Clause]:
     if not isinstance(data, list) or len(data) > MAX_CLAUSES * 3:
         raise FilterError("filter: a list of clauses")
     for c in data:
-        ok = isinstance(c, list) and len(c) >= 3 and isinstance(c[1], str) and c[1]
+        ok = isinstance(c, list) and len(c) >= 3 and isinstance(c[1], str) and c[1] != ""
         if ok and c[0] in (FilterOp.IN.value, FilterOp.NOT_IN.value):
             ok = (
                 len(c) == 3
@@ -217,7 +217,8 @@ def filtered(query: xapian.Query, clauses: list[Clause] | None) -> xapian.Query:
     if not clauses:
         return query
     Q = xapian.Query
-    keep, drop = [], []
+    keep: list[xapian.Query] = []
+    drop: list[xapian.Query] = []
     for c in clauses:
         if c[0] == "range":
             lo = xapian.sortable_serialise(-math.inf if c[2] is None else c[2])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Union
+from collections.abc import Callable
 
 from sluice.search.errors import QuerySyntaxError
 
@@ -60,7 +60,7 @@ class Bool:
     excluded: tuple[Node, ...] = ()  # for "must": -clauses
 
 
-Node = Union[Text, Bool]
+Node = Text | Bool
 
 
 @dataclasses.dataclass(slots=True)
@@ -157,7 +157,7 @@ class _Parser:
             )
         return node
 
-    def _binary(self, word: str, op: BoolOp, sub, depth: int) -> Node:
+    def _binary(self, word: str, op: BoolOp, sub: Callable[[int], Node], depth: int) -> Node:
         parts = [sub(depth)]
         while (tok := self.peek()) is not None and tok.kind == "op" and tok.value == word:
             self.i += 1
@@ -168,7 +168,8 @@ class _Parser:
 
     def or_expr(self, depth: int) -> Node:
         if depth > MAX_DEPTH:
-            raise QuerySyntaxError(self.peek().position if self.peek() else 0, f"nested deeper than {MAX_DEPTH}")
+            tok = self.peek()
+            raise QuerySyntaxError(tok.position if tok is not None else 0, f"nested deeper than {MAX_DEPTH}")
         return self._binary("OR", BoolOp.OR, self.and_expr, depth)
 
     def and_expr(self, depth: int) -> Node:

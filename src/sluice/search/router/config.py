@@ -51,7 +51,7 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
 from sluice.search.contract import MAX_TOP_K
 from sluice.search.errors import SearchConfigError
@@ -103,6 +103,9 @@ class ShardSpec(_Strict):
         return v
 
 
+_ENUM_FIELDS: dict[str, type[enum.Enum]] = {"sharding": Sharding, "stats": StatsMode, "vector_search": VectorSearch}
+
+
 class SearchSettings(_Strict):
     sharding: Sharding = Sharding.HASH
     content_field: str | None = None
@@ -138,10 +141,10 @@ class SearchSettings(_Strict):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=False)
 
-    @field_validator("sharding", "stats", "vector_search", mode="before")
+    @field_validator(*_ENUM_FIELDS, mode="before")
     @classmethod
-    def _enum(cls, v: object, info) -> object:  # TOML gives strings; strict mode wants the enum
-        enum_type = {"sharding": Sharding, "stats": StatsMode, "vector_search": VectorSearch}[info.field_name]
+    def _enum(cls, v: object, info: ValidationInfo) -> object:  # TOML gives strings; strict mode wants the enum
+        enum_type = _ENUM_FIELDS[str(info.field_name)]  # a field validator's: always named
         try:
             return enum_type(v)
         except ValueError:

@@ -91,7 +91,7 @@ class RouterProcess:
     async def _ready(self) -> None:
         await self.rt.start()
         while self.rt.not_ready_reason() is not None:
-            await asyncio.sleep(0.1)
+            await self.rt.poller.next_poll()
         c = self.cfg
         n_rep = sum(len(s.replicas) for s in c.shards)
         _say(

@@ -12,14 +12,15 @@ shard's shape, `{"error": {"type", "message"}}`, with the status of their Search
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sluice.search import strict_json
 from sluice.search.errors import DocumentError, QuerySyntaxError, SearchError, SearchErrorKind
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
-ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 MAX_BODY_BYTES = 16 << 20
 MAX_DEPTH = 128  # a query tree is nested up to check_tree's 40 levels, two JSON arrays each
 TOO_LARGE = SearchError(SearchErrorKind.TOO_LARGE, f"a query request is at most {MAX_BODY_BYTES} bytes")
@@ -30,9 +31,7 @@ class QueryPath:
     def __init__(self, app: ASGIApp, handlers: dict[str, Handler], on_error: Callable[[str], None]):
         self.app, self.handlers, self.on_error = app, handlers, on_error
 
-    async def __call__(
-        self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         handler = self.handlers.get(scope.get("path", "")) if scope["type"] == "http" else None
         if handler is None or scope.get("method") != "POST":
             await self.app(scope, receive, send)
@@ -47,15 +46,7 @@ class QueryPath:
             if len(body) > MAX_BODY_BYTES:
                 await _answer(send, TOO_LARGE.status, TOO_LARGE.body())
                 return
-        status, payload = self.answer(handler, body)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        await _send_json(send, *self.answer(handler, body))
 
     def answer(self, handler: Handler, body: bytes) -> tuple[int, bytes]:
         """One query request's body → (status, the JSON answer); shared with query_protocol.py."""
@@ -79,8 +70,11 @@ class QueryPath:
         return err.status, json.dumps(err.body(), separators=(",", ":")).encode()
 
 
-async def _answer(send: Callable[[dict], Awaitable[None]], status: int, out: dict[str, Any]) -> None:
-    payload = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
+async def _answer(send: Send, status: int, out: dict[str, Any]) -> None:
+    await _send_json(send, status, json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+async def _send_json(send: Send, status: int, payload: bytes) -> None:
     await send(
         {
             "type": "http.response.start",

@@ -130,12 +130,14 @@ class Replica:
     def applied_seq(self) -> int:
         return self.index.applied_seq
 
-    def append(self, seq: int, ops: list[dict[str, Any]], ts: float | None = None) -> int:
-        """Log (fsync) and apply entry `seq`; LogGapError when entries before it are missing."""
-        check_ops(ops, self.schema)
+    def append(self, seq: int, received: object, ts: float | None = None) -> int:
+        """Log (fsync) and apply entry `seq` (its ops as received: checked here first);
+        LogGapError when entries before it are missing."""
+        ops = check_ops(received, self.schema)
         with self._lock:
-            entry = {"seq": seq, "ops": ops, "ts": ts or time.time()}
-            if self.log.append(seq, ops, entry["ts"]) and seq == self.index.applied_seq + 1:
+            at = ts or time.time()
+            entry = {"seq": seq, "ops": ops, "ts": at}
+            if self.log.append(seq, ops, at) and seq == self.index.applied_seq + 1:
                 self._apply(entry)
             return self.index.applied_seq
 

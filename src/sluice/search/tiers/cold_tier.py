@@ -3,8 +3,9 @@
 A cold shard is fetched on its first query (download + unpack into the router's cache folder),
 opened read-only, and answers the statistics round and the search like any replica: it is a
 ShardService (service.py) taking the contract's typed requests, answered by the same code as a
-replica process (shard/answers.py), so its scores merge exactly. Fetched shards are kept under a disk budget: when a fetch would
-exceed it, the least recently queried other shards are evicted (closed and deleted) first.
+replica process (shard/answers.py), so its scores merge exactly. Fetched shards are kept under a
+disk budget: when a fetch would exceed it, the least recently queried other shards are evicted
+(closed and deleted) first.
 Queries run in a worker thread (Xapian releases no GIL-free promise; the event loop must not
 wait on a download); one lock per shard serializes its Xapian handle.
 """

@@ -60,7 +60,7 @@ class LocalReader:
 
     def call(self, req: StatsRequest | ShardSearchRequest, head_seq: int) -> StatsAnswer | ShardSearchAnswer:
         """NotCurrent when this reader cannot answer at `head_seq`."""
-        for attempt in (1, 2):
+        for _ in range(2):  # once more after the writer moved the revision under this read
             ix = self._current(head_seq)
             try:
                 if isinstance(req, StatsRequest):

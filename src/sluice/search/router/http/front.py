@@ -15,18 +15,15 @@ started the connection is the server's to drop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.search.errors import SearchError
 from sluice.search.router.http.responses import encode, internal_error, send_error, send_json
 from sluice.search.router.http.search_endpoint import answer_search
 from sluice.search.router.runtime import RouterRuntime
 
-Receive = Callable[[], Awaitable[dict]]
-Send = Callable[[dict], Awaitable[None]]
-ASGIApp = Callable[[dict, Receive, Send], Awaitable[None]]
 log = logging.getLogger("sluice.search.router")
 
 
@@ -34,7 +31,7 @@ class RouterFront:
     def __init__(self, app: ASGIApp, rt: RouterRuntime):
         self.app, self.rt = app, rt
 
-    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -43,7 +40,7 @@ class RouterFront:
             return
         state = {"started": False, "done": False}
 
-        async def watched(msg: dict) -> None:
+        async def watched(msg: Message) -> None:
             if msg["type"] == "http.response.start":
                 state["started"] = True
             elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
@@ -61,17 +58,16 @@ class RouterFront:
                 raise  # a response cut short: the server drops the connection
             # else: FastAPI's handler already answered 500 with connection: close (app.py)
 
-    async def _search(self, scope: dict, receive: Receive, send: Send) -> None:
+    async def _search(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             payload = encode(await answer_search(self.rt, Request(scope, receive)))
-        except SearchError as err:
-            self.rt.metrics.refused(err.kind.value)
-            await send_error(send, err)
-            return
+        except SearchError as refused:
+            err = refused
         except Exception:
             log.exception("POST /v1/search failed")
             err = internal_error()
-            self.rt.metrics.refused(err.kind.value)
-            await send_error(send, err)
+        else:
+            await send_json(send, 200, payload)
             return
-        await send_json(send, 200, payload)
+        self.rt.metrics.refused(err.kind.value)
+        await send_error(send, err)

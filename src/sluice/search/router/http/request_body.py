@@ -8,11 +8,11 @@ drops the rest of the upload instead of reading it to find the next request.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
+
+from starlette.types import Receive
 
 from sluice.search.errors import SearchError, SearchErrorKind
-
-Receive = Callable[[], Awaitable[dict]]
 
 
 def too_large(what: str, limit: int) -> SearchError:

@@ -11,14 +11,13 @@ open a new one instead of meeting a reset).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
+from starlette.types import Send
 
 from sluice.search.errors import SearchError, SearchErrorKind
 
-Send = Callable[[dict], Awaitable[None]]
 CLOSES = frozenset(
     {SearchErrorKind.TOO_LARGE, SearchErrorKind.AUTHENTICATION, SearchErrorKind.QUERY_ONLY, SearchErrorKind.INTERNAL}
 )

@@ -31,7 +31,10 @@ from sluice.search.tiers.local_reads import LocalReads, NotCurrent
 FOLLOWED_SHARE = 0.5  # of the time left, what a round that another round follows may spend
 Request = StatsRequest | ShardSearchRequest
 Answer = StatsAnswer | ShardSearchAnswer
-_ANSWER_OF: dict[type, type] = {StatsRequest: StatsAnswer, ShardSearchRequest: ShardSearchAnswer}
+_ANSWER_OF: dict[type, type[StatsAnswer] | type[ShardSearchAnswer]] = {
+    StatsRequest: StatsAnswer,
+    ShardSearchRequest: ShardSearchAnswer,
+}
 
 
 @dataclasses.dataclass(slots=True)

@@ -13,6 +13,7 @@ second request after the shard's p95, all inside the shard's deadline.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from typing import Any
@@ -30,6 +31,18 @@ def _usable(prefer: ReplicaState | None) -> bool:
     return prefer is not None and prefer.reachable and prefer.available(time.monotonic())
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Call:
+    """One shard call's fixed parts, shared by its attempts."""
+
+    shard: ShardRuntime
+    path: str
+    payload: dict[str, Any]
+    deadline: float  # a time.perf_counter() value
+    phase: str
+    prefer: ReplicaState | None
+
+
 class ShardCaller:
     def __init__(
         self,
@@ -45,14 +58,17 @@ class ShardCaller:
         self.hedge_min_s = hedge_min_s
         self.rng = rng or random.Random()
 
-    async def _attempt(
-        self, shard: ShardRuntime, r: ReplicaState, path: str, payload: dict[str, Any], timeout_s: float, phase: str
-    ) -> tuple[ReplicaState, dict[str, Any]]:
+    def _next_replica(self, c: _Call, tried: set[str]) -> ReplicaState | None:
+        """The preferred replica first (if still usable), then one picked by load among the untried."""
+        return c.prefer if (not tried and _usable(c.prefer)) else pick_replica(c.shard.replicas, tried, self.rng)
+
+    async def _attempt(self, c: _Call, r: ReplicaState) -> tuple[ReplicaState, dict[str, Any]]:
+        shard = c.shard
         r.in_flight += 1
         t0 = time.perf_counter()
         ok = False
         try:
-            status, data = await self.http.post_json(r.url + path, payload, timeout_s)
+            status, data = await self.http.post_json(r.url + c.path, c.payload, c.deadline - t0)
             if 400 <= status < 500:
                 ok = True  # the replica is fine; the request is not
                 msg = str(data.get("error", {}).get("message", f"replica answered {status}"))[:300]
@@ -77,7 +93,7 @@ class ShardCaller:
                 r.observe(elapsed, ok)
                 if ok:
                     shard.latency.add(elapsed)
-                self.metrics.child(self.metrics.replica_latency, shard.name, r.name, phase).observe(elapsed)
+                self.metrics.child(self.metrics.replica_latency, shard.name, r.name, c.phase).observe(elapsed)
 
     async def call(
         self,
@@ -90,25 +106,28 @@ class ShardCaller:
     ) -> tuple[ReplicaState, dict[str, Any]]:
         """`deadline` is a time.perf_counter() value; raises ShardCallError when it passes or no
         replica can answer."""
+        c = _Call(shard, path, payload, deadline, phase, prefer)
+        if not self.hedge or len(shard.replicas) < 2 or (p95 := shard.latency.quantile(0.95)) is None:
+            return await self._one_at_a_time(c)
+        return await self._hedged(c, time.perf_counter() + max(p95, self.hedge_min_s))
+
+    async def _hedged(self, c: _Call, hedge_at: float | None) -> tuple[ReplicaState, dict[str, Any]]:
+        """call() with a hedge: a second replica asked at `hedge_at` if none has answered."""
+        shard, deadline = c.shard, c.deadline
         tried: set[str] = set()
-        pending: dict[asyncio.Task, ReplicaState] = {}
+        pending: dict[asyncio.Task[tuple[ReplicaState, dict[str, Any]]], ReplicaState] = {}
         last: ShardCallError | None = None
 
-        def start(kind: str) -> bool:
-            r = prefer if (not tried and _usable(prefer)) else pick_replica(shard.replicas, tried, self.rng)
+        def start(kind: str) -> None:
+            r = self._next_replica(c, tried)
             if r is None:
-                return False
+                return
             tried.add(r.url)
             if kind != "first":
                 self.metrics.retries.labels(shard.name, kind).inc()
-            t = asyncio.create_task(self._attempt(shard, r, path, payload, deadline - time.perf_counter(), phase))
-            pending[t] = r
-            return True
+            pending[asyncio.create_task(self._attempt(c, r))] = r
 
-        if not self.hedge or len(shard.replicas) < 2 or (p95 := shard.latency.quantile(0.95)) is None:
-            return await self._one_at_a_time(shard, path, payload, deadline, phase, prefer)
         start("first")
-        hedge_at = time.perf_counter() + max(p95, self.hedge_min_s)
         try:
             while pending:
                 now = time.perf_counter()
@@ -138,28 +157,21 @@ class ShardCaller:
             for t in pending:
                 t.cancel()
 
-    async def _one_at_a_time(
-        self,
-        shard: ShardRuntime,
-        path: str,
-        payload: dict[str, Any],
-        deadline: float,
-        phase: str,
-        prefer: ReplicaState | None,
-    ) -> tuple[ReplicaState, dict[str, Any]]:
+    async def _one_at_a_time(self, c: _Call) -> tuple[ReplicaState, dict[str, Any]]:
         """call() when no hedge can be sent: each attempt awaited in this task (no task of its
         own, no asyncio.wait: ~50 µs of router CPU per shard call), failover as in call()."""
+        shard, deadline = c.shard, c.deadline
         tried: set[str] = set()
         last: ShardCallError | None = None
         while time.perf_counter() < deadline:
-            r = prefer if (not tried and _usable(prefer)) else pick_replica(shard.replicas, tried, self.rng)
+            r = self._next_replica(c, tried)
             if r is None:
                 break
             if tried:
                 self.metrics.retries.labels(shard.name, "failover").inc()
             tried.add(r.url)
             try:
-                return await self._attempt(shard, r, path, payload, deadline - time.perf_counter(), phase)
+                return await self._attempt(c, r)
             except ShardCallError as exc:
                 if exc.failure is ShardFailure.BAD_QUERY:
                     raise

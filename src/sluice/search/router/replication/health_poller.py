@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 import httpx
 
@@ -40,9 +42,10 @@ class HealthPoller:
         self.topo, self.http, self.metrics, self.interval_s = topo, http, metrics, interval_s
         self.compact_every, self.keep_max = compact_every, keep_max
         self.polls = 0
-        self._jobs: dict[str, asyncio.Task] = {}  # replica url → its catch-up or compaction
+        self._polled = asyncio.Event()  # set at the end of each poll round (next_poll)
+        self._jobs: dict[str, asyncio.Task[None]] = {}  # replica url → its catch-up or compaction
 
-    def _job(self, r: ReplicaState, coro) -> None:
+    def _job(self, r: ReplicaState, coro: Coroutine[Any, Any, None]) -> None:
         """Run a replica's catch-up or compaction beside the poll, one at a time per replica."""
         if r.url in self._jobs and not self._jobs[r.url].done():
             coro.close()
@@ -61,8 +64,7 @@ class HealthPoller:
         statuses = await asyncio.gather(*(self._status(r) for r in shard.replicas))
         logged = {}
         for r, st in zip(shard.replicas, statuses):
-            up = st is not None
-            if up:
+            if st is not None:
                 if not r.reachable or r.down_until > time.monotonic():
                     log.info("replica %s is up (applied %s)", r.name, st["applied_seq"])
                 r.reachable, r.down_until, r.failures = True, 0.0, 0
@@ -76,7 +78,7 @@ class HealthPoller:
                     log.warning("replica %s is not answering", r.name)
                 r.reachable = False
                 r.down_until = time.monotonic() + self.interval_s * 2
-            self.metrics.replica_up.labels(shard.name, r.name).set(1 if up else 0)
+            self.metrics.replica_up.labels(shard.name, r.name).set(1 if st is not None else 0)
         if logged:
             longest = max(logged.values())
             if longest > shard.head_seq and shard.pending is None:
@@ -85,13 +87,11 @@ class HealthPoller:
                 shard.head_known = len(logged) == len(shard.replicas)
         self.metrics.head_seq.labels(shard.name).set(shard.head_seq)
         best = max((r for r in shard.replicas if r.url in logged), key=lambda r: logged[r.url], default=None)
-        laggards = [
-            r
-            for r in shard.replicas
-            if r.url in logged and best is not None and r is not best and logged[r.url] < logged[best.url]
-        ]
-        for r in laggards:
-            self._job(r, self._catch_up(shard, r, best))
+        laggards = []
+        if best is not None:
+            laggards = [r for r in shard.replicas if r.url in logged and logged[r.url] < logged[best.url]]
+            for r in laggards:
+                self._job(r, self._catch_up(shard, r, best))
         point = compaction_point([r.applied_seq for r in shard.replicas], shard.head_seq, self.keep_max)
         for r in shard.replicas:
             if r.url in logged and r not in laggards and should_compact(point, r.log_base, self.compact_every):
@@ -133,6 +133,12 @@ class HealthPoller:
     async def poll_once(self) -> None:
         await asyncio.gather(*(self.poll_shard(s) for s in self.topo.shards if s.cold_url is None))
         self.polls += 1
+        self._polled.set()
+
+    async def next_poll(self) -> None:
+        """Returns once the next poll round has ended (readiness is judged from the polls)."""
+        self._polled.clear()
+        await self._polled.wait()
 
     async def run(self) -> None:
         while True:

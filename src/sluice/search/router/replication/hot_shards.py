@@ -29,13 +29,19 @@ class Change(str, enum.Enum):
 
 class HotShardPolicy(Protocol):
     """The thresholds, read from the router's settings (`SearchSettings`: hot_at, cool_at,
-    hot_for, cool_for, hot_max_added; their defaults and bounds live there, once)."""
+    hot_for, cool_for, hot_max_added; their defaults and bounds live there, once). Read-only
+    properties: the settings are frozen."""
 
-    hot_at: float
-    cool_at: float
-    hot_for: int
-    cool_for: int
-    hot_max_added: int
+    @property
+    def hot_at(self) -> float: ...
+    @property
+    def cool_at(self) -> float: ...
+    @property
+    def hot_for(self) -> int: ...
+    @property
+    def cool_for(self) -> int: ...
+    @property
+    def hot_max_added(self) -> int: ...
 
 
 COOLDOWN = 5  # evaluations after a change before the next one to the same shard

@@ -105,16 +105,17 @@ class Writer:
                     )
                 shard.record_ack(shard.pending["seq"], time.time())
                 shard.pending = None
-            entry = {"seq": shard.head_seq + 1, "ops": ops, "ts": time.time()}
+            seq = shard.head_seq + 1
+            entry = {"seq": seq, "ops": ops, "ts": time.time()}
             _encode(entry)  # an entry that cannot be sent must not reserve a number (it would wedge the shard)
             if await self._send(shard, entry) == 0:
                 shard.pending = entry  # its number stays reserved; resent before the next write
                 raise WriteUnavailable(
                     shard.name, "no replica confirmed the write (it may still be applied; retrying is safe)"
                 )
-            shard.record_ack(entry["seq"], time.time())
+            shard.record_ack(seq, time.time())
             self.metrics.head_seq.labels(shard.name).set(shard.head_seq)
-            return entry["seq"]
+            return seq
 
     async def write(self, batches: dict[int, list[dict[str, Any]]]) -> WriteOutcome:
         """Write each shard's batch concurrently: which shards' parts were written (their
