@@ -117,7 +117,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "exact merged BM25 scores (docs/SEARCH.md).",
     )
     ss = p.add_subparsers(dest="search_command", required=True, metavar="SUBCOMMAND")
+    _add_serve(ss)
+    _add_shard(ss)
+    _add_archive(ss)
+    _add_ingest(ss)
 
+
+def _add_serve(ss: argparse._SubParsersAction) -> None:
     serve = ss.add_parser(
         "serve",
         help="the router; with no --config: 2 local shards × 1 replica under ./search-data",
@@ -139,6 +145,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     serve.set_defaults(func=_serve)
 
+
+def _add_shard(ss: argparse._SubParsersAction) -> None:
     shard = ss.add_parser(
         "shard",
         help="one shard replica process (a write log + a Xapian index over HTTP)",
@@ -164,6 +172,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     shard.set_defaults(func=_shard)
 
+
+def _add_archive(ss: argparse._SubParsersAction) -> None:
     arch = ss.add_parser(
         "archive",
         help="snapshot a replica's index into object storage (the cold tier)",
@@ -180,6 +190,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     arch.set_defaults(func=_archive)
 
+
+def _add_ingest(ss: argparse._SubParsersAction) -> None:
     ingest = ss.add_parser(
         "ingest",
         help="bulk-load an NDJSON file into a running router, with a progress bar",

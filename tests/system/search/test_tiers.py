@@ -49,42 +49,7 @@ def _up(url: str) -> bool:
         return False
 
 
-def test_a_cold_shard_is_fetched_on_first_query_and_merges_exactly(s3, tmp_path, monkeypatch):
-    for k, v in AWS.items():
-        monkeypatch.setenv(k, v)
-    import boto3
-
-    boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(Bucket="archive")
-    docs = corpus.documents(800)
-    old, live = [dict(d, year="2019") for d in docs[:400]], [dict(d, year="2024") for d in docs[400:]]
-    # the cold shard's index: built by a replica, archived by the CLI
-    r = Replica(tmp_path / "old-replica", fsync=False)
-    embedder = Embedder()
-    ops = {0: [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in old]}
-    attach_vectors(ops, embedder, ("title", "body"))  # as the router would have at ingest
-    r.append(1, ops[0])
-    r.log.close()
-    env = {**os.environ, **AWS}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sluice.cli",
-            "search",
-            "archive",
-            "--data",
-            str(tmp_path / "old-replica"),
-            "--to",
-            "s3://archive/y2019.tar.gz",
-            "--s3-endpoint",
-            s3,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stderr
-    cfg = f"""[search]
+COLD_CONFIG = """[search]
 sharding = "content"
 content_field = "year"
 s3_endpoint = "{s3}"
@@ -98,7 +63,60 @@ replicas = []
 archive = "s3://archive/y2019.tar.gz"
 values = ["2019"]
 """
-    router = start_router(tmp_path, cfg, "tiers")
+
+
+def _upserts(docs: list[dict], embedder: Embedder) -> list[dict]:
+    """The documents as one write batch, their vectors attached as the router would at ingest."""
+    ops = {0: [{"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in docs]}
+    attach_vectors(ops, embedder, ("title", "body"))
+    return ops[0]
+
+
+def _archive(s3: str, data: Path, docs: list[dict], embedder: Embedder) -> None:
+    """The cold shard's index: built by a replica, archived by the CLI."""
+    r = Replica(data, fsync=False)
+    r.append(1, _upserts(docs, embedder))
+    r.log.close()
+    out = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "search", "archive", "--data", str(data)]
+        + ["--to", "s3://archive/y2019.tar.gz", "--s3-endpoint", s3],
+        env={**os.environ, **AWS},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def _assert_merges_exactly(
+    url: str, docs: list[dict], old: list[dict], reference: ShardIndex, embedder: Embedder
+) -> None:
+    """Lexical and dense answers of the router (live + cold shard) equal one index over everything."""
+    for q in corpus.queries(docs, 40):
+        got = search(url, q).json()
+        want = merge([reference.search(resolve(q, reference.analyzer), 10)], 10)
+        assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
+        for g, w in zip(got["hits"], want):
+            assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0)
+    cold_hits = 0
+    for q in corpus.queries(docs, 20, seed=3):  # the archive carried the vectors: dense merges exactly too
+        got = HTTP.post(url + "/v1/search", json={"query": q, "mode": "dense"}).json()
+        want = reference.dense_search(embedder.query(dense_text(q)), 10)
+        assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
+        cold_hits += sum(h["id"] in {d["id"] for d in old} for h in got["hits"])
+    assert cold_hits >= 20
+
+
+def test_a_cold_shard_is_fetched_on_first_query_and_merges_exactly(s3, tmp_path, monkeypatch):
+    for k, v in AWS.items():
+        monkeypatch.setenv(k, v)
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(Bucket="archive")
+    docs = corpus.documents(800)
+    old, live = [dict(d, year="2019") for d in docs[:400]], [dict(d, year="2024") for d in docs[400:]]
+    embedder = Embedder()
+    _archive(s3, tmp_path / "old-replica", old, embedder)
+    router = start_router(tmp_path, COLD_CONFIG.format(s3=s3), "tiers")
     try:
         ingest(router.url, live)
         assert status(router.url)["cold_tier"]["fetches"] == 0  # nothing fetched before a query
@@ -111,26 +129,8 @@ values = ["2019"]
             f"next: {search(router.url, 'library package').json()['took_ms']} ms"
         )
         reference = ShardIndex(None)
-        everything = {
-            0: [
-                {"op": "upsert", "id": d["id"], "fields": {k: v for k, v in d.items() if k != "id"}} for d in old + live
-            ]
-        }
-        attach_vectors(everything, embedder, ("title", "body"))
-        reference.apply(1, everything[0])
-        for q in corpus.queries(docs, 40):
-            got = search(router.url, q).json()
-            want = merge([reference.search(resolve(q, reference.analyzer), 10)], 10)
-            assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
-            for g, w in zip(got["hits"], want):
-                assert g["score"] == pytest.approx(w.score, rel=1e-9, abs=0)
-        cold_hits = 0
-        for q in corpus.queries(docs, 20, seed=3):  # the archive carried the vectors: dense merges exactly too
-            got = HTTP.post(router.url + "/v1/search", json={"query": q, "mode": "dense"}).json()
-            want = reference.dense_search(embedder.query(dense_text(q)), 10)
-            assert [h["id"] for h in got["hits"]] == [h.doc_id for h in want], q
-            cold_hits += sum(h["id"] in {d["id"] for d in old} for h in got["hits"])
-        assert cold_hits >= 20
+        reference.apply(1, _upserts(old + live, embedder))
+        _assert_merges_exactly(router.url, docs, old, reference, embedder)
         assert status(router.url)["cold_tier"]["fetches"] == 1  # kept, not fetched again
         bad = HTTP.post(router.url + "/v1/search/documents", content=json.dumps(dict(docs[0], year="2019"))).json()
         assert bad["errors"] == [{"line": 1, "message": "shard y2019 is a read-only cold shard"}]

@@ -5,12 +5,16 @@ shard address, so a search is answered partial)."""
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from sluice.search.router.config import parse_config
 from sluice.search.shard.query_path import QueryPath
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 
 def _router(extra: str = "") -> TestClient:
@@ -82,6 +86,37 @@ def test_the_shard_client_reports_an_unreachable_replica():
     asyncio.run(go())
 
 
+def _replica_app(
+    arrived: asyncio.Event, release: asyncio.Event, transports: list[asyncio.Transport]
+) -> web.Application:
+    """An aiohttp stand-in for a replica's routes: /fast answers with its connection's port, /slow
+    waits for `release`, /400 refuses, /list answers JSON that is not an object."""
+    from aiohttp import web
+
+    async def fast(request: web.Request) -> web.Response:
+        transport = request.transport
+        assert transport is not None  # None only once the connection is lost
+        transports.append(transport)
+        return web.json_response({"port": transport.get_extra_info("peername")[1], "got": (await request.json())["x"]})
+
+    async def slow(request: web.Request) -> web.Response:
+        arrived.set()
+        await release.wait()  # set only when the test is over (its client is long gone)
+        return web.json_response({})
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "bad"}}, status=400)
+
+    async def not_json(request: web.Request) -> web.Response:
+        return web.Response(text="[1, 2]")
+
+    app = web.Application()
+    app.add_routes(
+        [web.post("/fast", fast), web.post("/slow", slow), web.post("/400", status), web.post("/list", not_json)]
+    )
+    return app
+
+
 def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_cancelled_connection():
     """A small aiohttp server in this process on 127.0.0.1 (no sleeps: the slow route waits on an
     event set only at the end, so the timeout and the cancellation are deterministic)."""
@@ -92,30 +127,7 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
     async def go() -> None:
         arrived, release = asyncio.Event(), asyncio.Event()
         transports: list[asyncio.Transport] = []
-
-        async def fast(request: web.Request) -> web.Response:
-            transport = request.transport
-            assert transport is not None  # None only once the connection is lost
-            transports.append(transport)
-            return web.json_response(
-                {"port": transport.get_extra_info("peername")[1], "got": (await request.json())["x"]}
-            )
-
-        async def slow(request: web.Request) -> web.Response:
-            arrived.set()
-            await release.wait()  # set only when the test is over (its client is long gone)
-            return web.json_response({})
-
-        async def status(request: web.Request) -> web.Response:
-            return web.json_response({"error": {"message": "bad"}}, status=400)
-
-        async def not_json(request: web.Request) -> web.Response:
-            return web.Response(text="[1, 2]")
-
-        app = web.Application()
-        app.add_routes(
-            [web.post("/fast", fast), web.post("/slow", slow), web.post("/400", status), web.post("/list", not_json)]
-        )
+        app = _replica_app(arrived, release, transports)
         runner = web.AppRunner(app, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

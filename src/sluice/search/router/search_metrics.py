@@ -46,6 +46,10 @@ _QUERY = _SHARD
 class SearchMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+
+        def per_replica(name: str, doc: str) -> Gauge:  # a replica's state, one series per shard/replica
+            return Gauge(name, doc, ["shard", "replica"], registry=r)
+
         self.query_latency = Histogram(
             "sluice_search_query_seconds",
             "End-to-end search latency at the router",
@@ -88,35 +92,18 @@ class SearchMetrics:
         self.cache_hit_ratio = Gauge(
             "sluice_search_cache_hit_ratio", "Result cache hits / lookups since start", registry=r
         )
-        self.freshness = Gauge(
+        self.freshness = per_replica(
             "sluice_search_index_freshness_seconds",
             "Seconds since the replica's oldest unapplied write was acknowledged (0: current)",
-            ["shard", "replica"],
-            registry=r,
         )
-        self.index_age = Gauge(
+        self.index_age = per_replica(
             "sluice_search_index_age_seconds",
             "Seconds since the replica's last applied write (by the time it was sequenced)",
-            ["shard", "replica"],
-            registry=r,
         )
-        self.replica_up = Gauge(
-            "sluice_search_replica_up",
-            "1 when the replica answered its last health poll",
-            ["shard", "replica"],
-            registry=r,
-        )
-        self.applied_seq = Gauge(
-            "sluice_search_replica_applied_seq",
-            "Last write-log entry the replica applied",
-            ["shard", "replica"],
-            registry=r,
-        )
-        self.log_entries = Gauge(
-            "sluice_search_replica_log_entries",
-            "Entries in the replica's write log (after compaction)",
-            ["shard", "replica"],
-            registry=r,
+        self.replica_up = per_replica("sluice_search_replica_up", "1 when the replica answered its last health poll")
+        self.applied_seq = per_replica("sluice_search_replica_applied_seq", "Last write-log entry the replica applied")
+        self.log_entries = per_replica(
+            "sluice_search_replica_log_entries", "Entries in the replica's write log (after compaction)"
         )
         self.head_seq = Gauge(
             "sluice_search_shard_head_seq", "Newest acknowledged write-log entry", ["shard"], registry=r
