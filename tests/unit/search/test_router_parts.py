@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+
+import httpx
 
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.schema import parse_document
@@ -10,6 +13,8 @@ from sluice.search.router.cluster.topology import Topology
 from sluice.search.router.config import parse_config
 from sluice.search.router.query.replica_picker import pick_replica
 from sluice.search.router.query.result_cache import ResultCache
+from sluice.search.router.replication.health_poller import HealthPoller
+from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.writes.bulk import plan_bulk
 
 
@@ -204,3 +209,23 @@ def test_after_a_500_the_connection_is_closed_and_says_so():
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_next_poll_returns_once_a_later_poll_round_ends():
+    """The router's readiness waits on this (router/main.py): no sleep loop, woken by the poll
+    that can change the answer. Deterministic: the rounds are run by hand, nothing listens."""
+
+    async def go() -> None:
+        cfg = parse_config('[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
+        topo = Topology(cfg, [["http://127.0.0.1:9"]], [[False]])
+        async with httpx.AsyncClient() as http:
+            poller = HealthPoller(topo, http, SearchMetrics())
+            await poller.poll_once()  # a round before the wait began does not count
+            waiter = asyncio.create_task(poller.next_poll())
+            await asyncio.sleep(0)  # the waiter is waiting now
+            assert not waiter.done()
+            await poller.poll_once()
+            await asyncio.wait_for(waiter, 60)
+            assert poller.polls == 2 and not topo.shards[0].replicas[0].reachable
+
+    asyncio.run(go())
