@@ -121,7 +121,7 @@ def test_a_cold_shard_is_fetched_on_first_query_and_merges_exactly(s3, tmp_path,
         ingest(router.url, live)
         assert status(router.url)["cold_tier"]["fetches"] == 0  # nothing fetched before a query
         first = search(router.url, "library").json()
-        assert not first["partial"] and first["shards_answered"] == 2
+        assert not first["partial"] and first["shards_answered"] == 2, first
         cold = status(router.url)["cold_tier"]
         assert cold["fetches"] == 1 and cold["used_bytes"] > 0
         print(
