@@ -14,7 +14,8 @@ a warm pool of one.
   (max_tokens 1) sent at that moment is served by the promoted worker: its first token is t2
   (`first_token` = t2 − t1; `total` = t2 − t0, the issue's "signal → first token served by the
   new worker"). `idle_probe_ttft`: the same probe on the idle fleet before the round, the floor
-  `first_token` is compared with (the rest is the two load requests' CPU). Between rounds the load finishes and the promoted worker goes back to standby.
+  `first_token` is compared with (the rest is the two load requests' CPU). Between rounds the
+  load finishes and the promoted worker goes back to standby.
 
     PYTHONPATH=src .venv/bin/python bench/serving/autoscale_timing.py [--rounds 5] [--cold-rounds 3] [--interval 0.1]
 """
@@ -107,8 +108,11 @@ async def to_the_end(pipeline: ServingPipeline, req: ServingRequest) -> None:
         await gen.close()
 
 
-async def until(check, what: str, timeout: float = 600.0, every: float = 0.005) -> None:
-    deadline = time.monotonic() + timeout
+UNTIL_LIMIT_S = 600.0  # generous: a bench waits for what happens within seconds, and stops if it never does
+
+
+async def until(check, what: str, every: float = 0.005) -> None:
+    deadline = time.monotonic() + UNTIL_LIMIT_S
     while not check():
         if time.monotonic() > deadline:
             raise TimeoutError(what)
@@ -191,7 +195,9 @@ async def main(args: argparse.Namespace) -> dict:
             worker_id = await fleet.replicas.start_one(*KEY, join=WorkerStatus.STANDBY)
             cold_loaded.append(time.perf_counter() - t0)
             await until(
-                lambda: (w := fleet.pool.get(worker_id)) is not None and w.status is WorkerStatus.STANDBY,
+                lambda worker_id=worker_id: (
+                    (w := fleet.pool.get(worker_id)) is not None and w.status is WorkerStatus.STANDBY
+                ),
                 "the cold worker to warm up",
             )
             cold_warm.append(time.perf_counter() - t0)

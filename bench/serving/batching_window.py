@@ -313,14 +313,18 @@ def main() -> None:
         for scenario in scenarios:
             configs = {mode: engine_config(args, mode, scenario) for mode in MODES}
             got, share = replay_modes(
-                loaded, configs, lambda: SCENARIOS[scenario](loaded.tokenizer, args, seed=rnd + 1), args.cost
+                loaded,
+                configs,
+                lambda scenario=scenario, rnd=rnd: SCENARIOS[scenario](loaded.tokenizer, args, seed=rnd + 1),
+                args.cost,
             )
             shares.append(share)
             for mode in MODES:
                 r = got[mode]
                 r["cpu_share"] = share
                 log(
-                    f"round {rnd + 1} {scenario:9} {mode:8} TTFT p50/p95 {r['ttft_p50_ms']:7.0f}/{r['ttft_p95_ms']:7.0f} ms  "
+                    f"round {rnd + 1} {scenario:9} {mode:8} "
+                    f"TTFT p50/p95 {r['ttft_p50_ms']:7.0f}/{r['ttft_p95_ms']:7.0f} ms  "
                     f"ITL p50/p95 {r['itl_p50_ms']:6.0f}/{r['itl_p95_ms']:6.0f} ms  {r['tok_s']:6.1f} tok/s  "
                     f"util {r['utilization']:.2f}  held {r['held_steps']:4d}/{r['steps']:4d}  cpu {share:.2f}"
                 )
@@ -350,7 +354,8 @@ def main() -> None:
             summary[scenario][mode] = {"median": med, "ratio_vs_flush": rat, "runs": results[scenario][mode]}
             rtxt = (
                 (
-                    f"  {rat['ttft_p50_ms']:9.2f}/{rat['ttft_p95_ms']:<9.2f}{rat['itl_p50_ms']:9.2f}/{rat['itl_p95_ms']:<9.2f}"
+                    f"  {rat['ttft_p50_ms']:9.2f}/{rat['ttft_p95_ms']:<9.2f}"
+                    f"{rat['itl_p50_ms']:9.2f}/{rat['itl_p95_ms']:<9.2f}"
                     f"{rat['tok_s']:12.2f}"
                 )
                 if rat

@@ -6,10 +6,10 @@ alternating which goes first in each round, so machine noise hits both alike.
 
 Per level (closed loop: 1, 8 and 32 concurrent streams, greedy, fixed prompts): TTFT p50,
 inter-token p50, output tok/s, and the CPU time per output token of the gateway process and of
-its worker (psutil; what each side costs regardless of how busy the machine is); the ratios after / before are the figures to quote. Both servers
-run with safety on (the default); a second run with `--env-before SLUICE_SAFETY=false
---env-after SLUICE_SAFETY=false` gives the pair without it, so the safety overhead before and
-after is the ratio of the two runs.
+its worker (psutil; what each side costs regardless of how busy the machine is); the ratios
+after / before are the figures to quote. Both servers run with safety on (the default); a
+second run with `--env-before SLUICE_SAFETY=false --env-after SLUICE_SAFETY=false` gives the
+pair without it, so the safety overhead before and after is the ratio of the two runs.
 
     git worktree add /tmp/sluice-before b6b409b
     .venv/bin/python bench/serving/compare_serving.py --before /tmp/sluice-before --env-after SLUICE_KERNELS=torch
@@ -189,7 +189,8 @@ def main() -> None:
                     res["worker_cpu_ms_per_token"] = 1000 * (w1 - w0) / max(1, res["tokens"])
                     figures[name][lv].append(res)
                     print(
-                        f"round {r + 1} {name:6s} x{lv:<3d} ttft {res['ttft_p50_ms']:7.1f} ms  itl {res['itl_p50_ms']:6.1f} ms  "
+                        f"round {r + 1} {name:6s} x{lv:<3d} ttft {res['ttft_p50_ms']:7.1f} ms  "
+                        f"itl {res['itl_p50_ms']:6.1f} ms  "
                         f"{res['tok_s']:6.1f} tok/s  cpu/token gateway {res['gateway_cpu_ms_per_token']:5.2f} "
                         f"worker {res['worker_cpu_ms_per_token']:5.2f} ms",
                         file=sys.stderr,

@@ -256,5 +256,6 @@ def _print(summary: dict, memory: dict, log, args) -> None:  # noqa: ANN001
             log(f"memory {name}: failed: {m['error']}")
         else:
             log(
-                f"memory {name:<8} weights {m['weight_mb']:7.1f} MB, resident after load +{m['resident_weights_mb']:7.1f} MB"
+                f"memory {name:<8} weights {m['weight_mb']:7.1f} MB, "
+                f"resident after load +{m['resident_weights_mb']:7.1f} MB"
             )

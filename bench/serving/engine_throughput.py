@@ -34,7 +34,8 @@ figure, the per-run values and the targets met / not met.
     .venv/bin/python bench/serving/engine_throughput.py             # full: 3 runs, ~10-15 min on 2 cores
     .venv/bin/python bench/serving/engine_throughput.py --quick     # smoke: 1 run, batch 8, 32 tokens
     .venv/bin/python bench/serving/engine_throughput.py --skip-hf --only x32 --set max_num_batched_tokens=1024
-    .venv/bin/python bench/serving/engine_throughput.py --paths --quick   # kernels vs torch path (bench/serving/engine_paths.py)
+    # kernels vs torch path (bench/serving/engine_paths.py):
+    .venv/bin/python bench/serving/engine_throughput.py --paths --quick
     .venv/bin/python bench/serving/engine_throughput.py --device cuda --batch 256 --skip-cache \
         --set max_num_seqs=256 --set max_num_batched_tokens=8192 --set kv_cache_gib=16   # a GPU: 1/8/32/256
     .venv/bin/python bench/serving/engine_throughput.py --random-init tiny --quick --skip-cache   # no checkpoint
@@ -438,7 +439,8 @@ def print_table(phases: list[str], summary: dict, ratios: dict, targets: dict, n
 
     log()
     log(
-        f"{args.out_tokens} output tokens/request, {args.dtype} on {args.device}, {args.threads} threads, {args.runs} run(s); "
+        f"{args.out_tokens} output tokens/request, {args.dtype} on {args.device}, "
+        f"{args.threads} threads, {args.runs} run(s); "
         "each cell: median (min) over runs"
     )
     head = (

@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import inspect, json, sys, time
 import torch
-threads, streams, out_tokens, kernels = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), sys.argv[4]
+threads, out_tokens, kernels = int(sys.argv[1]), int(sys.argv[3]), sys.argv[4]
+streams = [int(s) for s in sys.argv[2].split(",")]
 torch.set_num_threads(threads)
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
@@ -48,7 +49,9 @@ engine = LLMEngine(loaded, EngineConfig())
 tok = loaded.tokenizer
 def prompt(i):
     msgs = [{"role": "user", "content": f"Tell me about topic number {i} and why it matters to people."}]
-    return tok.apply_chat_template(msgs, add_generation_prompt=True) if hasattr(tok, "apply_chat_template") else tok.encode(msgs[0]["content"])
+    if hasattr(tok, "apply_chat_template"):
+        return tok.apply_chat_template(msgs, add_generation_prompt=True)
+    return tok.encode(msgs[0]["content"])
 out = {}
 n = 0
 for k in [streams[0]] + streams:  # the first pass warms up and is dropped

@@ -21,8 +21,9 @@ the worker after --kill-after s; its supervisor restarts it and the health polle
 each round: the restart time (kill → the new process warm in /admin/fleet, polled every 20 ms),
 the resumption delay (warm → the stream's next delta; negative by up to one status poll when
 the stream was faster than the poll) and, to compare it with, the stream's own TTFT (a
-continuation re-prefills the prompt and the tokens sent so far on the new process). Before the fix the stream waited for half of
-`migration_wait_s` after the loss (30 s here) whenever the restart was quicker than that.
+continuation re-prefills the prompt and the tokens sent so far on the new process). Before the
+fix the stream waited for half of `migration_wait_s` after the loss (30 s here) whenever the
+restart was quicker than that.
 
     .venv/bin/python bench/serving/failover.py --restart [--rounds 3] [--max-tokens 200]
 """

@@ -82,7 +82,7 @@ async def e2e(bare_url: str, gw_url: str, key: str, n: int) -> dict:
     body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0.5}
     lat = {"bare": [], "gateway": []}
     async with httpx.AsyncClient(timeout=60) as c:
-        for i in range(n):
+        for _ in range(n):
             for name, url, headers in (("bare", bare_url, {}), ("gateway", gw_url, {"x-api-key": key})):
                 t0 = time.perf_counter()
                 r = await c.post(url + "/v1/messages", json=body, headers=headers)

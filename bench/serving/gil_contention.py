@@ -89,8 +89,10 @@ def main() -> None:
         "load": os.getloadavg(),
     }
     print(
-        f"decode step alone {res['step_alone_ms']:.2f} ms, with the thread {res['step_with_thread_ms']:.2f} ms; "
-        f"thread wake-up late by p50 {res['thread_wake_late_p50_ms']:.2f} / p90 {res['thread_wake_late_p90_ms']:.2f} ms "
+        f"decode step alone {res['step_alone_ms']:.2f} ms, "
+        f"with the thread {res['step_with_thread_ms']:.2f} ms; "
+        f"thread wake-up late by p50 {res['thread_wake_late_p50_ms']:.2f} / "
+        f"p90 {res['thread_wake_late_p90_ms']:.2f} ms "
         f"({res['thread_wakeups_per_step']:.1f} per step); load {res['load']}"
     )
     print(json.dumps(res))

@@ -2,9 +2,9 @@
 
 1. Per-step overhead: decode steps of a batch of N rows (8, 32), all constrained vs none, one
    engine per variant stepped in turn (interleaved step by step: the machine is shared and
-   noisy; only the ratios within a run mean anything). For the constrained batch the grammar's own share of each step is timed
-   directly: mask fill + apply (sampler) and matcher advance (engine), so the overhead is
-   reported both as the step-time ratio and as the grammar's CPU share of the step.
+   noisy; only the ratios within a run mean anything). For the constrained batch the grammar's
+   own share of each step is timed directly: mask fill + apply (sampler) and matcher advance
+   (engine), so the overhead is reported both as the step-time ratio and as the grammar's CPU share of the step.
    Two grammars: a JSON schema (arrays of bounded strings) and tool_choice auto while the
    model writes free text (the "text that never opens a call" regex, the costlier mask).
 2. Compile time of a tool-call grammar (3 tools), cold (new spec) and cached (same spec).

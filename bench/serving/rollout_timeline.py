@@ -37,7 +37,8 @@ def fleet_file() -> Path:
     text = ""
     for name, traffic in (("v1", 100), ("v2", 0)):
         t = f'models."{MODEL}".versions.{name}'
-        text += f'[{t}]\nweights = "bundled"\ntraffic = {traffic}\nreplicas = 1\n[{t}.engine]\nkv_cache_gib = 0.1\nmax_num_seqs = 8\n'
+        text += f'[{t}]\nweights = "bundled"\ntraffic = {traffic}\nreplicas = 1\n'
+        text += f"[{t}.engine]\nkv_cache_gib = 0.1\nmax_num_seqs = 8\n"
     path.write_text(text)
     return path
 

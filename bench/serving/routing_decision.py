@@ -7,7 +7,8 @@ The fleet: one model, two versions (90/10), two warm workers each; prompts of --
   version    choose_version (weighted rendezvous over the versions)
   affinity   affinity_key (sha256 chain over the leading 4 KV blocks, tenant-salted)
   pick       WorkerPicker.pick over the version's workers
-  route      FleetRouter plan + dispatch, then finish_dispatch + settle, no quota store (the three above + pool accounting)
+  route      FleetRouter plan + dispatch, then finish_dispatch + settle, no quota store
+             (the three above + pool accounting)
   route+mem  the same with a memory quota store (a quota on the tier)
   route+redis  the same with the Redis quota store (a real redis-server started here, two
              Lua round trips per request: acquire + settle)

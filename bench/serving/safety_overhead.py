@@ -107,7 +107,7 @@ async def one(c: httpx.AsyncClient, url: str, i: int, rec: dict) -> None:
 async def http(on_url: str, off_url: str, rounds: int, singles: int) -> dict:
     out: dict = {}
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as c:
-        for name, url in (("on", on_url), ("off", off_url)):
+        for url in (on_url, off_url):
             await one(c, url, 0, {"ttft": [], "itl": [], "end": [], "tokens": 0})  # warm-up
         recs = {k: {"ttft": [], "itl": [], "end": [], "tokens": 0, "tps": []} for k in ("on", "off")}
         for r in range(rounds):

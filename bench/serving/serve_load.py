@@ -260,7 +260,8 @@ def report(results: dict) -> None:
             )
     o = results["open_loop"]
     print(
-        f"open {o['rate_rps']}/s   {o['ttft_p50_ms']:>9.0f}ms{o['ttft_p99_ms']:>7.0f}ms{o['itl_p50_ms']:>7.0f}ms{o['itl_p99_ms']:>6.0f}ms"
+        f"open {o['rate_rps']}/s   {o['ttft_p50_ms']:>9.0f}ms{o['ttft_p99_ms']:>7.0f}ms"
+        f"{o['itl_p50_ms']:>7.0f}ms{o['itl_p99_ms']:>6.0f}ms"
         f"{o['output_tok_s']:>9.1f}{o['per_stream_tok_s']:>8.1f}{o['errors']:>5.0f}",
         file=sys.stderr,
     )

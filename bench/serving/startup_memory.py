@@ -196,7 +196,8 @@ PHASES = textwrap.dedent("""
     old = [torch.zeros(shape) for _ in range(2 * cfg.num_layers)]
     z1 = time.perf_counter()
     print(json.dumps({"import_torch_s": t1 - t0, "load_model_s": t2 - t1, "build_engine_s": t3 - t2,
-                      "zero_fill_2gib_s": z1 - z0, "pool_reserved_gib": engine.kv.num_usable_blocks * per_block / 2**30}))
+                      "zero_fill_2gib_s": z1 - z0,
+                      "pool_reserved_gib": engine.kv.num_usable_blocks * per_block / 2**30}))
 """)
 
 
@@ -268,7 +269,8 @@ def main() -> None:
             pk = r["peak"]
             log(
                 f"wave {w + 1} ({args.streams} streams, {r['output_tokens']} tokens, {r['errors']} errors): "
-                f"peak RSS serve {pk['serve'] / MIB:.0f} + worker {pk['worker'] / MIB:.0f} = {pk['total'] / MIB:.0f} MiB "
+                f"peak RSS serve {pk['serve'] / MIB:.0f} + worker {pk['worker'] / MIB:.0f} = "
+                f"{pk['total'] / MIB:.0f} MiB "
                 f"(worker anonymous {pk['worker_anon'] / MIB:.0f}); after: {describe(r['after'])}; "
                 + ("" if r["kv_resident_bytes"] is None else f"KV written {r['kv_resident_bytes'] / MIB:.0f} MiB")
             )

@@ -19,7 +19,8 @@ median. Ends with one JSON line.
 
     PYTHONPATH=src .venv/bin/python bench/serving/vs_llamacpp.py --llama-server /path/to/llama-server [--rounds 3]
     PYTHONPATH=src .venv/bin/python bench/serving/vs_llamacpp.py --llama-python /path/to/venv/bin/python
-    PYTHONPATH=src .venv/bin/python bench/serving/vs_llamacpp.py --llama-server PATH --levels 1 --workload quote --max-tokens 80
+    PYTHONPATH=src .venv/bin/python bench/serving/vs_llamacpp.py --llama-server PATH --levels 1 \
+        --workload quote --max-tokens 80
     PYTHONPATH=src .venv/bin/python bench/serving/vs_llamacpp.py --llama-server PATH --sluice-env SLUICE_KERNEL_ISA=avx2
 """
 

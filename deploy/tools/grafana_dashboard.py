@@ -163,7 +163,8 @@ def build(settings: ScalingSettings | None = None) -> dict[str, Any]:
                 "s",
                 [
                     (
-                        "histogram_quantile(0.95, sum by (le, version) (rate(sluice_time_to_first_token_seconds_bucket[$__rate_interval])))",
+                        "histogram_quantile(0.95, sum by (le, version) "
+                        "(rate(sluice_time_to_first_token_seconds_bucket[$__rate_interval])))",
                         "{{version}}",
                     )
                 ],
@@ -271,7 +272,8 @@ def build(settings: ScalingSettings | None = None) -> dict[str, Any]:
                 "KV memory resident",
                 "bytes",
                 [("max by (version) (sluice_engine_kv_resident_bytes)", "{{version}}")],
-                "KV pool memory written at least once, per model version; falls to the held blocks once an engine rests",
+                "KV pool memory written at least once, per model version; "
+                "falls to the held blocks once an engine rests",
                 span=12,
             )
         )

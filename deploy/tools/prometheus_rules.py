@@ -158,9 +158,12 @@ def _scaling_group() -> dict[str, Any]:
                 "for": "15m",
                 "labels": {"severity": "ticket"},
                 "annotations": {
-                    "summary": "Demand for model {{ $labels.model }} has exceeded its workers' token capacity for 15 minutes",
+                    "summary": (
+                        "Demand for model {{ $labels.model }} has exceeded its workers' token capacity for 15 minutes"
+                    ),
                     "description": (
-                        "Scaling signal {{ $value | humanize }} (1 = every worker of the model full). Its autoscaler is "
+                        "Scaling signal {{ $value | humanize }} (1 = every worker of the model full). "
+                        "Its autoscaler is "
                         "at its maximum or cannot start workers: raise max_workers or add nodes."
                     ),
                 },

@@ -1,8 +1,8 @@
 """The admin API (`/admin/*`): the fleet's state and its operations, behind its own key.
 
 Only the `admin_key` setting opens it (`x-api-key: KEY` or `Authorization: Bearer KEY`, in that
-precedence, compared in constant time: common/api_keys.py); tenant keys never do, and without an admin key configured the routes do not
-exist (404), so a deployment that does not want them exposes nothing.
+precedence, compared in constant time: common/api_keys.py); tenant keys never do, and without an
+admin key configured the routes do not exist (404), so a deployment that does not want them exposes nothing.
 
     GET  /admin/fleet                               the fleet: models, versions, rollouts, workers
     PUT  /admin/fleet/models/{model}/weights        {"weights": {"VERSION": W, ...}}

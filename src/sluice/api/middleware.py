@@ -50,7 +50,9 @@ class RequestContextMiddleware:
         request_id = new_id("req")
         scope.setdefault("state", {})["request_id"] = request_id
         token = request_id_var.set(request_id)  # every log line of this request carries it
-        name = f"{scope['method']} {scope['path'] if not scope['path'].startswith('/v1/messages/msg') else '/v1/messages/{id}'}"
+        # a message's id is not part of the span's name (one name per route, not per message)
+        path = "/v1/messages/{id}" if scope["path"].startswith("/v1/messages/msg") else scope["path"]
+        name = f"{scope['method']} {path}"
         with tracer().start_as_current_span(name, kind=SpanKind.SERVER) as span:
             span.set_attribute("http.request.method", scope["method"])
             span.set_attribute("sluice.request_id", request_id)

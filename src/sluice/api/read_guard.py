@@ -59,6 +59,7 @@ def raw_error_response(status: int, message: str, url: bytes = b"") -> bytes:
     )
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n"
-        f"request-id: {request_id}\r\nx-should-retry: {'false' if status == 431 else 'true'}\r\nconnection: close\r\n\r\n"
+        f"request-id: {request_id}\r\nx-should-retry: {'false' if status == 431 else 'true'}\r\n"
+        "connection: close\r\n\r\n"
     )
     return head.encode("latin-1") + payload

@@ -75,7 +75,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="GIB",
-        help="KV memory kept resident for blocks no request holds, i.e. the prefix cache of finished requests (default: 0.0625)",
+        help="KV memory kept resident for blocks no request holds, i.e. the prefix cache of finished requests "
+        "(default: 0.0625)",
     )
     g.add_argument(
         "--kv-spill-gib",

@@ -153,8 +153,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--autoscale",
         action="store_true",
         default=False,
-        help="without --fleet: scale the spawned worker with the local autoscaler (a warm pool of one, at most "
-        "autoscale_max_workers workers; env SLUICE_AUTOSCALE); with --fleet, say `autoscale` per version (docs/FLEET.md)",
+        help="without --fleet: scale the spawned worker with the local autoscaler (a warm pool of one, "
+        "at most autoscale_max_workers workers; env SLUICE_AUTOSCALE); "
+        "with --fleet, say `autoscale` per version (docs/FLEET.md)",
     )
     p.add_argument(
         "--lora-modules",

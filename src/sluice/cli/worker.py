@@ -92,8 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--fault-injection",
         default=None,
         metavar="SPEC",
-        help="TESTING AID, never for production: fail_seed=N, exit_after_tokens=N, fail_all, delay_first_token_s=S, step_delay_s=S, "
-        "load_delay_s=S "
+        help="TESTING AID, never for production: fail_seed=N, exit_after_tokens=N, fail_all, delay_first_token_s=S, "
+        "step_delay_s=S, load_delay_s=S "
         "(comma-separated; env SLUICE_FAULT_INJECTION; see docs/FLEET.md)",
     )
     add_model_args(p)

@@ -92,11 +92,12 @@ async def open_session(
 async def until_admitted(
     opening: asyncio.Future[Any],
     disconnected: Disconnected | None,
-    timeout: float | None,
+    wait_s: float | None,
     decided: asyncio.Event | None = None,
 ) -> bool:
-    """Wait for `opening` at most `timeout` seconds (None: until done); True once it is done.
-    `decided`: the timeout counts only once it is set — a refusal that may still come from
+    """Wait for `opening` at most `wait_s` seconds (None: until done); True once it is done,
+    False when the wait ran out (the caller opens its stream early: not an asyncio timeout, which
+    would cancel). `decided`: the wait counts only once it is set — a refusal that may still come from
     the rate limits (a store that hangs until its own timeout) is waited for, so it is a real
     status, never an in-stream error; only the queue's wait may open a stream early.
 
@@ -104,7 +105,7 @@ async def until_admitted(
     cancelled and ClientGone raised (an HTTP server does not cancel a handler whose client left
     before its response started)."""
     loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
+    deadline = None if wait_s is None else loop.time() + wait_s
 
     def step() -> float:
         if deadline is None or (decided is not None and not decided.is_set() and loop.time() >= deadline):

@@ -56,7 +56,8 @@ def guided_for(
     if conv.prefill and (output is not None or forced):
         # the grammar starts where the reply starts; a prefill would put text before it
         raise invalid(
-            "messages: a final assistant prefill cannot be combined with a structured output format or a forced tool_choice"
+            "messages: a final assistant prefill cannot be combined with a structured output format "
+            "or a forced tool_choice"
         )
     try:
         if not conv.tools and output is not None and output.schema is None:

@@ -114,12 +114,13 @@ NESTED = ["[" * 10_000 + "]" * 10_000, '{"a":' * 10_000 + "1" + "}" * 10_000, "[
 def test_deeply_nested_json_is_a_400(server, route, nested):
     model = server.extra["model"]
     bodies = {
-        "messages": '{"model":"%s","max_tokens":4,"messages":%s}' % (model, nested),
-        "count_tokens": '{"model":"%s","messages":[{"role":"user","content":"x"}],"tools":%s}' % (model, nested),
-        "chat": '{"model":"%s","messages":%s}' % (model, nested),
-        "batches": '{"requests":%s}' % nested,
-        "batch_item": '{"requests":[{"custom_id":"a","params":{"model":"%s","max_tokens":4,"metadata":%s}}]}'
-        % (model, nested),
+        "messages": f'{{"model":"{model}","max_tokens":4,"messages":{nested}}}',
+        "count_tokens": f'{{"model":"{model}","messages":[{{"role":"user","content":"x"}}],"tools":{nested}}}',
+        "chat": f'{{"model":"{model}","messages":{nested}}}',
+        "batches": f'{{"requests":{nested}}}',
+        "batch_item": (
+            f'{{"requests":[{{"custom_id":"a","params":{{"model":"{model}","max_tokens":4,"metadata":{nested}}}}}]}}'
+        ),
     }
     path = {
         "messages": "/v1/messages",
@@ -147,12 +148,15 @@ def test_deeply_nested_json_is_a_400(server, route, nested):
 def test_lone_surrogates_are_a_400(server, where):
     model = server.extra["model"]
     bodies = {
-        "content": '{"model":"%s","max_tokens":4,"messages":[{"role":"user","content":"a\\ud800b"}]}' % model,
-        "system": '{"model":"%s","max_tokens":4,"system":"\\udfff","messages":[{"role":"user","content":"x"}]}' % model,
-        "stream": '{"model":"%s","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"\\ud800"}]}'
-        % model,
-        "chat": '{"model":"%s","messages":[{"role":"user","content":"\\ud800"}]}' % model,
-        "count_tokens": '{"model":"%s","messages":[{"role":"user","content":"\\udbff"}]}' % model,
+        "content": f'{{"model":"{model}","max_tokens":4,"messages":[{{"role":"user","content":"a\\ud800b"}}]}}',
+        "system": (
+            f'{{"model":"{model}","max_tokens":4,"system":"\\udfff","messages":[{{"role":"user","content":"x"}}]}}'
+        ),
+        "stream": (
+            f'{{"model":"{model}","max_tokens":4,"stream":true,"messages":[{{"role":"user","content":"\\ud800"}}]}}'
+        ),
+        "chat": f'{{"model":"{model}","messages":[{{"role":"user","content":"\\ud800"}}]}}',
+        "count_tokens": f'{{"model":"{model}","messages":[{{"role":"user","content":"\\udbff"}}]}}',
     }
     path = {"chat": "/v1/chat/completions", "count_tokens": "/v1/messages/count_tokens"}.get(where, "/v1/messages")
     with httpx.Client(base_url=server.base_url, timeout=30) as c:
@@ -162,7 +166,7 @@ def test_lone_surrogates_are_a_400(server, where):
         # a valid escaped pair (an emoji) is text, and fine
         ok = c.post(
             "/v1/messages/count_tokens",
-            content='{"model":"%s","messages":[{"role":"user","content":"\\ud83d\\ude00"}]}' % model,
+            content=f'{{"model":"{model}","messages":[{{"role":"user","content":"\\ud83d\\ude00"}}]}}',
             headers={"content-type": "application/json"},
         )
         assert ok.status_code == 200
@@ -259,7 +263,8 @@ def _status(response: bytes) -> int:
             408,
         ),  # body stops after 40 bytes
         (
-            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
             b'5\r\n{"a":\r\n',
             408,
         ),  # a chunked body stops after one chunk

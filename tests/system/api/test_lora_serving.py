@@ -148,24 +148,28 @@ def test_per_adapter_metrics_and_gaie_names(server):
     assert _complete(server, "a1").status_code == 200
     text = httpx.get(server.base_url + "/metrics").text
     lines = text.splitlines()
-    assert any(l.startswith('sluice_lora_requests_total{adapter="a1",version="a1/default"}') for l in lines)
-    assert any(l.startswith('sluice_lora_tokens_total{adapter="a1",kind="output",version="a1/default"}') for l in lines)
-    info = [l for l in lines if l.startswith("vllm:lora_requests_info{")]
+    assert any(line.startswith('sluice_lora_requests_total{adapter="a1",version="a1/default"}') for line in lines)
+    assert any(
+        line.startswith('sluice_lora_tokens_total{adapter="a1",kind="output",version="a1/default"}') for line in lines
+    )
+    info = [line for line in lines if line.startswith("vllm:lora_requests_info{")]
     assert len(info) == 1 and 'max_lora="8"' in info[0]
     for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
-        assert any(l.startswith(name + "{") for l in lines), name
+        assert any(line.startswith(name + "{") for line in lines), name
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (Debian package `prometheus`)")
     lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
-    complaints = [l for l in (lint.stdout + lint.stderr).splitlines() if l.strip()]
-    assert not any("error" in l.lower() and "lint" not in l.lower() for l in complaints), complaints  # it parses
+    complaints = [line for line in (lint.stdout + lint.stderr).splitlines() if line.strip()]
+    assert not any("error" in line.lower() and "lint" not in line.lower() for line in complaints), (
+        complaints
+    )  # it parses
     # the GAIE names are vLLM's, with colons (what the endpoint picker asks for): that alone is
     # flagged of them, and nothing of the LoRA series (older gauges' suffix notes are not ours)
-    assert all("should not contain ':'" in l for l in complaints if l.startswith("vllm:")), complaints
-    assert {l.split()[0] for l in complaints if l.startswith("vllm:")} == {
+    assert all("should not contain ':'" in line for line in complaints if line.startswith("vllm:")), complaints
+    assert {line.split()[0] for line in complaints if line.startswith("vllm:")} == {
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
         "vllm:lora_requests_info",
     }
-    assert not [l for l in complaints if "lora" in l.split()[0] and not l.startswith("vllm:")], complaints
+    assert not [line for line in complaints if "lora" in line.split()[0] and not line.startswith("vllm:")], complaints

@@ -166,8 +166,8 @@ class Harness:
 async def _read(gen) -> object:
     last = None
     async with aclosing(gen.outcomes()) as outcomes:
-        async for last in outcomes:
-            pass
+        async for outcome in outcomes:
+            last = outcome
     return last
 
 

@@ -83,7 +83,8 @@ def _block_text(block: Any, where: str) -> str | None:
         return None
     if isinstance(block, ServerToolUseBlock):
         raise invalid(
-            f"{where}: server_tool_use of {block.name!r} is not supported: the only server tool here is {SEARCH_TOOL_NAME!r}"
+            f"{where}: server_tool_use of {block.name!r} is not supported: "
+            f"the only server tool here is {SEARCH_TOOL_NAME!r}"
         )
     if isinstance(block, SERVER_TOOL_BLOCKS):
         raise invalid(

@@ -202,9 +202,10 @@ class _Blocks:
 async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None) -> AsyncIterator[ReplayEvent]:
     """The event sequence of reference §4.3: `ping` first (bytes on the wire as the stream
     opens, before any output of a request still queued or in prefill), `message_start` with
-    the prompt's usage at the first outcome, the content blocks (text deltas; a tool_use block with empty input, its `input_json_delta` pieces, its
-    stop), `message_delta` + `message_stop`; a safety stop is Anthropic's refusal (block stop,
-    `stop_reason: "refusal"`, message stop); a failure is an `error` event, then the end."""
+    the prompt's usage at the first outcome, the content blocks (text deltas; a tool_use block
+    with empty input, its `input_json_delta` pieces, its stop), `message_delta` + `message_stop`;
+    a safety stop is Anthropic's refusal (block stop, `stop_reason: "refusal"`, message stop); a
+    failure is an `error` event, then the end."""
     req = gen.prepared.request
     w = EventWriter(req.request_id)
     blocks = _Blocks(w)

@@ -135,7 +135,8 @@ def output_format(body: MessagesRequest | CountTokensRequest, betas: Sequence[st
     beta = body.output_format
     if beta is not None and STRUCTURED_OUTPUTS_BETA not in betas:
         raise invalid(
-            f"output_format: requires the 'anthropic-beta: {STRUCTURED_OUTPUTS_BETA}' header (or use output_config.format)"
+            f"output_format: requires the 'anthropic-beta: {STRUCTURED_OUTPUTS_BETA}' header "
+            "(or use output_config.format)"
         )
     if ga is not None and beta is not None:
         raise invalid("output_format: give either output_config.format or output_format, not both")

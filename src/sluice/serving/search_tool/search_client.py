@@ -67,8 +67,8 @@ def _refusal(status: int, body: Any) -> SearchToolError:
 
 def search_body(service: SearchServiceSpec, query: str, rules: DomainRules) -> dict[str, Any]:
     """`POST /v1/search`'s body: the fleet's top_k, snippet length and mode (hybrid: the measured
-    winner's fusion), and the domain part of the rules as a filter (with rules on paths, which only the check after can apply, a few more
-    hits are asked for so that the page stays full)."""
+    winner's fusion), and the domain part of the rules as a filter (with rules on paths, which only
+    the check after can apply, a few more hits are asked for so that the page stays full)."""
     top_k = max(service.top_k, min(4 * service.top_k, 50)) if rules.has_paths else service.top_k
     body: dict[str, Any] = {
         "query": query,
