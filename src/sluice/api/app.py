@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from sluice import __version__
 from sluice.api import admin, openapi_doc, status_page
@@ -33,7 +35,7 @@ DESCRIPTION = (
 )
 
 
-def _count_response(scope: dict, status: int, rt: ServingRuntime, headers: list[tuple[bytes, bytes]] = ()) -> None:
+def _count_response(scope: Scope, status: int, rt: ServingRuntime, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     """One count per response: route, status, the model version that served it (its response
     header; "none" when nothing was generated) and the caller's tier ("none" before auth) — all
     bounded label sets (no per-key or per-request labels)."""

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from starlette.types import Scope
+
 from sluice.api.read_guard import ReadGuard, raw_error_response
 from sluice.common.uvicorn_protocol import fallback_warning, httptools_protocol
 
@@ -164,7 +166,7 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
-class WatchedHttpToolsProtocol(_HTTPTOOLS):  # type: ignore[misc, valid-type]
+class WatchedHttpToolsProtocol(_HTTPTOOLS):
     """uvicorn's httptools protocol with a ConnectionWatch on each connection and a ReadGuard's
     limits on each request; `watched_protocol` makes the subclass that names the two."""
 
@@ -178,12 +180,12 @@ class WatchedHttpToolsProtocol(_HTTPTOOLS):  # type: ignore[misc, valid-type]
     _header_grace = False  # the header deadline already waited for unread bytes once
     _rejected = False
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
         set_nodelay(transport)
         state = ConnectionState(transport)
         self._sluice_state = state
         self._watch.add(state)
-        super().connection_made(_CountingTransport(transport, state))  # type: ignore[arg-type]
+        super().connection_made(_CountingTransport(transport, state))
         if self._guard.full():  # too many connections are mid-request: refuse this one outright
             self._reject(503, "too many connections with incomplete requests; retry shortly")
             return
@@ -212,7 +214,7 @@ class WatchedHttpToolsProtocol(_HTTPTOOLS):  # type: ignore[misc, valid-type]
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope[SCOPE_KEY] = self._sluice_state  # type: ignore[literal-required]
+        self.scope[SCOPE_KEY] = self._sluice_state
 
     def on_headers_complete(self) -> None:
         self._header_phase = False
@@ -284,5 +286,5 @@ def watched_protocol(watch: ConnectionWatch, guard: ReadGuard | None = None) -> 
     return ServerProtocol
 
 
-def connection_of(scope: dict) -> ConnectionState | None:
+def connection_of(scope: Scope) -> ConnectionState | None:
     return scope.get(SCOPE_KEY)

@@ -8,7 +8,7 @@ marked `Idempotent-Replayed: true`; only `request-id` is its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -63,6 +63,7 @@ def replayed(
     headers = {**(kept.headers if kept is not None else {}), REPLAYED_HEADER: "true"}
     if kept is not None and kept.events is None:
         return Response(kept.body, status_code=kept.status, headers=headers, media_type="application/json")
+    events: AsyncIterator[ReplayEvent]
     if kept is not None and kept.events is not None:
         events = _replay(kept.events, after)
     else:
@@ -71,7 +72,7 @@ def replayed(
     return event_stream_response(rt, frames(events), ping, headers)
 
 
-async def _replay(events: list[ReplayEvent], after: int) -> AsyncIterator[ReplayEvent]:
+async def _replay(events: list[ReplayEvent], after: int) -> AsyncGenerator[ReplayEvent, None]:
     yield PING  # as a live stream starts (a wire without named pings renders it as a comment)
     for event in events:
         if event.seq > after:

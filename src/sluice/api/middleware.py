@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from opentelemetry.trace import Span, SpanKind
 from starlette.responses import JSONResponse
@@ -129,7 +128,7 @@ async def _read_body(receive: Receive, limit: int) -> tuple[bytes | None, bool]:
 def _replay(body: bytes, receive: Receive) -> Receive:
     sent = False
 
-    async def replay() -> dict[str, Any]:
+    async def replay() -> Message:
         nonlocal sent
         if not sent:
             sent = True

@@ -23,6 +23,7 @@ from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from sluice.api.connection_watch import ConnectionWatch, watched_protocol
 from sluice.api.read_guard import ReadGuard, ReadLimits
@@ -79,7 +80,7 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def build_server(app: object, rt: ServingRuntime, access_log: bool = False) -> DrainingServer:
+def build_server(app: ASGIApp, rt: ServingRuntime, access_log: bool = False) -> DrainingServer:
     s = rt.settings
     watch = ConnectionWatch(s.send_timeout_s, on_stall=lambda _state: rt.metrics.stalled_readers_cut.inc())
     guard = ReadGuard(

@@ -10,7 +10,7 @@ ours so our own drain can end streams properly.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
@@ -21,7 +21,7 @@ from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.replay_log import ReplayEvent
 
 
-async def numbered(events: AsyncIterator[ReplayEvent], stream_id: str) -> AsyncIterator[ServerSentEvent]:
+async def numbered(events: AsyncIterator[ReplayEvent], stream_id: str) -> AsyncGenerator[ServerSentEvent, None]:
     """Rendered events as SSE frames: `event:` + one line of JSON `data`, and `id: <stream>:<seq>`
     on every numbered (replayable) event."""
     async for e in events:

@@ -41,7 +41,7 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
         guard.check(request)
         fleet = rt.require_fleet()
         gw = rt.gateway
-        gateway = {"queue_depth": 0, "inflight": 0, "scaling_signal": 0.0}
+        gateway: dict[str, object] = {"queue_depth": 0, "inflight": 0, "scaling_signal": 0.0}
         if gw is not None:
             q = gw.admission
             gateway = {"queue_depth": q.depth, "inflight": q.inflight, "scaling_signal": q.scaling_signal()}

@@ -19,7 +19,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help=DTYPE_HELP + " (default: float32)")
 
 
-def add_kernel_args(p: argparse.ArgumentParser) -> None:
+def add_kernel_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """How the model computes: on which device, the CPU kernels or torch, exact or fast numerics."""
     p.add_argument(
         "--device",

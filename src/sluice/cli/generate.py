@@ -46,8 +46,9 @@ def _generate(args: argparse.Namespace) -> int:
     if last is not None:
         secs = time.perf_counter() - first
         u = last.usage
+        reason = last.finish_reason.value if last.finish_reason is not None else "unfinished"
         print(
-            f"[{u.prompt_tokens} prompt + {u.output_tokens} output tokens, {last.finish_reason.value}, "
+            f"[{u.prompt_tokens} prompt + {u.output_tokens} output tokens, {reason}, "
             f"{u.output_tokens / secs:.1f} tok/s]",
             file=sys.stderr,
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from anyio import CancelScope
@@ -78,7 +78,7 @@ async def start_all(
 _DONE = object()
 
 
-async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Outcome]]:
+async def merged(gens: list[Generation]) -> AsyncGenerator[tuple[int, Outcome], None]:
     """Every generation's outcomes, tagged with its index, in the order they come; each
     generation's own order is kept. Leaving early closes them all."""
     if len(gens) == 1:

@@ -9,7 +9,7 @@ request the rollout's target served. Engine errors become serving errors here.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from anyio import CancelScope
@@ -32,7 +32,7 @@ def to_serving_error(exc: InvalidRequestError | EngineUnavailableError) -> Servi
 
 async def generate(
     rt: ServingRuntime, planner: Planner, plan: RoutePlan, request: GenerationRequest, route: str, tier: str
-) -> AsyncIterator[GenerationEvent]:
+) -> AsyncGenerator[GenerationEvent, None]:
     """The engine's events for the planned request (`route` and `tier` label its metrics);
     leaving early closes the worker stream
     (an abort: the worker frees the request's KV blocks within a step)."""

@@ -59,6 +59,7 @@ def guided_for(
             "messages: a final assistant prefill cannot be combined with a structured output format "
             "or a forced tool_choice"
         )
+    spec: GuidedDecoding | None
     try:
         if not conv.tools and output is not None and output.schema is None:
             spec = json_object_guidance()

@@ -26,7 +26,7 @@ settlement are released in one place, `Generation.close()`, however the stream e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -240,7 +240,7 @@ class Generation:
         if isinstance(outcome, Failed):
             raise outcome.as_error()
 
-    async def outcomes(self) -> AsyncIterator[Outcome]:
+    async def outcomes(self) -> AsyncGenerator[Outcome, None]:
         try:
             async with aclosing(self._outcomes.items()) as outcomes:
                 async for outcome in outcomes:
@@ -248,7 +248,7 @@ class Generation:
         finally:
             await self.close()
 
-    async def _produce(self) -> AsyncIterator[Outcome]:
+    async def _produce(self) -> AsyncGenerator[Outcome, None]:
         try:
             session = await self._opening  # admitted already, or still queued
         except ServingError as exc:  # refused after the caller stopped waiting (a deadline)

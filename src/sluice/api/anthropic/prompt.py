@@ -77,8 +77,8 @@ def _block_text(block: Any, where: str) -> str | None:
         texts = [_block_text(b, f"{where}.content.{k}") for k, b in enumerate(block.content)]
         return "\n".join(t for t in texts if t)
     if isinstance(block, SearchResultBlock):
-        texts = [_block_text(b, f"{where}.content.{k}") or "" for k, b in enumerate(block.content)]
-        return SearchResult(block.source, block.title, "\n".join(texts)).render()
+        passages = [_block_text(b, f"{where}.content.{k}") or "" for k, b in enumerate(block.content)]
+        return SearchResult(block.source, block.title, "\n".join(passages)).render()
     if isinstance(block, (ThinkingBlock, RedactedThinkingBlock, ToolReferenceBlock)):
         return None
     if isinstance(block, ServerToolUseBlock):
@@ -138,7 +138,7 @@ def _system(system: str | list[TextBlock] | None) -> Turn | None:
         return None
     if isinstance(system, str):
         return Turn(Role.SYSTEM, [system]) if system else None
-    parts = [_block_text(b, f"system.{i}") or "" for i, b in enumerate(system)]
+    parts: list[Part] = [_block_text(b, f"system.{i}") or "" for i, b in enumerate(system)]
     return Turn(Role.SYSTEM, parts, [b.cache_control is not None for b in system]) if parts else None
 
 

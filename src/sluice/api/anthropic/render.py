@@ -7,7 +7,7 @@ stream ends, what a failure means — all of that was decided by the pipeline.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -199,7 +199,7 @@ class _Blocks:
         return [*self.stop()] if self.next else [self.start({"type": "text", "text": ""}), *self.stop()]
 
 
-async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None) -> AsyncIterator[ReplayEvent]:
+async def render_stream(gen: Generation, plan: UsagePlan, request_id: str | None) -> AsyncGenerator[ReplayEvent, None]:
     """The event sequence of reference §4.3: `ping` first (bytes on the wire as the stream
     opens, before any output of a request still queued or in prefill), `message_start` with
     the prompt's usage at the first outcome, the content blocks (text deltas; a tool_use block

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -54,7 +54,7 @@ async def recorded(
     return await Recording.open(rt.replay, msg_id, tenant, events, _cut)
 
 
-async def follow(rt: ServingRuntime, msg_id: str, after: int) -> AsyncIterator[ReplayEvent]:
+async def follow(rt: ServingRuntime, msg_id: str, after: int) -> AsyncGenerator[ReplayEvent, None]:
     yield PING
     try:
         async for ev in rt.replay.follow(msg_id, after):

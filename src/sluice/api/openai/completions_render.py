@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -114,7 +114,7 @@ def render_completion(
 
 async def render_chunks(
     request_id: str, model: str, views: list[ChoiceView], first_of_prompt: list[bool], include_usage: bool
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncGenerator[ServerSentEvent, None]:
     created = int(time.time())
 
     def chunk(index: int, text: str, lps: dict[str, Any] | None, finish: str | None) -> ServerSentEvent:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -14,7 +14,16 @@ from sluice.api.errors import openai_error_type
 from sluice.api.openai.logprobs import chat_content, chat_logprobs
 from sluice.serving.choices import merged
 from sluice.serving.errors import ServingError
-from sluice.serving.outcomes import Failed, Finished, Refused, TextDelta, ToolCallDone, ToolCallStarted, ToolInputDelta
+from sluice.serving.outcomes import (
+    Failed,
+    Finished,
+    Refused,
+    ServerToolResult,
+    TextDelta,
+    ToolCallDone,
+    ToolCallStarted,
+    ToolInputDelta,
+)
 from sluice.serving.pipeline import Collected, Generation
 from sluice.streaming.event_log import LogGap
 from sluice.streaming.replay_log import ReplayEvent
@@ -100,11 +109,17 @@ def _choices_usage(usages: list[Usage]) -> Usage:
     return Usage(usages[0].prompt_tokens, sum(u.output_tokens for u in usages), usages[0].cached_tokens)
 
 
+def _error_json(message: str, kind: str) -> str:
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+
 def error_event(message: str, kind: str) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}))
+    return ServerSentEvent(data=_error_json(message, kind))
 
 
-async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bool) -> AsyncIterator[ServerSentEvent]:
+async def render_chunks(
+    reply_id: str, gens: list[Generation], include_usage: bool
+) -> AsyncGenerator[ServerSentEvent, None]:
     """`data:` chunks (n choices: interleaved, each with its index), each choice's last one with
     `finish_reason`, an optional usage chunk, `[DONE]`; a failure after the stream started is
     an error chunk, then the end."""
@@ -170,8 +185,8 @@ async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bo
                     i, {"tool_calls": [{"index": outcome.index, "function": {"arguments": outcome.json}}]}, None
                 )
                 continue
-            if isinstance(outcome, ToolCallDone):
-                continue
+            if isinstance(outcome, (ToolCallDone, ServerToolResult)):
+                continue  # a server tool's result is Anthropic's block: the OpenAI wire has none
             if tokenizer is not None and isinstance(outcome, Finished):  # the tokens whose text came last (or none)
                 rest = chat_content(
                     outcome.logprobs, tokenizer, _ended_by_eos(outcome), max(0, text_bytes[i] - scored_bytes[i])
@@ -190,7 +205,7 @@ async def render_chunks(reply_id: str, gens: list[Generation], include_usage: bo
 CHUNK = "chunk"
 
 
-async def chunk_events(chunks: AsyncIterator[ServerSentEvent]) -> AsyncIterator[ReplayEvent]:
+async def chunk_events(chunks: AsyncIterator[ServerSentEvent]) -> AsyncGenerator[ReplayEvent, None]:
     """`render_chunks` as numbered replay events (its keep-alive comments are not content)."""
     seq = 0
     async for frame in chunks:
@@ -199,13 +214,13 @@ async def chunk_events(chunks: AsyncIterator[ServerSentEvent]) -> AsyncIterator[
             yield ReplayEvent(seq, CHUNK, frame.data)
 
 
-async def chunk_frames(events: AsyncIterator[ReplayEvent]) -> AsyncIterator[ServerSentEvent]:
+async def chunk_frames(events: AsyncIterator[ReplayEvent]) -> AsyncGenerator[ServerSentEvent, None]:
     """Replay events back as the frames they were (any other event, a ping, is a keep-alive)."""
     async for event in events:
         yield ServerSentEvent(data=event.data) if event.name == CHUNK else ServerSentEvent(comment="ping")
 
 
-async def followed(events: AsyncIterator[ReplayEvent]) -> AsyncIterator[ReplayEvent]:
+async def followed(events: AsyncIterator[ReplayEvent]) -> AsyncGenerator[ReplayEvent, None]:
     """A recorded stream followed from the replay log: a keep-alive at once, then its chunks; an
     error chunk if the log no longer holds them."""
     yield ReplayEvent(0, "ping", "")
@@ -213,12 +228,12 @@ async def followed(events: AsyncIterator[ReplayEvent]) -> AsyncIterator[ReplayEv
         async for event in events:
             yield event
     except LogGap as exc:
-        yield ReplayEvent(0, CHUNK, error_event(str(exc), "server_error").data)
+        yield ReplayEvent(0, CHUNK, _error_json(str(exc), "server_error"))
 
 
 def cut_chunk(seq: int) -> ReplayEvent:
     """The recorded end of a stream cut short (the server stopped before it finished)."""
-    return ReplayEvent(seq, CHUNK, error_event("the stream ended before it finished", "server_error").data)
+    return ReplayEvent(seq, CHUNK, _error_json("the stream ended before it finished", "server_error"))
 
 
 def ended_well(last: ReplayEvent) -> bool:

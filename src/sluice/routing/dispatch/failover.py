@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -192,7 +192,7 @@ async def generate_on_fleet(
     policy: FailoverPolicy = FailoverPolicy(),
     attempted: Attempted | None = None,
     span: Span | None = None,
-) -> AsyncIterator[GenerationEvent]:
+) -> AsyncGenerator[GenerationEvent, None]:
     """`replan(plan, tried)`: a new plan without the tried workers, and the request prepared
     for it (re-tokenized when the plan moved to another model); raises when nothing can serve.
     `span`: the generation's trace span: each dispatch, retry and migration is an event on it,

@@ -29,7 +29,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +116,7 @@ class Attempt:
             await self.claim.settle(None)
 
     @contextlib.asynccontextmanager
-    async def settles(self) -> AsyncIterator[None]:
+    async def settles(self) -> AsyncGenerator[None, None]:
         """Whatever happens inside — a refusal, a failure, a client gone, a cancellation — the key
         is released unless the reply was kept or a detached stream took the claim over."""
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 MAX_ENTRIES = 256  # the search service's bound on the values of one filter clause
@@ -60,7 +61,7 @@ class DomainRules:
     blocked: tuple[DomainRule, ...] = ()
 
     @classmethod
-    def parse(cls, allowed: list[str] | None, blocked: list[str] | None) -> DomainRules:
+    def parse(cls, allowed: Sequence[str] | None, blocked: Sequence[str] | None) -> DomainRules:
         if allowed is not None and blocked is not None:
             raise ValueError("use either allowed_domains or blocked_domains, not both")
         for entries in (allowed, blocked):

@@ -29,12 +29,19 @@ TITLE_FIELD, URL_FIELD, AGE_FIELD = "title", "url", "page_age"
 MAX_SNIPPET_CHARS = 2000  # the search API's bound on `snippet_chars` (docs/SEARCH.md)
 # the hybrid ranking that won on Debian's descriptions (docs/BENCHMARKS.md, bench/search/search_dense_quality.py):
 # recall@10 and MRR@10 above both lexical and dense alone
-HYBRID = {"fusion": "weighted", "dense_weight": 0.3, "window": 50}
+_HYBRID_WINDOW = 50
+HYBRID = {"fusion": "weighted", "dense_weight": 0.3, "window": _HYBRID_WINDOW}
 _MARK = re.compile(r"</?b>")
 
 
 def snippet_chars(service: SearchServiceSpec) -> int:
     return min(service.max_result_chars, MAX_SNIPPET_CHARS)
+
+
+def _fields(hit: dict[str, Any]) -> dict[str, Any]:
+    """A hit's stored fields ({} when it has none or they are not an object)."""
+    fields = hit.get("fields")
+    return fields if isinstance(fields, dict) else {}
 
 
 def hit_result(hit: dict[str, Any], max_chars: int) -> SearchResult:
@@ -44,7 +51,7 @@ def hit_result(hit: dict[str, Any], max_chars: int) -> SearchResult:
     escapes the text for HTML; the model reads neither) — cut to `max_chars`. Never the
     document's whole stored text."""
     doc_id = str(hit.get("id", ""))
-    fields = hit.get("fields") if isinstance(hit.get("fields"), dict) else {}
+    fields = _fields(hit)
     title, url, age = fields.get(TITLE_FIELD), fields.get(URL_FIELD), fields.get(AGE_FIELD)
     snippet = hit.get("snippet")
     return SearchResult(
@@ -77,7 +84,7 @@ def search_body(service: SearchServiceSpec, query: str, rules: DomainRules) -> d
         "mode": service.mode,
     }
     if service.mode == "hybrid":
-        body["hybrid"] = {**HYBRID, "window": max(HYBRID["window"], top_k)}
+        body["hybrid"] = {**HYBRID, "window": max(_HYBRID_WINDOW, top_k)}
     flt = rules.service_filter()
     if flt is not None:
         body["filter"] = flt
@@ -89,7 +96,7 @@ def _permitted(hits: list[Any], rules: DomainRules, service: SearchServiceSpec) 
     for h in hits:
         if not isinstance(h, dict):
             continue
-        fields = h.get("fields") if isinstance(h.get("fields"), dict) else {}
+        fields = _fields(h)
         url = fields.get(URL_FIELD)
         if rules and not rules.permits(url if isinstance(url, str) else None):
             continue  # the service's filter is not trusted alone: a blocked hit never reaches the model

@@ -23,7 +23,7 @@ searches the service answered counted in `server_tool_uses`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 from sluice.routing.fleet_file.search_service import SearchServiceSpec
@@ -120,7 +120,7 @@ class SearchRounds:
         self.answered += 1
         return ServerToolResult(call.id, found, usage=usage)
 
-    async def outcomes(self, first: AsyncIterator[Outcome]) -> AsyncIterator[Outcome]:
+    async def outcomes(self, first: AsyncIterator[Outcome]) -> AsyncGenerator[Outcome, None]:
         req, stream = self.req, first
         for round_no in range(self.max_uses + 1):
             reply: list[str | ToolCallDone] = []

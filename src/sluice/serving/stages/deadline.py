@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from sluice.serving.errors import ErrorKind
@@ -64,7 +64,7 @@ class _Deadline:
             self.handle = None
 
 
-async def with_deadline(rt: ServingRuntime, source: AsyncGenerator[Outcome, None]) -> AsyncIterator[Outcome]:
+async def with_deadline(rt: ServingRuntime, source: AsyncGenerator[Outcome, None]) -> AsyncGenerator[Outcome, None]:
     deadline = _Deadline(rt, asyncio.get_running_loop())
     try:
         async with aclosing(source):

@@ -14,7 +14,7 @@ another step on a killed request while the renderer writes the refusal.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 from sluice.safety.pipeline import SafetyPipeline
@@ -57,7 +57,7 @@ async def guarded(
     input_text: str,
     request_id: str,
     on_verdict: Callable[[Verdict], None] | None = None,
-) -> AsyncIterator[Outcome]:
+) -> AsyncGenerator[Outcome, None]:
     async with aclosing(events):
         if safety is None:
             feed = LogprobFeed()
@@ -81,7 +81,7 @@ async def _guarded(
     input_text: str,
     request_id: str,
     on_verdict: Callable[[Verdict], None] | None,
-) -> AsyncIterator[Outcome]:
+) -> AsyncGenerator[Outcome, None]:
     loop = asyncio.get_running_loop()
     settings = safety.policy.classifier
     guard = safety.stream_guard()

@@ -14,7 +14,7 @@ closed — by `items()` itself when a consumer is iterating (it closes it when i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Generic, TypeVar
 
 from anyio import CancelScope
@@ -44,7 +44,7 @@ class Lookahead(Generic[T]):
         except StopAsyncIteration:
             return _End()
 
-    async def items(self) -> AsyncIterator[T]:
+    async def items(self) -> AsyncGenerator[T, None]:
         """Every item once: the one fetched ahead (if any), then the rest."""
         self._iterating = True
         try:

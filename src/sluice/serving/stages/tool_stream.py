@@ -12,7 +12,7 @@ the complete calls, which is what makes the stop a tool-use stop.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from contextlib import aclosing
 
 from sluice.models.tools.format import ToolFormat
@@ -58,7 +58,7 @@ class _Outcomes:
 
 async def with_tool_calls(
     outcomes: AsyncIterator[Outcome], fmt: ToolFormat, id_prefix: str, server_names: Collection[str] = ()
-) -> AsyncIterator[Outcome]:
+) -> AsyncGenerator[Outcome, None]:
     parser = ToolCallParser(fmt, lambda: new_tool_use_id(id_prefix))
     _outcome = _Outcomes(server_names)
     complete = 0
