@@ -21,6 +21,7 @@ per problem (the fleet file's `FILE:LINE: field: why`).
 from __future__ import annotations
 
 import base64
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -85,6 +86,95 @@ async def _body(request: Request) -> dict[str, Any]:
     return json_object(raw, "invalid JSON body") if raw.strip() else {}
 
 
+def _doc(*errors: int) -> dict[str, Any]:
+    """An admin route's OpenAPI entry: the lookup errors, and `errors` besides."""
+    return doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, *errors))
+
+
+async def _answer(request: Request, op: Awaitable[Any]) -> Any:
+    """The operation's reply, or its refusal in the API's error shape."""
+    try:
+        return await op
+    except AdminError as exc:
+        return _refused(request, exc)
+
+
+def _weights(body: dict[str, Any]) -> dict[str, float]:
+    weights = body.get("weights")
+    if set(body) != {"weights"} or not isinstance(weights, dict):
+        raise bad_request('the body must be {"weights": {"VERSION": WEIGHT, ...}}')
+    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()):
+        raise bad_request("weights: every weight must be a number")
+    return weights
+
+
+def _rollout_target(body: dict[str, Any]) -> str:
+    """The version to roll out to, taken out of `body` (the rest is the rollout's settings)."""
+    to = body.pop("to", None)
+    if not isinstance(to, str) or not to:
+        raise bad_request('the body must be {"to": "VERSION", ...}: the version to roll out to')
+    return to
+
+
+def _adapter_to_load(body: dict[str, Any]) -> tuple[str, str, str | None]:
+    name, path, base = body.get("name"), body.get("path"), body.get("base")
+    if (
+        set(body) - {"name", "path", "base"}
+        or not isinstance(name, str)
+        or not isinstance(path, str)
+        or not name
+        or not path
+        or (base is not None and (not isinstance(base, str) or not base))
+    ):
+        raise bad_request('the body must be {"name": NAME, "path": PATH[, "base": "MODEL/VERSION"]}')
+    return name, path, base
+
+
+def _add_fleet_routes(router: APIRouter, admin: Callable[[Request], FleetAdmin]) -> None:
+    """The fleet's status and its versions' traffic: weights, rollouts, rollback, reload."""
+
+    @router.get("/admin/fleet", openapi_extra=_doc())
+    async def fleet_status(request: Request) -> Any:
+        return admin(request).status()
+
+    @router.put("/admin/fleet/models/{model:path}/weights", openapi_extra=_doc(409))
+    async def set_weights(model: str, request: Request) -> Any:
+        ops = admin(request)
+        return await _answer(request, ops.set_weights(model, _weights(await _body(request))))
+
+    @router.post("/admin/fleet/models/{model:path}/rollout", openapi_extra=_doc(409))
+    async def start_rollout(model: str, request: Request) -> Any:
+        ops = admin(request)
+        body = await _body(request)
+        to = _rollout_target(body)
+        return await _answer(request, ops.start_rollout(model, to, body))
+
+    @router.post("/admin/fleet/models/{model:path}/rollback", openapi_extra=_doc(409))
+    async def rollback(model: str, request: Request) -> Any:
+        return await _answer(request, admin(request).rollback(model))
+
+    @router.post("/admin/fleet/reload", openapi_extra=_doc(409))
+    async def reload(request: Request) -> Any:
+        return await _answer(request, admin(request).reload())
+
+
+def _add_adapter_routes(router: APIRouter, adapters: Callable[[Request], AdapterAdmin]) -> None:
+    """The LoRA adapters the fleet serves: list, load, unload."""
+
+    @router.get("/admin/fleet/adapters", openapi_extra=_doc())
+    async def list_adapters(request: Request) -> Any:
+        return adapters(request).listing()
+
+    @router.post("/admin/fleet/adapters", openapi_extra=_doc(409, 529))
+    async def load_adapter(request: Request) -> Any:
+        ops = adapters(request)
+        return await _answer(request, ops.load(*_adapter_to_load(await _body(request))))
+
+    @router.delete("/admin/fleet/adapters/{name:path}", openapi_extra=_doc(409))
+    async def unload_adapter(name: str, request: Request) -> Any:
+        return await _answer(request, adapters(request).unload(name))
+
+
 def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
     router = APIRouter()
 
@@ -92,99 +182,10 @@ def build_router(rt: ServingRuntime, guard: AdminGuard) -> APIRouter:
         guard.check(request)
         return FleetAdmin(rt.require_fleet(), rt.settings.tiers)
 
-    @router.get("/admin/fleet", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=doc.LOOKUP))
-    async def fleet_status(request: Request) -> Any:
-        return admin(request).status()
-
-    @router.put(
-        "/admin/fleet/models/{model:path}/weights",
-        openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)),
-    )
-    async def set_weights(model: str, request: Request) -> Any:
-        ops = admin(request)
-        body = await _body(request)
-        weights = body.get("weights")
-        if set(body) != {"weights"} or not isinstance(weights, dict):
-            raise bad_request('the body must be {"weights": {"VERSION": WEIGHT, ...}}')
-        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()):
-            raise bad_request("weights: every weight must be a number")
-        try:
-            return await ops.set_weights(model, weights)
-        except AdminError as exc:
-            return _refused(request, exc)
-
-    @router.post(
-        "/admin/fleet/models/{model:path}/rollout",
-        openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)),
-    )
-    async def start_rollout(model: str, request: Request) -> Any:
-        ops = admin(request)
-        body = await _body(request)
-        to = body.pop("to", None)
-        if not isinstance(to, str) or not to:
-            raise bad_request('the body must be {"to": "VERSION", ...}: the version to roll out to')
-        try:
-            return await ops.start_rollout(model, to, body)
-        except AdminError as exc:
-            return _refused(request, exc)
-
-    @router.post(
-        "/admin/fleet/models/{model:path}/rollback",
-        openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)),
-    )
-    async def rollback(model: str, request: Request) -> Any:
-        ops = admin(request)
-        try:
-            return await ops.rollback(model)
-        except AdminError as exc:
-            return _refused(request, exc)
-
     def adapters(request: Request) -> AdapterAdmin:
         guard.check(request)
         return AdapterAdmin(rt.require_fleet())
 
-    @router.get("/admin/fleet/adapters", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=doc.LOOKUP))
-    async def list_adapters(request: Request) -> Any:
-        return adapters(request).listing()
-
-    @router.post(
-        "/admin/fleet/adapters", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409, 529))
-    )
-    async def load_adapter(request: Request) -> Any:
-        ops = adapters(request)
-        body = await _body(request)
-        name, path, base = body.get("name"), body.get("path"), body.get("base")
-        if (
-            set(body) - {"name", "path", "base"}
-            or not isinstance(name, str)
-            or not isinstance(path, str)
-            or not name
-            or not path
-            or (base is not None and (not isinstance(base, str) or not base))
-        ):
-            raise bad_request('the body must be {"name": NAME, "path": PATH[, "base": "MODEL/VERSION"]}')
-        try:
-            return await ops.load(name, path, base)
-        except AdminError as exc:
-            return _refused(request, exc)
-
-    @router.delete(
-        "/admin/fleet/adapters/{name:path}",
-        openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)),
-    )
-    async def unload_adapter(name: str, request: Request) -> Any:
-        ops = adapters(request)
-        try:
-            return await ops.unload(name)
-        except AdminError as exc:
-            return _refused(request, exc)
-
-    @router.post("/admin/fleet/reload", openapi_extra=doc.operation(doc.Family.ANTHROPIC, errors=(*doc.LOOKUP, 409)))
-    async def reload(request: Request) -> Any:
-        ops = admin(request)
-        try:
-            return await ops.reload()
-        except AdminError as exc:
-            return _refused(request, exc)
-
+    _add_fleet_routes(router, admin)
+    _add_adapter_routes(router, adapters)
     return router

@@ -152,6 +152,12 @@ def operation(
     return out
 
 
+def generation(family: Family, body: str, ok: str, params: list[dict[str, Any]]) -> dict[str, Any]:
+    """A generation route's `openapi_extra`: a JSON reply or, asked for, a stream, and the
+    generation's error statuses."""
+    return operation(family, body=body, ok=ok, stream=True, errors=GENERATION, params=params)
+
+
 # probes and metrics: no key, no request body
 HEALTH = operation(Family.ANTHROPIC, ok="Health", public=True)
 READY = operation(Family.ANTHROPIC, ok="Readiness", public=True)

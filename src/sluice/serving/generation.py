@@ -11,12 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import dataclass, field
 
 from anyio import CancelScope
+from opentelemetry.trace import Span
 
 from sluice.errors import EngineUnavailableError, InvalidRequestError
+from sluice.observability.metrics import ServingMetrics
 from sluice.routing.dispatch.failover import Attempted, FailoverPolicy, generate_on_fleet
 from sluice.routing.dispatch.router import RoutePlan
+from sluice.routing.fleet.fleet import Fleet
 from sluice.serving.errors import ServingError, invalid, overloaded
 from sluice.serving.planning import Planner
 from sluice.serving.runtime import ServingRuntime
@@ -30,6 +34,84 @@ def to_serving_error(exc: InvalidRequestError | EngineUnavailableError) -> Servi
     return overloaded(f"no engine is available: {exc}", retry_after_s=2)
 
 
+@dataclass(slots=True)
+class _Meter:
+    """One generation's timing as its events arrive: it feeds the latency metrics and keeps what
+    the span and the accounting need at the end."""
+
+    metrics: ServingMetrics
+    route: str
+    tier: str
+    started: float = field(default_factory=time.perf_counter)
+    first: float | None = None  # when the first token came
+    last: float | None = None  # when the latest tokens came
+    final: GenerationEvent | None = None
+    output_tokens: int = 0
+
+    def observe(self, event: GenerationEvent, version_header: str) -> None:
+        m, now = self.metrics, time.perf_counter()
+        if event.queue_time_s is not None:
+            m.queue_time.observe(event.queue_time_s)
+        if event.token_ids:
+            if self.last is None:
+                self.first = now
+                m.ttft.labels(self.route, version_header, self.tier).observe(now - self.started)
+                m.recent.record("ttft", now - self.started)
+            else:
+                m.itl.observe((now - self.last) / len(event.token_ids))
+                m.recent.record("itl", (now - self.last) / len(event.token_ids))
+            self.last = now
+            m.output_tokens.inc(len(event.token_ids))
+        self.output_tokens = event.usage.output_tokens
+        if event.finished:
+            self.final = event
+            m.e2e.labels(self.route).observe(now - self.started)
+            if event.finish_reason is FinishReason.ABORT:
+                m.aborted.labels("engine").inc()
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first is None else self.first - self.started
+
+
+def _end_span(span: Span, attempted: Attempted, meter: _Meter) -> None:
+    final = meter.final
+    span.set_attributes(
+        {
+            "sluice.output_tokens": meter.output_tokens,
+            "sluice.workers": ",".join(attempted.workers),
+            "sluice.retries": attempted.retries,
+            "sluice.migrations": attempted.migrations,
+            "sluice.finish_reason": final.finish_reason.value if final is not None and final.finish_reason else "none",
+        }
+    )
+    if meter.ttft_s is not None:
+        span.set_attribute("sluice.ttft_s", meter.ttft_s)
+    span.end()
+
+
+async def _account(
+    fleet: Fleet, metrics: ServingMetrics, request: GenerationRequest, attempted: Attempted, meter: _Meter, failed: bool
+) -> None:
+    """After the generation: LoRA counts, the plan's quota settled with the tokens used, and the
+    rollout's health window fed."""
+    plan, final = attempted.plan, meter.final
+    prompt_tokens = len(request.prompt_token_ids)
+    adapter = fleet.adapter_ref(plan.model_id, plan.version)
+    if adapter is not None and (final is not None or failed):
+        metrics.count_lora(adapter.name, plan.version_header, prompt_tokens, meter.output_tokens)
+    await fleet.router.settle(plan, prompt_tokens + meter.output_tokens)
+    # a rollout's target is judged once per request: failed if any attempt on it failed
+    # (even when a retry on another version rescued the request), else by the end
+    judged = set(attempted.failed)
+    for model_id, version in judged:
+        await fleet.driver.observe(model_id, version, False)
+    if (final is not None or failed) and (plan.model_id, plan.version) not in judged:
+        # a client that left says nothing about the version
+        ok = final is not None and final.finish_reason is not FinishReason.ERROR
+        await fleet.driver.observe(plan.model_id, plan.version, ok, meter.ttft_s)
+
+
 async def generate(
     rt: ServingRuntime, planner: Planner, plan: RoutePlan, request: GenerationRequest, route: str, tier: str
 ) -> AsyncGenerator[GenerationEvent, None]:
@@ -41,11 +123,7 @@ async def generate(
     policy = FailoverPolicy(routing.max_attempts, routing.max_migrations, migration_wait_s=routing.migration_wait_s)
     attempted = Attempted(plan)
     m = rt.metrics
-    started = time.perf_counter()
-    first: float | None = None
-    last: float | None = None
-    final: GenerationEvent | None = None
-    output_tokens = 0
+    meter = _Meter(m, route, tier)
     failed = False
     m.inflight.inc()
     m.prompt_tokens.inc(len(request.prompt_token_ids))
@@ -64,61 +142,17 @@ async def generate(
         stream = generate_on_fleet(fleet.router, fleet.handles, plan, request, planner.replan, policy, attempted, span)
         async with aclosing(stream):
             async for event in stream:
-                now = time.perf_counter()
-                if event.queue_time_s is not None:
-                    m.queue_time.observe(event.queue_time_s)
-                if event.token_ids:
-                    if last is None:
-                        first = now
-                        m.ttft.labels(route, attempted.plan.version_header, tier).observe(now - started)
-                        m.recent.record("ttft", now - started)
-                    else:
-                        m.itl.observe((now - last) / len(event.token_ids))
-                        m.recent.record("itl", (now - last) / len(event.token_ids))
-                    last = now
-                    m.output_tokens.inc(len(event.token_ids))
-                output_tokens = event.usage.output_tokens
-                if event.finished:
-                    final = event
-                    m.e2e.labels(route).observe(now - started)
-                    if event.finish_reason is FinishReason.ABORT:
-                        m.aborted.labels("engine").inc()
+                meter.observe(event, attempted.plan.version_header)
                 yield event
-                if final is not None:
+                if meter.final is not None:
                     return
     except (InvalidRequestError, EngineUnavailableError) as exc:
         failed = isinstance(exc, EngineUnavailableError)
         raise to_serving_error(exc) from None
     finally:
         m.inflight.dec()
-        if final is None:
+        if meter.final is None:
             m.aborted.labels("client").inc()
-        span.set_attributes(
-            {
-                "sluice.output_tokens": output_tokens,
-                "sluice.workers": ",".join(attempted.workers),
-                "sluice.retries": attempted.retries,
-                "sluice.migrations": attempted.migrations,
-                "sluice.finish_reason": final.finish_reason.value
-                if final is not None and final.finish_reason
-                else "none",
-            }
-        )
-        if first is not None:
-            span.set_attribute("sluice.ttft_s", first - started)
-        span.end()
+        _end_span(span, attempted, meter)
         with CancelScope(shield=True):  # accounting survives the response's cancellation
-            plan = attempted.plan
-            adapter = fleet.adapter_ref(plan.model_id, plan.version)
-            if adapter is not None and (final is not None or failed):
-                m.count_lora(adapter.name, plan.version_header, len(request.prompt_token_ids), output_tokens)
-            await fleet.router.settle(plan, len(request.prompt_token_ids) + output_tokens)
-            # a rollout's target is judged once per request: failed if any attempt on it failed
-            # (even when a retry on another version rescued the request), else by the end
-            judged = set(attempted.failed)
-            for model_id, version in judged:
-                await fleet.driver.observe(model_id, version, False)
-            if (final is not None or failed) and (plan.model_id, plan.version) not in judged:
-                # a client that left says nothing about the version
-                ok = final is not None and final.finish_reason is not FinishReason.ERROR
-                await fleet.driver.observe(plan.model_id, plan.version, ok, None if first is None else first - started)
+            await _account(fleet, m, request, attempted, meter, failed)

@@ -25,8 +25,9 @@ from sluice.api.ids import new_id
 from sluice.api.pagination import page
 from sluice.api.sse import event_stream_response, numbered
 from sluice.serving.admission import ClientGone
-from sluice.serving.idempotency.retries import Action
+from sluice.serving.idempotency.retries import Action, Attempt
 from sluice.serving.pipeline import ServingPipeline
+from sluice.serving.request import ServingRequest
 from sluice.serving.runtime import ServingRuntime
 from sluice.streaming.recorder import detach
 
@@ -54,72 +55,69 @@ def _model_info(rt: ServingRuntime, model_id: str) -> dict[str, Any]:
     }
 
 
-def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
-    router = APIRouter()
-    lenient = not rt.settings.reject_unknown_fields
-
-    @router.post(
-        "/v1/messages",
-        openapi_extra=doc.operation(
-            doc.Family.ANTHROPIC,
-            body="MessagesRequest",
-            ok="MessageObject",
-            stream=True,
-            errors=doc.GENERATION,
-            params=[doc.ANTHROPIC_VERSION, doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS, doc.BACKGROUND],
-        ),
+def _replayed(rt: ServingRuntime, request: Request, attempt: Attempt, stream: bool) -> Response:
+    """A retry of a keyed request: the first attempt's response, not generated again."""
+    stream_id = attempt.stream_id or ""
+    return idempotent.replayed(
+        rt,
+        attempt,
+        lambda events: numbered(events, stream_id),
+        resume.ping,
+        lambda sid, after: resume.follow(rt, sid, after),
+        resume.resume_point(request, stream_id) if stream else 0,
     )
-    async def create_message(request: Request) -> Any:
-        principal = await require_principal(request, rt.authenticator)
-        version = api_version(request, rt.settings)
-        body: MessagesRequest = parse_body(await request.body(), MessagesRequest, lenient)
-        sreq = to_serving_request(body, principal, new_id("msg"), version, rt.settings, request)
-        attempt = await idempotent.begin(request, rt, principal, sreq, body, body.stream)
-        if attempt.action is not Action.RUN:  # a retry: the first attempt's response, not generated again
-            stream_id = attempt.stream_id or ""
-            return idempotent.replayed(
-                rt,
-                attempt,
-                lambda events: numbered(events, stream_id),
-                resume.ping,
-                lambda sid, after: resume.follow(rt, sid, after),
-                resume.resume_point(request, stream_id) if body.stream else 0,
-            )
-        # Refusals known before the stream opens (rate limits, a full queue, no engine to take
-        # it) are real 429 / 529 statuses. A stream with no output after `stream_open_wait_s` is
-        # opened while it waits, so pings flow (a deadline passed later is then an in-stream
-        # overloaded_error).
-        wait = rt.settings.stream_open_wait_s if body.stream else None
-        async with attempt.settles():  # a key whose attempt did not complete is released
-            try:
-                gen = await pipeline.start(sreq, wait, request.is_disconnected)
-            except ClientGone:
-                return Response(status_code=499)
-            plan = plan_for(gen)
-            if not body.stream:
-                response, kept = idempotent.reply(render_message(gen, await gen.collect(), plan), gen.headers)
-                await attempt.complete(kept)
-                return response
-            recording = await resume.recorded(
-                rt, gen.request_id, principal.tenant, render_stream(gen, plan, request.state.request_id)
-            )
-            detached = attempt.keyed or wants_background(request, body.background)  # outlives this connection
-            if attempt.keyed:  # a retry attaches to it through the replay log
-                attempt.detach(recording, rt.keep, lambda: gen.headers, lambda last: last.name == "message_stop")
-            elif detached:
-                detach(recording, rt.keep)
-        if detached:
-            return event_stream_response(
-                rt, numbered(resume.follow(rt, gen.request_id, 0), gen.request_id), resume.ping, gen.headers
-            )
 
-        async def closed() -> None:  # however the response ended, even before its stream started
-            await recording.close()
-            await gen.close()
 
-        return event_stream_response(
-            rt, numbered(recording.events(), gen.request_id), resume.ping, gen.headers, closed, request
+async def _generate(
+    rt: ServingRuntime,
+    pipeline: ServingPipeline,
+    request: Request,
+    tenant: str,
+    sreq: ServingRequest,
+    body: MessagesRequest,
+    attempt: Attempt,
+) -> Response:
+    """Run a message: its JSON reply, or its stream (recorded, so that it can be resumed; a
+    keyed or background one detached, so that it outlives this connection)."""
+    # Refusals known before the stream opens (rate limits, a full queue, no engine to take
+    # it) are real 429 / 529 statuses. A stream with no output after `stream_open_wait_s` is
+    # opened while it waits, so pings flow (a deadline passed later is then an in-stream
+    # overloaded_error).
+    wait = rt.settings.stream_open_wait_s if body.stream else None
+    async with attempt.settles():  # a key whose attempt did not complete is released
+        try:
+            gen = await pipeline.start(sreq, wait, request.is_disconnected)
+        except ClientGone:
+            return Response(status_code=499)
+        plan = plan_for(gen)
+        if not body.stream:
+            response, kept = idempotent.reply(render_message(gen, await gen.collect(), plan), gen.headers)
+            await attempt.complete(kept)
+            return response
+        recording = await resume.recorded(
+            rt, gen.request_id, tenant, render_stream(gen, plan, request.state.request_id)
         )
+        detached = attempt.keyed or wants_background(request, body.background)  # outlives this connection
+        if attempt.keyed:  # a retry attaches to it through the replay log
+            attempt.detach(recording, rt.keep, lambda: gen.headers, lambda last: last.name == "message_stop")
+        elif detached:
+            detach(recording, rt.keep)
+    if detached:
+        return event_stream_response(
+            rt, numbered(resume.follow(rt, gen.request_id, 0), gen.request_id), resume.ping, gen.headers
+        )
+
+    async def closed() -> None:  # however the response ended, even before its stream started
+        await recording.close()
+        await gen.close()
+
+    return event_stream_response(
+        rt, numbered(recording.events(), gen.request_id), resume.ping, gen.headers, closed, request
+    )
+
+
+def _add_model_routes(router: APIRouter, rt: ServingRuntime, pipeline: ServingPipeline, lenient: bool) -> None:
+    """What a client asks about the models: a prompt's token count, the model list, one model."""
 
     @router.post(
         "/v1/messages/count_tokens",
@@ -153,4 +151,24 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
         rt.check_model(model_id)
         return _model_info(rt, model_id)
 
+
+def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
+    router = APIRouter()
+    lenient = not rt.settings.reject_unknown_fields
+    params = [doc.ANTHROPIC_VERSION, doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS, doc.BACKGROUND]
+
+    @router.post(
+        "/v1/messages", openapi_extra=doc.generation(doc.Family.ANTHROPIC, "MessagesRequest", "MessageObject", params)
+    )
+    async def create_message(request: Request) -> Any:
+        principal = await require_principal(request, rt.authenticator)
+        version = api_version(request, rt.settings)
+        body: MessagesRequest = parse_body(await request.body(), MessagesRequest, lenient)
+        sreq = to_serving_request(body, principal, new_id("msg"), version, rt.settings, request)
+        attempt = await idempotent.begin(request, rt, principal, sreq, body, body.stream)
+        if attempt.action is not Action.RUN:
+            return _replayed(rt, request, attempt, body.stream)
+        return await _generate(rt, pipeline, request, principal.tenant, sreq, body, attempt)
+
+    _add_model_routes(router, rt, pipeline, lenient)
     return router

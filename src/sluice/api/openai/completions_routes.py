@@ -36,14 +36,7 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
 
     @router.post(
         "/v1/completions",
-        openapi_extra=doc.operation(
-            doc.Family.OPENAI,
-            body="CompletionRequest",
-            ok="TextCompletion",
-            stream=True,
-            errors=doc.GENERATION,
-            params=[*doc.SLUICE_HEADERS],
-        ),
+        openapi_extra=doc.generation(doc.Family.OPENAI, "CompletionRequest", "TextCompletion", [*doc.SLUICE_HEADERS]),
     )
     async def completions(request: Request) -> Any:
         principal = await require_principal(request, rt.authenticator)

@@ -47,13 +47,8 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
 
     @router.post(
         "/v1/chat/completions",
-        openapi_extra=doc.operation(
-            doc.Family.OPENAI,
-            body="ChatCompletionRequest",
-            ok="ChatCompletion",
-            stream=True,
-            errors=doc.GENERATION,
-            params=[doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS],
+        openapi_extra=doc.generation(
+            doc.Family.OPENAI, "ChatCompletionRequest", "ChatCompletion", [doc.IDEMPOTENCY_KEY, *doc.SLUICE_HEADERS]
         ),
     )
     async def chat_completions(request: Request) -> Any:
