@@ -51,17 +51,8 @@ def add_kernel_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> Non
     )
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Engine settings shared by `serve` (passed on to its worker) and `worker`."""
-    g = p.add_argument_group("engine")
-    g.add_argument("--max-num-seqs", type=int, default=None, metavar="N", help="cap on running sequences (default: 64)")
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="token budget of one engine step (default: 512)",
-    )
+def _add_kv_args(g: argparse._ArgumentGroup) -> None:
+    """The KV cache's memory: its ceiling, what stays resident at rest, the spill file."""
     g.add_argument(
         "--kv-cache-gib",
         type=float,
@@ -92,6 +83,47 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where the KV spill file lives, unnamed (default: the system's temporary directory; not a tmpfs)",
     )
+
+
+def _add_lora_args(g: argparse._ArgumentGroup) -> None:
+    """How many LoRA adapters a worker runs and keeps, how large, and where s3:// ones come from."""
+    g.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        metavar="N",
+        help="LoRA: distinct adapters running at once per worker; 0 = none (default: 8)",
+    )
+    g.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        metavar="N",
+        help="LoRA: adapters kept loaded per worker, least recently used evicted (default: 16)",
+    )
+    g.add_argument(
+        "--max-lora-rank", type=int, default=None, metavar="R", help="LoRA: the largest rank loaded (default: 64)"
+    )
+    g.add_argument(
+        "--lora-s3-endpoint",
+        default=None,
+        metavar="URL",
+        help="LoRA: the S3-compatible endpoint of s3:// adapters (default: AWS_ENDPOINT_URL, else AWS)",
+    )
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine settings shared by `serve` (passed on to its worker) and `worker`."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--max-num-seqs", type=int, default=None, metavar="N", help="cap on running sequences (default: 64)")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="token budget of one engine step (default: 512)",
+    )
+    _add_kv_args(g)
     g.add_argument("--max-model-len", type=int, default=None, metavar="N", help="context window (default: the model's)")
     g.add_argument(
         "--scheduling-policy", choices=["fcfs", "priority"], default=None, help="engine queue order (default: priority)"
@@ -143,29 +175,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="speculative decoding without a draft model: verify up to K tokens proposed from the request's "
         "own context per decode, while it pays; the output is unchanged (0 = off)",
     )
-    g.add_argument(
-        "--max-loras",
-        type=int,
-        default=None,
-        metavar="N",
-        help="LoRA: distinct adapters running at once per worker; 0 = none (default: 8)",
-    )
-    g.add_argument(
-        "--max-cpu-loras",
-        type=int,
-        default=None,
-        metavar="N",
-        help="LoRA: adapters kept loaded per worker, least recently used evicted (default: 16)",
-    )
-    g.add_argument(
-        "--max-lora-rank", type=int, default=None, metavar="R", help="LoRA: the largest rank loaded (default: 64)"
-    )
-    g.add_argument(
-        "--lora-s3-endpoint",
-        default=None,
-        metavar="URL",
-        help="LoRA: the S3-compatible endpoint of s3:// adapters (default: AWS_ENDPOINT_URL, else AWS)",
-    )
+    _add_lora_args(g)
 
 
 # add_engine_args' flags whose value is the setting of the same name

@@ -112,16 +112,9 @@ def _serve(args: argparse.Namespace, settings) -> int:  # Settings
     return asyncio.run(serve(settings, access_log=args.access_log))
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the Anthropic Messages and OpenAI chat APIs over HTTP")
-    p.add_argument("--host", default=None, help="interface to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="port to listen on; 0 picks a free one (default: 8000)")
-    p.add_argument(
-        "--api-key",
-        default=None,
-        metavar="KEY",
-        help="require this API key (env SLUICE_API_KEY); unset = open, local only",
-    )
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """What is served and by which workers: the model, its name and dtype, a running worker, a
+    settings file or a fleet file, the autoscaler, LoRA adapters."""
     p.add_argument(
         "--model",
         metavar="PATH",
@@ -165,13 +158,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="LoRA adapters served on the base model from start-up: a request's `model` names one; PATH is a "
         "PEFT adapter folder or s3://bucket/prefix (env SLUICE_LORA_MODULES, a JSON list; docs/LORA.md)",
     )
-    p.add_argument(
-        "--gaie-metrics",
-        action="store_true",
-        default=False,
-        help="/metrics also under the names the Gateway API Inference Extension reads (vllm:num_requests_waiting, "
-        "vllm:kv_cache_usage_perc, vllm:lora_requests_info)",
-    )
+
+
+def _add_stream_args(p: argparse.ArgumentParser) -> None:
+    """How long streams and connections may run, and the logs."""
     p.add_argument(
         "--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)"
     )
@@ -195,6 +185,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="json: one object per line with request and trace ids; text: for a terminal (default: json)",
     )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the Anthropic Messages and OpenAI chat APIs over HTTP")
+    p.add_argument("--host", default=None, help="interface to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port to listen on; 0 picks a free one (default: 8000)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require this API key (env SLUICE_API_KEY); unset = open, local only",
+    )
+    _add_model_args(p)
+    p.add_argument(
+        "--gaie-metrics",
+        action="store_true",
+        default=False,
+        help="/metrics also under the names the Gateway API Inference Extension reads (vllm:num_requests_waiting, "
+        "vllm:kv_cache_usage_perc, vllm:lora_requests_info)",
+    )
+    _add_stream_args(p)
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_engine_args(p)
     p.set_defaults(func=_run)
