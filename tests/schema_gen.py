@@ -39,10 +39,10 @@ def _leaf(rng: random.Random) -> dict[str, Any]:
         return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 200)}
     if kind == "number":
         # multipleOf bounds the fraction digits: without it a sampled number may never end
-        lo = rng.choice([0, -1, 0.5, 10])
-        out: dict[str, Any] = {"type": "number", "minimum": lo, "maximum": lo + rng.choice([1, 5, 100])}
+        low = rng.choice([0, -1, 0.5, 10])
+        out: dict[str, Any] = {"type": "number", "minimum": low, "maximum": low + rng.choice([1, 5, 100])}
         if rng.random() < 0.3:
-            out = {"type": "number", "exclusiveMinimum": lo, "exclusiveMaximum": lo + 10}
+            out = {"type": "number", "exclusiveMinimum": low, "exclusiveMaximum": low + 10}
         out["multipleOf"] = rng.choice([0.5, 0.25])
         return out
     if kind == "boolean":

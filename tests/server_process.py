@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def _spawn(args: list[str], env: dict[str, str] | None, name: str) -> Proc:
     return Proc(process, log_path)
 
 
-def start_server(args: list[str] = (), env: dict[str, str] | None = None, timeout: float = 180.0) -> Proc:
+def start_server(args: Sequence[str] = (), env: dict[str, str] | None = None, timeout: float = 180.0) -> Proc:
     port = free_port()
     proc = _spawn(["serve", "--host", "127.0.0.1", "--port", str(port), *args], env, "serve")
     proc.base_url = f"http://127.0.0.1:{port}"
@@ -81,7 +82,7 @@ def start_server(args: list[str] = (), env: dict[str, str] | None = None, timeou
     raise RuntimeError(f"sluice serve was not ready after {timeout}s:\n{proc.log()}")
 
 
-def start_worker(address: str, args: list[str] = (), timeout: float = 180.0) -> Proc:
+def start_worker(address: str, args: Sequence[str] = (), timeout: float = 180.0) -> Proc:
     proc = _spawn(["worker", "--listen", address, *args], None, "worker")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

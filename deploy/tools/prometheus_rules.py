@@ -103,7 +103,7 @@ def _recording_rules(slo: Slo) -> list[dict[str, Any]]:
     rules = []
     for w in WINDOWS:
         rules.append({"record": slo.ratio_record(w), "expr": f"{slo.bad(w)}\n/\n{slo.total(w)}"})
-    for w in sorted({a.long for a in BURN_ALERTS}, key=_SECONDS.get):
+    for w in sorted({a.long for a in BURN_ALERTS}, key=lambda w: _SECONDS[w]):
         rules.append({"record": slo.total_record(w), "expr": slo.total(w)})
     return rules  # evaluated at the global evaluation_interval
 

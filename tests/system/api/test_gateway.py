@@ -261,7 +261,7 @@ def test_coalescing_identical_requests(worker, tmp_path):
         coalesced = metric_value(server.base_url, "sluice_gateway_requests_total", '{kind="coalesced"}')
         assert engine_after - engine_before == 1 and coalesced == 19
 
-        async def two_tenants() -> list[str]:
+        async def two_tenants() -> tuple[str, str]:
             return await asyncio.gather(one(key_a), one(key_b))
 
         asyncio.run(two_tenants())

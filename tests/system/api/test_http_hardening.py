@@ -90,7 +90,7 @@ def test_accepted_sockets_have_nodelay():
         seen: asyncio.Future = asyncio.get_running_loop().create_future()
 
         class P(asyncio.Protocol):
-            def connection_made(self, transport):  # type: ignore[no-untyped-def]
+            def connection_made(self, transport):
                 s = transport.get_extra_info("socket")
                 seen.set_result(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
                 transport.close()

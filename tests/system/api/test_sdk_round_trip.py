@@ -17,6 +17,7 @@ from typing import Any
 import anthropic
 import pytest
 from anthropic import types as t
+from pydantic import BaseModel
 
 from tests.server_process import MODEL, start_server
 
@@ -142,7 +143,7 @@ def _server_tool_blocks() -> list[Any]:
     def error(kind: str) -> dict[str, str]:  # each result type's own error object
         return {"type": f"{kind}_error", "error_code": "unavailable"}
 
-    results = [
+    results: list[tuple[type[BaseModel], str]] = [
         (t.WebFetchToolResultBlock, "web_fetch_tool_result"),
         (t.CodeExecutionToolResultBlock, "code_execution_tool_result"),
         (t.BashCodeExecutionToolResultBlock, "bash_code_execution_tool_result"),
@@ -150,7 +151,7 @@ def _server_tool_blocks() -> list[Any]:
         (t.ToolSearchToolResultBlock, "tool_search_tool_result"),
     ]
     return [
-        *(cls.construct(type=kind, tool_use_id="srvtoolu_1", content=error(kind)) for cls, kind in results),
+        *(cls.model_construct(type=kind, tool_use_id="srvtoolu_1", content=error(kind)) for cls, kind in results),
         t.ContainerUploadBlock(type="container_upload", file_id="file_1"),
     ]
 

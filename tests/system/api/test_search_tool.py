@@ -18,6 +18,7 @@ import signal
 import anthropic
 import httpx
 import pytest
+from anthropic.types import ToolChoiceToolParam, WebSearchTool20250305Param
 
 from tests.fleet_process import ADMIN, admin, local_version
 from tests.server_process import MODEL, metric, start_server
@@ -50,8 +51,8 @@ DOCS = [
     },
 ]
 QUESTION = "What is the weather in Paris?"
-TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}
-FORCED = {"type": "tool", "name": "web_search", "disable_parallel_tool_use": True}
+TOOL: WebSearchTool20250305Param = {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}
+FORCED: ToolChoiceToolParam = {"type": "tool", "name": "web_search", "disable_parallel_tool_use": True}
 
 
 def _fleet(search_url: str | None) -> str:

@@ -32,8 +32,8 @@ from tests.paths import ROOT
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").exists())
 K8S_VERSION = "1.37.0"  # the newest schema set kubernetes-validate carries
-KUBECTL = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
+KUBECTL = shutil.which("kubectl") or ""  # "": not installed, the tests are skipped
+needs_kubectl = pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed on this machine")
 
 
 def _render(overlay: str, tmp_path: Path, secrets: bool = True) -> subprocess.CompletedProcess:

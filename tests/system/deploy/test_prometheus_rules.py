@@ -15,8 +15,8 @@ from tests.paths import ROOT
 
 RULES = ROOT / "deploy" / "prometheus" / "sluice-rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "tests" / "sluice-rules.test.yml"
-PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian package `prometheus`)")
+PROMTOOL = shutil.which("promtool") or ""  # "": not installed, the tests are skipped
+pytestmark = pytest.mark.skipif(not PROMTOOL, reason="promtool is not installed (Debian package `prometheus`)")
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:

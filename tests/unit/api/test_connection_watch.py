@@ -111,14 +111,14 @@ def test_a_request_sent_before_the_header_deadline_is_served_however_busy_the_lo
     from sluice.api.connection_watch import watched_protocol
     from sluice.api.read_guard import ReadGuard, ReadLimits
 
-    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+    async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
     busy = threading.Event()
     guard = ReadGuard(ReadLimits(header_timeout_s=0.3))
 
-    class Holding(watched_protocol(ConnectionWatch(60.0), guard)):  # type: ignore[misc]
+    class Holding(watched_protocol(ConnectionWatch(60.0), guard)):
         def data_received(self, data: bytes) -> None:
             if data == b"HOLD":  # the loop is busy for 1 s inside its read callbacks
                 busy.set()

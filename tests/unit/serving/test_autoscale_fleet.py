@@ -18,6 +18,7 @@ import os
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import asyncio  # noqa: E402
+import concurrent.futures
 import signal
 import threading
 from collections.abc import Callable, Coroutine
@@ -27,7 +28,7 @@ import pytest
 
 from sluice.config import load_settings
 from sluice.gateway.principal import Principal
-from sluice.routing.dispatch.worker_pool import WorkerStatus
+from sluice.routing.dispatch.worker_pool import Dispatch, WorkerStatus
 from sluice.routing.fleet.fleet import Fleet
 from sluice.routing.fleet_file.registry import Registry
 from sluice.routing.scaling.decision import ScaleReason, ScalingDecision
@@ -94,8 +95,10 @@ class Scenario:
         self.dispatched: list[str] = []
         begin = self.fleet.pool.begin
 
-        def recording_begin(worker_id: str, cost: int, *more):
-            d = begin(worker_id, cost, *more)
+        def recording_begin(
+            worker_id: str, cost_tokens: int, version_key: tuple[str, str] | None = None, adapter: str | None = None
+        ) -> Dispatch | None:
+            d = begin(worker_id, cost_tokens, version_key, adapter)
             if d is not None:
                 self.dispatched.append(worker_id)
             return d
@@ -108,6 +111,7 @@ class Scenario:
 
     def _record(self, model: str, version: str, d: ScalingDecision) -> None:
         obs = self.fleet.autoscaler.scalers[(model, version)].observed
+        assert obs is not None  # a decision is made on an observation
         self.decisions.append((d, obs))
         if obs.total > MAX_WORKERS:
             self.violations.append(f"{obs.total} workers > max_workers {MAX_WORKERS}: {obs}")
@@ -151,7 +155,7 @@ class Scenario:
             lambda: {s.value: sum(w.status is s for w in self.fleet.pool.workers(*KEY)) for s in WorkerStatus}
         )
 
-    def send(self, n: int, max_tokens: int) -> asyncio.Future[list[Any]]:
+    def send(self, n: int, max_tokens: int) -> concurrent.futures.Future[list[Any]]:
         """n requests at once; a future of their final outcomes."""
 
         async def one(i: int):

@@ -121,6 +121,7 @@ class Harness:
     async def hold(self, model: str, worker: str, n: int = 1) -> None:
         """Start `n` requests for `model`; wait until each is in flight on `worker`, or queued
         (the admission queue has no room)."""
+        assert self.rt.gateway is not None
         q = self.rt.gateway.admission
         for _ in range(n):
             arrived = self.expect(worker)
@@ -176,7 +177,9 @@ def signals(scraped) -> dict[str, float]:
 
 
 def dispatched(h: Harness, worker: str) -> int:
-    return h.fleet.pool.get(worker).dispatched_tokens
+    entry = h.fleet.pool.get(worker)
+    assert entry is not None, worker
+    return entry.dispatched_tokens
 
 
 def test_load_on_one_model_raises_only_that_models_scaling_signal(tmp_path, tiny_llama_dir):

@@ -67,8 +67,9 @@ async def logged(rt, stream_id: str, n: int) -> None:
     raise AssertionError(f"{stream_id} ended after {seen} events")
 
 
-def events(text: str) -> list[dict]:
-    out, cur = [], {}
+def events(text: str) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    cur: dict[str, str] = {}
     for line in text.splitlines():
         if not line:
             if cur:

@@ -18,7 +18,6 @@ from sluice.serving.outcomes import (
     Failed,
     Finished,
     Refused,
-    ServerToolResult,
     TextDelta,
     ToolCallDone,
     ToolCallStarted,
@@ -185,8 +184,8 @@ async def render_chunks(
                     i, {"tool_calls": [{"index": outcome.index, "function": {"arguments": outcome.json}}]}, None
                 )
                 continue
-            if isinstance(outcome, (ToolCallDone, ServerToolResult)):
-                continue  # a server tool's result is Anthropic's block: the OpenAI wire has none
+            if not isinstance(outcome, (Finished, Refused)):
+                continue  # ToolCallDone; a server tool's result is Anthropic's block: the OpenAI wire has none
             if tokenizer is not None and isinstance(outcome, Finished):  # the tokens whose text came last (or none)
                 rest = chat_content(
                     outcome.logprobs, tokenizer, _ended_by_eos(outcome), max(0, text_bytes[i] - scored_bytes[i])

@@ -38,9 +38,7 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
 
     @router.post(
         "/tokenize",
-        openapi_extra=doc.operation(
-            doc.Family.OPENAI, body="TokenizeRequest", ok="TokenizeResult", errors=(*doc.COMMON, 404)
-        ),
+        openapi_extra=doc.operation(doc.Family.OPENAI, body="TokenizeRequest", ok="TokenizeResult", errors=doc.LOOKUP),
     )
     async def tokenize(request: Request) -> Any:
         await require_principal(request, rt.authenticator)
@@ -70,7 +68,7 @@ def build_router(rt: ServingRuntime, pipeline: ServingPipeline) -> APIRouter:
     @router.post(
         "/detokenize",
         openapi_extra=doc.operation(
-            doc.Family.OPENAI, body="DetokenizeRequest", ok="DetokenizeResult", errors=(*doc.COMMON, 404)
+            doc.Family.OPENAI, body="DetokenizeRequest", ok="DetokenizeResult", errors=doc.LOOKUP
         ),
     )
     async def detokenize(request: Request) -> Any:
