@@ -36,7 +36,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # the fleet forks worker
 
 from sluice.config import load_settings  # noqa: E402
 from sluice.gateway.principal import Principal  # noqa: E402
-from sluice.routing.dispatch.worker_pool import WorkerStatus  # noqa: E402
+from sluice.routing.dispatch.worker_pool import Dispatch, WorkerStatus  # noqa: E402
 from sluice.routing.fleet.fleet import Fleet  # noqa: E402
 from sluice.routing.fleet_file.registry import Registry  # noqa: E402
 from sluice.serving.outcomes import TextDelta  # noqa: E402
@@ -131,8 +131,10 @@ async def main(args: argparse.Namespace) -> dict:
     crossings: list[float] = []
     begin = fleet.pool.begin
 
-    def recording_begin(worker_id: str, cost: int):
-        d = begin(worker_id, cost)
+    def recording_begin(
+        worker_id: str, cost_tokens: int, version_key: tuple[str, str] | None = None, adapter: str | None = None
+    ) -> Dispatch | None:
+        d = begin(worker_id, cost_tokens, version_key, adapter)
         if d is not None and rt.gateway is not None and rt.gateway.admission.scaling_signal() > 0.7 and not crossings:
             crossings.append(time.perf_counter())
         return d

@@ -45,9 +45,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from sluice.engine.batching_window import BatchingWindow
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.models.loader import load_model
@@ -295,10 +297,11 @@ def literal(text: str) -> int | float | bool | str:
 
 
 def engine_config(args, mode: str, scenario: str) -> EngineConfig:
-    cfg = {key: literal(value) for key, value in (item.split("=", 1) for item in args.set)}
+    # --set values, by name: typed as each EngineConfig field is only when EngineConfig checks them
+    cfg: dict[str, Any] = {key: literal(value) for key, value in (item.split("=", 1) for item in args.set)}
     if scenario == "saturated":
         cfg["max_num_seqs"] = args.saturated_seqs
-    return EngineConfig(**cfg, batching_window=mode, batching_window_ms=args.window_ms)
+    return EngineConfig(**cfg, batching_window=BatchingWindow(mode), batching_window_ms=args.window_ms)
 
 
 def main() -> None:

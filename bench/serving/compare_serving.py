@@ -121,7 +121,8 @@ async def one_stream(client: httpx.AsyncClient, url: str, i: int, max_tokens: in
         "messages": [{"role": "user", "content": f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} ({i})."}],
     }
     t0 = time.perf_counter()
-    ttft, stamps, tokens = float("nan"), [], 0
+    ttft, tokens = float("nan"), 0
+    stamps: list[float] = []
     async with aconnect_sse(client, "POST", url + "/v1/messages", json=body) as es:
         async for sse in es.aiter_sse():
             if sse.event == "content_block_delta":

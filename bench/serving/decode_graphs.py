@@ -24,6 +24,7 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
                 for name in ("on", "off") if rep % 2 == 0 else ("off", "on"):
                     runs[name].append(run_sluice(engines[name], ids[:k], args.out_tokens, 1))
             ratios = [a["per_stream_tok_s"] / b["per_stream_tok_s"] for a, b in zip(runs["on"], runs["off"])]
-            level = {
+            level: dict[str, Any] = {
                 name: {
                     "per_stream_tok_s": statistics.median(r["per_stream_tok_s"] for r in rs),
                     "ttft_ms": statistics.median(r["ttft_ms"] for r in rs),

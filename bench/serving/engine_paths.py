@@ -185,6 +185,7 @@ def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
             res = {}
             for name in ENGINES:  # one after another: TTFT is a single long step sequence
                 t = interleaved({name: engines[name]}, {name: timers[name]}, [p], 32, submit)[name]
+                assert t.first_token is not None and t.first_token_cpu is not None  # 32 tokens came
                 res[name] = {
                     "ttft_ms": 1000 * t.first_token,
                     "decode_step_ms": 1000 * statistics.median(t.steps),
@@ -204,10 +205,12 @@ def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
     memory = {"torch": rss_after_load("torch"), "kernels": rss_after_load("auto")}
     summary = _summarize(runs)
     _print(summary, memory, log, args)
+    kernel_ops = on_kernels.model.ops
+    assert kernel_ops is not None  # loaded with kernels="auto": the run above used them
     return {
         "bench": "engine_paths",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "isa": on_kernels.model.ops.isa(),
+        "isa": kernel_ops.isa(),
         "summary": summary,
         "memory": memory,
         "runs": runs,

@@ -60,6 +60,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sluice.openmp_wait import sleep_when_idle
 
@@ -619,13 +620,13 @@ def main(argv: list[str] | None = None) -> None:
                 AutoModelForCausalLM.from_pretrained(
                     str(path.parent), gguf_file=path.name, dtype=getattr(torch, args.dtype)
                 )
-                .to(loaded.model.device)
+                .to(loaded.model.device)  # type: ignore[arg-type]  # transformers types .to's wrapper as taking a model
                 .eval()
             )
     del state
     pad = tok.eos_token_ids[0] if tok.eos_token_ids else 0
 
-    results: dict[str, list[dict]] = {k: [] for k in phases}
+    results: dict[str, list[Any]] = {k: [] for k in phases}  # per phase its runs; "x1 pairs": per run its pairs
     with torch.inference_mode():
         # One engine per configuration, reused by every run (as in a long-running server)
         main_cfg = EngineConfig(**args.config)
@@ -670,8 +671,8 @@ def main(argv: list[str] | None = None) -> None:
                     results[phase].append(run_sluice(engines["main"], ids[:k], args.out_tokens, args.threads, bar))
                 elif phase == "cache on":
                     pair = {k: engines[k] for k in ("cache on", "cache off")}
-                    for k, r in run_interleaved(pair, nonce_ids, args.out_tokens, args.threads, bar).items():
-                        results[k].append(r)
+                    for name, r in run_interleaved(pair, nonce_ids, args.out_tokens, args.threads, bar).items():
+                        results[name].append(r)
                 elif phase == "cache off":
                     pass  # measured together with "cache on"
                 elif phase == "hf x1":

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -61,6 +62,7 @@ async def micro(n: int, redis_url: str) -> dict:
             t0 = time.perf_counter()
             if gw is not None:
                 principal = await auth.authenticate(key)
+                assert principal is not None  # the key was just created
                 session = await gw.open(principal, REQUEST, _one_event)
                 async for _ in session.events():
                     pass
@@ -80,7 +82,7 @@ async def micro(n: int, redis_url: str) -> dict:
 
 async def e2e(bare_url: str, gw_url: str, key: str, n: int) -> dict:
     body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0.5}
-    lat = {"bare": [], "gateway": []}
+    lat: dict[str, list[float]] = {"bare": [], "gateway": []}
     async with httpx.AsyncClient(timeout=60) as c:
         for _ in range(n):
             for name, url, headers in (("bare", bare_url, {}), ("gateway", gw_url, {"x-api-key": key})):
@@ -88,7 +90,7 @@ async def e2e(bare_url: str, gw_url: str, key: str, n: int) -> dict:
                 r = await c.post(url + "/v1/messages", json=body, headers=headers)
                 assert r.status_code == 200, r.text
                 lat[name].append(time.perf_counter() - t0)
-    res = {k: {"p50_ms": 1000 * pct(v, 0.5), "p99_ms": 1000 * pct(v, 0.99)} for k, v in lat.items()}
+    res: dict[str, Any] = {k: {"p50_ms": 1000 * pct(v, 0.5), "p99_ms": 1000 * pct(v, 0.99)} for k, v in lat.items()}
     res["added_p50_ms"] = res["gateway"]["p50_ms"] - res["bare"]["p50_ms"]
     res["added_p99_ms"] = res["gateway"]["p99_ms"] - res["bare"]["p99_ms"]
     return res
@@ -110,7 +112,7 @@ async def coalescing(on_url: str, off_url: str, rounds: int) -> dict:
             wall = time.perf_counter() - t0
         return wall, sum(r.json()["usage"]["output_tokens"] for r in rs)
 
-    res = {"on": [], "off": []}
+    res: dict[str, list[float]] = {"on": [], "off": []}
     for _ in range(rounds):
         for name, url in (("on", on_url), ("off", off_url)):
             wall, tokens = await wave(url)

@@ -27,11 +27,11 @@ from sluice.types import GenerationRequest, SamplingParams
 VARIANTS = {"none": None, "logprobs=0": 0, "logprobs=5": 5}
 
 
-def _engine(model) -> LLMEngine:  # type: ignore[no-untyped-def]
+def _engine(model) -> LLMEngine:
     return LLMEngine(model, EngineConfig(kv_cache_gib=0.25, enable_prefix_caching=False))
 
 
-def decode(model, rows: int, steps: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def decode(model, rows: int, steps: int) -> dict[str, float]:
     prompt = model.tokenizer.encode("Tell me a long story about a lighthouse keeper and the sea.")
     engines = {}
     for name, n in VARIANTS.items():
@@ -55,7 +55,7 @@ def decode(model, rows: int, steps: int) -> dict[str, float]:  # type: ignore[no
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def scoring(model, prompt_len: int, rounds: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def scoring(model, prompt_len: int, rounds: int) -> dict[str, float]:
     base = model.tokenizer.encode("The lighthouse keeper watched the sea every night. " * 64)[:prompt_len]
     eng = _engine(model)
     times: dict[str, list[float]] = {"plain": [], "prompt_logprobs=1": []}

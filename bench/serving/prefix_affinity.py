@@ -24,6 +24,7 @@ import random
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -92,7 +93,7 @@ async def run(urls: dict[str, str], keys: list[str], prompts: list[str], rounds:
         tenants = list(range(len(TENANTS)))
         order_rng.shuffle(tenants)
         sequence += [(r, t) for t in tenants]
-    stats = {v: {"read": 0, "prompt": 0, "ttft": []} for v in urls}
+    stats: dict[str, dict[str, Any]] = {v: {"read": 0, "prompt": 0, "ttft": []} for v in urls}
     cpu0 = {v: cpu_seconds(p) for v, p in pids.items()}
     async with httpx.AsyncClient(timeout=300) as client:
         for step, (r, t) in enumerate(sequence):
@@ -113,7 +114,7 @@ async def run(urls: dict[str, str], keys: list[str], prompts: list[str], rounds:
                     u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
                 )
                 stats[v]["ttft"].append(reply.ttft)
-    out = {}
+    out: dict[str, Any] = {}
     for v, s in stats.items():
         out[v] = {
             "cached_fraction": s["read"] / s["prompt"],

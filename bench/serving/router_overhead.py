@@ -24,6 +24,7 @@ import tempfile
 import time
 from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -83,13 +84,15 @@ async def measure(urls: dict[str, str], w1: str, n: int, max_tokens: int, pids: 
                     assert r.ok, r.events
                     ttft[v].append(r.ttft)
     await grpc.close()
-    out = {v: {"ttft_p50_ms": 1000 * pct(t, 0.5), "ttft_p99_ms": 1000 * pct(t, 0.99)} for v, t in ttft.items()}
+    out: dict[str, Any] = {
+        v: {"ttft_p50_ms": 1000 * pct(t, 0.5), "ttft_p99_ms": 1000 * pct(t, 0.99)} for v, t in ttft.items()
+    }
     for v, pid in pids.items():
         out[v]["gateway_cpu_ms_per_request"] = 1000 * (cpu_seconds(pid) - cpu0[v]) / n
-    r, d = out["router_2_workers"], out["direct_1_worker"]
-    out["added_by_router_p50_ms"] = r["ttft_p50_ms"] - d["ttft_p50_ms"]
-    out["added_by_router_p99_ms"] = r["ttft_p99_ms"] - d["ttft_p99_ms"]
-    out["ratio_p50"] = r["ttft_p50_ms"] / d["ttft_p50_ms"]
+    routed, direct = out["router_2_workers"], out["direct_1_worker"]
+    out["added_by_router_p50_ms"] = routed["ttft_p50_ms"] - direct["ttft_p50_ms"]
+    out["added_by_router_p99_ms"] = routed["ttft_p99_ms"] - direct["ttft_p99_ms"]
+    out["ratio_p50"] = routed["ttft_p50_ms"] / direct["ttft_p50_ms"]
     out["load_average"] = [round(load0, 1), round(load_average(), 1)]
     return out
 

@@ -30,6 +30,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -69,7 +70,12 @@ def requests(n: int, prompt_tokens: int, seed: int) -> list[RouteRequest]:
         prompt = systems[t] + [rng.randrange(50_000) for _ in range(prompt_tokens - 300)]
         out.append(
             RouteRequest(
-                "m", f"tenant{t}", "standard", sticky_key(f"tenant{t}", user_id=f"u{i}"), prompt, prompt_tokens + 256
+                "m",
+                f"tenant{t}",
+                "standard",
+                sticky_key(f"tenant{t}", user_id=f"u{i}") or "",
+                prompt,
+                prompt_tokens + 256,
             )
         )
     return out
@@ -128,10 +134,12 @@ async def main() -> None:
                 cpu[v] += time.process_time() - c0
                 wall[v] += time.perf_counter() - w0
     finally:
-        await routers["route+redis"].quota.close()
+        quota = routers["route+redis"].quota
+        if quota is not None:
+            await quota.close()
         redis.stop()
 
-    result = {}
+    result: dict[str, Any] = {}
     print(f"{'variant':<12} {'p50 µs':>8} {'p99 µs':>8} {'CPU share':>9}", file=sys.stderr)
     for v in variants:
         p50, p99 = pct(samples[v], 0.5) * 1e6, pct(samples[v], 0.99) * 1e6

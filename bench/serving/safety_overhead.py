@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
 import httpx
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from sluice.safety.pipeline import SafetyPipeline  # noqa: E402
+from sluice.safety.verdict import Layer  # noqa: E402
 from tests.server_process import MODEL, start_server, start_worker  # noqa: E402
 
 
@@ -60,7 +62,7 @@ def in_process() -> dict:
         times = []
         for text in items[:100]:
             t0 = time.perf_counter()
-            await safety.classify(text, "L2")
+            await safety.classify(text, Layer.L2)
             times.append(time.perf_counter() - t0)
         return times
 
@@ -76,7 +78,7 @@ def in_process() -> dict:
     }
 
 
-async def one(c: httpx.AsyncClient, url: str, i: int, rec: dict) -> None:
+async def one(c: httpx.AsyncClient, url: str, i: int, rec: dict[str, Any]) -> None:
     body = {
         "model": MODEL,
         "max_tokens": 48,
@@ -86,7 +88,8 @@ async def one(c: httpx.AsyncClient, url: str, i: int, rec: dict) -> None:
         "messages": [{"role": "user", "content": f"Tell me something about the number {i}."}],
     }
     t0 = time.perf_counter()
-    first = last = None
+    first: float | None = None
+    last = t0  # read once a first token came
     async with aconnect_sse(c, "POST", url + "/v1/messages", json=body) as es:
         async for sse in es.aiter_sse():
             now = time.perf_counter()
@@ -109,7 +112,9 @@ async def http(on_url: str, off_url: str, rounds: int, singles: int) -> dict:
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as c:
         for url in (on_url, off_url):
             await one(c, url, 0, {"ttft": [], "itl": [], "end": [], "tokens": 0})  # warm-up
-        recs = {k: {"ttft": [], "itl": [], "end": [], "tokens": 0, "tps": []} for k in ("on", "off")}
+        recs: dict[str, dict[str, Any]] = {
+            k: {"ttft": [], "itl": [], "end": [], "tokens": 0, "tps": []} for k in ("on", "off")
+        }
         for r in range(rounds):
             order = (("on", on_url), ("off", off_url))
             if r % 2:
@@ -119,7 +124,7 @@ async def http(on_url: str, off_url: str, rounds: int, singles: int) -> dict:
                     await one(c, url, 1000 * r + i, recs[name])
             for name, url in order:
                 rec = recs[name]
-                burst = {"ttft": [], "itl": [], "end": [], "tokens": 0}
+                burst: dict[str, Any] = {"ttft": [], "itl": [], "end": [], "tokens": 0}
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one(c, url, 5000 + 100 * r + i, burst) for i in range(32)))
                 rec["tps"].append(burst["tokens"] / (time.perf_counter() - t0))

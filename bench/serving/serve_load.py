@@ -87,7 +87,8 @@ async def http_stream(client: httpx.AsyncClient, url: str, i: int, max_tokens: i
         "messages": [{"role": "user", "content": prompt(i)}],
     }
     t0 = time.perf_counter()
-    first = last = None
+    first: float | None = None
+    last = t0  # read once a first token came
     n = 0
     try:
         async with aconnect_sse(client, "POST", url + "/v1/messages", json=body) as es:
@@ -165,7 +166,8 @@ class InProcess:
         self.n += 1
         req = GenerationRequest(f"b{self.n}", ids, SamplingParams(max_tokens=max_tokens, temperature=0))
         t0 = time.perf_counter()
-        first = last = None
+        first: float | None = None
+        last = t0  # read once a first token came
         n = 0
         async for ev in self.engine.generate(req):
             now = time.perf_counter()

@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -189,7 +190,7 @@ def main() -> None:
             after = thread_sched(procs)
             wall = t1 - t0
             zero = (0.0, 0.0, 0, "")  # a thread that started during the level
-            threads = {
+            threads: dict[str, dict[str, Any]] = {
                 k: {
                     "name": v[3],
                     "cores": (v[0] - before.get(k, zero)[0]) / wall,

@@ -223,7 +223,7 @@ def main() -> None:
                     for k, v in local.round(args.tokens).items():
                         samples[k] += v
                 else:
-                    w0, g0, c0, t0 = cpu_of(wproc), cpu_of(gproc), cpu_of(me), thread_cpu(wproc)
+                    w0, g0, c0, threads0 = cpu_of(wproc), cpu_of(gproc), cpu_of(me), thread_cpu(wproc)
                     began = time.perf_counter()
                     if layer == "grpc":
                         got = asyncio.run(grpc_round(address, local.prompt_ids, args.tokens, r + 1))
@@ -232,7 +232,7 @@ def main() -> None:
                     samples[layer] += got
                     walls[layer] += time.perf_counter() - began
                     cpu[layer]["worker"] += cpu_of(wproc) - w0
-                    engine_s, other_s = split_worker(t0, thread_cpu(wproc))
+                    engine_s, other_s = split_worker(threads0, thread_cpu(wproc))
                     cpu[layer]["worker_engine_thread"] += engine_s
                     cpu[layer]["worker_other_threads"] += other_s
                     cpu[layer]["client"] += cpu_of(me) - c0
@@ -251,11 +251,11 @@ def main() -> None:
     prev = 0.0
     print(f"{'layer':8s} {'ms/token':>9s} {'adds':>7s}", file=sys.stderr)
     for layer in LAYERS:
-        v = ms(samples[layer])
-        res[f"{layer}_ms"] = v
-        res[f"{layer}_adds_ms"] = v - prev if layer != "forward" else v
-        print(f"{layer:8s} {v:9.2f} {v - prev if layer != 'forward' else v:7.2f}", file=sys.stderr)
-        prev = v
+        per_token = ms(samples[layer])
+        res[f"{layer}_ms"] = per_token
+        res[f"{layer}_adds_ms"] = per_token - prev if layer != "forward" else per_token
+        print(f"{layer:8s} {per_token:9.2f} {res[f'{layer}_adds_ms']:7.2f}", file=sys.stderr)
+        prev = per_token
     res["step_cpu_ms"] = ms(samples["step_cpu"])
     res["idle_cpu_share"] = idle
     for layer, per in cpu.items():

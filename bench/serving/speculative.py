@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from workloads import WORKLOADS  # noqa: E402  (bench/serving/workloads.py: the prompts, shared with vs_llamacpp.py)
 
@@ -38,7 +39,7 @@ from sluice.types import GenerationRequest, SamplingParams
 
 def run_pair(engines: list[LLMEngine], reqs: list[GenerationRequest]) -> list[dict]:
     """Step both engines in turn until done; per engine: outputs and per-request timings."""
-    res = []
+    res: list[dict[str, Any]] = []
     for e in engines:
         for r in reqs:
             e.add_request(r)
