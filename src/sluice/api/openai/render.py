@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from sse_starlette import ServerSentEvent
@@ -116,18 +117,17 @@ def error_event(message: str, kind: str) -> ServerSentEvent:
     return ServerSentEvent(data=_error_json(message, kind))
 
 
-async def render_chunks(
-    reply_id: str, gens: list[Generation], include_usage: bool
-) -> AsyncGenerator[ServerSentEvent, None]:
-    """`data:` chunks (n choices: interleaved, each with its index), each choice's last one with
-    `finish_reason`, an optional usage chunk, `[DONE]`; a failure after the stream started is
-    an error chunk, then the end."""
-    req = gens[0].prepared.request
-    created = int(time.time())
-    asked = _asked(gens[0])
-    tokenizer = gens[0].prepared.tokenizer if asked else None
+@dataclass(slots=True)
+class _Chunks:
+    """A stream's `chat.completion.chunk` frames: one choice's delta, or the usage alone."""
 
-    def chunk(
+    reply_id: str
+    created: int
+    model: str
+    include_usage: bool
+
+    def __call__(
+        self,
         index: int,
         delta: dict[str, Any],
         finish: str | None,
@@ -136,18 +136,27 @@ async def render_chunks(
         logprobs: dict[str, Any] | None = None,
     ) -> ServerSentEvent:
         body: dict[str, Any] = {
-            "id": reply_id,
+            "id": self.reply_id,
             "object": "chat.completion.chunk",
-            "created": created,
-            "model": req.model,
+            "created": self.created,
+            "model": self.model,
         }
         body["choices"] = (
             [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}] if choices else []
         )
-        if include_usage:
+        if self.include_usage:
             body["usage"] = None if usage is None else usage_object(usage)
         return ServerSentEvent(data=json.dumps(body, separators=(",", ":"), ensure_ascii=False))
 
+
+async def render_chunks(
+    reply_id: str, gens: list[Generation], include_usage: bool
+) -> AsyncGenerator[ServerSentEvent, None]:
+    """`data:` chunks (n choices: interleaved, each with its index), each choice's last one with
+    `finish_reason`, an optional usage chunk, `[DONE]`; a failure after the stream started is
+    an error chunk, then the end."""
+    chunk = _Chunks(reply_id, int(time.time()), gens[0].prepared.request.model, include_usage)
+    tokenizer = gens[0].prepared.tokenizer if _asked(gens[0]) else None
     yield ServerSentEvent(comment="ping")  # bytes on the wire at once, before queueing and prefill
     started = [False] * len(gens)
     usages: list[Usage | None] = [None] * len(gens)
