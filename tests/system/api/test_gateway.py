@@ -123,6 +123,55 @@ def test_keys_rate_limits_across_two_gateways_and_headers(worker, redis_server, 
         assert key not in proc.log() and wrong not in proc.log()  # keys never reach the logs
 
 
+async def _ask(c: httpx.AsyncClient, url: str, key: str, tag: str, finished: dict[str, float]) -> int:
+    """One short request; when it finished goes in `finished` under `tag`."""
+    r = await c.post(
+        url + "/v1/messages",
+        headers={"x-api-key": key},
+        json={"model": MODEL, "max_tokens": 6, "messages": ASK, "temperature": 0.7},
+    )
+    finished[tag] = time.monotonic()
+    return r.status_code
+
+
+async def _queue_depth(probe: httpx.AsyncClient, url: str) -> float:
+    text = (await probe.get(url + "/metrics")).text
+    return next(float(ln.split()[1]) for ln in text.splitlines() if ln.startswith("sluice_gateway_queue_depth "))
+
+
+async def _low_queue_then_high(url: str, low: str, high: str) -> tuple[dict[str, float], list[int]]:
+    """50 low-tier requests, then, once over 30 of them queue, one high-tier request: when
+    each finished, and every status."""
+    finished: dict[str, float] = {}
+    # one client: creating 50 (each builds an SSL context) would itself take a second or two
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=100)) as c:
+        tasks = [asyncio.create_task(_ask(c, url, low, f"low{i}", finished)) for i in range(50)]
+        async with httpx.AsyncClient() as probe:
+            for _ in range(100):  # the engine slots are busy and low-tier work is queued
+                await asyncio.sleep(0.05)
+                depth = await _queue_depth(probe, url)
+                if depth > 30:
+                    break
+        assert depth > 30
+        tasks.append(asyncio.create_task(_ask(c, url, high, "high", finished)))
+        return finished, await asyncio.gather(*tasks)
+
+
+async def _burst(url: str, key: str) -> list[httpx.Response]:
+    """60 requests at once, each willing to queue for 2 s."""
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as c:
+        return await asyncio.gather(
+            *(
+                c.post(
+                    url + "/v1/messages",
+                    headers={"x-api-key": key, "sluice-queue-timeout": "2"},
+                    json={"model": MODEL, "max_tokens": 200, "messages": ASK, "temperature": 0.7},
+                )
+                for _ in range(60)
+            )
+        )
+
+
 def test_priority_overtakes_and_burst_sheds_cleanly(worker, tmp_path):
     low = make_key(
         tmp_path,
@@ -148,57 +197,14 @@ def test_priority_overtakes_and_burst_sheds_cleanly(worker, tmp_path):
         SLUICE_TIERS='{"free": {"queue_deadline_s": 600}}',
     )
     try:
-
-        async def ask(c: httpx.AsyncClient, key: str, tag: str, max_tokens: int, finished: dict) -> int:
-            r = await c.post(
-                server.base_url + "/v1/messages",
-                headers={"x-api-key": key},
-                json={"model": MODEL, "max_tokens": max_tokens, "messages": ASK, "temperature": 0.7},
-            )
-            finished[tag] = time.monotonic()
-            return r.status_code
-
-        async def scenario() -> tuple[dict, list[int]]:
-            finished: dict = {}
-            # one client: creating 50 (each builds an SSL context) would itself take a second or two
-            async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=100)) as c:
-                tasks = [asyncio.create_task(ask(c, low, f"low{i}", 6, finished)) for i in range(50)]
-                async with httpx.AsyncClient() as probe:
-                    for _ in range(100):  # the engine slots are busy and low-tier work is queued
-                        await asyncio.sleep(0.05)
-                        text = (await probe.get(server.base_url + "/metrics")).text
-                        depth = next(
-                            float(ln.split()[1])
-                            for ln in text.splitlines()
-                            if ln.startswith("sluice_gateway_queue_depth ")
-                        )
-                        if depth > 30:
-                            break
-                assert depth > 30
-                tasks.append(asyncio.create_task(ask(c, high, "high", 6, finished)))
-                return finished, await asyncio.gather(*tasks)
-
-        finished, codes = asyncio.run(scenario())
+        finished, codes = asyncio.run(_low_queue_then_high(server.base_url, low, high))
         assert all(c == 200 for c in codes)  # no starvation: every low-tier request completed too
         later_low = sum(1 for k, t in finished.items() if k.startswith("low") and t > finished["high"])
         assert later_low >= 30, f"only {later_low} low requests finished after the high one"
 
         # a burst of 10x what fits: only 200 / 429 / 529, each refusal with retry-after, no 5xx, no hang
-        async def burst() -> list[httpx.Response]:
-            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=100)) as c:
-                return await asyncio.gather(
-                    *(
-                        c.post(
-                            server.base_url + "/v1/messages",
-                            headers={"x-api-key": low, "sluice-queue-timeout": "2"},
-                            json={"model": MODEL, "max_tokens": 200, "messages": ASK, "temperature": 0.7},
-                        )
-                        for _ in range(60)
-                    )
-                )
-
         t0 = time.monotonic()
-        responses = asyncio.run(burst())
+        responses = asyncio.run(_burst(server.base_url, low))
         assert time.monotonic() - t0 < 100
         codes = [r.status_code for r in responses]
         assert set(codes) <= {200, 429, 529} and codes.count(529) > 0 and codes.count(200) > 0, codes
