@@ -87,124 +87,57 @@ print(json.dumps(info))
 """
 
 
-def parts(args: argparse.Namespace, tmp: Path, out: Path) -> list[tuple[str, int, list[str], Path | None]]:
+Part = tuple[str, int, list[str], Path | None]  # name, time box (s), argv, JSON file it writes (None: stdout)
+
+
+def _json_part(name: str, box: int, script: str, argv: list[str], tmp: Path) -> Part:
+    """A bench script's part that writes its figures to tmp/NAME.json."""
+    out = tmp / f"{name}.json"
+    return (name, box, [PY, script, *argv, "--json-out", str(out)], out)
+
+
+def parts(args: argparse.Namespace, tmp: Path, out: Path) -> list[Part]:
     """(name, time box in seconds, argv, JSON file the part writes or None for its last stdout line)."""
     dry = args.cpu_dry_run
     dev, dtype = ("cpu", "float32") if dry else ("cuda", "bfloat16")
     shapes = ["tiny"] if dry else ["small", "1b"]
     bench_common = ["--device", dev, "--dtype", dtype, "--runs", "1", "--skip-cache", "--threads", "1"]
     if dry:
-        bench_common += [
-            "--batch",
-            "8",
-            "--out-tokens",
-            "16",
-            "--hf-requests",
-            "1",
-            "--set",
-            "max_num_seqs=8",
-            "--set",
-            "num_kv_blocks=256",
-        ]
+        bench_common += "--batch 8 --out-tokens 16 --hf-requests 1 --set max_num_seqs=8 --set num_kv_blocks=256".split()
     else:  # 256 streams of ~100-token prompts + 128 tokens: 256 x 29 blocks of 8, well inside 16 GiB
-        bench_common += [
-            "--batch",
-            "256",
-            "--out-tokens",
-            "128",
-            "--hf-requests",
-            "2",
-            "--set",
-            "max_num_seqs=256",
-            "--set",
-            "max_num_batched_tokens=8192",
-            "--set",
-            "kv_cache_gib=16",
-        ]
+        bench_common += (
+            "--batch 256 --out-tokens 128 --hf-requests 2 --set max_num_seqs=256 "
+            "--set max_num_batched_tokens=8192 --set kv_cache_gib=16"
+        ).split()
     graphs_common = ["--device", dev, "--dtype", dtype] + (
-        ["--streams", "1,8", "--out-tokens", "16", "--reps", "1", "--profile-steps", "2"]
+        "--streams 1,8 --out-tokens 16 --reps 1 --profile-steps 2"
         if dry
-        else ["--streams", "1,32", "--out-tokens", "64", "--reps", "2", "--profile-steps", "5"]
-    )
-    tests = [
-        PY,
-        "-m",
-        "pytest",
-        "tests/unit/models/test_gpu.py",
-        "-q",
-        "-rs",
-        "-p",
-        "no:cacheprovider",
-        f"--junitxml={out / 'tests.xml'}",
-    ] + (["-k", "paged_attention"] if dry else [])
-    floor = [
-        PY,
-        "bench/kernels/copy_floor.py",
-        "--device",
-        dev,
-        "--shapes",
-        ",".join(shapes),
-        "--json-out",
-        str(tmp / "floor.json"),
-    ]
-    if dry:
-        floor += ["--mib", "64", "--reps", "3"]
-    out_parts: list[tuple[str, int, list[str], Path | None]] = [
+        else "--streams 1,32 --out-tokens 64 --reps 2 --profile-steps 5"
+    ).split()
+    tests = [PY, "-m", "pytest", "tests/unit/models/test_gpu.py", "-q", "-rs", "-p", "no:cacheprovider"]
+    tests += [f"--junitxml={out / 'tests.xml'}"] + (["-k", "paged_attention"] if dry else [])
+    floor = [PY, "bench/kernels/copy_floor.py", "--device", dev, "--shapes", ",".join(shapes)]
+    floor += ["--json-out", str(tmp / "floor.json")] + (["--mib", "64", "--reps", "3"] if dry else [])
+    out_parts: list[Part] = [
         ("env", 60 if not dry else 120, [PY, "-c", ENV_SCRIPT], None),
         ("floor", 60 if not dry else 120, floor, tmp / "floor.json"),
         ("tests", 240 if not dry else 300, tests, None),
     ]
     first, second = shapes[0], shapes[-1]
-    out_parts.append(
-        (
-            f"graphs-{first}",
-            100 if not dry else 300,
-            [
-                PY,
-                "bench/serving/decode_graphs.py",
-                "--random-init",
-                first,
-                *graphs_common,
-                "--json-out",
-                str(tmp / f"graphs-{first}.json"),
-            ],
-            tmp / f"graphs-{first}.json",
+
+    def graphs(shape: str, box: int) -> Part:
+        return _json_part(
+            f"graphs-{shape}", box, "bench/serving/decode_graphs.py", ["--random-init", shape, *graphs_common], tmp
         )
-    )
+
+    out_parts.append(graphs(first, 100 if not dry else 300))
     for shape, box in ((first, 130), (second, 160)) if second != first else ((first, 300),):
+        argv = ["--random-init", shape, *bench_common]
         out_parts.append(
-            (
-                f"bench-{shape}",
-                box if not dry else 300,
-                [
-                    PY,
-                    "bench/serving/engine_throughput.py",
-                    "--random-init",
-                    shape,
-                    *bench_common,
-                    "--json-out",
-                    str(tmp / f"bench-{shape}.json"),
-                ],
-                tmp / f"bench-{shape}.json",
-            )
+            _json_part(f"bench-{shape}", box if not dry else 300, "bench/serving/engine_throughput.py", argv, tmp)
         )
     if second != first:
-        out_parts.append(
-            (
-                f"graphs-{second}",
-                100,
-                [
-                    PY,
-                    "bench/serving/decode_graphs.py",
-                    "--random-init",
-                    second,
-                    *graphs_common,
-                    "--json-out",
-                    str(tmp / f"graphs-{second}.json"),
-                ],
-                tmp / f"graphs-{second}.json",
-            )
-        )
+        out_parts.append(graphs(second, 100))
     return out_parts
 
 
