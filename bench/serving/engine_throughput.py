@@ -71,7 +71,7 @@ from tqdm import tqdm
 
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
-from sluice.models.loader import default_model_path, load_model
+from sluice.models.loader import LoadedModel, default_model_path, load_model
 from sluice.models.random_init import SHAPES, hf_model, load_random_model, random_state_dict
 from sluice.types import GenerationRequest, SamplingParams
 
@@ -577,53 +577,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_paths(args, log, prompts, submit)), flush=True)
         return
     n = args.batch
-    levels = sorted({k for k in (1, 8, 32, 256, n) if k <= n})
-    if args.only:
-        wanted = {s.strip().lstrip("x") for s in args.only.split(",")}
-        levels = [k for k in levels if str(k) in wanted]
-    # adjacent phases are the ones compared: x1 with hf x1 (interleaved per request), xN with hf batch N
-    phases = [f"sluice x{k}" for k in levels]
-    if not args.skip_hf:
-        phases.insert(phases.index("sluice x1") + 1 if "sluice x1" in phases else 0, "hf x1")
-        phases.append(f"hf batch {n}")
-    if not args.skip_cache:
-        phases += ["cache on", "cache off"]
-
-    state = None
-    if args.random_init:
-        log(f"random-init model: {args.random_init} shapes, seed {args.seed}, {args.dtype} on {args.device} ...")
-        state = random_state_dict(args.random_init, args.seed, args.dtype, args.device)
-        loaded = load_random_model(args.random_init, args.seed, args.dtype, args.device, state=state)
-        ids = synthetic_prompts(loaded.config.vocab_size, n)
-        nonce_ids = synthetic_prompts(loaded.config.vocab_size, n, nonce=True)
-    else:
-        log(f"loading the bundled model ({default_model_path().name}) ...")
-        loaded = load_model(progress=False, device=args.device, dtype=args.dtype)
-        ids = prompts(loaded.tokenizer, n)
-        nonce_ids = prompts(loaded.tokenizer, n, nonce=True)
+    levels, phases = _phases(args, n)
+    loaded, ids, nonce_ids, hf = _load(args, n)
     tok = loaded.tokenizer
-    log(
-        f"prompt lengths: {min(map(len, ids))}-{max(map(len, ids))} tokens; engine config overrides: "
-        f"{args.config or 'none (defaults)'}"
-    )
-    hf = None
-    if not args.skip_hf:
-        import transformers
-        from transformers import AutoModelForCausalLM
-
-        transformers.logging.set_verbosity_error()
-        if state is not None:  # the same weights, built by transformers' own LlamaForCausalLM
-            hf = hf_model(args.random_init, state, args.dtype, loaded.model.device)
-        else:
-            path = default_model_path()
-            hf = (
-                AutoModelForCausalLM.from_pretrained(
-                    str(path.parent), gguf_file=path.name, dtype=getattr(torch, args.dtype)
-                )
-                .to(loaded.model.device)  # type: ignore[arg-type]  # transformers types .to's wrapper as taking a model
-                .eval()
-            )
-    del state
     pad = tok.eos_token_ids[0] if tok.eos_token_ids else 0
 
     results: dict[str, list[Any]] = {k: [] for k in phases}  # per phase its runs; "x1 pairs": per run its pairs
@@ -682,6 +638,75 @@ def main(argv: list[str] | None = None) -> None:
                     results[phase].append(hf_static_batch(hf, pad, ids, args.out_tokens, args.threads, bar))
         bar.close()
 
+    record = _record(args, phases, results, loaded, engines["main"], ids)
+    print(json.dumps(record), flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(record, f)
+
+
+def _phases(args: argparse.Namespace, n: int) -> tuple[list[int], list[str]]:
+    """The batch sizes measured, and the phases in the order they run."""
+    levels = sorted({k for k in (1, 8, 32, 256, n) if k <= n})
+    if args.only:
+        wanted = {s.strip().lstrip("x") for s in args.only.split(",")}
+        levels = [k for k in levels if str(k) in wanted]
+    # adjacent phases are the ones compared: x1 with hf x1 (interleaved per request), xN with hf batch N
+    phases = [f"sluice x{k}" for k in levels]
+    if not args.skip_hf:
+        phases.insert(phases.index("sluice x1") + 1 if "sluice x1" in phases else 0, "hf x1")
+        phases.append(f"hf batch {n}")
+    if not args.skip_cache:
+        phases += ["cache on", "cache off"]
+    return levels, phases
+
+
+def _load(args: argparse.Namespace, n: int) -> tuple[LoadedModel, list[list[int]], list[list[int]], Any]:
+    """The model, n prompts, n prompts no cache has seen, and transformers' model of the same
+    weights (None with --skip-hf)."""
+    state = None
+    if args.random_init:
+        log(f"random-init model: {args.random_init} shapes, seed {args.seed}, {args.dtype} on {args.device} ...")
+        state = random_state_dict(args.random_init, args.seed, args.dtype, args.device)
+        loaded = load_random_model(args.random_init, args.seed, args.dtype, args.device, state=state)
+        ids = synthetic_prompts(loaded.config.vocab_size, n)
+        nonce_ids = synthetic_prompts(loaded.config.vocab_size, n, nonce=True)
+    else:
+        log(f"loading the bundled model ({default_model_path().name}) ...")
+        loaded = load_model(progress=False, device=args.device, dtype=args.dtype)
+        ids = prompts(loaded.tokenizer, n)
+        nonce_ids = prompts(loaded.tokenizer, n, nonce=True)
+    log(
+        f"prompt lengths: {min(map(len, ids))}-{max(map(len, ids))} tokens; engine config overrides: "
+        f"{args.config or 'none (defaults)'}"
+    )
+    if args.skip_hf:
+        return loaded, ids, nonce_ids, None
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    if state is not None:  # the same weights, built by transformers' own LlamaForCausalLM
+        return loaded, ids, nonce_ids, hf_model(args.random_init, state, args.dtype, loaded.model.device)
+    path = default_model_path()
+    hf = (
+        AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=getattr(torch, args.dtype))
+        .to(loaded.model.device)  # type: ignore[arg-type]  # transformers types .to's wrapper as taking a model
+        .eval()
+    )
+    return loaded, ids, nonce_ids, hf
+
+
+def _record(
+    args: argparse.Namespace,
+    phases: list[str],
+    results: dict[str, list[Any]],
+    loaded: LoadedModel,
+    main: LLMEngine,
+    ids: list[list[int]],
+) -> dict[str, Any]:
+    """The figures (printed as a table on the way) and what they were measured on."""
+    n = args.batch
     summary = {k: summarize(v) for k, v in results.items() if k != "x1 pairs"}
     ratios = per_run_ratios(results, n, args.runs)
     targets = check_targets(summary, ratios, n)
@@ -689,7 +714,8 @@ def main(argv: list[str] | None = None) -> None:
     hits = [r["prefix_cache_hit_tokens"] for r in results.get("cache on", [])]
     if hits and max(hits) > 0:
         log(f"warning: the cache-on phase hit {max(hits)} cached tokens; the overhead figure is not at 0 % hits")
-    record = {
+    graphs = main.runner.graphs
+    return {
         "bench": "engine_throughput",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {
@@ -703,8 +729,8 @@ def main(argv: list[str] | None = None) -> None:
         },
         "model": loaded.config.name,
         "weight_bytes": loaded.model.weight_bytes(),
-        "graph_replays": engines["main"].runner.graphs.replays if engines["main"].runner.graphs is not None else None,
-        "graph_failure": engines["main"].runner.graphs.failure if engines["main"].runner.graphs is not None else None,
+        "graph_replays": graphs.replays if graphs is not None else None,
+        "graph_failure": graphs.failure if graphs is not None else None,
         "args": {k: v for k, v in vars(args).items() if k not in ("set",)},
         "engine_config": dataclasses.asdict(EngineConfig(**args.config)),
         "prompt_tokens": {"min": min(map(len, ids)), "max": max(map(len, ids))},
@@ -713,10 +739,6 @@ def main(argv: list[str] | None = None) -> None:
         "targets": targets,
         "runs": results,
     }
-    print(json.dumps(record), flush=True)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(record, f)
 
 
 def _cpu_name() -> str:
