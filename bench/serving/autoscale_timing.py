@@ -123,6 +123,53 @@ def ids(fleet: Fleet, status: WorkerStatus) -> list[str]:
     return [w.worker_id for w in fleet.pool.workers(*KEY) if w.status is status]
 
 
+async def reset(fleet: Fleet) -> None:
+    """After a round: its load finished, back to one serving + one standby worker, and a fresh
+    policy (its up cool-down is long)."""
+    await until(lambda: all(w.inflight == 0 for w in fleet.pool.workers(*KEY)), "the load to finish")
+    for worker_id in ids(fleet, WorkerStatus.WARM)[1:]:
+        fleet.pool.set_status(worker_id, WorkerStatus.STANDBY)
+        fleet.handles[worker_id].join_status = WorkerStatus.STANDBY
+    fleet.autoscaler.scalers.clear()
+    await until(lambda: len(ids(fleet, WorkerStatus.WARM)) == 1 and len(fleet.pool.workers(*KEY)) >= 2, "the reset")
+    for worker_id in ids(fleet, WorkerStatus.STANDBY)[1:]:  # the round's refill start
+        fleet.replicas.retire(worker_id, "benchmark reset")
+    await until(
+        lambda: (
+            len(fleet.pool.workers(*KEY)) == 2
+            and not any(fleet.autoscaler.scalers.get(KEY) and fleet.autoscaler.scalers[KEY].starts for _ in [0])
+        ),
+        "the refill to stop",
+        every=0.05,
+    )
+
+
+async def cold_start(fleet: Fleet) -> tuple[float, float]:
+    """Start a worker from nothing: seconds until it loaded, and until it is a warm standby."""
+    t0 = time.perf_counter()
+    worker_id = await fleet.replicas.start_one(*KEY, join=WorkerStatus.STANDBY)
+    loaded = time.perf_counter() - t0
+    await until(
+        lambda: (w := fleet.pool.get(worker_id)) is not None and w.status is WorkerStatus.STANDBY,
+        "the cold worker to warm up",
+    )
+    warm = time.perf_counter() - t0
+    await fleet.replicas.drop(fleet.handles[worker_id])
+    return loaded, warm
+
+
+def summary(xs: list[float]) -> dict:
+    return (
+        {
+            "median_ms": round(1000 * statistics.median(xs), 1),
+            "max_ms": round(1000 * max(xs), 1),
+            "all_ms": [round(1000 * x, 1) for x in xs],
+        }
+        if xs
+        else {}
+    )
+
+
 async def main(args: argparse.Namespace) -> dict:
     path = Path(tempfile.mkdtemp(prefix="sluice-bench-autoscale-")) / "fleet.toml"
     path.write_text(fleet_text(args.interval, args.threads))
@@ -172,52 +219,14 @@ async def main(args: argparse.Namespace) -> dict:
             ttft.append(t2 - t1)
             total.append(t2 - t0)
             await asyncio.gather(*load)
-            await until(lambda: all(w.inflight == 0 for w in fleet.pool.workers(*KEY)), "the load to finish")
-            # back to one serving + one standby, and a fresh policy (its up cool-down is long)
-            for worker_id in ids(fleet, WorkerStatus.WARM)[1:]:
-                fleet.pool.set_status(worker_id, WorkerStatus.STANDBY)
-                fleet.handles[worker_id].join_status = WorkerStatus.STANDBY
-            fleet.autoscaler.scalers.clear()
-            await until(
-                lambda: len(ids(fleet, WorkerStatus.WARM)) == 1 and len(fleet.pool.workers(*KEY)) >= 2, "the reset"
-            )
-            for worker_id in ids(fleet, WorkerStatus.STANDBY)[1:]:  # the round's refill start
-                fleet.replicas.retire(worker_id, "benchmark reset")
-            await until(
-                lambda: (
-                    len(fleet.pool.workers(*KEY)) == 2
-                    and not any(fleet.autoscaler.scalers.get(KEY) and fleet.autoscaler.scalers[KEY].starts for _ in [0])
-                ),
-                "the refill to stop",
-                every=0.05,
-            )
+            await reset(fleet)
         fleet.autoscaler.on_decision.clear()
         for _ in range(args.cold_rounds):
-            t0 = time.perf_counter()
-            worker_id = await fleet.replicas.start_one(*KEY, join=WorkerStatus.STANDBY)
-            cold_loaded.append(time.perf_counter() - t0)
-            await until(
-                lambda worker_id=worker_id: (
-                    (w := fleet.pool.get(worker_id)) is not None and w.status is WorkerStatus.STANDBY
-                ),
-                "the cold worker to warm up",
-            )
-            cold_warm.append(time.perf_counter() - t0)
-            await fleet.replicas.drop(fleet.handles[worker_id])
+            loaded_s, warm_s = await cold_start(fleet)
+            cold_loaded.append(loaded_s)
+            cold_warm.append(warm_s)
     finally:
         await fleet.close()
-
-    def summary(xs: list[float]) -> dict:
-        return (
-            {
-                "median_ms": round(1000 * statistics.median(xs), 1),
-                "max_ms": round(1000 * max(xs), 1),
-                "all_ms": [round(1000 * x, 1) for x in xs],
-            }
-            if xs
-            else {}
-        )
-
     return {
         "interval_s": args.interval,
         "rounds": args.rounds,
