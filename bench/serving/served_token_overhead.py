@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -194,7 +195,7 @@ def main() -> None:
         wproc, gproc, me = psutil.Process(worker.process.pid), psutil.Process(gateway.process.pid), psutil.Process()
         local = InProcess(args.threads)
         samples: dict[str, list[float]] = {k: [] for k in (*LAYERS, "step_cpu")}
-        cpu = {
+        cpu: dict[str, dict[str, float]] = {
             "grpc": {"worker": 0.0, "worker_engine_thread": 0.0, "worker_other_threads": 0.0, "client": 0.0},
             "http": {
                 "worker": 0.0,
@@ -246,8 +247,20 @@ def main() -> None:
         if gateway is not None:
             gateway.stop()
         worker.stop()
+    print(json.dumps(report(args, samples, cpu, idle, walls, tokens_out)))
 
-    res: dict = {"tokens": args.tokens, "rounds": args.rounds, "load": os.getloadavg()}
+
+def report(
+    args: argparse.Namespace,
+    samples: dict[str, list[float]],
+    cpu: dict[str, dict[str, float]],
+    idle: dict[str, float],
+    walls: dict[str, float],
+    tokens_out: dict[str, int],
+) -> dict[str, Any]:
+    """Per layer its ms per token and what it adds; per served layer the CPU per token of each
+    process, less its idle background; printed as a table on the way."""
+    res: dict[str, Any] = {"tokens": args.tokens, "rounds": args.rounds, "load": os.getloadavg()}
     prev = 0.0
     print(f"{'layer':8s} {'ms/token':>9s} {'adds':>7s}", file=sys.stderr)
     for layer in LAYERS:
@@ -272,7 +285,7 @@ def main() -> None:
             file=sys.stderr,
         )
     print(f"load average {res['load']}", file=sys.stderr)
-    print(json.dumps(res))
+    return res
 
 
 if __name__ == "__main__":
