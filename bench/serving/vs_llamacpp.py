@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -213,7 +214,7 @@ async def level(url: str, model: str, streams: int, max_tokens: int, offset: int
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     side = p.add_mutually_exclusive_group(required=True)
     side.add_argument("--llama-server", metavar="PATH", help="llama.cpp's llama-server binary")
@@ -246,7 +247,32 @@ def main() -> None:
         help="environment for `sluice serve` and its worker (repeatable), e.g. SLUICE_KERNEL_ISA=avx2 to "
         "run the AVX2 kernels on an AVX-512 machine",
     )
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def compare(figures: dict[str, dict[int, list[dict[str, float]]]], levels: list[int], out: dict[str, Any]) -> None:
+    """Per level and metric: each side's median over the rounds and their ratio, into `out`,
+    printed as a table on the way, then each level's ratio per round."""
+    print(f"{'level':>6} {'metric':>18} {'sluice':>9} {'llama.cpp':>10} {'ratio':>7}", file=sys.stderr)
+    for lv in levels:
+        for metric in ("ttft_p50_ms", "per_stream_tok_s", "aggregate_tok_s", "prompt_tokens"):
+            a = statistics.median(x[metric] for x in figures["sluice"][lv])
+            b = statistics.median(x[metric] for x in figures["llama.cpp"][lv])
+            per_round = [x[metric] / y[metric] for x, y in zip(figures["sluice"][lv], figures["llama.cpp"][lv])]
+            out[f"x{lv}_{metric}"] = {"sluice": a, "llama_cpp": b, "ratio": a / b, "ratio_per_round": per_round}
+            print(f"{'x' + str(lv):>6} {metric:>18} {a:9.1f} {b:10.1f} {a / b:7.2f}", file=sys.stderr)
+    # the rounds' spread: on a shared machine one round's ratio can sit far from the median's
+    for lv in levels:
+        rounds = out[f"x{lv}_aggregate_tok_s"]["ratio_per_round"]
+        print(
+            f"x{lv} aggregate ratio per round: {' '.join(f'{x:.2f}' for x in rounds)} "
+            f"(median {statistics.median(rounds):.2f})",
+            file=sys.stderr,
+        )
+
+
+def main() -> None:
+    args = parse_args()
     CONTEXT["text"] = SENTENCE * round(args.context / 33)
     CONTEXT["workload"] = WORKLOADS[args.workload] if args.workload else ""
     from sluice.models.loader import default_model_path
@@ -276,7 +302,7 @@ def main() -> None:
                         file=sys.stderr,
                         flush=True,
                     )
-        out: dict = {
+        out: dict[str, Any] = {
             "llama_cpp": llama.kind,
             "gguf": gguf.name,
             "max_tokens": args.max_tokens,
@@ -284,22 +310,7 @@ def main() -> None:
             "load": os.getloadavg(),
         }
         print(f"\nllama.cpp side: {llama.kind}", file=sys.stderr)
-        print(f"{'level':>6} {'metric':>18} {'sluice':>9} {'llama.cpp':>10} {'ratio':>7}", file=sys.stderr)
-        for lv in levels:
-            for metric in ("ttft_p50_ms", "per_stream_tok_s", "aggregate_tok_s", "prompt_tokens"):
-                a = statistics.median(x[metric] for x in figures["sluice"][lv])
-                b = statistics.median(x[metric] for x in figures["llama.cpp"][lv])
-                per_round = [x[metric] / y[metric] for x, y in zip(figures["sluice"][lv], figures["llama.cpp"][lv])]
-                out[f"x{lv}_{metric}"] = {"sluice": a, "llama_cpp": b, "ratio": a / b, "ratio_per_round": per_round}
-                print(f"{'x' + str(lv):>6} {metric:>18} {a:9.1f} {b:10.1f} {a / b:7.2f}", file=sys.stderr)
-        # the rounds' spread: on a shared machine one round's ratio can sit far from the median's
-        for lv in levels:
-            rounds = out[f"x{lv}_aggregate_tok_s"]["ratio_per_round"]
-            print(
-                f"x{lv} aggregate ratio per round: {' '.join(f'{x:.2f}' for x in rounds)} "
-                f"(median {statistics.median(rounds):.2f})",
-                file=sys.stderr,
-            )
+        compare(figures, levels, out)
         print(json.dumps(out))
     finally:
         if llama is not None:
