@@ -153,6 +153,43 @@ def summarize(steps: list, gcs: dict, t0: float, t1: float, streams: int) -> dic
     }
 
 
+def thread_use(
+    before: dict[str, tuple[float, float, int, str]], after: dict[str, tuple[float, float, int, str]], wall: float
+) -> dict[str, dict[str, Any]]:
+    """Per thread over the level: cores used, cores spent waiting to run, preemptions a second."""
+    zero = (0.0, 0.0, 0, "")  # a thread that started during the level
+    return {
+        k: {
+            "name": v[3],
+            "cores": (v[0] - before.get(k, zero)[0]) / wall,
+            "waiting_cores": (v[1] - before.get(k, zero)[1]) / wall,
+            "preempted_per_s": (v[2] - before.get(k, zero)[2]) / wall,
+        }
+        for k, v in after.items()
+    }
+
+
+def print_level(n: int, row: dict[str, Any], streams: int) -> None:
+    print(
+        f"level {n + 1}: {row['aggregate_tok_s']:.1f} tok/s; engine busy {100 * row['busy_share']:.1f} % "
+        f"(gaps {row['gaps_s']:.2f} s); {row['decode_steps']} decode steps of {streams}: wall "
+        f"{row['decode_wall_ms_p50']:.1f} ms, engine thread CPU {row['decode_engine_cpu_ms_p50']:.1f} ms "
+        f"(p50); {row['other_steps']} other steps {row['other_steps_wall_s']:.2f} s",
+        file=sys.stderr,
+    )
+    print(f"    {'thread':44s} {'cores':>6s} {'waiting':>8s} {'preempted/s':>12s}", file=sys.stderr)
+    for key, t in row["threads"].items():
+        print(
+            f"    {key + ' ' + t['name']:44s} {t['cores']:6.3f} {t['waiting_cores']:8.3f} {t['preempted_per_s']:12.0f}",
+            file=sys.stderr,
+        )
+    for key, g in row["gc"].items():
+        print(
+            f"    gc {key:12s} {g['count']:4d} collections, {g['total_ms']:.1f} ms, longest {g['max_ms']:.1f} ms",
+            file=sys.stderr,
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", type=int, default=32, help="concurrent streams (default 32)")
@@ -189,16 +226,7 @@ def main() -> None:
             t1 = time.perf_counter()
             after = thread_sched(procs)
             wall = t1 - t0
-            zero = (0.0, 0.0, 0, "")  # a thread that started during the level
-            threads: dict[str, dict[str, Any]] = {
-                k: {
-                    "name": v[3],
-                    "cores": (v[0] - before.get(k, zero)[0]) / wall,
-                    "waiting_cores": (v[1] - before.get(k, zero)[1]) / wall,
-                    "preempted_per_s": (v[2] - before.get(k, zero)[2]) / wall,
-                }
-                for k, v in after.items()
-            }
+            threads = thread_use(before, after, wall)
             steps, gcs = read_traces(trace_dir)
             row = summarize(steps, gcs, t0, t1, args.streams)
             row["aggregate_tok_s"] = load["aggregate_tok_s"]
@@ -208,26 +236,7 @@ def main() -> None:
                 if v["cores"] >= args.min_cores
             }
             results.append(row)
-            print(
-                f"level {n + 1}: {row['aggregate_tok_s']:.1f} tok/s; engine busy {100 * row['busy_share']:.1f} % "
-                f"(gaps {row['gaps_s']:.2f} s); {row['decode_steps']} decode steps of {args.streams}: wall "
-                f"{row['decode_wall_ms_p50']:.1f} ms, engine thread CPU {row['decode_engine_cpu_ms_p50']:.1f} ms "
-                f"(p50); {row['other_steps']} other steps {row['other_steps_wall_s']:.2f} s",
-                file=sys.stderr,
-            )
-            print(f"    {'thread':44s} {'cores':>6s} {'waiting':>8s} {'preempted/s':>12s}", file=sys.stderr)
-            for key, t in row["threads"].items():
-                print(
-                    f"    {key + ' ' + t['name']:44s} {t['cores']:6.3f} {t['waiting_cores']:8.3f} "
-                    f"{t['preempted_per_s']:12.0f}",
-                    file=sys.stderr,
-                )
-            for key, g in row["gc"].items():
-                print(
-                    f"    gc {key:12s} {g['count']:4d} collections, {g['total_ms']:.1f} ms, "
-                    f"longest {g['max_ms']:.1f} ms",
-                    file=sys.stderr,
-                )
+            print_level(n, row, args.streams)
     finally:
         server.stop()
     print(
