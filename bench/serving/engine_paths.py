@@ -132,6 +132,29 @@ def rss_after_load(kernels: str) -> dict:
     return r
 
 
+def _long_prompt(engines: dict, timers: dict, p: list[int], submit) -> dict[str, dict[str, float]]:  # noqa: ANN001
+    """One long prompt and 32 tokens on each engine, one after another (TTFT is a single long
+    step sequence): per engine its figures, and its ratios to the torch path."""
+    res = {}
+    for name in ENGINES:
+        t = interleaved({name: engines[name]}, {name: timers[name]}, [p], 32, submit)[name]
+        assert t.first_token is not None and t.first_token_cpu is not None  # 32 tokens came
+        res[name] = {
+            "ttft_ms": 1000 * t.first_token,
+            "decode_step_ms": 1000 * statistics.median(t.steps),
+            "decode_cpu_ms": 1000 * statistics.median(t.cpu),
+            "ttft_cpu_ms": 1000 * t.first_token_cpu,
+            "attention_share": statistics.median(t.attention),
+            "prompt_tokens": len(p),
+        }
+    for name in ENGINES:
+        res[name]["ttft_vs_torch"] = res["torch"]["ttft_ms"] / res[name]["ttft_ms"]
+        res[name]["ttft_cpu_vs_torch"] = res["torch"]["ttft_cpu_ms"] / res[name]["ttft_cpu_ms"]
+        res[name]["decode_vs_torch"] = res["torch"]["decode_step_ms"] / res[name]["decode_step_ms"]
+        res[name]["cpu_speedup_vs_torch"] = res["torch"]["decode_cpu_ms"] / res[name]["decode_cpu_ms"]
+    return res
+
+
 def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
     """Returns the JSON record; logs the table."""
     import torch
@@ -182,24 +205,7 @@ def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
         for words in (300, 1150):
             p = long_prompt(on_kernels.tokenizer, words)
             log(f"run {run + 1}/{args.runs}: one {len(p)}-token prompt, 32 tokens, engines in turn")
-            res = {}
-            for name in ENGINES:  # one after another: TTFT is a single long step sequence
-                t = interleaved({name: engines[name]}, {name: timers[name]}, [p], 32, submit)[name]
-                assert t.first_token is not None and t.first_token_cpu is not None  # 32 tokens came
-                res[name] = {
-                    "ttft_ms": 1000 * t.first_token,
-                    "decode_step_ms": 1000 * statistics.median(t.steps),
-                    "decode_cpu_ms": 1000 * statistics.median(t.cpu),
-                    "ttft_cpu_ms": 1000 * t.first_token_cpu,
-                    "attention_share": statistics.median(t.attention),
-                    "prompt_tokens": len(p),
-                }
-            for name in ENGINES:
-                res[name]["ttft_vs_torch"] = res["torch"]["ttft_ms"] / res[name]["ttft_ms"]
-                res[name]["ttft_cpu_vs_torch"] = res["torch"]["ttft_cpu_ms"] / res[name]["ttft_cpu_ms"]
-                res[name]["decode_vs_torch"] = res["torch"]["decode_step_ms"] / res[name]["decode_step_ms"]
-                res[name]["cpu_speedup_vs_torch"] = res["torch"]["decode_cpu_ms"] / res[name]["decode_cpu_ms"]
-            record[f"prompt{len(p)}"] = res
+            record[f"prompt{len(p)}"] = _long_prompt(engines, timers, p, submit)
         runs.append(record)
     log("resident memory of the weights (fresh process per path) ...")
     memory = {"torch": rss_after_load("torch"), "kernels": rss_after_load("auto")}
