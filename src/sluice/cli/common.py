@@ -178,36 +178,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     _add_lora_args(g)
 
 
-# add_engine_args' flags whose value is the setting of the same name
-_ENGINE_SETTINGS = (
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "kv_cache_gib",
-    "kv_idle_gib",
-    "kv_spill_gib",
-    "kv_spill_dir",
-    "max_model_len",
-    "scheduling_policy",
-    "admission_policy",
-    "kernels",
-    "numerics",
-    "kv_cache_dtype",
-    "device",
-    "batching_window",
-    "batching_window_ms",
-    "threads",
-    "decode_split_rows",
-    "speculative_tokens",
-    "max_loras",
-    "max_cpu_loras",
-    "max_lora_rank",
-    "lora_s3_endpoint",
-)
-
-
 def engine_setting_values(args: argparse.Namespace) -> dict[str, object]:
     """The settings `add_engine_args` flags give, by setting name (None = not given: the
     file, the environment or the default decides). One mapping for `serve` and `worker`."""
-    values: dict[str, object] = {name: getattr(args, name) for name in _ENGINE_SETTINGS}
-    values["enable_prefix_caching"] = False if args.no_prefix_caching else None  # the flag turns it off
+    from sluice.engine.config import ENGINE_SETTINGS  # here: `sluice --help` imports no engine (nor torch)
+
+    # every engine setting has the flag of its name, but the prefix cache: --no-prefix-caching turns it off
+    values: dict[str, object] = {
+        name: getattr(args, name) for name in ENGINE_SETTINGS if name != "enable_prefix_caching"
+    }
+    values["enable_prefix_caching"] = False if args.no_prefix_caching else None
     return values
