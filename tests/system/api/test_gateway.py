@@ -202,10 +202,9 @@ def test_priority_overtakes_and_burst_sheds_cleanly(worker, tmp_path):
         later_low = sum(1 for k, t in finished.items() if k.startswith("low") and t > finished["high"])
         assert later_low >= 30, f"only {later_low} low requests finished after the high one"
 
-        # a burst of 10x what fits: only 200 / 429 / 529, each refusal with retry-after, no 5xx, no hang
-        t0 = time.monotonic()
+        # a burst of 10x what fits: only 200 / 429 / 529, each refusal with retry-after, no 5xx, no
+        # hang (each request's client timeout is 120 s: a hang fails there, whatever the machine's speed)
         responses = asyncio.run(_burst(server.base_url, low))
-        assert time.monotonic() - t0 < 100
         codes = [r.status_code for r in responses]
         assert set(codes) <= {200, 429, 529} and codes.count(529) > 0 and codes.count(200) > 0, codes
         for r in responses:
