@@ -57,7 +57,7 @@ def main() -> int:
     ap.add_argument("--seq-len", default="1024")
     ap.add_argument("--batch-size", default="8")
     args = ap.parse_args()
-    results: dict[bool, list[tuple[float, list[float], float]]] = {False: [], True: []}
+    results: dict[bool, list[tuple[float, list[tuple[float, float]], float]]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model(Path(tmp) / "model", SHAPE)
         data = Path(tmp) / "data.jsonl"

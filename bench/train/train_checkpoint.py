@@ -95,9 +95,8 @@ def main() -> int:
     for name, _ in configs:
         extra = (med[name] - med["none"]) / args.steps / step_cpu
         wall = statistics.median(means[name])
-        print(
-            f"| {name} | {statistics.median(held[name]):.1%} | {extra:+.1%} | {wall * 1e3:.0f} | {wall / base - 1:+.1%} |"
-        )
+        held_share = statistics.median(held[name])
+        print(f"| {name} | {held_share:.1%} | {extra:+.1%} | {wall * 1e3:.0f} | {wall / base - 1:+.1%} |")
     print(f"\none step without checkpoints: {step_cpu * 1e3:.0f} ms of CPU")
     return 0
 

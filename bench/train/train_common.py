@@ -37,7 +37,12 @@ def write_model(path: Path, shape: dict = SHAPE, seed: int = 0) -> Path:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL)
     config = transformers.LlamaConfig(
-        **shape, vocab_size=len(vocab), eos_token_id=2, bos_token_id=1, tie_word_embeddings=True, rope_theta=10000.0
+        **shape,
+        vocab_size=len(vocab),
+        eos_token_id=2,
+        bos_token_id=1,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     torch.manual_seed(seed)
     transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)

@@ -159,8 +159,9 @@ def after_backward(faults: Faults, step: int, loss_sum, params) -> None:
         for g in grads:
             g.fill_(float("nan"))
     elif grads:
-        g = grads[0].to_local() if hasattr(grads[0], "to_local") else grads[0]
-        g.view(-1)[0] = float("inf")
+        from sluice.train.parallel.local import local_shard  # torch is loaded by now; faults.py loads without it
+
+        local_shard(grads[0]).view(-1)[0] = float("inf")
 
 
 def fire(faults: Faults, point: FaultPoint, site: FaultSite) -> None:

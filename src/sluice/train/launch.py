@@ -26,6 +26,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from pydantic_core import to_jsonable_python
 
 from sluice.parent_death import tied_to_this_process
 from sluice.train.data import dataset
@@ -72,12 +75,18 @@ def check_run_folder(run_dir: Path) -> None:
             return
 
 
+def _field_defaults() -> dict[str, Any]:
+    """TrainSettings' defaults as their JSON values (a required field has none)."""
+    fields = TrainSettings.model_fields.items()
+    return to_jsonable_python({n: f.get_default(call_default_factory=True) for n, f in fields if not f.is_required()})
+
+
 def check_same_run(settings: TrainSettings, run_dir: Path) -> None:
     previous = run_dir / "resolved_config.json"
     if not previous.exists():
         return
     # a field added after the run was made counts as its default there
-    old = {**json.loads(TrainSettings.model_construct().model_dump_json()), **json.loads(previous.read_text())}
+    old = {**_field_defaults(), **json.loads(previous.read_text())}
     new = json.loads(settings.model_dump_json())
     changed = [f for f in SAME_RUN_FIELDS if old.get(f) != new.get(f)]
     if changed:
@@ -123,10 +132,11 @@ ELASTIC_RDZV_CONF = "last_call_timeout=3"
 
 
 def torchrun_argv(settings: TrainSettings, port: int) -> list[str]:
-    """torchrun for this machine's `nproc` ranks (one replica group's, with groups). With several machines (or an elastic range)
-    every machine runs the same command with the same rdzv_endpoint; the first one there hosts
-    the rendezvous store. Machines joining or leaving restart the group, which resumes from the
-    newest checkpoint on the new world size (torchrun does not count that as a failure)."""
+    """torchrun for this machine's `nproc` ranks (one replica group's, with groups). With several
+    machines (or an elastic range) every machine runs the same command with the same
+    rdzv_endpoint; the first one there hosts the rendezvous store. Machines joining or leaving
+    restart the group, which resumes from the newest checkpoint on the new world size (torchrun
+    does not count that as a failure)."""
     endpoint = settings.rdzv_endpoint or f"127.0.0.1:{port}"
     return [
         sys.executable,

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TextIO
 
 
 @dataclass(slots=True)
@@ -50,7 +50,10 @@ class StepMetrics:
 
 def finite(m: StepMetrics) -> StepMetrics:
     """`m` with every NaN or infinite value as None (JSON has neither)."""
-    bad = {f.name: None for f in fields(m) if isinstance(v := getattr(m, f.name), float) and not math.isfinite(v)}
+    # the JSON line's fields are `float | None`: the dataclass's float types do not say so
+    bad: dict[str, Any] = {
+        f.name: None for f in fields(m) if isinstance(v := getattr(m, f.name), float) and not math.isfinite(v)
+    }
     return replace(m, **bad) if bad else m
 
 
@@ -71,11 +74,11 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = path
         self.sinks = list(sinks)  # TensorBoard, a Prometheus textfile (train/observe/sinks.py)
-        self._file = None
+        self._file: TextIO | None = None
         if enabled and resume_step is not None:
             self._open(resume_step)
 
-    def _open(self, keep_upto: int) -> None:
+    def _open(self, keep_upto: int) -> TextIO:
         kept: list[str] = []
         cut = False
         if self.path.exists():
@@ -90,14 +93,14 @@ class MetricsWriter:
         if cut or not self.path.exists():
             self.path.write_text("".join(k + "\n" for k in kept))
         self._file = self.path.open("a")
+        return self._file
 
     def write(self, m: StepMetrics) -> None:
         if self.enabled:
-            if self._file is None:
-                self._open(m.step - 1)
+            file = self._file if self._file is not None else self._open(m.step - 1)
             m = finite(m)
-            self._file.write(json.dumps(asdict(m), allow_nan=False) + "\n")
-            self._file.flush()
+            file.write(json.dumps(asdict(m), allow_nan=False) + "\n")
+            file.flush()
             for sink in self.sinks:
                 sink.write(m)
 

@@ -51,7 +51,7 @@ def forward_backward(module, no_sync, batch: Batch, micro: int, global_tokens: i
     total = torch.zeros((), dtype=torch.float64)
     n = batch.tokens.shape[0]
     scale = world / max(1, global_tokens)
-    for i, start in enumerate(range(0, n, micro)):
+    for start in range(0, n, micro):
         part = Batch(batch.tokens[start : start + micro], batch.mask[start : start + micro])
         last = start + micro >= n
         ctx = torch.enable_grad() if last else no_sync()

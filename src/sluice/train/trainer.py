@@ -40,6 +40,7 @@ from sluice.train.launch import STOPPED_MARKER
 from sluice.train.lr import lr_at
 from sluice.train.metrics import MetricsWriter, StepMetrics
 from sluice.train.model.build import build_model, trainable
+from sluice.train.model.causal_lm import pretrained
 from sluice.train.model.hf_files import write_tokenizer
 from sluice.train.model.lora import FrozenBase, seed_dropout
 from sluice.train.observe.console import say
@@ -138,11 +139,13 @@ class Trainer:
         # a LoRA run: the base checked against the run's record, then watched (model/lora.py)
         self.base = FrozenBase(built.module, s, self.run_dir, self.rank == 0 and self.writes) if s.lora_rank else None
         if self.rank == 0:
-            built.module.config.save_pretrained(str(self.run_dir / "model"))
+            pretrained(built.module).config.save_pretrained(str(self.run_dir / "model"))
             write_tokenizer(built.tokenizer, self.run_dir / "model")
         # observability: N of the 6·N·D rule (before FSDP2 shards the parameters), the peak
         if s.activation_checkpointing:  # recompute each layer's activations in backward (transformers')
-            built.module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            pretrained(built.module).activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False}
+            )
             built.module.train()  # transformers checkpoints only in training mode
         self.params = matmul_params(built.module)
         self.peak = s.peak_flops or measure_peak_flops(self.device, getattr(torch, s.dtype))

@@ -51,8 +51,15 @@ def objective(model: Tiny, ids: torch.Tensor, global_rows: int, world: int) -> t
     loss over the global rows, times the world size (which the gradient average divides out)."""
     logits = model(ids)
     loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="sum")
-    total = loss / (global_rows * (ids.shape[1] - 1)) + take_aux_loss(model) / global_rows
+    aux = take_aux_loss(model)
+    assert aux is not None, "the MoE block recorded its balance loss"
+    total = loss / (global_rows * (ids.shape[1] - 1)) + aux / global_rows
     return logits, total * world
+
+
+def grad(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None, "every parameter has a gradient after backward"
+    return p.grad
 
 
 def main(out: Path) -> None:
@@ -73,17 +80,17 @@ def main(out: Path) -> None:
     sharded = {id(p) for p in shards}
     for p in ep.parameters():  # what DDP does to the replicated parameters
         if id(p) not in sharded:
-            dist.all_reduce(p.grad)
-            p.grad /= world
+            dist.all_reduce(grad(p))
+            grad(p).div_(world)
     summed = loss.detach().clone() / world
     dist.all_reduce(summed)
     local = EXPERTS // world
 
     def want(p: nn.Parameter, q: nn.Parameter) -> torch.Tensor:
-        return p.grad[rank * local : (rank + 1) * local] if id(q) in sharded else p.grad
+        return grad(p)[rank * local : (rank + 1) * local] if id(q) in sharded else grad(p)
 
     grads = {
-        name: ((q.grad - want(p, q)).abs().max() / want(p, q).abs().max().clamp_min(1e-12)).item()
+        name: ((grad(q) - want(p, q)).abs().max() / want(p, q).abs().max().clamp_min(1e-12)).item()
         for (name, p), (_, q) in zip(ref.named_parameters(), ep.named_parameters())
     }
     norm_ref = clip_grad_norm(list(ref.parameters()), 0.5, plain_copies=world)  # whole on every rank
@@ -93,7 +100,7 @@ def main(out: Path) -> None:
         "loss": abs(summed.item() - ref_loss.item()),
         "grads": grads,
         "norm": [norm_ref.item(), norm_ep.item()],
-        "clipped": max((q.grad - want(p, q)).abs().max().item() for p, q in zip(ref.parameters(), ep.parameters())),
+        "clipped": max((grad(q) - want(p, q)).abs().max().item() for p, q in zip(ref.parameters(), ep.parameters())),
     }
     (out / f"rank-{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

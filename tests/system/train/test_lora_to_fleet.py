@@ -115,7 +115,7 @@ def _reference(base: Path, adapter: Path | None) -> tuple[str, int]:
     return text.rstrip("\ufffd"), len(ref.tokens)
 
 
-def test_a_trained_adapter_is_loaded_live_then_canaried_and_answers_like_peft(fleet, versions, tiny_folder):
+def test_a_trained_adapter_is_loaded_live_then_canaried_and_answers_like_peft(fleet, versions, tiny_folder) -> None:
     server, path = fleet
     expected = {name: _reference(tiny_folder, folder) for name, folder in versions.items()}
     base = _reference(tiny_folder, None)

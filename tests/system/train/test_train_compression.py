@@ -20,6 +20,12 @@ def group(tmp_path):
     dist.destroy_process_group()
 
 
+def _flat_grads(module: torch.nn.Module) -> torch.Tensor:
+    grads = [p.grad for p in module.parameters()]
+    assert all(g is not None for g in grads), "every parameter has a gradient after backward"
+    return torch.cat([g.flatten() for g in grads if g is not None])
+
+
 def _grads(compression: Compression, steps: int):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
@@ -35,9 +41,10 @@ def _grads(compression: Compression, steps: int):
         x = torch.randn(16, 64, generator=torch.Generator().manual_seed(step))
         ddp(x).square().sum().backward()
         ref(x).square().sum().backward()
-        sent.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-        true.append(torch.cat([p.grad.flatten() for p in ref.parameters()]))
-        model.zero_grad(), ref.zero_grad()
+        sent.append(_flat_grads(model))
+        true.append(_flat_grads(ref))
+        model.zero_grad()
+        ref.zero_grad()
     return sent, true, stats, state
 
 

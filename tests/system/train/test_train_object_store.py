@@ -142,7 +142,7 @@ def test_a_damaged_checkpoint_in_the_bucket_is_named_and_skipped(
     assert losses(out) == losses(one_run)
 
 
-def test_the_runs_lease_lives_in_the_bucket_behind_conditional_writes(s3, aws):
+def test_the_runs_lease_lives_in_the_bucket_behind_conditional_writes(s3, aws) -> None:
     from dataclasses import replace
 
     from sluice.train.checkpoint.lease import Holder, Lease, this_process

@@ -107,7 +107,7 @@ def fleet(train_dir, tiny_folder, exported):
         worker.stop()
 
 
-def test_trained_export_pinned_then_canaried_answers_like_transformers(fleet, tiny_folder, exported):
+def test_trained_export_pinned_then_canaried_answers_like_transformers(fleet, tiny_folder, exported) -> None:
     ft_text, ft_tokens = _reference(exported)
     base_text, base_tokens = _reference(tiny_folder)
     assert ft_text != base_text, "training changed nothing the test can see"

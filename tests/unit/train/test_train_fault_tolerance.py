@@ -61,7 +61,7 @@ def test_progress_lines_are_throttled_and_faults_get_a_line_each(tmp_path):
     assert said[-1].startswith("step 6/10")
 
 
-def test_progress_after_a_restart_skips_what_the_restarted_run_kept(tmp_path):
+def test_progress_after_a_restart_skips_what_the_restarted_run_kept(tmp_path: Path) -> None:
     said: list[str] = []
     for step in (1, 2, 3):
         _line(tmp_path, step)

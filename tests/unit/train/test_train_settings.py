@@ -90,7 +90,8 @@ def test_a_step_folder_without_metadata_is_not_complete(tmp_path: Path):
         layout.finalize(tmp_path, step, keep=3)
     (layout.step_dir(tmp_path, 4) / layout.METADATA).unlink()
     assert layout.published_steps(tmp_path) == [2, 4]
-    assert layout.complete_steps(tmp_path) == [2] and layout.latest(tmp_path)[0] == 2
+    latest = layout.latest(tmp_path)
+    assert layout.complete_steps(tmp_path) == [2] and latest is not None and latest[0] == 2
 
 
 def test_metrics_after_the_resumed_step_are_dropped(tmp_path: Path):

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,6 +72,7 @@ def model_state(model: torch.nn.Module, optim: torch.optim.Optimizer | None = No
     checkpoint as `lm_head.weight` (113 MB of the bundled model's 150 MB). Every name of a frozen
     tensor is dropped here (without DDP's `module.` prefix, which DCP's names lack too)."""
     options = state_options(model)
+    optim_sd: dict[str, Any]
     if optim is None:
         model_sd, optim_sd = get_model_state_dict(model, options=options), {}
     else:
@@ -145,6 +147,8 @@ class Checkpointer:
         writer = self.store.writer(step)
         if self.use_async and not wait:
             fut = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            if not isinstance(fut, Future):  # an AsyncSaveResponse comes only with an async_stager
+                raise TypeError(f"dcp.async_save answered a {type(fut).__name__}, not a Future")
             self._pending = (step, fut)
         else:
             try:

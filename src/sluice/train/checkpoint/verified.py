@@ -40,11 +40,12 @@ def done(results: list[WriteResult]) -> Future[list[WriteResult]]:
 class VerifiedWriter(FileSystemWriter):
     def __init__(self, path: Path, **kwargs: Any):
         super().__init__(path, **kwargs)
-        self.fs = HashingFileSystem()
+        self.hashing = HashingFileSystem()  # kept typed: the parent's `fs` is any FileSystem
+        self.fs = self.hashing
 
     def write_data(self, plan, planner) -> Future[list[WriteResult]]:
         results = super().write_data(plan, planner).wait()
-        return done(results + checksum_results(self.fs.sums, results))
+        return done(results + checksum_results(self.hashing.sums, results))
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """The coordinator, after every rank's files are written: .metadata, then the manifest."""

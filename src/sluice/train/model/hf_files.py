@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from sluice.models.tokenizer import Tokenizer
+from sluice.train.model.causal_lm import pretrained
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -40,6 +41,7 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
 def write_model_folder(module: torch.nn.Module, folder: Path, tokenizer_dir: Path) -> None:
     """`module` (a full, unsharded *ForCausalLM) as an HF folder, tokenizer copied from `tokenizer_dir`."""
     folder.mkdir(parents=True, exist_ok=True)
-    module.config.use_cache = True  # the served model generates
-    module.save_pretrained(str(folder), safe_serialization=True)
+    model = pretrained(module)
+    model.config.use_cache = True  # the served model generates
+    model.save_pretrained(str(folder), safe_serialization=True)
     copy_tokenizer(tokenizer_dir, folder)

@@ -41,6 +41,7 @@ class Heartbeat:
             "step": 0,
             "phase": "setup",
         }
+        self.beats = 0  # the record's "beat": heartbeats written
         self.interval = beat_interval(hang_timeout)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sluice-heartbeat", daemon=True)
@@ -52,7 +53,8 @@ class Heartbeat:
         self.record["step"], self.record["phase"] = step, phase
 
     def _write(self) -> None:
-        self.record["beat"] += 1
+        self.beats += 1
+        self.record["beat"] = self.beats
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.record))
         os.replace(tmp, self.path)

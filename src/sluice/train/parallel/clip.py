@@ -60,7 +60,7 @@ def clip_grad_norm(
     params: list[torch.nn.Parameter],
     max_norm: float,
     plain_copies: int,
-    shared: dict[torch.nn.Parameter, int] | None = None,
+    shared: dict[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Clip in place to `max_norm` (0 or inf: measure only); the global norm before clipping.
 
@@ -93,7 +93,7 @@ def clip_grad_norm(
 
 
 def clipper(
-    module: torch.nn.Module, plain_copies: int, shared: dict[torch.nn.Parameter, int] | None = None
+    module: torch.nn.Module, plain_copies: int, shared: dict[torch.Tensor, int] | None = None
 ) -> Callable[[float], torch.Tensor]:
     """max_norm -> the global norm, for a module's trainable parameters (parallel/wrap.py's `clip`)."""
     params = [p for p in module.parameters() if p.requires_grad]

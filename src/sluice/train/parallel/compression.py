@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from sluice.train.parallel.comm_stats import CommStats
 from sluice.train.settings import Compression
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 TOPK_RATIO = 0.01
 POWERSGD_RANK = 2
@@ -134,7 +138,7 @@ def _stateful_hook(state, bucket):  # DDP wants a function (it reads __name__): 
     return state(bucket)
 
 
-def register_hook(ddp: torch.nn.Module, compression: Compression, stats: CommStats) -> object:
+def register_hook(ddp: DistributedDataParallel, compression: Compression, stats: CommStats) -> object:
     """Register `compression`'s hook on `ddp`; returns the hook's state (top-K's residuals, ...)."""
     if compression in (Compression.TOPK, Compression.POWERSGD):
         state = _TopK(stats, TOPK_RATIO) if compression is Compression.TOPK else _PowerSGD(stats)

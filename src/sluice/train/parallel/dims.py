@@ -76,8 +76,8 @@ class ParallelDims:
         per_rank = batch_size // self.dp
         return micro_batch_size if micro_batch_size and per_rank % micro_batch_size == 0 else per_rank
 
-    def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """The device mesh the mode shards over (None: DDP and pipelines need none)."""
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        """The device mesh the mode shards over (DDP and pipelines need none: asking is a bug)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         if self.parallel is Parallel.TP:
@@ -86,4 +86,4 @@ class ParallelDims:
             return init_device_mesh(device_type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
         if self.parallel in (Parallel.FSDP, Parallel.EP):
             return init_device_mesh(device_type, (self.dp,), mesh_dim_names=("dp",))
-        return None
+        raise ValueError(f"parallel = {self.parallel.value} shards over no device mesh")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,12 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from sluice.train.model.moe import RunLocal, blocks
 from sluice.train.parallel.clip import clipper
 from sluice.train.parallel.comm_stats import CommStats
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.nn.parallel import DistributedDataParallel
+
+    from sluice.train.settings import Compression
 
 
 class AllToAllDispatch:
@@ -136,8 +143,8 @@ def local_views(state: dict) -> dict:
 
 
 def wrap_expert_parallel(
-    module: nn.Module, compression, device: torch.device, stats: CommStats, mesh
-) -> tuple[nn.Module, Callable[[float], torch.Tensor]]:
+    module: nn.Module, compression: Compression, device: torch.device, stats: CommStats, mesh: DeviceMesh
+) -> tuple[DistributedDataParallel, Callable[[float], torch.Tensor]]:
     """Shard the experts over `mesh` (1-D, every rank), DDP the rest: the DDP module and the
     matching gradient clip."""
     from torch.nn.parallel import DistributedDataParallel as DDP

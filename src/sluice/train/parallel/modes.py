@@ -14,11 +14,13 @@ from contextlib import nullcontext
 
 import torch
 
+from sluice.train.model.causal_lm import parts
 from sluice.train.parallel import pipeline
 from sluice.train.parallel.clip import clipper
 from sluice.train.parallel.comm_stats import CommStats
 from sluice.train.parallel.dims import MODEL_PARALLEL, Parallel, ParallelDims
 from sluice.train.parallel.fit import pipeline_micro_batches
+from sluice.train.parallel.local import local_shard
 from sluice.train.parallel.tensor import apply_tensor_parallel, count_traffic
 from sluice.train.parallel.wrap import Wrapped, wrap
 from sluice.train.settings import TrainSettings
@@ -36,13 +38,13 @@ def _fsdp_tensor(module: torch.nn.Module, dims: ParallelDims, device: torch.devi
 
     mesh = dims.build_mesh(device.type)
     apply_tensor_parallel(module, mesh["tp"])
-    for layer in module.model.layers:
+    for layer in parts(module).layers:
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(module, mesh=mesh["dp"])
     stats = CommStats(timed=False)
     # FSDP2 per forward, as parallel/wrap.py estimates it: all-gather forward and backward and
     # reduce-scatter of what this tensor-parallel rank holds, 3·(dp−1)/dp of its unsharded bytes
-    local = sum(p.to_local().numel() * p.element_size() for p in module.parameters())
+    local = sum(local_shard(p).numel() * p.element_size() for p in module.parameters())
     count_traffic(module, stats, extra_per_forward=int(3 * local * (dims.dp - 1)))
     return Wrapped(module, module, stats, nullcontext, clip=clipper(module, dims.world))
 

@@ -23,13 +23,28 @@ gradients by the number of micro-batches (`scale_grads=False`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from sluice.train.model.causal_lm import parts
 from sluice.train.parallel.dims import PipelineSchedule
 from sluice.train.parallel.fit import check_schedule, split_layers
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+
+class _StageDecoder(torch.nn.Module):
+    """A stage's `model.`: the parts of the full model's decoder this stage holds, under their names."""
+
+    # declared for the type checker; set in StageModule.__init__ (embeddings and norm by some stages only)
+    embed_tokens: torch.nn.Embedding
+    layers: torch.nn.ModuleDict
+    rotary_emb: torch.nn.Module
+    norm: torch.nn.Module
 
 
 class StageModule(torch.nn.Module):
@@ -37,23 +52,26 @@ class StageModule(torch.nn.Module):
 
     Attribute paths mirror the full model's, so parameter names do too."""
 
+    lm_head: torch.nn.Linear  # the last stage's
+
     def __init__(self, full: torch.nn.Module, layers: range, first: bool, last: bool):
         super().__init__()
         self.first, self.last = first, last
-        self.tied = bool(full.config.tie_word_embeddings)
-        self.hidden = int(full.config.hidden_size)  # the width of what passes between stages
+        whole = parts(full)
+        config = whole.config
+        self.tied = bool(config.tie_word_embeddings)
+        self.hidden = int(config.hidden_size)  # the width of what passes between stages
         # Mistral / Qwen2 sliding windows live in the full model's mask, which a stage does not
         # build: rows longer than the window are refused (launch checks seq_len first, fit.py)
-        self.window = getattr(full.config, "sliding_window", None)
-        self.model = torch.nn.Module()
-        inner = full.model
+        self.window = getattr(config, "sliding_window", None)
+        self.model = _StageDecoder()
         if first or (last and self.tied):
-            self.model.embed_tokens = inner.embed_tokens
-        self.model.layers = torch.nn.ModuleDict({str(i): inner.layers[i] for i in layers})
-        self.model.rotary_emb = inner.rotary_emb
+            self.model.embed_tokens = whole.embed_tokens
+        self.model.layers = torch.nn.ModuleDict({str(i): whole.layers[i] for i in layers})
+        self.model.rotary_emb = whole.rotary_emb
         if last:
-            self.model.norm = inner.norm
-            self.lm_head = full.lm_head
+            self.model.norm = whole.norm
+            self.lm_head = whole.lm_head
             if self.tied:
                 self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -74,26 +92,38 @@ class StageModule(torch.nn.Module):
             h = self.lm_head(self.model.norm(h))
         return h
 
-    def shared_copies(self) -> dict[torch.nn.Parameter, int]:
+    def shared_copies(self) -> dict[torch.Tensor, int]:
         """Parameters held by more than one rank, for parallel/clip.py: the tied matrix, twice."""
         weight = self.tied_weight()
         return {weight: 2} if weight is not None and not (self.first and self.last) else {}
 
-    def tied_weight(self) -> torch.nn.Parameter | None:
+    def tied_weight(self) -> torch.Tensor | None:
         """The embedding matrix when this stage shares it with the other end of the pipeline."""
         return self.model.embed_tokens.weight if self.tied and (self.first or self.last) else None
 
 
 @dataclass(slots=True)
+class StepLoss:
+    """The last stage's loss function: each micro-batch's summed cross-entropy times `scale` (one
+    over the step's trained tokens); `parts` keeps the unscaled sums the step reports."""
+
+    parts: list[torch.Tensor]
+    scale: float = 1.0
+
+    def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100, reduction="sum")
+        self.parts.append(loss_sum.detach())
+        return loss_sum * self.scale
+
+
+@dataclass(slots=True)
 class Pipeline:
     stage: StageModule
-    schedule: object  # a torch PipelineSchedule
+    schedule: PipelineScheduleSingle
     stages: int
     micro_batches: int
-    tied_group: object | None  # the {first, last} process group summing the tied gradient
-    # the current step's summed (unscaled) cross-entropy, filled by the loss function (last stage)
-    loss_parts: list[torch.Tensor]
-    scale: float = 1.0
+    tied_group: dist.ProcessGroup | None  # the {first, last} process group summing the tied gradient
+    loss: StepLoss  # the current step's (last stage)
 
 
 def build(full: torch.nn.Module, device: torch.device, schedule: PipelineSchedule, micro_batches: int) -> Pipeline:
@@ -101,23 +131,17 @@ def build(full: torch.nn.Module, device: torch.device, schedule: PipelineSchedul
 
     rank, world = dist.get_rank(), dist.get_world_size()
     check_schedule(schedule, micro_batches, world)  # the world may differ from nproc after a restart
-    ranges = split_layers(full.config.num_hidden_layers, world)
+    ranges = split_layers(parts(full).config.num_hidden_layers, world)
     stage_mod = StageModule(full, ranges[rank], rank == 0, rank == world - 1).to(device)
-    full.model.layers = torch.nn.ModuleList()  # the other stages' layers: freed with the last reference
+    parts(full).decoder.layers = torch.nn.ModuleList()  # the other stages' layers: freed with the last reference
     tied_group = None
     if stage_mod.tied and world > 1:
         tied_group = dist.new_group([0, world - 1])  # every rank must take part in creating it
-    pipe = Pipeline(stage_mod, None, world, micro_batches, tied_group, [])
-
-    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100, reduction="sum")
-        pipe.loss_parts.append(loss_sum.detach())
-        return loss_sum * pipe.scale
-
+    loss = StepLoss([])
     stage = PipelineStage(stage_mod, rank, world, device)
     cls = ScheduleGPipe if schedule is PipelineSchedule.GPIPE else Schedule1F1B
-    pipe.schedule = cls(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
-    return pipe
+    steps = cls(stage, micro_batches, loss_fn=loss, scale_grads=False)
+    return Pipeline(stage_mod, steps, world, micro_batches, tied_group, loss)
 
 
 def sent_bytes(pipe: Pipeline, rows: int, seq_len: int) -> int:
@@ -142,8 +166,8 @@ def targets(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def train_step(pipe: Pipeline, tokens: torch.Tensor, mask: torch.Tensor, global_tokens: int) -> torch.Tensor:
     """Forward and backward of the whole batch through the pipeline; the summed loss (last
     stage; zero elsewhere), detached. Tied gradients are summed before returning."""
-    pipe.loss_parts.clear()
-    pipe.scale = 1.0 / max(1, global_tokens)
+    pipe.loss.parts.clear()
+    pipe.loss.scale = 1.0 / max(1, global_tokens)
     if pipe.stage.first and pipe.stage.last:
         raise RuntimeError("a pipeline needs at least 2 ranks")
     if pipe.stage.first:
@@ -160,6 +184,7 @@ def train_step(pipe: Pipeline, tokens: torch.Tensor, mask: torch.Tensor, global_
     total = torch.zeros((), dtype=torch.float64)
     # the schedule's first step also calls the loss function while inferring shapes (on
     # placeholder tensors): the step's real losses are the last `micro_batches` calls
-    for part in pipe.loss_parts[len(pipe.loss_parts) - pipe.micro_batches :] if pipe.stage.last else ():
+    parts = pipe.loss.parts
+    for part in parts[len(parts) - pipe.micro_batches :] if pipe.stage.last else ():
         total += part.double().cpu()
     return total

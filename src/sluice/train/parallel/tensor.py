@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from sluice.train.model.causal_lm import layer_norms, parts
 from sluice.train.parallel.fit import check_divisible
 
 LAYER_PLAN_NAMES = {
@@ -64,11 +65,12 @@ def _to_local(_module, output, _mesh: DeviceMesh):
 
 def _replicated_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules outside the sharded linears that hold parameters (embeddings, norms, head)."""
-    out = [module.model.embed_tokens, module.model.norm]
-    for layer in module.model.layers:
-        out += [layer.input_layernorm, layer.post_attention_layernorm]
-    if not module.config.tie_word_embeddings:
-        out.append(module.lm_head)  # tied: the embedding's DTensor, already replicated
+    whole = parts(module)
+    out: list[torch.nn.Module] = [whole.embed_tokens, whole.norm]
+    for layer in whole.layers:
+        out += layer_norms(layer)
+    if not whole.config.tie_word_embeddings:
+        out.append(whole.lm_head)  # tied: the embedding's DTensor, already replicated
     return out
 
 
@@ -76,18 +78,19 @@ def apply_tensor_parallel(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard every decoder layer of a *ForCausalLM in place over `tp_mesh` (1-D)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    check_divisible(module.config, tp_mesh.size())
-    for layer in module.model.layers:
+    whole = parts(module)
+    check_divisible(whole.config, tp_mesh.size())
+    for layer in whole.layers:
         parallelize_module(layer, tp_mesh, _layer_plan())
     from torch.distributed.tensor import distribute_module
 
     for part in _replicated_modules(module):
         distribute_module(part, tp_mesh, input_fn=_to_replicate, output_fn=_to_local)
-    if module.config.tie_word_embeddings:
+    if whole.config.tie_word_embeddings:
         # the head shares the embedding's parameter, now a DTensor: its input must be one too
-        module.lm_head.register_forward_pre_hook(lambda mod, inputs: _to_replicate(mod, inputs, tp_mesh))
-        module.lm_head.register_forward_hook(lambda mod, inputs, out: _to_local(mod, out, tp_mesh))
-        module.lm_head.weight = module.model.embed_tokens.weight
+        whole.lm_head.register_forward_pre_hook(lambda mod, inputs: _to_replicate(mod, inputs, tp_mesh))
+        whole.lm_head.register_forward_hook(lambda mod, inputs, out: _to_local(mod, out, tp_mesh))
+        whole.lm_head.weight = whole.embed_tokens.weight
 
 
 # All-reduces per decoder layer and forward + backward, each of the hidden states' size: 2 in the
@@ -100,8 +103,9 @@ ALL_REDUCES_PER_LAYER = 7
 def count_traffic(module: torch.nn.Module, stats, extra_per_forward: int = 0) -> None:
     """Add the tensor-parallel all-reduce bytes of each forward (and its backward) to `stats`
     (metrics.jsonl's comm_bytes), plus `extra_per_forward` (FSDP2's gathers under fsdp_tp)."""
-    per_token = ALL_REDUCES_PER_LAYER * len(module.model.layers) * module.config.hidden_size
-    elem = module.model.embed_tokens.weight.element_size()
+    whole = parts(module)
+    per_token = ALL_REDUCES_PER_LAYER * len(whole.layers) * whole.config.hidden_size
+    elem = whole.embed_tokens.weight.element_size()
 
     def hook(_mod, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from sluice.train.model.causal_lm import parts
 from sluice.train.parallel.clip import clipper
 from sluice.train.parallel.comm_stats import CommStats
 from sluice.train.parallel.dims import Parallel, ParallelDims
@@ -74,7 +75,7 @@ def wrap(module: torch.nn.Module, dims: ParallelDims, compression: Compression, 
 
     total = _fsdp_bytes(module)
     mesh = dims.build_mesh(device.type)
-    for layer in module.model.layers:
+    for layer in parts(module).layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(module, mesh=mesh)
     stats.timed = False

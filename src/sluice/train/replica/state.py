@@ -14,16 +14,15 @@ import hashlib
 
 import torch
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+from sluice.train.parallel.local import local_shard
 
 
 def local_state(params: list[torch.nn.Parameter], optim: torch.optim.Optimizer) -> dict:
     return {
-        "params": [_local(p).detach() for p in params],
+        "params": [local_shard(p).detach() for p in params],
         "optim": [
-            {k: (_local(v) if isinstance(v, torch.Tensor) else v) for k, v in optim.state[p].items()} for p in params
+            {k: (local_shard(v) if isinstance(v, torch.Tensor) else v) for k, v in optim.state[p].items()}
+            for p in params
         ],
     }
 
@@ -33,15 +32,15 @@ def load_local_state(params: list[torch.nn.Parameter], optim: torch.optim.Optimi
     if len(state["params"]) != len(params):
         raise RuntimeError(f"a peer sent {len(state['params'])} tensors for {len(params)} parameters")
     for p, t in zip(params, state["params"]):
-        _local(p).copy_(t)
+        local_shard(p).copy_(t)
+    from torch.distributed.tensor import DTensor
+
     for p, saved in zip(params, state["optim"]):
         mine = optim.state[p]
         for k, v in saved.items():
             if k in mine and isinstance(v, torch.Tensor):
-                _local(mine[k]).copy_(v)
-            elif isinstance(v, torch.Tensor) and hasattr(p, "device_mesh") and v.shape == _local(p).shape:
-                from torch.distributed.tensor import DTensor
-
+                local_shard(mine[k]).copy_(v)
+            elif isinstance(v, torch.Tensor) and isinstance(p, DTensor) and v.shape == p.to_local().shape:
                 # the global shape given: FSDP2 shards unevenly (a 517-row embedding is 259 + 258)
                 mine[k] = DTensor.from_local(
                     v.clone(), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
@@ -55,5 +54,5 @@ def digest(params: list[torch.nn.Parameter]) -> str:
     h = hashlib.sha256()
     for p in params:
         # as bytes: numpy has no bfloat16 (a bf16 run on CUDA), and fp32's bytes are the same either way
-        h.update(_local(p).detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+        h.update(local_shard(p).detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()

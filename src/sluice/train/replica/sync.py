@@ -35,6 +35,7 @@ from datetime import timedelta
 import torch
 from torch.distributed import ReduceOp
 
+from sluice.train.parallel.local import local_shard
 from sluice.train.replica.state import load_local_state, local_state
 from sluice.train.settings import ReplicaSync
 
@@ -134,7 +135,9 @@ class ReplicaLink:
         info[0], info[1 + self.group] = loss_sum, 1.0
         sent = info.numel() * info.element_size()
         if self.mode is ReplicaSync.STEP:
-            grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in self.params]
+            grads = [
+                local_shard(p.grad) if p.grad is not None else torch.zeros_like(local_shard(p)) for p in self.params
+            ]
             sent += self._all_reduce_into(grads, ReduceOp.SUM)
             for p, g in zip(self.params, grads):
                 if p.grad is None:
@@ -153,10 +156,10 @@ class ReplicaLink:
                 self.outer.step(deltas)
             return sent
         with torch.no_grad():
-            tensors = [_local(p) for p in self.params]
+            tensors = [local_shard(p) for p in self.params]
             return self._all_reduce_into(tensors, ReduceOp.AVG, only_if_ok=True)
 
-    def _all_reduce_into(self, tensors: list[torch.Tensor], op: ReduceOp, only_if_ok: bool = False) -> int:
+    def _all_reduce_into(self, tensors: list[torch.Tensor], op: ReduceOp.RedOpType, only_if_ok: bool = False) -> int:
         """All-reduce `tensors` as one flat buffer and write the result back into them (with
         `only_if_ok`, not when a peer failed: an averaged parameter must not be half a sum)."""
         flat = torch.cat([t.reshape(-1).float() for t in tensors])
@@ -183,28 +186,24 @@ class ReplicaLink:
         self.manager.shutdown(wait=False)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 class OuterSGD:
     """DiLoCo's outer optimizer: Nesterov SGD on the averaged change of the parameters since the
     last sync (the pseudo-gradient), applied to the copy all groups agreed on at that sync."""
 
     def __init__(self, params: list[torch.nn.Parameter]):
         self.params = params
-        self.anchor = [_local(p).detach().clone() for p in params]
+        self.anchor = [local_shard(p).detach().clone() for p in params]
         self.momentum = [torch.zeros_like(a) for a in self.anchor]
 
     def deltas(self) -> list[torch.Tensor]:
-        return [a - _local(p).detach() for a, p in zip(self.anchor, self.params)]
+        return [a - local_shard(p).detach() for a, p in zip(self.anchor, self.params)]
 
     @torch.no_grad()
     def step(self, deltas: list[torch.Tensor]) -> None:
         for a, m, d, p in zip(self.anchor, self.momentum, deltas, self.params):
             m.mul_(DILOCO_MOMENTUM).add_(d)
             a.sub_(d.add(m, alpha=DILOCO_MOMENTUM), alpha=DILOCO_OUTER_LR)
-            _local(p).copy_(a)
+            local_shard(p).copy_(a)
 
     def state(self) -> dict:
         return {"anchor": self.anchor, "momentum": self.momentum}
