@@ -12,16 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sluice.errors import ModelLoadError
 from sluice.models.config import ModelConfig
 from sluice.models.tokenizer import Tokenizer
+from sluice.train.model.causal_lm import pretrained
+from sluice.train.model.hf_fields import HF_FIELDS, hf_values
 from sluice.train.model.presets import PRESETS
 from sluice.train.model.source import model_path, tokenizer_for
 from sluice.train.settings import RANDOM_PREFIX, TrainSettings
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass(slots=True)
@@ -37,25 +42,13 @@ def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def hf_config(cfg: ModelConfig):
+def hf_config(cfg: ModelConfig) -> PretrainedConfig:
     """A transformers config equal to a sluice ModelConfig (the reverse of ModelConfig.from_hf_dict)."""
     import transformers
 
-    common = dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_position,
-        rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        bos_token_id=cfg.bos_token_id,
-        eos_token_id=cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else (cfg.eos_token_ids or None),
-    )
+    # transformers still takes the older keywords (rope_theta, rope_scaling) its types leave out
+    common = hf_values(cfg, tuple(name for name in HF_FIELDS if name != "sliding_window"))
+    common["eos_token_id"] = cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else (cfg.eos_token_ids or None)
     if cfg.rope_scaling:
         common["rope_scaling"] = cfg.rope_scaling
     if cfg.architecture == "llama":
@@ -90,7 +83,11 @@ def _random(preset: str, tok: Tokenizer, seed: int) -> torch.nn.Module:
 
     eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
     config = transformers.LlamaConfig(
-        **PRESETS[preset], vocab_size=tok.vocab_size, tie_word_embeddings=True, eos_token_id=eos, rope_theta=10000.0
+        **PRESETS[preset],
+        vocab_size=tok.vocab_size,
+        tie_word_embeddings=True,
+        eos_token_id=eos,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
     torch.manual_seed(seed)  # every rank draws the same model (FSDP shards it, DDP checks it)
     return transformers.LlamaForCausalLM._from_config(config, dtype=torch.float32, attn_implementation="sdpa")
@@ -124,7 +121,7 @@ def build_model(settings: TrainSettings) -> TrainableModel:
             settings.seed,
             upcycle=not settings.is_random,
         )
-    module.config.use_cache = False
+    pretrained(module).config.use_cache = False
     if settings.dtype == "bfloat16":
         module = module.to(torch.bfloat16)
     peft = None

@@ -5,33 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-# LlamaConfig fields besides vocab_size; head_dim = hidden / heads.
-PRESETS: dict[str, dict[str, Any]] = {
+# LlamaConfig fields besides vocab_size, in the order of each preset's shape below; head_dim = hidden / heads.
+_SHAPE = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
+_SHAPES = {
     # the tests' model: two layers, a few hundred thousand parameters besides the embeddings
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    ),
+    "tiny": (64, 160, 2, 4, 2, 2048),
     # SmolLM2-135M's shape (30 layers, 576 wide, GQA 9/3)
-    "smol-135m": dict(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-    ),
+    "smol-135m": (576, 1536, 30, 9, 3, 8192),
     # a ~1B Llama (Llama 3.2 1B's shape) for GPU throughput / MFU measurements
-    "llama-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=8192,
-    ),
+    "llama-1b": (2048, 8192, 16, 32, 8, 8192),
 }
+PRESETS: dict[str, dict[str, Any]] = {name: dict(zip(_SHAPE, shape, strict=True)) for name, shape in _SHAPES.items()}

@@ -14,6 +14,7 @@ import json
 from types import SimpleNamespace
 
 from sluice.train.errors import TrainConfigError
+from sluice.train.model.hf_fields import hf_values
 from sluice.train.model.source import model_path
 from sluice.train.parallel.dims import MODEL_PARALLEL, Parallel, PipelineSchedule
 from sluice.train.settings import RANDOM_PREFIX, TrainSettings
@@ -74,6 +75,10 @@ def check_schedule(schedule: PipelineSchedule, micro_batches: int, stages: int) 
         )
 
 
+# what the parallel modes split, in transformers' names
+SHAPE_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers")
+
+
 def model_shape(settings: TrainSettings) -> SimpleNamespace:
     """heads, KV heads, MLP width and layers of the run's model, in transformers' names."""
     if settings.is_random:
@@ -91,17 +96,11 @@ def model_shape(settings: TrainSettings) -> SimpleNamespace:
             from sluice.models.gguf.metadata import file_config, open_gguf
 
             c = file_config(open_gguf(path))
-        cfg = dict(
-            num_attention_heads=c.num_heads,
-            num_key_value_heads=c.num_kv_heads,
-            intermediate_size=c.intermediate_size,
-            num_hidden_layers=c.num_layers,
-            sliding_window=c.sliding_window,
-        )
+        cfg = hf_values(c, (*SHAPE_FIELDS, "sliding_window"))
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
     return SimpleNamespace(
         sliding_window=cfg.get("sliding_window"),
-        **{k: cfg[k] for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers")},
+        **{k: cfg[k] for k in SHAPE_FIELDS},
     )
 
 
