@@ -73,7 +73,9 @@ def _lines(path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_a_machine_leaves_and_one_joins_and_the_run_goes_on(train_dir, tiny_folder, chat_data, one_run, tmp_path) -> None:
+def test_a_machine_leaves_and_one_joins_and_the_run_goes_on(
+    train_dir, tiny_folder, chat_data, one_run, tmp_path
+) -> None:
     out = train_dir / "elastic"
     port = free_port()
     cmd = train_cmd(
