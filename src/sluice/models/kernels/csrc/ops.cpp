@@ -197,12 +197,15 @@ void parallel_rows(int64_t rows, int64_t work, int64_t begin, int64_t end, int64
 }
 
 // ---- packing (load time) -------------------------------------------------------------------
-// raw: [N, K/32 * 20] GGUF Q4_1 blocks (d fp16, m fp16, 16 bytes of nibbles)
-torch::Tensor pack_q4_1(const torch::Tensor& raw, int64_t N, int64_t K) {
-  TORCH_CHECK(raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % kBlock == 0, "pack_q4_1: bad input");
+// GGUF blocks of `block_bytes` each, [N, K/32] of them, rearranged into panels of kPanel rows:
+// `place(block, panel_block, j)` writes row j's block into its panel's block.
+template <class Place>
+static torch::Tensor pack_panels(const torch::Tensor& raw, int64_t N, int64_t K, int64_t block_bytes,
+                                 int64_t panel_block_bytes, const char* name, Place place) {
+  TORCH_CHECK(raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % kBlock == 0, name, ": bad input");
   const int64_t KB = K / kBlock;
-  TORCH_CHECK(raw.numel() == N * KB * 20, "pack_q4_1: expected ", N * KB * 20, " bytes");
-  torch::Tensor out = torch::empty({panels_of(N) * KB * kQ4PanelBlockBytes}, torch::kUInt8);
+  TORCH_CHECK(raw.numel() == N * KB * block_bytes, name, ": expected ", N * KB * block_bytes, " bytes");
+  torch::Tensor out = torch::empty({panels_of(N) * KB * panel_block_bytes}, torch::kUInt8);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   std::memset(dst, 0, out.numel());  // the padding rows of the last panel stay 0
@@ -211,42 +214,33 @@ torch::Tensor pack_q4_1(const torch::Tensor& raw, int64_t N, int64_t K) {
   // cost 1-1.5 s of CPU (2-4 s wall) on a busy 2-core machine, spinning for a core each time.
   for (int64_t n = 0; n < N; ++n) {
     const int64_t p = n / kPanel, j = n % kPanel;
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      const uint8_t* blk = src + (n * KB + kb) * 20;
-      uint8_t* base = dst + (p * KB + kb) * kQ4PanelBlockBytes;
-      std::memcpy(base + 2 * j, blk, 2);
-      std::memcpy(base + 32 + 2 * j, blk + 2, 2);
-      uint8_t q[32];
-      for (int k = 0; k < 16; ++k) {
-        q[k] = blk[4 + k] & 15;
-        q[k + 16] = blk[4 + k] >> 4;
-      }
-      for (int g = 0; g < 4; ++g)
-        for (int i = 0; i < 4; ++i) base[64 + g * 64 + j * 4 + i] = q[8 * g + i] | (q[8 * g + 4 + i] << 4);
-    }
+    for (int64_t kb = 0; kb < KB; ++kb)
+      place(src + (n * KB + kb) * block_bytes, dst + (p * KB + kb) * panel_block_bytes, static_cast<int>(j));
   }
   return out;
 }
 
+// raw: [N, K/32 * 20] GGUF Q4_1 blocks (d fp16, m fp16, 16 bytes of nibbles)
+torch::Tensor pack_q4_1(const torch::Tensor& raw, int64_t N, int64_t K) {
+  return pack_panels(raw, N, K, 20, kQ4PanelBlockBytes, "pack_q4_1", [](const uint8_t* blk, uint8_t* base, int j) {
+    std::memcpy(base + 2 * j, blk, 2);
+    std::memcpy(base + 32 + 2 * j, blk + 2, 2);
+    uint8_t q[32];
+    for (int k = 0; k < 16; ++k) {
+      q[k] = blk[4 + k] & 15;
+      q[k + 16] = blk[4 + k] >> 4;
+    }
+    for (int g = 0; g < 4; ++g)
+      for (int i = 0; i < 4; ++i) base[64 + g * 64 + j * 4 + i] = q[8 * g + i] | (q[8 * g + 4 + i] << 4);
+  });
+}
+
 // raw: [N, K/32 * 34] GGUF Q8_0 blocks (d fp16, 32 int8)
 torch::Tensor pack_q8_0(const torch::Tensor& raw, int64_t N, int64_t K) {
-  TORCH_CHECK(raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % kBlock == 0, "pack_q8_0: bad input");
-  const int64_t KB = K / kBlock;
-  TORCH_CHECK(raw.numel() == N * KB * 34, "pack_q8_0: expected ", N * KB * 34, " bytes");
-  torch::Tensor out = torch::empty({panels_of(N) * KB * kQ8PanelBlockBytes}, torch::kUInt8);
-  const uint8_t* src = raw.data_ptr<uint8_t>();
-  uint8_t* dst = out.data_ptr<uint8_t>();
-  std::memset(dst, 0, out.numel());  // the padding rows of the last panel stay 0
-  for (int64_t n = 0; n < N; ++n) {  // one thread, as pack_q4_1
-    const int64_t p = n / kPanel, j = n % kPanel;
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      const uint8_t* blk = src + (n * KB + kb) * 34;
-      uint8_t* base = dst + (p * KB + kb) * kQ8PanelBlockBytes;
-      std::memcpy(base + 2 * j, blk, 2);
-      for (int k = 0; k < kBlock; ++k) base[32 + k * kPanel + j] = blk[2 + k];
-    }
-  }
-  return out;
+  return pack_panels(raw, N, K, 34, kQ8PanelBlockBytes, "pack_q8_0", [](const uint8_t* blk, uint8_t* base, int j) {
+    std::memcpy(base + 2 * j, blk, 2);
+    for (int k = 0; k < kBlock; ++k) base[32 + k * kPanel + j] = blk[2 + k];
+  });
 }
 
 // ---- linears ------------------------------------------------------------------------------------
@@ -290,42 +284,47 @@ void run_panels(const GemmArgs& a, GemmFn fn, int64_t scratch_per_k, int64_t dir
   });
 }
 
-torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K,
-                        const c10::optional<torch::Tensor>& bias, bool fast) {
-  check_rows(x, K, "linear_q4 input");
-  check_packed(w, N, K, kQ4PanelBlockBytes);
-  const KernelTable& t = table();
+// The checks, the output and the GEMM arguments every packed linear shares; `run(a)` fills y.
+template <class Run>
+static torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K,
+                                   const c10::optional<torch::Tensor>& bias, int64_t panel_block_bytes,
+                                   const char* what, Run run) {
+  check_rows(x, K, what);
+  check_packed(w, N, K, panel_block_bytes);
   torch::Tensor y = torch::empty({x.size(0), N}, x.options());
   if (x.size(0) == 0) return y;
   GemmArgs a = gemm_args(x, w, y, N, K, bias);
-  if (!fast) {
-    run_panels(a, t.q4_exact, t.scratch_per_k, t.direct_max_m);
-    return y;
-  }
-  const int64_t M = a.M, KB = K / kBlock;
-  torch::Tensor xq = torch::empty({M, K}, torch::kInt8);
-  torch::Tensor xd = torch::empty({M, KB}, x.options());
-  torch::Tensor xs = torch::empty({M, KB}, x.options());
-  parallel_rows(M, M * K, 0, M, grain_rows(K), 1, [&](int64_t r0, int64_t r1, int64_t) {
-    t.quantize_q8(a.x, a.ldx, K, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), r0, r1);
-  });
-  a.xq = xq.data_ptr<int8_t>();
-  a.xd = xd.data_ptr<float>();
-  a.xs = xs.data_ptr<float>();
-  run_panels(a, t.q4_fast, 0, 0);
+  run(a);
   return y;
+}
+
+torch::Tensor linear_q4(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K,
+                        const c10::optional<torch::Tensor>& bias, bool fast) {
+  const KernelTable& t = table();
+  return packed_linear(x, w, N, K, bias, kQ4PanelBlockBytes, "linear_q4 input", [&](GemmArgs& a) {
+    if (!fast) {
+      run_panels(a, t.q4_exact, t.scratch_per_k, t.direct_max_m);
+      return;
+    }
+    const int64_t M = a.M, KB = K / kBlock;
+    torch::Tensor xq = torch::empty({M, K}, torch::kInt8);
+    torch::Tensor xd = torch::empty({M, KB}, x.options());
+    torch::Tensor xs = torch::empty({M, KB}, x.options());
+    parallel_rows(M, M * K, 0, M, grain_rows(K), 1, [&](int64_t r0, int64_t r1, int64_t) {
+      t.quantize_q8(a.x, a.ldx, K, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), r0, r1);
+    });
+    a.xq = xq.data_ptr<int8_t>();
+    a.xd = xd.data_ptr<float>();
+    a.xs = xs.data_ptr<float>();
+    run_panels(a, t.q4_fast, 0, 0);
+  });
 }
 
 torch::Tensor linear_q8(const torch::Tensor& x, const torch::Tensor& w, int64_t N, int64_t K,
                         const c10::optional<torch::Tensor>& bias) {
-  check_rows(x, K, "linear_q8 input");
-  check_packed(w, N, K, kQ8PanelBlockBytes);
   const KernelTable& t = table();
-  torch::Tensor y = torch::empty({x.size(0), N}, x.options());
-  if (x.size(0) == 0) return y;
-  GemmArgs a = gemm_args(x, w, y, N, K, bias);
-  run_panels(a, t.q8_exact, t.scratch_per_k, t.direct_max_m);
-  return y;
+  return packed_linear(x, w, N, K, bias, kQ8PanelBlockBytes, "linear_q8 input",
+                       [&](GemmArgs& a) { run_panels(a, t.q8_exact, t.scratch_per_k, t.direct_max_m); });
 }
 
 torch::Tensor embed_q8(const torch::Tensor& ids, const torch::Tensor& w, int64_t N, int64_t K) {
