@@ -65,7 +65,7 @@ class AsyncEngine:
         self._idle_release_s = idle_release_s
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
-        self._commands: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[Command, Any, _Sink | None]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._sinks: dict[str, _Sink] = {}
         self._stats = engine.stats() if engine is not None else EngineStats()
@@ -235,6 +235,7 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if kind is Command.ADD:
+                assert sink is not None, "_submit hands every ADD its sink"
                 try:
                     self.engine.add_request(payload)
                     self._sinks[payload.request_id] = sink

@@ -134,7 +134,7 @@ class CudaGraphCapture:
 
 
 class _CudaGraph:
-    def __init__(self, fn: Callable[[], torch.Tensor], pool: object):
+    def __init__(self, fn: Callable[[], torch.Tensor], pool: torch.cuda._POOL_HANDLE):
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.out = fn()

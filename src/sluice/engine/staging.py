@@ -20,16 +20,16 @@ import torch
 
 def stage(host: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """The same tensors on `device` (same shapes and dtypes), one copy per dtype."""
-    out: list[torch.Tensor | None] = [None] * len(host)
+    out: dict[int, torch.Tensor] = {}
     groups: dict[torch.dtype, list[int]] = {}
     for i, t in enumerate(host):
         groups.setdefault(t.dtype, []).append(i)
     pin = device.type == "cuda"
-    for dtype, members in groups.items():
+    for members in groups.values():
         flat = torch.cat([host[i].reshape(-1) for i in members])
         if pin:
             flat = flat.pin_memory()
         moved = flat.to(device, non_blocking=pin)
         for i, piece in zip(members, moved.split([host[i].numel() for i in members])):
             out[i] = piece.view(host[i].shape)
-    return out  # type: ignore[return-value]
+    return [out[i] for i in range(len(host))]

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 
 @dataclass(slots=True)
@@ -161,16 +162,18 @@ class TorchPagedAttention:
             bias = bias.view(1, table.shape[0], 1, max_ctx)
         meta.derived = _DecodeLayout(slots, bias)
 
-    def forward(self, q, k, v, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata
+    ) -> Tensor:
         write_kv(k, v, k_cache, v_cache, meta)
         return self._attend(q, k_cache, v_cache, meta)
 
-    def attend(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
+    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> Tensor:
         T, width = q.shape[0], self.num_heads * self.head_dim
         q = q[:, :width].reshape(T, self.num_heads, self.head_dim)
         return self._attend(q, k_cache, v_cache, meta).reshape(T, width)
 
-    def _attend(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
+    def _attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> Tensor:
         n = meta.num_decodes
         if n and not meta.prefills:
             return self._decode(q, k_cache, v_cache, meta)
@@ -192,7 +195,7 @@ class TorchPagedAttention:
         kd, vd = k_cache.index_select(1, flat).view(shape), v_cache.index_select(1, flat).view(shape)
         return (kd, vd) if kd.dtype == dtype else (kd.to(dtype), vd.to(dtype))
 
-    def _decode(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
+    def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> Tensor:
         layout = meta.derived
         assert isinstance(layout, _DecodeLayout), "prepare(meta) was not called for this step"
         b = layout.slots.shape[0]

@@ -52,11 +52,13 @@ class Linear:
     @property
     def nbytes(self) -> int:
         w = self.packed if self.packed is not None else self.weight
+        assert w is not None, "a Linear keeps its packed weight or the tensor itself"
         return int(w.numel() * w.element_size())
 
     def __call__(self, x: torch.Tensor, fast: bool = False) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        assert self.weight is not None
         return F.linear(x, self.weight, self.bias)
 
 

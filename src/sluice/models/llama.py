@@ -6,14 +6,16 @@ matmul each at construction, which is where the CPU spends its time. The model i
 code: it never decides which tokens run (the scheduler does) nor samples (the sampler does).
 
 Two forwards compute the same function: the portable torch one below (any device, any dtype;
-on CUDA with models/sdpa_attention.py for the decodes) and the CPU kernel one (models/kernels/fused_forward.py: fused RMSNorm + residual, RoPE + cache
-write, SiLU·mul, paged decode attention, quantized linears), chosen at construction.
+on CUDA with models/sdpa_attention.py for the decodes) and the CPU kernel one
+(models/kernels/fused_forward.py: fused RMSNorm + residual, RoPE + cache write, SiLU·mul, paged
+decode attention, quantized linears), chosen at construction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -22,17 +24,23 @@ from sluice.errors import ModelLoadError
 from sluice.models.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from sluice.models.config import ModelConfig
 from sluice.models.kernels import Numerics
-from sluice.models.linear import make_linear
+from sluice.models.linear import Linear, make_linear
 from sluice.models.lora.batch import LoraBatch
 from sluice.models.lora.weights import Module
 from sluice.models.quantized import QuantizedWeight, QuantType, Weight, as_tensor
 from sluice.models.rope import RotaryTable
 
+if TYPE_CHECKING:
+    from sluice.models.kernels.packed_linear import PackedLinear
+
+# builds a layer's linear from its weight and bias (models/linear.py's make_linear on one device)
+_MakeLinear = Callable[[Weight, "torch.Tensor | None"], "Linear | PackedLinear"]
+
 
 class _Weights:
     """Pops HF-named weights off a state dict, moving tensors to the target device."""
 
-    def __init__(self, state: dict[str, Weight], device: torch.device):
+    def __init__(self, state: Mapping[str, Weight], device: torch.device):
         self.state = dict(state)
         self.device = device
 
@@ -51,15 +59,16 @@ class _Weights:
 
 def _fuse(parts: list[Weight], dtype: torch.dtype) -> Weight:
     """Row-concatenate weights: in their blocks when they share a type, else as tensors."""
-    if all(isinstance(p, QuantizedWeight) for p in parts) and len({p.qtype for p in parts}) == 1:  # type: ignore[union-attr]
-        return QuantizedWeight.concat(parts)  # type: ignore[arg-type]
+    quantized = [p for p in parts if isinstance(p, QuantizedWeight)]
+    if len(quantized) == len(parts) and len({p.qtype for p in quantized}) == 1:
+        return QuantizedWeight.concat(quantized)
     return torch.cat([as_tensor(p, dtype) for p in parts])
 
 
 class _Layer:
     __slots__ = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down")
 
-    def __init__(self, w: _Weights, prefix: str, bias: bool, linear, dtype: torch.dtype):  # type: ignore[no-untyped-def]
+    def __init__(self, w: _Weights, prefix: str, bias: bool, linear: _MakeLinear, dtype: torch.dtype):
         a = prefix + "self_attn."
         self.input_norm = w.tensor(prefix + "input_layernorm.weight", dtype)
         self.post_norm = w.tensor(prefix + "post_attention_layernorm.weight", dtype)
@@ -78,7 +87,7 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, Weight],
+        weights: Mapping[str, Weight],
         device: torch.device | str = "cpu",
         attention: AttentionBackend | None = None,
         ops: ModuleType | None = None,
@@ -96,7 +105,7 @@ class LlamaModel:
         self.ops = ops if ops is not None and usable and ops.supports_head_dim(config.head_dim) else None
         w = _Weights(weights, self.device)
 
-        def linear(weight: Weight, bias: torch.Tensor | None):  # type: ignore[no-untyped-def]
+        def linear(weight: Weight, bias: torch.Tensor | None) -> Linear | PackedLinear:
             return make_linear(weight, bias, self.ops, self.device, self.dtype)
 
         embed = w.take("model.embed_tokens.weight")
@@ -105,18 +114,7 @@ class LlamaModel:
         ]
         self.norm = w.tensor("model.norm.weight", self.dtype)
         head = w.maybe("lm_head.weight")
-        tied = config.tie_word_embeddings or head is None
-        # A tied Q8_0 table is packed once and serves both the lookup and the LM head.
-        self.embed_packed = None
-        if self.ops is not None and isinstance(embed, QuantizedWeight) and embed.qtype is QuantType.Q8_0:
-            self.embed_packed = linear(embed, None)
-            self.embed = None
-        else:
-            self.embed = as_tensor(embed, self.dtype).to(self.device)
-        if tied:
-            self.lm_head = self.embed_packed if self.embed_packed is not None else linear(self.embed, None)
-        else:
-            self.lm_head = linear(head, None)  # type: ignore[arg-type]
+        self._set_embedding_and_head(embed, None if config.tie_word_embeddings else head, linear)
         if self.ops is not None:  # the kernel path's packed weights, on huge pages where the OS allows
             from sluice.models.kernels.packed_linear import PackedLinear
             from sluice.models.kernels.weight_region import gather_on_huge_pages
@@ -131,24 +129,7 @@ class LlamaModel:
         self.rope_cos = rope.cos.to(self.device, self.dtype).contiguous()
         self.rope_sin = rope.sin.to(self.device, self.dtype).contiguous()
         self.rotate = rope.apply
-        if attention is None:
-            if self.ops is not None:
-                from sluice.models.kernels.paged_attention import KernelPagedAttention
-
-                attention = KernelPagedAttention(
-                    self.ops, config.num_heads, config.num_kv_heads, config.head_dim, config.sliding_window
-                )
-            elif self.device.type == "cuda":
-                from sluice.models.sdpa_attention import SdpaPagedAttention
-
-                attention = SdpaPagedAttention(
-                    config.num_heads, config.num_kv_heads, config.head_dim, config.sliding_window, self.dtype
-                )
-            else:
-                attention = TorchPagedAttention(
-                    config.num_heads, config.num_kv_heads, config.head_dim, config.sliding_window
-                )
-        self.attention = attention
+        self.attention = attention if attention is not None else self._default_attention()
         # the kernel path's layers in one extension call per step (models/kernels/fused_forward.py)
         self.stack: Any = None
         if self.ops is not None:
@@ -156,18 +137,53 @@ class LlamaModel:
 
             self.stack = build_decoder_stack(self)
 
+    def _set_embedding_and_head(self, embed: Weight, head: Weight | None, linear: _MakeLinear) -> None:
+        """The lookup table and the LM head (`head` None: tied to the table). A tied Q8_0 table
+        is packed once and serves both the lookup and the LM head."""
+        self.embed_packed: PackedLinear | None = None
+        self.embed: torch.Tensor | None = None
+        if self.ops is not None and isinstance(embed, QuantizedWeight) and embed.qtype is QuantType.Q8_0:
+            from sluice.models.kernels.packed_linear import PackedLinear
+
+            packed = linear(embed, None)
+            assert isinstance(packed, PackedLinear), "a Q8_0 weight packs when the kernels run"
+            self.embed_packed = packed
+        else:
+            self.embed = as_tensor(embed, self.dtype).to(self.device)
+        self.lm_head: Linear | PackedLinear
+        if head is not None:
+            self.lm_head = linear(head, None)
+        elif self.embed_packed is not None:
+            self.lm_head = self.embed_packed
+        else:
+            assert self.embed is not None
+            self.lm_head = linear(self.embed, None)
+
+    def _default_attention(self) -> AttentionBackend:
+        """The kernels' paged attention when they run, SDPA's on CUDA, else the portable torch one."""
+        cfg = self.config
+        if self.ops is not None:
+            from sluice.models.kernels.paged_attention import KernelPagedAttention
+
+            return KernelPagedAttention(self.ops, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window)
+        if self.device.type == "cuda":
+            from sluice.models.sdpa_attention import SdpaPagedAttention
+
+            return SdpaPagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window, self.dtype)
+        return TorchPagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window)
+
     @property
     def uses_kernels(self) -> bool:
         return self.ops is not None
 
     def linears(self) -> list[Any]:
         """The LM head and every layer's linears (PackedLinear on the kernel path)."""
-        return [self.lm_head] + [getattr(l, n) for l in self.layers for n in ("qkv", "o", "gate_up", "down")]
+        return [self.lm_head] + [getattr(layer, n) for layer in self.layers for n in ("qkv", "o", "gate_up", "down")]
 
     def weight_bytes(self) -> int:
         """Memory held by the weights (packed blocks or fp32 tensors), the KV cache excluded."""
         total = sum(lin.nbytes for lin in {id(x): x for x in self.linears()}.values())
-        tensors = [self.norm] + [t for l in self.layers for t in (l.input_norm, l.post_norm)]
+        tensors = [self.norm] + [t for layer in self.layers for t in (layer.input_norm, layer.post_norm)]
         if self.embed is not None:  # the torch path's lookup table (its LM head packs a copy)
             tensors.append(self.embed)
         return total + sum(t.numel() * t.element_size() for t in tensors)
@@ -175,6 +191,7 @@ class LlamaModel:
     def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_packed is not None:
             return self.embed_packed.embed(input_ids)
+        assert self.embed is not None, "a model without a packed table keeps the table itself"
         return F.embedding(input_ids, self.embed)
 
     def _rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -218,7 +235,15 @@ class LlamaModel:
             )
         return self._torch_forward(input_ids, positions, meta, kv_caches, logits_indices, lora)
 
-    def _torch_forward(self, input_ids, positions, meta, kv_caches, logits_indices, lora=None):  # type: ignore[no-untyped-def]
+    def _torch_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_indices: torch.Tensor,
+        lora: LoraBatch | None = None,
+    ) -> torch.Tensor:
         cfg = self.config
         T = input_ids.shape[0]
         q_end, k_end = self.q_size, self.q_size + self.kv_size
@@ -236,7 +261,7 @@ class LlamaModel:
             attn = self.attention.forward(q, k, v, k_cache, v_cache, meta).reshape(T, self.q_size)
             o = layer.o(attn)
             if lora is not None:
-                lora.apply(o, attn, i, Module.O)
+                lora.apply(o, attn, i, Module.O_PROJ)
             h = h + o
             x = self._rms_norm(h, layer.post_norm)
             gate_up = layer.gate_up(x)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,8 +17,12 @@ from sluice.models.device import resolve_device
 from sluice.models.gguf.loader import load_gguf
 from sluice.models.kernels import KernelChoice, kernel_ops
 from sluice.models.llama import LlamaModel
+from sluice.models.quantized import Weight
 from sluice.models.safetensors_loader import load_safetensors_folder
 from sluice.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,7 +41,7 @@ class _Bar:
     def __init__(self, label: str, enabled: bool | None):
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self.label = label
-        self.bar = None
+        self.bar: tqdm | None = None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
@@ -88,6 +94,7 @@ def load_model(
         raise ModelLoadError(f"model path {resolved} does not exist")
     ops = kernel_ops(kernels) if target.type == "cpu" and dtype == "float32" else None
     bar = _Bar(f"loading {resolved.name}", progress)
+    weights: Mapping[str, Weight]
     try:
         if resolved.is_dir():
             config, weights, tokenizer = load_safetensors_folder(resolved, DTYPES[dtype], bar)

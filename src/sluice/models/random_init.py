@@ -8,10 +8,10 @@ reference is the fp32 model of the same seed.
 
 `SHAPES` holds Hugging Face `config.json` dictionaries: `small` has the bundled
 SmolLM2-135M-Instruct's shapes, `1b` Llama-3.2-1B's (context capped at 16,384, twice its RoPE
-scaling's original length, so the engine's default pool stays small), `tiny` a CPU-sized test model. Each weight matrix is drawn with
-std 1/sqrt(fan_in) (norm weights uniform in [0.8, 1.2]): activations keep unit scale through the
-layers and the logits spread by about one unit, so greedy picks are rarely near-ties (transformers'
-default std 0.02 would give nearly uniform logits).
+scaling's original length, so the engine's default pool stays small), `tiny` a CPU-sized test
+model. Each weight matrix is drawn with std 1/sqrt(fan_in) (norm weights uniform in [0.8, 1.2]):
+activations keep unit scale through the layers and the logits spread by about one unit, so greedy
+picks are rarely near-ties (transformers' default std 0.02 would give nearly uniform logits).
 
 The tokenizer is synthetic (word `t<i>` for id i, no merges): prompts are lists of ids and outputs
 are compared as ids; only its size and end-of-sequence id matter.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,48 +32,38 @@ from sluice.models.llama import LlamaModel
 from sluice.models.loader import DTYPES, LoadedModel
 from sluice.models.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    import transformers
+
 EOS_ID = 0
 
+
+_HF_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rope_theta",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+)
+
+
+def _llama(sizes: tuple[int | float | bool, ...], **rest: Any) -> dict[str, Any]:
+    """A Llama `config.json`: `sizes` in _HF_KEYS' order, `rest` any further keys by their HF names."""
+    return dict(model_type="llama", **dict(zip(_HF_KEYS, sizes, strict=True)), **rest)
+
+
+# vocab, hidden, intermediate, layers, heads, kv heads, context, rope theta, RMS eps, tied embeddings
 SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        model_type="llama",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    ),
-    "small": dict(  # SmolLM2-135M(-Instruct), the bundled model's shapes
-        model_type="llama",
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    ),
-    "1b": dict(  # Llama-3.2-1B
-        model_type="llama",
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
+    "tiny": _llama((512, 64, 160, 3, 4, 2, 1024, 10000.0, 1e-6, False)),
+    "small": _llama((49152, 576, 1536, 30, 9, 3, 8192, 100000.0, 1e-5, True)),  # SmolLM2-135M(-Instruct)
+    "1b": _llama(  # Llama-3.2-1B
+        (128256, 2048, 8192, 16, 32, 8, 16384, 500000.0, 1e-5, True),
         head_dim=64,
-        max_position_embeddings=16384,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
         rope_scaling=dict(
             rope_type="llama3",
             factor=32.0,
@@ -173,7 +163,7 @@ def hf_model(
     state: dict[str, torch.Tensor],
     dtype: str = "float32",
     device: str | torch.device = "cpu",
-):  # type: ignore[no-untyped-def]
+) -> transformers.LlamaForCausalLM:
     """transformers' LlamaForCausalLM of the same shape with the same weights, in eval mode.
 
     transformers is a test / benchmark dependency, imported here only."""
@@ -184,7 +174,8 @@ def hf_model(
     config = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
     with torch.device(target):
         model = transformers.LlamaForCausalLM(config)
-    model = model.to(device=target, dtype=DTYPES[dtype]).eval()  # on `target` even if built elsewhere
+    # on `target` even if built elsewhere; transformers' decorator on `to` hides its signature from mypy
+    model = model.to(device=target, dtype=DTYPES[dtype]).eval()  # type: ignore[call-arg]
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if cfg.get("tie_word_embeddings") else set()
     if set(missing) - tied or unexpected:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from sluice.models.attention import AttentionMetadata, TorchPagedAttention, _DecodeLayout
 
@@ -55,7 +56,7 @@ class SdpaPagedAttention(TorchPagedAttention):
             mask = None if layout.bias is None else layout.bias.view(b, 1, 1, ctx).to(self.dtype)
             meta.derived = _SdpaLayout(layout.slots, mask)
 
-    def _decode(self, q, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
+    def _decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> Tensor:
         layout = meta.derived
         assert isinstance(layout, _SdpaLayout), "prepare(meta) was not called for this step"
         b = layout.slots.shape[0]

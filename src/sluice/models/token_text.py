@@ -9,6 +9,7 @@ character (what OpenAI and vLLM show; the bytes field keeps the truth).
 
 from __future__ import annotations
 
+import builtins
 import functools
 import re
 
@@ -51,11 +52,12 @@ class TokenText:
     def text(self, token_id: int) -> str:
         return self.bytes(token_id).decode("utf-8", errors="replace")
 
-    def shown_bytes(self, token_id: int, skip_specials: bool) -> bytes:
+    # builtins.bytes: inside the class, `bytes` names the method above
+    def shown_bytes(self, token_id: int, skip_specials: bool) -> builtins.bytes:
         """What the token adds to a text decoded with or without its special tokens."""
         return b"" if skip_specials and token_id in self.specials else self.bytes(token_id)
 
-    def _bytes(self, token_id: int) -> bytes:
+    def _bytes(self, token_id: int) -> builtins.bytes:
         piece = self.backend.id_to_token(token_id)
         if piece is None:
             return b""

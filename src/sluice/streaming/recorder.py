@@ -15,7 +15,7 @@ its connection (background generation).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 from anyio import CancelScope
@@ -52,7 +52,7 @@ class Recording:
         """The source's events, each recorded before it is handed on (iterate once)."""
         return self._events
 
-    async def _record(self) -> AsyncIterator[ReplayEvent]:
+    async def _record(self) -> AsyncGenerator[ReplayEvent, None]:
         ended = False
         try:
             async with aclosing(self._source):

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from sluice.redis_client import redis_client
 from sluice.streaming.event_log import EventLog, LogGap
@@ -140,14 +140,19 @@ class RedisReplayLog:
         await pipe.execute()
 
     async def owner(self, stream_id: str) -> str | None:
-        return await self.redis.hget(self._keys(stream_id)[1], "tenant")
+        tenant = await self.redis.hget(self._keys(stream_id)[1], "tenant")
+        return tenant.decode() if isinstance(tenant, bytes) else tenant
 
     async def follow(self, stream_id: str, after: int) -> AsyncIterator[ReplayEvent]:
         events, meta = self._keys(stream_id)
         position = "0-0"
         checked_gap = False
         while True:
-            reply = await self.redis.xread({events: position}, block=POLL_BLOCK_MS, count=500)
+            # the client decodes responses over RESP2: [[stream, [(id, fields), ...]]] of str;
+            # redis-py's annotation is the union of every protocol's and decoding's shapes
+            reply = cast(
+                list[list[Any]] | None, await self.redis.xread({events: position}, block=POLL_BLOCK_MS, count=500)
+            )
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     position = entry_id

@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -47,6 +47,11 @@ from sluice.worker.warmup import is_warmup
 
 if TYPE_CHECKING:
     from sluice.engine.engine import LLMEngine
+    from sluice.engine.request import Request
+    from sluice.engine.scheduler import SchedulerOutput
+
+    # the runner's execute (engine/runner.py): one step's scheduled chunks -> (request, token) pairs
+    Execute = Callable[[SchedulerOutput], list[tuple[Request, int]]]
 
 log = logging.getLogger("sluice.worker")
 
@@ -94,12 +99,13 @@ class FaultSpec:
 
     def install_on_engine(self, engine: LLMEngine) -> None:
         """Wrap the engine's runner for fail_seed and step_delay_s (once, as it is built)."""
-        execute: Callable[[Any], Any] = engine.runner.execute
+        execute: Execute = engine.runner.execute
         if self.fail_seed is not None:
             execute = _failing_on_seed(execute, self.fail_seed)
         if self.step_delay_s:
             execute = _slowed(execute, self.step_delay_s)
-        engine.runner.execute = execute  # type: ignore[method-assign]
+        # replacing the method is the point; mypy types the target as the unbound method (self first)
+        engine.runner.execute = execute  # type: ignore[method-assign,assignment]
 
     def __str__(self) -> str:
         return ",".join(
@@ -107,8 +113,8 @@ class FaultSpec:
         )
 
 
-def _failing_on_seed(execute: Callable[[Any], Any], seed: int) -> Callable[[Any], Any]:
-    def step(out: Any) -> Any:
+def _failing_on_seed(execute: Execute, seed: int) -> Execute:
+    def step(out: SchedulerOutput) -> list[tuple[Request, int]]:
         if any(c.request.seed == seed for c in out.chunks):
             raise RuntimeError(f"injected fault (fail_seed={seed})")
         return execute(out)
@@ -116,8 +122,8 @@ def _failing_on_seed(execute: Callable[[Any], Any], seed: int) -> Callable[[Any]
     return step
 
 
-def _slowed(execute: Callable[[Any], Any], delay_s: float) -> Callable[[Any], Any]:
-    def step(out: Any) -> Any:
+def _slowed(execute: Execute, delay_s: float) -> Execute:
+    def step(out: SchedulerOutput) -> list[tuple[Request, int]]:
         time.sleep(delay_s)  # on the engine thread: a slow accelerator
         return execute(out)
 

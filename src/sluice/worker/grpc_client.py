@@ -69,9 +69,9 @@ class GrpcEngineClient:
         return self._mux
 
     async def generate(
-        self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = (), timeout: float | None = None
+        self, request: GenerationRequest, trace_metadata: Sequence[tuple[str, str]] = (), timeout_s: float | None = None
     ) -> AsyncGenerator[GenerationEvent, None]:
-        """Stream the request's events. `timeout`: this call's deadline in seconds (default
+        """Stream the request's events. `timeout_s`: this call's deadline in seconds (default
         `request_timeout_s`); when it passes the worker aborts the request and this raises
         EngineUnavailableError."""
         try:
@@ -81,7 +81,7 @@ class GrpcEngineClient:
         if self.multiplex:
             try:
                 async for event in self._generate_on_stream(
-                    request.request_id, wire_request, trace_metadata, timeout or self.request_timeout_s
+                    request.request_id, wire_request, trace_metadata, timeout_s or self.request_timeout_s
                 ):
                     yield event
                 return
@@ -89,7 +89,7 @@ class GrpcEngineClient:
                 log.warning("worker %s has no Stream method: one Generate call per request from now on", self.address)
                 self.multiplex = False
         call = self._get_stub().Generate(
-            wire_request, timeout=timeout or self.request_timeout_s, metadata=tuple(trace_metadata) or None
+            wire_request, timeout=timeout_s or self.request_timeout_s, metadata=tuple(trace_metadata) or None
         )
         self._active.add(call)
         finished = False
@@ -125,10 +125,10 @@ class GrpcEngineClient:
         request_id: str,
         wire_request: pb.GenerateRequest,
         trace_metadata: Sequence[tuple[str, str]],
-        timeout: float | None,
+        timeout_s: float | None,
     ) -> AsyncIterator[GenerationEvent]:
         mux = self._get_mux()
-        stream_id, queue = mux.start(wire_request, trace_metadata, timeout)
+        stream_id, queue = mux.start(wire_request, trace_metadata, timeout_s)
         finished = False
         try:
             while not finished:
@@ -153,9 +153,9 @@ class GrpcEngineClient:
             call.cancel()
         return len(calls) + (self._mux.abandon(why) if self._mux is not None else 0)
 
-    async def _unary(self, method: str, request: object, timeout: float = 5.0) -> Any:  # the method's reply message
+    async def _unary(self, method: str, request: object, timeout_s: float = 5.0) -> Any:  # the method's reply message
         try:
-            return await getattr(self._get_stub(), method)(request, timeout=timeout)
+            return await getattr(self._get_stub(), method)(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise error_from(exc) from None
 
@@ -170,17 +170,17 @@ class GrpcEngineClient:
         r = await self._unary("Info", pb.InfoRequest())
         return ModelInfo(name=r.name, max_model_len=r.max_model_len, vocab_size=r.vocab_size)
 
-    async def load_adapter(self, adapter: AdapterRef, timeout: float = 120.0) -> AdapterLoad:
+    async def load_adapter(self, adapter: AdapterRef, timeout_s: float = 120.0) -> AdapterLoad:
         """A load reads the adapter (an S3 fetch included), hence the long default deadline."""
-        reply = await self._unary("LoadAdapter", pb.AdapterRequest(name=adapter.name, source=adapter.source), timeout)
+        reply = await self._unary("LoadAdapter", pb.AdapterRequest(name=adapter.name, source=adapter.source), timeout_s)
         return AdapterLoad(reply.bytes, reply.load_s)
 
     async def unload_adapter(self, name: str) -> int:
         reply = await self._unary("UnloadAdapter", pb.AdapterRequest(name=name))
         return reply.unloaded
 
-    async def health(self, timeout: float = 2.0) -> tuple[bool, str]:
-        reply = await self._unary("Health", pb.HealthRequest(), timeout=timeout)
+    async def health(self, timeout_s: float = 2.0) -> tuple[bool, str]:
+        reply = await self._unary("Health", pb.HealthRequest(), timeout_s=timeout_s)
         return reply.ready, reply.detail
 
     async def ready(self) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 
 import grpc
@@ -108,7 +108,7 @@ class EngineServicer(pb_grpc.EngineServicer):
 
     async def request_batches(
         self, request: pb.GenerateRequest, trace_metadata: Sequence[tuple[str, str | bytes]] | None
-    ) -> AsyncIterator[list[GenerationEvent]]:
+    ) -> AsyncGenerator[list[GenerationEvent], None]:
         """One request's events, batched as the engine delivers them: what Generate and each
         request of a Stream call serve. Raises RequestFailed with the status to answer."""
         engine = self._serving_engine()

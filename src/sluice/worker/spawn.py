@@ -226,7 +226,7 @@ async def wait_ready(worker: LocalWorker, client: GrpcEngineClient, timeout_s: f
             await asyncio.to_thread(worker.stop, 0, True)  # let the tee read to EOF first
             raise _failure(worker, f"the engine worker exited with code {code} while starting")
         try:
-            ready, detail = await client.health(timeout=1.0)
+            ready, detail = await client.health(timeout_s=1.0)
         except EngineUnavailableError:
             ready, detail = False, "not listening yet"
         if ready:

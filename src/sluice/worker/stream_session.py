@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
 import grpc
@@ -33,7 +33,7 @@ from sluice.worker.status_codes import RequestFailed
 log = logging.getLogger("sluice.worker")
 
 # what serves one request: EngineServicer.request_batches
-RequestBatches = Callable[[pb.GenerateRequest, Sequence[tuple[str, str]]], AsyncIterator[list[GenerationEvent]]]
+RequestBatches = Callable[[pb.GenerateRequest, Sequence[tuple[str, str]]], AsyncGenerator[list[GenerationEvent], None]]
 
 
 class StreamSession:
@@ -53,7 +53,7 @@ class StreamSession:
         self._closing = True
         self._wake.set()
 
-    async def serve(self, requests: AsyncIterator[pb.StreamRequest]) -> AsyncIterator[pb.StreamResponse]:
+    async def serve(self, requests: AsyncIterator[pb.StreamRequest]) -> AsyncGenerator[pb.StreamResponse, None]:
         reader = asyncio.create_task(self._read(requests))
         closing_sent = False
         try:

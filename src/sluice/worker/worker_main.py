@@ -7,12 +7,14 @@ supervisors and tests wait for it.
 
 SIGTERM/SIGINT: stop accepting calls, abort every in-flight request (each open stream gets its
 final `abort` event, so clients see a proper end rather than a transport error; a Stream call
-then ends by itself), give those last messages a short grace to leave, exit 0. A signal during the model load exits at once: the load
-runs on a daemon thread that cannot be interrupted, so we do not wait for it.
+then ends by itself), give those last messages a short grace to leave, exit 0. A signal during
+the model load exits at once: the load runs on a daemon thread that cannot be interrupted, so we
+do not wait for it.
 
 SIGUSR1: drain (scale-down, Kubernetes preStop). Health turns NOT_SERVING at once, new requests
-(Generate calls, or starts on a Stream call) are refused with UNAVAILABLE (the router retries them elsewhere), the running ones finish,
-and the worker exits 0 when the last one has ended. A SIGTERM during the drain stops as above.
+(Generate calls, or starts on a Stream call) are refused with UNAVAILABLE (the router retries
+them elsewhere), the running ones finish, and the worker exits 0 when the last one has ended.
+A SIGTERM during the drain stops as above.
 
 Health is served twice: the worker's own `Health` RPC and the standard grpc.health.v1 service
 (`standard_health.py`) that Kubernetes' grpc probes call.

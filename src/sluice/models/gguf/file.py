@@ -190,7 +190,7 @@ def _value(cur: _Cursor, vtype: int) -> Any:
 def _array(cur: _Cursor) -> list[Any]:
     item = cur.scalar("I")
     count = cur.scalar("Q")
-    code = _SCALAR_CODES.get(item)  # type: ignore[call-overload]
+    code = _SCALAR_CODES.get(item)
     if code is not None:  # numbers: one unpack (python ints/floats/bools, like contents())
         fmt = f"{cur.order}{count}{code}"
         size = struct.calcsize(fmt)

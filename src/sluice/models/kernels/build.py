@@ -202,9 +202,8 @@ def main() -> int:
     except Exception as exc:  # reported, not fatal: sluice then runs its torch path
         print(f"sluice kernels: not built ({exc}); sluice will use its torch path", file=sys.stderr)
         return 1
-    print(
-        f"sluice kernels: built in {cache_root()}; ISA in use: {mod.isa()} (available: {', '.join(mod.available_isas()) or 'none'})"
-    )
+    available = ", ".join(mod.available_isas()) or "none"
+    print(f"sluice kernels: built in {cache_root()}; ISA in use: {mod.isa()} (available: {available})")
     return 0
 
 

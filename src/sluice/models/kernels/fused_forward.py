@@ -115,7 +115,7 @@ def fused_forward(
                 )
                 attn = attention.attend(qkv, k_cache, v_cache, meta)
                 o = layer.o(attn, fast)
-                apply_native(ops, lora, o, attn, i, Module.O)
+                apply_native(ops, lora, o, attn, i, Module.O_PROJ)
                 x = ops.add_rms_norm(h, o, layer.post_norm, eps)
                 gate_up = layer.gate_up(x, fast)
                 apply_native(ops, lora, gate_up, x, i, Module.GATE_UP)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
+from torch import Tensor
 
 from sluice.models.attention import AttentionMetadata, PrefillSpan, prefill_attention, write_kv
 
@@ -52,15 +53,16 @@ class KernelPagedAttention:
             first = ctx - (span.end - span.start) + 1  # the first row's context length
             tables.extend([blocks] * (span.end - span.start))
             lens.extend(range(first, ctx + 1))
-        width = max(max(map(len, tables)), meta.block_tables.shape[1] if meta.num_decodes else 0)
+        decode_tables, decode_lens = (meta.block_tables, meta.context_lens) if meta.num_decodes else (None, None)
+        width = max(max(map(len, tables)), decode_tables.shape[1] if decode_tables is not None else 0)
         prefill_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         prefill_lens = torch.tensor(lens, dtype=torch.int32)
-        if meta.num_decodes:
-            decode_tables = meta.block_tables
+        if decode_tables is not None:
+            assert decode_lens is not None, "a step with decodes carries their context lengths"
             if decode_tables.shape[1] < width:
                 decode_tables = torch.nn.functional.pad(decode_tables, (0, width - decode_tables.shape[1]))
             prefill_tables = torch.cat([decode_tables, prefill_tables])
-            prefill_lens = torch.cat([meta.context_lens, prefill_lens])
+            prefill_lens = torch.cat([decode_lens, prefill_lens])
         meta.derived = (prefill_tables.contiguous(), prefill_lens.contiguous())
 
     def one_call_tables(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -74,7 +76,9 @@ class KernelPagedAttention:
         assert meta.block_tables is not None and meta.context_lens is not None
         return meta.block_tables, meta.context_lens
 
-    def forward(self, q, k, v, k_cache, v_cache, meta):  # type: ignore[no-untyped-def]
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata
+    ) -> Tensor:
         write_kv(k, v, k_cache, v_cache, meta)
         T = q.shape[0]
         return self.attend(q.reshape(T, -1), k_cache, v_cache, meta).view(T, self.num_heads, self.head_dim)
@@ -86,38 +90,39 @@ class KernelPagedAttention:
         out = torch.empty(T, width, dtype=q.dtype)
         one_call = self.one_call_tables(meta)
         if one_call is not None:  # every row in one call (see prepare)
-            tables, lens = one_call
-            self.ops.paged_decode(
-                q,
-                k_cache,
-                v_cache,
-                tables,
-                lens,
-                meta.block_size,
-                self.num_heads,
-                self.num_kv_heads,
-                self.scale,
-                self.window,
-                out,
-            )
+            self._paged_decode(q, k_cache, v_cache, *one_call, meta.block_size, out)
             return out
         if meta.num_decodes:
-            self.ops.paged_decode(
-                q,
-                k_cache,
-                v_cache,
-                meta.block_tables,
-                meta.context_lens,
-                meta.block_size,
-                self.num_heads,
-                self.num_kv_heads,
-                self.scale,
-                self.window,
-                out,
-            )
+            assert meta.block_tables is not None and meta.context_lens is not None
+            self._paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.block_size, out)
         for span in meta.prefills:
             out[span.start : span.end] = self._prefill(q, k_cache, v_cache, span).reshape(-1, width)
         return out
+
+    def _paged_decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        block_size: int,
+        out: torch.Tensor,
+    ) -> None:
+        """The rows `tables` and `lens` describe, attended by the kernel into `out`."""
+        self.ops.paged_decode(
+            q,
+            k_cache,
+            v_cache,
+            tables,
+            lens,
+            block_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.scale,
+            self.window,
+            out,
+        )
 
     def _prefill(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, span: PrefillSpan

@@ -25,7 +25,7 @@ class Module(enum.IntEnum):
     """The fused linears of a layer, in the order the kernels number them (csrc/lora.h)."""
 
     QKV = 0
-    O = 1
+    O_PROJ = 1
     GATE_UP = 2
     DOWN = 3
 
@@ -33,7 +33,7 @@ class Module(enum.IntEnum):
 # which fused module each target belongs to, in its order inside the fused output
 FUSED: dict[Module, tuple[str, ...]] = {
     Module.QKV: ("q_proj", "k_proj", "v_proj"),
-    Module.O: ("o_proj",),
+    Module.O_PROJ: ("o_proj",),
     Module.GATE_UP: ("gate_proj", "up_proj"),
     Module.DOWN: ("down_proj",),
 }

@@ -34,7 +34,8 @@ def check_tool_pairs(turns: Sequence[ChatTurn]) -> None:
         stray = sorted(answered - pending)
         if stray:
             raise InvalidRequestError(
-                f"messages.{i}: tool_result for tool_use id {stray[0]!r}, which the previous assistant turn does not contain"
+                f"messages.{i}: tool_result for tool_use id {stray[0]!r}, "
+                "which the previous assistant turn does not contain"
             )
         if pending and turn.role is not Role.ASSISTANT and pending - answered:
             raise InvalidRequestError(
