@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,10 +35,15 @@ def _tokenizer_json(path: Path) -> None:
     )
 
 
+def _rope(theta: float) -> dict[str, Any]:
+    """Plain RoPE of base `theta`, in transformers 5's spelling of it."""
+    return {"rope_type": "default", "rope_theta": theta}
+
+
 def write_tiny_model(path: Path, arch: str, seed: int = 0) -> Path:
     import transformers
 
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=160,
@@ -49,20 +55,23 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0) -> Path:
         eos_token_id=2,
         bos_token_id=1,
     )
+    model: transformers.PreTrainedModel
+    torch.manual_seed(seed)  # the model's own initialisation and the draws below come from the seed
     if arch == "llama":
-        config = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False)
-        cls = transformers.LlamaForCausalLM
+        llama = transformers.LlamaConfig(**common, rope_parameters=_rope(10000.0), tie_word_embeddings=False)
+        model = transformers.LlamaForCausalLM(llama)
     elif arch == "qwen2":
-        config = transformers.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True)
-        cls = transformers.Qwen2ForCausalLM
+        qwen2 = transformers.Qwen2Config(**common, rope_parameters=_rope(1000000.0), tie_word_embeddings=True)
+        model = transformers.Qwen2ForCausalLM(qwen2)
     elif arch == "mistral":
         # a small sliding window so that tests cross it
-        config = transformers.MistralConfig(**common, rope_theta=10000.0, sliding_window=24, tie_word_embeddings=False)
-        cls = transformers.MistralForCausalLM
+        mistral = transformers.MistralConfig(
+            **common, rope_parameters=_rope(10000.0), sliding_window=24, tie_word_embeddings=False
+        )
+        model = transformers.MistralForCausalLM(mistral)
     else:
         raise ValueError(arch)
-    torch.manual_seed(seed)
-    model = cls(config).eval()
+    model = model.eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     text = loaded.tokenizer.encode(SENTENCE * 200)
     result: dict = {"threads": args.threads, "steps": args.steps}
     print(
-        f"{'context':>7} {'mode':>9} {'wall ms':>8} {'CPU ms':>7} {'tok/s':>6} {'wall/serial':>11} {'helper chunks':>13}",
+        f"{'context':>7} {'mode':>9} {'wall ms':>8} {'CPU ms':>7} {'tok/s':>6} "
+        f"{'wall/serial':>11} {'helper chunks':>13}",
         file=sys.stderr,
     )
     try:

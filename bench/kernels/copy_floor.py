@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"copy bandwidth {bw['gb_s']:.0f} GB/s (best {bw['gb_s_best']:.0f})", file=sys.stderr)
     print(json.dumps(record), flush=True)
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(record, f)
+        with open(args.json_out, "w") as out:
+            json.dump(record, out)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def _kernel_figures(contexts: list[int], reps: int, kv_dtype: str, tag: str) -> 
     return out
 
 
-def _engine():  # type: ignore[no-untyped-def]
+def _engine():
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
     from sluice.models.loader import load_model
@@ -100,7 +100,7 @@ def _engine():  # type: ignore[no-untyped-def]
     return LLMEngine(loaded, EngineConfig(speculative_tokens=0)), loaded.tokenizer.encode(SENTENCE * 200)
 
 
-def _engine_figures(engine, text: list[int], contexts: list[int], steps: int, tag: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def _engine_figures(engine, text: list[int], contexts: list[int], steps: int, tag: str) -> dict[str, float]:
     from sluice.types import GenerationRequest, SamplingParams
 
     out: dict[str, float] = {}
@@ -178,7 +178,7 @@ def drive(args: argparse.Namespace) -> None:
         paired = statistics.median(fa[key] / fb[key] for fa, fb in zip(figures["after"], figures["before"]))
         result[key] = {"before": b, "after": a, "ratio": a / b, "paired_ratio": paired}
         print(f"{key:>26} {b:9.2f} {a:9.2f} {a / b:13.3f} {paired:7.3f}", file=sys.stderr)
-    result["load_average"] = dict(zip(("1m", "5m", "15m"), os.getloadavg()))  # type: ignore[assignment]
+    result["load_average"] = dict(zip(("1m", "5m", "15m"), os.getloadavg()))
     print(json.dumps(result))
 
 

@@ -20,6 +20,8 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,14 +66,14 @@ def linears(ops, ms: list[int]) -> list[dict]:  # noqa: ANN001
         for m in ms:
             x = torch.randn(m, w.cols)
             reps, inner = (40, max(1, 64 // m)) if label == "gate_up" else (5, 1)
-            row = {
+            row: dict[str, Any] = {
                 "weight": label,
                 "M": m,
-                "onednn_us": 1e6 * best_cpu(lambda: dense(x), reps, inner),
-                "exact_us": 1e6 * best_cpu(lambda: kernel(x), reps, inner),
+                "onednn_us": 1e6 * best_cpu(partial(dense, x), reps, inner),
+                "exact_us": 1e6 * best_cpu(partial(kernel, x), reps, inner),
             }
             if w.qtype is QuantType.Q4_1:
-                row["fast_us"] = 1e6 * best_cpu(lambda: kernel(x, fast=True), reps, inner)
+                row["fast_us"] = 1e6 * best_cpu(partial(kernel, x, fast=True), reps, inner)
             row["exact_gvfma_s"] = m * w.rows * w.cols / 16 / row["exact_us"] / 1e3
             out.append(row)
             print(
@@ -108,8 +110,8 @@ def attention(ops) -> list[dict]:  # noqa: ANN001
         ref, kern = TorchPagedAttention(heads, kvh, d), KernelPagedAttention(ops, heads, kvh, d)
         ref.prepare(metas[0])
         kern.prepare(metas[1])
-        t = best_cpu(lambda: ref.attend(q, k_cache, v_cache, metas[0]), 20)
-        k = best_cpu(lambda: kern.attend(q, k_cache, v_cache, metas[1]), 20)
+        t = best_cpu(partial(ref.attend, q, k_cache, v_cache, metas[0]), 20)
+        k = best_cpu(partial(kern.attend, q, k_cache, v_cache, metas[1]), 20)
         out.append({"batch": b, "context": ctx, "torch_ms": 1e3 * t, "kernel_ms": 1e3 * k, "ratio": t / k})
         print(
             f"attention batch {b} x {ctx}: torch {1e3 * t:.3f} ms, kernel {1e3 * k:.3f} ms ({t / k:.1f}x)",
@@ -139,7 +141,7 @@ def prefill(lengths: list[int]) -> list[dict]:
     out = []
     for n in lengths:
         ids = [(7 * i) % 40000 + 100 for i in range(n)]
-        row = {"tokens": n}
+        row: dict[str, float] = {"tokens": n}
         for _ in range(3):  # interleaved, best of 3
             for name, loaded, num in (
                 ("torch", on_torch, Numerics.EXACT),
@@ -147,7 +149,7 @@ def prefill(lengths: list[int]) -> list[dict]:
                 ("fast", on_kernels, Numerics.FAST),
             ):
                 row[name + "_s"] = min(
-                    row.get(name + "_s", float("inf")), best_cpu(lambda: forward(loaded, ids, num), 1)
+                    row.get(name + "_s", float("inf")), best_cpu(partial(forward, loaded, ids, num), 1)
                 )
         out.append(row)
         print(

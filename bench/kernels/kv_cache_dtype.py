@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     for ctx in (int(c) for c in args.contexts.split(",")):
         ids = text[:ctx]
         params = SamplingParams(max_tokens=args.steps + 4, temperature=0.0, ignore_eos=True)
-        for i, (pair, e) in enumerate(engines.items()):
+        for i, e in enumerate(engines.values()):
             e.kv.reset_prefix_cache()
             e.add_request(GenerationRequest(f"c{ctx}-{i}", ids, params))
             while e.stats().num_running == 0 or e.requests[f"c{ctx}-{i}"].num_output_tokens < 2:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
                 engines[pair].step()
                 wall[pair].append(1000 * (time.perf_counter() - w0))
                 cpu[pair].append(1000 * (time.thread_time() - c0))
-        for pair, e in engines.items():
+        for e in engines.values():
             for rid in list(e.requests):
                 e.abort_request(rid)
         row: dict = {}

@@ -49,13 +49,14 @@ def child() -> None:
     loaded = load_model(progress=False)
     engine = LLMEngine(loaded, EngineConfig())
     ops = engine.runner.model.ops
+    assert ops is not None, "the CPU kernels did not build: their helper pool is what this measures"
     serial = iter(range(1 << 30))
 
-    def decode(n: int, steps: int, **sampling: float) -> float:
+    def decode(n: int, steps: int, temperature: float, top_p: float = 1.0) -> float:
         engine.kv.reset_prefix_cache()
         for p in prompts(loaded.tokenizer, n):
             i = next(serial)
-            params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, **sampling)
+            params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=temperature, top_p=top_p)
             engine.add_request(GenerationRequest(f"r{i}", [5 + i % 1000] + p, params))
         times = []
         while engine.has_unfinished():
@@ -107,8 +108,8 @@ def main() -> None:
         order = list(POLICIES) if r % 2 == 0 else list(reversed(POLICIES))
         for policy in order:
             env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-            if POLICIES[policy]:
-                env["OMP_WAIT_POLICY"] = POLICIES[policy]
+            if wait_policy := POLICIES[policy]:
+                env["OMP_WAIT_POLICY"] = wait_policy
             run = subprocess.run(
                 [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True
             )

@@ -1,5 +1,6 @@
-"""Shared by the engine A/B benchmarks (bench/kernels/decode_threads.py, bench/kernels/decoder_stack.py,
-bench/kernels/sampling_cost.py): K requests (greedy unless given other sampling) on one engine, then decode steps alternating between two or more sides (each
+"""Shared by the engine A/B benchmarks (bench/kernels/decode_threads.py,
+bench/kernels/decoder_stack.py, bench/kernels/sampling_cost.py): K requests (greedy unless given
+other sampling) on one engine, then decode steps alternating between two or more sides (each
 side a function that switches the engine to it), the lead swapping every step so that a burst
 of other work on the shared machine lands on all alike; the contexts grow by one token per step
 on every side."""
@@ -19,7 +20,7 @@ def paired_decode_steps(
     steps: int,
     sides: dict[str, Callable[[], None]],
     first_id: int = 0,
-    sampling: dict[str, float] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Per side, the wall and process-CPU milliseconds of each of its `steps` decode steps over a
     batch of `k` requests (aborted afterwards). Request ids start after `first_id`; `sampling`:

@@ -32,13 +32,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sluice.openmp_wait import sleep_when_idle
 
 sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (sluice/openmp_wait.py)
 
 import torch  # noqa: E402  (after sleep_when_idle)
+
+if TYPE_CHECKING:
+    from sluice.models.attention import AttentionMetadata
+    from sluice.models.lora.batch import LoraBatch
 
 PARTS = (
     "linear:qkv",
@@ -84,7 +90,18 @@ def instrument(clock: Clock) -> None:
     import sluice.engine.runner as runner_mod
     import sluice.models.kernels.fused_forward as ff
 
-    def fused_forward(model, input_ids, positions, meta, kv_caches, logits_indices, fast, argmax_rows=None):  # noqa: ANN001, ANN202
+    def fused_forward(  # the signature of ff.fused_forward, which LlamaModel.forward calls
+        model: Any,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_indices: torch.Tensor,
+        fast: bool,
+        argmax_rows: torch.Tensor | None = None,
+        lora: LoraBatch | None = None,
+    ) -> torch.Tensor:
+        assert lora is None, "the breakdown times the base model's steps (no adapters)"
         ops, cfg, tm = model.ops, model.config, clock.time
         eps = cfg.rms_norm_eps
         heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -133,13 +150,14 @@ def instrument(clock: Clock) -> None:
     ff.fused_forward = fused_forward
     runner_mod.sample = clock.wrap("sampling", runner_mod.sample)
     prepare = runner_mod.ModelRunner.prepare
-    runner_mod.ModelRunner.prepare = lambda self, out: clock.time("prepare", prepare, self, out)
+    # instrumentation: the runner's own method, timed (the benchmark's point, not a typing slip)
+    runner_mod.ModelRunner.prepare = lambda self, out: clock.time("prepare", prepare, self, out)  # type: ignore[method-assign]
 
 
 def decode_steps(engine, clock: Clock, streams: int, steps: int, basis: str) -> list[dict]:  # noqa: ANN001
     """Steps until every request decodes, then records `steps` decode steps' parts, in thread CPU
     time (basis "cpu") or wall time ("wall")."""
-    rows = []
+    rows: list[dict] = []
     while engine.has_unfinished() and len(rows) < steps:
         clock.reset()
         c, t = time.thread_time(), time.perf_counter()
@@ -182,7 +200,7 @@ def isolated_linears(model, m: int, reps: int) -> list[dict]:  # noqa: ANN001
     ):
         x = torch.randn(m, lin.in_features)
         dense = Linear(_dequantized(model, lin))
-        k, d = best(lambda: lin(x)), best(lambda: dense(x))
+        k, d = best(partial(lin, x)), best(partial(dense, x))
         out.append(
             {
                 "linear": name,

@@ -30,7 +30,7 @@ def child(mode: str, threads: int, steps: int) -> None:
     if mode == "off":
         import sluice.models.kernels.weight_region as region
 
-        region.gather_on_huge_pages = lambda linears: 0  # type: ignore[assignment]
+        region.gather_on_huge_pages = lambda linears: 0
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
     from sluice.models.loader import load_model

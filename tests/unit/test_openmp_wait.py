@@ -11,7 +11,7 @@ from sluice.openmp_wait import PASSIVE, VARIABLE, sleep_when_idle
 from tests.openmp_display import gomp_spin_count
 
 
-def test_passive_is_set_when_unset_and_a_users_choice_is_kept():
+def test_passive_is_set_when_unset_and_a_users_choice_is_kept() -> None:
     env: dict[str, str] = {}
     assert sleep_when_idle(env, modules={}) and env == {VARIABLE: PASSIVE}
     env = {VARIABLE: "ACTIVE"}
@@ -20,7 +20,7 @@ def test_passive_is_set_when_unset_and_a_users_choice_is_kept():
     assert sleep_when_idle(env, modules={}) and env == {VARIABLE: "passive"}
 
 
-def test_too_late_once_torch_is_loaded():
+def test_too_late_once_torch_is_loaded() -> None:
     """libgomp read its environment when torch loaded it: the variable is still set (children
     inherit it), but this process's threads keep the policy they started with."""
     env: dict[str, str] = {}

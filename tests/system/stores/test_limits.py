@@ -144,7 +144,7 @@ def test_redis_down_fails_open_or_closed(policy, allowed, caplog):
 
 
 def test_headers_count_down_one_request_at_a_time():
-    async def run() -> list[str]:
+    async def run() -> list[tuple[str, str, str]]:
         limiter, key, limits = MemoryLimiter(), _key(), Limits(rpm=10, itpm=1000, otpm=500)
         out = []
         for _ in range(4):
@@ -190,14 +190,15 @@ def test_redis_refill_over_time_with_a_short_window(redis_server):
     from sluice.gateway.limiter_redis import RedisLimiter
 
     async def run() -> tuple[int, int, int]:
-        limiter = GuardedLimiter(RedisLimiter(redis_server.url, window_s=1.0))  # 5 per second
+        redis_limiter = RedisLimiter(redis_server.url, window_s=1.0)  # 5 per second
+        limiter = GuardedLimiter(redis_limiter)
         key, limits = _key(), Limits(rpm=5)
         try:
             first = await _burst(limiter, key, limits, 20)
             empty = await _burst(limiter, key, limits, 5)
             await asyncio.sleep(0.45)  # ~2.25 requests refill (a little more on a busy machine)
             later = await _burst(limiter, key, limits, 5)
-            ttl = await limiter.inner.redis.ttl(limiter.inner._key(key, "requests"))
+            ttl = await redis_limiter.redis.ttl(redis_limiter._key(key, "requests"))
             assert 0 < ttl <= 3  # kept only until the bucket would be full again
             return first, empty, later
         finally:

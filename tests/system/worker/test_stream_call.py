@@ -110,7 +110,7 @@ def test_sigterm_ends_an_open_stream_call_once_its_requests_are_aborted(tiny_lla
 class _WorkerWithoutStream(EngineServicer):
     """A worker from before the Stream method: what gRPC answers for a method it does not have."""
 
-    async def Stream(self, request_iterator, context):  # type: ignore[override]
+    async def Stream(self, request_iterator, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
         yield pb.StreamResponse()  # unreachable: abort() raises
 

@@ -108,7 +108,8 @@ def test_messages_batch_tokens_for_a_slow_reader(worker):
                 messages += 1
                 tokens += sum(len(ev.token_ids) for ev in msg.events)
                 if messages == 1:  # pause until the engine is done with the request
-                    while (await probe.stats()).num_running:
+                    # the engine runs in the worker's process: nothing to await but its stats
+                    while (await probe.stats()).num_running:  # noqa: ASYNC110
                         await asyncio.sleep(0.05)
         await probe.close()
         return messages, tokens
@@ -127,7 +128,8 @@ def test_events_are_batched_for_a_slow_reader(tiny_llama):
         async for batch in engine.generate_batches(_req("slow-reader", max_tokens=40)):
             batches += 1
             tokens += [t for ev in batch for t in ev.token_ids]
-            while batches == 1 and engine.stats().num_running:  # slower than the engine, whatever its speed
+            # slower than the engine, whatever its speed; the engine's thread signals no event for it
+            while batches == 1 and engine.stats().num_running:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
         return batches, tokens
 
@@ -181,7 +183,7 @@ def test_cancel_and_deadline_abort_and_free_the_engine(worker, multiplex):
         assert after.output_tokens - before.output_tokens < 480  # aborted, not run to the end
 
         with pytest.raises(EngineUnavailableError, match="deadline"):
-            async for _ in client.generate(_req("slow", max_tokens=480), timeout=0.1):
+            async for _ in client.generate(_req("slow", max_tokens=480), timeout_s=0.1):
                 await asyncio.sleep(0.05)
         await _wait_idle(client)
         final = await client.stats()
@@ -268,7 +270,7 @@ def test_spawn_failure_quotes_the_worker_stderr(tmp_path):
     assert "does not exist" in str(err.value)
 
 
-def test_bundled_worker_reports_loading_then_ready_and_matches_the_engine(bundled):
+def test_bundled_worker_reports_loading_then_ready_and_matches_the_engine(bundled) -> None:
     """The worker listens before its model is loaded (Health says so), then turns ready, and
     its greedy output equals LLMEngine's for the same request, token for token."""
     prompt = bundled.tokenizer.encode_chat([{"role": "user", "content": "Name three colors."}])
@@ -309,7 +311,7 @@ def test_bundled_worker_reports_loading_then_ready_and_matches_the_engine(bundle
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
-                ready, detail = await client.health(timeout=1)
+                ready, detail = await client.health(timeout_s=1)
             except EngineUnavailableError:  # not listening yet: retry on a fresh channel, since
                 # a channel's reconnect backoff (up to 1 s) could outlast the ~0.5 s the load takes
                 await client.close()
@@ -323,7 +325,7 @@ def test_bundled_worker_reports_loading_then_ready_and_matches_the_engine(bundle
                     assert "not ready" in str(exc)
                     refused.append(detail)
                 else:
-                    assert (await client.health(timeout=10))[0], "served while the worker says it is loading"
+                    assert (await client.health(timeout_s=10))[0], "served while the worker says it is loading"
             states.append((ready, detail))
             if ready:
                 break

@@ -67,7 +67,7 @@ def test_leaving_a_stream_aborts_and_frees_blocks_within_a_step(tiny_llama):
 
     async def main():
         seen = 0
-        async for ev in engine.generate(GenerationRequest("long", list(range(3, 60)), params)):
+        async for _ in engine.generate(GenerationRequest("long", list(range(3, 60)), params)):
             seen += 1
             if seen == 3:
                 break  # the client goes away
@@ -92,14 +92,15 @@ def test_cancelling_the_task_aborts(tiny_llama):
     engine = _engine(tiny_llama)
     params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
 
+    started = asyncio.Event()  # the request's first event came: it is running
+
     async def consume():
         async for _ in engine.generate(GenerationRequest("c", list(range(3, 40)), params)):
-            pass
+            started.set()
 
     async def main():
         task = asyncio.create_task(consume())
-        while engine.stats().num_running == 0:
-            await asyncio.sleep(0.005)
+        await started.wait()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         for _ in range(200):
@@ -114,7 +115,7 @@ def test_cancelling_the_task_aborts(tiny_llama):
         engine.shutdown()
 
 
-def test_factory_builds_the_engine_on_its_thread(tiny_llama):
+def test_factory_builds_the_engine_on_its_thread(tiny_llama) -> None:
     import threading
 
     built_on: list[str] = []

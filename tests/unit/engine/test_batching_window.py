@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from sluice.observability.metrics import ServingMetrics
 from sluice.types import GenerationRequest, SamplingParams
 from tests.clock import FakeClock
 
-GREEDY = dict(temperature=0.0, ignore_eos=True)
+GREEDY: dict[str, Any] = dict(temperature=0.0, ignore_eos=True)  # SamplingParams' fields
 WINDOW_MS = 62.5  # = 4/64 s
 TICK = 1 / 64
 # a step boundary with 8 decodes running and one 10-token newcomer that has waited 10 ms; the
@@ -102,7 +103,9 @@ def new(rid: str, n: int = 6, max_tokens: int = 40) -> GenerationRequest:
 
 def decoding_engine(tiny_llama, mode: str, decoders: int = 8, **cfg) -> tuple[LLMEngine, FakeClock]:
     clock = FakeClock()
-    config = EngineConfig(block_size=4, num_kv_blocks=512, batching_window=mode, batching_window_ms=WINDOW_MS, **cfg)
+    config = EngineConfig(
+        block_size=4, num_kv_blocks=512, batching_window=BatchingWindow(mode), batching_window_ms=WINDOW_MS, **cfg
+    )
     engine = LLMEngine(tiny_llama, config, clock=clock)
     for i in range(decoders):
         engine.add_request(new(f"d{i}", max_tokens=200))
@@ -142,7 +145,7 @@ def test_hold_keeps_an_arrival_until_the_window_passes(tiny_llama):
     assert status(engine, "late") is RequestStatus.RUNNING
 
 
-def test_hold_gathers_arrivals_into_one_prefill_step(tiny_llama):
+def test_hold_gathers_arrivals_into_one_prefill_step(tiny_llama, monkeypatch) -> None:
     engine, clock = decoding_engine(tiny_llama, "hold")
     schedule = engine.scheduler.schedule
     admitted: list[list[str]] = []
@@ -152,7 +155,7 @@ def test_hold_gathers_arrivals_into_one_prefill_step(tiny_llama):
         admitted.append([r.request_id for r in out.admitted])
         return out
 
-    engine.scheduler.schedule = recording  # type: ignore[method-assign]
+    monkeypatch.setattr(engine.scheduler, "schedule", recording)
     for i in range(3):
         engine.add_request(new(f"n{i}"))
         clock.t += TICK
@@ -222,7 +225,7 @@ def test_a_continuing_prompt_chunk_lets_newcomers_ride_along(tiny_llama):
     assert status(engine, "rider") is RequestStatus.RUNNING
 
 
-def test_window_results_are_the_same_tokens(tiny_llama):
+def test_window_results_are_the_same_tokens(tiny_llama) -> None:
     """Holding changes when a request starts, never what it generates."""
     outputs = {}
     for mode in ("flush", "hold", "adaptive"):

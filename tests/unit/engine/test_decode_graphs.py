@@ -68,7 +68,7 @@ def test_only_decode_only_steps_that_fit_a_bucket_take_a_graph():
     decode = _chunk([1, 2, 3], 2, [1])
     assert graphs.bucket([decode] * 3) == (4, 16)
     assert graphs.bucket([decode] * 9) is None  # past the largest batch bucket
-    prefill = ScheduledChunk(SimpleNamespace(all_token_ids=[1, 2, 3], num_tokens=3), 0, 3, [1])  # type: ignore[arg-type]
+    prefill = ScheduledChunk(SimpleNamespace(all_token_ids=[1, 2, 3], num_tokens=3), 0, 3, [1])
     assert graphs.bucket([decode, prefill]) is None
     long = _chunk(list(range(200)), 199, list(range(1, 51)))  # 50 blocks of 4 > 32
     assert graphs.bucket([long]) is None

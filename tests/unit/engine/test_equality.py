@@ -39,7 +39,7 @@ def _run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> 
 
 def _check(notes: list[str | None]) -> None:
     for note in filter(None, notes):
-        warnings.warn(note)
+        warnings.warn(note, stacklevel=2)
         print(note)
 
 

@@ -46,7 +46,7 @@ def _requests(loaded) -> list[GenerationRequest]:
     return reqs
 
 
-def test_greedy_rows_through_the_greedy_head_give_the_full_heads_tokens(bundled, monkeypatch):
+def test_greedy_rows_through_the_greedy_head_give_the_full_heads_tokens(bundled, monkeypatch) -> None:
     if not has_avx2():  # as tests/unit/models/conftest.py's `ops`
         pytest.skip("the CPU lacks AVX2/FMA/F16C, so the kernels cannot run here")
     assert bundled.model.ops is not None, "the kernels failed to build or load on a CPU with AVX2 (see the log)"

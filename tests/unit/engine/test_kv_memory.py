@@ -264,7 +264,7 @@ TestIdleBoundedKVMachine.settings = settings(
 )
 
 
-def test_the_async_loop_releases_memory_once_idle(tiny_llama):
+def test_the_async_loop_releases_memory_once_idle(tiny_llama, monkeypatch) -> None:
     """Wired: once idle after a burst, the loop calls release_idle_memory (idle_release_s=0: as
     soon as it is idle, no clock in the test) and the pool is back to the budget."""
     import asyncio
@@ -283,7 +283,7 @@ def test_the_async_loop_releases_memory_once_idle(tiny_llama):
         released.set()
         return out
 
-    inner.release_idle_memory = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(inner, "release_idle_memory", spy)
     engine = AsyncEngine(inner, idle_release_s=0).start()
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,7 +67,7 @@ def test_filesystem_type_reads_the_mount_table(tmp_path: Path):
 
 # -- the engine -----------------------------------------------------------------------------------
 def spill_engine(tiny_llama, tmp_path: Path, **kw) -> LLMEngine:
-    config = dict(block_size=4, num_kv_blocks=200, kv_idle_gib=1.0, kv_spill_dir=str(tmp_path))
+    config: dict[str, Any] = dict(block_size=4, num_kv_blocks=200, kv_idle_gib=1.0, kv_spill_dir=str(tmp_path))
     return LLMEngine(tiny_llama, EngineConfig(**(config | kw)))
 
 

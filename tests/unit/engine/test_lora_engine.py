@@ -78,7 +78,7 @@ def test_one_batch_of_base_and_three_adapters_equals_peft(kernels, speculative, 
 
 
 @pytest.mark.parametrize("kernels", ["auto", "torch"])
-def test_exact_while_requests_come_go_and_are_preempted(kernels, tiny_llama_dir, adapters, references):
+def test_exact_while_requests_come_go_and_are_preempted(kernels, tiny_llama_dir, adapters, references) -> None:
     """Requests join mid-stream, one is aborted, and a small KV pool preempts: every survivor's
     tokens still equal its reference."""
     engine = _engine(tiny_llama_dir, kernels, max_num_batched_tokens=16, num_kv_blocks=40)

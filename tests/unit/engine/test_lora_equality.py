@@ -82,4 +82,4 @@ def test_bundled_model_with_three_adapters_matches_peft(bundled_on_path, lora_se
         _refs[(1, None)] = greedy_with(reference, None, prompts[1], MAX_TOKENS, tok.eos_token_ids)
     assert _refs[(1, "wide")].tokens != _refs[(1, None)].tokens, "the adapter changes the output"
     for note in filter(None, notes):
-        warnings.warn(note)
+        warnings.warn(note, stacklevel=2)

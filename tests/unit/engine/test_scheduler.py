@@ -9,6 +9,7 @@ Scheduler over random workloads with a shadow KV cache (see `simulate`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,11 +18,12 @@ from hypothesis import strategies as st
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine
 from sluice.engine.kv_manager import KVCacheManager
+from sluice.engine.policy import AdmissionPolicy, SchedulingPolicy
 from sluice.engine.request import Request
 from sluice.engine.scheduler import Scheduler, SchedulerOutput
 from sluice.types import FinishReason, GenerationRequest, SamplingParams
 
-GREEDY = dict(temperature=0.0, ignore_eos=True)
+GREEDY: dict[str, Any] = dict(temperature=0.0, ignore_eos=True)  # SamplingParams' fields
 
 
 @dataclass
@@ -82,7 +84,7 @@ def test_tiny_pool_forces_preemption_and_outputs_do_not_change(tiny_llama):
     assert engine.stats().kv_blocks_used == 0
 
 
-def test_high_priority_arrival_preempts_a_low_priority_runner(tiny_llama):
+def test_high_priority_arrival_preempts_a_low_priority_runner(tiny_llama) -> None:
     engine, rec = engine_with_recorder(
         tiny_llama, num_kv_blocks=24, max_num_batched_tokens=64, scheduling_policy="priority"
     )
@@ -263,6 +265,71 @@ def next_token(prefix: list[int]) -> int:
     return (sum((i + 1) * t for i, t in enumerate(prefix)) % 7) + 1
 
 
+def _arrive(step: int, reqs: list[SimRequest], sched: Scheduler, live: dict[str, Request]) -> None:
+    """Add the requests that arrive at `step` and abort those whose abort step it is."""
+    for i, r in enumerate(reqs):
+        if r.arrive_at == step:
+            g = GenerationRequest(
+                f"r{i}", r.prompt, SamplingParams(max_tokens=r.max_tokens), priority=r.priority, tenant=r.tenant
+            )
+            req = Request.from_generation_request(g, seed=0)
+            req.arrival_time = float(step)  # arrival order = simulation order
+            live[req.request_id] = req
+            sched.add(req)
+        if r.abort_at == step and f"r{i}" in live:
+            sched.finish(live.pop(f"r{i}"))  # abort: blocks back before the next schedule()
+
+
+def _check_limits(cfg: EngineConfig, sched: Scheduler, out: SchedulerOutput, step: int) -> None:
+    """The per-step limits of one schedule() and its progress."""
+    assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+    assert len(out.chunks) <= cfg.max_num_seqs and len(sched.running) <= cfg.max_num_seqs
+    assert all(c.num_tokens >= 1 for c in out.chunks)
+    if out.preempted:
+        assert not out.admitted, "a step that preempted admitted new requests"
+    if cfg.admission_policy == "reserve" and cfg.scheduling_policy == "fcfs":
+        assert not out.preempted, "reserve admission preempted"
+    if sched.has_work():
+        # progress: something runs unless the step only preempted (it admits next step)
+        assert out.chunks or out.preempted, f"step {step}: work waiting but nothing scheduled"
+    ids = [c.request.request_id for c in out.chunks]
+    assert len(ids) == len(set(ids))
+
+
+def _forward(out: SchedulerOutput, shadow: dict[int, tuple[int, ...]], bs: int) -> None:
+    """The "forward": write this step's K/V, then check what every chunk attends to."""
+    for c in out.chunks:
+        toks = c.request.all_token_ids
+        assert len(c.block_ids) * bs >= c.end and 0 not in c.block_ids
+        for p in range(c.start, c.end):
+            shadow[c.block_ids[p // bs] * bs + p % bs] = tuple(toks[: p + 1])
+    for c in out.chunks:
+        toks = c.request.all_token_ids
+        for p in range(c.end):
+            got = shadow.get(c.block_ids[p // bs] * bs + p % bs)
+            assert got == tuple(toks[: p + 1]), f"{c.request.request_id} reads wrong K/V at position {p}"
+
+
+def _sample_and_finish(
+    out: SchedulerOutput,
+    sched: Scheduler,
+    live: dict[str, Request],
+    outputs: dict[str, list[int]],
+    max_model_len: int,
+) -> None:
+    """Sample each sampling chunk's next token and finish the requests done, as LLMEngine does."""
+    for c in out.chunks:
+        req = c.request
+        req.num_computed_tokens = c.end
+        if not c.samples:
+            continue
+        req.all_token_ids.append(next_token(req.all_token_ids))
+        if req.num_output_tokens >= req.sampling.max_tokens or req.num_tokens >= max_model_len:
+            outputs[req.request_id] = req.output_token_ids
+            live.pop(req.request_id)
+            sched.finish(req)
+
+
 def simulate(
     cfg: EngineConfig, num_blocks: int, reqs: list[SimRequest], fail_at: int | None = None
 ) -> dict[str, list[int]]:
@@ -277,70 +344,22 @@ def simulate(
     shadow: dict[int, tuple[int, ...]] = {}  # KV slot -> the token prefix it was computed for
     live: dict[str, Request] = {}
     outputs: dict[str, list[int]] = {}
-    bs = cfg.block_size
     last_arrival = max(r.arrive_at for r in reqs)
     # Generous but finite: a hang (a request that can never be admitted) fails here.
     max_steps = last_arrival + 50 + 4 * sum(len(r.prompt) + r.max_tokens for r in reqs)
     for step in range(max_steps):
-        for i, r in enumerate(reqs):
-            if r.arrive_at == step:
-                g = GenerationRequest(
-                    f"r{i}", r.prompt, SamplingParams(max_tokens=r.max_tokens), priority=r.priority, tenant=r.tenant
-                )
-                req = Request.from_generation_request(g, seed=0)
-                req.arrival_time = float(step)  # arrival order = simulation order
-                live[req.request_id] = req
-                sched.add(req)
-            if r.abort_at == step and f"r{i}" in live:
-                sched.finish(live.pop(f"r{i}"))  # abort: blocks back before the next schedule()
+        _arrive(step, reqs, sched, live)
         if step > last_arrival and not sched.has_work():
             break
         out = sched.schedule()
-
-        # -- per-step limits ----------------------------------------------------------------
-        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
-        assert len(out.chunks) <= cfg.max_num_seqs and len(sched.running) <= cfg.max_num_seqs
-        assert all(c.num_tokens >= 1 for c in out.chunks)
-        if out.preempted:
-            assert not out.admitted, "a step that preempted admitted new requests"
-        if cfg.admission_policy == "reserve" and cfg.scheduling_policy == "fcfs":
-            assert not out.preempted, "reserve admission preempted"
-        if sched.has_work():
-            # progress: something runs unless the step only preempted (it admits next step)
-            assert out.chunks or out.preempted, f"step {step}: work waiting but nothing scheduled"
-        ids = [c.request.request_id for c in out.chunks]
-        assert len(ids) == len(set(ids))
-
+        _check_limits(cfg, sched, out, step)
         if step == fail_at:  # the forward raised: nothing was computed; the step's requests fail
             for c in out.chunks:
                 live.pop(c.request.request_id)
                 sched.finish(c.request)
             continue
-
-        # -- the "forward": write this step's K/V, then check what every chunk attends to ----
-        for c in out.chunks:
-            toks = c.request.all_token_ids
-            assert len(c.block_ids) * bs >= c.end and 0 not in c.block_ids
-            for p in range(c.start, c.end):
-                shadow[c.block_ids[p // bs] * bs + p % bs] = tuple(toks[: p + 1])
-        for c in out.chunks:
-            toks = c.request.all_token_ids
-            for p in range(c.end):
-                got = shadow.get(c.block_ids[p // bs] * bs + p % bs)
-                assert got == tuple(toks[: p + 1]), f"{c.request.request_id} reads wrong K/V at position {p}"
-
-        # -- sample and finish, as LLMEngine does -------------------------------------------
-        for c in out.chunks:
-            req = c.request
-            req.num_computed_tokens = c.end
-            if not c.samples:
-                continue
-            req.all_token_ids.append(next_token(req.all_token_ids))
-            if req.num_output_tokens >= req.sampling.max_tokens or req.num_tokens >= max_model_len:
-                outputs[req.request_id] = req.output_token_ids
-                live.pop(req.request_id)
-                sched.finish(req)
-
+        _forward(out, shadow, cfg.block_size)
+        _sample_and_finish(out, sched, live, outputs, max_model_len)
         # -- block accounting after every step ----------------------------------------------
         held = [b for t in kv.tables.values() for b in t]
         assert set(kv.tables) <= {r.request_id for r in sched.running}  # waiting/preempted hold nothing
@@ -371,8 +390,10 @@ def scenarios(draw: st.DrawFn) -> tuple[EngineConfig, int, list[SimRequest], int
         max_num_seqs=draw(st.integers(1, 6)),
         max_num_batched_tokens=draw(st.integers(1, 24)),
         long_prefill_threshold=draw(st.sampled_from([0, 0, 3, 8])),
-        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
-        admission_policy=draw(st.sampled_from(["optimistic", "optimistic", "reserve"])),
+        scheduling_policy=draw(st.sampled_from([SchedulingPolicy.FCFS, SchedulingPolicy.PRIORITY])),
+        admission_policy=draw(
+            st.sampled_from([AdmissionPolicy.OPTIMISTIC, AdmissionPolicy.OPTIMISTIC, AdmissionPolicy.RESERVE])
+        ),
         watermark=draw(st.sampled_from([0.0, 0.01, 0.1, 0.3])),
         enable_prefix_caching=draw(st.booleans()),
         share_prefix_across_tenants=draw(st.booleans()),

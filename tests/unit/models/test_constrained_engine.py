@@ -214,7 +214,7 @@ def test_preempted_constrained_requests_rebuild_their_grammar_and_still_validate
     small = LLMEngine(bundled, EngineConfig(num_kv_blocks=24, max_num_seqs=8))
     matchers = []
     make = small.grammars.matcher
-    small.grammars.matcher = lambda spec: matchers.append(make(spec)) or matchers[-1]  # type: ignore[method-assign]
+    small.grammars.matcher = lambda spec: matchers.append(make(spec)) or matchers[-1]
     schema = {
         "type": "object",
         "properties": {

@@ -22,10 +22,10 @@ from sluice.types import GenerationRequest, SamplingParams
 class _CountingStack:
     """Delegates to the extension's DecoderStack and counts the steps it ran."""
 
-    def __init__(self, stack):  # type: ignore[no-untyped-def]
+    def __init__(self, stack):
         self.stack, self.calls = stack, 0
 
-    def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def forward(self, *args, **kwargs):
         self.calls += 1
         return self.stack.forward(*args, **kwargs)
 
@@ -36,12 +36,12 @@ def _prompts() -> list[list[int]]:
     return short + [long]
 
 
-def _steps(loaded, stack, numerics: Numerics) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+def _steps(loaded, stack, numerics: Numerics) -> list[torch.Tensor]:
     """Every forward's logits over one workload: short prompts decoding while others prefill."""
     model = loaded.model
     real_forward, real_stack, logits = model.forward, model.stack, []
 
-    def record(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def record(*args, **kwargs):
         out = real_forward(*args, **kwargs)
         logits.append(out.clone())
         return out

@@ -159,6 +159,7 @@ def _mixed_step(device: str, window: int | None, dtype: torch.dtype, seed: int =
     meta.slot_mapping = torch.tensor(slots)
     q, k, v = (torch.randn(row, n, d, generator=g) for n in (heads, kvh, kvh))
     dev = torch.device(device)
+    assert meta.block_tables is not None and meta.context_lens is not None
     moved = AttentionMetadata(
         slot_mapping=meta.slot_mapping.to(dev),
         num_decodes=meta.num_decodes,

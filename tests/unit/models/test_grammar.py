@@ -224,7 +224,7 @@ def test_the_device_path_masks_like_the_cpu_path():
     assert torch.equal(a, b) and torch.isinf(a[1][forbidden[0]]).all() and torch.isfinite(a[0]).all()
 
 
-def test_call_syntax_matches_json_dumps_layout():
+def test_call_syntax_matches_json_dumps_layout() -> None:
     from sluice.tool_types import ToolCall
 
     syntax: CallSyntax = HERMES.call_syntax()

@@ -188,7 +188,7 @@ def test_the_pool_rests_while_its_helpers_get_no_core(ops, gguf_tensors):
         ops.set_helpers_away(False)
         ops.set_pool_guard(True)
         chunks = ops.helper_chunks()
-        for i in range(20000):  # a helper joins a call only if it gets a core in time: over many, it does
+        for _ in range(20000):  # a helper joins a call only if it gets a core in time: over many, it does
             assert torch.equal(lin(x), expected)
             if ops.helper_chunks() > chunks:
                 break

@@ -24,7 +24,7 @@ CFG = ModelConfig(
     head_dim=16,
     max_position=64,
 )
-SIZES = {Module.QKV: (64 + 32 + 32, 64), Module.O: (64, 64), Module.GATE_UP: (320, 64), Module.DOWN: (64, 160)}
+SIZES = {Module.QKV: (64 + 32 + 32, 64), Module.O_PROJ: (64, 64), Module.GATE_UP: (320, 64), Module.DOWN: (64, 160)}
 
 
 def _reference(y, x, adapters, slots, layer, module):

@@ -5,7 +5,8 @@ out and is cancelled on its own; and how both ends bound the size of a merged me
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from functools import partial
 
 import grpc
 
@@ -31,9 +32,12 @@ class Engine:
             self.steps += 1
             self.step_done.notify_all()
 
+    def stepped_past(self, step: int) -> bool:
+        return self.steps > step
+
     async def request_batches(
         self, request: pb.GenerateRequest, trace: Sequence[tuple[str, str]]
-    ) -> AsyncIterator[list[GenerationEvent]]:
+    ) -> AsyncGenerator[list[GenerationEvent], None]:
         if request.request_id == "too-long":
             raise RequestFailed(
                 grpc.StatusCode.INVALID_ARGUMENT, "prompt is too long", ((ERROR_KIND_KEY, CONTEXT_WINDOW),)
@@ -42,7 +46,7 @@ class Engine:
         try:
             for i in range(self.tokens):
                 async with self.step_done:
-                    await self.step_done.wait_for(lambda: self.steps > seen)
+                    await self.step_done.wait_for(partial(self.stepped_past, seen))
                     seen = self.steps
                 last = i == self.tokens - 1
                 yield [
@@ -80,7 +84,7 @@ class Client:
         async for message in self.session.serve(self._requests()):
             self.messages.append(message)
 
-    def send(self, starts: list[pb.StreamStart] = (), cancels: list[int] = ()) -> None:
+    def send(self, starts: Sequence[pb.StreamStart] = (), cancels: Sequence[int] = ()) -> None:
         self.sent.put_nowait(pb.StreamRequest(starts=starts, cancels=cancels))
 
     async def settle(self) -> None:
@@ -186,7 +190,7 @@ def test_outputs_merge_into_messages_of_bounded_size():
 
     async def batches(
         request: pb.GenerateRequest, trace: Sequence[tuple[str, str]]
-    ) -> AsyncIterator[list[GenerationEvent]]:
+    ) -> AsyncGenerator[list[GenerationEvent], None]:
         text = big * 3 if request.request_id == "huge" else big
         yield [
             GenerationEvent(
@@ -227,7 +231,12 @@ def test_the_clients_starts_merge_into_messages_of_bounded_size():
 
     async def run() -> list[pb.StreamRequest]:
         calls: list[Call] = []
-        mux = StreamMux(lambda requests: calls.append(Call(requests)) or calls[-1])
+
+        def open_call(requests: AsyncIterator[pb.StreamRequest]) -> Call:
+            calls.append(Call(requests))
+            return calls[-1]
+
+        mux = StreamMux(open_call)
         tokens = int(0.4 * MERGE_MESSAGE_BYTES / 3)  # ids of 3 bytes each
         for rid in "abc":
             mux.start(pb.GenerateRequest(request_id=rid, prompt_token_ids=[100_000] * tokens))
