@@ -84,7 +84,7 @@ lint: install
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(LINT_PATHS)
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # a longer, randomized pass of the schema-driven fuzz test (make test runs a bounded one)
