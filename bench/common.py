@@ -35,7 +35,7 @@ def log(msg: str = "") -> None:
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def write_lora_adapter(folder: Path, cfg, rank: int = 16, seed: int = 0, std: float = 0.02) -> Path:  # noqa: ANN001
+def write_lora_adapter(folder: Path, cfg, rank: int = 16, seed: int = 0, std: float = 0.02) -> Path:
     """A random PEFT adapter folder (adapter_config.json + adapter_model.safetensors, PEFT's keys)
     of `rank` on every linear of a model (`cfg`: sluice's ModelConfig), fp32 as PEFT saves it:
     what the LoRA benchmarks load, without a download or PEFT at bench time."""

@@ -32,7 +32,7 @@ from sluice.openmp_wait import sleep_when_idle
 
 sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (sluice/openmp_wait.py)
 
-import torch  # noqa: E402  (after sleep_when_idle)
+import torch
 
 SENTENCE = (
     "The keeper climbed the steps each evening, trimmed the wick, wound the clockwork and wrote the weather "

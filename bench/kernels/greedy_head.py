@@ -30,7 +30,7 @@ from unittest.mock import patch
 from paired_steps import compare_levels
 
 
-def head_alone(ops, head, fed: dict, streams: list[int], reps: int) -> dict[str, dict[str, float]]:  # noqa: ANN001
+def head_alone(ops, head, fed: dict, streams: list[int], reps: int) -> dict[str, dict[str, float]]:
     """Best wall time of the full and the greedy head on each level's recorded rows, the helper
     pool hot as inside a decode step."""
     import torch
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     fed: list[torch.Tensor] = []  # every input the greedy head got (a copy: ~10 us a step)
     argmax_logits = type(head).argmax_logits
 
-    def recording(self, x, rows):  # noqa: ANN001, ANN202
+    def recording(self, x, rows):
         fed.append(x.clone())
         return argmax_logits(self, x, rows)
 

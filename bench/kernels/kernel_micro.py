@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 
-def best_cpu(fn, reps: int, inner: int = 1) -> float:  # noqa: ANN001
+def best_cpu(fn, reps: int, inner: int = 1) -> float:
     best = float("inf")
     for _ in range(reps):
         c = time.process_time()
@@ -37,7 +37,7 @@ def best_cpu(fn, reps: int, inner: int = 1) -> float:  # noqa: ANN001
     return best
 
 
-def linears(ops, ms: list[int]) -> list[dict]:  # noqa: ANN001
+def linears(ops, ms: list[int]) -> list[dict]:
     from gguf import GGUFReader
 
     from sluice.models.kernels.packed_linear import PackedLinear
@@ -84,7 +84,7 @@ def linears(ops, ms: list[int]) -> list[dict]:  # noqa: ANN001
     return out
 
 
-def attention(ops) -> list[dict]:  # noqa: ANN001
+def attention(ops) -> list[dict]:
     from sluice.models.attention import AttentionMetadata, TorchPagedAttention
     from sluice.models.kernels.paged_attention import KernelPagedAttention
 
@@ -127,7 +127,7 @@ def prefill(lengths: list[int]) -> list[dict]:
 
     on_torch, on_kernels = load_model(progress=False, kernels="torch"), load_model(progress=False)
 
-    def forward(loaded, ids: list[int], numerics: Numerics) -> None:  # noqa: ANN001
+    def forward(loaded, ids: list[int], numerics: Numerics) -> None:
         m, n = loaded.model, len(ids)
         cfg = m.config
         caches = [

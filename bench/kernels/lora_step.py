@@ -30,11 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import log, write_lora_adapter  # noqa: E402
-from bench.kernels.paired_steps import medians, paired_decode_steps  # noqa: E402
+from bench.common import log, write_lora_adapter
+from bench.kernels.paired_steps import medians, paired_decode_steps
 
 
-def load_times(engine, ref, loads: int) -> list[float]:  # noqa: ANN001
+def load_times(engine, ref, loads: int) -> list[float]:
     from sluice.engine.adapters import AdapterCache
 
     times = []

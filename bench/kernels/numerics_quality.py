@@ -86,14 +86,14 @@ ASKS = [
 ]
 
 
-def chat_prompts(tokenizer, n: int) -> list[list[int]]:  # noqa: ANN001
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     return [
         tokenizer.encode_chat([{"role": "user", "content": ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)])}])
         for i in range(n)
     ]
 
 
-def sluice_greedy(loaded, numerics: str, prompts: list[list[int]], tokens: int, kv: str = "auto") -> list[list[int]]:  # noqa: ANN001
+def sluice_greedy(loaded, numerics: str, prompts: list[list[int]], tokens: int, kv: str = "auto") -> list[list[int]]:
     from sluice.engine.config import EngineConfig
     from sluice.engine.engine import LLMEngine
     from sluice.types import GenerationRequest, SamplingParams
@@ -105,7 +105,7 @@ def sluice_greedy(loaded, numerics: str, prompts: list[list[int]], tokens: int, 
     return [out[r.request_id].token_ids for r in reqs]
 
 
-def hf_greedy(model, prompt: list[int], tokens: int) -> list[int]:  # noqa: ANN001
+def hf_greedy(model, prompt: list[int], tokens: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt]),
@@ -121,7 +121,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def sluice_perplexity(loaded, numerics: str, ids: list[int], kv: str = "auto") -> float:  # noqa: ANN001
+def sluice_perplexity(loaded, numerics: str, ids: list[int], kv: str = "auto") -> float:
     from sluice.engine.kv_memory import kv_cache_dtype
     from sluice.models.attention import AttentionMetadata, PrefillSpan
     from sluice.models.kernels import Numerics
@@ -145,7 +145,7 @@ def sluice_perplexity(loaded, numerics: str, ids: list[int], kv: str = "auto") -
     return _ppl(logits, ids)
 
 
-def hf_perplexity(model, ids: list[int]) -> float:  # noqa: ANN001
+def hf_perplexity(model, ids: list[int]) -> float:
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, :-1].float()
     return _ppl(logits, ids)

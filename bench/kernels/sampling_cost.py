@@ -25,15 +25,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.*
 
-import torch  # noqa: E402
-from paired_steps import medians, paired_decode_steps  # noqa: E402
+import torch
+from paired_steps import medians, paired_decode_steps
 
-import bench.serving.engine_throughput  # noqa: E402, F401  (sets torch's OpenMP passive before torch loads)
-import sluice.engine.runner as runner_mod  # noqa: E402
-import sluice.models.sampler as sampler  # noqa: E402
-from sluice.engine.config import EngineConfig  # noqa: E402
-from sluice.engine.engine import LLMEngine  # noqa: E402
-from sluice.models.loader import load_model  # noqa: E402
+import bench.serving.engine_throughput  # noqa: F401  (sets torch's OpenMP passive before torch loads)
+import sluice.engine.runner as runner_mod
+import sluice.models.sampler as sampler
+from sluice.engine.config import EngineConfig
+from sluice.engine.engine import LLMEngine
+from sluice.models.loader import load_model
 
 
 def topk_nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +66,7 @@ def main() -> None:
     sample_ms: dict[str, list[float]] = {"current": [], "topk": []}
     real_sample = runner_mod.sample
 
-    def timed_sample(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def timed_sample(*a, **k):
         t = time.perf_counter()
         try:
             return real_sample(*a, **k)
@@ -74,7 +74,7 @@ def main() -> None:
             if active[0] is not None:
                 sample_ms[active[0]].append(1e3 * (time.perf_counter() - t))
 
-    def side(name: str, nucleus):  # noqa: ANN001, ANN202
+    def side(name: str, nucleus):
         def switch() -> None:
             active[0] = name
             sampler._nucleus = nucleus

@@ -40,7 +40,7 @@ from sluice.openmp_wait import sleep_when_idle
 
 sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (sluice/openmp_wait.py)
 
-import torch  # noqa: E402  (after sleep_when_idle)
+import torch
 
 if TYPE_CHECKING:
     from sluice.models.attention import AttentionMetadata
@@ -68,7 +68,7 @@ class Clock:
         self.cpu: dict[str, float] = collections.defaultdict(float)
         self.wall: dict[str, float] = collections.defaultdict(float)
 
-    def time(self, part: str, fn: Callable, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    def time(self, part: str, fn: Callable, *args, **kwargs):
         c, t = time.thread_time(), time.perf_counter()
         try:
             return fn(*args, **kwargs)
@@ -154,7 +154,7 @@ def instrument(clock: Clock) -> None:
     runner_mod.ModelRunner.prepare = lambda self, out: clock.time("prepare", prepare, self, out)  # type: ignore[method-assign]
 
 
-def decode_steps(engine, clock: Clock, streams: int, steps: int, basis: str) -> list[dict]:  # noqa: ANN001
+def decode_steps(engine, clock: Clock, streams: int, steps: int, basis: str) -> list[dict]:
     """Steps until every request decodes, then records `steps` decode steps' parts, in thread CPU
     time (basis "cpu") or wall time ("wall")."""
     rows: list[dict] = []
@@ -175,7 +175,7 @@ def decode_steps(engine, clock: Clock, streams: int, steps: int, basis: str) -> 
     return rows
 
 
-def isolated_linears(model, m: int, reps: int) -> list[dict]:  # noqa: ANN001
+def isolated_linears(model, m: int, reps: int) -> list[dict]:
     """Each distinct linear shape of the model at M = m: the kernel vs oneDNN fp32, CPU time."""
     from sluice.models.linear import Linear
 
@@ -215,7 +215,7 @@ def isolated_linears(model, m: int, reps: int) -> list[dict]:  # noqa: ANN001
     return out
 
 
-def _dequantized(model, lin) -> torch.Tensor:  # noqa: ANN001
+def _dequantized(model, lin) -> torch.Tensor:
     """The fp32 weight of a packed linear, read back through the kernel (x = I gives W^T exactly:
     the kernels' identity property, tests/unit/models/test_kernels.py)."""
     eye = torch.eye(lin.in_features)

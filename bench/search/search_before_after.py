@@ -34,12 +34,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))  # the root: tests/corpus.py
-from search_latency import RawClient, cpu_s, pct  # noqa: E402
+from search_latency import RawClient, cpu_s, pct
 
-from sluice.search.index.query_tree import resolve  # noqa: E402
-from sluice.search.index.schema import parse_document  # noqa: E402
-from sluice.search.index.shard_index import ShardIndex  # noqa: E402
-from tests import corpus  # noqa: E402
+from sluice.search.index.query_tree import resolve
+from sluice.search.index.schema import parse_document
+from sluice.search.index.shard_index import ShardIndex
+from tests import corpus
 
 BLOCK = 25
 

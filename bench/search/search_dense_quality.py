@@ -31,14 +31,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
-from sluice.search.dense.embedder import Embedder  # noqa: E402
-from sluice.search.dense.vectors import encode  # noqa: E402
-from sluice.search.index.hits import Hit, merge  # noqa: E402
-from sluice.search.index.query_tree import resolve  # noqa: E402
-from sluice.search.index.shard_index import ShardIndex  # noqa: E402
-from sluice.search.retrieval import Fusion  # noqa: E402
-from sluice.search.router.query.fusion import fuse  # noqa: E402
-from tests import corpus  # noqa: E402
+from sluice.search.dense.embedder import Embedder
+from sluice.search.dense.vectors import encode
+from sluice.search.index.hits import Hit, merge
+from sluice.search.index.query_tree import resolve
+from sluice.search.index.shard_index import ShardIndex
+from sluice.search.retrieval import Fusion
+from sluice.search.router.query.fusion import fuse
+from tests import corpus
 
 K = 10
 

@@ -23,12 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
-from sluice.search.index.bm25 import CollectionStats  # noqa: E402
-from sluice.search.index.hits import merge  # noqa: E402
-from sluice.search.index.query_tree import resolve, terms_of  # noqa: E402
-from sluice.search.index.schema import parse_document  # noqa: E402
-from sluice.search.index.shard_index import ShardIndex  # noqa: E402
-from tests import corpus  # noqa: E402
+from sluice.search.index.bm25 import CollectionStats
+from sluice.search.index.hits import merge
+from sluice.search.index.query_tree import resolve, terms_of
+from sluice.search.index.schema import parse_document
+from sluice.search.index.shard_index import ShardIndex
+from tests import corpus
 
 
 def build(docs, n, place):

@@ -42,10 +42,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
-from sluice.search.index.query_tree import resolve  # noqa: E402
-from sluice.search.index.schema import parse_document  # noqa: E402
-from sluice.search.index.shard_index import ShardIndex  # noqa: E402
-from tests import corpus  # noqa: E402
+from sluice.search.index.query_tree import resolve
+from sluice.search.index.schema import parse_document
+from sluice.search.index.shard_index import ShardIndex
+from tests import corpus
 
 
 def free_port() -> int:

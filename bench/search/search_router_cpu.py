@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
-from sluice.search.index.schema import parse_document  # noqa: E402
-from sluice.search.router.config import parse_config  # noqa: E402
-from sluice.search.router.runtime import RouterRuntime  # noqa: E402
-from sluice.search.shard.replica import Replica  # noqa: E402
-from sluice.search.shard.server import create_shard_app  # noqa: E402
-from tests import corpus  # noqa: E402
+from sluice.search.index.schema import parse_document
+from sluice.search.router.config import parse_config
+from sluice.search.router.runtime import RouterRuntime
+from sluice.search.shard.replica import Replica
+from sluice.search.shard.server import create_shard_app
+from tests import corpus
 
 NAMED = (Path(inspect.getfile(RouterRuntime)).parent / "http").is_dir()  # this tree's layout
 if NAMED:

@@ -31,9 +31,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
-from sluice.search.index.analyzer import Analyzer  # noqa: E402
-from sluice.search.index.query_tree import resolve  # noqa: E402
-from tests import corpus  # noqa: E402
+from sluice.search.index.analyzer import Analyzer
+from sluice.search.index.query_tree import resolve
+from tests import corpus
 
 
 def pct(xs, q):

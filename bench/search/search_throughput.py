@@ -34,12 +34,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))  # the root: tests/corpus.py
-import search_latency  # noqa: E402
-from search_latency import RawClient, cpu_s, ingest, pct  # noqa: E402
+import search_latency
+from search_latency import RawClient, cpu_s, ingest, pct
 
-from sluice.search.index.query_tree import resolve  # noqa: E402
-from sluice.search.index.shard_index import ShardIndex  # noqa: E402
-from tests import corpus  # noqa: E402
+from sluice.search.index.query_tree import resolve
+from sluice.search.index.shard_index import ShardIndex
+from tests import corpus
 
 
 def load(clients: list, queries: list[str], body: dict) -> tuple[list[float], float]:

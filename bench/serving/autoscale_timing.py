@@ -34,17 +34,17 @@ from pathlib import Path
 
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # the fleet forks workers while gRPC runs
 
-from sluice.config import load_settings  # noqa: E402
-from sluice.gateway.principal import Principal  # noqa: E402
-from sluice.routing.dispatch.worker_pool import Dispatch, WorkerStatus  # noqa: E402
-from sluice.routing.fleet.fleet import Fleet  # noqa: E402
-from sluice.routing.fleet_file.registry import Registry  # noqa: E402
-from sluice.serving.outcomes import TextDelta  # noqa: E402
+from sluice.config import load_settings
+from sluice.gateway.principal import Principal
+from sluice.routing.dispatch.worker_pool import Dispatch, WorkerStatus
+from sluice.routing.fleet.fleet import Fleet
+from sluice.routing.fleet_file.registry import Registry
+from sluice.serving.outcomes import TextDelta
 from sluice.serving.output_budget import OutputBudget
-from sluice.serving.pipeline import ServingPipeline  # noqa: E402
-from sluice.serving.prompt import Conversation, Role, Turn  # noqa: E402
-from sluice.serving.request import Route, ServingRequest  # noqa: E402
-from sluice.serving.runtime import ServingRuntime  # noqa: E402
+from sluice.serving.pipeline import ServingPipeline
+from sluice.serving.prompt import Conversation, Role, Turn
+from sluice.serving.request import Route, ServingRequest
+from sluice.serving.runtime import ServingRuntime
 
 KEY = ("smollm2", "v1")
 

@@ -56,7 +56,7 @@ from sluice.models.loader import load_model
 from sluice.types import GenerationRequest, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
-from bench.common import log, pct  # noqa: E402
+from bench.common import log, pct
 
 MODES = ("flush", "hold", "adaptive")
 TOPICS = [

@@ -37,7 +37,7 @@ from httpx_sse import aconnect_sse
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.server_process import MODEL, free_port  # noqa: E402
+from tests.server_process import MODEL, free_port
 
 TOPICS = [
     "the sea",

@@ -29,19 +29,19 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_throughput import run_sluice, synthetic_prompts  # noqa: E402
+from engine_throughput import run_sluice, synthetic_prompts
 
-from sluice.engine.config import EngineConfig  # noqa: E402
-from sluice.engine.decode_graphs import DecodeGraphs, EagerReplay  # noqa: E402
-from sluice.engine.engine import LLMEngine  # noqa: E402
-from sluice.models.random_init import SHAPES, load_random_model  # noqa: E402
-from sluice.types import GenerationRequest, SamplingParams  # noqa: E402
+from sluice.engine.config import EngineConfig
+from sluice.engine.decode_graphs import DecodeGraphs, EagerReplay
+from sluice.engine.engine import LLMEngine
+from sluice.models.random_init import SHAPES, load_random_model
+from sluice.types import GenerationRequest, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
-from bench.common import log  # noqa: E402
+from bench.common import log
 
 
-def make_engine(loaded, graphs: bool, max_seqs: int, blocks: int) -> LLMEngine:  # noqa: ANN001
+def make_engine(loaded, graphs: bool, max_seqs: int, blocks: int) -> LLMEngine:
     config = EngineConfig(max_num_seqs=max_seqs, num_kv_blocks=blocks, max_num_batched_tokens=8192, cuda_graphs=graphs)
     engine = LLMEngine(loaded, config)
     if graphs and engine.runner.graphs is None:  # the CPU: the graph path with an eager stand-in

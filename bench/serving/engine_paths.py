@@ -37,14 +37,14 @@ ENGINES = ("torch", "kernels", "fast")
 class AttentionTimer:
     """Wraps a model's attention backend; `take()` returns the seconds spent since the last take."""
 
-    def __init__(self, model) -> None:  # noqa: ANN001
+    def __init__(self, model) -> None:
         self.spent = 0.0
         backend = model.attention
         for name in ("forward", "attend"):
             setattr(backend, name, self._wrap(getattr(backend, name)))
 
     def _wrap(self, fn: Callable) -> Callable:
-        def timed(*args, **kwargs):  # noqa: ANN002, ANN003
+        def timed(*args, **kwargs):
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -70,7 +70,7 @@ class Trace:
     cpu_total: float = 0.0
 
 
-def interleaved(engines: dict, timers: dict, ids: list[list[int]], out_tokens: int, submit) -> dict[str, Trace]:  # noqa: ANN001
+def interleaved(engines: dict, timers: dict, ids: list[list[int]], out_tokens: int, submit) -> dict[str, Trace]:
     traces = {k: Trace() for k in engines}
     for k, e in engines.items():
         start = time.perf_counter()
@@ -107,7 +107,7 @@ def paired(a: list[float], b: list[float]) -> float | None:
     return statistics.median(x / y for x, y in zip(a[:n], b[:n])) if n else None
 
 
-def long_prompt(tokenizer, words: int) -> list[int]:  # noqa: ANN001
+def long_prompt(tokenizer, words: int) -> list[int]:
     text = " ".join(f"Item {i}: the river bends past the mill and the old bridge." for i in range(words // 11 + 1))
     return tokenizer.encode_chat([{"role": "user", "content": f"Summarize this list. {text}"}])
 
@@ -132,7 +132,7 @@ def rss_after_load(kernels: str) -> dict:
     return r
 
 
-def _long_prompt(engines: dict, timers: dict, p: list[int], submit) -> dict[str, dict[str, float]]:  # noqa: ANN001
+def _long_prompt(engines: dict, timers: dict, p: list[int], submit) -> dict[str, dict[str, float]]:
     """One long prompt and 32 tokens on each engine, one after another (TTFT is a single long
     step sequence): per engine its figures, and its ratios to the torch path."""
     res = {}
@@ -155,7 +155,7 @@ def _long_prompt(engines: dict, timers: dict, p: list[int], submit) -> dict[str,
     return res
 
 
-def run_paths(args, log, prompts, submit) -> dict:  # noqa: ANN001
+def run_paths(args, log, prompts, submit) -> dict:
     """Returns the JSON record; logs the table."""
     import torch
 
@@ -236,7 +236,7 @@ def _summarize(runs: list[dict]) -> dict:
     return out
 
 
-def _print(summary: dict, memory: dict, log, args) -> None:  # noqa: ANN001
+def _print(summary: dict, memory: dict, log, args) -> None:
     log()
     log(
         f"paths side by side: {args.out_tokens} tokens/request, {args.threads} threads, {args.runs} run(s), "

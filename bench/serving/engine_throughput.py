@@ -66,7 +66,7 @@ from sluice.openmp_wait import sleep_when_idle
 
 sleep_when_idle()  # torch's OpenMP as in a worker: set before torch loads (sluice/openmp_wait.py)
 
-import torch  # noqa: E402  (after sleep_when_idle)
+import torch
 from tqdm import tqdm
 
 from sluice.engine.config import EngineConfig
@@ -76,7 +76,7 @@ from sluice.models.random_init import SHAPES, hf_model, load_random_model, rando
 from sluice.types import GenerationRequest, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
-from bench.common import log  # noqa: E402
+from bench.common import log
 
 SUBJECTS = [
     "Rivers",
@@ -334,7 +334,7 @@ def x1_paired(
     hf,
     ids: list[list[int]],
     out_tokens: int,
-    threads: int,  # noqa: ANN001
+    threads: int,
     bar: tqdm | None = None,
 ) -> tuple[dict, dict | None, list[float]]:
     """One request at a time, each prompt through transformers then straight away through sluice,
@@ -401,7 +401,7 @@ def per_run_ratios(results: dict[str, list[dict]], n: int, runs: int) -> dict[st
     big = f"sluice x{n}"
     out: dict[str, list[float]] = {}
 
-    def add(name: str, f) -> None:  # noqa: ANN001
+    def add(name: str, f) -> None:
         try:
             out[name] = [f(i) for i in range(runs)]
         except (KeyError, IndexError, TypeError):
@@ -433,7 +433,7 @@ def check_targets(summary: dict, ratios: dict, n: int) -> dict:
     }
 
 
-def print_table(phases: list[str], summary: dict, ratios: dict, targets: dict, n: int, args) -> None:  # noqa: ANN001
+def print_table(phases: list[str], summary: dict, ratios: dict, targets: dict, n: int, args) -> None:
     def cell(phase: str, key: str, fmt: str, stat: str) -> str:
         v = summary[phase].get(key, {}).get(stat)
         return format(v, fmt) if v is not None else "-"

@@ -46,9 +46,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import pct  # noqa: E402
-from bench.serving.fleet_common import ADMIN, MODEL, fleet_status, load_average, stream, wait_warm  # noqa: E402
-from tests.server_process import start_server  # noqa: E402
+from bench.common import pct
+from bench.serving.fleet_common import ADMIN, MODEL, fleet_status, load_average, stream, wait_warm
+from tests.server_process import start_server
 
 TOPICS = [
     "a lighthouse",

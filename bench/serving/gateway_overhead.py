@@ -30,16 +30,16 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import pct  # noqa: E402
-from sluice.gateway.admission import AdmissionQueue  # noqa: E402
-from sluice.gateway.authenticator import KeyStoreAuthenticator  # noqa: E402
-from sluice.gateway.gateway import Gateway  # noqa: E402
-from sluice.gateway.key_store import SQLiteKeyStore  # noqa: E402
-from sluice.gateway.limiter import make_limiter  # noqa: E402
-from sluice.gateway.limits import Limits  # noqa: E402
-from sluice.types import GenerationEvent, GenerationRequest, SamplingParams  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
-from tests.server_process import MODEL, start_server, start_worker  # noqa: E402
+from bench.common import pct
+from sluice.gateway.admission import AdmissionQueue
+from sluice.gateway.authenticator import KeyStoreAuthenticator
+from sluice.gateway.gateway import Gateway
+from sluice.gateway.key_store import SQLiteKeyStore
+from sluice.gateway.limiter import make_limiter
+from sluice.gateway.limits import Limits
+from sluice.types import GenerationEvent, GenerationRequest, SamplingParams
+from tests.redis_server import RedisServer
+from tests.server_process import MODEL, start_server, start_worker
 
 REQUEST = GenerationRequest("bench", [0] * 100, SamplingParams(max_tokens=100))  # 100 tokens in, 100 reserved out
 

@@ -25,9 +25,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.fake_engine import Script  # noqa: E402
-from tests.fuzz_app import MODEL, scripted_app  # noqa: E402
-from tests.tiny_models import write_tiny_model  # noqa: E402
+from tests.fake_engine import Script
+from tests.fuzz_app import MODEL, scripted_app
+from tests.tiny_models import write_tiny_model
 
 
 async def run(tokens: int, streams: int, prof: cProfile.Profile | None) -> dict:

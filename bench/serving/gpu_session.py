@@ -141,7 +141,7 @@ def parts(args: argparse.Namespace, tmp: Path, out: Path) -> list[Part]:
     return out_parts
 
 
-def install_wheels(log) -> str | None:  # noqa: ANN001
+def install_wheels(log) -> str | None:
     """pip-install the carried wheels (.whl/) into a scratch folder; its path, or None."""
     wheels = sorted((ROOT / ".whl").glob("*.whl"))
     if not wheels:
@@ -168,7 +168,7 @@ def install_wheels(log) -> str | None:  # noqa: ANN001
     return str(site) if r.returncode == 0 else None
 
 
-def run_part(argv: list[str], box: float, env: dict, log) -> tuple[int | None, float, str]:  # noqa: ANN001
+def run_part(argv: list[str], box: float, env: dict, log) -> tuple[int | None, float, str]:
     """Run one part in its own process group; kill the group past `box` seconds. (rc, s, output)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(

@@ -32,7 +32,7 @@ import torch
 from sluice.models.tokenizer_loader import load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
-from bench.common import log  # noqa: E402
+from bench.common import log
 
 TOOL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -238,7 +238,7 @@ def coverage(lib: Lib, vocab: int, eos: int, decode: Callable, walks: int = 12) 
         try:
             compiled = lib.compile(schema)
             lib.matcher(compiled)
-        except Exception as exc:  # noqa: BLE001 - we report the library's message
+        except Exception as exc:
             res[name] = "error: " + str(exc).splitlines()[0][:70]
             continue
         bad_json = bad_schema = done = 0

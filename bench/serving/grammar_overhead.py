@@ -39,7 +39,7 @@ from sluice.tool_types import ToolChoice, ToolSpec
 from sluice.types import GenerationRequest, GuidedDecoding, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
-from bench.common import log  # noqa: E402
+from bench.common import log
 
 LONG_JSON = json_schema_guidance(
     {
@@ -114,7 +114,7 @@ class Meter:
         return (time.process_time() - self.cpu0) / (wall * torch.get_num_threads()) if wall > 0 else 0.0
 
 
-def prefilled(loaded, prompt: list[int], rows: int, guided: GuidedDecoding | None, steps: int) -> LLMEngine:  # noqa: ANN001
+def prefilled(loaded, prompt: list[int], rows: int, guided: GuidedDecoding | None, steps: int) -> LLMEngine:
     """An engine of its own holding `rows` requests, each past its prefill."""
     engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=rows * 16 + 64, max_num_seqs=max(64, rows)))
     params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True, guided=guided)
@@ -125,7 +125,7 @@ def prefilled(loaded, prompt: list[int], rows: int, guided: GuidedDecoding | Non
     return engine
 
 
-def bench_steps(loaded, prompt: list[int], rows_list: list[int], steps: int) -> dict:  # noqa: ANN001
+def bench_steps(loaded, prompt: list[int], rows_list: list[int], steps: int) -> dict:
     """One engine per variant, stepped in turn (the order rotates): step-by-step interleaving."""
     variants: dict[str, GuidedDecoding | None] = {"none": None, "json_schema": LONG_JSON, "auto_free_text": AUTO_TEXT}
     log(f"== decode step: {steps} steps per variant, variants interleaved step by step")
@@ -181,7 +181,7 @@ def bench_compile(engine: LLMEngine, rounds: int) -> dict:
     return figures
 
 
-def bench_mix(loaded, prompt: list[int], n: int, tokens: int) -> dict:  # noqa: ANN001
+def bench_mix(loaded, prompt: list[int], n: int, tokens: int) -> dict:
     """Two engines, n requests each (all unconstrained / every other one constrained), stepped
     alternately from admission to the last token: tok/s = tokens / the engine's own step time."""
     log(f"== throughput, {n} requests x {tokens} tokens, half constrained (json schema) vs none, stepped alternately")

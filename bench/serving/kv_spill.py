@@ -26,10 +26,10 @@ from sluice.openmp_wait import sleep_when_idle
 
 sleep_when_idle()  # as a worker runs its engine (before torch loads)
 
-from sluice.engine.config import EngineConfig  # noqa: E402
-from sluice.engine.engine import LLMEngine  # noqa: E402
-from sluice.models.loader import default_model_path, load_model  # noqa: E402
-from sluice.types import GenerationRequest, SamplingParams  # noqa: E402
+from sluice.engine.config import EngineConfig
+from sluice.engine.engine import LLMEngine
+from sluice.models.loader import default_model_path, load_model
+from sluice.types import GenerationRequest, SamplingParams
 
 SENTENCE = "The lighthouse keeper climbed the steps each evening, trimmed the wick and wrote the weather down. "
 FIRST = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

@@ -26,9 +26,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import log, write_lora_adapter  # noqa: E402
-from bench.serving.fleet_common import MODEL  # noqa: E402
-from tests.server_process import start_server  # noqa: E402  (reuses the test launcher)
+from bench.common import log, write_lora_adapter
+from bench.serving.fleet_common import MODEL
+from tests.server_process import start_server
 
 
 async def one(client: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int) -> int:

@@ -30,9 +30,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import pct  # noqa: E402
-from bench.serving.fleet_common import ADMIN, MODEL, cpu_seconds, load_average, stream, wait_warm  # noqa: E402
-from tests.server_process import free_port, start_server, start_worker  # noqa: E402
+from bench.common import pct
+from bench.serving.fleet_common import ADMIN, MODEL, cpu_seconds, load_average, stream, wait_warm
+from tests.server_process import free_port, start_server, start_worker
 
 WORKER_ARGS = ["--kv-cache-gib", "0.25", "--max-num-seqs", "8"]
 

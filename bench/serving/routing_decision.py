@@ -34,18 +34,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import pct  # noqa: E402
-from sluice.routing.dispatch.circuit_breaker import Outcome  # noqa: E402
-from sluice.routing.dispatch.router import FleetRouter  # noqa: E402
-from sluice.routing.dispatch.version_router import choose_version, sticky_key  # noqa: E402
-from sluice.routing.dispatch.worker_picker import WorkerPicker, affinity_key  # noqa: E402
-from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus  # noqa: E402
-from sluice.routing.fleet_file.loader import parse_fleet  # noqa: E402
-from sluice.routing.fleet_file.registry import Registry  # noqa: E402
-from sluice.routing.quota.memory_store import MemoryQuotaStore  # noqa: E402
-from sluice.routing.quota.redis_store import RedisQuotaStore  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
-from tests.routing_calls import RouteRequest, finish, route  # noqa: E402 (plan + dispatch + settle, as serving calls them)
+from bench.common import pct
+from sluice.routing.dispatch.circuit_breaker import Outcome
+from sluice.routing.dispatch.router import FleetRouter
+from sluice.routing.dispatch.version_router import choose_version, sticky_key
+from sluice.routing.dispatch.worker_picker import WorkerPicker, affinity_key
+from sluice.routing.dispatch.worker_pool import WorkerPool, WorkerStatus
+from sluice.routing.fleet_file.loader import parse_fleet
+from sluice.routing.fleet_file.registry import Registry
+from sluice.routing.quota.memory_store import MemoryQuotaStore
+from sluice.routing.quota.redis_store import RedisQuotaStore
+from tests.redis_server import RedisServer
+from tests.routing_calls import RouteRequest, finish, route
 
 FLEET = """\
 [models.m.tiers."*"]

@@ -29,14 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 import httpx
 from httpx_sse import aconnect_sse
 
-from bench.common import pct  # noqa: E402
+from bench.common import pct
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sluice.safety.pipeline import SafetyPipeline  # noqa: E402
-from sluice.safety.verdict import Layer  # noqa: E402
-from tests.server_process import MODEL, start_server, start_worker  # noqa: E402
+from sluice.safety.pipeline import SafetyPipeline
+from sluice.safety.verdict import Layer
+from tests.server_process import MODEL, start_server, start_worker
 
 
 def in_process() -> dict:

@@ -30,8 +30,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import pct  # noqa: E402
-from tests.server_process import MODEL, start_server  # noqa: E402  (reuses the test launcher)
+from bench.common import pct
+from tests.server_process import MODEL, start_server
 
 TOPICS = [
     "the sea",

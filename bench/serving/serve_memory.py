@@ -41,10 +41,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from serve_load import Recorder, http_stream  # noqa: E402  (the same streaming client)
+from serve_load import Recorder, http_stream
 
-from bench.common import log  # noqa: E402
-from tests.server_process import free_port, metric  # noqa: E402
+from bench.common import log
+from tests.server_process import free_port, metric
 
 MIB = 2**20
 ROLLUP_KEYS = {"Rss": "rss", "Pss": "pss", "Anonymous": "anon", "Pss_Anon": "pss_anon"}

@@ -48,9 +48,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vs_llamacpp import level  # noqa: E402  (bench/serving/vs_llamacpp.py: the same load)
+from vs_llamacpp import level
 
-from tests.server_process import MODEL, start_server  # noqa: E402
+from tests.server_process import MODEL, start_server
 
 # Loaded by every Python process of the server tree (PYTHONPATH), it wraps LLMEngine.step once
 # sluice.engine.engine is imported, and logs the collector's passes. Lines: "step <perf_counter

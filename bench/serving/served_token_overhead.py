@@ -43,7 +43,7 @@ sleep_when_idle()  # the in-process layers run torch's OpenMP as the worker does
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.server_process import MODEL, free_port, start_server, start_worker  # noqa: E402
+from tests.server_process import MODEL, free_port, start_server, start_worker
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 LAYERS = ("forward", "execute", "step", "async", "grpc", "http")
@@ -77,7 +77,7 @@ class InProcess:
         self.prompt_ids: list[int] = []
         self.n = 0
 
-        def factory():  # noqa: ANN202
+        def factory():
             import torch
 
             from sluice.engine.config import EngineConfig
@@ -97,8 +97,8 @@ class InProcess:
         self.engine = AsyncEngine(factory=factory).start()
         asyncio.run(self.engine.wait_loaded())
 
-    def _timed(self, fn, name: str, cpu: bool = False):  # noqa: ANN001, ANN202
-        def wrapper(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def _timed(self, fn, name: str, cpu: bool = False):
+        def wrapper(*a, **k):
             c0, t0 = time.thread_time(), time.perf_counter()
             try:
                 return fn(*a, **k)

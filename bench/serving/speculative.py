@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from workloads import WORKLOADS  # noqa: E402  (bench/serving/workloads.py: the prompts, shared with vs_llamacpp.py)
+from workloads import WORKLOADS
 
 from sluice.engine.config import EngineConfig
 from sluice.engine.engine import LLMEngine

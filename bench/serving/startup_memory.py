@@ -41,13 +41,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.common
 import httpx
 
-from bench.common import log  # noqa: E402
+from bench.common import log
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_load import Recorder, http_stream  # noqa: E402  (the same streaming client)
+from serve_load import Recorder, http_stream
 
-from tests.server_process import free_port, metric  # noqa: E402
+from tests.server_process import free_port, metric
 
 MIB = 2**20
 

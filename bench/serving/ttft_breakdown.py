@@ -31,7 +31,7 @@ from httpx_sse import aconnect_sse
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.server_process import MODEL, start_server  # noqa: E402
+from tests.server_process import MODEL, start_server
 
 HISTOGRAMS = ("sluice_time_to_first_token_seconds", "sluice_queue_time_seconds")
 

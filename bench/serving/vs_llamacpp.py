@@ -44,9 +44,9 @@ from httpx_sse import aconnect_sse
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from workloads import WORKLOADS  # noqa: E402  (bench/serving/workloads.py, beside this script)
+from workloads import WORKLOADS
 
-from tests.server_process import MODEL, free_port, start_server  # noqa: E402
+from tests.server_process import MODEL, free_port, start_server
 
 SUBJECTS = [
     "the sea",

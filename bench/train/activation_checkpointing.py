@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_common import write_model  # noqa: E402
+from train_common import write_model
 
 SHAPE = dict(
     hidden_size=256,

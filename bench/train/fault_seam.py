@@ -25,7 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/<system>/x.py → the root
-from bench.common import log  # noqa: E402
+from bench.common import log
 
 CALLS = 200_000
 

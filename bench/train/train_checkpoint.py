@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_common import sluice_in_process, write_data, write_model  # noqa: E402
+from train_common import sluice_in_process, write_data, write_model
 
 
 def main() -> int:

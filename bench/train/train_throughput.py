@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_common import median, sluice_in_process, sluice_train, steady, write_data, write_model  # noqa: E402
+from train_common import median, sluice_in_process, sluice_train, steady, write_data, write_model
 
 BATCH, SEQ = 8, 128
 PLAIN = "plain transformers loop, 1 process"

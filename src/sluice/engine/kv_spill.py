@@ -71,7 +71,7 @@ class KVSpillStore:
         if not self.directory.is_dir():
             raise ValueError(f"kv_spill_dir {str(self.directory)!r} is not a directory")
         self.bytes_per_block = bytes_per_block
-        self._file = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 (closed by close())
+        self._file = tempfile.TemporaryFile(dir=self.directory)
         self._fd = self._file.fileno()
         self._slots: OrderedDict[bytes, int] = OrderedDict()  # hash -> slot, least recently used first
         self._next_slot = 0  # slots [_next_slot, capacity) were never written

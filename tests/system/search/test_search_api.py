@@ -111,7 +111,7 @@ def test_every_hit_carries_its_snippet_marked_escaped_and_bounded(router):
     assert httpx.delete(router.url + "/v1/search/documents/html", timeout=30).status_code == 200
 
 
-def HTTP_SEARCH(url, body):  # noqa: N802
+def HTTP_SEARCH(url, body):
     r = httpx.post(url + "/v1/search", json=body, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()

@@ -220,7 +220,7 @@ def test_staged_step_inputs_give_the_same_tokens(tiny_llama_dir, monkeypatch):
     default = run()
     prepare, calls = ModelRunner.prepare, []
 
-    def staged(self, out):  # noqa: ANN001
+    def staged(self, out):
         inp = prepare(self, out)
         self._stage(inp)
         calls.append(any(s.mask is not None for s in inp.meta.prefills))

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 import uvicorn
-import uvicorn.protocols.http.auto  # noqa: F401  (uvicorn's default, imported before any patch below)
+import uvicorn.protocols.http.auto
 from uvicorn.protocols.http import httptools_impl
 
 from sluice.api.connection_watch import ConnectionWatch, WatchedHttpToolsProtocol, watched_protocol

@@ -108,7 +108,7 @@ def test_a_failed_capture_turns_graphs_off_and_every_step_runs_eagerly():
     loaded = load_random_model("tiny", seed=2)
     config = EngineConfig(block_size=4, num_kv_blocks=256, max_num_seqs=4)
 
-    def refuse(fn):  # noqa: ANN001, ANN202
+    def refuse(fn):
         raise RuntimeError("capture refused")
 
     def greedy(engine: LLMEngine) -> list[list[int]]:

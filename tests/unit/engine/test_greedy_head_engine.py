@@ -54,7 +54,7 @@ def test_greedy_rows_through_the_greedy_head_give_the_full_heads_tokens(bundled,
     calls: list[tuple[int, int]] = []  # (rows, argmax rows) of each greedy-head call
     real = ops.linear_q8_argmax
 
-    def counting(x, w, n, k, bounds, rows):  # noqa: ANN001, ANN202
+    def counting(x, w, n, k, bounds, rows):
         calls.append((x.shape[0], rows.numel()))
         return real(x, w, n, k, bounds, rows)
 

@@ -62,7 +62,7 @@ def _prefill_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
     return model.forward(torch.tensor(ids, device=dev), rows, meta, caches, rows)  # type: ignore[arg-type]
 
 
-def _hf_logits(hf, ids: list[int]) -> torch.Tensor:  # noqa: ANN001
+def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf(torch.tensor([ids], device=hf.device)).logits[0].float()
 

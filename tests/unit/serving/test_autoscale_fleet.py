@@ -17,7 +17,7 @@ import os
 # `sluice serve` does, cli/serve.py)
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-import asyncio  # noqa: E402
+import asyncio
 import concurrent.futures
 import signal
 import threading
