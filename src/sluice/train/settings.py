@@ -211,6 +211,10 @@ class TrainSettings(BaseModel):
             )
         if self.sync_every and self.replica_sync is ReplicaSync.STEP:
             raise ValueError("sync_every applies to replica_sync = local_sgd or diloco")
+        if self.replica_sync is not ReplicaSync.STEP and self.nonfinite is NonFinite.SKIP:
+            # torchft's LocalSGD / DiLoCo find the sync by counting optimizer steps: a dropped
+            # update would put this group's syncs out of step with the others'
+            raise ValueError("nonfinite = skip drops an update; replica_sync = local_sgd or diloco need stop")
 
     def _check_model_parallel(self) -> None:
         """Combinations torch does not compose here, refused naming the setting (docs/TRAINING.md)."""

@@ -209,6 +209,7 @@ class Trainer:
             assert self.heartbeat is not None
             self.heartbeat.at(step, "step")
             outcome = self.step(step)
+            step = outcome.step  # LocalSGD / DiLoCo: a peer's, if this group healed at the sync
             if outcome.retry:  # not committed: the next quorum runs the same step again
                 assert self.replicas is not None
                 self.replicas.retried(step)
@@ -269,7 +270,8 @@ class Trainer:
         if committed and not (nonfinite or lost):
             self.optim.step()
             if self.replicas is not None:
-                sent += self.replicas.after_update(step)
+                synced, step = self.replicas.after_update(step)
+                sent += synced
         self.optim.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         q = self.quorum_s  # the step began with its quorum (replica groups): communication waited for
@@ -321,8 +323,8 @@ class Trainer:
             elapsed, data=o.data_time, train=o.train_time, comm_wait=o.comm_wait, checkpoint=checkpoint_time
         )
         assert self.metrics is not None
-        if o.groups is not None and (not o.groups or self.group != min(o.groups)):
-            return  # the lowest replica group present writes the step's line
+        if self.group != 0 if o.groups is None else (not o.groups or self.group != min(o.groups)):
+            return  # the lowest replica group present writes the step's line (LocalSGD / DiLoCo: group 0)
         ranks = spread(o.rank_times, s.straggler_factor)
         self.metrics.write(
             StepMetrics(

@@ -64,8 +64,11 @@ class ReplicaDriver:
         state (no disk); a fresh job's groups (all at step 0) each restore the newest checkpoint
         from the store and train the step after it."""
         assert self.t.heartbeat is not None
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if self.link.local_mode:
+            return self._join_local(restore, restarted)
         self.t.heartbeat.at(0, "join")
-        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        if not restarted:
             self._await_first_quorum()
         self.link.begin()
         self._joined = True
@@ -76,6 +79,22 @@ class ReplicaDriver:
         if start and self.t.rank == 0:
             self._emit(Event.RESTORED, step=start)
         return start
+
+    def _join_local(self, restore: Callable[[], int], restarted: bool) -> int:
+        """LocalSGD / DiLoCo (the quorum is torchft's, at the syncs): every group restores the
+        newest checkpoint; a restarted one then syncs at once, healing from a live peer."""
+        assert self.t.heartbeat is not None
+        if not restarted:
+            self.t.heartbeat.at(0, "join")
+            self._await_first_quorum()
+        self.link.trained = start = restore()
+        if start and self.t.rank == 0:
+            self._emit(Event.RESTORED, step=start)
+        self.t.heartbeat.at(start, "join")  # a restarted group: at its quorum now (faults' await_group)
+        self.link.start_local(restarted)
+        if self.link.healed:
+            self._healed(self.link.trained)
+        return self.link.trained
 
     def _await_first_quorum(self) -> None:
         """A fresh job's groups start their first quorum together (bounded): a group still
@@ -89,23 +108,30 @@ class ReplicaDriver:
 
     # --- each step -----------------------------------------------------------------------------
     def next_step(self) -> int:
-        upcoming = self.link.committed() + 1
+        # LocalSGD / DiLoCo: no quorum between syncs, and the manager's step counts syncs
+        upcoming = (self.link.trained if self.link.local_mode else self.link.committed()) + 1
         assert self.t.heartbeat is not None
         self.t.heartbeat.at(upcoming, "quorum")
         self.t._fault(FaultPoint.STEP_START, upcoming)
+        if self.link.local_mode:
+            self.link.healed, self.link.trained = False, upcoming
+            return upcoming
         if self._joined:  # the quorum of the join, which the peers already train this step in
             self._joined = False
             return upcoming
         return self.link.begin()
 
-    def exchange(self, step: int, loss_sum: float, rows: list[int], tokens: int) -> tuple[float, list[int], int, int]:
+    def exchange(
+        self, step: int, loss_sum: float, rows: list[int], tokens: int
+    ) -> tuple[float, list[int] | None, int, int]:
         """Sum with the groups present; rescale this group's gradients to the mean over the tokens
-        they trained (every step's exchange) or its own (LocalSGD / DiLoCo between syncs).
+        they trained (every step's exchange) or its own (LocalSGD / DiLoCo, where nothing crosses
+        between syncs and the groups present are not known: None).
         (loss sum over the groups present, the groups, their trained tokens, bytes sent)"""
         s = self.t.settings
         per_group = group_tokens(self.t.data, rows, s.replica_groups)
         ex = self.link.exchange(step, loss_sum)
-        present = sum(per_group[g] for g in ex.groups) or tokens
+        present = sum(per_group[g] for g in (ex.groups if ex.groups is not None else [self.t.group])) or tokens
         own = per_group[self.t.group] if s.replica_sync is not ReplicaSync.STEP else present
         if own != tokens:
             with torch.no_grad():
@@ -113,7 +139,9 @@ class ReplicaDriver:
                     if p.grad is not None:
                         p.grad.mul_(tokens / max(1, own))
         self._changed = None
-        if ex.groups != self.previous:  # the weights before this step's update, to compare across groups
+        if (
+            ex.groups is not None and ex.groups != self.previous
+        ):  # the weights before this step's update, to compare across groups
             self._changed = (ex.groups, digest(self.params))
         return ex.loss_sum, ex.groups, present, ex.bytes
 
@@ -128,11 +156,15 @@ class ReplicaDriver:
             self.previous = groups
         return committed
 
-    def after_update(self, step: int) -> int:
-        """LocalSGD / DiLoCo: the parameters' sync at its steps; the bytes sent."""
-        if self.t.settings.replica_sync is ReplicaSync.STEP or not self.link.syncs_at(step):
-            return 0
-        return self.link.sync_parameters()
+    def after_update(self, step: int) -> tuple[int, int]:
+        """After the optimizer step, whose torchft hook syncs LocalSGD / DiLoCo every H updates:
+        the bytes sent, and the step the group is at (a peer's, if this group healed at the sync)."""
+        if not self.link.local_mode:
+            return 0, step
+        sent = self.link.after_update()
+        if self.link.healed:
+            self._healed(self.link.trained)
+        return sent, self.link.trained
 
     def retried(self, step: int) -> None:
         if self.t.rank == 0:
@@ -140,7 +172,7 @@ class ReplicaDriver:
 
     # --- the end -------------------------------------------------------------------------------
     def finish(self, stopped_at: int | None) -> None:
-        step = self.link.committed()
+        step = self.link.trained if self.link.local_mode else self.link.committed()
         if stopped_at is not None and self.t.rank == 0:
             self._emit(Event.LEFT, step=stopped_at)
         self._emit(Event.DIGEST, step=step, sha256=digest(self.params), end=True)

@@ -19,9 +19,22 @@ The gradient is each group's summed loss over the whole global batch's token cou
 over groups is the global mean when all are present; with some missing it is rescaled to the
 mean over the present groups' tokens (the global batch shrinks with the groups: docs/TRAINING.md).
 
-LocalSGD and DiLoCo (`replica_sync`) exchange the parameters every `sync_every` steps instead of
-the gradients every step; the quorum and the small vector still go every step (a few bytes), so
-a group that dies or comes back is seen at the next step.
+LocalSGD and DiLoCo (`replica_sync`) are torchft's own classes (`torchft.local_sgd.LocalSGD` and
+`DiLoCo`, the latter with `torch.optim.SGD(lr=0.7, momentum=0.9, nesterov=True)` as its outer
+optimizer), hooked on the group's optimizer: every `sync_every` optimizer steps they take the
+quorum, average the parameters (or their change since the last sync, for DiLoCo's outer step)
+across the groups present, and commit. In these modes the quorum is torchft's, at each sync, and
+nothing crosses between syncs (no per-step quorum, vector or commit): the manager's step counts
+syncs, not training steps, and each group's step counter is its own. So:
+- a group that dies is left out of the next sync's quorum (the others wait for it at most the
+  Lighthouse's join timeout, `hang_timeout`); the steps a group trains are local, so "which groups
+  took part" is known only at a sync, and metrics.jsonl's lines are group 0's (its own loss);
+- a group that comes back restores the newest checkpoint, trains to its first sync, and heals
+  there from a live peer inside torchft's quorum: the peer's parameters, optimizer state, step
+  (sluice's state) and DiLoCo's backup and outer optimizer (registered by torchft's DiLoCo with the
+  manager), then joins that sync's average; its steps since the restore are dropped;
+- torchft counts optimizer steps to find the sync, so `nonfinite = skip` (a dropped update) is
+  refused with these modes (train/settings.py).
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed import ReduceOp
@@ -39,6 +53,9 @@ from sluice.train.parallel.local import local_shard
 from sluice.train.replica.state import load_local_state, local_state
 from sluice.train.settings import ReplicaSync
 
+if TYPE_CHECKING:
+    from torchft.local_sgd import DiLoCo, LocalSGD
+
 GROUP_ENV = "SLUICE_REPLICA_GROUP"  # which replica group this torchrun is (0 .. replica_groups-1)
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable: the Lighthouse's http://HOST:PORT
 DEFAULT_SYNC_EVERY = 8
@@ -46,7 +63,7 @@ DILOCO_OUTER_LR, DILOCO_MOMENTUM = 0.7, 0.9  # DiLoCo's outer Nesterov SGD (Doui
 
 # torchft logs every quorum and commit; a failed peer's errors come back through the manager
 # (ReplicaLink.error) and sluice's own events. Its flight-recorder warning concerns NCCL only.
-for _name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+for _name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors", "torchft.local_sgd"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 
@@ -54,10 +71,15 @@ def replica_group() -> int:
     return int(os.environ.get(GROUP_ENV, "0"))
 
 
+def outer_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """DiLoCo's outer optimizer: Nesterov SGD on the averaged change since the last sync."""
+    return torch.optim.SGD(params, lr=DILOCO_OUTER_LR, momentum=DILOCO_MOMENTUM, nesterov=True)
+
+
 @dataclass(slots=True)
 class Exchanged:
     loss_sum: float  # this rank's loss sum plus the same rank's of every present group
-    groups: list[int]  # the replica groups whose rank took part
+    groups: list[int] | None  # the replica groups whose rank took part (None: not known, LocalSGD / DiLoCo)
     bytes: int  # what this rank handed to the cross-group all-reduces
 
 
@@ -79,7 +101,8 @@ class ReplicaLink:
         self.params, self.optim = params, optim
         self.mode, self.every = mode, sync_every or DEFAULT_SYNC_EVERY
         self.on_heal = on_heal
-        self.outer: OuterSGD | None = OuterSGD(params) if mode is ReplicaSync.DILOCO else None
+        self.trained = 0  # LocalSGD / DiLoCo: the step this group trains (a healing peer takes it)
+        self.updates = 0  # LocalSGD / DiLoCo: optimizer steps since the last sync (torchft counts them too)
         timeout = timedelta(seconds=timeout_s)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
@@ -94,18 +117,40 @@ class ReplicaLink:
             connect_timeout=timeout,
         )
         self.healed = False
+        self.local_mode = mode is not ReplicaSync.STEP
+        self.local: LocalSGD | DiLoCo | None = None  # torchft's, once the group has its weights
+
+    def start_local(self, restarted: bool) -> None:
+        """LocalSGD / DiLoCo: torchft's class on the trained parameters, hooked on the optimizer;
+        built once the group restored its weights (DiLoCo keeps them as the last sync's). A
+        restarted group syncs at once: its quorum waits for the others' next sync (the Lighthouse
+        forms none with half the live groups) and heals it from a live peer there."""
+        from torchft.local_sgd import DiLoCo, LocalSGD
+
+        trained = torch.nn.ParameterList(self.params)  # the same Parameter objects (a LoRA run's adapters)
+        if self.mode is ReplicaSync.LOCAL_SGD:
+            self.local = LocalSGD(self.manager, trained, self.optim, self.every)
+        else:
+            outer = outer_optimizer(list(trained.parameters()))
+            self.local = DiLoCo(self.manager, [trained], self.optim, outer, self.every)
+        self.local.__enter__()
+        if not restarted:
+            return
+        if isinstance(self.local, LocalSGD):
+            self.local.sync()
+        else:  # torchft's DiLoCo syncs from its optimizer hook only: as after the H-th update
+            self.local._local_step = self.every - 1
+            self.local._step_post_hook(self.optim, (), {})
 
     # --- what a recovering peer receives -------------------------------------------------------
     def _state(self) -> dict:
         state = local_state(self.params, self.optim)
-        if self.outer is not None:
-            state["outer"] = self.outer.state()
+        state["step"] = self.trained
         return state
 
     def _load(self, state: dict) -> None:
         load_local_state(self.params, self.optim, state)
-        if self.outer is not None and "outer" in state:
-            self.outer.load(state["outer"])
+        self.trained = int(state.get("step", self.trained))
         self.healed = True
 
     # --- one step ------------------------------------------------------------------------------
@@ -125,55 +170,47 @@ class ReplicaLink:
         """After a restore from the store: the quorum must know the group is at `step`."""
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
 
-    def syncs_at(self, step: int) -> bool:
-        return self.mode is ReplicaSync.STEP or step % self.every == 0
-
     def exchange(self, step: int, loss_sum: float) -> Exchanged:
-        """Sum gradients (every step) or average parameters (LocalSGD / DiLoCo, at sync steps)
-        with the present groups; the loss sum and the groups present, summed likewise."""
+        """Every step's exchange: sum the gradients with the present groups, and the loss sum and
+        the groups present likewise. LocalSGD / DiLoCo: nothing crosses between syncs."""
+        if self.local_mode:
+            return Exchanged(loss_sum, None, 0)
         info = torch.zeros(1 + self.groups, dtype=torch.float64)
         info[0], info[1 + self.group] = loss_sum, 1.0
-        sent = info.numel() * info.element_size()
-        if self.mode is ReplicaSync.STEP:
-            grads = [
-                local_shard(p.grad) if p.grad is not None else torch.zeros_like(local_shard(p)) for p in self.params
-            ]
-            sent += self._all_reduce_into(grads, ReduceOp.SUM)
-            for p, g in zip(self.params, grads):
-                if p.grad is None:
-                    p.grad = g  # a parameter another group had a gradient for (unused here)
+        grads = [local_shard(p.grad) if p.grad is not None else torch.zeros_like(local_shard(p)) for p in self.params]
+        sent = info.numel() * info.element_size() + self._all_reduce_into(grads)
+        for p, g in zip(self.params, grads):
+            if p.grad is None:
+                p.grad = g  # a parameter another group had a gradient for (unused here)
         self.manager.allreduce(info, reduce_op=ReduceOp.SUM).wait()
         groups = [g for g in range(self.groups) if info[1 + g] > 0.5]
         return Exchanged(float(info[0]), groups, sent)
 
-    def sync_parameters(self) -> int:
-        """LocalSGD / DiLoCo at a sync step, after the local update: average the parameters (or
-        their change since the last sync, for DiLoCo's outer step). The bytes sent."""
-        if self.outer is not None:
-            deltas = self.outer.deltas()
-            sent = self._all_reduce_into(deltas, ReduceOp.AVG)
-            if not self.manager.errored():
-                self.outer.step(deltas)
-            return sent
-        with torch.no_grad():
-            tensors = [local_shard(p) for p in self.params]
-            return self._all_reduce_into(tensors, ReduceOp.AVG, only_if_ok=True)
+    def after_update(self) -> int:
+        """LocalSGD / DiLoCo, after the optimizer step (whose torchft hook synced every `every`
+        updates): the bytes this rank sent, the parameters or their change at a sync, else 0."""
+        self.updates += 1
+        if not self.local_mode or self.updates < self.every:
+            return 0
+        self.updates = 0
+        return sum(local_shard(p).numel() * local_shard(p).element_size() for p in self.params)
 
-    def _all_reduce_into(self, tensors: list[torch.Tensor], op: ReduceOp.RedOpType, only_if_ok: bool = False) -> int:
-        """All-reduce `tensors` as one flat buffer and write the result back into them (with
-        `only_if_ok`, not when a peer failed: an averaged parameter must not be half a sum)."""
+    def _all_reduce_into(self, tensors: list[torch.Tensor]) -> int:
+        """Sum `tensors` across the groups as one flat buffer, written back into them."""
         flat = torch.cat([t.reshape(-1).float() for t in tensors])
-        self.manager.allreduce(flat, reduce_op=op).wait()
-        if not (only_if_ok and self.manager.errored()):
-            offset = 0
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t))
-                offset += n
+        self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
         return flat.numel() * flat.element_size()
 
     def commit(self, ok: bool) -> bool:
-        """Does the step stand? Every rank of the group gets the same answer."""
+        """Does the step stand? Every rank of the group gets the same answer. LocalSGD / DiLoCo:
+        the group's own agreement (`ok`); torchft commits at the sync."""
+        if self.local_mode:
+            return ok
         if not ok:
             self.manager.report_error(RuntimeError("the step's loss or gradient is not usable"))
         return self.manager.should_commit()
@@ -183,31 +220,6 @@ class ReplicaLink:
         return None if err is None else str(err.original_exception).splitlines()[0][:200]
 
     def close(self) -> None:
+        if self.local is not None:
+            self.local.__exit__(None, None, None)
         self.manager.shutdown(wait=False)
-
-
-class OuterSGD:
-    """DiLoCo's outer optimizer: Nesterov SGD on the averaged change of the parameters since the
-    last sync (the pseudo-gradient), applied to the copy all groups agreed on at that sync."""
-
-    def __init__(self, params: list[torch.nn.Parameter]):
-        self.params = params
-        self.anchor = [local_shard(p).detach().clone() for p in params]
-        self.momentum = [torch.zeros_like(a) for a in self.anchor]
-
-    def deltas(self) -> list[torch.Tensor]:
-        return [a - local_shard(p).detach() for a, p in zip(self.anchor, self.params)]
-
-    @torch.no_grad()
-    def step(self, deltas: list[torch.Tensor]) -> None:
-        for a, m, d, p in zip(self.anchor, self.momentum, deltas, self.params):
-            m.mul_(DILOCO_MOMENTUM).add_(d)
-            a.sub_(d.add(m, alpha=DILOCO_MOMENTUM), alpha=DILOCO_OUTER_LR)
-            local_shard(p).copy_(a)
-
-    def state(self) -> dict:
-        return {"anchor": self.anchor, "momentum": self.momentum}
-
-    def load(self, state: dict) -> None:
-        for mine, theirs in zip(self.anchor + self.momentum, state["anchor"] + state["momentum"]):
-            mine.copy_(theirs)
