@@ -1,14 +1,16 @@
 """Less communication across replica groups: bytes per step and loss after N steps, DDP against
-torchft-style replica groups that exchange every step's gradients, LocalSGD and DiLoCo.
+torchft replica groups that exchange every step's gradients, and torchft's LocalSGD and DiLoCo.
 
     PYTHONPATH=src python bench/train/replica_sync.py [--steps 40] [--sync-every 8] [--model random:tiny]
 
 Runs `sluice train run` once per variant, same data, model, seed and global batch, one after
 another on this machine, 2 processes each: plain DDP over 2 ranks, and 2 replica groups of 1 rank
 (`--replica-groups 2`) with `--replica-sync step | local_sgd | diloco`. Bytes are what a rank hands
-to collectives per step (DDP's buckets; across groups, the gradients or, at a sync step, the
-parameters or their change, plus the 8-byte-per-group step vector), averaged over all steps; the
-loss is the mean over the last 5 steps. Prints a Markdown table (docs/BENCHMARKS.md).
+to collectives per step (DDP's buckets; across groups, every step's gradients plus the
+8-byte-per-group step vector, or LocalSGD / DiLoCo's parameters or their change at a sync step and
+nothing between syncs), averaged over all steps; the loss is the mean over the last 5 steps (the
+global batch's, except LocalSGD / DiLoCo's: group 0's own half of it, the groups present being
+known only at a sync). Prints a Markdown table (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -87,6 +87,9 @@ class ReplicaDriver:
         if not restarted:
             self.t.heartbeat.at(0, "join")
             self._await_first_quorum()
+            # the manager's step counts syncs: a fresh group's start at 1 puts a restarted one (0)
+            # behind every live group, even one that has not synced yet, so that it heals
+            self.link.set_committed(1)
         self.link.trained = start = restore()
         if start and self.t.rank == 0:
             self._emit(Event.RESTORED, step=start)
