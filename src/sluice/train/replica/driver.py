@@ -1,7 +1,7 @@
 """The trainer's side of replica groups (train/trainer.py calls these at its phases): joining,
 each step's quorum, the exchange with the other groups and the rescaling to the groups present,
 the commit, and the events the launcher prints (a group missing or back, a step run again, a
-group healed from a peer), with a digest of each rank's weights whenever the groups change.
+group healed from a peer), with a digest of each rank's weights whenever the groups change or a group heals.
 """
 
 from __future__ import annotations
@@ -142,9 +142,10 @@ class ReplicaDriver:
                     if p.grad is not None:
                         p.grad.mul_(tokens / max(1, own))
         self._changed = None
-        if (
-            ex.groups is not None and ex.groups != self.previous
-        ):  # the weights before this step's update, to compare across groups
+        # the weights before this step's update, to compare across groups: when the groups present
+        # change, or a group healed from a peer (it may have restarted before its peers' quorum
+        # ever left it out, so the groups present look unchanged to them)
+        if ex.groups is not None and (ex.groups != self.previous or ex.healed):
             self._changed = (ex.groups, digest(self.params))
         return ex.loss_sum, ex.groups, present, ex.bytes
 
@@ -154,7 +155,7 @@ class ReplicaDriver:
             groups, sha = self._changed
             step = self.link.committed()
             self._emit(Event.DIGEST, step=step, sha256=sha, groups=groups)
-            if self.previous is not None and self.t.rank == 0 and self.t.group == min(groups):
+            if self.previous not in (None, groups) and self.t.rank == 0 and self.t.group == min(groups):
                 self._emit(Event.GROUPS, step=step, groups=groups, before=self.previous)
             self.previous = groups
         return committed

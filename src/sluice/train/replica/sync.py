@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -81,6 +81,9 @@ class Exchanged:
     loss_sum: float  # this rank's loss sum plus the same rank's of every present group
     groups: list[int] | None  # the replica groups whose rank took part (None: not known, LocalSGD / DiLoCo)
     bytes: int  # what this rank handed to the cross-group all-reduces
+    # the groups that healed from a peer at this step's quorum: a peer that never saw them missing
+    # (they restarted before its quorum left them out) still learns that the weights were sent
+    healed: list[int] = field(default_factory=list)
 
 
 class ReplicaLink:
@@ -176,7 +179,9 @@ class ReplicaLink:
         if self.local_mode:
             return Exchanged(loss_sum, None, 0)
         info = torch.zeros(1 + self.groups, dtype=torch.float64)
-        info[0], info[1 + self.group] = loss_sum, 1.0
+        # a group's slot: 1 present, 2 present and healed from a peer at this step's quorum (the
+        # same 8 bytes: the peers learn of a heal they could not see in the groups present)
+        info[0], info[1 + self.group] = loss_sum, 2.0 if self.healed else 1.0
         grads = [local_shard(p.grad) if p.grad is not None else torch.zeros_like(local_shard(p)) for p in self.params]
         sent = info.numel() * info.element_size() + self._all_reduce_into(grads)
         for p, g in zip(self.params, grads):
@@ -184,7 +189,8 @@ class ReplicaLink:
                 p.grad = g  # a parameter another group had a gradient for (unused here)
         self.manager.allreduce(info, reduce_op=ReduceOp.SUM).wait()
         groups = [g for g in range(self.groups) if info[1 + g] > 0.5]
-        return Exchanged(float(info[0]), groups, sent)
+        healed = [g for g in range(self.groups) if info[1 + g] > 1.5]
+        return Exchanged(float(info[0]), groups, sent, healed)
 
     def after_update(self) -> int:
         """LocalSGD / DiLoCo, after the optimizer step (whose torchft hook synced every `every`
