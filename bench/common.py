@@ -19,6 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# the subjects of the served benchmarks' prompts (compare_serving, serve_load, vs_llamacpp): one
+# list, so their figures stay comparable with each other and across runs
+PROMPT_TOPICS = (
+    "the sea", "a mountain", "bread", "trains", "owls", "rain", "chess", "a library",
+    "copper", "tea", "bridges", "the moon", "gardens", "violins", "deserts", "bees",
+)  # fmt: skip
+
+
 def pct(values: list[float], q: float) -> float:
     """The `q` quantile by nearest rank (NaN for no values)."""
     if not values:

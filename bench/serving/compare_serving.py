@@ -37,26 +37,10 @@ from httpx_sse import aconnect_sse
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import PROMPT_TOPICS
 from tests.server_process import MODEL, free_port
 
-TOPICS = [
-    "the sea",
-    "a mountain",
-    "bread",
-    "trains",
-    "owls",
-    "rain",
-    "chess",
-    "a library",
-    "copper",
-    "tea",
-    "bridges",
-    "the moon",
-    "gardens",
-    "violins",
-    "deserts",
-    "bees",
-]
+TOPICS = PROMPT_TOPICS
 
 
 class Server:

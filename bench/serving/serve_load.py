@@ -30,27 +30,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import pct
+from bench.common import PROMPT_TOPICS, pct
 from tests.server_process import MODEL, start_server
 
-TOPICS = [
-    "the sea",
-    "a mountain",
-    "bread",
-    "trains",
-    "owls",
-    "rain",
-    "chess",
-    "a library",
-    "copper",
-    "tea",
-    "bridges",
-    "the moon",
-    "gardens",
-    "violins",
-    "deserts",
-    "bees",
-]
+TOPICS = PROMPT_TOPICS
 
 
 def prompt(i: int) -> str:

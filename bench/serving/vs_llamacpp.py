@@ -46,26 +46,10 @@ sys.path.insert(0, str(ROOT))
 
 from workloads import WORKLOADS
 
+from bench.common import PROMPT_TOPICS
 from tests.server_process import MODEL, free_port, start_server
 
-SUBJECTS = [
-    "the sea",
-    "a mountain",
-    "bread",
-    "trains",
-    "owls",
-    "rain",
-    "chess",
-    "a library",
-    "copper",
-    "tea",
-    "bridges",
-    "the moon",
-    "gardens",
-    "violins",
-    "deserts",
-    "bees",
-]
+SUBJECTS = PROMPT_TOPICS
 
 
 class LlamaCpp:
