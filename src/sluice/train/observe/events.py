@@ -27,7 +27,7 @@ class Event(str, enum.Enum):
     CHECKPOINT = "checkpoint"  # a checkpoint was published (step)
     LEFT = "left"  # a replica group left at a step boundary (a stop signal: spot notice)
     HANG = "hang"  # the launcher's watchdog found a rank that stopped making progress
-    DIGEST = "digest"  # a rank's parameters' sha256 (when groups change, and at the end)
+    DIGEST = "digest"  # a rank's parameters' sha256 (when groups change or one healed, and at the end)
     BASE = "base"  # a LoRA run: a rank's frozen base tensors' sha256 at the start and the end (model/lora.py)
     FINISHED = "finished"  # a group reached max_steps
 
