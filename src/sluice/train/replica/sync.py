@@ -9,7 +9,8 @@ Every step (train/trainer.py in replica mode):
    The step trained is the quorum's: the manager's committed steps + 1.
 2. **exchange** (`exchange`): after the group's own backward pass (DDP or FSDP2 inside the group),
    each rank sums its gradients with the same rank of every other group present (torchft's
-   fault-tolerant all-reduce), together with a small vector: its loss sum and which group it is.
+   fault-tolerant all-reduce), together with a small vector: its loss sum, which group it is and
+   whether it healed at this step's quorum (so every group digests its weights then).
    A peer that dies mid-step turns the all-reduce into an error the manager swallows.
 3. **commit** (`commit`): every rank of the group agrees through the manager whether the step
    stands (no error anywhere in the group, enough groups); if not, nothing is applied and the
