@@ -16,28 +16,12 @@ known only at a sync). Prints a Markdown table (docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-
-def make_data(path: Path) -> None:
-    with path.open("w") as f:
-        for i in range(200):
-            f.write(
-                json.dumps(
-                    {
-                        "messages": [
-                            {"role": "user", "content": f"What is {i} plus {i}?"},
-                            {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
-                        ]
-                    }
-                )
-                + "\n"
-            )
+from train_common import two_rank_run, write_sums_chat
 
 
 def main() -> int:
@@ -62,37 +46,10 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.jsonl"
-        make_data(data)
+        write_sums_chat(data)
         for i, (name, extra) in enumerate(variants):
             out = Path(tmp) / f"v{i}"
-            cmd = [
-                sys.executable,
-                "-m",
-                "sluice.cli",
-                "train",
-                "run",
-                "--data",
-                str(data),
-                "--out",
-                str(out),
-                "--model",
-                args.model,
-                "--nproc",
-                "2",
-                "--max-steps",
-                str(args.steps),
-                "--seq-len",
-                args.seq_len,
-                "--batch-size",
-                "8",
-                "--lr",
-                "1e-3",
-                "--threads",
-                "1",
-                *extra,
-            ]
-            subprocess.run(cmd, check=True, capture_output=True)
-            m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+            m = two_rank_run(data, out, args.model, args.steps, args.seq_len, *extra)
             rows.append(
                 (
                     name,

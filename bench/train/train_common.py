@@ -139,3 +139,26 @@ def sluice_in_process(*argv: str, cpu: list[float] | None = None) -> list[dict]:
         for s, handler in saved.items():
             signal.signal(s, handler)
     return [json.loads(x) for x in (settings.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def write_sums_chat(path: Path, n: int = 200) -> Path:
+    """n chat rows of "What is i plus i?" (the communication benchmarks' data: replica_sync.py,
+    train_compression.py)."""
+    with path.open("w") as f:
+        for i in range(n):
+            messages = [
+                {"role": "user", "content": f"What is {i} plus {i}?"},
+                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+            ]
+            f.write(json.dumps({"messages": messages}) + "\n")
+    return path
+
+
+def two_rank_run(data: Path, out: Path, model: str, steps: int, seq_len: str, *extra: str) -> list[dict]:
+    """One 2-process `sluice train run` (global batch 8, lr 1e-3, one thread a rank) with `extra`
+    flags; its metrics.jsonl lines. The communication benchmarks compare such runs."""
+    cmd = [sys.executable, "-m", "sluice.cli", "train", "run", "--data", str(data), "--out", str(out)]
+    cmd += ["--model", model, "--nproc", "2", "--max-steps", str(steps), "--seq-len", seq_len]
+    cmd += ["--batch-size", "8", "--lr", "1e-3", "--threads", "1", *extra]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -11,30 +11,14 @@ the mean of the last 5 steps (compression changes the trajectory, this shows by 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from train_common import two_rank_run, write_sums_chat
+
 HOOKS = ["none", "fp16", "bf16", "powersgd", "topk"]
-
-
-def make_data(path: Path) -> None:
-    with path.open("w") as f:
-        for i in range(200):
-            f.write(
-                json.dumps(
-                    {
-                        "messages": [
-                            {"role": "user", "content": f"What is {i} plus {i}?"},
-                            {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
-                        ]
-                    }
-                )
-                + "\n"
-            )
 
 
 def main() -> int:
@@ -46,38 +30,10 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data.jsonl"
-        make_data(data)
+        write_sums_chat(data)
         for hook in HOOKS:
             out = Path(tmp) / hook
-            cmd = [
-                sys.executable,
-                "-m",
-                "sluice.cli",
-                "train",
-                "run",
-                "--data",
-                str(data),
-                "--out",
-                str(out),
-                "--model",
-                args.model,
-                "--nproc",
-                "2",
-                "--max-steps",
-                str(args.steps),
-                "--seq-len",
-                args.seq_len,
-                "--batch-size",
-                "8",
-                "--lr",
-                "1e-3",
-                "--compression",
-                hook,
-                "--threads",
-                "1",
-            ]
-            subprocess.run(cmd, check=True, capture_output=True)
-            m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+            m = two_rank_run(data, out, args.model, args.steps, args.seq_len, "--compression", hook)
             steady = m[2:] or m  # PowerSGD sends everything for its first two steps
             rows.append(
                 (
