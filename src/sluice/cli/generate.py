@@ -28,8 +28,8 @@ def _generate(args: argparse.Namespace) -> int:
     )
     sampling.validate()
     started = time.perf_counter()
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device or "auto", kernels=args.kernels or "auto")
-    engine = LLMEngine(loaded, EngineConfig(kv_cache_gib=0.25, numerics=args.numerics or "exact"))
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device, kernels=args.kernels)
+    engine = LLMEngine(loaded, EngineConfig(kv_cache_gib=0.25, numerics=args.numerics))
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]

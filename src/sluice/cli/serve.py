@@ -6,37 +6,77 @@ import argparse
 import sys
 from pathlib import Path
 
-from sluice.cli.common import DTYPE_CHOICES, DTYPE_HELP, add_engine_args, engine_setting_values
+from sluice.cli.common import MODEL_FLAGS, add_engine_args, engine_setting_values
+from sluice.cli.setting_flags import SettingFlag, add_setting_flags, setting_values
+from sluice.config import Settings
 
-# flags whose value is the setting of the same name
-_SAME_NAME = (
-    "host",
-    "port",
-    "api_key",
-    "model",
-    "served_model_name",
-    "dtype",
-    "worker",
-    "fleet",
-    "log_level",
-    "log_format",
+_LISTEN_FLAGS = (
+    SettingFlag("host", "interface to bind"),
+    SettingFlag("port", "port to listen on; 0 picks a free one"),
+    SettingFlag("api_key", "require this API key (env SLUICE_API_KEY); unset = open, local only", "KEY"),
 )
-# flags that name seconds without the unit the settings carry
-_SECONDS = ("ping_interval", "send_timeout", "max_stream_duration", "shutdown_grace")
+# what is served and by which workers: the model, its name and dtype, a running worker, a fleet
+# file, the autoscaler, LoRA adapters (--config, a file of all settings, is no setting itself)
+_MODEL_FLAGS = (
+    *MODEL_FLAGS,
+    SettingFlag("served_model_name", "the model id clients send", "NAME", default="from the model"),
+    SettingFlag(
+        "worker",
+        "use a running `sluice worker` at ADDR (host:port or unix:/path) instead of starting one; "
+        "'inline' runs the engine in this process",
+        "ADDR",
+    ),
+)
+_FLEET_FLAGS = (
+    SettingFlag(
+        "fleet",
+        "a fleet file (TOML: models, versions, local replicas and remote workers; docs/FLEET.md); "
+        "env SLUICE_FLEET; SIGHUP reloads it",
+        "FILE",
+    ),
+    SettingFlag(
+        "autoscale",
+        "without --fleet: scale the spawned worker with the local autoscaler (a warm pool of one, "
+        "at most autoscale_max_workers workers; env SLUICE_AUTOSCALE); "
+        "with --fleet, say `autoscale` per version (docs/FLEET.md)",
+        switch=True,
+    ),
+    SettingFlag(
+        "lora_modules",
+        "LoRA adapters served on the base model from start-up: a request's `model` names one; PATH is a "
+        "PEFT adapter folder or s3://bucket/prefix (env SLUICE_LORA_MODULES, a JSON list; docs/LORA.md)",
+        "NAME=PATH",
+        nargs="+",
+    ),
+    SettingFlag(
+        "gaie_metrics",
+        "/metrics also under the names the Gateway API Inference Extension reads (vllm:num_requests_waiting, "
+        "vllm:kv_cache_usage_perc, vllm:lora_requests_info)",
+        switch=True,
+    ),
+)
+# how long streams and connections may run (the flags name seconds without the settings' _s), the logs
+_STREAM_FLAGS = (
+    SettingFlag("ping_interval_s", "SSE ping interval in seconds", "S", flag="--ping-interval"),
+    SettingFlag(
+        "send_timeout_s",
+        "cut a connection whose reader acknowledges nothing for this long while data waits",
+        "S",
+        flag="--send-timeout",
+    ),
+    SettingFlag("max_stream_duration_s", "longest a stream may run", "S", flag="--max-stream-duration"),
+    SettingFlag("shutdown_grace_s", "time open streams get on SIGTERM", "S", flag="--shutdown-grace"),
+    SettingFlag("log_level"),
+    SettingFlag("log_format", "json: one object per line with request and trace ids; text: for a terminal"),
+)
+# every flag that sets a setting, but the engine's (common.py)
+_SETTING_FLAGS = (*_LISTEN_FLAGS, *_MODEL_FLAGS, *_FLEET_FLAGS, *_STREAM_FLAGS)
 
 
-def _settings_from_args(args: argparse.Namespace):  # -> Settings (imported lazily)
+def _settings_from_args(args: argparse.Namespace):  # -> Settings
     from sluice.config import load_settings
 
-    return load_settings(
-        args.config,
-        **{name: getattr(args, name) for name in _SAME_NAME},
-        **{f"{name}_s": getattr(args, name) for name in _SECONDS},
-        autoscale=True if args.autoscale else None,
-        lora_modules=args.lora_modules,
-        gaie_metrics=True if args.gaie_metrics else None,
-        **engine_setting_values(args),
-    )
+    return load_settings(args.config, **setting_values(args, _SETTING_FLAGS), **engine_setting_values(args))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -112,100 +152,13 @@ def _serve(args: argparse.Namespace, settings) -> int:  # Settings
     return asyncio.run(serve(settings, access_log=args.access_log))
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    """What is served and by which workers: the model, its name and dtype, a running worker, a
-    settings file or a fleet file, the autoscaler, LoRA adapters."""
-    p.add_argument(
-        "--model",
-        metavar="PATH",
-        default=None,
-        help="a .gguf file or a Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)",
-    )
-    p.add_argument(
-        "--served-model-name", default=None, metavar="NAME", help="the model id clients send (default: from the model)"
-    )
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help=DTYPE_HELP + " (default: float32)")
-    p.add_argument(
-        "--worker",
-        default=None,
-        metavar="ADDR",
-        help="use a running `sluice worker` at ADDR (host:port or unix:/path) instead of starting one; "
-        "'inline' runs the engine in this process",
-    )
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the Anthropic Messages and OpenAI chat APIs over HTTP")
+    add_setting_flags(p, Settings, _LISTEN_FLAGS + _MODEL_FLAGS)
     p.add_argument(
         "--config", default=None, metavar="FILE", help="a TOML settings file (keys as in SLUICE_* without the prefix)"
     )
-    p.add_argument(
-        "--fleet",
-        default=None,
-        metavar="FILE",
-        help="a fleet file (TOML: models, versions, local replicas and remote workers; docs/FLEET.md); "
-        "env SLUICE_FLEET; SIGHUP reloads it",
-    )
-    p.add_argument(
-        "--autoscale",
-        action="store_true",
-        default=False,
-        help="without --fleet: scale the spawned worker with the local autoscaler (a warm pool of one, "
-        "at most autoscale_max_workers workers; env SLUICE_AUTOSCALE); "
-        "with --fleet, say `autoscale` per version (docs/FLEET.md)",
-    )
-    p.add_argument(
-        "--lora-modules",
-        nargs="+",
-        default=None,
-        metavar="NAME=PATH",
-        help="LoRA adapters served on the base model from start-up: a request's `model` names one; PATH is a "
-        "PEFT adapter folder or s3://bucket/prefix (env SLUICE_LORA_MODULES, a JSON list; docs/LORA.md)",
-    )
-
-
-def _add_stream_args(p: argparse.ArgumentParser) -> None:
-    """How long streams and connections may run, and the logs."""
-    p.add_argument(
-        "--ping-interval", type=float, default=None, metavar="S", help="SSE ping interval in seconds (default: 10)"
-    )
-    p.add_argument(
-        "--send-timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="cut a connection whose reader acknowledges nothing for this long while data waits (default: 30)",
-    )
-    p.add_argument(
-        "--max-stream-duration", type=float, default=None, metavar="S", help="longest a stream may run (default: 600)"
-    )
-    p.add_argument(
-        "--shutdown-grace", type=float, default=None, metavar="S", help="time open streams get on SIGTERM (default: 10)"
-    )
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None, help="(default: info)")
-    p.add_argument(
-        "--log-format",
-        choices=["json", "text"],
-        default=None,
-        help="json: one object per line with request and trace ids; text: for a terminal (default: json)",
-    )
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the Anthropic Messages and OpenAI chat APIs over HTTP")
-    p.add_argument("--host", default=None, help="interface to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="port to listen on; 0 picks a free one (default: 8000)")
-    p.add_argument(
-        "--api-key",
-        default=None,
-        metavar="KEY",
-        help="require this API key (env SLUICE_API_KEY); unset = open, local only",
-    )
-    _add_model_args(p)
-    p.add_argument(
-        "--gaie-metrics",
-        action="store_true",
-        default=False,
-        help="/metrics also under the names the Gateway API Inference Extension reads (vllm:num_requests_waiting, "
-        "vllm:kv_cache_usage_perc, vllm:lora_requests_info)",
-    )
-    _add_stream_args(p)
+    add_setting_flags(p, Settings, _FLEET_FLAGS + _STREAM_FLAGS)
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_engine_args(p)
     p.set_defaults(func=_run)

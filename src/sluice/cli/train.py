@@ -6,238 +6,169 @@ import argparse
 import sys
 from pathlib import Path
 
-# the closed vocabularies (pydantic only: no torch is imported to print --help)
-from sluice.train.settings import Compression, LrSchedule, NonFinite, Parallel, PipelineSchedule, ReplicaSync
+from sluice.cli.setting_flags import SettingFlag, add_setting_flags, setting_values
 
-# flag dest -> settings field; every flag defaults to None so the file (or the default) decides
-_RUN_FLAGS: list[tuple[str, dict]] = [
-    (
-        "--data",
-        dict(
-            metavar="FILE",
-            help='JSONL: {"system"?, "messages": [...]} (loss on assistant turns) or {"text": ...} per line',
-        ),
+# pydantic only: no torch is imported to print --help
+from sluice.train.parallel.dims import DEFAULT_TP_SIZE
+from sluice.train.settings import TrainSettings
+
+# every flag sets the setting of its name and defaults to None, so the file (or the default) decides
+_RUN_FLAGS = (
+    SettingFlag(
+        "data",
+        'JSONL: {"system"?, "messages": [...]} (loss on assistant turns) or {"text": ...} per line',
+        "FILE",
     ),
-    (
-        "--out",
-        dict(
-            metavar="DIR",
-            help="run folder: checkpoints/, metrics.jsonl, resolved_config.json; "
-            "an existing run there is resumed from its newest checkpoint",
-        ),
+    SettingFlag(
+        "out",
+        "run folder: checkpoints/, metrics.jsonl, resolved_config.json; "
+        "an existing run there is resumed from its newest checkpoint",
+        "DIR",
     ),
-    (
-        "--model",
-        dict(
-            metavar="MODEL",
-            help="bundled (SmolLM2-135M-Instruct, default), a .gguf file, an HF folder, "
-            "or random:<preset> (tiny, smol-135m, llama-1b)",
-        ),
+    SettingFlag(
+        "model",
+        "bundled (SmolLM2-135M-Instruct), a .gguf file, an HF folder, or random:<preset> (tiny, smol-135m, llama-1b)",
+        "MODEL",
     ),
-    ("--tokenizer", dict(metavar="MODEL", help="tokenizer of a random:<preset> model (default: bundled)")),
-    ("--nproc", dict(type=int, metavar="N", help="processes (ranks) on this machine (default: 1)")),
-    ("--max-steps", dict(type=int, metavar="N", help="optimizer steps to train to")),
-    (
-        "--checkpoint-every",
-        dict(type=int, metavar="N", help="checkpoint every N steps; 0 = only at the end (default: 0)"),
+    SettingFlag("tokenizer", "tokenizer of a random:<preset> model", "MODEL"),
+    SettingFlag("nproc", "processes (ranks) on this machine", "N"),
+    SettingFlag("max_steps", "optimizer steps to train to", "N"),
+    SettingFlag("checkpoint_every", "checkpoint every N steps; 0 = only at the end", "N"),
+    SettingFlag("keep_checkpoints", "keep the newest K checkpoints", "K"),
+    SettingFlag("seq_len", "tokens per packed row", "N"),
+    SettingFlag("batch_size", "rows per optimizer step over all ranks", "N"),
+    SettingFlag(
+        "micro_batch_size",
+        "rows per forward on a rank; 0 = batch / data-parallel ranks (pp: 0 = 1 row per micro-batch)",
+        "N",
     ),
-    ("--keep-checkpoints", dict(type=int, metavar="K", help="keep the newest K checkpoints (default: 2)")),
-    ("--seq-len", dict(type=int, metavar="N", help="tokens per packed row (default: 512)")),
-    ("--batch-size", dict(type=int, metavar="N", help="rows per optimizer step over all ranks (default: 4)")),
-    (
-        "--micro-batch-size",
-        dict(
-            type=int,
-            metavar="N",
-            help="rows per forward on a rank; 0 = batch / data-parallel ranks "
-            "(pp: 0 = 1 row per micro-batch) (default: 0)",
-        ),
+    SettingFlag("lr", "peak learning rate of AdamW", "LR"),
+    SettingFlag("lr_schedule", "after warmup"),
+    SettingFlag("warmup_steps", "linear warmup steps", "N"),
+    SettingFlag(
+        "parallel",
+        "ddp (all-reduce) or fsdp (FSDP2 sharding): data parallel; tp: tensor parallel over "
+        "every rank; pp: pipeline, a stage of layers per rank; fsdp_tp: FSDP2 x tensor parallel; "
+        "ep: a MoE model's experts sharded over ranks, the rest DDP",
     ),
-    ("--lr", dict(type=float, metavar="LR", help="peak learning rate of AdamW (default: 2e-5)")),
-    ("--lr-schedule", dict(choices=[s.value for s in LrSchedule], help="after warmup (default: constant)")),
-    ("--warmup-steps", dict(type=int, metavar="N", help="linear warmup steps (default: 0)")),
-    (
-        "--parallel",
-        dict(
-            choices=[p.value for p in Parallel],
-            help="ddp (all-reduce) or fsdp (FSDP2 sharding): data parallel; tp: tensor parallel over "
-            "every rank; pp: pipeline, a stage of layers per rank; fsdp_tp: FSDP2 x tensor parallel; "
-            "ep: a MoE model's experts sharded over ranks, the rest DDP (default: ddp)",
-        ),
+    SettingFlag("tp_size", "fsdp_tp: ranks per tensor-parallel group", "N", default=str(DEFAULT_TP_SIZE)),
+    SettingFlag("pp_schedule", "pp: the schedule of the pipeline's micro-batches (--micro-batch-size rows each)"),
+    SettingFlag("compression", "DDP gradient compression hook"),
+    SettingFlag("seed", "data order and random init"),
+    SettingFlag(
+        "nonfinite",
+        "a step whose loss or gradient norm is NaN or infinite: stop the run before its update, "
+        "saving nothing, or skip its update and go on",
     ),
-    ("--tp-size", dict(type=int, metavar="N", help="fsdp_tp: ranks per tensor-parallel group (default: 2)")),
-    (
-        "--pp-schedule",
-        dict(
-            choices=[p.value for p in PipelineSchedule],
-            help="pp: pipeline schedule (default: gpipe); micro-batches are --micro-batch-size rows (default: 1)",
-        ),
+    SettingFlag("max_restarts", "torchrun restarts after a crash", "N"),
+    SettingFlag("threads", "torch threads per rank; 0 = cores / nproc", "N"),
+    SettingFlag("skip_bad_lines", "report bad data lines and train on the rest", switch=True),
+    SettingFlag(
+        "async_checkpoint",
+        "write checkpoints in the step, not in the background",
+        flag="--sync-checkpoint",
+        switch=False,
     ),
-    (
-        "--compression",
-        dict(choices=[c.value for c in Compression], help="DDP gradient compression hook (default: none)"),
-    ),
-    ("--seed", dict(type=int, help="data order and random init (default: 0)")),
-    (
-        "--nonfinite",
-        dict(
-            choices=[n.value for n in NonFinite],
-            help="a step whose loss or gradient norm is NaN or infinite: stop the run before its update, "
-            "saving nothing, or skip its update and go on (default: stop)",
-        ),
-    ),
-    ("--max-restarts", dict(type=int, metavar="N", help="torchrun restarts after a crash (default: 3)")),
-    ("--threads", dict(type=int, metavar="N", help="torch threads per rank; 0 = cores / nproc (default: 0)")),
     # mixture of experts, elastic launch, object storage
-    (
-        "--moe-experts",
-        dict(
-            type=int,
-            metavar="E",
-            help="train a mixture-of-experts variant with E experts per layer "
-            "(random experts, or upcycled from the dense model) (default: 0, dense)",
-        ),
+    SettingFlag(
+        "moe_experts",
+        "train a mixture-of-experts variant with E experts per layer "
+        "(random experts, or upcycled from the dense model); 0 = dense",
+        "E",
     ),
-    ("--moe-top-k", dict(type=int, metavar="K", help="experts per token (default: 2)")),
-    ("--moe-aux-loss", dict(type=float, metavar="C", help="load-balancing loss coefficient (default: 0.01)")),
-    (
-        "--nnodes",
-        dict(
-            metavar="N|MIN:MAX",
-            help="machines (torchrun agents) in the job; MIN:MAX is elastic: "
-            "machines may leave and join, the run resumes at each change (default: 1)",
-        ),
+    SettingFlag("moe_top_k", "experts per token", "K"),
+    SettingFlag("moe_aux_loss", "load-balancing loss coefficient", "C"),
+    SettingFlag(
+        "nnodes",
+        "machines (torchrun agents) in the job; MIN:MAX is elastic: "
+        "machines may leave and join, the run resumes at each change",
+        "N|MIN:MAX",
     ),
-    (
-        "--rdzv-endpoint",
-        dict(
-            metavar="HOST:PORT",
-            help="where every machine's agent meets; required with several machines (default: a free local port)",
-        ),
+    SettingFlag(
+        "rdzv_endpoint",
+        "where every machine's agent meets; required with several machines",
+        "HOST:PORT",
+        default="a free local port",
     ),
-    (
-        "--checkpoint-store",
-        dict(
-            metavar="s3://BUCKET/PREFIX",
-            help="write checkpoints to S3-compatible object storage instead of RUN/checkpoints",
-        ),
+    SettingFlag(
+        "checkpoint_store",
+        "write checkpoints to S3-compatible object storage instead of RUN/checkpoints",
+        "s3://BUCKET/PREFIX",
     ),
-    ("--s3-endpoint", dict(metavar="URL", help="the S3-compatible endpoint of --checkpoint-store (default: AWS)")),
-    (
-        "--lease-timeout",
-        dict(
-            type=float,
-            metavar="SECONDS",
-            help="one group at a time: a group's lease on the run "
-            "lapses this long after its leader last renewed it "
-            "(default: 30)",
-        ),
+    SettingFlag("s3_endpoint", "the S3-compatible endpoint of --checkpoint-store", "URL", default="AWS"),
+    SettingFlag(
+        "lease_timeout",
+        "one group at a time: a group's lease on the run lapses this long after its leader last renewed it",
+        "SECONDS",
     ),
-    (
-        "--prometheus-textfile",
-        dict(
-            metavar="PATH",
-            help="also write each step's metrics there in Prometheus' text format (node-exporter's textfile collector)",
-        ),
+    # observability, memory
+    SettingFlag(
+        "prometheus_textfile",
+        "also write each step's metrics there in Prometheus' text format (node-exporter's textfile collector)",
+        "PATH",
     ),
-    (
-        "--peak-flops",
-        dict(
-            type=float,
-            metavar="FLOPS",
-            help="per-rank peak FLOP/s for the MFU estimate; 0 = measure a matmul at start (default: 0)",
-        ),
-    ),
-    (
-        "--progress-interval",
-        dict(
-            type=float,
-            metavar="SECONDS",
-            help="a progress line on this terminal at most this often; 0 = every step (default: 10)",
-        ),
+    SettingFlag("tensorboard", "also write TensorBoard event files to OUT/tensorboard", switch=True),
+    SettingFlag("peak_flops", "per-rank peak FLOP/s for the MFU estimate; 0 = measure a matmul at start", "FLOPS"),
+    SettingFlag("progress_interval", "a progress line on this terminal at most this often; 0 = every step", "SECONDS"),
+    SettingFlag(
+        "activation_checkpointing",
+        "recompute each decoder layer's activations in the backward pass: less memory, more compute",
+        switch=True,
     ),
     # LoRA (train/model/lora.py): PEFT's adapters train, the base stays frozen
-    (
-        "--lora-rank",
-        dict(
-            type=int,
-            metavar="R",
-            help="train a LoRA adapter of rank R on a frozen base (one process, "
-            "ddp or fsdp); checkpoints hold the adapter; export writes a PEFT "
-            "adapter folder (default: full fine-tuning)",
-        ),
+    SettingFlag(
+        "lora_rank",
+        "train a LoRA adapter of rank R on a frozen base (one process, ddp or fsdp); checkpoints hold "
+        "the adapter; export writes a PEFT adapter folder",
+        "R",
+        default="full fine-tuning",
     ),
-    ("--lora-alpha", dict(type=float, metavar="A", help="LoRA's scale is A / R (default: 2 x R)")),
-    (
-        "--lora-dropout",
-        dict(type=float, metavar="P", help="dropout on the adapters' input while training, 0 <= P < 1 (default: 0)"),
-    ),
-    (
-        "--lora-targets",
-        dict(
-            type=lambda v: [t.strip() for t in v.split(",")],
-            metavar="q,k,v,o,gate,up,down",
-            help="the decoder linears that get adapters (default: all seven)",
-        ),
+    SettingFlag("lora_alpha", "LoRA's scale is A / R", "A", default="2 x R"),
+    SettingFlag("lora_dropout", "dropout on the adapters' input while training, 0 <= P < 1", "P"),
+    SettingFlag(
+        "lora_targets",
+        "the decoder linears that get adapters",
+        "q,k,v,o,gate,up,down",
+        default="all seven",
+        parse=lambda v: [t.strip() for t in v.split(",")],
     ),
     # per-step fault tolerance (torchft), hangs, stragglers
-    (
-        "--replica-groups",
-        dict(
-            type=int,
-            metavar="G",
-            help="split --nproc into G replica groups, each its own torchrun, "
-            "fault-tolerant data parallel across them: a group that dies "
-            "drops out and rejoins from a live peer (default: 1)",
-        ),
+    SettingFlag(
+        "replica_groups",
+        "split --nproc into G replica groups, each its own torchrun, fault-tolerant data parallel "
+        "across them: a group that dies drops out and rejoins from a live peer",
+        "G",
     ),
-    (
-        "--lighthouse",
-        dict(
-            metavar="http://HOST:PORT",
-            help="the torchft Lighthouse the replica groups meet at (default: one started by this command)",
-        ),
+    SettingFlag(
+        "lighthouse",
+        "the torchft Lighthouse the replica groups meet at",
+        "http://HOST:PORT",
+        default="one started by this command",
     ),
-    (
-        "--replica-sync",
-        dict(
-            choices=[r.value for r in ReplicaSync],
-            help="across replica groups: every step's gradients, or LocalSGD / DiLoCo's "
-            "parameters every --sync-every steps (default: step)",
-        ),
+    SettingFlag(
+        "replica_sync",
+        "across replica groups: every step's gradients, or LocalSGD / DiLoCo's parameters every --sync-every steps",
     ),
-    ("--sync-every", dict(type=int, metavar="N", help="local_sgd / diloco: steps between syncs (default: 8)")),
-    (
-        "--hang-timeout",
-        dict(
-            type=float,
-            metavar="SECONDS",
-            help="a rank silent this long is reported by rank and host and killed; its group restarts (default: 60)",
-        ),
+    # 0 in the settings: the syncer's own every 8 steps (train/replica/sync.py, torch to import)
+    SettingFlag("sync_every", "local_sgd / diloco: steps between syncs", "N", default="8"),
+    SettingFlag(
+        "hang_timeout",
+        "a rank silent this long is reported by rank and host and killed; its group restarts",
+        "SECONDS",
     ),
-    (
-        "--straggler-factor",
-        dict(
-            type=float,
-            metavar="X",
-            help="a rank whose compute is X times the median is named in metrics.jsonl's stragglers (default: 1.5)",
-        ),
+    SettingFlag(
+        "straggler_factor",
+        "a rank whose compute is X times the median is named in metrics.jsonl's stragglers",
+        "X",
     ),
-]
+)
 
 
-def settings_from_args(args: argparse.Namespace):
+def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     """The run's TrainSettings: --config's file with the flags given on top."""
     from sluice.train.settings import load_settings
 
-    overrides = {
-        flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _ in _RUN_FLAGS
-    }
-    overrides["skip_bad_lines"] = True if args.skip_bad_lines else None
-    overrides["async_checkpoint"] = False if args.sync_checkpoint else None
-    overrides["tensorboard"] = True if args.tensorboard else None
-    overrides["activation_checkpointing"] = True if args.activation_checkpointing else None
-    return load_settings(args.config, overrides)
+    return load_settings(args.config, setting_values(args, _RUN_FLAGS))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -275,22 +206,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(a TOML file with the same names, underscores for dashes); flags override it.",
     )
     run.add_argument("--config", metavar="FILE", default=None, help="train.toml with any of the settings below")
-    for flag, kw in _RUN_FLAGS:
-        run.add_argument(flag, default=None, **kw)
-    run.add_argument("--skip-bad-lines", action="store_true", help="report bad data lines and train on the rest")
+    add_setting_flags(run, TrainSettings, _RUN_FLAGS)
     run.add_argument(
         "--prepare-only",
         action="store_true",
         help="check the settings, tokenize the data into --out and stop (for torchrun on a cluster)",
-    )
-    run.add_argument(
-        "--sync-checkpoint", action="store_true", help="write checkpoints in the step, not in the background"
-    )
-    run.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUT/tensorboard")
-    run.add_argument(
-        "--activation-checkpointing",
-        action="store_true",
-        help="recompute each decoder layer's activations in the backward pass: less memory, more compute",
     )
     run.set_defaults(func=_run)
     exp = tsub.add_parser(
