@@ -4,6 +4,7 @@ each declared once as a flag of its setting (setting_flags.py)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from typing import Any
 
 from sluice.cli.setting_flags import SettingFlag, add_setting_flags, setting_values
@@ -138,6 +139,21 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine settings shared by `serve` (passed on to its worker) and `worker`."""
     add_setting_flags(p.add_argument_group("engine"), Settings, ENGINE_FLAGS)
+
+
+def add_options_either_side(
+    p: argparse.ArgumentParser, options: Iterable[tuple[str, dict[str, Any]]]
+) -> argparse.ArgumentParser:
+    """Options a command takes before its action and after it too (`sluice fleet status --json`):
+    each is declared on `p` as given and on the parser returned, the `parents` of every action,
+    with no default (SUPPRESS), which keeps a value given before the action when it is not
+    repeated after it; a help's %(default)s names the default there too."""
+    either_side = argparse.ArgumentParser(add_help=False)
+    for flag, kwargs in options:
+        p.add_argument(flag, **kwargs)
+        named = kwargs.get("help", "") % {"default": kwargs.get("default")}
+        either_side.add_argument(flag, **{**kwargs, "default": argparse.SUPPRESS, "help": named})
+    return either_side
 
 
 def engine_setting_values(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,6 +24,8 @@ import time
 from typing import Any
 from urllib.parse import quote
 
+from sluice.cli.common import add_options_either_side
+
 EXIT_REFUSED, EXIT_USAGE, EXIT_ROLLED_BACK = 1, 2, 3
 DEFAULT_URL = "http://127.0.0.1:8000"
 # `rollout` flags → the rollout plan's fields (docs/FLEET.md, [rollout])
@@ -35,6 +37,15 @@ PLAN_FLAGS = {
     "warm_timeout": "warm_timeout_s",
     "drain_timeout": "drain_timeout_s",
 }
+
+
+# where and as whom, before the action or after it (`sluice fleet status --json`)
+_OPTIONS = (
+    ("--url", dict(default=None, help=f"the server (default: env SLUICE_URL, else {DEFAULT_URL})")),
+    ("--admin-key", dict(default=None, metavar="KEY", help="the server's admin_key (default: env SLUICE_ADMIN_KEY)")),
+    ("--json", dict(action="store_true", help="print the server's JSON answer")),
+    ("--timeout", dict(type=float, default=30.0, metavar="S", help="HTTP timeout in seconds (default: %(default)g)")),
+)
 
 
 class Refused(Exception):
@@ -271,19 +282,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Operate a running server's fleet over its admin API (docs/FLEET.md). Exit codes: "
         "0 done, 1 refused by the server, 2 usage / no admin key / no server, 3 rollout --wait rolled back.",
     )
-    p.add_argument("--url", default=None, help=f"the server (default: env SLUICE_URL, else {DEFAULT_URL})")
-    p.add_argument(
-        "--admin-key", default=None, metavar="KEY", help="the server's admin_key (default: env SLUICE_ADMIN_KEY)"
-    )
-    p.add_argument("--json", action="store_true", help="print the server's JSON answer")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="HTTP timeout in seconds (default: 30)")
-    # the same options after the action too (`sluice fleet status --json`); SUPPRESS keeps a
-    # value given before the action when it is not repeated after it
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=argparse.SUPPRESS, help="the server")
-    common.add_argument("--admin-key", default=argparse.SUPPRESS, metavar="KEY", help="the server's admin_key")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the server's JSON answer")
-    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="S", help="HTTP timeout in seconds")
+    common = add_options_either_side(p, _OPTIONS)
     acts = p.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
     st = acts.add_parser("status", parents=[common], help="models, versions (state, weight, share), rollouts, workers")
     st.set_defaults(action=_status)

@@ -62,9 +62,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("generate", help="generate one chat reply and stream it to stdout")
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the user message")
     gen.add_argument("--system", metavar="TEXT", default=None, help="a system prompt (default: the model template's)")
-    gen.add_argument("--max-tokens", type=int, default=256, metavar="N", help="maximum output tokens (default: 256)")
     gen.add_argument(
-        "--temperature", type=float, default=0.0, metavar="T", help="sampling temperature; 0 = greedy (default: 0)"
+        "--max-tokens", type=int, default=256, metavar="N", help="maximum output tokens (default: %(default)s)"
+    )
+    gen.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="sampling temperature; 0 = greedy (default: %(default)g)",
     )
     gen.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K most likely tokens; 0 = off")
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass; 1.0 = off")

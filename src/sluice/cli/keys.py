@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sluice.cli.common import add_options_either_side
+
 
 def _settings(args: argparse.Namespace):
     from sluice.config import load_settings
@@ -96,12 +98,19 @@ def _rotate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("keys", help="manage API keys (tenants, tiers, limits)")
-    p.add_argument("--data-dir", default=None, metavar="DIR", help="where keys.db lives (default: settings data_dir)")
-    p.add_argument(
-        "--config", default=None, metavar="FILE", help="the server's TOML settings file (data_dir, [tiers.NAME])"
+    # where the key store is, before the action or after it
+    common = add_options_either_side(
+        p,
+        (
+            ("--data-dir", dict(default=None, metavar="DIR", help="where keys.db lives (default: settings data_dir)")),
+            (
+                "--config",
+                dict(default=None, metavar="FILE", help="the server's TOML settings file (data_dir, [tiers.NAME])"),
+            ),
+        ),
     )
     ks = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    c = ks.add_parser("create", help="create a key and print it once")
+    c = ks.add_parser("create", parents=[common], help="create a key and print it once")
     c.add_argument("--tenant", required=True, help="the tenant the key belongs to")
     c.add_argument("--tier", required=True, help="priority, standard, free, batch, or one from the settings file")
     c.add_argument("--rpm", type=int, default=None, help="requests per minute (default: the tier's)")
@@ -110,19 +119,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--max-concurrent", type=int, default=None, help="concurrent requests (default: the tier's)")
     c.add_argument("--allow-custom-tier", action="store_true", help="accept a tier name not built in")
     c.set_defaults(func=_create)
-    lst = ks.add_parser("list", help="list keys (never the keys themselves)")
+    lst = ks.add_parser("list", parents=[common], help="list keys (never the keys themselves)")
     lst.set_defaults(func=_list)
-    r = ks.add_parser("revoke", help="revoke a key by its key_id")
+    r = ks.add_parser("revoke", parents=[common], help="revoke a key by its key_id")
     r.add_argument("key_id")
     r.set_defaults(func=_revoke)
-    o = ks.add_parser("rotate", help="issue a new key with the same tenant and limits; revoke the old one")
+    o = ks.add_parser(
+        "rotate", parents=[common], help="issue a new key with the same tenant and limits; revoke the old one"
+    )
     o.add_argument("key_id")
     o.add_argument(
-        "--grace", type=float, default=0.0, metavar="SECONDS", help="keep the old key working this long (default: 0)"
+        "--grace",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep the old key working this long (default: %(default)g)",
     )
     o.set_defaults(func=_rotate)
-    for parser in (c, lst, r, o):
-        parser.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR", help="where keys.db lives")
-        parser.add_argument(
-            "--config", default=argparse.SUPPRESS, metavar="FILE", help="the server's TOML settings file"
-        )

@@ -15,7 +15,8 @@ import socket
 import sys
 import time
 
-DEFAULT_URL = "http://127.0.0.1:8100"
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8100
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -131,8 +132,8 @@ def _add_serve(ss: argparse._SubParsersAction) -> None:
         "shards with one replica each (supervised child processes, restarted if they "
         "die), hash sharding, no keys, data under ./search-data.",
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument("--host", default=DEFAULT_HOST, help="interface to bind (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (default: %(default)s)")
     serve.add_argument(
         "--config",
         metavar="FILE",
@@ -200,7 +201,7 @@ def _add_ingest(ss: argparse._SubParsersAction) -> None:
     )
     ingest.add_argument("file", metavar="DOCS.jsonl")
     ingest.add_argument("--url", default=os.environ.get("SLUICE_SEARCH_URL", DEFAULT_URL))
-    ingest.add_argument("--batch", type=int, default=500, help="lines per request (default 500)")
+    ingest.add_argument("--batch", type=int, default=500, help="lines per request (default: %(default)s)")
     ingest.add_argument("--key", help="ingest key (else env SLUICE_SEARCH_INGEST_KEY)")
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     ingest.set_defaults(func=_ingest)

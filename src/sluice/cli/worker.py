@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--listen",
         default="127.0.0.1:50051",
         metavar="ADDR",
-        help="host:port or unix:/path to listen on (default: 127.0.0.1:50051)",
+        help="host:port or unix:/path to listen on (default: %(default)s)",
     )
     # `sluice serve` pipes its child's stderr (to keep a tail for error messages) yet wants the
     # load bar on the user's terminal: it passes --progress always when its own stderr is one.
@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--progress",
         choices=list(PROGRESS),
         default="auto",
-        help="model load progress bar (default: auto = on a terminal)",
+        help="model load progress bar; auto = on a terminal (default: %(default)s)",
     )
     p.add_argument(
         "--engine-config",
