@@ -10,73 +10,33 @@ from sluice.cli.common import MODEL_FLAGS, add_engine_args, engine_setting_value
 from sluice.cli.setting_flags import SettingFlag, add_setting_flags, setting_values
 from sluice.config import Settings
 
-_LISTEN_FLAGS = (
-    SettingFlag("host", "interface to bind"),
-    SettingFlag("port", "port to listen on; 0 picks a free one"),
-    SettingFlag("api_key", "require this API key (env SLUICE_API_KEY); unset = open, local only", "KEY"),
-)
+_LISTEN_FLAGS = (SettingFlag("host"), SettingFlag("port"), SettingFlag("api_key", "KEY"))
 # what is served and by which workers: the model, its name and dtype, a running worker, a fleet
 # file, the autoscaler, LoRA adapters (--config, a file of all settings, is no setting itself)
-_MODEL_FLAGS = (
-    *MODEL_FLAGS,
-    SettingFlag("served_model_name", "the model id clients send", "NAME", default="from the model"),
-    SettingFlag(
-        "worker",
-        "use a running `sluice worker` at ADDR (host:port or unix:/path) instead of starting one; "
-        "'inline' runs the engine in this process",
-        "ADDR",
-    ),
-)
+_MODEL_FLAGS = (*MODEL_FLAGS, SettingFlag("served_model_name", "NAME"), SettingFlag("worker", "ADDR"))
 _FLEET_FLAGS = (
-    SettingFlag(
-        "fleet",
-        "a fleet file (TOML: models, versions, local replicas and remote workers; docs/FLEET.md); "
-        "env SLUICE_FLEET; SIGHUP reloads it",
-        "FILE",
-    ),
-    SettingFlag(
-        "autoscale",
-        "without --fleet: scale the spawned worker with the local autoscaler (a warm pool of one, "
-        "at most autoscale_max_workers workers; env SLUICE_AUTOSCALE); "
-        "with --fleet, say `autoscale` per version (docs/FLEET.md)",
-        switch=True,
-    ),
-    SettingFlag(
-        "lora_modules",
-        "LoRA adapters served on the base model from start-up: a request's `model` names one; PATH is a "
-        "PEFT adapter folder or s3://bucket/prefix (env SLUICE_LORA_MODULES, a JSON list; docs/LORA.md)",
-        "NAME=PATH",
-        nargs="+",
-    ),
-    SettingFlag(
-        "gaie_metrics",
-        "/metrics also under the names the Gateway API Inference Extension reads (vllm:num_requests_waiting, "
-        "vllm:kv_cache_usage_perc, vllm:lora_requests_info)",
-        switch=True,
-    ),
+    SettingFlag("fleet", "FILE"),
+    SettingFlag("autoscale", switch=True),
+    SettingFlag("lora_modules", "NAME=PATH", nargs="+"),
+    SettingFlag("gaie_metrics", switch=True),
 )
 # how long streams and connections may run (the flags name seconds without the settings' _s), the logs
 _STREAM_FLAGS = (
-    SettingFlag("ping_interval_s", "SSE ping interval in seconds", "S", flag="--ping-interval"),
-    SettingFlag(
-        "send_timeout_s",
-        "cut a connection whose reader acknowledges nothing for this long while data waits",
-        "S",
-        flag="--send-timeout",
-    ),
-    SettingFlag("max_stream_duration_s", "longest a stream may run", "S", flag="--max-stream-duration"),
-    SettingFlag("shutdown_grace_s", "time open streams get on SIGTERM", "S", flag="--shutdown-grace"),
+    SettingFlag("ping_interval_s", "S", flag="--ping-interval"),
+    SettingFlag("send_timeout_s", "S", flag="--send-timeout"),
+    SettingFlag("max_stream_duration_s", "S", flag="--max-stream-duration"),
+    SettingFlag("shutdown_grace_s", "S", flag="--shutdown-grace"),
     SettingFlag("log_level"),
-    SettingFlag("log_format", "json: one object per line with request and trace ids; text: for a terminal"),
+    SettingFlag("log_format"),
 )
 # every flag that sets a setting, but the engine's (common.py)
-_SETTING_FLAGS = (*_LISTEN_FLAGS, *_MODEL_FLAGS, *_FLEET_FLAGS, *_STREAM_FLAGS)
+SETTING_FLAGS = (*_LISTEN_FLAGS, *_MODEL_FLAGS, *_FLEET_FLAGS, *_STREAM_FLAGS)
 
 
 def _settings_from_args(args: argparse.Namespace):  # -> Settings
     from sluice.config import load_settings
 
-    return load_settings(args.config, **setting_values(args, _SETTING_FLAGS), **engine_setting_values(args))
+    return load_settings(args.config, **setting_values(args, SETTING_FLAGS), **engine_setting_values(args))
 
 
 def _run(args: argparse.Namespace) -> int:

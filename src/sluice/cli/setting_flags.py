@@ -1,8 +1,10 @@
 """Flags that set the fields of a settings model (the server's Settings, TrainSettings).
 
-A flag says once what only the command line knows (its help text, its metavar); its type, its
-choices and the default its --help names are read from the model's field, so no help text
-restates a default by hand and none can drift from the model's. Such a flag defaults to None,
+A flag says only what the command line alone knows (its metavar, a flag name not its field's, a
+switch); its help text is the field's description (its docstring), and its type, its choices
+and the default its --help names are read from the field too, so no help text restates a
+setting or its default by hand and none can drift from the model's. A description that ends in
+"(default: ...)" names what an unset value stands for itself. Such a flag defaults to None,
 "not given": the settings file, the environment or the field's default decides, and a flag
 given overrides them (`setting_values` hands the given ones on by field name).
 """
@@ -26,13 +28,10 @@ ArgParser = argparse.ArgumentParser | argparse._ArgumentGroup
 @dataclass(frozen=True, slots=True)
 class SettingFlag:
     field: str  # the setting; its flag is --FIELD with dashes for underscores unless `flag` names it
-    help: str = ""
     metavar: str | None = None
-    # how --help names the default where the field's value does not say it: what None or ""
-    # stands for ("the model's"), or the value a 0 is resolved to elsewhere
-    default: str | None = None
     flag: str | None = None  # a flag not named after its field: --ping-interval sets ping_interval_s
-    switch: bool | None = None  # a flag without a value: given, the field takes this value
+    # a flag without a value: given, the field takes this value (False: "turn off: " the description)
+    switch: bool | None = None
     parse: Callable[[str], Any] | None = None  # a value that is not one word of the field's type
     nargs: str | None = None
 
@@ -52,14 +51,19 @@ def shown_default(value: object) -> str | None:
     return str(value)
 
 
-def flag_default(flag: SettingFlag, field: FieldInfo) -> str | None:
-    """What the flag's --help says its default is; None: it says nothing (a switch, a required
-    field, a field with nothing to show)."""
-    if flag.switch is not None:
-        return None
-    if flag.default is not None:
-        return flag.default
-    return None if field.is_required() else shown_default(field.get_default(call_default_factory=True))
+NAMED_DEFAULT = re.compile(r"\(default: [^()]*\)$")
+
+
+def flag_help(flag: SettingFlag, field: FieldInfo) -> str:
+    """The flag's --help: the field's description, on one line, and the field's default where
+    the description does not name one itself (nothing for a switch or a required field)."""
+    described = " ".join((field.description or "").split())
+    if flag.switch is False:
+        described = "turn off: " + described
+    if flag.switch is not None or field.is_required() or NAMED_DEFAULT.search(described):
+        return described
+    shown = shown_default(field.get_default(call_default_factory=True))
+    return described if shown is None else f"{described} (default: {shown})"
 
 
 def _value_kwargs(annotation: Any) -> dict[str, Any]:
@@ -92,9 +96,7 @@ def add_setting_flags(
             kwargs.update(_value_kwargs(field.annotation), metavar=flag.metavar, nargs=flag.nargs)
             if flag.parse is not None:
                 kwargs["type"] = flag.parse
-        shown = flag_default(flag, field)
-        help_text = flag.help if shown is None else f"{flag.help} (default: {shown})".lstrip()
-        p.add_argument(flag.option, help=help_text, **kwargs)
+        p.add_argument(flag.option, help=flag_help(flag, field).replace("%", "%%"), **kwargs)
 
 
 def setting_values(args: argparse.Namespace, flags: Iterable[SettingFlag]) -> dict[str, Any]:

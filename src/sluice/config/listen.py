@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
+
+from sluice.config.section import Section
 
 
-class ListenSection(BaseModel):
+class ListenSection(Section):
     host: str = "127.0.0.1"
+    """interface to bind"""
     port: int = Field(8000, ge=0, le=65535)
-    api_key: SecretStr | None = None  # single-key mode; unset = open (binds 127.0.0.1 only)
-    admin_key: SecretStr | None = None  # guards the admin API (/admin/*); unset = no admin API
+    """port to listen on; 0 picks a free one"""
+    api_key: SecretStr | None = None
+    """require this API key (env SLUICE_API_KEY): single-key mode; unset = open, and bound to
+    127.0.0.1 only"""
+    admin_key: SecretStr | None = None
+    """guards the admin API (/admin/*); unset = no admin API"""
 
     @field_validator("api_key", "admin_key")
     @classmethod

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
+
+from sluice.config.section import Section
 
 # an adapter's name is a model id clients send (the fleet file's ModelId)
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")
@@ -23,13 +25,18 @@ def parse_lora_module(item: str) -> tuple[str, str]:
     return name, path
 
 
-class LoraSection(BaseModel):
-    # adapters served from start-up, NAME=PATH each; env SLUICE_LORA_MODULES as a JSON list
+class LoraSection(Section):
     lora_modules: list[str] = Field(default_factory=list)
-    max_loras: int = Field(8, ge=0)  # distinct adapters running at once per worker (0: none)
-    max_cpu_loras: int = Field(16, ge=1)  # adapters resident per worker (LRU beyond)
+    """LoRA adapters served on the base model from start-up: a request's `model` names one; PATH is a
+    PEFT adapter folder or s3://bucket/prefix (env SLUICE_LORA_MODULES, a JSON list; docs/LORA.md)"""
+    max_loras: int = Field(8, ge=0)
+    """LoRA: distinct adapters running at once per worker; 0 = none"""
+    max_cpu_loras: int = Field(16, ge=1)
+    """LoRA: adapters kept loaded per worker, least recently used evicted"""
     max_lora_rank: int = Field(64, ge=1, le=1024)
-    lora_s3_endpoint: str | None = None  # s3:// adapters: the S3-compatible endpoint (None: AWS_ENDPOINT_URL or AWS)
+    """LoRA: the largest rank loaded"""
+    lora_s3_endpoint: str | None = None
+    """LoRA: the S3-compatible endpoint of s3:// adapters (default: AWS_ENDPOINT_URL, else AWS)"""
 
     @field_validator("lora_modules")
     @classmethod

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from sluice.config.section import Section
 
 
-class ObservabilitySection(BaseModel):
+class ObservabilitySection(Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # json: one JSON object per line with request id and trace id (observability/logs.py);
-    # text: the classic line, for a terminal
+    """the least severe log records written"""
     log_format: Literal["json", "text"] = "json"
-    # OpenTelemetry traces (observability/tracing.py): none (off, no cost) | otlp | file
+    """json: one object per line with request and trace ids (observability/logs.py); text: for a
+    terminal"""
     trace_exporter: Literal["none", "otlp", "file"] = "none"
-    otlp_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces (default: the SDK's)
-    trace_file: str | None = None  # file exporter: spans go to <trace_file>.<service>.<pid>.jsonl
-    # /metrics also under the names the Gateway API Inference Extension's endpoint picker reads
-    # (vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:lora_requests_info; docs/LORA.md)
+    """OpenTelemetry traces (observability/tracing.py): none (off, no cost), otlp or file"""
+    otlp_endpoint: str | None = None
+    """e.g. http://collector:4318/v1/traces (default: the SDK's)"""
+    trace_file: str | None = None
+    """file exporter: spans go to <trace_file>.<service>.<pid>.jsonl"""
     gaie_metrics: bool = False
+    """/metrics also under the names the Gateway API Inference Extension reads
+    (vllm:num_requests_waiting, vllm:kv_cache_usage_perc, vllm:lora_requests_info; docs/LORA.md)"""

@@ -60,76 +60,139 @@ class ReplicaSync(str, enum.Enum):
 
 
 class TrainSettings(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, use_enum_values=False)
+    # a field's docstring is its description, the one text `sluice train run --help` shows
+    model_config = ConfigDict(
+        strict=True, extra="forbid", frozen=True, use_enum_values=False, use_attribute_docstrings=True
+    )
 
-    data: str = Field(min_length=1)  # a JSONL file: {"messages": [...]} or {"text": ...} per line
-    out: str = Field(min_length=1)  # the run folder: checkpoints, metrics.jsonl, resolved config
-    # "bundled" (SmolLM2 GGUF, dequantized), a .gguf file or HF folder, or "random:<preset>"
+    data: str = Field(min_length=1)
+    """JSONL: {"system"?, "messages": [...]} (loss on assistant turns) or {"text": ...} per line"""
+    out: str = Field(min_length=1)
+    """run folder: checkpoints/, metrics.jsonl, resolved_config.json; an existing run there is
+    resumed from its newest checkpoint"""
     model: str = BUNDLED
-    # the tokenizer of a random:<preset> model (a model path or "bundled"); others use their own
+    """bundled (SmolLM2-135M-Instruct, its GGUF dequantized), a .gguf file, an HF folder, or
+    random:<preset> (tiny, smol-135m, llama-1b)"""
     tokenizer: str = BUNDLED
-    nproc: int = Field(1, ge=1, le=64)  # processes on this machine (torchrun --nproc-per-node)
+    """tokenizer of a random:<preset> model (a model path or bundled); others use their own"""
+    nproc: int = Field(1, ge=1, le=64)
+    """processes (ranks) on this machine (torchrun --nproc-per-node)"""
     max_steps: int = Field(ge=1)
-    checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
+    """optimizer steps to train to"""
+    checkpoint_every: int = Field(0, ge=0)
+    """checkpoint every N steps; 0 = only at the end"""
     keep_checkpoints: int = Field(2, ge=1)
-    async_checkpoint: bool = True  # write in the background; the next checkpoint waits for it
+    """keep the newest K checkpoints"""
+    async_checkpoint: bool = True
+    """checkpoints written in the background; the next checkpoint waits for the last"""
     seq_len: int = Field(512, ge=8, le=131072)
-    batch_size: int = Field(4, ge=1)  # sequences per optimizer step, over all ranks (global batch)
-    micro_batch_size: int = Field(0, ge=0)  # sequences per forward on a rank; 0 = batch / ranks (pp: 1)
+    """tokens per packed row"""
+    batch_size: int = Field(4, ge=1)
+    """rows per optimizer step over all ranks (the global batch)"""
+    micro_batch_size: int = Field(0, ge=0)
+    """rows per forward on a rank; 0 = batch / data-parallel ranks (pp: 0 = 1 row per
+    micro-batch)"""
     lr: float = Field(2e-5, gt=0)
+    """peak learning rate of AdamW"""
     lr_schedule: LrSchedule = Field(LrSchedule.CONSTANT, strict=False)
+    """after warmup"""
     warmup_steps: int = Field(0, ge=0)
+    """linear warmup steps"""
     weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, ge=0)  # max global gradient norm; 0 = off
-    nonfinite: NonFinite = Field(NonFinite.STOP, strict=False)  # a NaN / infinite loss or gradient norm
+    """AdamW's weight decay"""
+    grad_clip: float = Field(1.0, ge=0)
+    """max global gradient norm; 0 = off"""
+    nonfinite: NonFinite = Field(NonFinite.STOP, strict=False)
+    """a step whose loss or gradient norm is NaN or infinite: stop the run before its update,
+    saving nothing, or skip its update and go on"""
     parallel: Parallel = Field(Parallel.DDP, strict=False)
+    """ddp (all-reduce) or fsdp (FSDP2 sharding): data parallel; tp: tensor parallel over every
+    rank; pp: pipeline, a stage of layers per rank; fsdp_tp: FSDP2 x tensor parallel; ep: a MoE
+    model's experts sharded over ranks, the rest DDP"""
     compression: Compression = Field(Compression.NONE, strict=False)
-    # --- model parallelism: the tensor-parallel degree of fsdp_tp (0: 2), the pipeline schedule;
-    # a pipeline's micro-batches are micro_batch_size rows each (0: one row each) ---
+    """DDP gradient compression hook"""
+    # -- model parallelism --
     tp_size: int = Field(0, ge=0)
+    """fsdp_tp: ranks per tensor-parallel group; 0 = parallel/dims.py's DEFAULT_TP_SIZE
+    (default: 2)"""
     pp_schedule: PipelineSchedule = Field(PipelineSchedule.GPIPE, strict=False)
+    """pp: the schedule of the pipeline's micro-batches (micro_batch_size rows each)"""
     seed: int = 0
-    max_restarts: int = Field(3, ge=0)  # torchrun restarts the group this often after a crash
-    skip_bad_lines: bool = False  # report bad data lines and go on, instead of stopping
-    threads: int = Field(0, ge=0)  # torch threads per rank; 0 = the machine's cores / nproc
-    dtype: str = Field("float32", pattern="^(float32|bfloat16)$")  # bfloat16: CUDA only
+    """data order and random init"""
+    max_restarts: int = Field(3, ge=0)
+    """torchrun restarts after a crash"""
+    skip_bad_lines: bool = False
+    """report bad data lines and train on the rest, instead of stopping"""
+    threads: int = Field(0, ge=0)
+    """torch threads per rank; 0 = cores / nproc"""
+    dtype: str = Field("float32", pattern="^(float32|bfloat16)$")
+    """the training dtype; bfloat16: CUDA only"""
     device: str = Field("cpu", pattern="^(cpu|cuda)$")
-    # -- mixture of experts, elastic launch, object storage --
-    # MoE feed-forward (train/model/moe.py): experts per layer; 0 = the dense model as loaded
+    """where the ranks train"""
+    # -- mixture of experts (train/model/moe.py), elastic launch, object storage --
     moe_experts: int = Field(0, ge=0, le=256)
-    moe_top_k: int = Field(2, ge=1)  # experts each token is sent to
-    moe_aux_loss: float = Field(0.01, ge=0)  # sequence-wise load-balancing loss coefficient
-    # torchrun --nnodes: "N", or "MIN:MAX" for an elastic job that machines join and leave
+    """train a mixture-of-experts variant with E experts per layer (random experts, or upcycled
+    from the dense model); 0 = dense"""
+    moe_top_k: int = Field(2, ge=1)
+    """experts per token"""
+    moe_aux_loss: float = Field(0.01, ge=0)
+    """sequence-wise load-balancing loss coefficient"""
     nnodes: str = Field("1", pattern=r"^[1-9][0-9]*(:[1-9][0-9]*)?$")
-    rdzv_endpoint: str = ""  # HOST:PORT every node's agent meets at; "" = a free local port (one node)
-    # where checkpoints go: "" = RUN/checkpoints, or "s3://bucket/prefix" (train/checkpoint/object_store.py)
+    """machines (torchrun agents) in the job; MIN:MAX is elastic: machines may leave and join, the
+    run resumes at each change"""
+    rdzv_endpoint: str = ""
+    """HOST:PORT where every machine's agent meets; required with several machines (default: a
+    free local port)"""
     checkpoint_store: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?)?$")
-    s3_endpoint: str = ""  # an S3-compatible endpoint URL; "" = AWS's (credentials: the AWS_* variables)
-    # one group at a time (train/checkpoint/lease.py): rank 0's lease on the checkpoints lapses
-    # this long after its last renewal (it renews every third of it)
+    """write checkpoints to S3-compatible object storage (s3://bucket/prefix,
+    train/checkpoint/object_store.py) instead of RUN/checkpoints"""
+    s3_endpoint: str = ""
+    """the S3-compatible endpoint of checkpoint_store; credentials: the AWS_* variables (default:
+    AWS)"""
+    # rank 0 renews the lease every third of it (train/checkpoint/lease.py)
     lease_timeout: float = Field(30.0, ge=1, le=300)
+    """one group at a time: a group's lease on the run lapses this long after its leader last
+    renewed it"""
     # -- observability (train/observe/): sinks besides metrics.jsonl, and the MFU's peak --
-    tensorboard: bool = False  # event files in RUN_DIR/tensorboard (needs the tensorboard package)
-    prometheus_textfile: str | None = None  # a node-exporter textfile, rewritten after every step
-    peak_flops: float = Field(0.0, ge=0)  # per rank, FLOP/s, for the MFU; 0 = measured at start
-    # the launcher's progress lines: at most one step line per this many seconds (0: every step)
+    tensorboard: bool = False
+    """also write TensorBoard event files to RUN/tensorboard (needs the tensorboard package)"""
+    prometheus_textfile: str | None = None
+    """also write each step's metrics there in Prometheus' text format (node-exporter's textfile
+    collector)"""
+    peak_flops: float = Field(0.0, ge=0)
+    """per-rank peak FLOP/s for the MFU estimate; 0 = measure a matmul at start"""
     progress_interval: float = Field(10.0, ge=0)
-    activation_checkpointing: bool = False  # recompute each decoder layer's activations in backward
+    """a progress line on the launcher's terminal at most this often; 0 = every step"""
+    activation_checkpointing: bool = False
+    """recompute each decoder layer's activations in the backward pass: less memory, more
+    compute"""
     # -- LoRA (train/model/lora.py): PEFT's adapters on these linears train, the rest stays frozen --
-    lora_rank: int | None = Field(None, gt=0, le=1024)  # None: full fine-tuning
-    lora_alpha: float | None = Field(None, gt=0, allow_inf_nan=False)  # the scale is alpha / rank; None: 2 x rank
-    lora_dropout: float = Field(0.0, ge=0, lt=1)  # on each adapter's input, in training only
-    lora_targets: list[Annotated[LoraTarget, Strict(False)]] | None = None  # None: all seven linears
-    # -- per-step fault tolerance (train/replica/): nproc split into replica groups, each its own
-    # torchrun, fault-tolerant data parallel across them through torchft's quorum --
+    lora_rank: int | None = Field(None, gt=0, le=1024)
+    """train a LoRA adapter of rank R on a frozen base (one process, ddp or fsdp); checkpoints hold
+    the adapter; export writes a PEFT adapter folder (default: full fine-tuning)"""
+    lora_alpha: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """LoRA's scale is alpha / R (default: 2 x R)"""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """dropout on the adapters' input while training, 0 <= P < 1"""
+    lora_targets: list[Annotated[LoraTarget, Strict(False)]] | None = None
+    """the decoder linears that get adapters (default: all seven)"""
+    # -- per-step fault tolerance (train/replica/): through torchft's quorum --
     replica_groups: int = Field(1, ge=1, le=64)
-    lighthouse: str = Field("", pattern=r"^(https?://[^\s/]+)?$")  # "" = the launcher starts one
-    # across groups: every step's gradients, or LocalSGD / DiLoCo's parameters every sync_every steps
+    """split nproc into G replica groups, each its own torchrun, fault-tolerant data parallel
+    across them: a group that dies drops out and rejoins from a live peer"""
+    lighthouse: str = Field("", pattern=r"^(https?://[^\s/]+)?$")
+    """the torchft Lighthouse the replica groups meet at (default: one started by this command)"""
     replica_sync: ReplicaSync = Field(ReplicaSync.STEP, strict=False)
-    sync_every: int = Field(0, ge=0)  # local_sgd / diloco: steps between syncs (0: 8)
-    # a rank whose liveness heartbeat stops this long is reported and killed (its group restarts)
+    """across replica groups: every step's gradients, or LocalSGD / DiLoCo's parameters every
+    sync_every steps"""
+    sync_every: int = Field(0, ge=0)
+    """local_sgd / diloco: steps between syncs; 0 = train/replica/sync.py's DEFAULT_SYNC_EVERY
+    (default: 8)"""
     hang_timeout: float = Field(60.0, gt=0, le=3600)
-    straggler_factor: float = Field(1.5, gt=1)  # a rank this many times the median compute is an outlier
+    """a rank whose liveness heartbeat stops this long is reported by rank and host and killed;
+    its group restarts"""
+    straggler_factor: float = Field(1.5, gt=1)
+    """a rank whose compute is X times the median is named in metrics.jsonl's stragglers"""
 
     @field_validator("model")
     @classmethod
