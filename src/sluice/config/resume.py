@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
+from sluice.config.section import Section
 from sluice.config.stores import StoreKind
 
 
-class ResumeSection(BaseModel):
+class ResumeSection(Section):
     # -- stream resume ---------------------------------------------------------------------------
-    replay_store: StoreKind = StoreKind.MEMORY  # redis: resume through any replica
-    replay_ttl_s: float = Field(600.0, gt=0)  # how long a finished stream can be resumed
-    replay_max_bytes: int = Field(1 << 20, ge=4096)  # per stream (memory store)
+    replay_store: StoreKind = StoreKind.MEMORY
+    """where streams' replay logs live: memory (this process) or redis (resume through any replica)"""
+    replay_ttl_s: float = Field(600.0, gt=0)
+    """how long a finished stream can be resumed"""
+    replay_max_bytes: int = Field(1 << 20, ge=4096)
+    """a stream's replay log at most, in bytes (memory store)"""
 
     # -- idempotent retries (Idempotency-Key) --------------------------------------------------
-    # memory: one gateway process; redis (redis_url): every replica shares the keys
     idempotency_store: StoreKind = StoreKind.MEMORY
+    """where Idempotency-Key replies live: memory (one gateway process) or redis (redis_url: every
+    replica shares the keys)"""
     # how long a completed reply answers retries of its key. An hour: the SDKs retry within
     # seconds, a job runner resubmits after a crash within minutes; LLM replies are large, so
     # 24 h (Stripe's) would hold a day of replies in Redis. Raise it where retries come later.
     idempotency_ttl_s: float = Field(3600.0, gt=0)
+    """how long a completed reply answers retries of its key"""
 
     @model_validator(mode="after")
     def _retries_follow_streams_everywhere(self) -> ResumeSection:

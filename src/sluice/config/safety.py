@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from sluice.config.section import Section
 
 
-class SafetySection(BaseModel):
+class SafetySection(Section):
     safety: bool = True
-    safety_policy: str | None = None  # a policy TOML file; None = the built-in default policy
-    safety_tier_policies: dict[str, str] = Field(default_factory=dict)  # tier name -> policy file
+    """the input and output safety layers"""
+    safety_policy: str | None = None
+    """a policy TOML file (default: the built-in policy)"""
+    safety_tier_policies: dict[str, str] = Field(default_factory=dict)
+    """a tier's name -> its policy file"""
