@@ -10,6 +10,18 @@ from sluice.errors import ModelLoadError
 # Hugging Face `model_type` / GGUF `general.architecture` values we run with one forward.
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
+# The `config.json` fields (transformers' LlamaConfig names) that fix a model's shape besides its
+# vocabulary, in the order the shape tables give them: random_init.py's shapes, the training
+# presets (train/model/presets.py) and the Mixtral config of an upcycled model (train/model/moe.py).
+HF_SHAPE = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
+
 
 @dataclass(slots=True)
 class ModelConfig:

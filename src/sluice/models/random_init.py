@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sluice.models.config import ModelConfig
+from sluice.models.config import HF_SHAPE, ModelConfig
 from sluice.models.device import resolve_device
 from sluice.models.llama import LlamaModel
 from sluice.models.loader import DTYPES, LoadedModel
@@ -38,18 +38,7 @@ if TYPE_CHECKING:
 EOS_ID = 0
 
 
-_HF_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "max_position_embeddings",
-    "rope_theta",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-)
+_HF_KEYS = ("vocab_size", *HF_SHAPE, "rope_theta", "rms_norm_eps", "tie_word_embeddings")
 
 
 def _llama(sizes: tuple[int | float | bool, ...], **rest: Any) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.errors import ModelLoadError
+from sluice.models.config import HF_SHAPE
 
 # run(tokens grouped by local expert, rows per local expert) -> their outputs, same order
 RunLocal = Callable[[torch.Tensor, list[int]], torch.Tensor]
@@ -131,13 +132,8 @@ def mixtral_config(dense, experts: int, top_k: int, aux_coef: float):
         raise ModelLoadError(f"moe_experts: the experts are SwiGLU (silu); the model uses {dense.hidden_act}")
     keep = (
         "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
+        *HF_SHAPE,
         "head_dim",
-        "max_position_embeddings",
         "initializer_range",
         "rms_norm_eps",
         "bos_token_id",

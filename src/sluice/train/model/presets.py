@@ -5,15 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# LlamaConfig fields besides vocab_size, in the order of each preset's shape below; head_dim = hidden / heads.
-_SHAPE = (
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "max_position_embeddings",
-)
+from sluice.models.config import HF_SHAPE
+
+# each preset's shape in HF_SHAPE's order (the vocabulary is the tokenizer's); head_dim = hidden / heads
 _SHAPES = {
     # the tests' model: two layers, a few hundred thousand parameters besides the embeddings
     "tiny": (64, 160, 2, 4, 2, 2048),
@@ -22,4 +16,4 @@ _SHAPES = {
     # a ~1B Llama (Llama 3.2 1B's shape) for GPU throughput / MFU measurements
     "llama-1b": (2048, 8192, 16, 32, 8, 8192),
 }
-PRESETS: dict[str, dict[str, Any]] = {name: dict(zip(_SHAPE, shape, strict=True)) for name, shape in _SHAPES.items()}
+PRESETS: dict[str, dict[str, Any]] = {name: dict(zip(HF_SHAPE, shape, strict=True)) for name, shape in _SHAPES.items()}
