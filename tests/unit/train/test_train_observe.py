@@ -4,7 +4,8 @@ buckets, 6·N·D and MFU, and the sinks (a Prometheus textfile, TensorBoard even
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+import time
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ import torch
 from sluice.train.metrics import MetricsWriter, StepMetrics, read_metrics
 from sluice.train.observe.flops import matmul_params, measure_peak_flops, mfu, step_flops
 from sluice.train.observe.sinks import PARTS, PrometheusTextfile, TensorBoardSink, open_sinks, render_textfile
-from sluice.train.observe.step_split import split_step
+from sluice.train.observe.step_split import COLUMNS, StepSplit, split_step
+from sluice.train.outcome import StepOutcome
 from sluice.train.parallel.comm_stats import CommStats
 from sluice.train.settings import load_settings
+from sluice.train.step_metrics import StepLine
 
 
 def _metrics(step: int = 3, **kw) -> StepMetrics:
@@ -147,3 +150,39 @@ def test_observability_settings(tmp_path: Path):
     assert s.tensorboard and s.peak_flops == 1e12 and s.prometheus_textfile == str(tmp_path / "prom/train.prom")
     assert load_settings(None, {"data": "d", "out": "o", "max_steps": 1}).prometheus_textfile is None
     assert {"comm_wait_time", "other_time", "mfu"} <= {f.name for f in fields(StepMetrics)}
+
+
+def test_a_step_line_is_built_from_its_parts_columns():
+    """The step-time split and the ranks' spread name their own metrics.jsonl columns
+    (step_split.COLUMNS, Spread.columns): together with the step's counts they fill every field,
+    and the Prometheus parts are the split's parts."""
+    assert list(COLUMNS) == [f.name for f in fields(StepSplit)] == [p for p, _ in PARTS]
+    settings = load_settings(None, {"data": "d.jsonl", "out": "o", "max_steps": 4, "seq_len": 8, "batch_size": 4})
+    outcome = StepOutcome(
+        step=2,
+        lr=1e-3,
+        rows=[0, 1, 2, 3],
+        tokens=20,
+        loss=1.5,
+        norm=0.5,
+        stopped=False,
+        nonfinite=False,
+        lease_lost=False,
+        retry=False,
+        groups=None,
+        rank_times=[0.2, 0.2, 0.9],
+        extra_bytes=0,
+        started=time.perf_counter() - 1.0,
+        cpu_started=time.process_time(),
+        data_time=0.1,
+        train_time=0.6,
+        comm_wait=0.2,
+    )
+    m = StepLine(settings, world=3, rows=16, params=1000, peak=1e12).metrics(outcome, 64, None, 0.05)
+    line = asdict(m)
+    assert list(line) == [f.name for f in fields(StepMetrics)]
+    assert (m.step, m.tokens, m.tokens_seen, m.grad_norm, m.world_size, m.epoch) == (2, 20, 32, 0.5, 3, 0.5)
+    assert (m.data_time, m.comm_wait_time, m.checkpoint_time) == (0.1, 0.2, 0.05)
+    assert m.compute_time == pytest.approx(0.4)
+    assert sum(line[column] for column in COLUMNS.values()) == pytest.approx(m.step_time)
+    assert (m.rank_compute_max, m.rank_compute_median, m.stragglers) == (0.9, 0.2, [2])

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sluice.train.errors import TrainConfigError
 from sluice.train.metrics import MetricSink, StepMetrics
+from sluice.train.observe import step_split
 
 PREFIX = "sluice_train_"
 # (metric name, StepMetrics field, help); the step-time split is one metric with a `part` label
@@ -33,13 +34,7 @@ GAUGES = [
     ("comm_bytes", "comm_bytes", "Bytes rank 0 handed to gradient collectives in the last step."),
     ("world_size", "world_size", "Ranks in the process group."),
 ]
-PARTS = [
-    ("data", "data_time"),
-    ("compute", "compute_time"),
-    ("comm", "comm_wait_time"),
-    ("checkpoint", "checkpoint_time"),
-    ("other", "other_time"),
-]
+PARTS = list(step_split.COLUMNS.items())  # (part label, StepMetrics field)
 
 
 def render_textfile(m: StepMetrics, run: str) -> str:

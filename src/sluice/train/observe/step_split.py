@@ -19,6 +19,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# each part's column in metrics.jsonl (train/metrics.py); its name is the `part` label of the
+# Prometheus textfile's step_part_seconds (observe/sinks.py)
+COLUMNS = {
+    "data": "data_time",
+    "compute": "compute_time",
+    "comm": "comm_wait_time",
+    "checkpoint": "checkpoint_time",
+    "other": "other_time",
+}
+
 
 @dataclass(slots=True, frozen=True)
 class StepSplit:
@@ -27,6 +37,10 @@ class StepSplit:
     comm: float
     checkpoint: float
     other: float
+
+    def columns(self) -> dict[str, float]:
+        """The parts by their metrics.jsonl column."""
+        return {column: getattr(self, part) for part, column in COLUMNS.items()}
 
 
 def split_step(step_time: float, data: float, train: float, comm_wait: float, checkpoint: float) -> StepSplit:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import median
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +15,10 @@ class Spread:
     slowest: float
     median: float
     stragglers: list[int]
+
+    def columns(self) -> dict[str, Any]:
+        """The spread by its metrics.jsonl columns (train/metrics.py)."""
+        return {"rank_compute_max": self.slowest, "rank_compute_median": self.median, "stragglers": self.stragglers}
 
 
 def spread(times: list[float], factor: float) -> Spread:
