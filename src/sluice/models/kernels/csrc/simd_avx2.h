@@ -42,21 +42,21 @@ static inline F16 fload_half(const uint16_t* p) {
 }
 static inline I16 fround_i(F16 a) { return {_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi)}; }
 static inline F16 i2f(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
-static inline float fhsum(F16 a) {
-  __m256 s8 = _mm256_add_ps(a.lo, a.hi);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
-  return _mm_cvtss_f32(s1);
+// The 8 lanes of s8 folded by `op` in a fixed tree: halves of 4, 2, 1 (lane 0 holds the result;
+// the other lanes' values are never read).
+template <class Op>
+static inline float ffold8(__m256 s8, Op op) {
+  const __m128 s4 = op(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = op(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(op(s2, _mm_movehdup_ps(s2)));
 }
 // fhsum's first level alone: lane i + lane i + 8 (hsum8 in attention_impl.h finishes 8 at once)
 static inline __m256 fhalf(F16 a) { return _mm256_add_ps(a.lo, a.hi); }
+static inline float fhsum(F16 a) {
+  return ffold8(fhalf(a), [](__m128 x, __m128 y) { return _mm_add_ps(x, y); });
+}
 static inline float fhmax(F16 a) {
-  __m256 s8 = _mm256_max_ps(a.lo, a.hi);
-  __m128 s4 = _mm_max_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
-  __m128 s1 = _mm_max_ss(s2, _mm_movehdup_ps(s2));
-  return _mm_cvtss_f32(s1);
+  return ffold8(_mm256_max_ps(a.lo, a.hi), [](__m128 x, __m128 y) { return _mm_max_ps(x, y); });
 }
 
 static inline I16 iload(const void* p) {
