@@ -5,6 +5,7 @@ newest intact checkpoint (with replica groups: the first quorum's state), open t
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 
@@ -49,12 +50,16 @@ class RankSetup:
         self.writes = self.group == 0  # with replica groups, group 0 writes the checkpoints
         self.heartbeat: Heartbeat | None = None
         self.faults = faults.from_env()  # the tests' faults (train/faults.py), read once; None in production
+        # what a rank holds, each release registered as it is taken: close() gives them back in
+        # the reverse order (metrics, replica groups, lease, heartbeat, process group)
+        self.releases = ExitStack()
 
     def setup(self) -> None:
         self._join_group()
         self.events = EventLog(self.run_dir, self.group, self.rank)
         self.events.emit(Event.STARTED, pid=os.getpid(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         self.heartbeat = Heartbeat(self.run_dir, self.group, self.rank, self.settings.hang_timeout)
+        self.releases.callback(self.heartbeat.close)
         self.store = open_store(self.run_dir, self.settings.checkpoint_store, self.settings.s3_endpoint)
         self._take_lease()  # before anything in the run is read or written
         self._build()
@@ -68,6 +73,7 @@ class RankSetup:
             torch.cuda.set_device(self.device)
         backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+        self.releases.callback(dist.destroy_process_group)
         self.rank, world = dist.get_rank(), dist.get_world_size()
         try:  # an elastic job may come back with any number of ranks
             self.dims = s.dims(world)
@@ -98,6 +104,7 @@ class RankSetup:
         if verdict[0] is not None:
             raise TrainHaltError(verdict[0])
         if self.lease is not None:
+            self.releases.callback(self.lease.release)
             self.lease.start()
 
     def _build(self) -> None:
@@ -146,6 +153,7 @@ class RankSetup:
         restore = lambda: self.ckpt.restore(self.model.module, self.optim)  # noqa: E731
         if s.replica_groups > 1:  # the first quorum: a live peer's state, or the store's
             self.replicas = ReplicaDriver(self)
+            self.releases.callback(self.replicas.close)
             self.start = self.replicas.join(restore)
         else:
             self.start = restore()
@@ -163,3 +171,4 @@ class RankSetup:
         self.metrics = MetricsWriter(
             self.run_dir / "metrics.jsonl", main, None if self.replicas is not None else self.start, sinks
         )
+        self.releases.callback(self.metrics.close)

@@ -219,18 +219,6 @@ class Trainer(RankSetup):
         dist.barrier()
 
     def close(self) -> None:
-        """Whatever ran, on any exit: the open files, the lease, the process group."""
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
-        if self.replicas is not None:
-            self.replicas.close()
-            self.replicas = None
-        if self.heartbeat is not None:
-            self.heartbeat.close()
-            self.heartbeat = None
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Whatever ran, on any exit: the open files, the replica groups, the lease, the process
+        group — what setup took, in the reverse order (RankSetup.releases)."""
+        self.releases.close()
