@@ -9,132 +9,101 @@ tenant, so the series count follows the fleet file, not the traffic.
 
 from __future__ import annotations
 
-from functools import partial
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from sluice.engine.stats import EngineStats
+from sluice.observability.families import VERSION, Families
 from sluice.observability.recent import RecentLatency
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _ITL = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
-
-
-def _version_gauge(r: CollectorRegistry, name: str, doc: str) -> Gauge:
-    """A gauge with a series per model version: labels model and version (<model>/<version>)."""
-    return Gauge(name, doc, ["model", "version"], registry=r)
+_DISCONNECT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class ServingMetrics:
     def __init__(self) -> None:
         self.recent = RecentLatency()  # the status page's live plot (not exported)
-        self.registry = CollectorRegistry()
-        self._declare_http(self.registry)
-        self._declare_gateway(self.registry)
-        self._declare_engine(self.registry)
-        self._declare_lora(self.registry)
+        families = Families()
+        self.registry = families.registry
+        self._declare_http(families)
+        self._declare_gateway(families)
+        self._declare_engine(families)
+        self._declare_lora(families)
         self.gaie: GaieMetrics | None = None  # enable_gaie(): the names GAIE's endpoint picker reads
 
-    def _declare_http(self, r: CollectorRegistry) -> None:
+    def _declare_http(self, f: Families) -> None:
         """This API process's requests and connections, the safety layers' verdicts, the search tool's calls."""
-        self.requests = Counter(
+        self.requests = f.counter(
             "sluice_http_requests",
             "HTTP requests by route, status, model version (<model>/<version>, or none) and tier",
-            ["route", "status", "version", "tier"],
-            registry=r,
+            ("route", "status", "version", "tier"),
         )
-        self.ttft = Histogram(
-            "sluice_time_to_first_token_seconds",
-            "Time to first token",
-            ["route", "version", "tier"],
-            buckets=_LATENCY,
-            registry=r,
+        self.ttft = f.histogram(
+            "sluice_time_to_first_token_seconds", "Time to first token", _LATENCY, ("route", "version", "tier")
         )
-        self.itl = Histogram(
-            "sluice_inter_token_latency_seconds", "Time between output tokens", buckets=_ITL, registry=r
+        self.itl = f.histogram("sluice_inter_token_latency_seconds", "Time between output tokens", _ITL)
+        self.e2e = f.histogram("sluice_request_duration_seconds", "End-to-end generation time", _LATENCY, ("route",))
+        self.queue_time = f.histogram(
+            "sluice_queue_time_seconds", "Time from arrival until the engine starts the request", _LATENCY
         )
-        self.e2e = Histogram(
-            "sluice_request_duration_seconds", "End-to-end generation time", ["route"], buckets=_LATENCY, registry=r
-        )
-        self.queue_time = Histogram(
-            "sluice_queue_time_seconds",
-            "Time from arrival until the engine starts the request",
-            buckets=_LATENCY,
-            registry=r,
-        )
-        self.output_tokens = Counter("sluice_output_tokens", "Output tokens generated", registry=r)
-        self.prompt_tokens = Counter("sluice_prompt_tokens", "Prompt tokens received", registry=r)
-        self.aborted = Counter(
-            "sluice_requests_aborted", "Requests aborted (disconnect, timeout, kill)", ["reason"], registry=r
-        )
-        self.disconnect_abort = Histogram(
+        self.output_tokens = f.counter("sluice_output_tokens", "Output tokens generated")
+        self.prompt_tokens = f.counter("sluice_prompt_tokens", "Prompt tokens received")
+        self.aborted = f.counter("sluice_requests_aborted", "Requests aborted (disconnect, timeout, kill)", ("reason",))
+        self.disconnect_abort = f.histogram(
             "sluice_disconnect_abort_seconds",
             "Time from a streaming client's connection closing to its generation being cancelled",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
-            registry=r,
+            _DISCONNECT,
         )
-        self.stalled_readers_cut = Counter(
-            "sluice_stalled_readers_cut",
-            "Connections aborted because the peer acknowledged nothing for send_timeout_s",
-            registry=r,
+        self.stalled_readers_cut = f.counter(
+            "sluice_stalled_readers_cut", "Connections aborted because the peer acknowledged nothing for send_timeout_s"
         )
-        self.read_refused = Counter(
+        self.read_refused = f.counter(
             "sluice_http_read_refused",
             "Requests refused while being read (408 slow headers/body, 431 headers too large, 503 too many incomplete)",
-            ["status"],
-            registry=r,
+            ("status",),
         )
-        self.inflight = Gauge("sluice_http_inflight_generations", "Generations open on this API process", registry=r)
-        self.gc_frozen = Gauge(
+        self.inflight = f.gauge("sluice_http_inflight_generations", "Generations open on this API process")
+        self.gc_frozen = f.gauge(
             "sluice_gc_frozen_objects",
             "Objects this API process had built when ready, moved out of the cyclic collector's passes (gc.freeze)",
-            registry=r,
         )
-        self.safety_verdicts = Counter(
-            "sluice_safety_verdicts",
-            "Safety verdicts (blocks and kills) by layer and category",
-            ["layer", "category"],
-            registry=r,
+        self.safety_verdicts = f.counter(
+            "sluice_safety_verdicts", "Safety verdicts (blocks and kills) by layer and category", ("layer", "category")
         )
         # the Messages API search tool (serving/search_tool/): "ok" or the error result's code
-        self.search_tool_calls = Counter(
-            "sluice_search_tool_calls", "Search tool calls run by the gateway, by result", ["result"], registry=r
+        self.search_tool_calls = f.counter(
+            "sluice_search_tool_calls", "Search tool calls run by the gateway, by result", ("result",)
         )
 
-    def _declare_gateway(self, r: CollectorRegistry) -> None:
+    def _declare_gateway(self, f: Families) -> None:
         """Admission, the queue, and the scaling signal (per model)."""
-        self.gateway_requests = Counter(
+        self.gateway_requests = f.counter(
             "sluice_gateway_requests",
             "Admitted requests by how they were served (engine, coalesced, cached)",
-            ["kind"],
-            registry=r,
+            ("kind",),
         )
-        self.gateway_queue_time = Histogram(
-            "sluice_gateway_queue_time_seconds", "Time waited in the admission queue", buckets=_LATENCY, registry=r
+        self.gateway_queue_time = f.histogram(
+            "sluice_gateway_queue_time_seconds", "Time waited in the admission queue", _LATENCY
         )
-        self.gateway_rejected = Gauge(
-            "sluice_gateway_rejected_total", "Requests refused by the gateway", ["reason"], registry=r
-        )
-        self.queue_depth = Gauge("sluice_gateway_queue_depth", "Requests waiting for admission", registry=r)
-        self.queued_tokens = Gauge(
-            "sluice_gateway_queued_tokens", "Estimated tokens (prompt + max_tokens) waiting", registry=r
-        )
-        self.inflight_requests = Gauge(
-            "sluice_gateway_inflight_requests", "Requests dispatched to the engine", registry=r
-        )
-        self.scaling_signal = Gauge(
+        self.gateway_rejected = f.gauge("sluice_gateway_rejected_total", "Requests refused by the gateway", ("reason",))
+        self.queue_depth = f.gauge("sluice_gateway_queue_depth", "Requests waiting for admission")
+        self.queued_tokens = f.gauge("sluice_gateway_queued_tokens", "Estimated tokens (prompt + max_tokens) waiting")
+        self.inflight_requests = f.gauge("sluice_gateway_inflight_requests", "Requests dispatched to the engine")
+        self.scaling_signal = f.gauge(
             "sluice_scaling_signal",
             "Per model: (estimated tokens queued + in flight) / its serving workers' token capacity"
             " (autoscaling input)",
-            ["model"],
-            registry=r,
+            ("model",),
         )
 
-    def _declare_engine(self, r: CollectorRegistry) -> None:
+    def _declare_engine(self, f: Families) -> None:
         """Engine gauges (from EngineStats), per model version: `version` is <model>/<version>,
         as on the request metrics — one series per version the fleet runs, never per worker;
         and the fleet's workers by state. Read at scrape time."""
-        gauge = partial(_version_gauge, r)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return f.gauge(name, doc, VERSION)
+
         self.running = gauge("sluice_engine_running_requests", "Requests running in the engine")
         self.waiting = gauge("sluice_engine_waiting_requests", "Requests waiting in the engine")
         self.kv_usage = gauge("sluice_engine_kv_usage_ratio", "Fraction of KV blocks in use")
@@ -165,37 +134,32 @@ class ServingMetrics:
         self.engine_steps = gauge("sluice_engine_steps_total", "Engine steps since start")
         self.engine_up = gauge("sluice_engine_up", "1 when some worker of the version answered the last stats call")
         # the fleet (read at scrape time)
-        self.workers = Gauge(
-            "sluice_workers",
-            "Workers by model, version (<model>/<version>) and state",
-            ["model", "version", "state"],
-            registry=r,
+        self.workers = f.gauge(
+            "sluice_workers", "Workers by model, version (<model>/<version>) and state", (*VERSION, "state")
         )
         self.warm_pool = gauge(
             "sluice_warm_pool_workers",
             "Warm-pool workers (loaded, warmed up, no traffic until the autoscaler promotes them)",
         )
 
-    def _declare_lora(self, r: CollectorRegistry) -> None:
+    def _declare_lora(self, f: Families) -> None:
         """Per LoRA adapter (its model id; bounded by the fleet, as versions are): requests that
         ended and their tokens, counted by the gateway when each request ends."""
-        self.lora_requests = Counter(
+        self.lora_requests = f.counter(
             "sluice_lora_requests",
             "Requests served with a LoRA adapter, by adapter and version (<model>/<version>)",
-            ["adapter", "version"],
-            registry=r,
+            ("adapter", "version"),
         )
-        self.lora_tokens = Counter(
+        self.lora_tokens = f.counter(
             "sluice_lora_tokens",
             "Tokens of requests served with a LoRA adapter, by adapter, version and kind (prompt, output)",
-            ["adapter", "version", "kind"],
-            registry=r,
+            ("adapter", "version", "kind"),
         )
-        self.lora_resident = _version_gauge(
-            r, "sluice_engine_lora_resident_adapters", "LoRA adapters resident on the version's workers"
+        self.lora_resident = f.gauge(
+            "sluice_engine_lora_resident_adapters", "LoRA adapters resident on the version's workers", VERSION
         )
-        self.lora_resident_bytes = _version_gauge(
-            r, "sluice_engine_lora_resident_bytes", "Memory of the resident LoRA adapters' weights"
+        self.lora_resident_bytes = f.gauge(
+            "sluice_engine_lora_resident_bytes", "Memory of the resident LoRA adapters' weights", VERSION
         )
 
     def count_lora(self, adapter: str, version: str, prompt_tokens: int, output_tokens: int) -> None:
@@ -286,22 +250,17 @@ class GaieMetrics:
     Prometheus' linter flags them, and they are what the picker asks for."""
 
     def __init__(self, r: CollectorRegistry) -> None:
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting",
-            "Requests waiting: the admission queue and the engines' queues",
-            ["model_name"],
-            registry=r,
+        f, model = Families(r), ("model_name",)
+        self.waiting = f.gauge(
+            "vllm:num_requests_waiting", "Requests waiting: the admission queue and the engines' queues", model
         )
-        self.running = Gauge("vllm:num_requests_running", "Requests running in the engines", ["model_name"], registry=r)
-        self.kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage", ["model_name"], registry=r
-        )
+        self.running = f.gauge("vllm:num_requests_running", "Requests running in the engines", model)
+        self.kv_usage = f.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage", model)
         # the value is the time of the last update (the picker takes the newest series)
-        self.lora_info = Gauge(
+        self.lora_info = f.gauge(
             "vllm:lora_requests_info",
             "Running stats on LoRA requests",
-            ["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
-            registry=r,
+            ("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
         )
 
     def observe(self, model_name: str, s: EngineStats, queued: int, now: float) -> None:

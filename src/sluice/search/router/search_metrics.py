@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Gauge
+
+from sluice.observability.families import Families
 
 # fine enough that a 2 ms shard's p50 and p99 fall in buckets of their own (0.25–0.5 ms wide
 # below 3 ms), and up to the longest deadline a config allows in steps of ~1.5–2×
@@ -45,53 +47,42 @@ _QUERY = _SHARD
 
 class SearchMetrics:
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
+        f = Families()
+        self.registry = f.registry
 
         def per_replica(name: str, doc: str) -> Gauge:  # a replica's state, one series per shard/replica
-            return Gauge(name, doc, ["shard", "replica"], registry=r)
+            return f.gauge(name, doc, ("shard", "replica"))
 
-        self.query_latency = Histogram(
-            "sluice_search_query_seconds",
-            "End-to-end search latency at the router",
-            ["outcome"],
-            buckets=_QUERY,
-            registry=r,
+        self.query_latency = f.histogram(
+            "sluice_search_query_seconds", "End-to-end search latency at the router", _QUERY, ("outcome",)
         )
-        self.replica_latency = Histogram(
+        self.replica_latency = f.histogram(
             "sluice_search_replica_request_seconds",
             "Latency of one request to one replica (per shard, replica and phase)",
-            ["shard", "replica", "phase"],
-            buckets=_SHARD,
-            registry=r,
+            _SHARD,
+            ("shard", "replica", "phase"),
         )
-        self.shard_latency = Histogram(
+        self.shard_latency = f.histogram(
             "sluice_search_shard_seconds",
             "Time until a shard answered (retries and hedges included)",
-            ["shard", "phase"],
-            buckets=_SHARD,
-            registry=r,
+            _SHARD,
+            ("shard", "phase"),
         )
-        self.errors = Counter(
+        self.errors = f.counter(
             "sluice_search_errors",
             "Query errors by type: a shard's failure (timeout, unavailable, "
             "bad_query) or a refusal answered to the client (its error type: invalid_request_error, "
             "query_syntax_error, authentication_error, request_too_large, ...)",
-            ["type"],
-            registry=r,
+            ("type",),
         )
-        self.retries = Counter(
-            "sluice_search_extra_requests",
-            "Second requests to a shard: failover or hedge",
-            ["shard", "kind"],
-            registry=r,
+        self.retries = f.counter(
+            "sluice_search_extra_requests", "Second requests to a shard: failover or hedge", ("shard", "kind")
         )
-        self.partial = Counter("sluice_search_partial_results", "Searches answered without every shard", registry=r)
-        self.cache = Counter(
-            "sluice_search_cache_requests", "Result cache lookups by result (hit, miss)", ["result"], registry=r
+        self.partial = f.counter("sluice_search_partial_results", "Searches answered without every shard")
+        self.cache = f.counter(
+            "sluice_search_cache_requests", "Result cache lookups by result (hit, miss)", ("result",)
         )
-        self.cache_hit_ratio = Gauge(
-            "sluice_search_cache_hit_ratio", "Result cache hits / lookups since start", registry=r
-        )
+        self.cache_hit_ratio = f.gauge("sluice_search_cache_hit_ratio", "Result cache hits / lookups since start")
         self.freshness = per_replica(
             "sluice_search_index_freshness_seconds",
             "Seconds since the replica's oldest unapplied write was acknowledged (0: current)",
@@ -105,16 +96,11 @@ class SearchMetrics:
         self.log_entries = per_replica(
             "sluice_search_replica_log_entries", "Entries in the replica's write log (after compaction)"
         )
-        self.head_seq = Gauge(
-            "sluice_search_shard_head_seq", "Newest acknowledged write-log entry", ["shard"], registry=r
-        )
-        self.documents = Counter("sluice_search_documents_written", "Documents upserted or deleted", ["op"], registry=r)
-        self.bad_lines = Counter("sluice_search_bad_ndjson_lines", "Bulk lines refused", registry=r)
-        self.restarts = Counter(
-            "sluice_search_local_replica_restarts",
-            "Local replica processes restarted",
-            ["shard", "replica"],
-            registry=r,
+        self.head_seq = f.gauge("sluice_search_shard_head_seq", "Newest acknowledged write-log entry", ("shard",))
+        self.documents = f.counter("sluice_search_documents_written", "Documents upserted or deleted", ("op",))
+        self.bad_lines = f.counter("sluice_search_bad_ndjson_lines", "Bulk lines refused")
+        self.restarts = f.counter(
+            "sluice_search_local_replica_restarts", "Local replica processes restarted", ("shard", "replica")
         )
         self._children: dict[tuple[Any, ...], Any] = {}
 
