@@ -170,42 +170,36 @@ def _collection_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore,
 
 
 def _batch_routes(router: APIRouter, rt: ServingRuntime, store: BatchStore) -> None:
-    """One batch of the tenant's: retrieve, cancel, delete, its results."""
+    """One batch of the tenant's: retrieve, cancel, delete, its results. Each looks the id up
+    among the caller's own batches (another tenant's id is a 404, as an unknown one), and its
+    document says so."""
 
-    @router.get(
-        "/v1/messages/batches/{batch_id}",
-        openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP),
-    )
+    def one_batch(ok: str | None = None, media: str | None = None) -> dict[str, Any]:
+        return doc.operation(doc.Family.ANTHROPIC, ok=ok, media=media, errors=doc.LOOKUP)
+
+    async def tenant_batch(request: Request, batch_id: str) -> Batch:
+        principal = await require_principal(request, rt.authenticator)
+        return store.get(principal.tenant, batch_id)
+
+    @router.get("/v1/messages/batches/{batch_id}", openapi_extra=one_batch(ok="MessageBatch"))
     async def retrieve(request: Request, batch_id: str) -> Any:
-        principal = await require_principal(request, rt.authenticator)
-        return batch_json(store.get(principal.tenant, batch_id), _base_url(request))
+        return batch_json(await tenant_batch(request, batch_id), _base_url(request))
 
-    @router.post(
-        "/v1/messages/batches/{batch_id}/cancel",
-        openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="MessageBatch", errors=doc.LOOKUP),
-    )
+    @router.post("/v1/messages/batches/{batch_id}/cancel", openapi_extra=one_batch(ok="MessageBatch"))
     async def cancel(request: Request, batch_id: str) -> Any:
-        principal = await require_principal(request, rt.authenticator)
-        batch = store.get(principal.tenant, batch_id)
+        batch = await tenant_batch(request, batch_id)
         batch.cancel(time.time())
         return batch_json(batch, _base_url(request))
 
-    @router.delete(
-        "/v1/messages/batches/{batch_id}",
-        openapi_extra=doc.operation(doc.Family.ANTHROPIC, ok="DeletedBatch", errors=doc.LOOKUP),
-    )
+    @router.delete("/v1/messages/batches/{batch_id}", openapi_extra=one_batch(ok="DeletedBatch"))
     async def delete(request: Request, batch_id: str) -> Any:
         principal = await require_principal(request, rt.authenticator)
         store.delete(principal.tenant, batch_id)
         return {"id": batch_id, "type": "message_batch_deleted"}
 
-    @router.get(
-        "/v1/messages/batches/{batch_id}/results",
-        openapi_extra=doc.operation(doc.Family.ANTHROPIC, media="application/binary", errors=doc.LOOKUP),
-    )
+    @router.get("/v1/messages/batches/{batch_id}/results", openapi_extra=one_batch(media="application/binary"))
     async def results(request: Request, batch_id: str) -> Response:
-        principal = await require_principal(request, rt.authenticator)
-        batch = store.get(principal.tenant, batch_id)
+        batch = await tenant_batch(request, batch_id)
         if batch.ended_at is None:
             raise bad_request(f"batch {batch_id} has not ended yet: its results are not ready")
 
