@@ -98,13 +98,19 @@ ToolResultContent = Annotated[
 ]
 
 
-class ToolUseBlock(Strict):
-    type: Literal["tool_use"]
+class _ToolCall(Strict):
+    """The model's call of a tool: the client's (`tool_use`) or a server tool's
+    (`server_tool_use`); the SDK's two params carry the same keys but `toolset_name`."""
+
     id: str
     name: str
     input: dict[str, Any]
     cache_control: CacheControl | None = None
     caller: Caller | None = None
+
+
+class ToolUseBlock(_ToolCall):
+    type: Literal["tool_use"]
     toolset_name: str | None = None
 
 
@@ -131,13 +137,8 @@ class RedactedThinkingBlock(Strict):
 # -- blocks of server tools (web search and fetch, code execution, tool search, containers):
 # accepted as documented; the converter reads web search's (our search tool) and refuses the
 # others (none of those tools runs here)
-class ServerToolUseBlock(Strict):
+class ServerToolUseBlock(_ToolCall):
     type: Literal["server_tool_use"]
-    id: str
-    name: str
-    input: dict[str, Any]
-    cache_control: CacheControl | None = None
-    caller: Caller | None = None
 
 
 class _ServerToolResult(Strict):
@@ -161,11 +162,9 @@ class WebSearchToolError(Strict):
     error_code: str
 
 
-class WebSearchToolResultBlock(Strict):
+class WebSearchToolResultBlock(_ServerToolResult):
     type: Literal["web_search_tool_result"]
-    tool_use_id: str
-    content: list[WebSearchResult] | WebSearchToolError
-    cache_control: CacheControl | None = None
+    content: list[WebSearchResult] | WebSearchToolError  # the one server tool's result read here
     caller: Caller | None = None
 
 
