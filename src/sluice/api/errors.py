@@ -7,9 +7,9 @@ generic message (the details go to the log, with the request id, never to the cl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
-from sluice.serving.errors import ErrorKind, ServingError
+from sluice.serving.errors import Detail, ErrorKind, ServingError, UserSafeError
 
 # The one mapping of wire-neutral error kinds onto HTTP statuses (both wire formats use it).
 STATUS_FOR_KIND: dict[ErrorKind, int] = {
@@ -63,24 +63,15 @@ OPENAI_TYPES: dict[int, str] = {
 }
 
 
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str | None = None,
-        headers: dict[str, str] | None = None,
-        code: str | None = None,
-        param: str | None = None,
-    ):
-        super().__init__(message)
+class ApiError(UserSafeError):
+    """A reply's error: its HTTP status, and its `type` where the status alone does not say it
+    (else the wire format's table above). Its `code` is Anthropic's `error.details.error_code`
+    and OpenAI's `code`."""
+
+    def __init__(self, status: int, message: str, *, type: str | None = None, **detail: Unpack[Detail]):
+        super().__init__(message, **detail)
         self.status = status
-        self.message = message
         self.type = type
-        self.headers = dict(headers or {})
-        self.code = code  # a stable cause code (error.details.error_code / OpenAI "code")
-        self.param = param
         if status < 500 and status not in (408, 409, 429):
             # Anthropic marks client errors as not retryable; the SDKs obey this header.
             self.headers.setdefault("x-should-retry", "false")

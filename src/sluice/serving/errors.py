@@ -10,44 +10,53 @@ engine abort is.
 from __future__ import annotations
 
 import enum
+from typing import TypedDict, Unpack
 
 
 class ErrorKind(str, enum.Enum):
-    INVALID_REQUEST = "invalid_request"  # the request itself is wrong (400)
-    PERMISSION = "permission"  # refused by policy (403)
-    NOT_FOUND = "not_found"  # unknown model, stream, batch (404)
-    CONFLICT = "conflict"  # conflicts with an earlier request (409)
-    UNPROCESSABLE = "unprocessable"  # well-formed but not acceptable: an idempotency key reused for another body (422)
-    RATE_LIMITED = "rate_limited"  # this caller is over a limit (429)
-    OVERLOADED = "overloaded"  # the service cannot take it now: queue full, no engine, draining (529)
-    TIMEOUT = "timeout"  # took longer than allowed (504 / timeout_error)
-    INTERNAL = "internal"  # a fault on our side (500)
+    """Why, in words no wire format owns: a kind's HTTP status and error types are stated once, in
+    api/errors.py (STATUS_FOR_KIND and each wire format's table)."""
+
+    INVALID_REQUEST = "invalid_request"  # the request itself is wrong
+    PERMISSION = "permission"  # refused by policy
+    NOT_FOUND = "not_found"  # unknown model, stream, batch
+    CONFLICT = "conflict"  # conflicts with an earlier request
+    UNPROCESSABLE = "unprocessable"  # well-formed but not acceptable: an idempotency key reused for another body
+    RATE_LIMITED = "rate_limited"  # this caller is over a limit
+    OVERLOADED = "overloaded"  # the service cannot take it now: queue full, no engine, draining
+    TIMEOUT = "timeout"  # took longer than allowed
+    INTERNAL = "internal"  # a fault on our side
 
 
-class ServingError(Exception):
-    """A refusal or failure with a user-safe message.
+class Detail(TypedDict, total=False):
+    """What a reply may say besides its status and message (the keyword arguments of
+    UserSafeError and of each error built on it)."""
 
-    `retry_after_s`: when the caller may retry (429 / 529). `headers`: extra response headers
-    the refusal carries (the rate-limit headers). `code`: a stable machine-readable cause
-    (e.g. `safety.input.weapons`). `param`: the request field at fault, when known."""
+    headers: dict[str, str] | None  # extra response headers (the rate-limit headers)
+    code: str | None  # a stable machine-readable cause (e.g. `safety.input.weapons`)
+    param: str | None  # the request field at fault, when known
 
-    def __init__(
-        self,
-        kind: ErrorKind,
-        message: str,
-        *,
-        retry_after_s: float | None = None,
-        headers: dict[str, str] | None = None,
-        code: str | None = None,
-        param: str | None = None,
-    ):
+
+class UserSafeError(Exception):
+    """An error whose message and `Detail` the caller is shown: the pipeline's ServingError and
+    the API's ApiError (api/errors.py), which carries a ServingError's detail over as it is."""
+
+    def __init__(self, message: str, **detail: Unpack[Detail]):
         super().__init__(message)
-        self.kind = kind
         self.message = message
+        self.headers = dict(detail.get("headers") or {})
+        self.code = detail.get("code")
+        self.param = detail.get("param")
+
+
+class ServingError(UserSafeError):
+    """A refusal or failure, of a kind no wire format owns. `retry_after_s`: when the caller may
+    retry (429 / 529)."""
+
+    def __init__(self, kind: ErrorKind, message: str, *, retry_after_s: float | None = None, **detail: Unpack[Detail]):
+        super().__init__(message, **detail)
+        self.kind = kind
         self.retry_after_s = retry_after_s
-        self.headers = dict(headers or {})
-        self.code = code
-        self.param = param
 
 
 def invalid(message: str, param: str | None = None) -> ServingError:
