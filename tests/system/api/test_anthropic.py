@@ -78,8 +78,10 @@ def test_02_versions(server):
         assert r.status_code == 200, r.text  # sampling params accepted under both (lenient default)
     r = httpx.post(server.base_url + "/v1/messages", json=body, headers={"x-api-key": KEY})
     assert r.status_code == 200  # missing header: the default version
-    r = httpx.post(server.base_url + "/v1/messages", json=body, headers=headers(**{"anthropic-version": "1999-01-01"}))
-    assert r.status_code == 400 and "anthropic-version" in r.json()["error"]["message"]
+    for bad in ("1999-01-01", ""):  # a header sent empty is a bad value, not a missing one
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            r = httpx.post(server.base_url + path, json=body, headers=headers(**{"anthropic-version": bad}))
+            assert r.status_code == 400 and "anthropic-version" in r.json()["error"]["message"], (bad, path, r.text)
 
 
 # -- 3. non-streaming create ------------------------------------------------------------------

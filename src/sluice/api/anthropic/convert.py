@@ -52,7 +52,10 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def api_version(request: Request, settings: Settings) -> str:
-    version = request.headers.get("anthropic-version") or settings.default_anthropic_version
+    # a missing header takes the configured default; a header sent empty is a bad value, not a
+    # missing one (the documented enum has no "")
+    given = request.headers.get("anthropic-version")
+    version = settings.default_anthropic_version if given is None else given
     if version is None:
         raise bad_request("anthropic-version: header is required")
     if version not in VERSIONS:
