@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -40,6 +42,18 @@ from search_latency import RawClient, cpu_s, ingest, pct
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex
 from tests import corpus
+
+PROFILE = ""  # --profile DIR: each router runs under cProfile, its profile written there
+PROFILED = """import cProfile, time
+from sluice.cli import main
+p = cProfile.Profile(time.process_time)
+try:
+    p.runcall(main, %r)
+except (KeyboardInterrupt, SystemExit):
+    pass
+finally:
+    p.dump_stats(%r)
+"""
 
 
 def load(clients: list, queries: list[str], body: dict) -> tuple[list[float], float]:
@@ -89,6 +103,11 @@ def library(docs: list[dict], queries: list[str], n_clients: int, snippets: int,
     }
 
 
+def index_cpu_s(status: dict) -> float | None:
+    """The CPU the router's local reads spent in the shards' index work so far (status JSON)."""
+    return status.get("local_reads", {}).get("index_cpu_s")
+
+
 def router(
     docs: list[dict],
     queries: list[str],
@@ -98,8 +117,10 @@ def router(
     snippets: int,
     tmp: Path,
     local_reads: bool,
+    src: str | None = None,
 ) -> dict:
-    name = f"r{shards}{'-local' if local_reads else ''}"
+    """`src`: the router runs from that source tree (--before) instead of this one."""
+    name = f"r{shards}{'-local' if local_reads else ''}{'-before' if src else ''}"
     cfg = tmp / f"{name}.toml"
     cfg.write_text(
         f'[search]\ndata_dir = "{tmp / name}"\nlocal_reads = {str(local_reads).lower()}\n'
@@ -109,10 +130,15 @@ def router(
     import subprocess
 
     log = open(tmp / f"{name}.log", "wb")
+    serve = ["search", "serve", "--port", str(port), "--config", str(cfg)]
+    # --profile: the router under cProfile timed by its CPU (process_time), not the wall clock
+    # that other processes on a busy machine would inflate
+    prof = PROFILED % (serve, f"{PROFILE}/{name}.prof")
     p = subprocess.Popen(
-        [sys.executable, "-m", "sluice.cli", "search", "serve", "--port", str(port), "--config", str(cfg)],
+        [sys.executable, *(["-c", prof] if PROFILE else ["-m", "sluice.cli", *serve])],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": src} if src else None,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -140,25 +166,35 @@ def router(
 
             return ask
 
+        with httpx.Client(timeout=30) as http:
+            index0 = index_cpu_s(http.get(url + "/v1/search/status").json())
         cpu0 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids)
         lat, wall = load([client(c) for c in conns], queries, {})
         cpu1 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids)
         with httpx.Client(timeout=30) as http:
             st = http.get(url + "/v1/search/status").json()
             rounds = {**st["cache"]["one_round"], **({"local_reads": st["local_reads"]} if "local_reads" in st else {})}
+        index1 = index_cpu_s(st)
         for c in conns:
             c.close()
+        router_cpu = (cpu1[0] - cpu0[0]) / len(queries) * 1000
+        # (b) the local reads' index work, from the router's own count of its thread's CPU time
+        # around each answer (absent from a tree before it was counted); (c) = (a) - (b)
+        index_cpu = None if index0 is None or index1 is None else (index1 - index0) / len(queries) * 1000
         return {
             "qps": round(len(queries) / wall, 1),
             "p50_ms": round(pct(lat, 0.5) * 1000, 3),
             "p99_ms": round(pct(lat, 0.99) * 1000, 3),
             "partial": partial[0],
-            "router_cpu_ms_per_query": round((cpu1[0] - cpu0[0]) / len(queries) * 1000, 3),
+            "router_cpu_ms_per_query": round(router_cpu, 3),
+            "router_index_cpu_ms_per_query": None if index_cpu is None else round(index_cpu, 3),
+            "router_own_cpu_ms_per_query": None if index_cpu is None else round(router_cpu - index_cpu, 3),
             "shards_cpu_ms_per_query": round((cpu1[1] - cpu0[1]) / len(queries) * 1000, 3),
             "one_round": rounds,
         }
     finally:
-        p.terminate()
+        # uvicorn re-raises the signal it stopped on: SIGINT's KeyboardInterrupt lets cProfile write
+        p.send_signal(signal.SIGINT) if PROFILE else p.terminate()
         p.wait(30)
 
 
@@ -175,23 +211,36 @@ def main() -> int:
         default="local,http",
         help="local: local_reads (the embedded default); http: every query to the shard processes over HTTP",
     )
+    ap.add_argument("--before", default=None, help="another tree's src/: its router too, side by side")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--profile", default="", help="run each router under cProfile, writing NAME.prof into this folder")
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     docs = corpus.documents(args.docs)
     titles = list(dict.fromkeys(" ".join(re.findall(r"\w+", d["title"])) for d in docs if d.get("title")))
     titles = [t for t in titles if t]
     warmup, queries = titles[:200], titles[200 : 200 + args.queries]
     print(f"{len(docs)} documents, {len(queries)} distinct queries, {args.clients} clients, snippets {args.snippets}")
     out = {}
+    # --before SRC: each configuration runs twice, the other tree's router first, each just after
+    # the library alone; --repeat N: the whole sequence N times (ratios side by side)
+    trees = [("before", args.before), ("after", None)] if args.before else [("", None)]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for shards in [int(s) for s in args.shards.split(",")]:
-            for mode in args.modes.split(","):
-                lib = library(docs, queries, args.clients, args.snippets, tmp)  # side by side: the library before each
-                got = router(docs, queries, warmup, shards, args.clients, args.snippets, tmp, mode == "local")
-                got["ratio_to_xapian"] = round(got["qps"] / lib["qps"], 3)
-                out[f"xapian (before {shards} shards, {mode})"] = lib
-                out[f"router, {shards} shards, {mode}"] = got
-                print(f"xapian alone: {lib}\nrouter, {shards} shard(s), {mode}: {got}", flush=True)
+        for rep in range(1, args.repeat + 1):
+            for shards in [int(s) for s in args.shards.split(",")]:
+                for mode in args.modes.split(","):
+                    for tree, src in trees:
+                        lib = library(docs, queries, args.clients, args.snippets, tmp)  # the library just before
+                        local = mode == "local"
+                        got = router(docs, queries, warmup, shards, args.clients, args.snippets, tmp, local, src)
+                        got["ratio_to_xapian"] = round(got["qps"] / lib["qps"], 3)
+                        got["load_average"] = os.getloadavg()[0]
+                        label = f"{shards} shards, {mode}{', ' + tree if tree else ''}, run {rep}"
+                        out[f"xapian (before {label})"] = lib
+                        out[f"router, {label}"] = got
+                        print(f"xapian alone: {lib}\nrouter, {label}: {got}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0

@@ -193,11 +193,7 @@ class RouterRuntime:
                 for s in self.topo.shards
             ],
             **({"cold_tier": self.cold.status()} if self.cold is not None else {}),
-            **(
-                {"local_reads": {"answered": self.local_reads.answered, "fell_back": self.local_reads.fell_back}}
-                if self.local_reads is not None
-                else {}
-            ),
+            **({"local_reads": self.local_reads.status()} if self.local_reads is not None else {}),
             **self.extra_status,
         }
 

@@ -26,7 +26,7 @@ from sluice.search.router.cluster.topology import ShardRuntime
 from sluice.search.router.query.shard_call import ShardCaller
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.tiers.cold_tier import ColdTier
-from sluice.search.tiers.local_reads import LocalReads, NotCurrent
+from sluice.search.tiers.local_reads import LocalReads
 
 FOLLOWED_SHARE = 0.5  # of the time left, what a round that another round follows may spend
 Request = StatsRequest | ShardSearchRequest
@@ -103,14 +103,10 @@ class FanOut:
             answer = await self._cold(shard, req, deadline)
             self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(time.perf_counter() - t0)
             return None, answer
-        reader = None if self.local is None else self.local.reader(shard.position)
-        if reader is not None:
-            try:
-                answer = reader.call(req, shard.head_seq)
-            except NotCurrent:
-                self.local.fell_back += 1  # type: ignore[union-attr]
-            else:
-                self.local.answered += 1  # type: ignore[union-attr]
+        local = self.local
+        if local is not None and local.has(shard.position):
+            answer = local.call(shard.position, req, shard.head_seq)
+            if answer is not None:
                 elapsed = time.perf_counter() - t0
                 if isinstance(answer, ShardSearchAnswer):
                     answer.index_s = elapsed
