@@ -167,9 +167,8 @@ class SearchResponse:
     def partial(self) -> bool:
         return self.shards_answered < self.shards
 
-    def to_json(self) -> dict[str, Any]:
+    def _summary(self) -> dict[str, Any]:
         return {
-            "hits": [h.to_json() for h in self.hits],
             "shards": self.shards,
             "shards_answered": self.shards_answered,
             "partial": self.partial,
@@ -177,6 +176,14 @@ class SearchResponse:
             "took_ms": round(self.took_ms, 3),
             "cached": self.cached,
         }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hits": [h.to_json() for h in self.hits], **self._summary()}
+
+    def json_bytes(self) -> bytes:
+        """to_json()'s JSON, written without decoding the hits' stored fields (Hit.json_text)."""
+        rest = json.dumps(self._summary(), separators=(",", ":"), ensure_ascii=False)
+        return f'{{"hits":[{",".join(h.json_text() for h in self.hits)}],{rest[1:]}'.encode()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

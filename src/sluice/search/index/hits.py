@@ -13,6 +13,7 @@ sorts by relevance, then by the id value slot).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import operator
 from collections.abc import Iterable
@@ -23,14 +24,30 @@ from typing import Any
 class Hit:
     doc_id: str
     score: float
-    fields: dict[str, Any]
+    # the stored fields: a dict, or their JSON text as the index stores it (a local read's hit),
+    # decoded only when read (`fields`) and spliced as is into an answer (`json_text`): of the
+    # N shards' top-k only the merged top-k are returned, and an answer needs no dict of them
+    stored: dict[str, Any] | str
     snippet: str = ""  # the matched passage, marked and HTML-escaped (snippets.py); "" when not asked
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        s = self.stored
+        return s if isinstance(s, dict) else json.loads(s)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.doc_id, "score": self.score, "fields": self.fields, "snippet": self.snippet}
 
+    def json_text(self) -> str:
+        """to_json()'s JSON text (non-ASCII characters as they are, or escaped where the index
+        stored them escaped: the same JSON value)."""
+        s = self.stored
+        stored = s if isinstance(s, str) else _dumps(s)
+        score = _dumps(self.score)
+        return f'{{"id":{_dumps(self.doc_id)},"score":{score},"fields":{stored},"snippet":{_dumps(self.snippet)}}}'
+
     def rescored(self, score: float) -> Hit:
-        return Hit(self.doc_id, score, self.fields, self.snippet)
+        return Hit(self.doc_id, score, self.stored, self.snippet)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Hit:
@@ -38,6 +55,25 @@ class Hit:
         if not isinstance(snippet, str):
             raise ValueError("a hit's snippet is a string")
         return cls(str(d["id"]), float(d["score"]), dict(d.get("fields") or {}), snippet)
+
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_STORED_HEAD, _STORED_FIELDS = '{"id":"', '","fields":'
+
+
+def stored_hit(data: bytes, score: float) -> Hit:
+    """A hit from a document's stored data, `{"id":"…","fields":{…}}` (analyzer.py), without
+    decoding its fields. Inside a JSON string every `"` is escaped, so the first `","fields":`
+    ends the id; data of any other shape is decoded whole."""
+    text = data.decode()
+    end = text.find(_STORED_FIELDS, len(_STORED_HEAD)) if text.startswith(_STORED_HEAD) else -1
+    if end < 0 or not text.endswith("}"):
+        d = json.loads(text)
+        return Hit(d["id"], score, d.get("fields", {}))
+    doc_id = text[len(_STORED_HEAD) : end]
+    if "\\" in doc_id:
+        doc_id = json.loads(text[len(_STORED_HEAD) - 1 : end + 1])
+    return Hit(doc_id, score, text[end + len(_STORED_FIELDS) : -1])
 
 
 REPORTED_DIGITS = 12

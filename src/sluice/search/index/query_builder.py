@@ -12,6 +12,15 @@ import xapian
 from sluice.search.index.query_tree import NodeKind, Tree
 
 Q = xapian.Query
+_new_query, _init_query = xapian._xapian.new_Query, xapian._xapian.Query_swiginit
+
+
+def _query(*args: object) -> xapian.Query:
+    q = Q.__new__(Q)
+    _init_query(q, _new_query(*args))
+    return q
+
+
 _BOOL = {
     NodeKind.OR: Q.OP_OR,
     NodeKind.AND: Q.OP_AND,
@@ -25,18 +34,19 @@ def build_query(tree: Tree | None, term_factor: dict[str, float]) -> xapian.Quer
         return Q.MatchNothing
 
     def leaf(term: str) -> xapian.Query:
-        q = Q(term)
+        q = _query(term)
         f = term_factor.get(term)
-        return q if f is None or f == 1.0 else Q(Q.OP_SCALE_WEIGHT, q, f)
+        return q if f is None or f == 1.0 else _query(Q.OP_SCALE_WEIGHT, q, f)
 
     def build(t: Tree) -> xapian.Query:
         op = t[0]
         if op == NodeKind.TERM:
             return leaf(t[1])
         if op == NodeKind.PHRASE:
-            return Q(Q.OP_FILTER, Q(Q.OP_AND, [leaf(x) for x in t[1]]), Q(Q.OP_PHRASE, [Q(x) for x in t[1]]))
+            phrase = _query(Q.OP_PHRASE, [_query(x) for x in t[1]])
+            return _query(Q.OP_FILTER, _query(Q.OP_AND, [leaf(x) for x in t[1]]), phrase)
         if op == NodeKind.ALL:
             return Q.MatchAll
-        return Q(_BOOL[op], [build(c) for c in t[1]])
+        return _query(_BOOL[op], [build(c) for c in t[1]])
 
     return build(tree)

@@ -8,7 +8,6 @@ Not thread-safe: the shard server calls it from one thread.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from sluice.search.index.bm25 import (
     local_weighting,
 )
 from sluice.search.index.filters import Clause, filtered
-from sluice.search.index.hits import Hit, merge
+from sluice.search.index.hits import Hit, merge, stored_hit
 from sluice.search.index.query_builder import build_query
 from sluice.search.index.query_tree import Tree, terms_of
 from sluice.search.index.schema import Schema, check_id, parse_document
@@ -202,16 +201,21 @@ class ShardIndex:
         mset = enquire.get_mset(0, top_k)
         self.last_matches = mset.get_matches_estimated()
         snippets = Snippets(self.db, tree) if snippet_chars > 0 else None
-        for m in mset:
-            out.append(self._hit(m.document, m.weight, snippets, snippet_chars))
-            docids.append(m.docid)
+        # the bindings' own iterator, not `for m in mset`: each of its items asks the binding
+        # for six values (rank, percent, collapse key…) where a hit needs three (~3 µs a hit)
+        it, end = mset._begin(), mset._end()
+        while it != end:
+            out.append(self._hit(it.get_document(), it.get_weight(), snippets, snippet_chars))
+            docids.append(it.get_docid())
+            next(it)
         return out, w, docids
 
     def _hit(self, document: xapian.Document, score: float, snippets: Snippets | None, snippet_chars: int) -> Hit:
-        data = json.loads(document.get_data())
-        fields = data.get("fields", {})
-        snippet = "" if snippets is None else snippets.of(snippet_text(fields, self.snippet_fields), snippet_chars)
-        return Hit(data["id"], score, fields, snippet)
+        hit = stored_hit(document.get_data(), score)  # the fields stay JSON text until read
+        if snippets is None:
+            return hit
+        snippet = snippets.of(snippet_text(hit.fields, self.snippet_fields), snippet_chars)
+        return Hit(hit.doc_id, score, hit.stored, snippet)
 
     def dense_search(
         self, vector: np.ndarray, top_k: int, exact: bool | None = None, clauses: list[Clause] | None = None

@@ -77,7 +77,7 @@ class SnippetMaker:
             return hits
         snippets = Snippets(self._db, tree)
         return [
-            Hit(h.doc_id, h.score, h.fields, snippets.of(snippet_text(h.fields, self.snippet_fields), chars))
+            Hit(h.doc_id, h.score, h.stored, snippets.of(snippet_text(h.fields, self.snippet_fields), chars))
             for h in hits
         ]
 

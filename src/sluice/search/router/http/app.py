@@ -133,7 +133,7 @@ def _add_search_route(app: FastAPI, rt: RouterRuntime) -> None:
     async def search(request: Request) -> Any:
         # the ASGI front answers this in production; both decode through search_endpoint.py.
         # A Response as is: FastAPI would otherwise re-validate it against SearchResponse
-        return JSONResponse(await answer_search(rt, request))
+        return Response(await answer_search(rt, request), media_type="application/json")
 
 
 def _add_write_routes(app: FastAPI, rt: RouterRuntime) -> None:

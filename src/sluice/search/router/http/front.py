@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.search.errors import SearchError
-from sluice.search.router.http.responses import encode, internal_error, send_error, send_json
+from sluice.search.router.http.responses import internal_error, send_error, send_json
 from sluice.search.router.http.search_endpoint import answer_search
 from sluice.search.router.runtime import RouterRuntime
 
@@ -60,7 +60,7 @@ class RouterFront:
 
     async def _search(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            payload = encode(await answer_search(self.rt, Request(scope, receive)))
+            payload = await answer_search(self.rt, Request(scope, receive))
         except SearchError as refused:
             err = refused
         except Exception:

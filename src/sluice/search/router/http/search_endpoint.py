@@ -8,8 +8,6 @@ body is read up to its small bound (request_body.py) and decoded through the con
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 
 from sluice.search.contract import MAX_SEARCH_BODY_BYTES, SearchRequest
@@ -18,7 +16,8 @@ from sluice.search.router.http.request_body import read_bounded
 from sluice.search.router.runtime import RouterRuntime
 
 
-async def answer_search(rt: RouterRuntime, request: Request) -> dict[str, Any]:
+async def answer_search(rt: RouterRuntime, request: Request) -> bytes:
+    """The answer's JSON (SearchResponse.json_bytes: the hits' stored fields spliced as stored)."""
     if not rt.auth.may_search(request):
         raise SearchError(SearchErrorKind.AUTHENTICATION, "a valid API key is required")
     body = await read_bounded(request.scope["headers"], request.receive, MAX_SEARCH_BODY_BYTES, "a search body")
@@ -27,4 +26,4 @@ async def answer_search(rt: RouterRuntime, request: Request) -> dict[str, Any]:
         result = await rt.search(req)
     except QuerySyntaxError as exc:
         raise exc.as_search_error() from None
-    return result.to_json()
+    return result.json_bytes()

@@ -75,10 +75,23 @@ class FanOut:
         def req(s: ShardRuntime) -> Request:
             return request(s) if callable(request) else request
 
-        answers = await asyncio.gather(
-            *(self.ask(s, req(s), deadline, run.chosen[s.position] if prefer_chosen else None) for s in shards),
-            return_exceptions=True,
-        )
+        # the shards read locally are answered here, in this task, one after another as their
+        # tasks ran before: a task per local shard and their gather cost the router more CPU
+        # than merging the answers. The others are then asked at once.
+        answers: list[tuple[ReplicaState | None, Answer] | BaseException | None] = []
+        remote: list[tuple[int, ShardRuntime, Request]] = []
+        for i, s in enumerate(shards):
+            r = req(s)
+            answers.append(self._local(s, r))
+            if answers[-1] is None:
+                remote.append((i, s, r))
+        if remote:
+            asked = await asyncio.gather(
+                *(self.ask(s, r, deadline, run.chosen[s.position] if prefer_chosen else None) for _, s, r in remote),
+                return_exceptions=True,
+            )
+            for (i, _, _), got in zip(remote, asked):
+                answers[i] = got
         out: list[tuple[ShardRuntime, Answer]] = []
         for s, a in zip(shards, answers):
             if isinstance(a, ShardCallError):
@@ -86,6 +99,7 @@ class FanOut:
                 continue
             if isinstance(a, BaseException):
                 raise a
+            assert a is not None
             replica, answer = a
             if replica is not None:
                 run.chosen[s.position] = replica  # the next round prefers it: one revision when idle
@@ -95,6 +109,23 @@ class FanOut:
             out.append((s, answer))
         return out
 
+    def _local(self, shard: ShardRuntime, req: Request) -> tuple[None, Answer] | None:
+        """The shard's answer from its local reader (tiers/local_reads.py), or None when it has
+        none (a cold shard, no local replica) or it cannot answer at the shard's newest entry."""
+        local = self.local
+        if local is None or not local.has(shard.position) or (shard.cold_url is not None and self.cold is not None):
+            return None
+        t0 = time.perf_counter()
+        answer = local.call(shard.position, req, shard.head_seq)
+        if answer is None:
+            return None
+        elapsed = time.perf_counter() - t0
+        if isinstance(answer, ShardSearchAnswer):
+            answer.index_s = elapsed
+        shard.latency.add(elapsed)
+        self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(elapsed)
+        return None, answer
+
     async def ask(
         self, shard: ShardRuntime, req: Request, deadline: float, prefer: ReplicaState | None
     ) -> tuple[ReplicaState | None, Answer]:
@@ -103,16 +134,6 @@ class FanOut:
             answer = await self._cold(shard, req, deadline)
             self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(time.perf_counter() - t0)
             return None, answer
-        local = self.local
-        if local is not None and local.has(shard.position):
-            answer = local.call(shard.position, req, shard.head_seq)
-            if answer is not None:
-                elapsed = time.perf_counter() - t0
-                if isinstance(answer, ShardSearchAnswer):
-                    answer.index_s = elapsed
-                shard.latency.add(elapsed)
-                self.metrics.child(self.metrics.shard_latency, shard.name, req.PHASE).observe(elapsed)
-                return None, answer
         try:
             replica, data = await self.caller.call(shard, req.PATH, req.to_json(), deadline, req.PHASE, prefer)
         except ShardCallError as exc:
