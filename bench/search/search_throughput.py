@@ -13,6 +13,12 @@ from /proc, the router's and the shards' CPU per query. Corpus: Debian's package
 (`--docs`), queries: their one-line summaries' words; `--snippets N` asks for snippets of N
 characters (0: none, the library's plain search) and makes the library compute them too.
 
+With local reads the router's CPU per query is also split: the shards' index work (the status
+JSON's `local_reads.index_cpu_s`, its thread's CPU time around each local answer) and the
+router's own (the rest). `--before SRC` runs another tree's router too, just before this one's,
+each after the library alone; `--repeat N` the whole sequence N times; `--profile DIR` runs
+each router under cProfile timed by CPU.
+
     PYTHONPATH=src .venv/bin/python bench/search/search_throughput.py [--docs 3000] [--queries 2000] [--shards 1,2,4]
 """
 
