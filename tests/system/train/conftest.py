@@ -1,5 +1,13 @@
 """Shared training runs: a tiny random Llama folder, a chat/text data file, and `sluice train run`
-as a real torchrun group (2 processes), each run made once per session and compared by the tests."""
+as a real torchrun group (2 processes), each run made once per test session and compared by the
+tests.
+
+Once per session, not once per xdist worker: `make test` spreads the files over two workers, and
+most files compare against the same reference runs (ddp2_run, one_run, the LoRA runs and their
+exports). A session fixture alone would have each worker train them again (a torchrun group
+costs tens of seconds of start-up on a busy machine), so the workers share one folder and the
+first to need a run makes it under a file lock while the other waits for it (xdist's documented
+recipe for session fixtures that must run once)."""
 
 from __future__ import annotations
 
@@ -8,10 +16,12 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from tests.tiny_models import write_tiny_model
 
@@ -20,6 +30,9 @@ from tests.tiny_models import write_tiny_model
 STEPS = 8
 COMMON = ["--seq-len", "32", "--batch-size", "4", "--lr", "3e-3", "--max-steps", str(STEPS), "--threads", "1"]
 RUN_TIMEOUT_S = 300  # generous: torchrun + torch + transformers imports on two busy cores
+# how long a worker waits for another to make a shared run: the longest chain of them (a run and
+# its export, or the three LoRA fixtures) under the same generous bound each
+SHARED_WAIT_S = 3 * RUN_TIMEOUT_S
 
 
 def train_cmd(*args: str) -> list[str]:
@@ -77,17 +90,45 @@ def run_in_process(*args: str) -> Path:
 
 @pytest.fixture(scope="session")
 def train_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("train")
+    """The session's training folder: under xdist, one folder that every worker of this session
+    shares (the workers' base folders sit side by side in the session's); the test files name
+    their runs apart, and each file runs on one worker (--dist loadfile)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.mktemp("train")
+    shared = tmp_path_factory.getbasetemp().parent / "train"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+def made_once(train_dir: Path, name: str, make: Callable[[], Path]) -> Path:
+    """`make()`'s path, made by the first worker that asks and read back by the others. A make
+    that failed fails the others too (its folder is half made: making it again would resume it)."""
+    with FileLock(str(train_dir / f".{name}.lock"), timeout=SHARED_WAIT_S):
+        done, failed = train_dir / f".{name}.done", train_dir / f".{name}.failed"
+        if failed.exists():
+            pytest.fail(f"the shared {name} failed in another xdist worker: {failed.read_text()[-2000:]}")
+        if done.exists():
+            return Path(done.read_text())
+        try:
+            made = make()
+        except BaseException as e:
+            failed.write_text(f"{type(e).__name__}: {e}")
+            raise
+        done.write_text(str(made))
+        return made
 
 
 @pytest.fixture(scope="session")
 def tiny_folder(train_dir: Path) -> Path:
-    return write_tiny_model(train_dir / "tiny-llama", "llama", seed=1)
+    return made_once(train_dir, "tiny-llama", lambda: write_tiny_model(train_dir / "tiny-llama", "llama", seed=1))
 
 
 @pytest.fixture(scope="session")
 def chat_data(train_dir: Path) -> Path:
-    path = train_dir / "chat.jsonl"
+    return made_once(train_dir, "chat", lambda: _write_chat_data(train_dir / "chat.jsonl"))
+
+
+def _write_chat_data(path: Path) -> Path:
     with path.open("w") as f:
         for i in range(24):
             f.write(
@@ -110,6 +151,10 @@ def chat_data(train_dir: Path) -> Path:
 def ddp2_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """The reference: 2 ranks, DDP, a checkpoint every 3 steps, uninterrupted; its metrics also go
     to a Prometheus textfile."""
+    return made_once(train_dir, "ddp2", lambda: _ddp2_run(train_dir, tiny_folder, chat_data))
+
+
+def _ddp2_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     out = train_dir / "ddp2"
     run_train(
         "--data",
@@ -132,15 +177,17 @@ def ddp2_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
 @pytest.fixture(scope="session")
 def one_run(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """The same run in one process (world size 1): the reference for data parallelism."""
-    return run_in_process(
-        "--data", str(chat_data), "--out", str(train_dir / "one"), "--model", str(tiny_folder), "--nproc", "1", *COMMON
-    )
+    args = ["--data", str(chat_data), "--out", str(train_dir / "one"), "--model", str(tiny_folder), "--nproc", "1"]
+    return made_once(train_dir, "one", lambda: run_in_process(*args, *COMMON))
 
 
 @pytest.fixture(scope="session")
 def exported(train_dir: Path, ddp2_run: Path) -> Path:
     """`sluice train export` of the 2-rank DDP run (shared by the export and the fleet tests)."""
-    out = train_dir / "exports" / "r1"
+    return made_once(train_dir, "export-r1", lambda: _export(ddp2_run, train_dir / "exports" / "r1"))
+
+
+def _export(ddp2_run: Path, out: Path) -> Path:
     proc = subprocess.run(
         train_cmd("export", str(ddp2_run), "--out", str(out)), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
     )
@@ -161,6 +208,10 @@ ADAPTER_PARAMS = (
 @pytest.fixture(scope="session")
 def lora_one(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """A LoRA run in one process, no dropout: the reference for the data-parallel LoRA runs."""
+    return made_once(train_dir, "lora-one", lambda: _lora_one(train_dir, tiny_folder, chat_data))
+
+
+def _lora_one(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     return run_in_process(
         "--data",
         str(chat_data),
@@ -178,6 +229,10 @@ def lora_one(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
 @pytest.fixture(scope="session")
 def lora_ddp2(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     """2 ranks, DDP, LoRA with dropout, a checkpoint every 3 steps, uninterrupted."""
+    return made_once(train_dir, "lora-ddp2", lambda: _lora_ddp2(train_dir, tiny_folder, chat_data))
+
+
+def _lora_ddp2(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
     out = train_dir / "lora-ddp2"
     run_train(
         "--data",
@@ -201,7 +256,10 @@ def lora_ddp2(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
 @pytest.fixture(scope="session")
 def lora_export(train_dir: Path, lora_ddp2: Path) -> Path:
     """`sluice train export` of the 2-rank LoRA run: a PEFT adapter folder."""
-    out = train_dir / "exports" / "lora-r1"
+    return made_once(train_dir, "export-lora-r1", lambda: _lora_export(lora_ddp2, train_dir / "exports" / "lora-r1"))
+
+
+def _lora_export(lora_ddp2: Path, out: Path) -> Path:
     proc = subprocess.run(
         train_cmd("export", str(lora_ddp2), "--out", str(out)), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
     )
