@@ -196,6 +196,30 @@ def _export(ddp2_run: Path, out: Path) -> Path:
     return out
 
 
+# `nonfinite = "stop"` halts the 2-rank run before step 5's update (train/faults.py's nan_loss)
+NAN_STEP = 5
+NAN_STOP_ARGS = ["--nproc", "2", "--checkpoint-every", "2", "--keep-checkpoints", "5", *COMMON]
+
+
+@pytest.fixture(scope="session")
+def nan_stopped(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
+    """2 ranks stopped by a NaN loss at step 5 (checkpoints of steps 2 and 4; the launcher's
+    terminal in nan-stop.stderr beside it): test_train_nonfinite.py checks the stop, and
+    test_train_damaged.py resumes a copy of it past a damaged newest checkpoint to the losses of
+    the uninterrupted run (one torchrun start fewer than a run of its own)."""
+    return made_once(train_dir, "nan-stop", lambda: _nan_stopped(train_dir, tiny_folder, chat_data))
+
+
+def _nan_stopped(train_dir: Path, tiny_folder: Path, chat_data: Path) -> Path:
+    out = train_dir / "nan-stop"
+    args = ["--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *NAN_STOP_ARGS]
+    env = {**os.environ, "SLUICE_TRAIN_FAULT": f"nan_loss:{NAN_STEP}"}
+    proc = subprocess.run(train_cmd("run", *args), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    (train_dir / "nan-stop.stderr").write_text(proc.stderr)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    return out
+
+
 # --- LoRA (tests/system/train/test_train_lora.py, test_train_lora_replicas.py, the fleet test) ---
 # rank 4 on every linear, alpha 8 (scale 2); the tiny folder's 3 layers
 LORA = ["--lora-rank", "4", "--lora-alpha", "8"]

@@ -3,7 +3,8 @@ and sha256 digests, a resume checks what it loads against it, and a damaged newe
 (64 KiB overwritten mid-file, `.metadata` deleted, a data file cut short) is reported by name in
 one line and skipped for the newest intact one, from which the run goes on to the very losses of
 the uninterrupted run. Once in one process for each kind of damage, once in a 2-rank group
-through `sluice train run` (no traceback, no torchrun restart); the S3 store's case is in
+through `sluice train run` (no traceback, no torchrun restart; a copy of the run a NaN stopped,
+shared with test_train_nonfinite.py); the S3 store's case is in
 test_train_object_store.py."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from sluice.train.checkpoint import layout
 from sluice.train.errors import TrainHaltError
-from tests.system.train.conftest import COMMON, STEPS, losses, run_in_process, run_train
+from tests.system.train.conftest import COMMON, NAN_STOP_ARGS, STEPS, losses, run_in_process, run_train
 
 KIB_64 = 64 * 1024
 
@@ -102,28 +103,19 @@ def test_with_every_checkpoint_damaged_the_run_halts_naming_them(five_steps, tmp
         run_in_process(*_args(out, chat_data, tiny_folder, STEPS))
 
 
-def test_two_ranks_skip_a_damaged_checkpoint_together(ddp2_run, tmp_path, tiny_folder, chat_data):
-    out = tmp_path / "ddp2"
-    shutil.copytree(ddp2_run, out)
-    assert layout.complete_steps(out / "checkpoints") == [6, STEPS]
-    newest = layout.step_dir(out / "checkpoints", STEPS)
+def test_two_ranks_skip_a_damaged_checkpoint_together(nan_stopped, ddp2_run, tmp_path, tiny_folder, chat_data):
+    """A copy of the 2-rank run a NaN stopped at step 5 (conftest.py's nan_stopped), its newest
+    checkpoint (step 4) damaged: the same command without the fault skips it for step 2's and
+    trains on to the uninterrupted run's losses."""
+    out = tmp_path / "nan-stop"
+    shutil.copytree(nan_stopped, out)
+    assert layout.complete_steps(out / "checkpoints") == [2, 4]
+    newest = layout.step_dir(out / "checkpoints", 4)
     overwrite_middle(newest)
-    proc = run_train(
-        "--data",
-        str(chat_data),
-        "--out",
-        str(out),
-        "--model",
-        str(tiny_folder),
-        "--nproc",
-        "2",
-        "--checkpoint-every",
-        "3",
-        *COMMON,
-    )
+    proc = run_train("--data", str(chat_data), "--out", str(out), "--model", str(tiny_folder), *NAN_STOP_ARGS)
     named = [line for line in proc.stderr.splitlines() if str(newest) in line]
     assert len(named) == 1 and "damaged" in named[0], proc.stderr[-3000:]
-    assert "resumed from step 6" in proc.stderr
+    assert "resumed from step 2" in proc.stderr
     assert "Traceback" not in proc.stderr and "restart" not in proc.stderr.lower()
     assert losses(out) == losses(ddp2_run)
 

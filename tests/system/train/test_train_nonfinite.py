@@ -1,14 +1,14 @@
 """A non-finite loss or gradient norm never becomes a checkpoint: under `nonfinite = "stop"` (the
 default) the run stops before the step's update with one `sluice: error:` line and is not
-restarted, its newest checkpoint the last good step's, from which it resumes to the losses of the
-uninterrupted run; under `"skip"` the step's update is dropped and the run goes on. metrics.jsonl
-stays strict JSON (null for a value that is not finite). Deterministic faults (train/faults.py):
-`nan_loss:STEP` (loss and gradients NaN), `inf_grad:STEP` (one gradient infinite, the loss finite)."""
+restarted, its newest checkpoint the last good step's (its resume, to the losses of the
+uninterrupted run, is in test_train_damaged.py); under `"skip"` the step's update is dropped and
+the run goes on. metrics.jsonl stays strict JSON (null for a value that is not finite).
+Deterministic faults (train/faults.py): `nan_loss:STEP` (loss and gradients NaN), `inf_grad:STEP`
+(one gradient infinite, the loss finite)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sluice.train.checkpoint import layout
-from tests.system.train.conftest import COMMON, RUN_TIMEOUT_S, STEPS, losses, run_in_process, run_train, train_cmd
+from tests.system.train.conftest import COMMON, NAN_STEP, STEPS, losses, run_in_process, train_cmd
 
 
 def _strict_lines(run: Path) -> list[dict]:
@@ -26,39 +26,20 @@ def _strict_lines(run: Path) -> list[dict]:
     return [json.loads(line, parse_constant=refuse) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_nan_loss_stops_the_run_before_it_is_saved(train_dir, tiny_folder, chat_data, ddp2_run):
-    out = train_dir / "nan-stop"
-    args = [
-        "run",
-        "--data",
-        str(chat_data),
-        "--out",
-        str(out),
-        "--model",
-        str(tiny_folder),
-        "--nproc",
-        "2",
-        "--checkpoint-every",
-        "2",
-        "--keep-checkpoints",
-        "5",
-        *COMMON,
+def test_a_nan_loss_stops_the_run_before_it_is_saved(train_dir, nan_stopped):
+    """The stop itself; its resume to the uninterrupted run's losses (past a damaged checkpoint
+    too) is test_train_damaged.py's test_two_ranks_skip_a_damaged_checkpoint_together."""
+    err = (train_dir / "nan-stop.stderr").read_text()  # the fixture checked the exit status: 2
+    errors = [line for line in err.splitlines() if line.startswith("sluice: error:")]
+    assert len(errors) == 1 and f"step {NAN_STEP}: the loss is nan and the gradient norm is nan" in errors[0], err[
+        -3000:
     ]
-    env = {**os.environ, "SLUICE_TRAIN_FAULT": "nan_loss:5"}
-    proc = subprocess.run(train_cmd(*args), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("sluice: error:")]
-    assert len(errors) == 1 and "step 5: the loss is nan and the gradient norm is nan" in errors[0], proc.stderr[-3000:]
-    assert "step-00000004" in errors[0] and "Traceback" not in proc.stderr
-    assert proc.stderr.count("starting at step 0") == 1, "torchrun did not restart the group"
-    lines = _strict_lines(out)
+    assert "step-00000004" in errors[0] and "Traceback" not in err
+    assert err.count("starting at step 0") == 1, "torchrun did not restart the group"
+    lines = _strict_lines(nan_stopped)
     assert [m["step"] for m in lines] == [1, 2, 3, 4, 5]
     assert lines[-1]["loss"] is None and lines[-1]["grad_norm"] is None and lines[-1]["skipped"] is True
-    assert layout.complete_steps(out / "checkpoints") == [2, 4], "the NaN step was never saved"
-    # the same command without the fault resumes from step 4 to the uninterrupted run's losses
-    proc = run_train(*args[1:])
-    assert "resumed from step 4" in proc.stderr
-    assert losses(out) == losses(ddp2_run)
+    assert layout.complete_steps(nan_stopped / "checkpoints") == [2, 4], "the NaN step was never saved"
 
 
 def _model_state(step_dir: Path) -> dict[str, torch.Tensor]:
