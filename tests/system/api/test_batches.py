@@ -7,16 +7,15 @@ import time
 import anthropic
 import pytest
 
-from tests.server_process import MODEL, start_server
+from tests.server_process import MODEL
+from tests.system.api.conftest import SHARED_KEY
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = start_server()
-    yield proc
-    proc.stop()
+def server(shared_server):
+    return shared_server  # tests/system/api/conftest.py: the bundled model behind SHARED_KEY
 
 
 def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 120):
@@ -30,7 +29,7 @@ def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 120)
 
 
 def test_batch_lifecycle(server):
-    client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    client = anthropic.Anthropic(base_url=server.base_url, api_key=SHARED_KEY, max_retries=0)
     requests = [
         {
             "custom_id": f"q{i}",
@@ -62,7 +61,7 @@ def test_batch_lifecycle(server):
 
 
 def test_batch_cancel(server):
-    client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    client = anthropic.Anthropic(base_url=server.base_url, api_key=SHARED_KEY, max_retries=0)
     requests = [
         {
             "custom_id": f"c{i}",

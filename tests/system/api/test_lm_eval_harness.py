@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.server_process import MODEL, start_server
+from tests.server_process import MODEL
+from tests.system.api.conftest import SHARED_KEY
 
 # the harness imports a large stack (datasets, evaluate) and transformers loads the reference
 # model: on a loaded two-core machine that alone can take minutes
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is in the test extra (pyproject.toml)")
-KEY = "sk-lm-eval-test-key"
+KEY = SHARED_KEY
 TOL = 5e-3  # a sum of a few per-token fp32 logprobs (kernels on quantized blocks vs dequantized fp32)
 
 MC_DOCS = [
@@ -73,10 +74,8 @@ metric_list:
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = start_server(env={"SLUICE_API_KEY": KEY})
-    yield proc
-    assert proc.stop() == 0
+def server(shared_server):
+    return shared_server  # tests/system/api/conftest.py: the bundled model behind KEY
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,17 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.server_process import MODEL, start_server
+from tests.server_process import MODEL
+from tests.system.api.conftest import SHARED_KEY
 
 pytestmark = pytest.mark.slow
-KEY = "sk-logprobs-test-key"
+KEY = SHARED_KEY
 MESSAGES = [{"role": "user", "content": "Name three colors."}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = start_server(env={"SLUICE_API_KEY": KEY})
-    yield proc
-    assert proc.stop() == 0
+def server(shared_server):
+    return shared_server  # tests/system/api/conftest.py: the bundled model behind KEY
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ import pytest
 from anthropic import types as t
 from pydantic import BaseModel
 
-from tests.server_process import MODEL, start_server
+from tests.server_process import MODEL
+from tests.system.api.conftest import SHARED_KEY
 
 pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0}
@@ -44,10 +45,8 @@ PASSING: dict[str, Callable[[Any], Any]] = {
 
 
 @pytest.fixture(scope="module")
-def client():
-    proc = start_server()
-    yield anthropic.Anthropic(base_url=proc.base_url, api_key="x", max_retries=0)
-    assert proc.stop() == 0
+def client(shared_server):  # tests/system/api/conftest.py: the bundled model behind SHARED_KEY
+    return anthropic.Anthropic(base_url=shared_server.base_url, api_key=SHARED_KEY, max_retries=0)
 
 
 def _reply(client: anthropic.Anthropic, streamed: bool, **kw: Any) -> t.Message:
