@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from filelock import FileLock
 from hypothesis import settings
 
 from tests.cpu import has_avx2
@@ -71,15 +73,50 @@ def bundled_on_path(request, path):
 
 
 @pytest.fixture(scope="session")
-def hf_bundled():
-    """transformers' own load of the same GGUF file (fp32): the correctness reference."""
+def hf_bundled(tmp_path_factory):
+    """transformers' own load of the same GGUF file (fp32): the correctness reference.
+
+    transformers dequantizes the GGUF file in about a minute of CPU (two on busy cores), and
+    under xdist every worker that reaches a test using it would pay that again. The first worker
+    converts it and leaves the fp32 tensors in a safetensors folder of the session's (a GGUF-loaded
+    model refuses save_pretrained, so the tensors and the config are written as they are); the
+    others load that in a second: the same tensors bit for bit, so the same logits."""
     from transformers import AutoModelForCausalLM
 
     from sluice.models.loader import default_model_path
 
-    path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    return model.eval()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _hf_from_gguf(default_model_path())
+    root = tmp_path_factory.getbasetemp().parent
+    folder = root / "hf-bundled"
+    with FileLock(str(root / "hf-bundled.lock"), timeout=1800):
+        if not (folder / "config.json").exists():
+            model = _hf_from_gguf(default_model_path())
+            shutil.rmtree(root / "hf-bundled.partial", ignore_errors=True)  # a worker's that failed writing
+            _save_fp32(model, root / "hf-bundled.partial")
+            (root / "hf-bundled.partial").rename(folder)  # whole or absent
+            return model
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def _hf_from_gguf(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def _save_fp32(model, folder: Path) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    tied = model.config.tie_word_embeddings  # the head is the embedding: saved once, tied again on load
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the GGUF file's, not the folder's
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 @pytest.fixture(scope="session")
