@@ -63,7 +63,7 @@ def _first_step_equals_one_process(run: Path, step: int, chat_data: Path, tmp_pa
             shutil.rmtree(layout.step_dir(ref / "checkpoints", later))
     capfd.readouterr()
     run_in_process(*_tiny_args(ref, chat_data, "--nproc", "1", "--max-steps", str(step)))
-    assert f"world 1, none, resumed from step {step - 1}" in capfd.readouterr().err
+    assert f"world 1, ddp, resumed from step {step - 1}" in capfd.readouterr().err
     assert _norms(run)[step - 1] == pytest.approx(_norms(ref)[step - 1], rel=NORM_TOL)
     assert losses(run)[step - 1] == pytest.approx(losses(ref)[step - 1], rel=LOSS_TOL)
 
