@@ -8,6 +8,8 @@ and compared as a digest in constant time: the parser and check serving's API us
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from starlette.requests import Request
 
 from sluice.common.api_keys import KeyDigests, presented_key
@@ -17,10 +19,11 @@ class SearchAuth:
     def __init__(self, api_keys: list[str], ingest_keys: list[str]):
         self.api_keys, self.ingest_keys = KeyDigests(api_keys), KeyDigests(ingest_keys)
 
-    def may_search(self, request: Request) -> bool:
+    def may_search(self, headers: Mapping[str, str]) -> bool:
+        """`headers`: a case-insensitive mapping with lower-case names (starlette's Headers)."""
         if not self.api_keys:
             return True
-        key = presented_key(request.headers)
+        key = presented_key(headers)
         return self.api_keys.matches(key) or self.ingest_keys.matches(key)
 
     def may_write(self, request: Request) -> bool:

@@ -110,6 +110,7 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
 
     from sluice.search.router.http.app import create_router_app
     from sluice.search.router.http.front import RouterFront
+    from sluice.search.router.http.search_protocol import uvicorn_http_option
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per shard request otherwise
@@ -118,5 +119,12 @@ def run_router(cfg: SearchConfig, host: str, port: int) -> int:
     app.on_event("startup")(router.start)
     app.on_event("shutdown")(router.stop)
     _say(f"listening on http://{host}:{port} (search API at /v1/search, docs at /docs)")
-    uvicorn.run(RouterFront(app, router.rt), host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(
+        RouterFront(app, router.rt),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        **uvicorn_http_option(router.rt),  # POST /v1/search answered inside the protocol (search_protocol.py)
+    )
     return 0

@@ -1,0 +1,216 @@
+"""The router's POST /v1/search answered inside uvicorn's HTTP protocol, before any ASGI.
+
+Why: with the search itself made cheap, the largest part of the router's own CPU per query was
+the way to it — uvicorn's ASGI machinery (a scope, a request-response cycle, receive and send
+messages, the response written header by header) and starlette's Request around the front
+(front.py). The shard's server met the same and answers its query requests from the parser's
+callbacks (shard/query_protocol.py); the router does so here, on the same uvicorn base
+(common/uvicorn_protocol.py).
+
+What: a `POST` to exactly `/v1/search` over HTTP/1.1, with no `expect` and no upgrade, when
+nothing else is in flight on the connection, is taken here, step by step as the parser reports
+it, through the same functions as the ASGI paths (search_endpoint.py):
+- at the headers: the key, checked in constant time (a refusal is a 401 before any of the body is
+  read), and a declared `content-length` over the bound (a 413, before the body is read);
+- as the body arrives (content-length or chunked; httptools decodes chunks): its size, refused
+  with a 413 the moment it passes the bound;
+- at its end: the body decoded through the contract (a 400 at once when it is wrong), then the
+  search run as a task (it awaits the shards), and its answer — already JSON bytes
+  (SearchResponse.json_bytes) — written with one `transport.write`.
+Errors keep the API's one shape and status (responses.py; `connection: close` where it says so).
+
+Keep-alive and ordering: the search in flight is the connection's current cycle for uvicorn's
+protocol (`self.cycle`, duck-typed by `_Search`), so uvicorn's own code keeps working around it:
+a request pipelined behind it (whatever its path) is queued by uvicorn and started when the
+answer is written (`on_response_complete`, which also resumes reading and arms the keep-alive
+timer), `shutdown` lets it finish and then closes, and a lost connection marks it disconnected.
+A client that disconnects mid-search cancels nothing: the search runs to its end (it may share
+work with other queries) and its answer is dropped. Before writing, the task waits for the
+transport's buffer to drain below its high-water mark, as uvicorn's `send` does.
+
+Everything else — other paths and methods, a query string, `expect: 100-continue`, an upgrade,
+HTTP/1.0, a search pipelined behind a request still being answered, uvicorn's concurrency limit —
+goes through uvicorn and the ASGI front (front.py) unchanged. Where the installed uvicorn's
+protocol is not the one this was written against, `uvicorn_http_option` says so and the router
+serves every request through the ASGI front.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from sluice.common.uvicorn_protocol import fallback_warning, httptools_protocol
+from sluice.search.contract import MAX_SEARCH_BODY_BYTES, SearchRequest
+from sluice.search.errors import SearchError
+from sluice.search.router.http.request_body import declared_length, too_large
+from sluice.search.router.http.responses import CLOSES, error_payload, internal_error
+from sluice.search.router.http.search_endpoint import check_key, decode, searched
+from sluice.search.router.runtime import RouterRuntime
+
+log = logging.getLogger("sluice.search.router")
+PATH = b"/v1/search"
+WHAT = "a search body"
+_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
+
+
+class _Search:
+    """One POST /v1/search from its headers to its answer. uvicorn's protocol holds it as its
+    current cycle and reads or sets these names on it (`response_complete`, `disconnected`,
+    `keep_alive`, `message_event.set()`), as on its own RequestResponseCycle."""
+
+    __slots__ = ("keep_alive", "response_complete", "disconnected", "message_event", "chunks", "size")
+
+    def __init__(self, keep_alive: bool) -> None:
+        self.keep_alive = keep_alive  # the client's wish; cleared by uvicorn's shutdown
+        self.response_complete = False
+        self.disconnected = False
+        self.message_event = self  # uvicorn wakes its cycle's body reader; nothing waits here
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def set(self) -> None:
+        pass
+
+
+class _DefaultHeaders:
+    """uvicorn's default headers (`date`, `server`) rendered once per list: its server replaces
+    the list every second with the new date."""
+
+    __slots__ = ("source", "rendered")
+
+    def __init__(self) -> None:
+        self.source: list[tuple[bytes, bytes]] | None = None
+        self.rendered = b""
+
+    def render(self, headers: list[tuple[bytes, bytes]]) -> bytes:
+        if headers is not self.source:
+            self.source, self.rendered = headers, b"".join(b"%s: %s\r\n" % (n, v) for n, v in headers)
+        return self.rendered
+
+
+def search_protocol_for(rt: RouterRuntime) -> type | None:
+    """A protocol class for uvicorn's `http=` answering POST /v1/search for `rt`, or None when
+    the installed uvicorn's httptools protocol is not the one this was written against."""
+    HttpToolsProtocol = httptools_protocol()
+    if HttpToolsProtocol is None:
+        return None
+    defaults = _DefaultHeaders()
+
+    class RouterSearchProtocol(HttpToolsProtocol):  # type: ignore[misc, valid-type]
+        _search: _Search | None = None  # the search whose body is being read
+
+        def on_message_begin(self) -> None:
+            self._search = None
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            if (
+                self.url == PATH
+                and self.parser.get_method() == b"POST"
+                and self.parser.get_http_version() == "1.1"
+                and not self.expect_100_continue
+                and not self.parser.should_upgrade()
+                and self.limit_concurrency is None
+                and (self.cycle is None or self.cycle.response_complete)
+            ):
+                self._begin()
+                return
+            super().on_headers_complete()
+
+        def _begin(self) -> None:
+            search = self._search = _Search(self.parser.should_keep_alive())
+            self.cycle = search  # uvicorn's protocol sees it as the request in flight
+            try:
+                check_key(rt, Headers(raw=self.headers))
+                declared = declared_length(self.headers)
+                if declared is not None and declared > MAX_SEARCH_BODY_BYTES:
+                    raise too_large(WHAT, MAX_SEARCH_BODY_BYTES)
+            except SearchError as err:
+                self._refuse(search, err)
+
+        def on_body(self, body: bytes) -> None:
+            search = self._search
+            if search is None:
+                super().on_body(body)
+                return
+            if search.response_complete:  # refused already: the rest is dropped with the connection
+                return
+            search.size += len(body)
+            if search.size > MAX_SEARCH_BODY_BYTES:
+                self._refuse(search, too_large(WHAT, MAX_SEARCH_BODY_BYTES))
+                return
+            search.chunks.append(body)
+
+        def on_message_complete(self) -> None:
+            search = self._search
+            if search is None:
+                super().on_message_complete()
+                return
+            self._search = None
+            if search.response_complete:
+                return
+            body = search.chunks[0] if len(search.chunks) == 1 else b"".join(search.chunks)
+            search.chunks = []
+            try:
+                req = decode(rt, body)
+            except SearchError as err:
+                self._refuse(search, err)
+                return
+            task = self.loop.create_task(self._run(search, req))
+            self.tasks.add(task)  # uvicorn's shutdown waits for it, as for its own
+            task.add_done_callback(self.tasks.discard)
+
+        async def _run(self, search: _Search, req: SearchRequest) -> None:
+            try:
+                payload = await searched(rt, req)
+            except SearchError as err:
+                rt.metrics.refused(err.kind.value)
+                status, payload, close = err.status, error_payload(err), err.kind in CLOSES
+            except Exception:
+                log.exception("POST /v1/search failed")
+                fault = internal_error()
+                rt.metrics.refused(fault.kind.value)
+                status, payload, close = fault.status, error_payload(fault), True
+            else:
+                status, close = 200, False
+            if self.flow.write_paused and not search.disconnected:
+                await self.flow.drain()  # the client reads slowly: as uvicorn's send waits
+            self._answer(search, status, payload, close)
+
+        def _refuse(self, search: _Search, err: SearchError) -> None:
+            rt.metrics.refused(err.kind.value)
+            self._answer(search, err.status, error_payload(err), err.kind in CLOSES)
+
+        def _answer(self, search: _Search, status: int, payload: bytes, close: bool) -> None:
+            search.response_complete = True
+            if search.disconnected or self.transport.is_closing():
+                return  # nobody to answer
+            keep_alive = search.keep_alive and not close
+            self.transport.write(
+                b"%s%scontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+                % (
+                    _STATUS_LINES[status],
+                    defaults.render(self.server_state.default_headers),
+                    len(payload),
+                    b"" if keep_alive else b"connection: close\r\n",
+                    payload,
+                )
+            )
+            if not keep_alive:
+                self.transport.close()
+            self.on_response_complete()  # uvicorn's: the next pipelined request, or the keep-alive timer
+
+    return RouterSearchProtocol
+
+
+def uvicorn_http_option(rt: RouterRuntime) -> dict[str, Any]:
+    """The `http=` option for uvicorn.run: this protocol when it fits the installed uvicorn."""
+    cls = search_protocol_for(rt)
+    if cls is None:
+        fallback_warning("sluice search router", "answering POST /v1/search inside the protocol")
+        return {}
+    return {"http": cls}

@@ -1,0 +1,223 @@
+"""The router's POST /v1/search answered inside uvicorn's protocol (router/http/search_protocol.py):
+a real uvicorn server in this process on 127.0.0.1, spoken to over raw sockets so that the
+wire itself is checked — keep-alive, pipelined requests answered in order, refusals before the
+body, `connection: close` where the API says so, a client gone mid-search — and that what the
+protocol does not take still goes through the ASGI front. No shard listens (127.0.0.1:9): a
+search is answered partial, or by an injected `rt.search`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+
+from sluice.search.router.config import parse_config
+
+Reply = tuple[int, dict[str, str], Any]
+
+
+def _runtime(extra: str = "") -> Any:
+    from sluice.search.router.runtime import RouterRuntime
+
+    cfg = parse_config(f'[search]\nmax_top_k = 50\n{extra}[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
+    return RouterRuntime(cfg, [["http://127.0.0.1:9"]])
+
+
+@asynccontextmanager
+async def _server(rt: Any, taken: list[bytes]) -> AsyncIterator[int]:
+    """uvicorn with the router's app and its search protocol; `taken` lists the bodies the
+    protocol (not the ASGI front) answered."""
+    from sluice.search.router.http.app import create_router_app
+    from sluice.search.router.http.front import RouterFront
+    from sluice.search.router.http.search_protocol import search_protocol_for
+
+    protocol = search_protocol_for(rt)
+    assert protocol is not None  # the installed uvicorn is the one it was written against
+
+    class Counting(protocol):  # type: ignore[misc, valid-type]
+        def on_message_complete(self) -> None:
+            if self._search is not None and not self._search.response_complete:
+                taken.append(b"".join(self._search.chunks))
+            super().on_message_complete()
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()  # a request sent before uvicorn accepts waits in the backlog
+    config = uvicorn.Config(RouterFront(create_router_app(rt), rt), log_level="critical", http=Counting, lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 60)
+
+
+async def _reply(reader: asyncio.StreamReader) -> Reply:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
+    body = await asyncio.wait_for(reader.readexactly(int(headers.get("content-length", "0"))), 60)
+    return int(lines[0].split()[1]), headers, json.loads(body) if body else None
+
+
+def _post(body: bytes, path: str = "/v1/search", extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def _run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(test())
+
+
+def test_searches_on_one_connection_are_answered_by_the_protocol_in_order_with_the_apis_errors():
+    rt, taken = _runtime(), []
+
+    async def go() -> None:
+        async with _server(rt, taken) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            good = json.dumps({"query": "python", "top_k": 5}).encode()
+            writer.write(_post(good))
+            status, headers, got = await _reply(reader)
+            assert status == 200 and got["partial"] is True and got["failed_shards"] == {"a": "unavailable"}
+            assert headers["content-type"] == "application/json" and "connection" not in headers
+            assert "date" in headers  # uvicorn's default headers, as on its own answers
+            # pipelined in one write: a search, a bad one, a route of FastAPI's, a syntax error
+            writer.write(
+                _post(good)
+                + _post(b'{"query": "a", "top_k": 51}')
+                + b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+                + _post(b'{"query": "(python"}')
+            )
+            replies = [await _reply(reader) for _ in range(4)]
+            assert [r[0] for r in replies] == [200, 400, 200, 400]
+            assert replies[1][2]["error"]["type"] == "invalid_request_error"
+            assert "top_k is at most 50" in replies[1][2]["error"]["message"]
+            assert replies[2][2] == {"status": "ok"}
+            assert replies[3][2]["error"] == {
+                "type": "query_syntax_error",
+                "message": replies[3][2]["error"]["message"],
+                "position": 0,
+            }
+            writer.write(_post(b"not json", extra="connection: close\r\n"))  # still on the same connection
+            status, headers, got = await _reply(reader)
+            assert (
+                status == 400 and headers["connection"] == "close" and got["error"]["type"] == "invalid_request_error"
+            )
+            assert await asyncio.wait_for(reader.read(), 60) == b""  # closed as asked
+            writer.close()
+        # the protocol's: the first, the first of the pipelined ones and the last; those pipelined
+        # behind a search in flight were queued by uvicorn (and answered by the ASGI front)
+        assert taken[:2] == [good, good] and taken[-1] == b"not json"
+
+    _run(go)
+
+
+def test_a_bad_key_and_a_declared_oversized_body_are_refused_before_the_body_is_sent():
+    rt = _runtime('api_keys = ["k-12345678"]\n')
+
+    async def go() -> None:
+        async with _server(rt, []) as port:
+            for head, status, kind in [
+                (b"content-length: 100\r\n", 401, "authentication_error"),
+                (b"x-api-key: k-12345678\r\ncontent-length: 70000\r\n", 413, "request_too_large"),
+            ]:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"POST /v1/search HTTP/1.1\r\nhost: x\r\n" + head + b"\r\n")  # no body, ever
+                got, headers, err = await _reply(reader)
+                assert (got, headers["connection"], err["error"]["type"]) == (status, "close", kind)
+                writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(b'{"query": "a"}', extra="authorization: Bearer k-12345678\r\n"))
+            assert (await _reply(reader))[0] == 200
+            writer.close()
+
+    _run(go)
+
+
+def test_a_chunked_body_is_read_and_bounded_as_it_arrives():
+    rt = _runtime()
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def go() -> None:
+        async with _server(rt, []) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = b"POST /v1/search HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+            writer.write(head + chunk(b'{"query": ') + chunk(b'"python"}') + b"0\r\n\r\n")
+            assert (await _reply(reader))[0] == 200
+            writer.write(head + chunk(b" " * 40000) + chunk(b" " * 40000))  # past 64 KiB, never ended
+            status, headers, err = await _reply(reader)
+            assert (status, headers["connection"], err["error"]["type"]) == (413, "close", "request_too_large")
+            writer.close()
+
+    _run(go)
+
+
+def test_what_the_protocol_does_not_take_goes_through_the_asgi_front():
+    rt, taken = _runtime(), []
+
+    async def go() -> None:
+        async with _server(rt, taken) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            body = b'{"query": "python"}'
+            writer.write(_post(body, extra="expect: 100-continue\r\n"))
+            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            assert (await _reply(reader))[0] == 200
+            writer.write(_post(body, path="/v1/search?x=1"))
+            assert (await _reply(reader))[0] == 200
+            writer.write(b"GET /v1/search HTTP/1.1\r\nhost: x\r\n\r\n")
+            status, _, err = await _reply(reader)
+            assert status == 405 and err["error"]["type"] == "method_not_allowed_error"
+            writer.close()
+        assert taken == []
+
+    _run(go)
+
+
+def test_a_client_gone_mid_search_cancels_nothing_and_a_fault_is_a_500_that_closes():
+    rt = _runtime()
+    real_search = rt.search
+    arrived, release, finished = asyncio.Event(), asyncio.Event(), []
+
+    async def held_search(req: Any) -> Any:
+        if req.query == "hold":
+            arrived.set()
+            await release.wait()
+            finished.append(req.query)
+        if req.query == "fail":
+            raise RuntimeError("injected")
+        return await real_search(req)
+
+    rt.search = held_search
+
+    async def go() -> None:
+        async with _server(rt, []) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(b'{"query": "hold"}'))
+            await asyncio.wait_for(arrived.wait(), 60)
+            writer.close()  # gone before the answer
+            await writer.wait_closed()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(b'{"query": "fail"}'))
+            status, headers, err = await _reply(reader)
+            assert (status, headers["connection"], err["error"]["type"]) == (500, "close", "api_error")
+            assert "injected" not in err["error"]["message"]
+            writer.close()
+            release.set()
+            for _ in range(600):  # the held search runs to its end: nothing cancelled it
+                if finished:
+                    break
+                await asyncio.sleep(0.1)
+            assert finished == ["hold"]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(b'{"query": "python"}'))
+            assert (await _reply(reader))[0] == 200
+            writer.close()
+
+    _run(go)
