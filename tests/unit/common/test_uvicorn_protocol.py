@@ -107,3 +107,32 @@ def test_the_shard_falls_back_to_its_asgi_query_path(tmp_path, monkeypatch, capl
 
     _serve(server, talk)
     assert server.config.http_protocol_class is REAL
+
+
+@pytest.mark.parametrize("how", ["import-fails", "lacks-a-hook"])
+def test_the_search_router_falls_back_to_its_asgi_front(monkeypatch, caplog, how):
+    from sluice.search.router.config import parse_config
+    from sluice.search.router.http.app import create_router_app
+    from sluice.search.router.http.front import RouterFront
+    from sluice.search.router.http.search_protocol import search_protocol_for
+    from sluice.search.router.http.search_protocol import uvicorn_http_option as router_http_option
+    from sluice.search.router.runtime import RouterRuntime
+
+    rt = RouterRuntime(parse_config('[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'), [["http://127.0.0.1:9"]])
+    protocol = search_protocol_for(rt)
+    assert protocol is not None and issubclass(protocol, REAL)  # with the pinned uvicorn
+    _differ(monkeypatch, how)
+    with caplog.at_level(logging.WARNING, logger="sluice.server"):
+        option = router_http_option(rt)
+    assert option == {} and "sluice search router" in caplog.text
+    server = uvicorn.Server(uvicorn.Config(RouterFront(create_router_app(rt), rt), log_level="warning", lifespan="off"))
+
+    async def talk(base: str) -> None:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            r = await client.post("/v1/search", json={"query": "alpha"})  # no shard listens: partial
+            assert r.status_code == 200 and r.json()["failed_shards"] == {"a": "unavailable"}
+            bad = await client.post("/v1/search", json={"query": "(alpha"})
+            assert bad.status_code == 400 and bad.json()["error"]["type"] == "query_syntax_error"
+
+    _serve(server, talk)
+    assert server.config.http_protocol_class is REAL
