@@ -84,3 +84,12 @@ def test_the_bare_constructor_builds_the_query_xapian_query_builds():
         ],
     )
     assert str(build_query(tree, factor)) == str(expected)
+
+
+@pytest.mark.parametrize("score", [1.25, 0.1 + 0.2, 5.334786137463693, 1e-300, 1e22, -0.0, 3.0, float("inf")])
+def test_a_hits_json_text_is_the_json_encoders_own(score):
+    """json_text writes strings and scores without json's Python layers: byte for byte what the
+    encoder writes (quotes, backslashes, controls, U+2028, astral characters, float reprs)."""
+    odd = 'é"\\\n\u2028\x00 <b>x</b> \U0001d11e'
+    hit = Hit(odd, score, {"t": odd}, odd)
+    assert hit.json_text() == json.dumps(hit.to_json(), separators=(",", ":"), ensure_ascii=False)
