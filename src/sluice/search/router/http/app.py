@@ -131,7 +131,8 @@ def _add_search_route(app: FastAPI, rt: RouterRuntime) -> None:
         ),
     )
     async def search(request: Request) -> Any:
-        # the ASGI front answers this in production; both decode through search_endpoint.py.
+        # the protocol (search_protocol.py) or the ASGI front answers this in production; all
+        # three decode through search_endpoint.py.
         # A Response as is: FastAPI would otherwise re-validate it against SearchResponse
         return Response(await answer_search(rt, request), media_type="application/json")
 

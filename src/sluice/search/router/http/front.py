@@ -5,7 +5,10 @@ Measured under one load, FastAPI's handling of a search (routing, the request mo
 solving, the response class) cost the router about as much CPU as the whole two-phase fan-out
 over 2 shards. So this layer answers every POST /v1/search itself, through the same function
 as the FastAPI route (search_endpoint.py: key, bounded body, decoding, search), and renders
-its refusals in the API's one error shape. Everything else goes to FastAPI.
+its refusals in the API's one error shape. Everything else goes to FastAPI. (The router's
+server answers most searches before they reach ASGI at all, inside uvicorn's protocol through
+the same functions: search_protocol.py; this layer answers those it leaves, such as a search
+with `expect: 100-continue`, and all of them where that protocol does not fit uvicorn.)
 
 Any exception that escapes either is answered here, if no response has started, with a 500
 in the error shape and `connection: close` (responses.py), and logged; after a response has
