@@ -49,7 +49,7 @@ def serve(front: str, port: int) -> None:
     async def stub(req: SearchRequest) -> SearchResponse:
         return answer
 
-    rt.search = stub  # type: ignore[method-assign]  # the search is not what is measured
+    rt.search = stub  # type: ignore[method-assign, assignment]  # the search is not what is measured
     option = uvicorn_http_option(rt) if front == "protocol" else {}
     app = RouterFront(create_router_app(rt), rt)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off", **option)
