@@ -81,18 +81,17 @@ static inline F16 q4_weight(F16 d, F16 m, const Q4Nibbles& nb) {
   return ffma(d, q4_value<S>(nb), m);
 }
 
-// ---- exact Q4_1, small M: dequantize per register block ------------------------------------
-template <int MR, int NP>
-static void q4_direct(const GemmArgs& a, int64_t r0, int64_t p) {
-  const int64_t KB = a.K / kBlock;
-  const uint8_t* wp[NP];
-  for (int j = 0; j < NP; ++j) wp[j] = a.w + (p + j) * KB * kQ4PanelBlockBytes;
-  const float* xr[MR];
-  for (int r = 0; r < MR; ++r) xr[r] = a.x + (r0 + r) * a.ldx;
-  F16 acc[MR][NP], out[MR][NP];
-  for (int64_t kb = 0; kb < KB; ++kb) {
-    if (kb % kChunkBlocks == 0) zero_acc(acc);
-    const int64_t off = kb * kQ4PanelBlockBytes;
+// ---- the exact formats: a panel block's size and its dequantized weights -------------------
+// Format::weights hands the weights of one 32-block (at byte offset off) of NP panels (wp) to
+// use(k, j, w): w the 16 lanes of panel j at k of the block, in the order the direct tile
+// consumes them. The direct tile's use is its fmas, the converter's a store; both are forced
+// inline (the lambda too), so that the hot loops compile as if each tile were written out.
+#define SLUICE_FORCE_INLINE __attribute__((always_inline))
+
+struct Q4Format {
+  static constexpr int64_t kBytes = kQ4PanelBlockBytes;
+  template <int NP, class Use>
+  static inline SLUICE_FORCE_INLINE void weights(const uint8_t* const* wp, int64_t off, Use&& use) {
     F16 d[NP], m[NP];
     for (int j = 0; j < NP; ++j) {
       d[j] = fload_half(reinterpret_cast<const uint16_t*>(wp[j] + off));
@@ -101,75 +100,59 @@ static void q4_direct(const GemmArgs& a, int64_t r0, int64_t p) {
     for (int g = 0; g < 4; ++g) {
       Q4Nibbles wv[NP];
       for (int j = 0; j < NP; ++j) wv[j] = q4_nibbles(iload(wp[j] + off + 64 + g * 64));
-      const int64_t k0 = kb * kBlock + 8 * g;
-#define SLUICE_STEP(J, S)                                                                \
-  for (int j = 0; j < NP; ++j) {                                                         \
-    const F16 w = q4_weight<S>(d[j], m[j], wv[j]);                                       \
-    for (int r = 0; r < MR; ++r) acc[r][j] = ffma(fset(xr[r][k0 + J]), w, acc[r][j]);    \
-  }
+#define SLUICE_STEP(J, S) \
+  for (int j = 0; j < NP; ++j) use(8 * g + J, j, q4_weight<S>(d[j], m[j], wv[j]));
       SLUICE_Q4_EACH_K(SLUICE_STEP)
 #undef SLUICE_STEP
     }
-    if (kb % kChunkBlocks == kChunkBlocks - 1 || kb == KB - 1) add_chunk(out, acc, kb < kChunkBlocks);
   }
-  store_acc<MR, NP>(a, out, r0, p);
-}
+};
 
-// panels p .. p+np-1 dequantized into wc[k][np][16]
-static void q4_convert(const GemmArgs& a, int64_t p, int np, float* wc) {
-  const int64_t KB = a.K / kBlock;
-  for (int j = 0; j < np; ++j) {
-    const uint8_t* wp = a.w + (p + j) * KB * kQ4PanelBlockBytes;
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      const uint8_t* blk = wp + kb * kQ4PanelBlockBytes;
-      const F16 d = fload_half(reinterpret_cast<const uint16_t*>(blk));
-      const F16 m = fload_half(reinterpret_cast<const uint16_t*>(blk + 32));
-      for (int g = 0; g < 4; ++g) {
-        const Q4Nibbles wv = q4_nibbles(iload(blk + 64 + g * 64));
-        float* dst = wc + ((kb * kBlock + 8 * g) * np + j) * kPanel;
-#define SLUICE_STEP(J, S) fstore(dst + J * np * kPanel, q4_weight<S>(d, m, wv));
-        SLUICE_Q4_EACH_K(SLUICE_STEP)
-#undef SLUICE_STEP
-      }
-    }
+// the tied embedding / LM head: w = q * d, exact
+struct Q8Format {
+  static constexpr int64_t kBytes = kQ8PanelBlockBytes;
+  template <int NP, class Use>
+  static inline SLUICE_FORCE_INLINE void weights(const uint8_t* const* wp, int64_t off, Use&& use) {
+    F16 d[NP];
+    for (int j = 0; j < NP; ++j) d[j] = fload_half(reinterpret_cast<const uint16_t*>(wp[j] + off));
+    for (int k = 0; k < kBlock; ++k)
+      for (int j = 0; j < NP; ++j)
+        use(k, j, fmul(sbytes_to_f(reinterpret_cast<const int8_t*>(wp[j] + off + 32 + k * kPanel)), d[j]));
   }
-}
+};
 
-// ---- exact Q8_0 (the tied embedding / LM head) -------------------------------------------
-template <int MR, int NP>
-static void q8_direct(const GemmArgs& a, int64_t r0, int64_t p) {
+// ---- exact, small M: dequantize per register block ----------------------------------------
+template <class Format, int MR, int NP>
+static void direct_tile(const GemmArgs& a, int64_t r0, int64_t p) {
   const int64_t KB = a.K / kBlock;
   const uint8_t* wp[NP];
-  for (int j = 0; j < NP; ++j) wp[j] = a.w + (p + j) * KB * kQ8PanelBlockBytes;
+  for (int j = 0; j < NP; ++j) wp[j] = a.w + (p + j) * KB * Format::kBytes;
   const float* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = a.x + (r0 + r) * a.ldx;
   F16 acc[MR][NP], out[MR][NP];
   for (int64_t kb = 0; kb < KB; ++kb) {
     if (kb % kChunkBlocks == 0) zero_acc(acc);
-    const int64_t off = kb * kQ8PanelBlockBytes;
-    F16 d[NP];
-    for (int j = 0; j < NP; ++j) d[j] = fload_half(reinterpret_cast<const uint16_t*>(wp[j] + off));
-    for (int k = 0; k < kBlock; ++k) {
-      for (int j = 0; j < NP; ++j) {
-        const F16 w = fmul(sbytes_to_f(reinterpret_cast<const int8_t*>(wp[j] + off + 32 + k * kPanel)), d[j]);
-        for (int r = 0; r < MR; ++r) acc[r][j] = ffma(fset(xr[r][kb * kBlock + k]), w, acc[r][j]);
-      }
-    }
+    const int64_t k0 = kb * kBlock;
+    Format::template weights<NP>(wp, kb * Format::kBytes, [&](int k, int j, F16 w) SLUICE_FORCE_INLINE {
+      for (int r = 0; r < MR; ++r) acc[r][j] = ffma(fset(xr[r][k0 + k]), w, acc[r][j]);
+    });
     if (kb % kChunkBlocks == kChunkBlocks - 1 || kb == KB - 1) add_chunk(out, acc, kb < kChunkBlocks);
   }
   store_acc<MR, NP>(a, out, r0, p);
 }
 
-static void q8_convert(const GemmArgs& a, int64_t p, int np, float* wc) {
+// exact, larger M: panels p .. p+np-1 dequantized into wc[k][np][16]
+template <class Format>
+static void convert_panels(const GemmArgs& a, int64_t p, int np, float* wc) {
   const int64_t KB = a.K / kBlock;
   for (int j = 0; j < np; ++j) {
-    const uint8_t* wp = a.w + (p + j) * KB * kQ8PanelBlockBytes;
+    const uint8_t* const wp = a.w + (p + j) * KB * Format::kBytes;
     for (int64_t kb = 0; kb < KB; ++kb) {
-      const uint8_t* blk = wp + kb * kQ8PanelBlockBytes;
-      const F16 d = fload_half(reinterpret_cast<const uint16_t*>(blk));
-      for (int k = 0; k < kBlock; ++k)
-        fstore(wc + ((kb * kBlock + k) * np + j) * kPanel,
-               fmul(sbytes_to_f(reinterpret_cast<const int8_t*>(blk + 32 + k * kPanel)), d));
+      float* dst = wc + (kb * kBlock * np + j) * kPanel;
+      Format::template weights<1>(&wp, kb * Format::kBytes,
+                                  [&](int k, int, F16 w) SLUICE_FORCE_INLINE {
+                                    fstore(dst + k * np * kPanel, w);
+                                  });
     }
   }
 }
@@ -259,8 +242,8 @@ using F32TileFn = void (*)(const GemmArgs&, const float*, int, int64_t, int64_t)
         return nullptr;                            \
     }                                              \
   }
-#define SLUICE_CASE_q4_direct(R, P) case R * 16 + P: return &q4_direct<R, P>;
-#define SLUICE_CASE_q8_direct(R, P) case R * 16 + P: return &q8_direct<R, P>;
+#define SLUICE_CASE_q4_direct(R, P) case R * 16 + P: return &direct_tile<Q4Format, R, P>;
+#define SLUICE_CASE_q8_direct(R, P) case R * 16 + P: return &direct_tile<Q8Format, R, P>;
 #define SLUICE_CASE_q4_fast(R, P) case R * 16 + P: return &q4_fast_tile<R, P>;
 SLUICE_PICKER(pick_q4_direct, q4_direct)
 SLUICE_PICKER(pick_q8_direct, q8_direct)
@@ -338,10 +321,10 @@ static void exact_gemm(const GemmArgs& a, int64_t p0, int64_t p1, float* scratch
 }
 
 static void q4_exact(const GemmArgs& a, int64_t p0, int64_t p1, float* scratch) {
-  exact_gemm(a, p0, p1, scratch, &pick_q4_direct, &q4_convert);
+  exact_gemm(a, p0, p1, scratch, &pick_q4_direct, &convert_panels<Q4Format>);
 }
 static void q8_exact(const GemmArgs& a, int64_t p0, int64_t p1, float* scratch) {
-  exact_gemm(a, p0, p1, scratch, &pick_q8_direct, &q8_convert);
+  exact_gemm(a, p0, p1, scratch, &pick_q8_direct, &convert_panels<Q8Format>);
 }
 static void q4_fast(const GemmArgs& a, int64_t p0, int64_t p1, float*) {
   constexpr int64_t kRowChunk = 64;

@@ -154,8 +154,8 @@ static int64_t head_select(const float* y, const float* wt, float c, int64_t N, 
 
 // Token n's exact logit x . w[n]: the chain every exact Q8_0 kernel computes for it (w = q * d,
 // exact; one fma per k ascending from 0 within each chunk of kChunkBlocks blocks; the chunk sums
-// added in order), so the same bits as q8_direct and f32_tile. The chunks' chains run side by
-// side, kMaxChains at a time, so that their fmas overlap.
+// added in order), so the same bits as direct_tile<Q8Format> and f32_tile. The chunks' chains
+// run side by side, kMaxChains at a time, so that their fmas overlap.
 constexpr int kMaxChains = 8;
 
 static float q8_dot(const uint8_t* w, int64_t K, int64_t n, const float* x) {
