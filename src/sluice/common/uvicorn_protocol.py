@@ -19,6 +19,8 @@ protocol without its extras (a warning says which), rather than not at all.
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
+from typing import Any
 
 log = logging.getLogger("sluice.server")
 
@@ -55,4 +57,43 @@ def fallback_warning(server: str, lost: str) -> None:
         "(pyproject.toml pins uvicorn); serving with uvicorn's default protocol, without %s",
         server,
         lost,
+    )
+
+
+def plain_post(protocol: Any) -> bool:
+    """At `on_headers_complete`: the request is one a subclass may answer inside the protocol —
+    a POST over HTTP/1.1, no `expect: 100-continue`, no upgrade, and nothing else in flight on
+    the connection (uvicorn's own cycle, if any, answered); anything else stays uvicorn's."""
+    parser = protocol.parser
+    return (
+        parser.get_method() == b"POST"
+        and parser.get_http_version() == "1.1"
+        and not protocol.expect_100_continue
+        and not parser.should_upgrade()
+        and (protocol.cycle is None or protocol.cycle.response_complete)
+    )
+
+
+def http_option(protocol: type | None, server: str, lost: str) -> dict[str, Any]:
+    """The `http=` option for uvicorn.run: `protocol` when it fits the installed uvicorn (not
+    None), else uvicorn's own, with a warning that `server` runs without `lost`."""
+    if protocol is None:
+        fallback_warning(server, lost)
+        return {}
+    return {"http": protocol}
+
+
+# every status line, made once
+STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
+
+
+def json_response(status: int, payload: bytes, keep_alive: bool, headers: bytes = b"") -> bytes:
+    """A whole HTTP/1.1 response carrying `payload` (JSON), as the subclasses write it at once;
+    `headers`: more header lines, each ending in CRLF."""
+    return b"%s%scontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
+        STATUS_LINES[status],
+        headers,
+        len(payload),
+        b"" if keep_alive else b"connection: close\r\n",
+        payload,
     )

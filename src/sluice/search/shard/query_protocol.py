@@ -22,10 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.common.uvicorn_protocol import fallback_warning, httptools_protocol
+from sluice.common.uvicorn_protocol import http_option, httptools_protocol, json_response, plain_post
 from sluice.search.shard.query_path import MAX_BODY_BYTES, TOO_LARGE_PAYLOAD, Handler, QueryPath
-
-_REASONS = {200: b"OK", 400: b"Bad Request", 413: b"Payload Too Large"}
 
 
 def query_protocol_for(query_path: QueryPath) -> type | None:
@@ -47,14 +45,7 @@ def query_protocol_for(query_path: QueryPath) -> type | None:
 
         def on_headers_complete(self) -> None:
             handler = handlers.get(self.url)
-            if (
-                handler is not None
-                and self.parser.get_method() == b"POST"
-                and self.parser.get_http_version() == "1.1"
-                and not self.expect_100_continue
-                and not self.parser.should_upgrade()
-                and (self.cycle is None or self.cycle.response_complete)
-            ):
+            if handler is not None and plain_post(self):
                 self._query, self._query_body, self._query_size = handler, [], 0
                 return
             super().on_headers_complete()
@@ -80,16 +71,7 @@ def query_protocol_for(query_path: QueryPath) -> type | None:
                 status, payload = query_path.answer(handler, b"".join(self._query_body))
                 keep_alive = self.parser.should_keep_alive()
             self._query_body = []
-            self.transport.write(
-                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
-                % (
-                    status,
-                    _REASONS.get(status, b"Error"),
-                    len(payload),
-                    b"" if keep_alive else b"connection: close\r\n",
-                    payload,
-                )
-            )
+            self.transport.write(json_response(status, payload, keep_alive))
             if not keep_alive:
                 self.transport.close()
                 return
@@ -100,8 +82,6 @@ def query_protocol_for(query_path: QueryPath) -> type | None:
 
 def uvicorn_http_option(query_path: QueryPath) -> dict[str, Any]:
     """The `http=` option for uvicorn.run: this protocol when it fits the installed uvicorn."""
-    cls = query_protocol_for(query_path)
-    if cls is None:
-        fallback_warning("sluice search shard", "answering query requests inside the protocol")
-        return {}
-    return {"http": cls}
+    return http_option(
+        query_protocol_for(query_path), "sluice search shard", "answering query requests inside the protocol"
+    )

@@ -38,12 +38,11 @@ serves every request through the ASGI front.
 from __future__ import annotations
 
 import logging
-from http import HTTPStatus
 from typing import Any
 
 from starlette.datastructures import Headers
 
-from sluice.common.uvicorn_protocol import fallback_warning, httptools_protocol
+from sluice.common.uvicorn_protocol import http_option, httptools_protocol, json_response, plain_post
 from sluice.search.contract import MAX_SEARCH_BODY_BYTES, SearchRequest
 from sluice.search.errors import SearchError
 from sluice.search.router.http.request_body import declared_length, too_large
@@ -54,7 +53,6 @@ from sluice.search.router.runtime import RouterRuntime
 log = logging.getLogger("sluice.search.router")
 PATH = b"/v1/search"
 WHAT = "a search body"
-_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 
 
 class _Search:
@@ -108,15 +106,7 @@ def search_protocol_for(rt: RouterRuntime) -> type | None:
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
-            if (
-                self.url == PATH
-                and self.parser.get_method() == b"POST"
-                and self.parser.get_http_version() == "1.1"
-                and not self.expect_100_continue
-                and not self.parser.should_upgrade()
-                and self.limit_concurrency is None
-                and (self.cycle is None or self.cycle.response_complete)
-            ):
+            if self.url == PATH and self.limit_concurrency is None and plain_post(self):
                 self._begin()
                 return
             super().on_headers_complete()
@@ -191,14 +181,7 @@ def search_protocol_for(rt: RouterRuntime) -> type | None:
                 return  # nobody to answer
             keep_alive = search.keep_alive and not close
             self.transport.write(
-                b"%s%scontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
-                % (
-                    _STATUS_LINES[status],
-                    defaults.render(self.server_state.default_headers),
-                    len(payload),
-                    b"" if keep_alive else b"connection: close\r\n",
-                    payload,
-                )
+                json_response(status, payload, keep_alive, defaults.render(self.server_state.default_headers))
             )
             if not keep_alive:
                 self.transport.close()
@@ -209,8 +192,4 @@ def search_protocol_for(rt: RouterRuntime) -> type | None:
 
 def uvicorn_http_option(rt: RouterRuntime) -> dict[str, Any]:
     """The `http=` option for uvicorn.run: this protocol when it fits the installed uvicorn."""
-    cls = search_protocol_for(rt)
-    if cls is None:
-        fallback_warning("sluice search router", "answering POST /v1/search inside the protocol")
-        return {}
-    return {"http": cls}
+    return http_option(search_protocol_for(rt), "sluice search router", "answering POST /v1/search inside the protocol")
