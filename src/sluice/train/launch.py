@@ -36,6 +36,7 @@ from sluice.train.errors import TrainConfigError, TrainHaltError
 from sluice.train.model.source import tokenizer_for
 from sluice.train.monitor import Monitor
 from sluice.train.parallel.fit import check_fits
+from sluice.train.replica.group_env import GROUP_ENV, LIGHTHOUSE_ENV
 from sluice.train.replica.lighthouse import lighthouse_for
 from sluice.train.settings import TrainSettings, write_resolved
 
@@ -204,14 +205,19 @@ def run(settings: TrainSettings, env: dict[str, str] | None = None) -> int:
     return code
 
 
+def group_envs(settings: TrainSettings, child_env: dict[str, str], lighthouse: str | None) -> list[dict[str, str]]:
+    """Each replica group's torchrun environment (one, unchanged, without groups)."""
+    if lighthouse is None:
+        return [child_env]
+    return [{**child_env, GROUP_ENV: str(g), LIGHTHOUSE_ENV: lighthouse} for g in range(settings.replica_groups)]
+
+
 def _torchruns(settings: TrainSettings, child_env: dict[str, str], lighthouse: str | None) -> tuple[int, bool]:
     """One torchrun (per replica group); the exit code, and whether a signal was passed on."""
-    from sluice.train.replica.sync import GROUP_ENV, LIGHTHOUSE_ENV
-
-    procs = []
-    for group in range(settings.replica_groups):
-        env = child_env if lighthouse is None else {**child_env, GROUP_ENV: str(group), LIGHTHOUSE_ENV: lighthouse}
-        procs.append(subprocess.Popen(tied_to_this_process() + torchrun_argv(settings, free_port()), env=env))
+    procs = [
+        subprocess.Popen(tied_to_this_process() + torchrun_argv(settings, free_port()), env=env)
+        for env in group_envs(settings, child_env, lighthouse)
+    ]
     signalled = False
 
     def forward(signum: int, _frame) -> None:

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from sluice.train.replica.sync import GROUP_ENV, LIGHTHOUSE_ENV
+from sluice.train.replica.group_env import GROUP_ENV, LIGHTHOUSE_ENV
 from sluice.train.settings import load_settings
 from tests.system.deploy.test_deploy import K8S_VERSION
 

@@ -18,9 +18,10 @@ from sluice.train.faults import FaultPoint
 from sluice.train.model.build import trainable
 from sluice.train.observe.events import Event
 from sluice.train.observe.heartbeat import heartbeat_path
+from sluice.train.replica.group_env import replica_group
 from sluice.train.replica.rows import group_tokens
 from sluice.train.replica.state import digest
-from sluice.train.replica.sync import ReplicaLink, replica_group
+from sluice.train.replica.sync import ReplicaLink
 from sluice.train.settings import ReplicaSync, TrainSettings
 
 START_WAIT_S = 120.0  # a fresh job's groups wait this long at most for each other's first quorum

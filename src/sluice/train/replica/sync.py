@@ -41,7 +41,6 @@ syncs, not training steps, and each group's step counter is its own. So:
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -57,8 +56,6 @@ from sluice.train.settings import ReplicaSync
 if TYPE_CHECKING:
     from torchft.local_sgd import DiLoCo, LocalSGD
 
-GROUP_ENV = "SLUICE_REPLICA_GROUP"  # which replica group this torchrun is (0 .. replica_groups-1)
-LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable: the Lighthouse's http://HOST:PORT
 DEFAULT_SYNC_EVERY = 8
 DILOCO_OUTER_LR, DILOCO_MOMENTUM = 0.7, 0.9  # DiLoCo's outer Nesterov SGD (Douillard et al., 2023)
 
@@ -66,10 +63,6 @@ DILOCO_OUTER_LR, DILOCO_MOMENTUM = 0.7, 0.9  # DiLoCo's outer Nesterov SGD (Doui
 # (ReplicaLink.error) and sluice's own events. Its flight-recorder warning concerns NCCL only.
 for _name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors", "torchft.local_sgd"):
     logging.getLogger(_name).setLevel(logging.ERROR)
-
-
-def replica_group() -> int:
-    return int(os.environ.get(GROUP_ENV, "0"))
 
 
 def outer_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
