@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import NoReturn
 
@@ -69,5 +70,17 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _main_then_exit() -> NoReturn:
+    """main(), and any error it did not expect printed as the interpreter would (the traceback,
+    exit code 1, torchrun restarts the group), then exit_now: a rank that failed is waited for
+    by torchrun before the restart too."""
+    try:
+        code = main()
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    exit_now(code)
+
+
 if __name__ == "__main__":
-    exit_now(main())
+    _main_then_exit()
