@@ -162,15 +162,20 @@ class WebSearchToolError(Strict):
     error_code: str
 
 
-class WebSearchToolResultBlock(_ServerToolResult):
+class _CallableToolResult(_ServerToolResult):
+    """The result of a server tool a program may call (web search, web fetch): it names its
+    caller, as the SDK's params do."""
+
+    caller: Caller | None = None
+
+
+class WebSearchToolResultBlock(_CallableToolResult):
     type: Literal["web_search_tool_result"]
     content: list[WebSearchResult] | WebSearchToolError  # the one server tool's result read here
-    caller: Caller | None = None
 
 
-class WebFetchToolResultBlock(_ServerToolResult):
+class WebFetchToolResultBlock(_CallableToolResult):
     type: Literal["web_fetch_tool_result"]
-    caller: Caller | None = None
 
 
 class CodeExecutionToolResultBlock(_ServerToolResult):
