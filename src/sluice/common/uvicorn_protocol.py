@@ -60,6 +60,50 @@ def fallback_warning(server: str, lost: str) -> None:
     )
 
 
+class AnsweredInside:
+    """What the search router's and the shard's protocols share: a request that `claim()` takes
+    at its headers (it returns the request's state; None leaves the request to uvicorn) has its
+    body handed to `take(state, chunk)` and is answered by `complete(state)`, all from the
+    parser's callbacks; every other request goes through uvicorn's own callbacks unchanged. Only
+    plain posts are offered (`plain_post`). Mixed in ahead of uvicorn's class:
+    `class P(AnsweredInside, httptools_protocol())`."""
+
+    _inside: Any = None  # the claimed request's state while its body is read
+
+    def claim(self) -> Any:
+        raise NotImplementedError
+
+    def take(self, state: Any, body: bytes) -> None:
+        raise NotImplementedError
+
+    def complete(self, state: Any) -> None:
+        raise NotImplementedError
+
+    def on_message_begin(self) -> None:
+        self._inside = None
+        super().on_message_begin()  # type: ignore[misc]
+
+    def on_headers_complete(self) -> None:
+        state = self.claim() if plain_post(self) else None
+        if state is None:
+            super().on_headers_complete()  # type: ignore[misc]
+            return
+        self._inside = state
+
+    def on_body(self, body: bytes) -> None:
+        if self._inside is None:
+            super().on_body(body)  # type: ignore[misc]
+            return
+        self.take(self._inside, body)
+
+    def on_message_complete(self) -> None:
+        state, self._inside = self._inside, None
+        if state is None:
+            super().on_message_complete()  # type: ignore[misc]
+            return
+        self.complete(state)
+
+
 def plain_post(protocol: Any) -> bool:
     """At `on_headers_complete`: the request is one a subclass may answer inside the protocol —
     a POST over HTTP/1.1, no `expect: 100-continue`, no upgrade, and nothing else in flight on

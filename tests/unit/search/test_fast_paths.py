@@ -5,7 +5,7 @@ shard address, so a search is answered partial)."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -198,10 +198,9 @@ def test_the_shard_answers_its_query_requests_inside_uvicorns_protocol(tmp_path)
     answered: list[bytes] = []
 
     class Counting(protocol):
-        def on_message_complete(self) -> None:
-            if self._query is not None:
-                answered.append(self.url)
-            super().on_message_complete()
+        def complete(self, query: Any) -> None:
+            answered.append(self.url)
+            super().complete(query)
 
     async def go() -> None:
         sock = socket.socket()

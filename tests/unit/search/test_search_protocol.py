@@ -40,10 +40,10 @@ async def _server(rt: Any, taken: list[bytes]) -> AsyncIterator[int]:
     assert protocol is not None  # the installed uvicorn is the one it was written against
 
     class Counting(protocol):  # type: ignore[misc, valid-type]
-        def on_message_complete(self) -> None:
-            if self._search is not None and not self._search.response_complete:
-                taken.append(b"".join(self._search.chunks))
-            super().on_message_complete()
+        def complete(self, search: Any) -> None:
+            if not search.response_complete:
+                taken.append(b"".join(search.chunks))
+            super().complete(search)
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -22,8 +22,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.common.uvicorn_protocol import http_option, httptools_protocol, json_response, plain_post
+from sluice.common.uvicorn_protocol import AnsweredInside, http_option, httptools_protocol, json_response
 from sluice.search.shard.query_path import MAX_BODY_BYTES, TOO_LARGE_PAYLOAD, Handler, QueryPath
+
+
+class _Query:
+    """One query request from its headers to its answer: its handler and its body so far."""
+
+    __slots__ = ("handler", "chunks", "size")
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.chunks: list[bytes] = []
+        self.size = 0
 
 
 def query_protocol_for(query_path: QueryPath) -> type | None:
@@ -34,43 +45,23 @@ def query_protocol_for(query_path: QueryPath) -> type | None:
         return None
     handlers = {path.encode(): h for path, h in query_path.handlers.items()}
 
-    class ShardQueryProtocol(HttpToolsProtocol):  # type: ignore[misc, valid-type]
-        _query: Handler | None = None
-        _query_body: list[bytes]
-        _query_size = 0
-
-        def on_message_begin(self) -> None:
-            self._query = None
-            super().on_message_begin()
-
-        def on_headers_complete(self) -> None:
+    class ShardQueryProtocol(AnsweredInside, HttpToolsProtocol):  # type: ignore[misc, valid-type]
+        def claim(self) -> _Query | None:
             handler = handlers.get(self.url)
-            if handler is not None and plain_post(self):
-                self._query, self._query_body, self._query_size = handler, [], 0
-                return
-            super().on_headers_complete()
+            return None if handler is None else _Query(handler)
 
-        def on_body(self, body: bytes) -> None:
-            if self._query is None:
-                super().on_body(body)
-                return
-            self._query_size += len(body)
-            if self._query_size <= MAX_BODY_BYTES:
-                self._query_body.append(body)
+        def take(self, query: _Query, body: bytes) -> None:
+            query.size += len(body)
+            if query.size <= MAX_BODY_BYTES:
+                query.chunks.append(body)
 
-        def on_message_complete(self) -> None:
-            handler = self._query
-            if handler is None:
-                super().on_message_complete()
-                return
-            self._query = None
-            if self._query_size > MAX_BODY_BYTES:
+        def complete(self, query: _Query) -> None:
+            if query.size > MAX_BODY_BYTES:
                 status, payload = 413, TOO_LARGE_PAYLOAD
                 keep_alive = False
             else:
-                status, payload = query_path.answer(handler, b"".join(self._query_body))
+                status, payload = query_path.answer(query.handler, b"".join(query.chunks))
                 keep_alive = self.parser.should_keep_alive()
-            self._query_body = []
             self.transport.write(json_response(status, payload, keep_alive))
             if not keep_alive:
                 self.transport.close()

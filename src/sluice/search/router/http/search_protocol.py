@@ -42,7 +42,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from sluice.common.uvicorn_protocol import http_option, httptools_protocol, json_response, plain_post
+from sluice.common.uvicorn_protocol import AnsweredInside, http_option, httptools_protocol, json_response
 from sluice.search.contract import MAX_SEARCH_BODY_BYTES, SearchRequest
 from sluice.search.errors import SearchError
 from sluice.search.router.http.request_body import declared_length, too_large
@@ -98,21 +98,11 @@ def search_protocol_for(rt: RouterRuntime) -> type | None:
         return None
     defaults = _DefaultHeaders()
 
-    class RouterSearchProtocol(HttpToolsProtocol):  # type: ignore[misc, valid-type]
-        _search: _Search | None = None  # the search whose body is being read
-
-        def on_message_begin(self) -> None:
-            self._search = None
-            super().on_message_begin()
-
-        def on_headers_complete(self) -> None:
-            if self.url == PATH and self.limit_concurrency is None and plain_post(self):
-                self._begin()
-                return
-            super().on_headers_complete()
-
-        def _begin(self) -> None:
-            search = self._search = _Search(self.parser.should_keep_alive())
+    class RouterSearchProtocol(AnsweredInside, HttpToolsProtocol):  # type: ignore[misc, valid-type]
+        def claim(self) -> _Search | None:
+            if self.url != PATH or self.limit_concurrency is not None:
+                return None
+            search = _Search(self.parser.should_keep_alive())
             self.cycle = search  # uvicorn's protocol sees it as the request in flight
             try:
                 check_key(rt, Headers(raw=self.headers))
@@ -121,12 +111,9 @@ def search_protocol_for(rt: RouterRuntime) -> type | None:
                     raise too_large(WHAT, MAX_SEARCH_BODY_BYTES)
             except SearchError as err:
                 self._refuse(search, err)
+            return search
 
-        def on_body(self, body: bytes) -> None:
-            search = self._search
-            if search is None:
-                super().on_body(body)
-                return
+        def take(self, search: _Search, body: bytes) -> None:
             if search.response_complete:  # refused already: the rest is dropped with the connection
                 return
             search.size += len(body)
@@ -135,12 +122,7 @@ def search_protocol_for(rt: RouterRuntime) -> type | None:
                 return
             search.chunks.append(body)
 
-        def on_message_complete(self) -> None:
-            search = self._search
-            if search is None:
-                super().on_message_complete()
-                return
-            self._search = None
+        def complete(self, search: _Search) -> None:
             if search.response_complete:
                 return
             body = search.chunks[0] if len(search.chunks) == 1 else b"".join(search.chunks)
