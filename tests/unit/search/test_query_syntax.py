@@ -5,7 +5,7 @@ import pytest
 from sluice.search.errors import QuerySyntaxError
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.query_syntax import MAX_CLAUSES, MAX_QUERY_CHARS, parse_query
-from sluice.search.index.query_tree import cache_key, check_tree, resolve, terms_of
+from sluice.search.index.query_tree import ResolvedQuery, cache_key, check_tree, resolve, resolve_query, terms_of
 
 
 @pytest.mark.parametrize(
@@ -138,3 +138,45 @@ def test_an_index_expands_a_prefix_to_its_terms_as_xapian_does():
     enquire = xapian.Enquire(idx.db)
     enquire.set_query(wild)
     assert {m.docid for m in enquire.get_mset(0, 10)} == {1, 2, 3}
+
+
+def test_plain_words_parse_and_resolve_as_the_grammar_does():
+    """parse_query and resolve_query answer a query of plain words without the lexer's loop and
+    the grammar's descent (query_syntax.plain_words): the same tree, the same errors."""
+    from sluice.search.index.query_syntax import _Parser, plain_words
+    from sluice.search.index.query_tree import _resolve
+
+    a = Analyzer()
+    many = " ".join(f"w{i}" for i in range(MAX_CLAUSES))
+    queries = [
+        "python",
+        "  command line utility\tto manage python packages  ",
+        "e.mail e/mail Running images ... ÉCOLE naïve 日本語",
+        "a\u00a0b\u2003c\x1cd\u3000e",  # whitespace as str.isspace sees it
+        "python AND java",
+        "python OR",
+        "NOT python",
+        "and or not",
+        'c++ e-mail title:x (a) "q" py*',
+        many,
+        many + " one_more",
+        "",
+        " \t ",
+    ]
+    for q in queries:
+        try:
+            slow = _Parser(q).parse()
+        except QuerySyntaxError as e:
+            slow = e
+        try:
+            fast = parse_query(q)
+        except QuerySyntaxError as e:
+            fast = e
+        if isinstance(slow, QuerySyntaxError):
+            assert isinstance(fast, QuerySyntaxError) and fast.args == slow.args, q
+            continue
+        assert fast == slow, q
+        wildcards: dict[str, int] = {}
+        assert resolve_query(q, a) == ResolvedQuery(_resolve(slow, a, wildcards), wildcards), q
+    assert plain_words(many) is not None and plain_words(many + " one_more") is None
+    assert plain_words("python AND java") is None and plain_words("c++") is None

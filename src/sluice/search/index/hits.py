@@ -99,3 +99,11 @@ def merge(per_shard: Iterable[list[Hit]], top_k: int) -> list[Hit]:
     items = [(-reported_score(h.score), h.doc_id, h) for hits in per_shard for h in hits]
     items.sort(key=_RANK)  # a sort, not heapq.nsmallest with a key: ~2.5x less router CPU at top-10
     return [h if h.score == -neg else h.rescored(-neg) for neg, _, h in items[:top_k]]
+
+
+def merge_rescored(scored: Iterable[tuple[float, Hit]], top_k: int) -> list[Hit]:
+    """merge's top_k of hits given each with a new score (the one-round search's corrected
+    ones): a hit is made only for each of the top_k returned, not for every candidate."""
+    items = [(-reported_score(score), h.doc_id, h) for score, h in scored]
+    items.sort(key=_RANK)
+    return [h.rescored(-neg) for neg, _, h in items[:top_k]]

@@ -32,6 +32,9 @@ _FIELD = re.compile(r"([a-z][a-z0-9_]{0,63}):(?=\S)")
 _OPERATORS = {"AND", "OR", "NOT"}
 _SPECIAL = set('()"')
 WILDCARD = "*"
+# a query without any of these is words between whitespace (re's \s is str.isspace, as _lex's)
+_NOT_PLAIN = re.compile(r'[()"+\-:*]')
+_RUN = re.compile(r"\S+")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -229,7 +232,26 @@ class _Parser:
 def parse_query(query: str) -> Node:
     if len(query) > MAX_QUERY_CHARS:
         raise QuerySyntaxError(MAX_QUERY_CHARS, f"a query is at most {MAX_QUERY_CHARS} characters")
+    words = plain_words(query)
+    if words is not None:
+        texts = tuple(Text(w, None, False, at) for w, at in words)
+        return texts[0] if len(texts) == 1 else Bool(BoolOp.OR, texts)
     return _Parser(query).parse()
+
+
+def plain_words(query: str) -> list[tuple[str, int]] | None:
+    """The words of a query of plain words only, each with its offset, or None for any other
+    query. Most queries are that — no operator, field, phrase, sign, wildcard or parenthesis,
+    1 to MAX_CLAUSES words, at most MAX_QUERY_CHARS characters — and the grammar makes of them
+    the OR of the words (one word alone): this says so without lexing character by character
+    and descending through each level of the grammar per word (~3x less CPU; a test compares
+    the two)."""
+    if len(query) > MAX_QUERY_CHARS or _NOT_PLAIN.search(query) is not None:
+        return None
+    words = [(m[0], m.start()) for m in _RUN.finditer(query)]
+    if not 0 < len(words) <= MAX_CLAUSES or any(w in _OPERATORS for w, _ in words):
+        return None
+    return words
 
 
 def dense_text(query: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 from sluice.search.errors import QuerySyntaxError
 from sluice.search.index.analyzer import Analyzer, field_prefix
-from sluice.search.index.query_syntax import BoolOp, Node, Text, parse_query
+from sluice.search.index.query_syntax import BoolOp, Node, Text, parse_query, plain_words
 
 
 class NodeKind(str, enum.Enum):
@@ -67,6 +67,10 @@ def resolve(query: str, analyzer: Analyzer) -> Tree | None:
 
 
 def resolve_query(query: str, analyzer: Analyzer) -> ResolvedQuery:
+    words = plain_words(query)
+    if words is not None:  # what _resolve makes of their OR, without its nodes (the router's path)
+        kids = [t for w, _ in words if (t := _words(analyzer.query_terms(w))) is not None]
+        return ResolvedQuery(_flat(NodeKind.OR, kids), {})
     wildcards: dict[str, int] = {}
     tree = _resolve(parse_query(query), analyzer, wildcards)
     return ResolvedQuery(tree, wildcards)
@@ -81,10 +85,7 @@ def _resolve(node: Node, analyzer: Analyzer, wildcards: dict[str, int] | None = 
             term = prefix + node.text.lower()
             wildcards.setdefault(term, node.position)
             return [NodeKind.WILDCARD, term]
-        terms = [prefix + t for t in analyzer.query_terms(node.text)]
-        if not terms:
-            return None
-        return [NodeKind.TERM, terms[0]] if len(terms) == 1 else [NodeKind.PHRASE, terms]
+        return _words([prefix + t for t in analyzer.query_terms(node.text)])
     kids = [t for c in node.children if (t := _resolve(c, analyzer, wildcards)) is not None]
     if node.op is BoolOp.OR:
         return _flat(NodeKind.OR, kids)
@@ -111,6 +112,13 @@ def _resolve(node: Node, analyzer: Analyzer, wildcards: dict[str, int] | None = 
     if base is None:
         return None
     return base if exc is None else [NodeKind.AND_NOT, [base, exc]]
+
+
+def _words(terms: list[str]) -> Tree | None:
+    """One word's (or phrase's) terms as a node: a term, a phrase, or None (no term)."""
+    if not terms:
+        return None
+    return [NodeKind.TERM, terms[0]] if len(terms) == 1 else [NodeKind.PHRASE, terms]
 
 
 def _flat(op: NodeKind, kids: list[Tree]) -> Tree | None:

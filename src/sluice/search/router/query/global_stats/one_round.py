@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from sluice.search.index.bm25 import one_round_factor
-from sluice.search.index.hits import Hit, merge
+from sluice.search.index.hits import Hit, merge_rescored
 
 # a margin above the merge's tie rounding (12 significant digits, hits.py): a left-out document
 # scoring within it of the k-th could tie with it and be ordered before it by id
@@ -60,7 +60,7 @@ def exact_top_k(
     shard was asked for (top_k by default; more makes the bound below tighter)."""
     asked = top_k if asked is None else asked
     gtf = global_freqs(answers)
-    candidates: list[Hit] = []
+    candidates: list[tuple[float, Hit]] = []  # (exact score, the shard's hit)
     bound = None  # the most a document left out by a shard that may hold more could score
     for a in answers:
         factor = {t: one_round_factor(n_glob, a.doc_count, f, gtf[t]) for t, f in a.term_freqs.items() if f > 0}
@@ -68,14 +68,14 @@ def exact_top_k(
             score = hit.score
             for t, part in parts.items():
                 score -= part * (1.0 - factor[t])
-            candidates.append(hit.rescored(score))
+            candidates.append((score, hit))
         if a.hits and len(a.hits) >= asked:
             # a left-out document's exact score is its shard score with each term's part scaled
             # by that term's factor (1 for a known term; an unknown term absent here adds nothing)
             scale = max((factor.get(t, 1.0) for t in scored if a.term_freqs.get(t, 1) > 0), default=1.0)
             kth = a.hits[-1].score * scale
             bound = kth if bound is None else max(bound, kth)
-    merged = merge([candidates], top_k)
+    merged = merge_rescored(candidates, top_k)
     if bound is not None and (len(merged) < top_k or bound * (1 + TIE_MARGIN) >= merged[-1].score):
         return None
     return merged
