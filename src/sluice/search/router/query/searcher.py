@@ -79,6 +79,7 @@ class Searcher:
         local: LocalReads | None = None,
     ):
         self.topo, self.metrics, self.cache = topo, metrics, cache
+        metrics.cache_hit_ratio.set_function(lambda: cache.hit_ratio)  # read when scraped, not set per query
         self.analyzer = analyzer
         self.embedder, self.vector_search = embedder, vector_search
         self.snippets = SnippetMaker(analyzer.schema.snippet_fields)
@@ -111,7 +112,6 @@ class Searcher:
         key = (cache_key(resolved.tree), req.options_key(), dense, self.topo.revision())
         cached = self.cache.get(key)
         self.metrics.child(self.metrics.cache, "hit" if cached is not None else "miss").inc()
-        self.metrics.cache_hit_ratio.set(self.cache.hit_ratio)
         if cached is not None:
             res = dataclasses.replace(cached, cached=True, took_ms=(time.perf_counter() - t0) * 1000)
             self.metrics.child(self.metrics.query_latency, "cached").observe(time.perf_counter() - t0)
@@ -173,10 +173,11 @@ class Searcher:
         if tree is not None and resolved.wildcards:
             tree, glob = await self.rounds.expand(run.live(shards), resolved, run, exact)
         elif tree is not None and exact:
-            merged = await self.rounds.one_round_search(shards, tree, req, top_k, run)
-            if merged is not None:
-                return merged, tree
-            glob = await self.rounds.global_stats(run.live(shards), terms_of(tree), run)
+            terms = terms_of(tree)
+            got = await self.rounds.one_round_search(shards, tree, terms, req, top_k, run)
+            if isinstance(got, list):
+                return got, tree
+            glob = got if got is not None else await self.rounds.global_stats(run.live(shards), terms, run)
         if tree is None or top_k == 0:
             return [], tree  # matches nothing: no shard needs asking
         answers = await self.fan_out.round(

@@ -58,15 +58,22 @@ class StatisticsRounds:
         return glob
 
     async def one_round_search(
-        self, shards: Sequence[ShardRuntime], tree: Tree, search: SearchRequest, top_k: int, run: QueryRun
-    ) -> list[Hit] | None:
+        self,
+        shards: Sequence[ShardRuntime],
+        tree: Tree,
+        terms: list[str],
+        search: SearchRequest,
+        top_k: int,
+        run: QueryRun,
+    ) -> list[Hit] | CollectionStats | None:
         """The exact top_k in one round trip although some terms' statistics are new, or None:
         then the statistics round (for what is still unknown) and the search. Tried when every
-        shard's counts are known at its entry and some term's frequency is not."""
+        shard's counts are known at its entry and some term's frequency is not; when every
+        statistic of `terms` (the tree's) is known, their sums: global_stats's answer, without
+        looking them up again (the search round alone is exact)."""
         scored = scored_leaves(tree)
         if top_k == 0 or scored is None or any(s.cold_url is not None for s in shards):
             return None
-        terms = terms_of(tree)
         known: dict[int, CollectionStats] = {}
         unknown: set[str] = set()
         for s in shards:
@@ -75,9 +82,14 @@ class StatisticsRounds:
                 return None  # this shard's entry moved: its counts are new too
             known[s.position] = k
             unknown.update(u)
-        if not unknown:
-            return None  # every statistic is known: the search round alone is exact
         ks = known.values()
+        if not unknown:
+            self.stats_cache.hits += len(ks)  # as global_stats's lookups would count them
+            return CollectionStats(
+                sum(k.doc_count for k in ks),
+                sum(k.total_length for k in ks),
+                {t: sum(k.term_freqs[t] for k in ks) for t in terms},
+            )
         glob = CollectionStats(
             sum(k.doc_count for k in ks),
             sum(k.total_length for k in ks),
