@@ -78,3 +78,21 @@ def write_lora_adapter(folder: Path, cfg, rank: int = 16, seed: int = 0, std: fl
         )
     )
     return folder
+
+
+def answers_200(url: str, timeout_s: float = 120.0) -> bool:
+    """Poll `url` until it answers 200 (True) or `timeout_s` passes (False): a server the bench
+    started is up. httpx is imported here, so that importing this module stays light."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False

@@ -21,10 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).parent))
-import search_latency  # the raw client, a free port, /proc CPU
+import search_latency  # the raw client, a free port, /proc CPU (it puts the root on the path)
+
+from bench.common import answers_200
 
 FRONTS = ("asgi", "protocol")
 
@@ -60,16 +60,8 @@ def measure(front: str, requests: int, clients: int) -> dict:
     p = subprocess.Popen([sys.executable, __file__, "--serve", front, str(port)])
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the {front} router did not start")
-            time.sleep(0.2)
+        if not answers_200(url + "/health"):
+            raise RuntimeError(f"the {front} router did not start")
         conns = [search_latency.RawClient(url) for _ in range(clients)]
         body = {"query": "python library", "top_k": 10, "snippet_chars": 0}
 

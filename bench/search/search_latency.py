@@ -42,6 +42,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 
+from bench.common import answers_200
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.schema import parse_document
 from sluice.search.index.shard_index import ShardIndex
@@ -138,14 +139,8 @@ def router(tmp: Path, name: str, shards: int, replicas: int = 1, stats: str = "g
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return p, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
+    if answers_200(url + "/ready"):
+        return p, url
     p.kill()
     raise RuntimeError(f"router {name} not ready: {(tmp / f'{name}.log').read_text()[-2000:]}")
 

@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # the root: tests/corpus.py
 import search_latency
 from search_latency import RawClient, cpu_s, ingest, pct
 
+from bench.common import answers_200
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex
 from tests import corpus
@@ -148,16 +149,8 @@ def router(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError((tmp / f"{name}.log").read_text()[-2000:])
-            time.sleep(0.2)
+        if not answers_200(url + "/ready"):
+            raise RuntimeError((tmp / f"{name}.log").read_text()[-2000:])
         with httpx.Client(timeout=120) as http:
             ingest(http, url, docs)
             shard_pids = list(http.get(url + "/v1/search/status").json()["local_pids"].values())
