@@ -83,7 +83,10 @@ class Writer:
                 )
                 if r.status_code != 200:
                     return False  # 409: behind (the poller catches it up); 4xx/5xx: failing
-                replica.applied_seq = max(replica.applied_seq, int(r.json()["applied_seq"]))
+                applied = int(r.json()["applied_seq"])
+                if applied >= entry["seq"]:  # it applied this entry: its index is as new as the entry
+                    replica.applied_ts = max(replica.applied_ts, float(entry["ts"]))
+                replica.applied_seq = max(replica.applied_seq, applied)
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
                 replica.observe(time.perf_counter() - t0, ok=False)
                 return False
