@@ -167,9 +167,9 @@ def router(
 
         with httpx.Client(timeout=30) as http:
             index0 = index_cpu_s(http.get(url + "/v1/search/status").json())
-        cpu0 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids)
+        cpu0 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids), cpu_s(p.pid, kernel_only=True)
         lat, wall = load([client(c) for c in conns], queries, {})
-        cpu1 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids)
+        cpu1 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids), cpu_s(p.pid, kernel_only=True)
         with httpx.Client(timeout=30) as http:
             st = http.get(url + "/v1/search/status").json()
             rounds = {**st["cache"]["one_round"], **({"local_reads": st["local_reads"]} if "local_reads" in st else {})}
@@ -188,6 +188,8 @@ def router(
             "router_cpu_ms_per_query": round(router_cpu, 3),
             "router_index_cpu_ms_per_query": None if index_cpu is None else round(index_cpu, 3),
             "router_own_cpu_ms_per_query": None if index_cpu is None else round(router_cpu - index_cpu, 3),
+            # of the router's CPU, the kernel's: its system calls and the loopback TCP they drive
+            "router_kernel_cpu_ms_per_query": round((cpu1[2] - cpu0[2]) / len(queries) * 1000, 3),
             "shards_cpu_ms_per_query": round((cpu1[1] - cpu0[1]) / len(queries) * 1000, 3),
             "one_round": rounds,
         }

@@ -5,10 +5,11 @@ SLUICE_TRAIN_FAULT holds comma-separated faults:
   SIGKILL at the start of step STEP, in the group's first attempt only (torchrun's restart count
   0), after any checkpoint in flight is on disk: a crash at a known point, so the test's
   expectations are exact, not a race with a timer.
-- `await_group:GROUP:STEP`: the other replica groups wait at the start of step STEP (before its
-  quorum; at most 300 s) until group GROUP, restarted by its torchrun, is waiting for its first
-  quorum (or past it, if it restarted fast enough to rejoin earlier): the rejoin happens at STEP
-  at the latest.
+- `await_group:GROUP:STEP`: group GROUP rejoins at step STEP exactly. The other replica groups
+  wait at the start of step STEP (before its quorum) until group GROUP, restarted by its torchrun,
+  is at its first quorum; and the restarted group holds that first quorum until every other group
+  waits at STEP, however fast it restarted (a fast restart on a busy machine once rejoined a step
+  early and failed a test that counts the steps without it). Each wait: at most 300 s.
 - `delay:SECONDS`: every step takes at least this long, so a test can signal a run mid-way.
 - `hold:WORLD:STEP`: while the group has WORLD ranks, wait at the start of step STEP (after any
   checkpoint in flight is written) until the group is told to stop (SIGTERM: the agent restarts
@@ -55,6 +56,7 @@ class FaultPoint(str, enum.Enum):
     """Where in a step the trainer offers the faults a chance to act (train/trainer.py)."""
 
     STEP_START = "step_start"  # before the step's rows are read (and its quorum): kill, delay, hold, await_group
+    REJOIN = "rejoin"  # a restarted group, before its first quorum: await_group
     AFTER_BACKWARD = "after_backward"  # the step's loss and gradients are there: nan_loss, inf_grad
 
 
@@ -118,19 +120,43 @@ def at_step_start(faults: Faults, site: FaultSite) -> None:
         _await_rejoin(site.run_dir, faults.await_group[0])
 
 
-def _await_rejoin(run_dir, group: int) -> None:
-    import json
+AWAIT_S = 300.0  # each side of await_group waits at most this long
 
+
+def _await_rejoin(run_dir, group: int) -> None:
     from sluice.train.observe.heartbeat import heartbeat_path
 
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            record = json.loads(heartbeat_path(run_dir, group, 0).read_text())
-            if record["restart"] >= 1 and record["phase"] in ("join", "quorum", "step"):
-                return
-        except (OSError, ValueError, KeyError):
-            pass
+    def back() -> bool:
+        record = _record(heartbeat_path(run_dir, group, 0))
+        return record.get("restart", 0) >= 1 and record.get("phase") in ("join", "quorum", "step")
+
+    _wait_until(back)
+
+
+def at_rejoin(faults: Faults, site: FaultSite) -> None:
+    """The restarted group of `await_group` holds its first quorum until every other group (its
+    rank 0's heartbeat) waits at the fault's step."""
+    if faults.await_group is None or faults.await_group[0] != site.group:
+        return
+    from sluice.train.observe.heartbeat import HEARTBEATS
+
+    step = faults.await_group[1]
+    others = [p for p in (site.run_dir / HEARTBEATS).glob("g*-r0.json") if p.name != f"g{site.group}-r0.json"]
+    _wait_until(lambda: all(_record(p).get("step", 0) >= step for p in others))
+
+
+def _record(path) -> dict:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _wait_until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + AWAIT_S
+    while time.monotonic() < deadline and not done():
         time.sleep(0.1)
 
 
@@ -169,5 +195,7 @@ def fire(faults: Faults, point: FaultPoint, site: FaultSite) -> None:
     if point is FaultPoint.STEP_START:
         at_step_start(faults, site)
         hold(faults, site.step, site.world, site.stopping, site.settle)
+    elif point is FaultPoint.REJOIN:
+        at_rejoin(faults, site)
     elif point is FaultPoint.AFTER_BACKWARD:
         after_backward(faults, site.step, site.loss_sum, site.params)
