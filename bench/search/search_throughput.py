@@ -17,7 +17,9 @@ With local reads the router's CPU per query is also split: the shards' index wor
 JSON's `local_reads.index_cpu_s`, its thread's CPU time around each local answer) and the
 router's own (the rest). `--before SRC` runs another tree's router too, just before this one's,
 each after the library alone; `--repeat N` the whole sequence N times; `--profile DIR` runs
-each router under cProfile timed by CPU.
+each router under cProfile timed by CPU. `--interleave` (with `--before`, local reads): both
+routers up at once and every query sent to both, so that the two trees' CPU per query is
+measured over the same moments of a machine whose speed drifts (CPU figures only).
 
     PYTHONPATH=src .venv/bin/python bench/search/search_throughput.py [--docs 3000] [--queries 2000] [--shards 1,2,4]
 """
@@ -25,14 +27,17 @@ each router under cProfile timed by CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -115,27 +120,20 @@ def index_cpu_s(status: dict) -> float | None:
     return status.get("local_reads", {}).get("index_cpu_s")
 
 
-def router(
-    docs: list[dict],
-    queries: list[str],
-    warmup: list[str],
-    shards: int,
-    n_clients: int,
-    snippets: int,
-    tmp: Path,
-    local_reads: bool,
-    src: str | None = None,
-) -> dict:
-    """`src`: the router runs from that source tree (--before) instead of this one."""
-    name = f"r{shards}{'-local' if local_reads else ''}{'-before' if src else ''}"
+@contextlib.contextmanager
+def started_router(
+    docs: list[dict], shards: int, tmp: Path, local_reads: bool, src: str | None = None, tag: str = ""
+) -> Iterator[tuple[subprocess.Popen, str, list[int]]]:
+    """A router (`sluice search serve`, the embedded default's settings) with `shards` local
+    shards holding `docs`: (its process, its URL, its shard processes' pids); stopped after.
+    `src`: the router runs from that source tree (--before) instead of this one."""
+    name = f"r{shards}{'-local' if local_reads else ''}{'-before' if src else ''}{tag}"
     cfg = tmp / f"{name}.toml"
     cfg.write_text(
         f'[search]\ndata_dir = "{tmp / name}"\nlocal_reads = {str(local_reads).lower()}\n'
         + "".join(f'[[shards]]\nname = "s{i}"\n' for i in range(shards))
     )
     port = search_latency.free_port()
-    import subprocess
-
     log = open(tmp / f"{name}.log", "wb")
     serve = ["search", "serve", "--port", str(port), "--config", str(cfg)]
     # --profile: the router under cProfile timed by its CPU (process_time), not the wall clock
@@ -154,49 +152,123 @@ def router(
         with httpx.Client(timeout=120) as http:
             ingest(http, url, docs)
             shard_pids = list(http.get(url + "/v1/search/status").json()["local_pids"].values())
-        conns = [RawClient(url) for _ in range(n_clients)]
-        for i, q in enumerate(warmup):
-            conns[i % n_clients].post("/v1/search", {"query": q, "top_k": 10, "snippet_chars": snippets})
+        yield p, url, shard_pids
+    finally:
+        # uvicorn re-raises the signal it stopped on: SIGINT's KeyboardInterrupt lets cProfile write
+        p.send_signal(signal.SIGINT) if PROFILE else p.terminate()
+        p.wait(30)
+
+
+def asker(c: RawClient, snippets: int, partial: list[int]) -> Callable[[str], None]:
+    def ask(q: str) -> None:
+        partial[0] += c.post("/v1/search", {"query": q, "top_k": 10, "snippet_chars": snippets})["partial"]
+
+    return ask
+
+
+def warm(url: str, warmup: list[str], n_clients: int, snippets: int) -> list[RawClient]:
+    """n_clients connections, the warm-up queries sent across them."""
+    conns = [RawClient(url) for _ in range(n_clients)]
+    for i, q in enumerate(warmup):
+        conns[i % n_clients].post("/v1/search", {"query": q, "top_k": 10, "snippet_chars": snippets})
+    return conns
+
+
+def status_of(url: str) -> dict:
+    with httpx.Client(timeout=30) as http:
+        return http.get(url + "/v1/search/status").json()
+
+
+def cpu_split(pid: int, index_cpu: float | None) -> dict:
+    """A router's CPU seconds so far: its process's from /proc, the kernel's part of it (its
+    system calls and the loopback TCP they drive), and (with local reads) the shards' index
+    work inside it — the router's own count of its thread's CPU time around each local answer,
+    None from a tree before it was counted. per_query() turns two of them into figures."""
+    return {"cpu": cpu_s(pid), "kernel": cpu_s(pid, kernel_only=True), "index": index_cpu}
+
+
+def per_query(a: dict, b: dict, queries: int) -> dict:
+    """CPU ms per query between two cpu_split()s; the router's own = its total − index work."""
+    ms = 1000 / queries
+    index = None if a["index"] is None or b["index"] is None else (b["index"] - a["index"]) * ms
+    total = (b["cpu"] - a["cpu"]) * ms
+    return {
+        "router_cpu_ms_per_query": round(total, 3),
+        "router_index_cpu_ms_per_query": None if index is None else round(index, 3),
+        "router_own_cpu_ms_per_query": None if index is None else round(total - index, 3),
+        "router_kernel_cpu_ms_per_query": round((b["kernel"] - a["kernel"]) * ms, 3),
+    }
+
+
+def router(
+    docs: list[dict],
+    queries: list[str],
+    warmup: list[str],
+    shards: int,
+    n_clients: int,
+    snippets: int,
+    tmp: Path,
+    local_reads: bool,
+    src: str | None = None,
+) -> dict:
+    with started_router(docs, shards, tmp, local_reads, src) as (p, url, shard_pids):
+        conns = warm(url, warmup, n_clients, snippets)
         partial = [0]
-
-        def client(c: RawClient):
-            def ask(q: str) -> None:
-                partial[0] += c.post("/v1/search", {"query": q, "top_k": 10, "snippet_chars": snippets})["partial"]
-
-            return ask
-
-        with httpx.Client(timeout=30) as http:
-            index0 = index_cpu_s(http.get(url + "/v1/search/status").json())
-        cpu0 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids), cpu_s(p.pid, kernel_only=True)
-        lat, wall = load([client(c) for c in conns], queries, {})
-        cpu1 = cpu_s(p.pid), sum(cpu_s(s) for s in shard_pids), cpu_s(p.pid, kernel_only=True)
-        with httpx.Client(timeout=30) as http:
-            st = http.get(url + "/v1/search/status").json()
-            rounds = {**st["cache"]["one_round"], **({"local_reads": st["local_reads"]} if "local_reads" in st else {})}
-        index1 = index_cpu_s(st)
+        cpu0 = cpu_split(p.pid, index_cpu_s(status_of(url)))
+        shards0 = sum(cpu_s(s) for s in shard_pids)
+        lat, wall = load([asker(c, snippets, partial) for c in conns], queries, {})
+        shards1 = sum(cpu_s(s) for s in shard_pids)
+        st = status_of(url)
+        cpu1 = cpu_split(p.pid, index_cpu_s(st))
+        rounds = {**st["cache"]["one_round"], **({"local_reads": st["local_reads"]} if "local_reads" in st else {})}
         for c in conns:
             c.close()
-        router_cpu = (cpu1[0] - cpu0[0]) / len(queries) * 1000
-        # (b) the local reads' index work, from the router's own count of its thread's CPU time
-        # around each answer (absent from a tree before it was counted); (c) = (a) - (b)
-        index_cpu = None if index0 is None or index1 is None else (index1 - index0) / len(queries) * 1000
         return {
             "qps": round(len(queries) / wall, 1),
             "p50_ms": round(pct(lat, 0.5) * 1000, 3),
             "p99_ms": round(pct(lat, 0.99) * 1000, 3),
             "partial": partial[0],
-            "router_cpu_ms_per_query": round(router_cpu, 3),
-            "router_index_cpu_ms_per_query": None if index_cpu is None else round(index_cpu, 3),
-            "router_own_cpu_ms_per_query": None if index_cpu is None else round(router_cpu - index_cpu, 3),
-            # of the router's CPU, the kernel's: its system calls and the loopback TCP they drive
-            "router_kernel_cpu_ms_per_query": round((cpu1[2] - cpu0[2]) / len(queries) * 1000, 3),
-            "shards_cpu_ms_per_query": round((cpu1[1] - cpu0[1]) / len(queries) * 1000, 3),
+            **per_query(cpu0, cpu1, len(queries)),
+            "shards_cpu_ms_per_query": round((shards1 - shards0) / len(queries) * 1000, 3),
             "one_round": rounds,
         }
-    finally:
-        # uvicorn re-raises the signal it stopped on: SIGINT's KeyboardInterrupt lets cProfile write
-        p.send_signal(signal.SIGINT) if PROFILE else p.terminate()
-        p.wait(30)
+
+
+def interleaved(
+    docs: list[dict], queries: list[str], warmup: list[str], shards: int, n_clients: int, tmp: Path, before: str
+) -> dict:
+    """--interleave: both routers up at once, each client sending every one of its queries to
+    both (which first alternates), so that the two measure under the same machine at the same
+    moments — on a shared machine whose speed drifts by 30 % between runs a minute apart, the
+    sequential runs' CPU per query differed more between runs than between trees."""
+    with (
+        started_router(docs, shards, tmp, True, before, "-a") as (pa, ua, _),
+        started_router(docs, shards, tmp, True, None, "-b") as (pb, ub, _),
+    ):
+        ca, cb = warm(ua, warmup, n_clients, 0), warm(ub, warmup, n_clients, 0)
+        partial = [0]
+        clients = []
+        for a, b in zip(ca, cb):
+            ask_a, ask_b = asker(a, 0, partial), asker(b, 0, partial)
+
+            def both(q: str, ask_a=ask_a, ask_b=ask_b) -> None:
+                first, second = (ask_a, ask_b) if hash(q) % 2 else (ask_b, ask_a)
+                first(q)
+                second(q)
+
+            clients.append(both)
+        s0 = {p.pid: cpu_split(p.pid, index_cpu_s(status_of(u))) for p, u in ((pa, ua), (pb, ub))}
+        load(clients, queries, {})
+        s1 = {p.pid: cpu_split(p.pid, index_cpu_s(status_of(u))) for p, u in ((pa, ua), (pb, ub))}
+        for c in ca + cb:
+            c.close()
+        got = {"before": per_query(s0[pa.pid], s1[pa.pid], len(queries))}
+        got["after"] = per_query(s0[pb.pid], s1[pb.pid], len(queries))
+        got["partial"] = partial[0]
+        own_a, own_b = got["before"]["router_own_cpu_ms_per_query"], got["after"]["router_own_cpu_ms_per_query"]
+        got["own_after_over_before"] = None if not own_a or own_b is None else round(own_b / own_a, 3)
+        got["load_average"] = os.getloadavg()[0]
+        return got
 
 
 def main() -> int:
@@ -214,8 +286,15 @@ def main() -> int:
     )
     ap.add_argument("--before", default=None, help="another tree's src/: its router too, side by side")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="with --before: both routers (local reads) up at once, each query sent to both; CPU per query only",
+    )
     ap.add_argument("--profile", default="", help="run each router under cProfile, writing NAME.prof into this folder")
     args = ap.parse_args()
+    if args.interleave and not args.before:
+        ap.error("--interleave compares two trees: give --before SRC")
     global PROFILE
     PROFILE = args.profile
     docs = corpus.documents(args.docs)
@@ -230,6 +309,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for rep in range(1, args.repeat + 1):
+            if args.interleave:
+                for shards in [int(s) for s in args.shards.split(",")]:
+                    label = f"{shards} shards, local, interleaved, run {rep}"
+                    out[label] = interleaved(docs, queries, warmup, shards, args.clients, tmp, args.before)
+                    print(f"{label}: {out[label]}", flush=True)
+                continue
             for shards in [int(s) for s in args.shards.split(",")]:
                 for mode in args.modes.split(","):
                     for tree, src in trees:

@@ -45,6 +45,9 @@ MAX_PREFIXES = 64  # wildcard prefixes in one statistics request (at most one pe
 DEFAULT_SNIPPET_CHARS = 300
 SEARCH_FIELDS = frozenset({"query", "top_k", "snippet_chars", "filter", "mode", "hybrid"})
 
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_number = float.__repr__  # a finite float as json writes it
+
 __all__ = [
     "DEFAULT_SNIPPET_CHARS",
     "MAX_SNIPPET_CHARS",
@@ -182,8 +185,15 @@ class SearchResponse:
 
     def json_bytes(self) -> bytes:
         """to_json()'s JSON, written without decoding the hits' stored fields (Hit.json_text)."""
-        rest = json.dumps(self._summary(), separators=(",", ":"), ensure_ascii=False)
-        return f'{{"hits":[{",".join(h.json_text() for h in self.hits)}],{rest[1:]}'.encode()
+        hits = ",".join([h.json_text() for h in self.hits])
+        # the summary's fields as _summary() has them, written directly (json.dumps' Python
+        # layers cost more than the rest of the summary); the failures' names through json
+        failed = "{}" if not self.failed else _compact(self.failed)
+        return (
+            f'{{"hits":[{hits}],"shards":{self.shards:d},"shards_answered":{self.shards_answered:d},'
+            f'"partial":{"true" if self.partial else "false"},"failed_shards":{failed},'
+            f'"took_ms":{_number(round(self.took_ms, 3))},"cached":{"true" if self.cached else "false"}}}'
+        ).encode()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

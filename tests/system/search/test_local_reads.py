@@ -35,6 +35,10 @@ def test_local_reads_answer_as_the_replicas_do_and_see_every_acknowledged_write(
         st = status(local.url)
         assert st["local_reads"]["answered"] >= 120 and st["local_reads"]["fell_back"] == 0, st["local_reads"]
         assert "local_reads" not in status(remote.url)
+        # new terms: the remote router saves a round trip with the one-round search; the local one
+        # has none to save and asks its readers for the statistics (searcher.py), with equal answers
+        assert st["cache"]["one_round"] == {"answered": 0, "second_round": 0}, st["cache"]
+        assert status(remote.url)["cache"]["one_round"]["answered"] >= 1
         for i in range(20):  # read-your-writes: each write acknowledged, then found at once
             word = f"zqxword{i}"
             r = httpx.post(

@@ -140,8 +140,13 @@ def test_errors_latency_cache_and_freshness_are_on_metrics_status_and_page(route
     """Every refusal is counted by its type (a 400 invalid_request_error too), each shard's p50
     and p99 and the time since its last applied write are in the status JSON, the histograms
     resolve a 2 ms shard, and the status page shows them and asks for no favicon."""
+    # a write of its own: the index age needs one, and this test must not lean on the others'
+    # having run before it (alone, it found no write and no index age on /metrics)
+    fresh = {"id": "fresh", "title": "index age", "body": "a document this test writes"}
+    assert _bulk(router.url, json.dumps(fresh)).json()["accepted"] == 1
     for k in range(1, 26):  # searches that reach every shard (distinct top_k: no cache hit), 20 make a quantile
         assert search(router.url, "searching tools", top_k=k).status_code == 200
+    assert search(router.url, "searching tools", top_k=1).json()["cached"] is True  # a hit of its own
     before = status(router.url)["errors"].get("invalid_request_error", 0)
     assert search(router.url, "apt", top_k=101).status_code == 400
     assert httpx.post(router.url + "/v1/search", content=b"{", timeout=30).status_code == 400

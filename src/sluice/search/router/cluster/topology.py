@@ -14,6 +14,7 @@ import dataclasses
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from sluice.search.index.schema import SourceDocument
 from sluice.search.router.cluster.replica_state import LatencyWindow, ReplicaState
@@ -94,6 +95,15 @@ class Topology:
     def moves_documents(self) -> bool:
         """Whether an update can move a document to another shard (content sharding)."""
         return self.cfg.search.sharding is Sharding.CONTENT and len(self.shards) > 1
+
+    def index_ages(self) -> Iterator[tuple[str, str, float]]:
+        """(shard, replica, seconds since its last applied write) for each replica with one."""
+        now = time.time()
+        for shard in self.shards:
+            for r in shard.replicas:
+                age = shard.index_age_s(now, r)
+                if age is not None:
+                    yield shard.name, r.name, age
 
     def revision(self) -> tuple[int, ...]:
         return tuple(s.head_seq for s in self.shards)

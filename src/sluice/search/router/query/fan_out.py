@@ -109,6 +109,14 @@ class FanOut:
             out.append((s, answer))
         return out
 
+    def all_local(self, shards: Sequence[ShardRuntime]) -> bool:
+        """Whether every one of `shards` is read in this process (a local reader, not cold)."""
+        local = self.local
+        if local is None:
+            return False
+        cold = self.cold is not None
+        return all(local.has(s.position) and not (cold and s.cold_url is not None) for s in shards)
+
     def _local(self, shard: ShardRuntime, req: Request) -> tuple[None, Answer] | None:
         """The shard's answer from its local reader (tiers/local_reads.py), or None when it has
         none (a cold shard, no local replica) or it cannot answer at the shard's newest entry."""

@@ -103,9 +103,6 @@ class HealthPoller:
                 log.info("added replica %s is current (entry %d) and serving", r.name, r.applied_seq)
             self.metrics.applied_seq.labels(shard.name, r.name).set(r.applied_seq)
             self.metrics.freshness.labels(shard.name, r.name).set(shard.freshness_s(r, now))
-            age = shard.index_age_s(now, r)
-            if age is not None:
-                self.metrics.index_age.labels(shard.name, r.name).set(age)
 
     async def _catch_up(self, shard: ShardRuntime, r: ReplicaState, peer: ReplicaState) -> None:
         try:

