@@ -25,7 +25,7 @@ def _router(extra: str = "") -> TestClient:
     cfg = parse_config(f'[search]\nmax_top_k = 50\n{extra}[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n')
     rt = RouterRuntime(cfg, [["http://127.0.0.1:9"]])
     return TestClient(RouterFront(create_router_app(rt), rt))  # its own loop per request: the
-    # shard client opens a session in each (query/shard_query_client.py)
+    # shard client opens a session in each (cluster/shard_query_client.py)
 
 
 def test_a_well_formed_search_is_answered_and_errors_keep_their_shapes():
@@ -71,7 +71,7 @@ def test_the_shard_query_path_answers_json_and_refuses_bad_bodies():
 
 
 def test_the_shard_client_reports_an_unreachable_replica():
-    from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError
+    from sluice.search.router.cluster.shard_query_client import ShardQueryClient, ShardQueryError
 
     async def go() -> None:
         http = ShardQueryClient()
@@ -122,7 +122,7 @@ def test_the_shard_client_over_a_real_server_pools_times_out_and_never_reuses_a_
     event set only at the end, so the timeout and the cancellation are deterministic)."""
     from aiohttp import web
 
-    from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
+    from sluice.search.router.cluster.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
 
     async def go() -> None:
         arrived, release = asyncio.Event(), asyncio.Event()
@@ -185,7 +185,7 @@ def test_the_shard_answers_its_query_requests_inside_uvicorns_protocol(tmp_path)
 
     import uvicorn
 
-    from sluice.search.router.query.shard_query_client import ShardQueryClient
+    from sluice.search.router.cluster.shard_query_client import ShardQueryClient
     from sluice.search.shard.query_protocol import query_protocol_for
     from sluice.search.shard.replica import Replica
     from sluice.search.shard.server import create_shard_app

@@ -17,12 +17,12 @@ from sluice.search.dense.embedder import Embedder, attach_vectors
 from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.schema import Schema, check_id
 from sluice.search.router.auth import SearchAuth
+from sluice.search.router.cluster.shard_query_client import ShardQueryClient
 from sluice.search.router.cluster.topology import Topology
 from sluice.search.router.config import SearchConfig
 from sluice.search.router.query.result_cache import ResultCache
 from sluice.search.router.query.searcher import Searcher
 from sluice.search.router.query.shard_call import ShardCaller
-from sluice.search.router.query.shard_query_client import ShardQueryClient
 from sluice.search.router.replication.health_poller import HealthPoller
 from sluice.search.router.search_metrics import SearchMetrics
 from sluice.search.router.writes.bulk import plan_bulk
@@ -66,7 +66,7 @@ class RouterRuntime:
         )
         self.http = httpx.AsyncClient(transport=transport, timeout=cfg.search.shard_deadline_ms / 1000)
         s = cfg.search
-        # the query path's client (query/shard_query_client.py); httpx for the rest
+        # the query path's client (cluster/shard_query_client.py); httpx for the rest
         self.shard_query_client = ShardQueryClient()
         self.caller = ShardCaller(self.shard_query_client, self.metrics, s.hedge, s.hedge_min_ms / 1000)
         self.cache = ResultCache(s.cache_entries)

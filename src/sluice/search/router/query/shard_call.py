@@ -20,9 +20,9 @@ from typing import Any
 
 from sluice.search.errors import ShardCallError, ShardFailure
 from sluice.search.router.cluster.replica_state import ReplicaState
+from sluice.search.router.cluster.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
 from sluice.search.router.cluster.topology import ShardRuntime
 from sluice.search.router.query.replica_picker import pick_replica
-from sluice.search.router.query.shard_query_client import ShardQueryClient, ShardQueryError, ShardQueryTimeout
 from sluice.search.router.search_metrics import SearchMetrics
 
 
