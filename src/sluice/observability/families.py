@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sluice.observability.loop_histogram import LoopHistogram
+
 # a series per model version: the model and `<model>/<version>`, bounded by the fleet file
 VERSION = ("model", "version")
 
@@ -31,3 +33,9 @@ class Families:
 
     def histogram(self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()) -> Histogram:
         return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+    def loop_histogram(
+        self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()
+    ) -> LoopHistogram:
+        """A histogram observed only from one thread's hot path (loop_histogram.py: no lock)."""
+        return LoopHistogram(name, doc, buckets, labels, self.registry)

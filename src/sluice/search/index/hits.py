@@ -20,7 +20,10 @@ from collections.abc import Iterable
 from typing import Any
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+# not frozen: a frozen dataclass sets each field through object.__setattr__ (~0.5 µs a hit
+# against ~0.16 µs), and a query makes a hit per shard candidate and per merged result; nothing
+# changes a hit after it is made (a new score is a new hit: `rescored`), cached answers included
+@dataclasses.dataclass(slots=True)
 class Hit:
     doc_id: str
     score: float

@@ -56,7 +56,8 @@ class SearchMetrics:
         def per_replica(name: str, doc: str) -> Gauge:  # a replica's state, one series per shard/replica
             return f.gauge(name, doc, ("shard", "replica"))
 
-        self.query_latency = f.histogram(
+        # the two the query path observes (five a query): observed only from the event loop
+        self.query_latency = f.loop_histogram(
             "sluice_search_query_seconds", "End-to-end search latency at the router", _QUERY, ("outcome",)
         )
         self.replica_latency = f.histogram(
@@ -65,7 +66,7 @@ class SearchMetrics:
             _SHARD,
             ("shard", "replica", "phase"),
         )
-        self.shard_latency = f.histogram(
+        self.shard_latency = f.loop_histogram(
             "sluice_search_shard_seconds",
             "Time until a shard answered (retries and hedges included)",
             _SHARD,
