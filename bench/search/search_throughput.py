@@ -262,13 +262,15 @@ def interleaved(
         s1 = {p.pid: cpu_split(p.pid, index_cpu_s(status_of(u))) for p, u in ((pa, ua), (pb, ub))}
         for c in ca + cb:
             c.close()
-        got = {"before": per_query(s0[pa.pid], s1[pa.pid], len(queries))}
-        got["after"] = per_query(s0[pb.pid], s1[pb.pid], len(queries))
-        got["partial"] = partial[0]
-        own_a, own_b = got["before"]["router_own_cpu_ms_per_query"], got["after"]["router_own_cpu_ms_per_query"]
-        got["own_after_over_before"] = None if not own_a or own_b is None else round(own_b / own_a, 3)
-        got["load_average"] = os.getloadavg()[0]
-        return got
+        was, now = (per_query(s0[p.pid], s1[p.pid], len(queries)) for p in (pa, pb))
+        own_a, own_b = was["router_own_cpu_ms_per_query"], now["router_own_cpu_ms_per_query"]
+        return {
+            "before": was,
+            "after": now,
+            "partial": partial[0],
+            "own_after_over_before": None if not own_a or own_b is None else round(own_b / own_a, 3),
+            "load_average": os.getloadavg()[0],
+        }
 
 
 def main() -> int:
