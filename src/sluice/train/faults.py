@@ -6,10 +6,11 @@ SLUICE_TRAIN_FAULT holds comma-separated faults:
   0), after any checkpoint in flight is on disk: a crash at a known point, so the test's
   expectations are exact, not a race with a timer.
 - `await_group:GROUP:STEP`: group GROUP rejoins at step STEP exactly. The other replica groups
-  wait at the start of step STEP (before its quorum) until group GROUP, restarted by its torchrun,
-  is at its first quorum; and the restarted group holds that first quorum until every other group
-  waits at STEP, however fast it restarted (a fast restart on a busy machine once rejoined a step
-  early and failed a test that counts the steps without it). Each wait: at most 300 s.
+  wait at the start of step STEP (before its quorum) until group GROUP, restarted by its
+  torchrun, is at its first quorum; and the restarted group, before its torchft manager exists
+  (a manager the Lighthouse knows would make every quorum wait for it), waits until every other
+  group waits at STEP, however fast it restarted: a fast restart on a busy machine once rejoined
+  a step early and failed a test that counts the steps. Each wait: at most 300 s.
 - `delay:SECONDS`: every step takes at least this long, so a test can signal a run mid-way.
 - `hold:WORLD:STEP`: while the group has WORLD ranks, wait at the start of step STEP (after any
   checkpoint in flight is written) until the group is told to stop (SIGTERM: the agent restarts
@@ -33,6 +34,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sluice.common.fault_spec import FaultGrammar, FaultKind
@@ -56,7 +58,6 @@ class FaultPoint(str, enum.Enum):
     """Where in a step the trainer offers the faults a chance to act (train/trainer.py)."""
 
     STEP_START = "step_start"  # before the step's rows are read (and its quorum): kill, delay, hold, await_group
-    REJOIN = "rejoin"  # a restarted group, before its first quorum: await_group
     AFTER_BACKWARD = "after_backward"  # the step's loss and gradients are there: nan_loss, inf_grad
 
 
@@ -133,15 +134,16 @@ def _await_rejoin(run_dir, group: int) -> None:
     _wait_until(back)
 
 
-def at_rejoin(faults: Faults, site: FaultSite) -> None:
-    """The restarted group of `await_group` holds its first quorum until every other group (its
-    rank 0's heartbeat) waits at the fault's step."""
-    if faults.await_group is None or faults.await_group[0] != site.group:
+def at_rejoin(faults: Faults, run_dir: Path, group: int) -> None:
+    """The restarted group of `await_group` waits, before its torchft manager exists (so that the
+    Lighthouse does not wait on a group held here), until every other group (its rank 0's
+    heartbeat) waits at the fault's step. Called once by a restarted group's ranks (rank_setup.py)."""
+    if faults.await_group is None or faults.await_group[0] != group:
         return
     from sluice.train.observe.heartbeat import HEARTBEATS
 
     step = faults.await_group[1]
-    others = [p for p in (site.run_dir / HEARTBEATS).glob("g*-r0.json") if p.name != f"g{site.group}-r0.json"]
+    others = [p for p in (run_dir / HEARTBEATS).glob("g*-r0.json") if p.name != f"g{group}-r0.json"]
     _wait_until(lambda: all(_record(p).get("step", 0) >= step for p in others))
 
 
@@ -195,7 +197,5 @@ def fire(faults: Faults, point: FaultPoint, site: FaultSite) -> None:
     if point is FaultPoint.STEP_START:
         at_step_start(faults, site)
         hold(faults, site.step, site.world, site.stopping, site.settle)
-    elif point is FaultPoint.REJOIN:
-        at_rejoin(faults, site)
     elif point is FaultPoint.AFTER_BACKWARD:
         after_backward(faults, site.step, site.loss_sum, site.params)

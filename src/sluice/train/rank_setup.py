@@ -152,6 +152,8 @@ class RankSetup:
         )
         restore = lambda: self.ckpt.restore(self.model.module, self.optim)  # noqa: E731
         if s.replica_groups > 1:  # the first quorum: a live peer's state, or the store's
+            if self.faults is not None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+                faults.at_rejoin(self.faults, self.run_dir, self.group)  # the tests' await_group
             self.replicas = ReplicaDriver(self)
             self.releases.callback(self.replicas.close)
             self.start = self.replicas.join(restore)

@@ -223,7 +223,8 @@ def test_a_peer_state_loads_into_an_optimizer_that_has_not_stepped_yet():
 
 def test_await_group_holds_a_fast_restart_until_the_others_wait_at_the_step(tmp_path):
     """CI once saw a restarted group rejoin a step early on a busy machine: the restarted group of
-    `await_group:1:6` must hold its first quorum until every other group waits at step 6."""
+    `await_group:1:6` must wait, before its torchft manager exists, until every other group waits
+    at step 6 (rank_setup.py calls this before the replica driver is built)."""
     import threading
 
     from sluice.train import faults as train_faults
@@ -233,17 +234,13 @@ def test_await_group_holds_a_fast_restart_until_the_others_wait_at_the_step(tmp_
     beat.parent.mkdir(parents=True)
     beat.write_text(json.dumps({"restart": 0, "step": 5, "phase": "step"}))
     heartbeat_path(tmp_path, 1, 0).write_text(json.dumps({"restart": 0, "step": 3, "phase": "step"}))  # its old self
-    site = train_faults.FaultSite(0, 2, 0, 1, tmp_path, lambda: False, lambda: None)
     done = threading.Event()
-    waiter = threading.Thread(
-        target=lambda: (train_faults.fire(faults, train_faults.FaultPoint.REJOIN, site), done.set())
-    )
+    waiter = threading.Thread(target=lambda: (train_faults.at_rejoin(faults, tmp_path, 1), done.set()))
     waiter.start()
     assert not done.wait(0.5)  # group 0 is at step 5: the restarted group waits
     beat.write_text(json.dumps({"restart": 0, "step": 6, "phase": "quorum"}))
     assert done.wait(60)
     waiter.join()
     # group 0 itself is not held at a rejoin
-    other = train_faults.FaultSite(0, 2, 0, 0, tmp_path, lambda: False, lambda: None)
     beat.write_text(json.dumps({"restart": 0, "step": 1, "phase": "step"}))
-    train_faults.fire(faults, train_faults.FaultPoint.REJOIN, other)
+    train_faults.at_rejoin(faults, tmp_path, 0)

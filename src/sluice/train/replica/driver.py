@@ -68,8 +68,6 @@ class ReplicaDriver:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         if self.link.local_mode:
             return self._join_local(restore, restarted)
-        if restarted:
-            self.t._fault(FaultPoint.REJOIN, 0)
         self.t.heartbeat.at(0, "join")
         if not restarted:
             self._await_first_quorum()
@@ -96,8 +94,6 @@ class ReplicaDriver:
         self.link.trained = start = restore()
         if start and self.t.rank == 0:
             self._emit(Event.RESTORED, step=start)
-        if restarted:
-            self.t._fault(FaultPoint.REJOIN, start)
         self.t.heartbeat.at(start, "join")  # a restarted group: at its quorum now (faults' await_group)
         self.link.start_local(restarted)
         if self.link.healed:
