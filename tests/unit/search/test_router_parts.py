@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 
 import httpx
 
+from sluice.search.contract import SearchResponse
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.schema import parse_document
 from sluice.search.router.cluster.replica_state import ReplicaState
@@ -66,14 +68,33 @@ def test_bulk_plan_places_by_hash_and_content():
     assert content.shard_for(parse_document({"id": "3", "k": 5})) == 1
 
 
+def _answer(*ids: str) -> SearchResponse:
+    return SearchResponse([Hit(i, 1.5, {"t": "é " + i}, "<b>x</b>") for i in ids], 2, 2, {}, took_ms=3.0)
+
+
 def test_result_cache_is_lru_and_counts_hits():
     c = ResultCache(2)
-    c.put(("a", 10, (1,)), 1)
-    c.put(("b", 10, (1,)), 2)
-    assert c.get(("a", 10, (1,))) == 1
-    c.put(("c", 10, (1,)), 3)  # evicts b, the least recently used
+    c.put(("a", 10, (1,)), _answer("1"))
+    c.put(("b", 10, (1,)), _answer("2"))
+    assert [h.doc_id for h in c.get(("a", 10, (1,))).hits] == ["1"]
+    c.put(("c", 10, (1,)), _answer("3"))  # evicts b, the least recently used
     assert c.get(("b", 10, (1,))) is None and c.get(("a", 10, (2,))) is None
     assert c.hits == 1 and c.lookups == 3
+
+
+def test_a_cached_answer_is_the_answer_and_costs_the_collector_nothing_once_seen():
+    """An entry is plain tuples: after one collection the collector no longer tracks any of it
+    (a kept Hit or list would be walked by every collection until evicted)."""
+    c = ResultCache(10)
+    answer = _answer("x", "y")
+    local = SearchResponse([Hit("z", 2.0, '{"t":"z"}')], 1, 1, {})  # a local read's hit: its fields as JSON text
+    c.put(("q",), answer)
+    c.put(("l",), local)
+    got = c.get(("q",))
+    assert got is not None and got.cached and got.to_json() == {**answer.to_json(), "cached": True, "took_ms": 0.0}
+    assert json.loads(c.get(("l",)).json_bytes())["hits"] == local.to_json()["hits"]
+    gc.collect()
+    assert not any(gc.is_tracked(entry) for entry in c._d.values())
 
 
 def test_a_query_only_router_refuses_writes():

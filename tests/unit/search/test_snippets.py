@@ -74,3 +74,36 @@ def test_bounded_keeps_whole_escapes_and_closes_a_mark():
     assert bounded(s, 16) == s
     cut = bounded(s, 8)
     assert cut == "<b>abc</b> &amp; <b>d</b>…" and visible_length(cut) == 8
+
+
+_PIECE = re.compile(r"<b>|</b>|&(?:amp|lt|gt|quot|#39|#x27);|.", re.S)
+
+
+def _bounded_piece_by_piece(snippet: str, chars: int) -> str:
+    """The first bounded(): every visible character one regex piece (the reference)."""
+    pieces = _PIECE.findall(snippet)
+    if sum(1 for p in pieces if p not in ("<b>", "</b>")) <= chars:
+        return snippet
+    out, seen, open_mark = [], 0, False
+    for piece in pieces:
+        if piece in ("<b>", "</b>"):
+            open_mark = piece == "<b>"
+            out.append(piece)
+            continue
+        if seen >= chars - 1:
+            break
+        out.append(piece)
+        seen += 1
+    return "".join(out) + ("</b>" if open_mark else "") + "…"
+
+
+def test_bounded_and_visible_length_equal_the_piece_by_piece_reference():
+    """Counted with str.count and cut by slicing runs of text, as one piece per character would."""
+    rng = random.Random(5)
+    parts = ["<b>", "</b>", "&amp;", "&lt;", "&gt;", "&quot;", "&#39;", "&#x27;", "a", "bc ", "word", "é", "\n"]
+    for _ in range(3000):
+        s = "".join(rng.choice(parts) for _ in range(rng.randint(0, 40)))
+        want = sum(1 for p in _PIECE.findall(s) if p not in ("<b>", "</b>"))
+        assert visible_length(s) == want, s
+        for chars in (0, 1, 2, 5, 13, 40):
+            assert bounded(s, chars) == _bounded_piece_by_piece(s, chars), (s, chars)

@@ -45,3 +45,31 @@ def test_each_shard_keeps_its_most_recently_used_terms():
     c.store(0, 1, 1, CollectionStats(10, 100, {"d": 4}))
     assert c.lookup(0, 1, ["a", "b", "c", "d"]) == (CollectionStats(10, 100, {"a": 1, "c": 3, "d": 4}), ["b"])
     assert len(c) == 3
+
+
+def test_local_statistics_are_the_replicas_answers_and_a_reader_behind_falls_back(tmp_path):
+    """With every shard read in the router's process the statistics round reads the readers
+    directly (tiers/local_reads.py LocalReads.stats): the same statistics and entry as a
+    replica's stats answer; a reader that cannot reach its shard's entry says so (None), and
+    the round then asks the replicas."""
+    from sluice.search.contract import StatsRequest
+    from sluice.search.shard.replica import Replica
+    from sluice.search.tiers.local_reads import LocalReads
+
+    replicas = [Replica(tmp_path / f"r{i}", fsync=False) for i in range(2)]
+    for i, r in enumerate(replicas):
+        r.append(
+            1, [{"op": "upsert", "id": f"{i}-{j}", "fields": {"body": "alpha beta " * (i + j + 1)}} for j in range(3)]
+        )
+    reads = LocalReads({i: tmp_path / f"r{i}" / "index" for i in range(2)}, None)
+    terms = ["alpha", "gamma"]
+    got = reads.stats([(0, 1, terms), (1, 1, ["beta"])])
+    assert got == [
+        (replicas[0].stats(StatsRequest(terms)).stats, 1),
+        (replicas[1].stats(StatsRequest(["beta"])).stats, 1),
+    ]
+    assert got[0][0].term_freqs == {"alpha": 3, "gamma": 0} and reads.answered == 2
+    assert reads.stats([(0, 1, terms), (1, 2, terms)]) is None  # shard 1's head is at entry 2, its index at 1
+    assert reads.call(1, StatsRequest(terms), 2) is None  # a query's own round: the same fallback
+    assert reads.fell_back == 2
+    reads.close()

@@ -41,11 +41,15 @@ class Hit:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.doc_id, "score": self.score, "fields": self.fields, "snippet": self.snippet}
 
-    def json_text(self) -> str:
-        """to_json()'s JSON text (non-ASCII characters as they are, or escaped where the index
-        stored them escaped: the same JSON value)."""
+    def stored_text(self) -> str:
+        """The stored fields' JSON text (non-ASCII characters as they are, or escaped where the
+        index stored them escaped: the same JSON value)."""
         s = self.stored
-        stored = s if isinstance(s, str) else _dumps(s)
+        return s if isinstance(s, str) else _dumps(s)
+
+    def json_text(self) -> str:
+        """to_json()'s JSON text."""
+        stored = self.stored_text()
         score = self.score
         # what _dumps writes for a string or a finite float, without its Python layers (~4 µs a
         # hit under load): json's own C string encoder, and the float's repr as json writes it

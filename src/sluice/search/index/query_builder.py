@@ -30,23 +30,24 @@ _BOOL = {
 
 
 def build_query(tree: Tree | None, term_factor: dict[str, float]) -> xapian.Query:
-    if tree is None:
-        return Q.MatchNothing
+    # module functions, not closures: a closure that calls itself is a reference cycle left to
+    # the cyclic collector, and a query builds a tree per shard (query_tree.py says more)
+    return Q.MatchNothing if tree is None else _build(tree, term_factor)
 
-    def leaf(term: str) -> xapian.Query:
-        q = _query(term)
-        f = term_factor.get(term)
-        return q if f is None or f == 1.0 else _query(Q.OP_SCALE_WEIGHT, q, f)
 
-    def build(t: Tree) -> xapian.Query:
-        op = t[0]
-        if op == NodeKind.TERM:
-            return leaf(t[1])
-        if op == NodeKind.PHRASE:
-            phrase = _query(Q.OP_PHRASE, [_query(x) for x in t[1]])
-            return _query(Q.OP_FILTER, _query(Q.OP_AND, [leaf(x) for x in t[1]]), phrase)
-        if op == NodeKind.ALL:
-            return Q.MatchAll
-        return _query(_BOOL[op], [build(c) for c in t[1]])
+def _leaf(term: str, term_factor: dict[str, float]) -> xapian.Query:
+    q = _query(term)
+    f = term_factor.get(term)
+    return q if f is None or f == 1.0 else _query(Q.OP_SCALE_WEIGHT, q, f)
 
-    return build(tree)
+
+def _build(t: Tree, term_factor: dict[str, float]) -> xapian.Query:
+    op = t[0]
+    if op == NodeKind.TERM:
+        return _leaf(t[1], term_factor)
+    if op == NodeKind.PHRASE:
+        phrase = _query(Q.OP_PHRASE, [_query(x) for x in t[1]])
+        return _query(Q.OP_FILTER, _query(Q.OP_AND, [_leaf(x, term_factor) for x in t[1]]), phrase)
+    if op == NodeKind.ALL:
+        return Q.MatchAll
+    return _query(_BOOL[op], [_build(c, term_factor) for c in t[1]])

@@ -260,15 +260,15 @@ def dense_text(query: str) -> str:
     excludes (`-word`, `NOT word`): `python AND "package manager" -java` → `python package
     manager`. QuerySyntaxError as for any query."""
     words: list[str] = []
-
-    def walk(node: Node) -> None:
-        if isinstance(node, Text):
-            words.append(node.text)
-        elif node.op is BoolOp.AND_NOT:
-            walk(node.children[0])
-        else:
-            for child in (*node.required, *node.children):
-                walk(child)
-
-    walk(parse_query(query))
+    _dense_words(parse_query(query), words)  # a module function: a self-calling closure is a cycle
     return " ".join(w for w in words if w)
+
+
+def _dense_words(node: Node, words: list[str]) -> None:
+    if isinstance(node, Text):
+        words.append(node.text)
+    elif node.op is BoolOp.AND_NOT:
+        _dense_words(node.children[0], words)
+    else:
+        for child in (*node.required, *node.children):
+            _dense_words(child, words)

@@ -132,22 +132,28 @@ def _flat(op: NodeKind, kids: list[Tree]) -> Tree | None:
     return [op, out]
 
 
+# The walks below are module functions, not closures: a closure that calls itself is a reference
+# cycle (function → cell → function) that only the cyclic collector frees, and the query path
+# walks trees several times a query — each walk's garbage, with what it held, left to the next
+# collection (docs/SEARCH.md "A local read's CPU, and the router's own").
+
+
 def terms_of(tree: Tree | None) -> list[str]:
     """Every distinct term the tree scores, sorted (what phase 1 asks the shards about)."""
     found: set[str] = set()
-
-    def walk(t: Tree) -> None:
-        if t[0] == NodeKind.TERM:
-            found.add(t[1])
-        elif t[0] == NodeKind.PHRASE:
-            found.update(t[1])
-        elif t[0] not in LEAVES:  # a wildcard's terms are known once it is expanded
-            for c in t[1]:
-                walk(c)
-
     if tree is not None:
-        walk(tree)
+        _terms(tree, found)
     return sorted(found)
+
+
+def _terms(t: Tree, found: set[str]) -> None:
+    if t[0] == NodeKind.TERM:
+        found.add(t[1])
+    elif t[0] == NodeKind.PHRASE:
+        found.update(t[1])
+    elif t[0] not in LEAVES:  # a wildcard's terms are known once it is expanded
+        for c in t[1]:
+            _terms(c, found)
 
 
 def scored_leaves(tree: Tree | None) -> dict[str, int] | None:
@@ -158,36 +164,36 @@ def scored_leaves(tree: Tree | None) -> dict[str, int] | None:
     if tree is None:
         return None
     counts: dict[str, int] = {}
+    return counts if _scored(tree, True, counts) else None
 
-    def walk(t: Tree, scored: bool) -> bool:
-        op = t[0]
-        if op == NodeKind.TERM:
-            if scored:
-                counts[t[1]] = counts.get(t[1], 0) + 1
-            return True
-        if op in LEAVES:  # a phrase, all, a wildcard
-            return False
-        if op == NodeKind.AND_NOT:
-            return walk(t[1][0], scored) and walk(t[1][1], False)
-        return all(walk(c, scored) for c in t[1])
 
-    return counts if walk(tree, True) else None
+def _scored(t: Tree, scored: bool, counts: dict[str, int]) -> bool:
+    op = t[0]
+    if op == NodeKind.TERM:
+        if scored:
+            counts[t[1]] = counts.get(t[1], 0) + 1
+        return True
+    if op in LEAVES:  # a phrase, all, a wildcard
+        return False
+    if op == NodeKind.AND_NOT:
+        return _scored(t[1][0], scored, counts) and _scored(t[1][1], False, counts)
+    return all(_scored(c, scored, counts) for c in t[1])
 
 
 def wildcards_of(tree: Tree | None) -> list[str]:
     """The distinct wildcard prefix terms of the tree, sorted."""
     found: set[str] = set()
-
-    def walk(t: Tree) -> None:
-        if t[0] == NodeKind.WILDCARD:
-            found.add(t[1])
-        elif t[0] not in LEAVES:
-            for c in t[1]:
-                walk(c)
-
     if tree is not None:
-        walk(tree)
+        _wildcards(tree, found)
     return sorted(found)
+
+
+def _wildcards(t: Tree, found: set[str]) -> None:
+    if t[0] == NodeKind.WILDCARD:
+        found.add(t[1])
+    elif t[0] not in LEAVES:
+        for c in t[1]:
+            _wildcards(c, found)
 
 
 def expand(tree: Tree | None, expansions: dict[str, list[str]]) -> Tree | None:
@@ -231,31 +237,29 @@ def cache_key(tree: Tree | None) -> str:
 
 def check_tree(tree: Any) -> Tree:
     """A tree received over the wire: well formed and bounded, or QuerySyntaxError (position 0)."""
-    count = 0
-
-    def walk(t: Any, depth: int) -> None:
-        nonlocal count
-        count += 1
-        if count > MAX_TREE_NODES or depth > 40:
-            raise QuerySyntaxError(0, "query tree too large")
-        if not isinstance(t, list) or not t or not isinstance(t[0], str) or t[0] not in _ON_THE_WIRE:
-            raise QuerySyntaxError(0, "malformed query tree")
-        op = t[0]  # a kind's value (NodeKind compares equal to it)
-        if op == NodeKind.ALL:
-            return
-        if len(t) != 2:
-            raise QuerySyntaxError(0, f"malformed {op} node")
-        if op == NodeKind.TERM:
-            if not isinstance(t[1], str) or not t[1]:
-                raise QuerySyntaxError(0, "malformed term")
-        elif op == NodeKind.PHRASE:
-            if not isinstance(t[1], list) or len(t[1]) < 2 or not all(isinstance(x, str) and x for x in t[1]):
-                raise QuerySyntaxError(0, "malformed phrase")
-        else:
-            if not isinstance(t[1], list) or not t[1] or (op in PAIRS and len(t[1]) != 2):
-                raise QuerySyntaxError(0, f"malformed {op} node")
-            for c in t[1]:
-                walk(c, depth + 1)
-
-    walk(tree, 0)
+    _check(tree, 0, [0])
     return tree
+
+
+def _check(t: Any, depth: int, count: list[int]) -> None:
+    count[0] += 1
+    if count[0] > MAX_TREE_NODES or depth > 40:
+        raise QuerySyntaxError(0, "query tree too large")
+    if not isinstance(t, list) or not t or not isinstance(t[0], str) or t[0] not in _ON_THE_WIRE:
+        raise QuerySyntaxError(0, "malformed query tree")
+    op = t[0]  # a kind's value (NodeKind compares equal to it)
+    if op == NodeKind.ALL:
+        return
+    if len(t) != 2:
+        raise QuerySyntaxError(0, f"malformed {op} node")
+    if op == NodeKind.TERM:
+        if not isinstance(t[1], str) or not t[1]:
+            raise QuerySyntaxError(0, "malformed term")
+    elif op == NodeKind.PHRASE:
+        if not isinstance(t[1], list) or len(t[1]) < 2 or not all(isinstance(x, str) and x for x in t[1]):
+            raise QuerySyntaxError(0, "malformed phrase")
+    else:
+        if not isinstance(t[1], list) or not t[1] or (op in PAIRS and len(t[1]) != 2):
+            raise QuerySyntaxError(0, f"malformed {op} node")
+        for c in t[1]:
+            _check(c, depth + 1, count)

@@ -32,7 +32,6 @@ from sluice.search.index.query_tree import Tree, terms_of
 MARK_START, MARK_END, OMIT = "<b>", "</b>", "…"
 MAX_SNIPPET_CHARS = 2000
 _FLAGS = xapian.MSet.SNIPPET_EXHAUSTIVE  # no background model: it weighs words by the shard's own frequencies
-_PIECE = re.compile(r"<b>|</b>|&(?:amp|lt|gt|quot|#39|#x27);|.", re.S)
 _FIELD_PREFIX = re.compile(r"^X[A-Z0-9_]+:")
 
 
@@ -93,27 +92,47 @@ def leading(text: str, chars: int) -> str:
     return html.escape(cut.rstrip(), quote=False) + OMIT
 
 
+# What a snippet holds besides plain text: the marks, and the escapes html.escape and Xapian
+# write (every `&` of the text is escaped, so an escape never overlaps another), each with the
+# characters it adds to the visible one it stands for (a mark stands for none)
+_ESCAPES = (("&amp;", 4), ("&lt;", 3), ("&gt;", 3), ("&quot;", 5), ("&#39;", 4), ("&#x27;", 5))
+# a mark, an escape, a run of plain text, or a lone `<` or `&` (not Xapian's: counted as one)
+_TOKEN = re.compile(r"<b>|</b>|&(?:amp|lt|gt|quot|#39|#x27);|[^<&]+|.", re.S)
+
+
 def visible_length(snippet: str) -> int:
-    """The characters a reader sees: marks not counted, an escape counted as one."""
-    return sum(1 for p in _PIECE.findall(snippet) if p not in (MARK_START, MARK_END))
+    """The characters a reader sees: marks not counted, an escape counted as one. Counted with
+    str.count, not piece by piece (a 300-character snippet: ~1 µs against ~25 µs)."""
+    n = len(snippet) - snippet.count(MARK_START) * len(MARK_START) - snippet.count(MARK_END) * len(MARK_END)
+    if "&" in snippet:
+        n -= sum(snippet.count(escape) * extra for escape, extra in _ESCAPES)
+    return n
 
 
 def bounded(snippet: str, chars: int) -> str:
     """`snippet` cut to `chars` visible characters (the last one an ellipsis when cut), whole
-    escapes only, every opened mark closed."""
+    escapes only, every opened mark closed. Runs of plain text are cut by slicing."""
     if visible_length(snippet) <= chars:
         return snippet
+    room = chars - len(OMIT)
     out: list[str] = []
     seen, open_mark = 0, False
-    for piece in _PIECE.findall(snippet):
-        if piece in (MARK_START, MARK_END):
+    for piece in _TOKEN.findall(snippet):
+        if piece == MARK_START or piece == MARK_END:
             open_mark = piece == MARK_START
             out.append(piece)
             continue
-        if seen >= chars - len(OMIT):
+        if seen >= room:
             break
-        out.append(piece)
-        seen += 1
+        if piece[0] in "<&":  # an escape or a lone character: one visible character
+            out.append(piece)
+            seen += 1
+            continue
+        take = piece[: room - seen]
+        out.append(take)
+        seen += len(take)
+        if len(take) < len(piece):
+            break  # the next character would not fit
     if open_mark:
         out.append(MARK_END)
     return "".join(out) + OMIT

@@ -28,16 +28,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import xapian
 
 from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
+from sluice.search.index.bm25 import CollectionStats
 from sluice.search.index.schema import Schema
 from sluice.search.index.shard_index import ShardIndex, vectors_of
 from sluice.search.shard.answers import search_answer, stats_answer
 
 log = logging.getLogger("sluice.search.router")
+T = TypeVar("T")
 
 
 class NotCurrent(Exception):
@@ -58,21 +62,33 @@ class LocalReader:
             ix = self._index = ShardIndex.read_only(xapian.Database(str(self.dir)), self.schema, vectors=False)
         if ix.applied_seq < head_seq:
             ix.db.reopen()
-            if ix.applied_seq < head_seq:  # a replaced folder (a snapshot installed): open it anew
-                self.close()
-                raise NotCurrent(f"at entry {ix.applied_seq}, the shard at {head_seq}")
+            applied = ix.applied_seq
+            if applied < head_seq:  # behind, or a replaced folder (a snapshot installed): open it anew
+                self.close()  # (the entry read before: a closed database answers nothing)
+                raise NotCurrent(f"at entry {applied}, the shard at {head_seq}")
         return ix
 
     def call(self, req: StatsRequest | ShardSearchRequest, head_seq: int) -> StatsAnswer | ShardSearchAnswer:
         """NotCurrent when this reader cannot answer at `head_seq`."""
+        return self._read(head_seq, lambda ix: self._answer(ix, req))
+
+    def stats(self, terms: list[str], head_seq: int) -> tuple[CollectionStats, int]:
+        """The shard's statistics of `terms` and the entry they are at (a statistics answer's,
+        without its request and answer objects); NotCurrent as `call`."""
+        return self._read(head_seq, lambda ix: (ix.stats(terms), ix.applied_seq))
+
+    def _answer(self, ix: ShardIndex, req: StatsRequest | ShardSearchRequest) -> StatsAnswer | ShardSearchAnswer:
+        if isinstance(req, StatsRequest):
+            return stats_answer(ix, req, ix.applied_seq)
+        if req.vector is not None and self._vectors_at != ix.applied_seq:
+            ix.vectors, self._vectors_at = vectors_of(ix.db), ix.applied_seq
+        return search_answer(ix, req, ix.applied_seq)
+
+    def _read(self, head_seq: int, read: Callable[[ShardIndex], T]) -> T:
         for _ in range(2):  # once more after the writer moved the revision under this read
             ix = self._current(head_seq)
             try:
-                if isinstance(req, StatsRequest):
-                    return stats_answer(ix, req, ix.applied_seq)
-                if req.vector is not None and self._vectors_at != ix.applied_seq:
-                    ix.vectors, self._vectors_at = vectors_of(ix.db), ix.applied_seq
-                return search_answer(ix, req, ix.applied_seq)
+                return read(ix)
             except xapian.DatabaseModifiedError:  # the writer reused the blocks of the revision read
                 ix.db.reopen()
             except (xapian.DatabaseOpeningError, xapian.DatabaseCorruptError) as exc:
@@ -113,6 +129,23 @@ class LocalReads:
             self.index_cpu_ns += time.thread_time_ns() - t0
         self.answered += 1
         return answer
+
+    def stats(self, asked: Iterable[tuple[int, int, list[str]]]) -> list[tuple[CollectionStats, int]] | None:
+        """For each (position, head_seq, terms) of `asked`, that shard's statistics of the terms
+        and the entry they are at, as a statistics round's answers would say; None when a reader
+        cannot answer at its shard's entry (the round then asks the replicas)."""
+        t0 = time.thread_time_ns()
+        out: list[tuple[CollectionStats, int]] = []
+        try:
+            for position, head_seq, terms in asked:
+                out.append(self.readers[position].stats(terms, head_seq))
+        except NotCurrent:
+            self.fell_back += 1
+            return None
+        finally:
+            self.answered += len(out)
+            self.index_cpu_ns += time.thread_time_ns() - t0
+        return out
 
     def status(self) -> dict[str, int | float]:
         return {"answered": self.answered, "fell_back": self.fell_back, "index_cpu_s": self.index_cpu_ns / 1e9}

@@ -66,12 +66,23 @@ class _Search:
         self.keep_alive = keep_alive  # the client's wish; cleared by uvicorn's shutdown
         self.response_complete = False
         self.disconnected = False
-        self.message_event = self  # uvicorn wakes its cycle's body reader; nothing waits here
+        self.message_event = _NOBODY_WAITS  # uvicorn wakes its cycle's body reader; nothing waits here
         self.chunks: list[bytes] = []
         self.size = 0
 
+
+class _NobodyWaits:
+    """The `message_event` of every _Search: uvicorn calls its set(), and nothing waits on it.
+    One shared object, not the search itself: a search holding itself is a reference cycle, two
+    objects a request left to the cyclic collector (query_tree.py says why that costs)."""
+
+    __slots__ = ()
+
     def set(self) -> None:
         pass
+
+
+_NOBODY_WAITS = _NobodyWaits()
 
 
 class _DefaultHeaders:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
 from sluice.search.errors import QuerySyntaxError, ShardCallError, ShardFailure
+from sluice.search.index.bm25 import CollectionStats
 from sluice.search.router.cluster.replica_state import ReplicaState
 from sluice.search.router.cluster.topology import ShardRuntime
 from sluice.search.router.query.shard_call import ShardCaller
@@ -116,6 +117,22 @@ class FanOut:
             return False
         cold = self.cold is not None
         return all(local.has(s.position) and not (cold and s.cold_url is not None) for s in shards)
+
+    def local_stats(
+        self, shards: Sequence[ShardRuntime], terms: Callable[[ShardRuntime], list[str]]
+    ) -> list[tuple[ShardRuntime, CollectionStats, int]] | None:
+        """A statistics round's answers — each shard's statistics of terms(shard) and the entry
+        they are at — when every one of `shards` is read in this process; None when not (or a
+        reader cannot answer at its shard's entry), and the round must ask.
+
+        Why not the round itself: a local shard's statistics are a few calls into Xapian, and a
+        round's request and answer objects and per-shard bookkeeping cost the router more than
+        the reads (docs/SEARCH.md "A local read's CPU")."""
+        if not self.all_local(shards):
+            return None
+        assert self.local is not None
+        got = self.local.stats((s.position, s.head_seq, terms(s)) for s in shards)
+        return None if got is None else [(s, stats, seq) for s, (stats, seq) in zip(shards, got)]
 
     def _local(self, shard: ShardRuntime, req: Request) -> tuple[None, Answer] | None:
         """The shard's answer from its local reader (tiers/local_reads.py), or None when it has

@@ -36,7 +36,6 @@ made here, for the hits returned only (index/snippets.py SnippetMaker).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
 from sluice.search.contract import SearchRequest, SearchResponse, ShardSearchAnswer, ShardSearchRequest
@@ -79,7 +78,7 @@ class Searcher:
         local: LocalReads | None = None,
     ):
         self.topo, self.metrics, self.cache = topo, metrics, cache
-        metrics.cache_hit_ratio.set_function(lambda: cache.hit_ratio)  # read when scraped, not set per query
+        metrics.watch_cache(cache)  # its counts read when scraped, not counted again per query
         self.analyzer = analyzer
         self.embedder, self.vector_search = embedder, vector_search
         self.snippets = SnippetMaker(analyzer.schema.snippet_fields)
@@ -111,11 +110,10 @@ class Searcher:
         dense = None if req.mode is RetrievalMode.LEXICAL else dense_text(req.query)
         key = (cache_key(resolved.tree), req.options_key(), dense, self.topo.revision())
         cached = self.cache.get(key)
-        self.metrics.child(self.metrics.cache, "hit" if cached is not None else "miss").inc()
         if cached is not None:
-            res = dataclasses.replace(cached, cached=True, took_ms=(time.perf_counter() - t0) * 1000)
+            cached.took_ms = (time.perf_counter() - t0) * 1000
             self.metrics.child(self.metrics.query_latency, "cached").observe(time.perf_counter() - t0)
-            return res
+            return cached
         shards = self.topo.shards
         run = QueryRun(key[-1], t0 + self.deadline_s, {s.position: None for s in shards})
         merged, tree = await self._ranked(resolved, req, dense or "", run)

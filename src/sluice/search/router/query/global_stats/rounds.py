@@ -44,13 +44,17 @@ class StatisticsRounds:
         if not ask:
             return glob
         asked = [s for s in shards if s.position in ask]
-        answers = await self.fan_out.round(
-            asked, lambda s: StatsRequest(ask[s.position][1]), run.followed_deadline(), run
-        )
-        for s, answer in answers:
-            assert isinstance(answer, StatsAnswer)
-            got = answer.stats
-            self.stats_cache.store(s.position, run.revision[s.position], answer.applied_seq, got)
+        answers = self.fan_out.local_stats(asked, lambda s: ask[s.position][1])
+        if answers is None:
+            answers = [
+                (s, a.stats, a.applied_seq)
+                for s, a in await self.fan_out.round(
+                    asked, lambda s: StatsRequest(ask[s.position][1]), run.followed_deadline(), run
+                )
+                if isinstance(a, StatsAnswer)
+            ]
+        for s, got, applied_seq in answers:
+            self.stats_cache.store(s.position, run.revision[s.position], applied_seq, got)
             known = ask[s.position][0]
             if known is not None:  # the rest of this shard's terms came from the cache
                 got.term_freqs = {**known.term_freqs, **got.term_freqs}
