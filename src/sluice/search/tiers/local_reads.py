@@ -96,11 +96,10 @@ class LocalReader:
 
     def _read(self, head_seq: int, read: Callable[[ShardIndex], T]) -> T:
         for _ in range(2):  # once more after the writer moved the revision under this read
-            ix = self._current(head_seq)
             try:
-                return read(ix)
+                return read(self._current(head_seq))
             except xapian.DatabaseModifiedError:  # the writer reused the blocks of the revision read
-                self._reopen(ix)
+                self._applied = -1  # the next _current reopens and reads the entry again
             except (xapian.DatabaseOpeningError, xapian.DatabaseCorruptError) as exc:
                 self.close()
                 raise NotCurrent(str(exc)) from None
