@@ -15,8 +15,9 @@ characters (0: none, the library's plain search) and makes the library compute t
 
 With local reads the router's CPU per query is also split: the shards' index work (the status
 JSON's `local_reads.index_cpu_s`, its thread's CPU time around each local answer) and the
-router's own (the rest). `--before SRC` runs another tree's router too, just before this one's,
-each after the library alone; `--repeat N` the whole sequence N times; `--profile DIR` runs
+router's own (the rest). `--before SRC` runs another tree's router too, just before this one's
+(just after it in even repeats), each after the library alone; `--repeat N` the whole sequence
+N times; `--profile DIR` runs
 each router under cProfile timed by CPU. `--interleave` (with `--before`, local reads): both
 routers up at once and every query sent to both, so that the two trees' CPU per query is
 measured over the same moments of a machine whose speed drifts (CPU figures only).
@@ -305,8 +306,8 @@ def main() -> int:
     warmup, queries = titles[:200], titles[200 : 200 + args.queries]
     print(f"{len(docs)} documents, {len(queries)} distinct queries, {args.clients} clients, snippets {args.snippets}")
     out = {}
-    # --before SRC: each configuration runs twice, the other tree's router first, each just after
-    # the library alone; --repeat N: the whole sequence N times (ratios side by side)
+    # --before SRC: each configuration runs twice, the other tree's router first (second in even
+    # repeats), each just after the library alone; --repeat N: the whole sequence N times
     trees = [("before", args.before), ("after", None)] if args.before else [("", None)]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -319,7 +320,9 @@ def main() -> int:
                 continue
             for shards in [int(s) for s in args.shards.split(",")]:
                 for mode in args.modes.split(","):
-                    for tree, src in trees:
+                    # the order alternates between repeats: the second router of a pair measured
+                    # slower than the first on this machine whichever tree it was (docs/BENCHMARKS.md)
+                    for tree, src in trees if rep % 2 else trees[::-1]:
                         lib = library(docs, queries, args.clients, args.snippets, tmp)  # the library just before
                         local = mode == "local"
                         got = router(docs, queries, warmup, shards, args.clients, args.snippets, tmp, local, src)
