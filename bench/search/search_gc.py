@@ -34,16 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: tests/corpus.py
 from sluice.search.contract import SearchRequest
-from sluice.search.index.schema import parse_document
-from sluice.search.router.config import parse_config
-from sluice.search.router.runtime import RouterRuntime
-from sluice.search.shard.replica import Replica
 from tests import corpus
-
-CONFIG = (
-    '[search]\nlocal_reads = true\nvectors = false\n[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'
-    '[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:10"]\n'
-)
+from tests.local_search_router import local_router
 
 
 class CollectorClock:
@@ -62,25 +54,11 @@ class CollectorClock:
         self.freed += info["collected"]
 
 
-def build(docs: list, data: Path) -> RouterRuntime:
-    dirs = {i: data / n / "index" for i, n in enumerate("ab")}
-    rt = RouterRuntime(parse_config(CONFIG), [["http://127.0.0.1:9"], ["http://127.0.0.1:10"]], local_dirs=dirs)
-    for i, s in enumerate(rt.topo.shards):
-        ops = [
-            {"op": "upsert", "id": d.doc_id, "fields": d.fields}
-            for d in map(parse_document, docs)
-            if rt.topo.shard_for(d) == i
-        ]
-        Replica(data / s.name, fsync=False).append(1, ops)
-        s.head_seq = 1
-    return rt
-
-
 async def run(args: argparse.Namespace) -> dict:
     docs = corpus.documents(args.docs)
     titles = [t for t in dict.fromkeys(" ".join(re.findall(r"\w+", d["title"])) for d in docs if d.get("title")) if t]
     warmup, queries = titles[:200], titles[200 : 200 + args.queries]
-    rt = build(docs, Path(tempfile.mkdtemp(prefix="sluice-search-gc-")))
+    rt = local_router(docs, Path(tempfile.mkdtemp(prefix="sluice-search-gc-")))
     max_top_k, ranges = rt.cfg.search.max_top_k, rt.schema.ranges
     ask = {"top_k": 10, "snippet_chars": args.snippets}
     bodies = [json.dumps({"query": q, **ask}).encode() for q in queries]

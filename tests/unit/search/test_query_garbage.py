@@ -10,16 +10,9 @@ import gc
 import json
 
 from sluice.search.contract import SearchRequest
-from sluice.search.index.schema import parse_document
-from sluice.search.router.config import parse_config
-from sluice.search.router.runtime import RouterRuntime
-from sluice.search.shard.replica import Replica
 from tests import corpus
+from tests.local_search_router import local_router
 
-CONFIG = (
-    '[search]\nlocal_reads = true\nvectors = false\n[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'
-    '[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:10"]\n'
-)
 QUERIES = [
     "python library",
     '"web server" OR http',
@@ -31,17 +24,7 @@ QUERIES = [
 
 
 def test_searches_leave_no_cyclic_garbage(tmp_path):
-    docs = corpus.documents(300)
-    dirs = {i: tmp_path / n / "index" for i, n in enumerate("ab")}
-    rt = RouterRuntime(parse_config(CONFIG), [["http://127.0.0.1:9"], ["http://127.0.0.1:10"]], local_dirs=dirs)
-    for i, s in enumerate(rt.topo.shards):
-        ops = [
-            {"op": "upsert", "id": d.doc_id, "fields": d.fields}
-            for d in map(parse_document, docs)
-            if rt.topo.shard_for(d) == i
-        ]
-        Replica(tmp_path / s.name, fsync=False).append(1, ops)
-        s.head_seq = 1
+    rt = local_router(corpus.documents(300), tmp_path)
 
     async def run(queries: list[str]) -> list[bytes]:
         out = []
