@@ -171,8 +171,9 @@ class Searcher:
         if tree is not None and resolved.wildcards:
             tree, glob = await self.rounds.expand(run.live(shards), resolved, run, exact)
         elif tree is not None and exact and self.fan_out.all_local(shards):
-            # every shard read in this process: a statistics round is a local call, cheaper than
-            # the one-round search's parts, corrections and second rounds (docs/SEARCH.md)
+            # every shard read in this process: the statistics round reads them from the readers
+            # (FanOut.local_stats), cheaper than the one-round search's parts, corrections and
+            # second rounds (docs/SEARCH.md)
             glob = await self.rounds.global_stats(shards, terms_of(tree), run)
         elif tree is not None and exact:
             terms = terms_of(tree)
