@@ -29,9 +29,10 @@ def _runtime(extra: str = "") -> Any:
 
 
 @asynccontextmanager
-async def _server(rt: Any, taken: list[bytes]) -> AsyncIterator[int]:
+async def _server(rt: Any, taken: list[bytes], inline: list[bool] | None = None) -> AsyncIterator[int]:
     """uvicorn with the router's app and its search protocol; `taken` lists the bodies the
-    protocol (not the ASGI front) answered."""
+    protocol (not the ASGI front) answered, and `inline` whether each was answered before its
+    parser callback returned (no task)."""
     from sluice.search.router.http.app import create_router_app
     from sluice.search.router.http.front import RouterFront
     from sluice.search.router.http.search_protocol import search_protocol_for
@@ -44,6 +45,8 @@ async def _server(rt: Any, taken: list[bytes]) -> AsyncIterator[int]:
             if not search.response_complete:
                 taken.append(b"".join(search.chunks))
             super().complete(search)
+            if inline is not None:
+                inline.append(search.response_complete)
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -221,3 +224,51 @@ def test_a_client_gone_mid_search_cancels_nothing_and_a_fault_is_a_500_that_clos
             writer.close()
 
     _run(go)
+
+
+def test_a_search_that_needs_no_waiting_is_answered_in_its_callback_and_one_that_waits_by_a_task(tmp_path):
+    """Every shard read in this process (local reads): the search is answered before the parser's
+    callback returns, no task made for it; searches pipelined behind it are then taken by the
+    protocol too, answered in order. A search that waits (here on an event) is carried on by a
+    task from where it stopped, and answers as the same search would have."""
+    from tests import corpus
+    from tests.local_search_router import local_router
+
+    rt, taken, inline = local_router(corpus.documents(200), tmp_path), [], []
+    real_search, release = rt.search, asyncio.Event()
+
+    async def maybe_held(req: Any) -> Any:
+        if req.query == "held python":
+            await release.wait()
+        return await real_search(req)
+
+    rt.search = maybe_held
+    queries = ["python library", "web server", "python library", "graph*"]
+
+    async def go() -> None:
+        async with _server(rt, taken, inline) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"".join(_post(json.dumps({"query": q}).encode()) for q in queries))
+            replies = [await _reply(reader) for _ in queries]
+            assert [r[0] for r in replies] == [200] * 4 and all(r[2]["partial"] is False for r in replies)
+            assert [r[2]["cached"] for r in replies] == [False, False, True, False]
+            assert replies[0][2]["hits"] and replies[0][2]["hits"] == replies[2][2]["hits"]
+            writer.write(_post(b'{"query": "held python"}'))
+            for _ in range(600):
+                if len(inline) == len(queries) + 1:
+                    break
+                await asyncio.sleep(0.05)
+            release.set()
+            status, _, held = await _reply(reader)
+            writer.write(_post(b'{"query": "held python"}'))  # again: the result cache's answer
+            again = (await _reply(reader))[2]
+            assert status == 200 and held["hits"] and (held["cached"], again["cached"]) == (False, True)
+            assert held["hits"] == again["hits"]
+            writer.close()
+
+    try:
+        _run(go)
+    finally:
+        rt.local_reads.close()
+    assert len(taken) == len(queries) + 2  # every one the protocol's, the pipelined ones included
+    assert inline == [True] * len(queries) + [False, True]
