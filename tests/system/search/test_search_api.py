@@ -37,14 +37,18 @@ def _bulk(url, text, **kw):
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
+    """The embedded default holding DOCS: each test runs on them alone or after the others
+    (a test that writes more, or deletes, puts back what it changed or writes its own)."""
     r = start_router(tmp_path_factory.mktemp("api"))
     try:
+        assert _bulk(r.url, "\n".join(json.dumps(d) for d in DOCS)).json()["accepted"] == len(DOCS)
         yield r
     finally:
         r.stop()
 
 
 def test_bulk_reports_bad_lines_by_number_and_keeps_the_rest(router):
+    # DOCS again (upserts: the same four documents), with bad lines between them
     lines = [
         json.dumps(DOCS[0]),
         "{not json",
@@ -118,7 +122,9 @@ def HTTP_SEARCH(url, body):
 
 
 def test_delete_and_the_cache_follow_writes(router):
+    assert search(router.url, "(grep").status_code == 400  # a query syntax error of its own, for /metrics
     first = search(router.url, "grep").json()
+    assert [h["id"] for h in first["hits"]] == ["grep"]
     again = search(router.url, "GREP").json()  # normalized: the same entry
     assert again["cached"] is True and again["hits"] == first["hits"]
     assert httpx.delete(router.url + "/v1/search/documents/grep", timeout=30).status_code == 200
@@ -133,7 +139,8 @@ def test_delete_and_the_cache_follow_writes(router):
         "sluice_search_errors_total",
     ):
         assert name in metrics
-    assert 'sluice_search_errors_total{type="query_syntax_error"}' in metrics  # test_query_syntax_errors' 400s
+    assert 'sluice_search_errors_total{type="query_syntax_error"}' in metrics
+    assert _bulk(router.url, json.dumps(DOCS[3])).json()["accepted"] == 1  # back, for the tests after
 
 
 def test_errors_latency_cache_and_freshness_are_on_metrics_status_and_page(router):

@@ -139,6 +139,18 @@ async def _resumed(coro: Coroutine[Any, Any, None], step: Any) -> None:
     await _Resume(coro, step)
 
 
+def _started(protocol: Any, coro: Coroutine[Any, Any, None]) -> None:
+    """`coro` run as far as it goes without waiting; if it waits, a task of uvicorn's protocol
+    (its shutdown waits for them, as for its own) carries it on."""
+    try:
+        step = coro.send(None)
+    except StopIteration:
+        return  # done: every shard read in this process, or the result cache's answer
+    task = protocol.loop.create_task(_resumed(coro, step))
+    protocol.tasks.add(task)
+    task.add_done_callback(protocol.tasks.discard)
+
+
 def search_protocol_for(rt: RouterRuntime) -> type | None:
     """A protocol class for uvicorn's `http=` answering POST /v1/search for `rt`, or None when
     the installed uvicorn's httptools protocol is not the one this was written against."""
@@ -181,14 +193,7 @@ def search_protocol_for(rt: RouterRuntime) -> type | None:
             except SearchError as err:
                 self._refuse(search, err)
                 return
-            run = self._run(search, req)
-            try:
-                step = run.send(None)  # as far as it goes without waiting
-            except StopIteration:
-                return  # answered already: every shard read in this process, or the cache
-            task = self.loop.create_task(_resumed(run, step))
-            self.tasks.add(task)  # uvicorn's shutdown waits for it, as for its own
-            task.add_done_callback(self.tasks.discard)
+            _started(self, self._run(search, req))
 
         async def _run(self, search: _Search, req: SearchRequest) -> None:
             try:
