@@ -5,9 +5,10 @@ class uvicorn does not document as API: serving's (api/connection_watch.py: a wa
 connection, limits on reading a request), the search shard's (search/shard/query_protocol.py:
 query requests answered inside the parser's callbacks) and the search router's
 (search/router/http/search_protocol.py: POST /v1/search answered from them, its search
-stepped there and carried on by a task when it waits). They override its parser callbacks and use its per-connection state (`transport`, `loop`,
-`parser`, `url`, `scope`, `cycle`, `expect_100_continue`; the router's also `headers`, `flow`,
-`tasks`, `server_state`, `limit_concurrency`), as uvicorn 0.55 has them: pyproject.toml pins uvicorn (and httptools,
+stepped there and carried on by a task when it waits). They override its parser callbacks
+and use its per-connection state (`transport`, `loop`, `parser`, `url`, `scope`, `cycle`,
+`expect_100_continue`; the router's also `headers`, `flow`, `tasks`, `server_state`,
+`limit_concurrency`), as uvicorn 0.55 has them: pyproject.toml pins uvicorn (and httptools,
 whose parser they call) to the range they were written and tested against.
 
 Should another uvicorn differ anyway, `httptools_protocol()` says so instead of letting a

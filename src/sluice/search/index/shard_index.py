@@ -189,17 +189,8 @@ class ShardIndex:
         """The hits, the weighting they were scored with, and their Xapian document ids."""
         if tree is None or top_k <= 0:  # top_k's bounds are the contract's (search/contract.py)
             return [], local_weighting(self.params), []
-        if global_stats is None:
-            w = local_weighting(self.params)
-        else:
-            w = global_weighting(self.params, global_stats, self.stats(terms_of(tree)))
-        enquire = xapian.Enquire(self.db)
-        enquire.set_weighting_scheme(xapian.BM25Weight(w.k1, 0, w.k3, w.b, w.min_normlen))
-        enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
-        enquire.set_query(filtered(build_query(tree, w.term_factor), clauses))
+        mset, w = self._mset(tree, top_k, global_stats, clauses)
         out, docids = [], []
-        mset = enquire.get_mset(0, top_k)
-        self.last_matches = mset.get_matches_estimated()
         snippets = Snippets(self.db, tree) if snippet_chars > 0 else None
         # the bindings' own iterator, not `for m in mset`: each of its items asks the binding
         # for six values (rank, percent, collapse key…) where a hit needs three (~3 µs a hit)
@@ -209,6 +200,52 @@ class ShardIndex:
             docids.append(it.get_docid())
             next(it)
         return out, w, docids
+
+    def _mset(
+        self, tree: Tree, top_k: int, global_stats: CollectionStats | None, clauses: list[Clause] | None
+    ) -> tuple[xapian.MSet, ShardWeighting]:
+        if global_stats is None:
+            w = local_weighting(self.params)
+        else:
+            w = global_weighting(self.params, global_stats, self.stats(terms_of(tree)))
+        enquire = xapian.Enquire(self.db)
+        enquire.set_weighting_scheme(xapian.BM25Weight(w.k1, 0, w.k3, w.b, w.min_normlen))
+        enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
+        enquire.set_query(filtered(build_query(tree, w.term_factor), clauses))
+        mset = enquire.get_mset(0, top_k)
+        self.last_matches = mset.get_matches_estimated()
+        return mset, w
+
+    def ranked(
+        self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None, clauses: list[Clause] | None
+    ) -> list[tuple[Hit, int]]:
+        """search()'s hits without their stored fields (`stored` is ""), each with its Xapian
+        document id for `fetched`: the query phase of a query-then-fetch (tiers/local_reads.py).
+        A hit's id is its sort key — the id value slot every document carries (analyzer.py) and
+        that ties are ordered by — so no document is read here: reading one's stored data is
+        most of a hit's cost (a B-tree lookup, an 8 KiB block read and zlib inflate, ~5 µs)."""
+        if tree is None or top_k <= 0:
+            return []
+        mset, _ = self._mset(tree, top_k, global_stats, clauses)
+        out = []
+        it, end = mset._begin(), mset._end()
+        while it != end:
+            key, score = it.get_sort_key(), it.get_weight()
+            # a document without its id value (none sluice wrote has none) is read for its id
+            hit = Hit(key.decode(), score, "") if key else stored_hit(it.get_document().get_data(), score)
+            out.append((hit, it.get_docid()))
+            next(it)
+        return out
+
+    def fetched(self, hit: Hit, docid: int) -> Hit:
+        """A hit of `ranked` with its stored fields, read from the revision it was ranked at
+        (the caller has not reopened the database since)."""
+        if hit.stored:
+            return hit  # read when ranked
+        got = stored_hit(self.db.get_document(docid).get_data(), hit.score)
+        if got.doc_id != hit.doc_id:  # never, unless the index was written wrongly: say so, loudly
+            raise ValueError(f"document {docid} holds {got.doc_id!r}, ranked as {hit.doc_id!r}")
+        return got
 
     def _hit(self, document: xapian.Document, score: float, snippets: Snippets | None, snippet_chars: int) -> Hit:
         hit = stored_hit(document.get_data(), score)  # the fields stay JSON text until read

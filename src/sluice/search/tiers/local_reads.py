@@ -8,7 +8,8 @@ replica's index is a Xapian database in a folder on this machine, and Xapian let
 of readers in other processes open it while its one writer (the replica process) commits: so
 the router opens it read-only and answers the query protocol's two requests itself, with the
 same code a replica and a cold shard answer with (shard/answers.py), so scores, statistics and
-snippets are the same and merge exactly.
+snippets are the same and merge exactly. A lexical search over shards all read here is a
+query then fetch (`LocalReads.top`): only the merged top_k documents are read.
 
 Writes still go to the replica process (the write log, fsync, replication, compaction and
 catch-up are unchanged). A reader is brought to the shard's newest acknowledged entry before it
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,6 +37,7 @@ import xapian
 
 from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
 from sluice.search.index.bm25 import CollectionStats
+from sluice.search.index.hits import Hit, merge
 from sluice.search.index.schema import Schema
 from sluice.search.index.shard_index import ShardIndex, vectors_of
 from sluice.search.shard.answers import search_answer, stats_answer
@@ -85,6 +87,19 @@ class LocalReader:
         """The shard's statistics of `terms` and the entry they are at (a statistics answer's,
         without its request and answer objects); NotCurrent as `call`."""
         return self._read(head_seq, lambda ix: (ix.stats(terms), self._applied))
+
+    def index(self, head_seq: int) -> ShardIndex:
+        """The index at `head_seq`, to read from until this thread next asks a reader (LocalReads.top);
+        NotCurrent as `call`."""
+        try:
+            return self._current(head_seq)
+        except (xapian.DatabaseOpeningError, xapian.DatabaseCorruptError) as exc:
+            self.close()
+            raise NotCurrent(str(exc)) from None
+
+    def moved(self) -> None:
+        """The writer reused the blocks of the revision read: reopen at the next use."""
+        self._applied = -1
 
     def _answer(self, ix: ShardIndex, req: StatsRequest | ShardSearchRequest) -> StatsAnswer | ShardSearchAnswer:
         applied = self._applied
@@ -155,6 +170,66 @@ class LocalReads:
             self.answered += len(out)
             self.index_cpu_ns += time.thread_time_ns() - t0
         return out
+
+    def top(self, asked: Sequence[tuple[int, int]], req: ShardSearchRequest) -> tuple[list[Hit], list[float]] | None:
+        """A lexical search over the shards of `asked` (position, head_seq) as query then fetch:
+        each reader ranks its top_k without reading a document (ShardIndex.ranked), the rankings
+        merge as fetched hits would (hits.merge: the same order, the same reported scores), and
+        only the merged top_k documents' stored fields are read, each from the index that ranked
+        it, at the revision it ranked at: nothing reopens a reader within this call, and only
+        this thread uses them. Also each shard's seconds (its ranking and its documents' reads).
+        None when a reader cannot answer at its shard's entry (the round then asks the replicas).
+
+        Why: reading a document's stored data is most of a hit's cost, and a search round reads
+        every shard's top_k — with N shards, N−1 of every N documents read were then dropped by
+        the merge (docs/SEARCH.md "Query then fetch")."""
+        try:
+            for _ in range(2):  # once more after the writer moved a revision under this read
+                try:
+                    return self._top(asked, req)
+                except xapian.DatabaseModifiedError:
+                    for position, _ in asked:
+                        self.readers[position].moved()
+                except (xapian.DatabaseOpeningError, xapian.DatabaseCorruptError) as exc:
+                    for position, _ in asked:
+                        self.readers[position].close()  # each opens again at its next use
+                    raise NotCurrent(str(exc)) from None
+            raise NotCurrent("the indexes kept changing under the readers")
+        except NotCurrent:
+            self.fell_back += 1
+            return None
+
+    def _top(self, asked: Sequence[tuple[int, int]], req: ShardSearchRequest) -> tuple[list[Hit], list[float]]:
+        indexes: list[ShardIndex] = []
+        seconds: list[float] = []
+        rankings: list[list[Hit]] = []
+        where: dict[str, tuple[int, int]] = {}  # a ranked hit's id → (its index, its Xapian document id)
+        t0 = time.thread_time_ns()
+        try:
+            for i, (position, head_seq) in enumerate(asked):
+                t = time.perf_counter()
+                ix = self.readers[position].index(head_seq)
+                ranked = ix.ranked(req.tree, req.top_k, req.stats, req.filter)
+                for hit, docid in ranked:
+                    where[hit.doc_id] = (i, docid)
+                rankings.append([hit for hit, _ in ranked])
+                indexes.append(ix)
+                seconds.append(time.perf_counter() - t)
+        finally:
+            self.index_cpu_ns += time.thread_time_ns() - t0
+        merged = merge(rankings, req.top_k)  # the router's part: outside the index work counted
+        out = []
+        t0 = time.thread_time_ns()
+        try:
+            for hit in merged:
+                i, docid = where[hit.doc_id]
+                t = time.perf_counter()
+                out.append(indexes[i].fetched(hit, docid))
+                seconds[i] += time.perf_counter() - t
+        finally:
+            self.index_cpu_ns += time.thread_time_ns() - t0
+        self.answered += len(asked)
+        return out, seconds
 
     def status(self) -> dict[str, int | float]:
         return {"answered": self.answered, "fell_back": self.fell_back, "index_cpu_s": self.index_cpu_ns / 1e9}

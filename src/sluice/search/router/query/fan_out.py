@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from sluice.search.contract import ShardSearchAnswer, ShardSearchRequest, StatsAnswer, StatsRequest
 from sluice.search.errors import QuerySyntaxError, ShardCallError, ShardFailure
 from sluice.search.index.bm25 import CollectionStats
+from sluice.search.index.hits import Hit
 from sluice.search.router.cluster.replica_state import ReplicaState
 from sluice.search.router.cluster.topology import ShardRuntime
 from sluice.search.router.query.shard_call import ShardCaller
@@ -133,6 +134,27 @@ class FanOut:
         assert self.local is not None
         got = self.local.stats((s.position, s.head_seq, terms(s)) for s in shards)
         return None if got is None else [(s, stats, seq) for s, (stats, seq) in zip(shards, got)]
+
+    def local_top(self, shards: Sequence[ShardRuntime], request: ShardSearchRequest) -> list[Hit] | None:
+        """A lexical search round's merged top_k when every one of `shards` is read in this
+        process: query then fetch (LocalReads.top: only the returned hits' documents are read);
+        None when not (one shard: every document it ranks is returned, nothing to save; a dense
+        or one-round request; a shard not local; a reader that cannot answer at its shard's
+        entry), and the round must ask. Each shard's time is kept as a round's answer's would be
+        (its latency, its index time: the hot-shard signal)."""
+        if len(shards) < 2 or request.vector is not None or request.unknown is not None or not self.all_local(shards):
+            return None
+        assert self.local is not None
+        got = self.local.top([(s.position, s.head_seq) for s in shards], request)
+        if got is None:
+            return None
+        hits, seconds = got
+        for s, elapsed in zip(shards, seconds):
+            s.latency.add(elapsed)
+            s.index_latency.add(elapsed)
+            s.index_busy_s += elapsed  # the hot-shard signal (replication/hot_shards.py)
+            self.metrics.child(self.metrics.shard_latency, s.name, request.PHASE).observe(elapsed)
+        return hits
 
     def _local(self, shard: ShardRuntime, req: Request) -> tuple[None, Answer] | None:
         """The shard's answer from its local reader (tiers/local_reads.py), or None when it has

@@ -9,11 +9,13 @@ document frequency of each query term); the sums over the shards are the global 
 Phase 2 sends the resolved query and those statistics to every shard (to the replica that
 answered its phase 1, if it was asked: both phases see one revision when nothing is being
 written), and each shard scores with them (index/bm25.py): merged scores equal one index
-holding every document. Phase 1 is skipped when every term is known at every shard's entry,
-with one shard (its own statistics are the global ones), and — when only some terms' frequencies
-are new — by the one-round search (global_stats/one_round.py: the shards score those terms with
-their own frequencies and report their parts; the router corrects and verifies, or asks a
-second round). `stats = "local"` skips phase 1 (one round trip; each shard scores with its
+holding every document. When every shard (two or more) is read in this process, phase 2 is
+a query then fetch (FanOut.local_top): only the merged top_k documents' stored fields are
+read. Phase 1 is skipped when every term is known at every shard's entry, with one shard (its
+own statistics are the global ones), and — when only some terms' frequencies are new — by the
+one-round search (global_stats/one_round.py: the shards score those terms with their own
+frequencies and report their parts; the router corrects and verifies, or asks a second
+round). `stats = "local"` skips phase 1 (one round trip; each shard scores with its
 own statistics, cheaper and inexact on skewed shards).
 
 A query with trailing wildcards has a statistics round in every mode: each shard lists the terms
@@ -183,11 +185,9 @@ class Searcher:
             glob = got if got is not None else await self.rounds.global_stats(run.live(shards), terms, run)
         if tree is None or top_k == 0:
             return [], tree  # matches nothing: no shard needs asking
-        answers = await self.fan_out.round(
-            run.live(shards),
-            ShardSearchRequest(tree, top_k, glob, filter=req.filter),
-            run.deadline,
-            run,
-            prefer_chosen=True,
-        )
+        live, request = run.live(shards), ShardSearchRequest(tree, top_k, glob, filter=req.filter)
+        local = self.fan_out.local_top(live, request)  # every shard in this process: query then fetch
+        if local is not None:
+            return local, tree
+        answers = await self.fan_out.round(live, request, run.deadline, run, prefer_chosen=True)
         return merge([a.hits for _, a in answers if isinstance(a, ShardSearchAnswer)], top_k), tree
