@@ -1,7 +1,8 @@
-"""A search router in this process with local reads over 2 shards whose indexes a Replica wrote
-here (entry 1 holds every document): the query path of `sluice search serve`'s embedded default
-without its processes and sockets. For tests and benches that look at that path itself
-(tests/unit/search/test_query_garbage.py, bench/search/search_gc.py)."""
+"""A search router in this process with local reads over 2 (or N) shards whose indexes a
+Replica wrote here (entry 1 holds every document): the query path of `sluice search serve`'s
+embedded default without its processes and sockets. For tests and benches that look at that
+path itself (tests/unit/search/test_query_garbage.py, test_query_then_fetch.py,
+bench/search/search_gc.py)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,20 @@ from sluice.search.router.config import parse_config
 from sluice.search.router.runtime import RouterRuntime
 from sluice.search.shard.replica import Replica
 
-CONFIG = (
-    '[search]\nlocal_reads = true\nvectors = false\n[[shards]]\nname = "a"\nreplicas = ["127.0.0.1:9"]\n'
-    '[[shards]]\nname = "b"\nreplicas = ["127.0.0.1:10"]\n'
-)
+
+def _config(names: str) -> str:
+    shards = "".join(f'[[shards]]\nname = "{n}"\nreplicas = ["127.0.0.1:{9 + i}"]\n' for i, n in enumerate(names))
+    return "[search]\nlocal_reads = true\nvectors = false\n" + shards
 
 
-def local_router(docs: list, data: Path) -> RouterRuntime:
-    """The router (its result cache on, global statistics) over `docs`, its indexes under `data`.
-    Its replica URLs name a closed port: every query is answered by the local readers."""
-    dirs = {i: data / n / "index" for i, n in enumerate("ab")}
-    rt = RouterRuntime(parse_config(CONFIG), [["http://127.0.0.1:9"], ["http://127.0.0.1:10"]], local_dirs=dirs)
+def local_router(docs: list, data: Path, shards: int = 2) -> RouterRuntime:
+    """The router (its result cache on, global statistics) over `docs` in `shards` shards, their
+    indexes under `data`. Its replica URLs name closed ports: every query is answered by the
+    local readers."""
+    names = "abcdefgh"[:shards]
+    dirs = {i: data / n / "index" for i, n in enumerate(names)}
+    urls = [[f"http://127.0.0.1:{9 + i}"] for i in range(shards)]
+    rt = RouterRuntime(parse_config(_config(names)), urls, local_dirs=dirs)
     for i, s in enumerate(rt.topo.shards):
         ops = [
             {"op": "upsert", "id": d.doc_id, "fields": d.fields}

@@ -2,7 +2,7 @@
 """Search: the cyclic garbage collector's share of the router's CPU per query, in one process.
 
 A router as `sluice search serve` builds it (RouterRuntime: the result cache on, global
-statistics, local reads) over 2 shards whose indexes a Replica wrote in this process; every
+statistics, local reads) over 2 shards (`--shards N`) whose indexes a Replica wrote in this process; every
 query is decoded through the contract, searched and written as the answer's JSON, without
 sockets. Queries (top_k 10, no snippets unless --snippets N): Debian's one-line package
 summaries (as bench/search/search_throughput.py), each once, so the result cache holds every
@@ -58,7 +58,7 @@ async def run(args: argparse.Namespace) -> dict:
     docs = corpus.documents(args.docs)
     titles = [t for t in dict.fromkeys(" ".join(re.findall(r"\w+", d["title"])) for d in docs if d.get("title")) if t]
     warmup, queries = titles[:200], titles[200 : 200 + args.queries]
-    rt = local_router(docs, Path(tempfile.mkdtemp(prefix="sluice-search-gc-")))
+    rt = local_router(docs, Path(tempfile.mkdtemp(prefix="sluice-search-gc-")), args.shards)
     max_top_k, ranges = rt.cfg.search.max_top_k, rt.schema.ranges
     ask = {"top_k": 10, "snippet_chars": args.snippets}
     bodies = [json.dumps({"query": q, **ask}).encode() for q in queries]
@@ -92,6 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=3000)
     ap.add_argument("--queries", type=int, default=2400)
+    ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--snippets", type=int, default=0, help="snippet_chars asked (0: none, as search_throughput.py)")
     args = ap.parse_args()
     print(json.dumps(asyncio.run(run(args))))
