@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,13 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from sluice.common.ports import free_port  # re-exported: the tests' helpers import it from here
+
 MODEL = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

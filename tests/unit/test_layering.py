@@ -5,7 +5,7 @@ it, and no files import each other in a loop.
     inside routing/:  fleet → scaling → dispatch → state, quota → fleet_file
     types, config, errors, tool_types, request_context, trace_context, redis_client, aio, toml_lines,
     toml_config, heap, openmp_wait, thread_name,
-    common (what the three systems share: API keys, S3, restart back-off, uvicorn's protocol, fault specs):
+    common (what the three systems share: API keys, S3, restart back-off, uvicorn's protocol, fault specs, free ports):
     leaves anyone may import
 
 Training (train/) and search (search/) are towers of their own beside serving: each may import
@@ -58,7 +58,7 @@ LEAVES = {
     "__init__",
 }
 # common/: what the systems share, one leaf module per concept (docs/ARCHITECTURE.md lists them)
-COMMON_LEAVES = {"api_keys", "s3", "backoff", "uvicorn_protocol", "fault_spec", "__init__"}
+COMMON_LEAVES = {"api_keys", "s3", "backoff", "uvicorn_protocol", "fault_spec", "ports", "__init__"}
 RANK = {pkg: i for i, group in enumerate(ORDER) for pkg in group.split("|")}
 TOWERS = {"train": {"models", "observability"}, "search": {"observability"}}  # what each may import
 # the fleet layer's own floors; `errors` is routing's leaf

@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from sluice.common.ports import free_port
 from sluice.parent_death import tied_to_this_process
 from sluice.train.data import dataset
 from sluice.train.errors import TrainConfigError, TrainHaltError
@@ -58,12 +58,6 @@ STOPPED_MARKER = "stopped"  # written by rank 0 (train/trainer.py) after a stop 
 # a file of this machine's launcher where its workers leave the error that halted the run
 # (train/errors.py TrainHaltError): they exit 0 so that torchrun does not restart them
 OUTCOME_ENV = "SLUICE_TRAIN_OUTCOME"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_run_folder(run_dir: Path) -> None:

@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sluice.common.backoff import RestartBackoff
+from sluice.common.ports import free_port
 from sluice.parent_death import tied_to_this_process
 from sluice.search.index.schema import Schema
 
 log = logging.getLogger("sluice.search.router")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass(slots=True)
