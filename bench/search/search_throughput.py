@@ -5,8 +5,10 @@ process, on the same corpus and queries, side by side in one run (issue 43 §4).
 --clients threads (default 8), each with one keep-alive connection (search_latency.RawClient),
 send the queries as fast as answers come: each query once (distinct queries: the result cache
 cannot answer them), split across the clients. "xapian" is the index library alone in this
-process: the same clients call ShardIndex.search (one read-only database handle per client) —
-no HTTP, no process hop. Then a router (the embedded default's settings: cache on, global
+process: the same clients search the same index through Xapian as it ranks by default, its
+matcher left to prune (one read-only database handle per client) — no HTTP, no process hop;
+`--exact-library` also measures it scoring every match, as sluice does (index/exact_mset.py),
+reported as `exact_qps`. Then a router (the embedded default's settings: cache on, global
 statistics, hedging on, vectors, local_reads: the embedded default's; and with every query over
 HTTP to the shard processes, `--modes http`) with 1, 2 and 4 local shards. Reports queries/s, p50/p99 and,
 from /proc, the router's and the shards' CPU per query. Corpus: Debian's package descriptions
@@ -52,8 +54,11 @@ import search_latency
 from search_latency import RawClient, cpu_s, ingest, pct
 
 from bench.common import answers_200
+from sluice.search.index.analyzer import ID_SLOT
+from sluice.search.index.query_builder import build_query
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex
+from sluice.search.index.snippets import Snippets
 from tests import corpus
 
 PROFILE = ""  # --profile DIR: each router runs under cProfile, its profile written there
@@ -92,7 +97,31 @@ def load(clients: list, queries: list[str], body: dict) -> tuple[list[float], fl
     return lat, time.perf_counter() - t0
 
 
-def library(docs: list[dict], queries: list[str], n_clients: int, snippets: int, tmp: Path) -> dict:
+def pruned_search(h: ShardIndex, query: str, snippets: int) -> list:
+    """ShardIndex.search as Xapian ranks by default: its matcher left to prune (Enquire.get_mset
+    without check_at_least) — the library as the issue measured it. sluice scores every match
+    (index/exact_mset.py: the pruning can drop a document that belongs in the top k)."""
+    tree = resolve(query, h.analyzer)
+    if tree is None:
+        return []
+    enquire = xapian.Enquire(h.db)
+    p = h.params
+    enquire.set_weighting_scheme(xapian.BM25Weight(p.k1, 0, p.k3, p.b, p.min_normlen))
+    enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
+    enquire.set_query(build_query(tree, {}))
+    mset = enquire.get_mset(0, 10)
+    marks = Snippets(h.db, tree) if snippets > 0 else None
+    out, it, end = [], mset._begin(), mset._end()  # as ShardIndex._search reads an MSet
+    while it != end:
+        out.append(h._hit(it.get_document(), it.get_weight(), marks, snippets))
+        next(it)
+    return out
+
+
+def library(
+    docs: list[dict], queries: list[str], n_clients: int, snippets: int, tmp: Path, exact: bool = False
+) -> dict:
+    """Xapian alone, as the issue measured it (`exact`: every match scored, as sluice ranks)."""
     path = tmp / "library"
     if path.exists():
         import shutil
@@ -103,11 +132,13 @@ def library(docs: list[dict], queries: list[str], n_clients: int, snippets: int,
     ix.close()
     handles = [ShardIndex.read_only(xapian.Database(str(path))) for _ in range(n_clients)]
 
-    def client(h: ShardIndex):
-        return lambda q: h.search(resolve(q, h.analyzer), 10, snippet_chars=snippets)
+    def client(h: ShardIndex) -> Callable[[str], object]:
+        if exact:
+            return lambda q: h.search(resolve(q, h.analyzer), 10, snippet_chars=snippets)
+        return lambda q: pruned_search(h, q, snippets)
 
     for q in queries[:200]:
-        handles[0].search(resolve(q, handles[0].analyzer), 10)
+        client(handles[0])(q)
     lat, wall = load([client(h) for h in handles], queries, {})
     return {
         "qps": round(len(queries) / wall, 1),
@@ -283,6 +314,9 @@ def main() -> int:
     ap.add_argument("--snippets", type=int, default=0)
     ap.add_argument("--json", default=None)
     ap.add_argument(
+        "--exact-library", action="store_true", help="also measure Xapian alone scoring every match (exact_qps)"
+    )
+    ap.add_argument(
         "--modes",
         default="local,http",
         help="local: local_reads (the embedded default); http: every query to the shard processes over HTTP",
@@ -324,6 +358,9 @@ def main() -> int:
                     # slower than the first on this machine whichever tree it was (docs/BENCHMARKS.md)
                     for tree, src in trees if rep % 2 else trees[::-1]:
                         lib = library(docs, queries, args.clients, args.snippets, tmp)  # the library just before
+                        if args.exact_library:
+                            exact = library(docs, queries, args.clients, args.snippets, tmp, exact=True)
+                            lib["exact_qps"] = exact["qps"]
                         local = mode == "local"
                         got = router(docs, queries, warmup, shards, args.clients, args.snippets, tmp, local, src)
                         got["ratio_to_xapian"] = round(got["qps"] / lib["qps"], 3)

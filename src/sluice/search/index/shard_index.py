@@ -16,7 +16,7 @@ import xapian
 
 from sluice.search.dense import vectors
 from sluice.search.dense.vector_index import VectorIndex
-from sluice.search.index.analyzer import ID_SLOT, VECTOR_SLOT, Analyzer, id_term
+from sluice.search.index.analyzer import VECTOR_SLOT, Analyzer, id_term
 from sluice.search.index.bm25 import (
     Bm25Params,
     CollectionStats,
@@ -26,6 +26,7 @@ from sluice.search.index.bm25 import (
     leaf_weight,
     local_weighting,
 )
+from sluice.search.index.exact_mset import exact_mset
 from sluice.search.index.filters import Clause, filtered
 from sluice.search.index.hits import Hit, merge, stored_hit
 from sluice.search.index.query_builder import build_query
@@ -208,11 +209,7 @@ class ShardIndex:
             w = local_weighting(self.params)
         else:
             w = global_weighting(self.params, global_stats, self.stats(terms_of(tree)))
-        enquire = xapian.Enquire(self.db)
-        enquire.set_weighting_scheme(xapian.BM25Weight(w.k1, 0, w.k3, w.b, w.min_normlen))
-        enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
-        enquire.set_query(filtered(build_query(tree, w.term_factor), clauses))
-        mset = enquire.get_mset(0, top_k)
+        mset = exact_mset(self.db, w, filtered(build_query(tree, w.term_factor), clauses), top_k)
         self.last_matches = mset.get_matches_estimated()
         return mset, w
 

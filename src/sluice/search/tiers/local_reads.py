@@ -97,6 +97,11 @@ class LocalReader:
             self.close()
             raise NotCurrent(str(exc)) from None
 
+    @property
+    def revision(self) -> int:
+        """The entry the open revision holds (-1: to be reopened)."""
+        return self._applied
+
     def moved(self) -> None:
         """The writer reused the blocks of the revision read: reopen at the next use."""
         self._applied = -1
@@ -131,6 +136,9 @@ class LocalReads:
 
     def __init__(self, dirs: dict[int, Path], schema: Schema | None):
         self.readers = {pos: LocalReader(d, schema) for pos, d in dirs.items()}
+        self.schema = schema
+        # the shards' databases opened as one (union_top): its indexes and their revisions, then it
+        self._union: tuple[list[ShardIndex], list[int], ShardIndex] | None = None
         self.answered = 0
         self.fell_back = 0
         self.index_cpu_ns = 0  # the thread CPU time spent inside the readers' answers
@@ -199,6 +207,68 @@ class LocalReads:
             self.fell_back += 1
             return None
 
+    def union_top(
+        self, asked: Sequence[tuple[int, int]], req: ShardSearchRequest
+    ) -> tuple[list[Hit], list[float]] | None:
+        """A lexical search over the shards of `asked` (position, head_seq) as one index: their
+        databases opened together as one Xapian Database, searched once with its own statistics
+        — those of the union, so the scores are one index's holding every document, with no
+        statistics round, no per-shard weighting and no merge of rankings — and only its top_k
+        documents read. Also each shard's seconds (the search's time, shared by the shards' document
+        counts). None when a reader cannot answer at its shard's entry (the search then goes the
+        way of the statistics round).
+
+        Why: with every shard in this process, the statistics round, N queries each built with
+        its per-term corrections and their merge cost the router more than one search of the
+        union (docs/SEARCH.md "One search over the local shards")."""
+        try:
+            for _ in range(2):  # once more after the writer moved a revision under this read
+                try:
+                    return self._union_top(asked, req)
+                except xapian.DatabaseModifiedError:
+                    for position, _ in asked:
+                        self.readers[position].moved()
+                except (xapian.DatabaseOpeningError, xapian.DatabaseCorruptError) as exc:
+                    for position, _ in asked:
+                        self.readers[position].close()
+                    raise NotCurrent(str(exc)) from None
+            raise NotCurrent("the indexes kept changing under the readers")
+        except NotCurrent:
+            self.fell_back += 1
+            return None
+
+    def _union_top(self, asked: Sequence[tuple[int, int]], req: ShardSearchRequest) -> tuple[list[Hit], list[float]]:
+        t0, t = time.thread_time_ns(), time.perf_counter()
+        try:
+            indexes = [self.readers[position].index(head_seq) for position, head_seq in asked]
+            union = self._union_of(indexes, [self.readers[position].revision for position, _ in asked])
+            hits = union.search(req.tree, req.top_k, None, 0, req.filter)
+            counts = [ix.db.get_doccount() for ix in indexes]
+        finally:
+            self.index_cpu_ns += time.thread_time_ns() - t0
+        elapsed, total = time.perf_counter() - t, sum(counts) or 1
+        self.answered += len(asked)
+        return merge([hits], req.top_k), [elapsed * n / total for n in counts]
+
+    def _union_of(self, indexes: list[ShardIndex], revisions: list[int]) -> ShardIndex:
+        """The indexes' databases as one, opened again when a shard's reader or revision changed
+        (a reader reopens its own database in place; the union is rebuilt rather than trusted
+        to follow it)."""
+        got = self._union
+        if (
+            got is not None
+            and got[1] == revisions
+            and len(got[0]) == len(indexes)
+            and all(a is b for a, b in zip(got[0], indexes))
+        ):
+            return got[2]
+        db = xapian.Database()
+        for ix in indexes:
+            db.add_database(ix.db)
+        union = ShardIndex.read_only(db, self.schema, vectors=False)
+        self._union = (indexes, revisions, union)
+        return union
+
     def _top(self, asked: Sequence[tuple[int, int]], req: ShardSearchRequest) -> tuple[list[Hit], list[float]]:
         indexes: list[ShardIndex] = []
         seconds: list[float] = []
@@ -235,5 +305,6 @@ class LocalReads:
         return {"answered": self.answered, "fell_back": self.fell_back, "index_cpu_s": self.index_cpu_ns / 1e9}
 
     def close(self) -> None:
+        self._union = None
         for r in self.readers.values():
             r.close()

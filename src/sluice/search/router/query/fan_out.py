@@ -145,7 +145,22 @@ class FanOut:
         if len(shards) < 2 or request.vector is not None or request.unknown is not None or not self.all_local(shards):
             return None
         assert self.local is not None
-        got = self.local.top([(s.position, s.head_seq) for s in shards], request)
+        return self._timed(shards, request, self.local.top([(s.position, s.head_seq) for s in shards], request))
+
+    def local_union(self, shards: Sequence[ShardRuntime], request: ShardSearchRequest) -> list[Hit] | None:
+        """A lexical search's merged top_k when every one of `shards` (two or more) is read in this
+        process, as one search of their union (LocalReads.union_top): `request` carries no
+        statistics, the union's own are the global ones. None as local_top."""
+        if len(shards) < 2 or request.vector is not None or request.stats is not None or not self.all_local(shards):
+            return None
+        assert self.local is not None
+        return self._timed(shards, request, self.local.union_top([(s.position, s.head_seq) for s in shards], request))
+
+    def _timed(
+        self, shards: Sequence[ShardRuntime], request: ShardSearchRequest, got: tuple[list[Hit], list[float]] | None
+    ) -> list[Hit] | None:
+        """A local search's hits; each shard's seconds kept as a round's answer's would be (its
+        latency, its index time: the hot-shard signal)."""
         if got is None:
             return None
         hits, seconds = got

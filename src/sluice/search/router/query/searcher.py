@@ -9,7 +9,9 @@ document frequency of each query term); the sums over the shards are the global 
 Phase 2 sends the resolved query and those statistics to every shard (to the replica that
 answered its phase 1, if it was asked: both phases see one revision when nothing is being
 written), and each shard scores with them (index/bm25.py): merged scores equal one index
-holding every document. When every shard (two or more) is read in this process, phase 2 is
+holding every document. When every shard (two or more) is read in this process, there are
+no phases: the shards' databases are searched as one (FanOut.local_union), whose statistics
+are the global ones; after a wildcard's expansion (or should a reader not answer), phase 2 is
 a query then fetch (FanOut.local_top): only the merged top_k documents' stored fields are
 read. Phase 1 is skipped when every term is known at every shard's entry, with one shard (its
 own statistics are the global ones), and — when only some terms' frequencies are new — by the
@@ -173,9 +175,14 @@ class Searcher:
         if tree is not None and resolved.wildcards:
             tree, glob = await self.rounds.expand(run.live(shards), resolved, run, exact)
         elif tree is not None and exact and self.fan_out.all_local(shards):
-            # every shard read in this process: the statistics round reads them from the readers
-            # (FanOut.local_stats), cheaper than the one-round search's parts, corrections and
-            # second rounds (docs/SEARCH.md)
+            # every shard read in this process: one search of their union, whose own statistics
+            # are the global ones (LocalReads.union_top); should a reader not answer, the
+            # statistics round reads the others (FanOut.local_stats), cheaper than the one-round
+            # search's parts, corrections and second rounds (docs/SEARCH.md)
+            if top_k > 0:
+                union = self.fan_out.local_union(shards, ShardSearchRequest(tree, top_k, filter=req.filter))
+                if union is not None:
+                    return union, tree
             glob = await self.rounds.global_stats(shards, terms_of(tree), run)
         elif tree is not None and exact:
             terms = terms_of(tree)
