@@ -14,19 +14,19 @@ from sluice.search.router.runtime import RouterRuntime
 from sluice.search.shard.replica import Replica
 
 
-def _config(names: str) -> str:
+def _config(names: str, settings: str) -> str:
     shards = "".join(f'[[shards]]\nname = "{n}"\nreplicas = ["127.0.0.1:{9 + i}"]\n' for i, n in enumerate(names))
-    return "[search]\nlocal_reads = true\nvectors = false\n" + shards
+    return "[search]\nlocal_reads = true\nvectors = false\n" + settings + shards
 
 
-def local_router(docs: list, data: Path, shards: int = 2) -> RouterRuntime:
+def local_router(docs: list, data: Path, shards: int = 2, settings: str = "") -> RouterRuntime:
     """The router (its result cache on, global statistics) over `docs` in `shards` shards, their
-    indexes under `data`. Its replica URLs name closed ports: every query is answered by the
-    local readers."""
+    indexes under `data`; `settings`: more lines of search.toml's [search]. Its replica URLs
+    name closed ports: every query is answered by the local readers."""
     names = "abcdefgh"[:shards]
     dirs = {i: data / n / "index" for i, n in enumerate(names)}
     urls = [[f"http://127.0.0.1:{9 + i}"] for i in range(shards)]
-    rt = RouterRuntime(parse_config(_config(names)), urls, local_dirs=dirs)
+    rt = RouterRuntime(parse_config(_config(names, settings)), urls, local_dirs=dirs)
     for i, s in enumerate(rt.topo.shards):
         ops = [
             {"op": "upsert", "id": d.doc_id, "fields": d.fields}

@@ -5,10 +5,10 @@ process, on the same corpus and queries, side by side in one run (issue 43 §4).
 --clients threads (default 8), each with one keep-alive connection (search_latency.RawClient),
 send the queries as fast as answers come: each query once (distinct queries: the result cache
 cannot answer them), split across the clients. "xapian" is the index library alone in this
-process: the same clients search the same index through Xapian as it ranks by default, its
-matcher left to prune (one read-only database handle per client) — no HTTP, no process hop;
-`--exact-library` also measures it scoring every match, as sluice does (index/exact_mset.py),
-reported as `exact_qps`. Then a router (the embedded default's settings: cache on, global
+process: the same clients call ShardIndex.search (one read-only database handle per client) —
+no HTTP, no process hop — ranking as Xapian does by default, its matcher left to prune (as the
+issue measured it); `--exact-library` also measures it scoring every match, as sluice does by
+default (index/ranking.py), reported as `exact_qps`. Then a router (the embedded default's settings: cache on, global
 statistics, hedging on, vectors, local_reads: the embedded default's; and with every query over
 HTTP to the shard processes, `--modes http`) with 1, 2 and 4 local shards. Reports queries/s, p50/p99 and,
 from /proc, the router's and the shards' CPU per query. Corpus: Debian's package descriptions
@@ -54,11 +54,8 @@ import search_latency
 from search_latency import RawClient, cpu_s, ingest, pct
 
 from bench.common import answers_200
-from sluice.search.index.analyzer import ID_SLOT
-from sluice.search.index.query_builder import build_query
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex
-from sluice.search.index.snippets import Snippets
 from tests import corpus
 
 PROFILE = ""  # --profile DIR: each router runs under cProfile, its profile written there
@@ -97,31 +94,11 @@ def load(clients: list, queries: list[str], body: dict) -> tuple[list[float], fl
     return lat, time.perf_counter() - t0
 
 
-def pruned_search(h: ShardIndex, query: str, snippets: int) -> list:
-    """ShardIndex.search as Xapian ranks by default: its matcher left to prune (Enquire.get_mset
-    without check_at_least) — the library as the issue measured it. sluice scores every match
-    (index/exact_mset.py: the pruning can drop a document that belongs in the top k)."""
-    tree = resolve(query, h.analyzer)
-    if tree is None:
-        return []
-    enquire = xapian.Enquire(h.db)
-    p = h.params
-    enquire.set_weighting_scheme(xapian.BM25Weight(p.k1, 0, p.k3, p.b, p.min_normlen))
-    enquire.set_sort_by_relevance_then_value(ID_SLOT, False)
-    enquire.set_query(build_query(tree, {}))
-    mset = enquire.get_mset(0, 10)
-    marks = Snippets(h.db, tree) if snippets > 0 else None
-    out, it, end = [], mset._begin(), mset._end()  # as ShardIndex._search reads an MSet
-    while it != end:
-        out.append(h._hit(it.get_document(), it.get_weight(), marks, snippets))
-        next(it)
-    return out
-
-
 def library(
     docs: list[dict], queries: list[str], n_clients: int, snippets: int, tmp: Path, exact: bool = False
 ) -> dict:
-    """Xapian alone, as the issue measured it (`exact`: every match scored, as sluice ranks)."""
+    """Xapian alone, as the issue measured it: its matcher left to prune (`exact`: every match
+    scored, as sluice ranks by default; index/ranking.py)."""
     path = tmp / "library"
     if path.exists():
         import shutil
@@ -133,9 +110,7 @@ def library(
     handles = [ShardIndex.read_only(xapian.Database(str(path))) for _ in range(n_clients)]
 
     def client(h: ShardIndex) -> Callable[[str], object]:
-        if exact:
-            return lambda q: h.search(resolve(q, h.analyzer), 10, snippet_chars=snippets)
-        return lambda q: pruned_search(h, q, snippets)
+        return lambda q: h.search(resolve(q, h.analyzer), 10, snippet_chars=snippets, pruned=not exact)
 
     for q in queries[:200]:
         client(handles[0])(q)

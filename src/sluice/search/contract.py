@@ -261,6 +261,7 @@ class ShardSearchRequest:
     filter: list[Clause] | None = None
     vector: np.ndarray | None = None  # a dense search: the query's vector (the tree is then None)
     exact: bool | None = None  # a dense search's way (None: exact on a small shard; vector_index.py)
+    pruned: bool = False  # a lexical ranking by Xapian's early termination (index/ranking.py)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -274,6 +275,8 @@ class ShardSearchRequest:
             out["filter"] = self.filter
         if self.vector is not None:
             out["vector"], out["exact"] = vectors.encode(self.vector), self.exact
+        if self.pruned:
+            out["pruned"] = True
         return out
 
     @classmethod
@@ -302,7 +305,11 @@ class ShardSearchRequest:
             raise _invalid("exact: true, false or null")
         if vector is not None and (tree is not None or unknown is not None):
             raise _invalid("a dense search (vector) has no tree")
-        return cls(tree, _top_k(data.get("top_k", DEFAULT_TOP_K), MAX_TOP_K), stats, unknown, clauses, vector, exact)
+        pruned = data.get("pruned", False)
+        if not isinstance(pruned, bool):
+            raise _invalid("pruned: true or false")
+        top_k = _top_k(data.get("top_k", DEFAULT_TOP_K), MAX_TOP_K)
+        return cls(tree, top_k, stats, unknown, clauses, vector, exact, pruned)
 
 
 @dataclasses.dataclass(slots=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from sluice.search.errors import SearchConfigError
+from sluice.search.index.ranking import Ranking
 from sluice.search.router.config import Sharding, embedded_default, parse_config
 
 
@@ -10,6 +11,14 @@ def test_embedded_default_is_two_local_shards():
     cfg = embedded_default()
     assert [s.name for s in cfg.shards] == ["s0", "s1"] and all(s.replicas == ["local"] for s in cfg.shards)
     assert cfg.search.sharding is Sharding.HASH and not cfg.search.api_keys
+    assert cfg.search.ranking is Ranking.EXACT  # every match scored (index/ranking.py)
+
+
+def test_ranking_is_exact_or_pruned():
+    assert parse_config('[search]\nranking = "pruned"\n').search.ranking is Ranking.PRUNED
+    with pytest.raises(SearchConfigError) as exc:
+        parse_config('[search]\nranking = "fast"\n', "r.toml")
+    assert exc.value.problems[0].startswith("r.toml:2: search.ranking:") and "exact, pruned" in exc.value.problems[0]
 
 
 def test_every_problem_is_reported_with_file_and_line():

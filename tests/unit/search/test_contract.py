@@ -69,6 +69,11 @@ def test_shard_requests_are_bounded_and_checked_once():
         ShardSearchRequest.decode({"tree": ["phrase", ["a", "b"]], "unknown": ["a"], "stats": None})
     with pytest.raises(SearchError, match="prefixes"):
         StatsRequest.decode({"terms": [], "prefixes": [""]})
+    pruned = ShardSearchRequest(["term", "a"], 3, pruned=True)  # search.toml ranking = "pruned"
+    assert _wire(pruned)["pruned"] is True and ShardSearchRequest.decode(_wire(pruned)) == pruned
+    assert "pruned" not in _wire(ShardSearchRequest(["term", "a"], 3))  # exact: the default, not sent
+    with pytest.raises(SearchError, match="pruned: true or false"):
+        ShardSearchRequest.decode({"tree": ["term", "a"], "pruned": "yes"})
     with pytest.raises(ValueError):
         ShardSearchAnswer.decode({"hits": [{"id": "a", "score": 1.0}], "term_freqs": {"x": 1}, "parts": []})
 

@@ -1,5 +1,5 @@
 """Rankings equal a brute-force BM25 where Xapian's pruned matcher does not
-(index/exact_mset.py), and the router's local shards are searched as one database
+(index/ranking.py), and the router's local shards are searched as one database
 (tiers/local_reads.py LocalReads.union_top) with the same answers as one index.
 
 The case: the postings of one 4-term query over 3,000 Debian package descriptions
@@ -206,3 +206,30 @@ def test_the_union_follows_writes_and_a_revision_moved_under_it(docs, queries, t
         assert reads.fell_back == 1 and again == want[:6]
     finally:
         reads.close()
+
+
+def test_ranking_pruned_asks_xapian_to_prune_and_exact_to_score_every_match(one_index, docs, tmp_path, monkeypatch):
+    """`ranking = "pruned"` (search.toml) reaches every ranking: the shard's Enquire is asked for
+    its top_k alone, and the router's local shards are not searched as one (Xapian prunes a union
+    of databases worse than one index)."""
+    asked: list[tuple[int, ...]] = []
+    real = xapian.Enquire.get_mset
+
+    def spy(self: xapian.Enquire, *args: Any) -> Any:
+        asked.append(args)
+        return real(self, *args)
+
+    monkeypatch.setattr(xapian.Enquire, "get_mset", spy)
+    one_index.search(TREE, 10)
+    one_index.search(TREE, 10, pruned=True)
+    assert asked == [(0, 10, len(CASE["docs"])), (0, 10)]
+
+    rt = local_router(docs, tmp_path, shards=2, settings='ranking = "pruned"\n')
+    monkeypatch.setattr(LocalReads, "union_top", lambda *a: pytest.fail("the union searched under pruned ranking"))
+    try:
+        asked.clear()
+        assert _hits(rt, ["library for parsing command line options"], top_k=4)[0]
+        # each shard's ranking, pruned (and the snippets' empty MSet, snippets.py)
+        assert [a for a in asked if a != (0, 0)] == [(0, 4), (0, 4)]
+    finally:
+        rt.local_reads.close()

@@ -26,11 +26,11 @@ from sluice.search.index.bm25 import (
     leaf_weight,
     local_weighting,
 )
-from sluice.search.index.exact_mset import exact_mset
 from sluice.search.index.filters import Clause, filtered
 from sluice.search.index.hits import Hit, merge, stored_hit
 from sluice.search.index.query_builder import build_query
 from sluice.search.index.query_tree import Tree, terms_of
+from sluice.search.index.ranking import top_mset
 from sluice.search.index.schema import Schema, check_id, parse_document
 from sluice.search.index.snippets import Snippets, snippet_text
 
@@ -134,11 +134,13 @@ class ShardIndex:
         global_stats: CollectionStats | None = None,
         snippet_chars: int = 0,
         clauses: list[Clause] | None = None,
+        pruned: bool = False,
     ) -> list[Hit]:
         """The top_k hits, scored with `global_stats` when given (exact across shards), else with
         this shard's own statistics; each with a snippet of at most `snippet_chars` characters;
-        only documents that pass the filter `clauses` (filters.py), scored as without it."""
-        return self._search(tree, top_k, global_stats, snippet_chars, clauses)[0]
+        only documents that pass the filter `clauses` (filters.py), scored as without it; every
+        match scored unless `pruned` (ranking.py)."""
+        return self._search(tree, top_k, global_stats, snippet_chars, clauses, pruned)[0]
 
     def search_with_parts(
         self,
@@ -149,13 +151,14 @@ class ShardIndex:
         scored: dict[str, int],
         snippet_chars: int = 0,
         clauses: list[Clause] | None = None,
+        pruned: bool = False,
     ) -> tuple[list[Hit], dict[str, int], list[dict[str, float]]]:
         """A one-round search (router/query/global_stats/one_round.py): `global_stats` lacks the frequencies of the
         `unknown` terms, which are scored with this shard's own in their place. Also returns this
         shard's frequency of each unknown term and, per hit, each unknown term's part of its
         score (`scored`: how many leaves of each term add weight, query_tree.scored_leaves)."""
         local = {t: self.db.get_termfreq(t) for t in unknown}
-        hits, w, docids = self._search(tree, top_k, global_stats, snippet_chars, clauses)
+        hits, w, docids = self._search(tree, top_k, global_stats, snippet_chars, clauses, pruned)
         parts: list[dict[str, float]] = [{} for _ in hits]
         if not hits:
             return hits, local, parts
@@ -186,11 +189,12 @@ class ShardIndex:
         global_stats: CollectionStats | None,
         snippet_chars: int,
         clauses: list[Clause] | None,
+        pruned: bool = False,
     ) -> tuple[list[Hit], ShardWeighting, list[int]]:
         """The hits, the weighting they were scored with, and their Xapian document ids."""
         if tree is None or top_k <= 0:  # top_k's bounds are the contract's (search/contract.py)
             return [], local_weighting(self.params), []
-        mset, w = self._mset(tree, top_k, global_stats, clauses)
+        mset, w = self._mset(tree, top_k, global_stats, clauses, pruned)
         out, docids = [], []
         snippets = Snippets(self.db, tree) if snippet_chars > 0 else None
         # the bindings' own iterator, not `for m in mset`: each of its items asks the binding
@@ -203,18 +207,28 @@ class ShardIndex:
         return out, w, docids
 
     def _mset(
-        self, tree: Tree, top_k: int, global_stats: CollectionStats | None, clauses: list[Clause] | None
+        self,
+        tree: Tree,
+        top_k: int,
+        global_stats: CollectionStats | None,
+        clauses: list[Clause] | None,
+        pruned: bool = False,
     ) -> tuple[xapian.MSet, ShardWeighting]:
         if global_stats is None:
             w = local_weighting(self.params)
         else:
             w = global_weighting(self.params, global_stats, self.stats(terms_of(tree)))
-        mset = exact_mset(self.db, w, filtered(build_query(tree, w.term_factor), clauses), top_k)
+        mset = top_mset(self.db, w, filtered(build_query(tree, w.term_factor), clauses), top_k, pruned)
         self.last_matches = mset.get_matches_estimated()
         return mset, w
 
     def ranked(
-        self, tree: Tree | None, top_k: int, global_stats: CollectionStats | None, clauses: list[Clause] | None
+        self,
+        tree: Tree | None,
+        top_k: int,
+        global_stats: CollectionStats | None,
+        clauses: list[Clause] | None,
+        pruned: bool = False,
     ) -> list[tuple[Hit, int]]:
         """search()'s hits without their stored fields (`stored` is ""), each with its Xapian
         document id for `fetched`: the query phase of a query-then-fetch (tiers/local_reads.py).
@@ -223,7 +237,7 @@ class ShardIndex:
         most of a hit's cost (a B-tree lookup, an 8 KiB block read and zlib inflate, ~5 µs)."""
         if tree is None or top_k <= 0:
             return []
-        mset, _ = self._mset(tree, top_k, global_stats, clauses)
+        mset, _ = self._mset(tree, top_k, global_stats, clauses, pruned)
         out = []
         it, end = mset._begin(), mset._end()
         while it != end:

@@ -56,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from sluice.search.contract import MAX_TOP_K
 from sluice.search.errors import SearchConfigError
 from sluice.search.index.filters import range_slot
+from sluice.search.index.ranking import Ranking
 from sluice.search.index.schema import FIELD_NAME, RangeKind
 from sluice.search.retrieval import VectorSearch
 from sluice.toml_config import parse_toml, read_text, report, validate
@@ -103,7 +104,12 @@ class ShardSpec(_Strict):
         return v
 
 
-_ENUM_FIELDS: dict[str, type[enum.Enum]] = {"sharding": Sharding, "stats": StatsMode, "vector_search": VectorSearch}
+_ENUM_FIELDS: dict[str, type[enum.Enum]] = {
+    "sharding": Sharding,
+    "stats": StatsMode,
+    "vector_search": VectorSearch,
+    "ranking": Ranking,
+}
 
 
 class SearchSettings(_Strict):
@@ -113,6 +119,7 @@ class SearchSettings(_Strict):
     hedge: bool = True
     hedge_min_ms: float = Field(1.0, ge=0)
     stats: StatsMode = StatsMode.GLOBAL
+    ranking: Ranking = Ranking.EXACT  # every match scored; "pruned": Xapian's early termination (index/ranking.py)
     cache_entries: int = Field(10000, ge=0, le=10_000_000)
     max_top_k: int = Field(100, ge=1, le=MAX_TOP_K)
     data_dir: str = "./search-data"

@@ -92,6 +92,7 @@ class RouterRuntime:
             self.embedder,
             s.vector_search,
             self.local_reads,
+            s.ranking,
         )
         self.writer = Writer(self.topo, self.http, self.metrics)
         self.poller = HealthPoller(

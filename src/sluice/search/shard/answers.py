@@ -20,10 +20,12 @@ def search_answer(index: ShardIndex, req: ShardSearchRequest, applied_seq: int) 
     if req.vector is not None:
         return ShardSearchAnswer(index.dense_search(req.vector, req.top_k, req.exact, req.filter), applied_seq)
     if req.unknown is None:
-        return ShardSearchAnswer(index.search(req.tree, req.top_k, req.stats, clauses=req.filter), applied_seq)
+        return ShardSearchAnswer(
+            index.search(req.tree, req.top_k, req.stats, clauses=req.filter, pruned=req.pruned), applied_seq
+        )
     scored = scored_leaves(req.tree)  # the contract checked: a tree whose terms all add weight, global stats
     assert req.tree is not None and req.stats is not None and scored is not None
     hits, freqs, parts = index.search_with_parts(
-        req.tree, req.top_k, req.stats, req.unknown, scored, clauses=req.filter
+        req.tree, req.top_k, req.stats, req.unknown, scored, clauses=req.filter, pruned=req.pruned
     )
     return ShardSearchAnswer(hits, applied_seq, term_freqs=freqs, parts=parts)

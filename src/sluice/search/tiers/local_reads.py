@@ -279,7 +279,7 @@ class LocalReads:
             for i, (position, head_seq) in enumerate(asked):
                 t = time.perf_counter()
                 ix = self.readers[position].index(head_seq)
-                ranked = ix.ranked(req.tree, req.top_k, req.stats, req.filter)
+                ranked = ix.ranked(req.tree, req.top_k, req.stats, req.filter, req.pruned)
                 for hit, docid in ranked:
                     where[hit.doc_id] = (i, docid)
                 rankings.append([hit for hit, _ in ranked])

@@ -151,7 +151,13 @@ class FanOut:
         """A lexical search's merged top_k when every one of `shards` (two or more) is read in this
         process, as one search of their union (LocalReads.union_top): `request` carries no
         statistics, the union's own are the global ones. None as local_top."""
-        if len(shards) < 2 or request.vector is not None or request.stats is not None or not self.all_local(shards):
+        if (
+            len(shards) < 2
+            or request.vector is not None
+            or request.stats is not None
+            or request.pruned
+            or not self.all_local(shards)
+        ):
             return None
         assert self.local is not None
         return self._timed(shards, request, self.local.union_top([(s.position, s.head_seq) for s in shards], request))

@@ -49,6 +49,7 @@ from sluice.search.index.analyzer import Analyzer
 from sluice.search.index.hits import Hit, merge
 from sluice.search.index.query_syntax import dense_text
 from sluice.search.index.query_tree import ResolvedQuery, Tree, cache_key, resolve_query, terms_of
+from sluice.search.index.ranking import Ranking
 from sluice.search.index.snippets import SnippetMaker
 from sluice.search.retrieval import HybridOptions, RetrievalMode, VectorSearch
 from sluice.search.router.cluster.topology import Topology
@@ -80,6 +81,7 @@ class Searcher:
         embedder: Embedder | None = None,
         vector_search: VectorSearch = VectorSearch.AUTO,
         local: LocalReads | None = None,
+        ranking: Ranking = Ranking.EXACT,
     ):
         self.topo, self.metrics, self.cache = topo, metrics, cache
         metrics.watch_cache(cache)  # its counts read when scraped, not counted again per query
@@ -91,6 +93,7 @@ class Searcher:
         self.stats_cache = StatsCache()
         self.fan_out = FanOut(caller, metrics, cold, local)
         self.rounds = StatisticsRounds(self.fan_out, self.stats_cache)
+        self.pruned = self.rounds.pruned = ranking is Ranking.PRUNED
         self._trees: dict[str, ResolvedQuery] = {}  # query text → its resolved tree (parsing costs ~40 µs)
 
     @property
@@ -179,7 +182,7 @@ class Searcher:
             # are the global ones (LocalReads.union_top); should a reader not answer, the
             # statistics round reads the others (FanOut.local_stats), cheaper than the one-round
             # search's parts, corrections and second rounds (docs/SEARCH.md)
-            if top_k > 0:
+            if top_k > 0 and not self.pruned:  # Xapian prunes a union worse than one index (ranking.py)
                 union = self.fan_out.local_union(shards, ShardSearchRequest(tree, top_k, filter=req.filter))
                 if union is not None:
                     return union, tree
@@ -192,7 +195,7 @@ class Searcher:
             glob = got if got is not None else await self.rounds.global_stats(run.live(shards), terms, run)
         if tree is None or top_k == 0:
             return [], tree  # matches nothing: no shard needs asking
-        live, request = run.live(shards), ShardSearchRequest(tree, top_k, glob, filter=req.filter)
+        live, request = run.live(shards), ShardSearchRequest(tree, top_k, glob, filter=req.filter, pruned=self.pruned)
         local = self.fan_out.local_top(live, request)  # every shard in this process: query then fetch
         if local is not None:
             return local, tree

@@ -29,6 +29,7 @@ from sluice.search.router.query.global_stats.stats_cache import StatsCache
 class StatisticsRounds:
     def __init__(self, fan_out: FanOut, stats_cache: StatsCache):
         self.fan_out, self.stats_cache = fan_out, stats_cache
+        self.pruned = False  # rankings by Xapian's early termination (search.toml ranking; index/ranking.py)
         self.one_round = {"answered": 0, "second_round": 0}  # one_round.py's outcomes (the status JSON)
 
     async def global_stats(self, shards: Sequence[ShardRuntime], terms: list[str], run: QueryRun) -> CollectionStats:
@@ -90,7 +91,7 @@ class StatisticsRounds:
             self.stats_cache.hits += len(known)  # as global_stats's lookups would count them
             return _summed(known.values(), terms)
         glob = _summed(known.values(), [t for t in terms if t not in unknown])
-        req = ShardSearchRequest(tree, top_k, glob, sorted(unknown), search.filter)
+        req = ShardSearchRequest(tree, top_k, glob, sorted(unknown), search.filter, pruned=self.pruned)
         got: list[ShardAnswer] = []
         for s, answer in await self.fan_out.round(shards, req, run.followed_deadline(), run):
             assert isinstance(answer, ShardSearchAnswer)
