@@ -253,7 +253,9 @@ class LocalReads:
     def _union_of(self, indexes: list[ShardIndex], revisions: list[int]) -> ShardIndex:
         """The indexes' databases as one, opened again when a shard's reader or revision changed
         (a reader reopens its own database in place; the union is rebuilt rather than trusted
-        to follow it)."""
+        to follow it). One index is its own union."""
+        if len(indexes) == 1:
+            return indexes[0]
         got = self._union
         if (
             got is not None

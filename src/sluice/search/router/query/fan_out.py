@@ -148,11 +148,11 @@ class FanOut:
         return self._timed(shards, request, self.local.top([(s.position, s.head_seq) for s in shards], request))
 
     def local_union(self, shards: Sequence[ShardRuntime], request: ShardSearchRequest) -> list[Hit] | None:
-        """A lexical search's merged top_k when every one of `shards` (two or more) is read in this
-        process, as one search of their union (LocalReads.union_top): `request` carries no
-        statistics, the union's own are the global ones. None as local_top."""
+        """A lexical search's merged top_k when every one of `shards` is read in this process, as
+        one search of their union (LocalReads.union_top; one shard: its own index): `request`
+        carries no statistics, the union's own are the global ones. None as local_top."""
         if (
-            len(shards) < 2
+            not shards
             or request.vector is not None
             or request.stats is not None
             or request.pruned

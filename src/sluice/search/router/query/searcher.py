@@ -175,17 +175,24 @@ class Searcher:
         shards = self.topo.shards
         tree, glob = resolved.tree, None
         exact = self.stats_mode is StatsMode.GLOBAL and len(shards) > 1  # one shard's own statistics are global
+        if (
+            tree is not None
+            and not resolved.wildcards
+            and top_k > 0
+            and not self.pruned  # Xapian prunes a union worse than one index (ranking.py)
+            and (exact or len(shards) == 1)
+        ):
+            # every shard read in this process: one search of their union, whose own statistics
+            # are the global ones (LocalReads.union_top); None when not, or a reader cannot answer
+            union = self.fan_out.local_union(shards, ShardSearchRequest(tree, top_k, filter=req.filter))
+            if union is not None:
+                return union, tree
         if tree is not None and resolved.wildcards:
             tree, glob = await self.rounds.expand(run.live(shards), resolved, run, exact)
         elif tree is not None and exact and self.fan_out.all_local(shards):
-            # every shard read in this process: one search of their union, whose own statistics
-            # are the global ones (LocalReads.union_top); should a reader not answer, the
-            # statistics round reads the others (FanOut.local_stats), cheaper than the one-round
-            # search's parts, corrections and second rounds (docs/SEARCH.md)
-            if top_k > 0 and not self.pruned:  # Xapian prunes a union worse than one index (ranking.py)
-                union = self.fan_out.local_union(shards, ShardSearchRequest(tree, top_k, filter=req.filter))
-                if union is not None:
-                    return union, tree
+            # every shard read in this process, but the union could not answer: the statistics
+            # round reads the others (FanOut.local_stats), cheaper than the one-round search's
+            # parts, corrections and second rounds (docs/SEARCH.md)
             glob = await self.rounds.global_stats(shards, terms_of(tree), run)
         elif tree is not None and exact:
             terms = terms_of(tree)
