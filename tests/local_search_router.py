@@ -6,8 +6,12 @@ bench/search/search_gc.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
+from sluice.search.contract import SearchRequest
 from sluice.search.index.schema import parse_document
 from sluice.search.router.config import parse_config
 from sluice.search.router.runtime import RouterRuntime
@@ -36,3 +40,19 @@ def local_router(docs: list, data: Path, shards: int = 2, settings: str = "") ->
         Replica(data / s.name, fsync=False).append(1, ops)
         s.head_seq = 1
     return rt
+
+
+def answers(rt: RouterRuntime, queries: list[str], **ask: Any) -> list[dict]:
+    """Each query's answer as a client reads it (decoded through the contract, searched, its
+    JSON), without `took_ms`; `ask`: the rest of each request's body."""
+
+    async def run() -> list[dict]:
+        out = []
+        for q in queries:
+            body = json.dumps({"query": q, **ask}).encode()
+            got = json.loads((await rt.search(SearchRequest.decode(body, 100, rt.schema.ranges))).json_bytes())
+            del got["took_ms"]
+            out.append(got)
+        return out
+
+    return asyncio.run(run())

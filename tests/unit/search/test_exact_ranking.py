@@ -8,7 +8,6 @@ prune, drops document 2944 from the top 10 — a document that outscores the 8th
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 import xapian
 
-from sluice.search.contract import SearchRequest, ShardSearchRequest
+from sluice.search.contract import ShardSearchRequest
 from sluice.search.index.analyzer import ID_SLOT
 from sluice.search.index.bm25 import Bm25Params, CollectionStats, leaf_part, leaf_weight, local_weighting
 from sluice.search.index.hits import merge, reported_score
@@ -26,7 +25,7 @@ from sluice.search.index.shard_index import APPLIED_KEY, ShardIndex
 from sluice.search.shard.replica import Replica
 from sluice.search.tiers.local_reads import LocalReads
 from tests import corpus
-from tests.local_search_router import local_router
+from tests.local_search_router import answers, local_router
 from tests.paths import DATA
 
 CASE = json.loads((DATA / "xapian_pruning_case.json").read_text())
@@ -131,16 +130,7 @@ def test_the_local_shards_as_one_database_and_each_with_global_statistics_rank_w
 
 
 def _hits(rt: Any, queries: list[str], **ask: Any) -> list[list[dict]]:
-    async def run() -> list[list[dict]]:
-        out = []
-        for q in queries:
-            body = json.dumps({"query": q, **ask}).encode()
-            out.append(
-                json.loads((await rt.search(SearchRequest.decode(body, 100, rt.schema.ranges))).json_bytes())["hits"]
-            )
-        return out
-
-    return asyncio.run(run())
+    return [a["hits"] for a in answers(rt, queries, **ask)]
 
 
 @pytest.fixture(scope="module")

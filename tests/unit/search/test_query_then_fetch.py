@@ -8,7 +8,6 @@ as a query with wildcards does.)"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
@@ -16,24 +15,10 @@ from typing import Any
 import pytest
 import xapian
 
-from sluice.search.contract import SearchRequest
 from sluice.search.index.query_tree import resolve
 from sluice.search.index.shard_index import ShardIndex
 from tests import corpus
-from tests.local_search_router import local_router
-
-
-def _answers(rt: Any, queries: list[str], **ask: Any) -> list[dict]:
-    async def run() -> list[dict]:
-        out = []
-        for q in queries:
-            body = json.dumps({"query": q, **ask}).encode()
-            got = json.loads((await rt.search(SearchRequest.decode(body, 100, rt.schema.ranges))).json_bytes())
-            del got["took_ms"]
-            out.append(got)
-        return out
-
-    return asyncio.run(run())
+from tests.local_search_router import answers, local_router
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +54,8 @@ def test_answers_equal_the_rounds_and_only_the_returned_documents_are_read(docs,
     monkeypatch.setattr(ShardIndex, "fetched", counting_fetched)
     monkeypatch.setattr(ShardIndex, "search", no_search)
     try:
-        got = _answers(rt, queries, top_k=10, snippet_chars=120)
-        filtered = _answers(rt, queries[:20], top_k=5, filter={"section": {"not_in": ["libs"]}})
+        got = answers(rt, queries, top_k=10, snippet_chars=120)
+        filtered = answers(rt, queries[:20], top_k=5, filter={"section": {"not_in": ["libs"]}})
     finally:
         rt.local_reads.close()
     monkeypatch.undo()
@@ -81,8 +66,8 @@ def test_answers_equal_the_rounds_and_only_the_returned_documents_are_read(docs,
     before = _query_then_fetch(local_router(docs, tmp_path / "b"))
     before.searcher.fan_out.local_top = lambda *a: None  # every query by the round
     try:
-        assert _answers(before, queries, top_k=10, snippet_chars=120) == got
-        assert _answers(before, queries[:20], top_k=5, filter={"section": {"not_in": ["libs"]}}) == filtered
+        assert answers(before, queries, top_k=10, snippet_chars=120) == got
+        assert answers(before, queries[:20], top_k=5, filter={"section": {"not_in": ["libs"]}}) == filtered
     finally:
         before.local_reads.close()
 
@@ -102,10 +87,10 @@ def test_a_revision_moved_under_the_read_is_read_again_and_a_reader_that_cannot_
     monkeypatch.setattr(ShardIndex, "ranked", moving)
     local = rt.local_reads
     try:
-        want = _answers(rt, queries[:1])[0]
+        want = answers(rt, queries[:1])[0]
         assert want["hits"] and local.fell_back == 0  # read again: answered
         failures[0] = 2  # moved twice: the round answers (the same search, each shard's top_k read)
-        again = _answers(rt, queries[:1], top_k=9)[0]  # another top_k: not the result cache's answer
+        again = answers(rt, queries[:1], top_k=9)[0]  # another top_k: not the result cache's answer
         assert local.fell_back == 1 and again["hits"] == want["hits"][:9] and again["cached"] is False
     finally:
         local.close()

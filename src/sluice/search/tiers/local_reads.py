@@ -191,21 +191,7 @@ class LocalReads:
         Why: reading a document's stored data is most of a hit's cost, and a search round reads
         every shard's top_k — with N shards, N−1 of every N documents read were then dropped by
         the merge (docs/SEARCH.md "Query then fetch")."""
-        try:
-            for _ in range(2):  # once more after the writer moved a revision under this read
-                try:
-                    return self._top(asked, req)
-                except xapian.DatabaseModifiedError:
-                    for position, _ in asked:
-                        self.readers[position].moved()
-                except (xapian.DatabaseOpeningError, xapian.DatabaseCorruptError) as exc:
-                    for position, _ in asked:
-                        self.readers[position].close()  # each opens again at its next use
-                    raise NotCurrent(str(exc)) from None
-            raise NotCurrent("the indexes kept changing under the readers")
-        except NotCurrent:
-            self.fell_back += 1
-            return None
+        return self._searched(self._top, asked, req)
 
     def union_top(
         self, asked: Sequence[tuple[int, int]], req: ShardSearchRequest
@@ -221,16 +207,26 @@ class LocalReads:
         Why: with every shard in this process, the statistics round, N queries each built with
         its per-term corrections and their merge cost the router more than one search of the
         union (docs/SEARCH.md "One search over the local shards")."""
+        return self._searched(self._union_top, asked, req)
+
+    def _searched(
+        self,
+        search: Callable[[Sequence[tuple[int, int]], ShardSearchRequest], tuple[list[Hit], list[float]]],
+        asked: Sequence[tuple[int, int]],
+        req: ShardSearchRequest,
+    ) -> tuple[list[Hit], list[float]] | None:
+        """search(asked, req) over several readers at once; read again once after the writer moved
+        a revision under it; None (counted as fallen back) when a reader cannot answer."""
         try:
             for _ in range(2):  # once more after the writer moved a revision under this read
                 try:
-                    return self._union_top(asked, req)
+                    return search(asked, req)
                 except xapian.DatabaseModifiedError:
                     for position, _ in asked:
                         self.readers[position].moved()
                 except (xapian.DatabaseOpeningError, xapian.DatabaseCorruptError) as exc:
                     for position, _ in asked:
-                        self.readers[position].close()
+                        self.readers[position].close()  # each opens again at its next use
                     raise NotCurrent(str(exc)) from None
             raise NotCurrent("the indexes kept changing under the readers")
         except NotCurrent:
