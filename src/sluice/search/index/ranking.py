@@ -5,7 +5,7 @@ Why: Xapian 1.4's matcher prunes — once it holds top_k candidates, a subquery 
 weight cannot lift a document above the k-th is turned from OR into AND_MAYBE or AND — and that
 pruning is not safe. On 3,000 Debian package descriptions, queried by each package's one-line
 summary, it dropped a document that belongs in the top 10 (or top 3) in 4 of 3,000 rankings on
-one index (a higher-scoring document missing, a lower one in its place), and in 8–16 over the
+one index (a higher-scoring document missing, a lower one in its place), and in 2–5 over the
 same documents opened as 2–4 sub-databases of one Database; with every document scored, the
 answers equal a brute-force BM25 over the same postings. Seen with Debian's 1.4.22 and PyPI's
 1.4.26, for BM25 with any b (k1 = 0, TF-IDF and the language-model weights were not affected).
@@ -15,7 +15,7 @@ over the 3,000 documents, no text) and checks sluice's answer against brute forc
 So by default the matcher is asked to check every document (`check_at_least` = the database's
 document count): it then never raises its minimum weight while matching, and nothing is pruned.
 The price is the pruning's saving, which grows with the shard: on one 3,000-document index,
-~40 % fewer queries a second for Xapian alone (docs/BENCHMARKS.md "Exact ranking"). The router
+×1.8 the CPU a query for Xapian alone (docs/BENCHMARKS.md "Exact ranking"). The router
 searches its local shards as one database (tiers/local_reads.py), which more than pays for it
 there; a deployment whose shards are large enough for that price to matter more than a rare
 missing hit sets `ranking = "pruned"`, sent to every shard with each search (the contract's

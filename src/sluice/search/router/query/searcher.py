@@ -9,9 +9,9 @@ document frequency of each query term); the sums over the shards are the global 
 Phase 2 sends the resolved query and those statistics to every shard (to the replica that
 answered its phase 1, if it was asked: both phases see one revision when nothing is being
 written), and each shard scores with them (index/bm25.py): merged scores equal one index
-holding every document. When every shard (two or more) is read in this process, there are
-no phases: the shards' databases are searched as one (FanOut.local_union), whose statistics
-are the global ones; after a wildcard's expansion (or should a reader not answer), phase 2 is
+holding every document. When every shard is read in this process, there are no phases: the
+shards' databases are searched as one (FanOut.local_union), whose statistics are the global
+ones; after a wildcard's expansion (or should a reader not answer), phase 2 over two or more is
 a query then fetch (FanOut.local_top): only the merged top_k documents' stored fields are
 read. Phase 1 is skipped when every term is known at every shard's entry, with one shard (its
 own statistics are the global ones), and — when only some terms' frequencies are new — by the
